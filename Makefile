@@ -1,0 +1,35 @@
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install test demo bench lint clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+# torch is pinned and installed first so that nothing pulls a CUDA build.
+$(STAMP): $(BIN)/python pyproject.toml
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[dev,bench]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests benchmarks
+
+demo: $(STAMP)
+	$(BIN)/pdpfl compare examples/digits_demo.yaml --methods rpdp minimum dropout privacy-free --seeds 42
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/accounting.py --json
+	$(BIN)/python benchmarks/calibration.py --json
+	$(BIN)/python benchmarks/dpsgd.py --json
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info src/*.egg-info .pytest_cache
