@@ -20,8 +20,9 @@ app = typer.Typer(
 
 
 
-@app.callback()
+@app.callback(invoke_without_command=True)
 def _root(
+    ctx: typer.Context,
     version: bool = typer.Option(False, "--version", help="Print the pdpfl version and exit."),
 ) -> None:
     """pdpfl: cross-silo federated learning with personalized differential privacy."""
@@ -30,6 +31,9 @@ def _root(
 
         typer.echo(__version__)
         raise typer.Exit()
+    if ctx.invoked_subcommand is None:
+        typer.echo(ctx.get_help())
+        raise typer.Exit(code=2)
 
 
 for _module in (account, calibrate, data, run, flower):
