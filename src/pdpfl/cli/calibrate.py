@@ -1,9 +1,123 @@
-"""`pdpfl calibrate` commands (registered on the main app)."""
+"""`pdpfl calibrate`: personal budgets → per-record sampling rates (certified by default).
+
+Example::
+
+    pdpfl calibrate --scenario bounded-mix-gauss --n 100000 --epsilon-max 10 \
+        --delta 1e-3 --steps 5 --rounds 20 --client-rate 0.5 --out q.npy --json
+"""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
+
+from pdpfl.cli._common import fail, print_json
 
 
 def register(app: typer.Typer) -> None:
-    """Add this module's commands to app (filled in by the owning feature)."""
+    """Add ``pdpfl calibrate`` to ``app``."""
+    app.command("calibrate")(calibrate_command)
+
+
+def calibrate_command(
+    budgets: Path | None = typer.Option(
+        None, "--budgets", help="Budget file: .npy (1-D) or .csv (one column, or see --column)."
+    ),
+    column: str | None = typer.Option(None, "--column", help="CSV column name holding ε."),
+    scenario: str | None = typer.Option(
+        None, "--scenario", help="Preference scenario instead of a file (e.g. bounded-mix-gauss)."
+    ),
+    n: int | None = typer.Option(None, "--n", help="Number of records for --scenario."),
+    seed: int = typer.Option(0, "--seed", help="Seed for --scenario budgets."),
+    sigma: float | None = typer.Option(None, "--sigma", help="Noise multiplier σ."),
+    epsilon_max: float | None = typer.Option(
+        None, "--epsilon-max", help="Choose σ so that q = 1 spends this ε (rPDP-FL rule)."
+    ),
+    delta: float = typer.Option(..., "--delta", help="Target δ, in (0, 1)."),
+    steps: int = typer.Option(..., "--steps", help="Local steps per round τ (>= 1)."),
+    rounds: int | None = typer.Option(
+        None, "--rounds", help="Rounds T (>= 1); omit for a centralized plan of --steps steps."
+    ),
+    client_rate: float = typer.Option(1.0, "--client-rate", help="Client sampling rate λ in (0, 1]."),
+    adversary: str = typer.Option(
+        "third-party", "--adversary", help="third-party | server | both."
+    ),
+    method: str = typer.Option(
+        "certified", "--method", help="certified | scf | binary-search."
+    ),
+    allow_exclusion: bool = typer.Option(
+        False, "--allow-exclusion", help="Give q = 0 to budgets below the smallest achievable ε."
+    ),
+    out: Path | None = typer.Option(None, "--out", help="Write the rates here (.npy)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as one JSON object."),
+) -> None:
+    """Map personal privacy budgets to Poisson sampling rates and report utilization."""
+    import numpy as np
+
+    from pdpfl.budgets import assign_budgets, load_budgets, make_scenario
+    from pdpfl.calibrate import calibrate, noise_for_max_budget
+    from pdpfl.io import save_npy
+    from pdpfl.privacy.plan import TrainingPlan
+    from pdpfl.seeding import numpy_generator
+
+    if (budgets is None) == (scenario is None):
+        fail("give exactly one of --budgets FILE or --scenario NAME")
+    if (sigma is None) == (epsilon_max is None):
+        fail("give exactly one of --sigma S or --epsilon-max E")
+    if out is not None and out.suffix.lower() != ".npy":
+        fail(f"--out: rates are written as .npy, got {out.name!r}")
+    if not (0 < delta < 1):
+        fail(f"--delta: must be in (0, 1), got {delta}")
+    if steps < 1:
+        fail(f"--steps: must be >= 1, got {steps}")
+    if rounds is not None and rounds < 1:
+        fail(f"--rounds: must be >= 1 (omit it for a centralized plan), got {rounds}")
+    if not (0 < client_rate <= 1):
+        fail(f"--client-rate: must be in (0, 1], got {client_rate}")
+    if sigma is not None and not (np.isfinite(sigma) and sigma > 0):
+        fail(f"--sigma: must be a finite number > 0, got {sigma}")
+    if epsilon_max is not None and not (np.isfinite(epsilon_max) and epsilon_max > 0):
+        fail(f"--epsilon-max: must be a finite ε > 0, got {epsilon_max}")
+
+    try:
+        if budgets is not None:
+            eps = load_budgets(budgets, column=column)
+        else:
+            if n is None or n < 1:
+                fail("--n: number of records (>= 1) is required with --scenario")
+            eps = assign_budgets(make_scenario(scenario), n, numpy_generator(seed, "budgets"))
+    except (ValueError, FileNotFoundError) as exc:
+        fail(f"--budgets: {exc}" if budgets is not None else f"--scenario: {exc}")
+
+    try:
+        plan = TrainingPlan(
+            noise_multiplier=float(sigma if sigma is not None else 1.0),
+            delta=delta,
+            steps=steps,
+            rounds=rounds,
+            client_rate=client_rate,
+        )
+        if epsilon_max is not None:
+            s = noise_for_max_budget(epsilon_max, plan, adversary)
+            plan = TrainingPlan(
+                noise_multiplier=s, delta=delta, steps=steps, rounds=rounds, client_rate=client_rate
+            )
+        result = calibrate(eps, plan, method, adversary, allow_exclusion=allow_exclusion)
+    except ValueError as exc:
+        fail(str(exc))
+
+    if out is not None:
+        save_npy(out, result.rates)
+    report = result.report.to_dict()
+    report["out"] = str(out) if out is not None else None
+    if as_json:
+        print_json(report)
+        return
+    typer.echo(
+        f"{report['method']} ({report['adversary']}): n={report['n']} "
+        f"distinct={report['distinct_budgets']} σ={report['sigma']:.6g} "
+        f"over_budget={report['over_budget']} excluded={report['excluded']} "
+        f"utilization min={report['min_utilization']} median={report['median_utilization']} "
+        f"in {report['seconds']:.3f}s" + (f" -> {out}" if out is not None else "")
+    )

@@ -1,0 +1,145 @@
+"""Median step time: non-private SGD vs pdpfl personalized DP-SGD vs Opacus 1.6 (2 CPU threads).
+
+Every variant performs one full training step on a Poisson batch drawn from the same synthetic
+data set (n records, q = B/n so that the expected batch is B): sampling, forward, backward and
+optimizer step. Opacus uses ``PrivacyEngine.make_private`` with Poisson sampling (its
+``DPDataLoader``), i.e. its per-sample-gradient hooks, clipping and noise.
+
+Usage::
+
+    .venv/bin/python benchmarks/dpsgd.py --json          # one JSON object on stdout
+    .venv/bin/python benchmarks/dpsgd.py --steps 10      # quicker, human-readable
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+import warnings
+
+import numpy as np
+import torch
+
+from pdpfl.dp.engine import PersonalizedDPSGD, make_optimizer
+from pdpfl.models import create_model, loss_fn
+
+CASES = [("mnist_cnn", "mnist-cnn", (1, 28, 28), 10, 64), ("mnist_cnn", "mnist-cnn", (1, 28, 28), 10, 400), ("logreg", "logreg", (13,), 2, 32)]  # noqa: E501
+
+
+def _median_ms(fn, steps: int, warmup: int) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return 1000 * statistics.median(times)
+
+
+def _data(shape, k, n, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, *shape, generator=g)
+    y = torch.randint(0, k, (n,), generator=g)
+    return x, y
+
+
+def bench_nonprivate(model_name, shape, k, batch, steps, warmup):
+    torch.manual_seed(0)
+    n = 10 * batch
+    x, y = _data(shape, k, n)
+    model = create_model(model_name, shape, k)
+    opt = make_optimizer("sgd", model.parameters(), lr=0.05)
+    q = torch.full((n,), batch / n, dtype=torch.float64)
+    gen = torch.Generator().manual_seed(1)
+
+    def step():
+        idx = torch.nonzero(torch.rand(n, generator=gen, dtype=torch.float64) < q).flatten()
+        opt.zero_grad(set_to_none=True)
+        loss_fn(model(x[idx]), y[idx]).backward()
+        opt.step()
+
+    return _median_ms(step, steps, warmup)
+
+
+def bench_pdpfl(model_name, shape, k, batch, steps, warmup):
+    torch.manual_seed(0)
+    n = 10 * batch
+    x, y = _data(shape, k, n)
+    model = create_model(model_name, shape, k)
+    opt = make_optimizer("sgd", model.parameters(), lr=0.05)
+    rates = np.full(n, batch / n)
+    engine = PersonalizedDPSGD(model, opt, noise_multiplier=1.0, max_grad_norm=1.0)
+    gen = torch.Generator().manual_seed(1)
+    return _median_ms(lambda: engine.step(x, y, rates, gen), steps, warmup)
+
+
+def bench_opacus(model_name, shape, k, batch, steps, warmup):
+    from opacus import PrivacyEngine
+    from torch.utils.data import DataLoader, TensorDataset
+
+    torch.manual_seed(0)
+    n = 10 * batch
+    x, y = _data(shape, k, n)
+    model = create_model(model_name, shape, k)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    loader = DataLoader(TensorDataset(x, y), batch_size=batch)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        engine = PrivacyEngine(accountant="rdp")
+        model, opt, loader = engine.make_private(
+            module=model,
+            optimizer=opt,
+            data_loader=loader,
+            noise_multiplier=1.0,
+            max_grad_norm=1.0,
+            poisson_sampling=True,
+        )
+    it = iter(loader)
+
+    def step():
+        nonlocal it
+        try:
+            xb, yb = next(it)
+        except StopIteration:
+            it = iter(loader)
+            xb, yb = next(it)
+        opt.zero_grad(set_to_none=True)
+        loss_fn(model(xb), yb).backward()
+        opt.step()
+
+    return _median_ms(step, steps, warmup)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap.add_argument("--steps", type=int, default=30, help="timed steps per variant")
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--no-opacus", action="store_true")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for key, model_name, shape, k, batch in CASES:
+        res = {
+            "nonprivate_ms": bench_nonprivate(model_name, shape, k, batch, args.steps, args.warmup),
+            "pdpfl_ms": bench_pdpfl(model_name, shape, k, batch, args.steps, args.warmup),
+        }
+        if not args.no_opacus:
+            res["opacus_ms"] = bench_opacus(model_name, shape, k, batch, args.steps, args.warmup)
+        res = {m: round(v, 3) for m, v in res.items()}
+        res["pdpfl_over_nonprivate"] = round(res["pdpfl_ms"] / res["nonprivate_ms"], 3)
+        if "opacus_ms" in res:
+            res["opacus_over_pdpfl"] = round(res["opacus_ms"] / res["pdpfl_ms"], 3)
+        out.setdefault(key, {})[str(batch)] = res
+        if not args.json:
+            print(key, batch, res, flush=True)
+    if args.json:
+        print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,492 @@
+"""Personal privacy budgets: the papers' preference scenarios, seeded, plus file loading.
+
+Every scenario draws ε values (float64, all > 0) from a :class:`numpy.random.Generator`
+supplied by the caller (derive it from the run's seed with :func:`pdpfl.seeding.numpy_generator`),
+so a budget assignment is reproducible from one config seed.
+
+Scenarios
+---------
+* :class:`ThreeLevels` -- rPDP-FL §7 "ThreeLevels": a few discrete categories with given shares
+  (default 70 % / 20 % / 10 % over ε = 0.1 / 1.0 / 5.0; the paper uses 1 / 3 / 10 on CIFAR-10).
+* :class:`BoundedPareto` -- rPDP-FL §7 "BoundedPareto": Pareto (type I, scale ``lower``) clipped to
+  ``[lower, upper]`` (default shape 1, [0.1, 10]).
+* :class:`BoundedMixGauss` -- rPDP-FL §7 "BoundedMixGauss": mixture of three Gaussians clipped to
+  ``bounds``. **Variance convention**: as in the paper's notation N(μ, σ²), the second
+  parameter is the *variance*; the default N(0.1, 0.01), N(1, 0.05), N(5, 0.5) therefore has
+  standard deviations 0.1, 0.224 and 0.707.
+* :class:`UserStudyGroups`, :class:`Strict`, :class:`Relaxed` -- IDP-FedAvg §V (after Boenisch et
+  al.): client-level privacy groups with user-study shares 34/43/23 % and 54/37/9 %, and the
+  all-strictest / all-most-relaxed settings.
+* :class:`PerLabel` -- data-dependent budgets (rPDP-FL Appendix A): ε chosen by class label.
+* :class:`Uniform` -- one ε for everyone.
+
+Discrete scenarios assign *exact* shares (largest-remainder rounding) and then shuffle, so
+``ThreeLevels().sample(1000, rng)`` has exactly 700 / 200 / 100 records per level, placed by a
+seeded random permutation -- never in dataset order, which would couple budgets to data layout.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+__all__ = [
+    "BudgetScenario",
+    "ThreeLevels",
+    "BoundedPareto",
+    "BoundedMixGauss",
+    "UserStudyGroups",
+    "Strict",
+    "Relaxed",
+    "PerLabel",
+    "Uniform",
+    "SCENARIOS",
+    "make_scenario",
+    "assign_budgets",
+    "load_budgets",
+    "validate_budgets",
+]
+
+
+@runtime_checkable
+class BudgetScenario(Protocol):
+    """A seeded distribution of personal privacy budgets ε."""
+
+    def sample(self, n: int, rng: np.random.Generator) -> np.ndarray:
+        """Draw ``n`` budgets (float64, > 0) using ``rng``."""
+        ...
+
+
+# ----------------------------------------------------------------------------- validation
+
+
+def validate_budgets(budgets: object, name: str = "budgets") -> np.ndarray:
+    """Return ``budgets`` as a 1-D float64 array, or raise ``ValueError`` naming the problem.
+
+    Requirements: non-empty, one-dimensional, every value finite and strictly positive.
+    """
+    try:
+        arr = np.asarray(budgets, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{name}: values must be numbers ({exc})") from None
+    if arr.ndim != 1:
+        raise ValueError(f"{name}: expected a 1-D array of shape (n,), got shape {arr.shape}")
+    if arr.size == 0:
+        raise ValueError(f"{name}: no budgets given (empty array)")
+    bad = ~np.isfinite(arr)
+    if bad.any():
+        raise ValueError(
+            f"{name}: {int(bad.sum())} value(s) are NaN or infinite (first at index "
+            f"{int(np.argmax(bad))}); every ε must be a finite number > 0"
+        )
+    nonpos = arr <= 0
+    if nonpos.any():
+        i = int(np.argmax(nonpos))
+        raise ValueError(
+            f"{name}: {int(nonpos.sum())} value(s) are <= 0 (first: {arr[i]!r} at index {i}); "
+            "every ε must be > 0"
+        )
+    return arr
+
+
+def _check_n(n: int) -> int:
+    if isinstance(n, bool) or int(n) != n or n < 1:
+        raise ValueError(f"n: number of budgets must be an integer >= 1, got {n!r}")
+    return int(n)
+
+
+def _probabilities(ratios: Sequence[float], name: str) -> np.ndarray:
+    p = np.asarray(ratios, dtype=np.float64)
+    if p.ndim != 1 or p.size == 0 or not np.all(np.isfinite(p)) or np.any(p < 0):
+        raise ValueError(f"{name}: expected a non-empty list of non-negative shares, got {ratios!r}")
+    if p.sum() <= 0:
+        raise ValueError(f"{name}: shares must not all be zero")
+    if not math.isclose(float(p.sum()), 1.0, rel_tol=0, abs_tol=1e-6):
+        raise ValueError(f"{name}: shares must sum to 1, got {float(p.sum()):.6g}")
+    return p / p.sum()
+
+
+def _positive_values(values: Sequence[float], name: str, size: int | None = None) -> np.ndarray:
+    v = np.asarray(values, dtype=np.float64)
+    if v.ndim != 1 or v.size == 0 or not np.all(np.isfinite(v)) or np.any(v <= 0):
+        raise ValueError(f"{name}: expected a non-empty list of finite ε > 0, got {values!r}")
+    if size is not None and v.size != size:
+        raise ValueError(f"{name}: expected {size} values (one per share), got {v.size}")
+    return v
+
+
+def _exact_counts(p: np.ndarray, n: int) -> np.ndarray:
+    """Largest-remainder rounding of ``p * n`` to integers summing to ``n``."""
+    raw = p * n
+    counts = np.floor(raw).astype(np.int64)
+    short = n - int(counts.sum())
+    if short > 0:
+        order = np.argsort(-(raw - counts), kind="stable")
+        counts[order[:short]] += 1
+    return counts
+
+
+def _levels(values: np.ndarray, p: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
+    out = np.repeat(values, _exact_counts(p, n))
+    return rng.permutation(out)
+
+
+# ----------------------------------------------------------------------------- scenarios
+
+
+@dataclass(frozen=True)
+class ThreeLevels:
+    """Discrete privacy categories with exact shares (rPDP-FL §7 "ThreeLevels").
+
+    Parameters
+    ----------
+    ratios : shares of the categories, summing to 1 (default 0.7 / 0.2 / 0.1).
+    values : ε of each category (default 0.1 / 1.0 / 5.0).
+    """
+
+    ratios: tuple[float, ...] = (0.7, 0.2, 0.1)
+    values: tuple[float, ...] = (0.1, 1.0, 5.0)
+
+    def __post_init__(self) -> None:
+        p = _probabilities(self.ratios, "ratios")
+        _positive_values(self.values, "values", size=p.size)
+
+    def sample(self, n: int, rng: np.random.Generator) -> np.ndarray:
+        n = _check_n(n)
+        p = _probabilities(self.ratios, "ratios")
+        return _levels(_positive_values(self.values, "values"), p, n, rng)
+
+
+@dataclass(frozen=True)
+class BoundedPareto:
+    """Pareto-distributed budgets clipped to ``[lower, upper]`` (rPDP-FL §7 "BoundedPareto").
+
+    ε = lower · (1 + X) with X ~ Lomax(shape) (i.e. a type-I Pareto with scale ``lower``),
+    then clipped at ``upper``. Most records get ε close to ``lower`` (strict privacy); a heavy
+    tail opts for weaker protection.
+    """
+
+    shape: float = 1.0
+    lower: float = 0.1
+    upper: float = 10.0
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.shape) and self.shape > 0):
+            raise ValueError(f"shape: must be a finite number > 0, got {self.shape!r}")
+        if not (math.isfinite(self.lower) and self.lower > 0):
+            raise ValueError(f"lower: must be a finite number > 0, got {self.lower!r}")
+        if not (math.isfinite(self.upper) and self.upper >= self.lower):
+            raise ValueError(f"upper: must be finite and >= lower ({self.lower}), got {self.upper!r}")
+
+    def sample(self, n: int, rng: np.random.Generator) -> np.ndarray:
+        n = _check_n(n)
+        eps = self.lower * (1.0 + rng.pareto(self.shape, size=n))
+        return np.clip(eps, self.lower, self.upper)
+
+
+@dataclass(frozen=True)
+class BoundedMixGauss:
+    """Gaussian-mixture budgets clipped to ``bounds`` (rPDP-FL §7 "BoundedMixGauss").
+
+    Component k is chosen with probability ``weights[k]`` and ε ~ N(means[k], variances[k]):
+    the second parameter is the **variance** (paper notation N(μ, σ²)), so the standard
+    deviation is ``sqrt(variances[k])``. Samples are clipped to ``bounds``.
+    """
+
+    weights: tuple[float, ...] = (0.7, 0.2, 0.1)
+    means: tuple[float, ...] = (0.1, 1.0, 5.0)
+    variances: tuple[float, ...] = (0.01, 0.05, 0.5)
+    bounds: tuple[float, float] = (0.1, 10.0)
+
+    def __post_init__(self) -> None:
+        p = _probabilities(self.weights, "weights")
+        m = np.asarray(self.means, dtype=np.float64)
+        v = np.asarray(self.variances, dtype=np.float64)
+        if m.shape != p.shape or not np.all(np.isfinite(m)):
+            raise ValueError(f"means: expected {p.size} finite values, got {self.means!r}")
+        if v.shape != p.shape or not np.all(np.isfinite(v)) or np.any(v < 0):
+            raise ValueError(f"variances: expected {p.size} finite values >= 0, got {self.variances!r}")
+        lo, hi = (float(b) for b in self.bounds)
+        if not (math.isfinite(lo) and math.isfinite(hi) and 0 < lo <= hi):
+            raise ValueError(f"bounds: expected (lower, upper) with 0 < lower <= upper, got {self.bounds!r}")
+
+    def sample(self, n: int, rng: np.random.Generator) -> np.ndarray:
+        n = _check_n(n)
+        p = _probabilities(self.weights, "weights")
+        comp = rng.choice(p.size, size=n, p=p)
+        means = np.asarray(self.means, dtype=np.float64)[comp]
+        stds = np.sqrt(np.asarray(self.variances, dtype=np.float64))[comp]
+        eps = rng.normal(means, stds)
+        return np.clip(eps, float(self.bounds[0]), float(self.bounds[1]))
+
+
+#: User-study shares used by Boenisch et al. and IDP-FedAvg §V.
+USER_STUDY_1 = (0.34, 0.43, 0.23)
+USER_STUDY_2 = (0.54, 0.37, 0.09)
+
+
+@dataclass(frozen=True)
+class UserStudyGroups:
+    """Client-level privacy groups with user-study shares (IDP-FedAvg §V, ε: 1-2-3 by default).
+
+    ``UserStudyGroups.study_1()`` = 34 % / 43 % / 23 %, ``study_2()`` = 54 % / 37 % / 9 %.
+    """
+
+    ratios: tuple[float, ...] = USER_STUDY_1
+    values: tuple[float, ...] = (1.0, 2.0, 3.0)
+
+    def __post_init__(self) -> None:
+        p = _probabilities(self.ratios, "ratios")
+        _positive_values(self.values, "values", size=p.size)
+
+    @classmethod
+    def study_1(cls, values: tuple[float, ...] = (1.0, 2.0, 3.0)) -> UserStudyGroups:
+        return cls(USER_STUDY_1, tuple(values))
+
+    @classmethod
+    def study_2(cls, values: tuple[float, ...] = (1.0, 2.0, 3.0)) -> UserStudyGroups:
+        return cls(USER_STUDY_2, tuple(values))
+
+    def sample(self, n: int, rng: np.random.Generator) -> np.ndarray:
+        n = _check_n(n)
+        p = _probabilities(self.ratios, "ratios")
+        return _levels(_positive_values(self.values, "values"), p, n, rng)
+
+
+@dataclass(frozen=True)
+class Uniform:
+    """Everyone has the same budget ``value``."""
+
+    value: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.value) and self.value > 0):
+            raise ValueError(f"value: ε must be a finite number > 0, got {self.value!r}")
+
+    def sample(self, n: int, rng: np.random.Generator) -> np.ndarray:
+        return np.full(_check_n(n), float(self.value))
+
+
+@dataclass(frozen=True)
+class Strict:
+    """IDP-FedAvg "100 %-0 %-0 %": everyone at the strictest (smallest) of ``values``."""
+
+    values: tuple[float, ...] = (1.0, 2.0, 3.0)
+
+    def sample(self, n: int, rng: np.random.Generator) -> np.ndarray:
+        return np.full(_check_n(n), float(_positive_values(self.values, "values").min()))
+
+
+@dataclass(frozen=True)
+class Relaxed:
+    """IDP-FedAvg "0 %-0 %-100 %": everyone at the most relaxed (largest) of ``values``."""
+
+    values: tuple[float, ...] = (1.0, 2.0, 3.0)
+
+    def sample(self, n: int, rng: np.random.Generator) -> np.ndarray:
+        return np.full(_check_n(n), float(_positive_values(self.values, "values").max()))
+
+
+#: rPDP-FL Appendix A, Heart-Disease: label 0 = normal (ε = 0.5), label 1 = abnormal (ε = 0.05).
+HEART_DISEASE_BUDGETS: dict[int, float] = {0: 0.5, 1: 0.05}
+
+
+@dataclass(frozen=True)
+class PerLabel:
+    """Data-dependent budgets: ε chosen by each record's class label (rPDP-FL Appendix A).
+
+    This scenario needs the labels: use :func:`assign_budgets` with ``labels=`` or
+    :meth:`for_labels`. :meth:`sample` without labels raises a ``ValueError``.
+    """
+
+    budget_by_label: Mapping[int, float] = field(default_factory=lambda: dict(HEART_DISEASE_BUDGETS))
+
+    def __post_init__(self) -> None:
+        if not self.budget_by_label:
+            raise ValueError("budget_by_label: needs at least one label -> ε entry")
+        for label, eps in self.budget_by_label.items():
+            if not (math.isfinite(float(eps)) and float(eps) > 0):
+                raise ValueError(f"budget_by_label[{label!r}]: ε must be finite and > 0, got {eps!r}")
+
+    def for_labels(self, labels: np.ndarray) -> np.ndarray:
+        """The budget of each record given its label; unknown labels raise ``ValueError``."""
+        lab = np.asarray(labels)
+        if lab.ndim != 1 or lab.size == 0:
+            raise ValueError(f"labels: expected a non-empty 1-D array, got shape {lab.shape}")
+        keys = np.array(sorted(int(k) for k in self.budget_by_label), dtype=np.int64)
+        vals = np.array([float(self.budget_by_label[k]) for k in keys.tolist()])
+        lab_int = lab.astype(np.int64)
+        if not np.array_equal(lab_int, lab):
+            raise ValueError("labels: must be integers")
+        pos = np.clip(np.searchsorted(keys, lab_int), 0, keys.size - 1)
+        unknown = keys[pos] != lab_int
+        if unknown.any():
+            missing = sorted(set(lab_int[unknown].tolist()))[:10]
+            raise ValueError(f"labels: no budget given for label(s) {missing}")
+        return vals[pos]
+
+    def sample(self, n: int, rng: np.random.Generator, labels: np.ndarray | None = None) -> np.ndarray:
+        if labels is None:
+            raise ValueError(
+                "PerLabel budgets are data-dependent: pass labels (assign_budgets(..., labels=y))"
+            )
+        out = self.for_labels(labels)
+        if out.size != _check_n(n):
+            raise ValueError(f"labels: expected {n} labels, got {out.size}")
+        return out
+
+
+# ----------------------------------------------------------------------------- registry
+
+
+def _user_study(idx: int):
+    def make(values: Sequence[float] = (1.0, 2.0, 3.0), ratios: Sequence[float] | None = None):
+        shares = ratios if ratios is not None else (USER_STUDY_1 if idx == 1 else USER_STUDY_2)
+        return UserStudyGroups(tuple(shares), tuple(values))
+
+    return make
+
+
+def _tuples(cls):
+    def make(**params):
+        return cls(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in params.items()})
+
+    return make
+
+
+def _per_label(budget_by_label: Mapping[int | str, float] | None = None) -> PerLabel:
+    if budget_by_label is None:
+        return PerLabel()
+    return PerLabel({int(k): float(v) for k, v in budget_by_label.items()})
+
+
+SCENARIOS = {
+    "three-levels": _tuples(ThreeLevels),
+    "bounded-pareto": _tuples(BoundedPareto),
+    "bounded-mix-gauss": _tuples(BoundedMixGauss),
+    "user-study-1": _user_study(1),
+    "user-study-2": _user_study(2),
+    "strict": _tuples(Strict),
+    "relaxed": _tuples(Relaxed),
+    "per-label": _per_label,
+    "uniform": _tuples(Uniform),
+}
+
+
+def make_scenario(name: str, **params: object) -> BudgetScenario:
+    """Build a scenario by name; ``params`` are the scenario's constructor arguments.
+
+    Names: ``three-levels``, ``bounded-pareto``, ``bounded-mix-gauss``, ``user-study-1``,
+    ``user-study-2``, ``strict``, ``relaxed``, ``per-label``, ``uniform``.
+    """
+    key = name.strip().lower().replace("_", "-")
+    if key not in SCENARIOS:
+        raise ValueError(f"scenario: unknown name {name!r}; choose one of {sorted(SCENARIOS)}")
+    try:
+        return SCENARIOS[key](**params)
+    except TypeError as exc:
+        raise ValueError(f"scenario {key!r}: bad parameters {sorted(params)} ({exc})") from None
+
+
+def assign_budgets(
+    scenario: BudgetScenario,
+    n: int,
+    rng: np.random.Generator,
+    labels: np.ndarray | None = None,
+) -> np.ndarray:
+    """Budgets for records ``0..n-1``: draw from ``scenario`` and assign by a seeded permutation.
+
+    Data-dependent scenarios (:class:`PerLabel`) use ``labels`` (one per record) instead; the
+    assignment is then determined by the labels themselves.
+    """
+    n = _check_n(n)
+    if isinstance(scenario, PerLabel):
+        if labels is None:
+            raise ValueError("labels: the per-label scenario needs one label per record")
+        return validate_budgets(scenario.sample(n, rng, labels=labels))
+    eps = validate_budgets(scenario.sample(n, rng))
+    if eps.size != n:
+        raise ValueError(f"scenario returned {eps.size} budgets, expected {n}")
+    return eps[rng.permutation(n)]
+
+
+# ----------------------------------------------------------------------------- files
+
+
+def load_budgets(path: str | Path, column: str | int | None = None) -> np.ndarray:
+    """Read budgets from ``.npy`` (1-D array) or ``.csv`` and validate them.
+
+    CSV: either a single column of numbers (an optional header line is skipped), or a table
+    with a header row from which ``column`` (name or 0-based index) is taken.
+
+    Raises
+    ------
+    ValueError
+        Empty file, wrong shape, non-numeric cells, or any ε that is <= 0, NaN or infinite.
+    FileNotFoundError
+        When ``path`` does not exist.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"budgets file not found: {p}")
+    suffix = p.suffix.lower()
+    if suffix == ".npy":
+        try:
+            arr = np.load(p, allow_pickle=False)
+        except (ValueError, OSError) as exc:
+            raise ValueError(f"budgets file {p.name}: not a readable .npy array ({exc})") from None
+        if column is not None:
+            raise ValueError("column: only applies to .csv budget files")
+        return validate_budgets(arr, name=f"budgets file {p.name}")
+    if suffix == ".csv":
+        return validate_budgets(_read_csv_column(p, column), name=f"budgets file {p.name}")
+    raise ValueError(f"budgets file {p.name}: unsupported extension {suffix!r} (use .npy or .csv)")
+
+
+def _read_csv_column(p: Path, column: str | int | None) -> list[float]:
+    with p.open(newline="", encoding="utf-8") as fh:
+        rows = [row for row in csv.reader(fh) if row and any(cell.strip() for cell in row)]
+    if not rows:
+        raise ValueError(f"budgets file {p.name}: empty file")
+
+    def is_number(cell: str) -> bool:
+        try:
+            float(cell)
+        except ValueError:
+            return False
+        return True
+
+    header = None if all(is_number(c) for c in rows[0]) else [c.strip() for c in rows[0]]
+    body = rows[1:] if header is not None else rows
+    if column is None:
+        width = len(header) if header is not None else len(rows[0])
+        if width != 1:
+            raise ValueError(
+                f"budgets file {p.name}: {width} columns; name the budget column (column=...)"
+            )
+        idx = 0
+    elif isinstance(column, int):
+        idx = column
+    else:
+        if header is None or column not in header:
+            raise ValueError(f"column: {column!r} not in the header of {p.name} ({header})")
+        idx = header.index(column)
+    values: list[float] = []
+    for lineno, row in enumerate(body, start=2 if header is not None else 1):
+        if idx >= len(row):
+            raise ValueError(f"budgets file {p.name}: line {lineno} has no column {idx}")
+        try:
+            values.append(float(row[idx]))
+        except ValueError:
+            raise ValueError(
+                f"budgets file {p.name}: line {lineno}: {row[idx]!r} is not a number"
+            ) from None
+    if not values:
+        raise ValueError(f"budgets file {p.name}: no budget values (only a header)")
+    return values

@@ -1,0 +1,249 @@
+"""Personal budgets → per-record sampling rates (rPDP-FL §6), with a report.
+
+Given each record's budget ε_i and a :class:`~pdpfl.privacy.plan.TrainingPlan` (σ, δ, τ, T, λ),
+find q_i, the record's Poisson sampling probability, so that the plan's ε for that record is at
+most ε_i. Three methods share one interface (:class:`RateEstimator`):
+
+``certified`` (default)
+    Exact ε on a fine monotone rate grid, largest grid rate within budget. **No record can
+    exceed its budget**; resolution documented in :mod:`pdpfl.calibration.certified`.
+``scf``
+    rPDP-FL Algorithm 2 (exp(a·q+b)+c fit), faithful; can overspend -- the report counts it.
+``binary-search``
+    Boenisch et al. "Sample": bisection per distinct budget with the exact accountant.
+
+The estimator F is computed by the server without any data and published
+(:meth:`RateEstimator.to_dict` / :func:`estimator_from_dict`); each silo applies it to its own
+records' budgets locally (rPDP-FL §6.2). Adversaries: ``third-party`` (default), ``server``, or
+``both`` (the stricter of the two).
+
+Example
+-------
+>>> from pdpfl.privacy.plan import TrainingPlan
+>>> from pdpfl.calibrate import calibrate
+>>> plan = TrainingPlan(noise_multiplier=3.5, delta=1e-3, steps=5, rounds=20, client_rate=0.5)
+>>> result = calibrate(np.array([0.5, 1.0, 5.0]), plan)  # doctest: +SKIP
+>>> result.rates, result.report.over_budget  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from pdpfl.budgets import validate_budgets
+from pdpfl.calibration._accounting import as_adversary, exact_epsilon
+from pdpfl.calibration.binary_search import BinarySearchEstimator
+from pdpfl.calibration.certified import CertifiedEstimator
+from pdpfl.calibration.noise import (
+    group_sampling_rates,
+    noise_for_max_budget,
+    noise_for_uniform_rate,
+)
+from pdpfl.calibration.scf import SCFEstimator
+from pdpfl.privacy.plan import TrainingPlan
+
+__all__ = [
+    "RateEstimator",
+    "CertifiedEstimator",
+    "SCFEstimator",
+    "BinarySearchEstimator",
+    "METHODS",
+    "fit_estimator",
+    "estimator_from_dict",
+    "calibrate",
+    "CalibrationResult",
+    "CalibrationReport",
+    "InfeasibleBudgetError",
+    "noise_for_max_budget",
+    "noise_for_uniform_rate",
+    "group_sampling_rates",
+]
+
+
+@runtime_checkable
+class RateEstimator(Protocol):
+    """The sampling-probability estimator F: budgets → rates, JSON-serialisable."""
+
+    method: str
+
+    def rates(self, budgets: np.ndarray) -> np.ndarray: ...
+
+    def to_dict(self) -> dict[str, Any]: ...
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RateEstimator: ...
+
+
+METHODS: dict[str, type] = {
+    "certified": CertifiedEstimator,
+    "scf": SCFEstimator,
+    "binary-search": BinarySearchEstimator,
+}
+
+
+class InfeasibleBudgetError(ValueError):
+    """Some budgets are below the smallest ε any positive sampling rate can achieve."""
+
+    def __init__(self, count: int, min_epsilon: float, smallest_budget: float) -> None:
+        self.count = count
+        self.min_epsilon = min_epsilon
+        super().__init__(
+            f"budgets: {count} record(s) have ε below the smallest achievable "
+            f"ε = {min_epsilon:.6g} for this plan (smallest budget {smallest_budget:.6g}); "
+            "raise those budgets, add noise (larger σ), or pass allow_exclusion=True to give "
+            "them q = 0 (never sampled)"
+        )
+
+
+def _method(name: str) -> type:
+    key = str(name).strip().lower().replace("_", "-")
+    if key not in METHODS:
+        raise ValueError(f"method: {name!r} is not one of {', '.join(METHODS)}")
+    return METHODS[key]
+
+
+def fit_estimator(
+    plan: TrainingPlan,
+    method: str = "certified",
+    adversary: str = "third-party",
+    **options: Any,
+) -> RateEstimator:
+    """Build the estimator F for ``plan`` (no data needed).
+
+    ``options`` go to the method's ``fit``: certified ``q_min, n_log, n_linear, orders``;
+    scf ``q_candidates, orders``; binary-search ``q_tol, eps_tol``.
+    """
+    cls = _method(method)
+    as_adversary(adversary)
+    return cls.fit(plan, adversary, **options)
+
+
+def estimator_from_dict(d: dict[str, Any]) -> RateEstimator:
+    """Rebuild any estimator from :meth:`RateEstimator.to_dict` output (dispatch on ``method``)."""
+    if not isinstance(d, dict) or "method" not in d:
+        raise ValueError("estimator: expected a dict with a 'method' key")
+    return _method(d["method"]).from_dict(d)
+
+
+@dataclass
+class CalibrationReport:
+    """What a calibration did and how well it used the budgets (all ε exact)."""
+
+    method: str
+    adversary: str
+    n: int
+    distinct_budgets: int
+    seconds: float
+    over_budget: int
+    excluded: int
+    min_utilization: float | None
+    median_utilization: float | None
+    sigma: float
+    min_epsilon: float | None
+    max_epsilon: float | None
+    expected_batch_size: dict[str, float] | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class CalibrationResult:
+    rates: np.ndarray
+    report: CalibrationReport
+    estimator: RateEstimator | None = None
+
+
+def _spent(estimator: RateEstimator, rates: np.ndarray, plan: TrainingPlan, adv: str) -> np.ndarray:
+    if isinstance(estimator, CertifiedEstimator):
+        spent = estimator.spent_epsilon(rates)
+        if spent is not None:
+            return spent
+    distinct, inverse = np.unique(rates, return_inverse=True)
+    eps = np.zeros_like(distinct)
+    pos = distinct > 0
+    eps[pos] = exact_epsilon(distinct[pos], plan, adv)
+    return eps[inverse]
+
+
+def calibrate(
+    budgets: np.ndarray,
+    plan: TrainingPlan,
+    method: str = "certified",
+    adversary: str = "third-party",
+    allow_exclusion: bool = False,
+    client_ids: np.ndarray | None = None,
+    **options: Any,
+) -> CalibrationResult:
+    """Sampling rate per record for ``budgets`` under ``plan``, plus a :class:`CalibrationReport`.
+
+    Raises
+    ------
+    ValueError
+        Invalid budgets (empty, not 1-D, NaN/inf, ≤ 0), unknown method/adversary.
+    InfeasibleBudgetError
+        (certified, binary-search) some budgets are below the smallest achievable ε and
+        ``allow_exclusion`` is False. With ``allow_exclusion=True`` they get q = 0 and are
+        counted in ``report.excluded``. SCF never excludes (the paper's F clips to [0, 1]).
+    """
+    b = validate_budgets(budgets)
+    adv = as_adversary(adversary).value
+    if client_ids is not None:
+        client_ids = np.asarray(client_ids)
+        if client_ids.shape != b.shape:
+            raise ValueError(f"client_ids: expected shape {b.shape}, got {client_ids.shape}")
+    start = time.perf_counter()
+    estimator = fit_estimator(plan, method, adv, **options)
+    rates = np.asarray(estimator.rates(b), dtype=np.float64)
+    seconds = time.perf_counter() - start
+
+    min_eps: float | None = None
+    max_eps: float | None = None
+    details: dict[str, Any] = {}
+    if isinstance(estimator, CertifiedEstimator):
+        min_eps, max_eps = estimator.min_epsilon, estimator.max_epsilon
+        details = {"grid_points": int(estimator.q_grid.size)}
+    elif isinstance(estimator, SCFEstimator):
+        max_eps = estimator.eps_at_one
+        details = {"a": estimator.a, "b": estimator.b, "c": estimator.c, "r2": estimator.r2}
+    elif isinstance(estimator, BinarySearchEstimator):
+        min_eps = float(exact_epsilon(np.array([estimator.q_tol]), plan, adv)[0])
+        details = {"q_tol": estimator.q_tol, "eps_tol": estimator.eps_tol}
+
+    excluded_mask = rates <= 0
+    if excluded_mask.any() and not isinstance(estimator, SCFEstimator) and not allow_exclusion:
+        raise InfeasibleBudgetError(
+            int(excluded_mask.sum()), float(min_eps or 0.0), float(b[excluded_mask].min())
+        )
+
+    spent = _spent(estimator, rates, plan, adv)
+    over = int(np.count_nonzero(spent > b))
+    used = ~excluded_mask
+    util = spent[used] / b[used]
+    batch = None
+    if client_ids is not None:
+        ids, inv = np.unique(client_ids, return_inverse=True)
+        sums = np.bincount(inv.ravel(), weights=rates, minlength=ids.size)
+        batch = {str(i): float(s) for i, s in zip(ids.tolist(), sums.tolist(), strict=True)}
+    report = CalibrationReport(
+        method=estimator.method,
+        adversary=adv,
+        n=int(b.size),
+        distinct_budgets=int(np.unique(b).size),
+        seconds=float(seconds),
+        over_budget=over,
+        excluded=int(excluded_mask.sum()),
+        min_utilization=float(util.min()) if util.size else None,
+        median_utilization=float(np.median(util)) if util.size else None,
+        sigma=float(plan.noise_multiplier),
+        min_epsilon=min_eps,
+        max_epsilon=max_eps,
+        expected_batch_size=batch,
+        details=details,
+    )
+    return CalibrationResult(rates=rates, report=report, estimator=estimator)

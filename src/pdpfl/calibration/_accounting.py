@@ -1,0 +1,60 @@
+"""Thin, chunked wrappers around the exact accountant (:mod:`pdpfl.privacy`).
+
+Nothing here does privacy math: it only calls :func:`pdpfl.privacy.two_stage.plan_epsilon`,
+in chunks so that evaluating 10⁶ distinct rates never allocates a rates × orders matrix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+from pdpfl.privacy.adversary import Adversary
+from pdpfl.privacy.orders import DEFAULT_ORDERS
+from pdpfl.privacy.plan import TrainingPlan
+from pdpfl.privacy.two_stage import plan_epsilon
+
+#: Rates evaluated per accountant call (bounds memory at CHUNK × n_orders floats).
+CHUNK = 65_536
+
+
+def as_adversary(adversary: str | Adversary) -> Adversary:
+    """Parse an adversary name (``third-party`` | ``server`` | ``both``) with a clear error."""
+    try:
+        return Adversary(adversary)
+    except ValueError:
+        allowed = ", ".join(a.value for a in Adversary)
+        raise ValueError(f"adversary: {adversary!r} is not one of {allowed}") from None
+
+
+def exact_epsilon(
+    rates: np.ndarray,
+    plan: TrainingPlan,
+    adversary: str | Adversary = "third-party",
+    orders: np.ndarray = DEFAULT_ORDERS,
+) -> np.ndarray:
+    """ε of the whole plan (before training, k = T participations) for each sampling rate."""
+    q = np.asarray(rates, dtype=np.float64).ravel()
+    adv = as_adversary(adversary)
+    out = np.empty(q.size, dtype=np.float64)
+    for start in range(0, q.size, CHUNK):
+        stop = min(start + CHUNK, q.size)
+        eps, _ = plan_epsilon(q[start:stop], plan, adv, orders=orders)
+        out[start:stop] = np.asarray(eps, dtype=np.float64).reshape(-1)
+    return out
+
+
+def plan_to_dict(plan: TrainingPlan) -> dict[str, Any]:
+    """JSON-friendly dict of a :class:`TrainingPlan` (plain Python numbers)."""
+    d = dataclasses.asdict(plan)
+    return {k: (v.item() if isinstance(v, np.generic) else v) for k, v in d.items()}
+
+
+def plan_from_dict(d: dict[str, Any]) -> TrainingPlan:
+    return TrainingPlan(**d)
+
+
+def with_sigma(plan: TrainingPlan, sigma: float) -> TrainingPlan:
+    """The same plan with another noise multiplier."""
+    return dataclasses.replace(plan, noise_multiplier=float(sigma))

@@ -1,0 +1,153 @@
+"""Certified budget → sampling-rate estimator: no record can exceed its budget.
+
+Construction (once per plan, vectorized):
+
+1. A fixed monotone grid of rates ``q_0 < q_1 < … < q_K = 1``: the union of a geometric grid
+   on ``[q_min, 1]`` (``n_log`` points, relative step ``r``) and a linear grid on ``[0, 1]``
+   (``n_linear`` points, step ``Δ``). Consecutive points therefore satisfy
+   ``q_{k+1} − q_k ≤ min(r · q_k, Δ)`` for ``q_k ≥ q_min``.
+2. The exact ε of the plan at every grid rate (:func:`pdpfl.privacy.two_stage.plan_epsilon`,
+   third-party / server / both), made monotone by a running maximum and inflated by a relative
+   safety margin of ``1e-10`` against last-bit differences between evaluations.
+3. For a budget ε_i the rate is the largest grid ``q_k`` whose certified ε is ≤ ε_i
+   (``np.searchsorted``). Budgets ≥ ε(q=1) get ``q = 1``; budgets below the certified ε of the
+   smallest positive grid rate get ``q = 0`` (the record is never sampled, spends nothing).
+
+Guarantee (by construction): ``plan_epsilon(q_i) ≤ ε_i`` for every record. Resolution: if the
+exact ε(q) is non-decreasing in q, the largest feasible rate q*_i satisfies
+``q_i ≤ q*_i < q_{k+1} ≤ q_i + min(r · q_i, Δ)``. With the defaults (``q_min = 1e-6``,
+``n_log = n_linear = 2048``) that is ``r ≈ 0.68 %`` and ``Δ ≈ 4.9e-4``.
+
+The estimator is the grid itself (pairs (q, certified ε) plus plan and adversary): the server
+publishes it (:meth:`CertifiedEstimator.to_dict`, exact JSON floats) and every silo maps its own
+records' budgets to rates locally, as in rPDP-FL §6.2.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from pdpfl.privacy.orders import DEFAULT_ORDERS
+from pdpfl.privacy.plan import TrainingPlan
+
+from pdpfl.calibration._accounting import (
+    as_adversary,
+    exact_epsilon,
+    plan_from_dict,
+    plan_to_dict,
+)
+
+#: Relative inflation of grid ε (guards against 1-ulp differences between evaluations).
+SAFETY_MARGIN = 1e-10
+
+
+def rate_grid(q_min: float = 1e-6, n_log: int = 2048, n_linear: int = 2048) -> np.ndarray:
+    """The monotone rate grid (log ∪ linear), strictly increasing, ending at exactly 1.0."""
+    if not (0 < q_min < 1):
+        raise ValueError(f"q_min: must be in (0, 1), got {q_min!r}")
+    if n_log < 2 or n_linear < 2:
+        raise ValueError(f"n_log/n_linear: need at least 2 points each, got {n_log}, {n_linear}")
+    grid = np.union1d(np.geomspace(q_min, 1.0, n_log), np.linspace(0.0, 1.0, n_linear)[1:])
+    grid[-1] = 1.0
+    return grid
+
+
+@dataclass(frozen=True)
+class CertifiedEstimator:
+    """Largest-grid-rate-within-budget estimator (see module docstring for the guarantee).
+
+    Attributes
+    ----------
+    plan, adversary : what the ε values refer to.
+    q_grid : increasing rates, ``q_grid[-1] == 1``.
+    eps_exact : exact ε at each grid rate (for reports).
+    eps_certified : running max of ``eps_exact`` × (1 + 1e-10); what :meth:`rates` compares to.
+    """
+
+    plan: TrainingPlan
+    adversary: str
+    q_grid: np.ndarray = field(repr=False)
+    eps_exact: np.ndarray = field(repr=False)
+    eps_certified: np.ndarray = field(repr=False)
+    method: str = "certified"
+
+    @classmethod
+    def fit(
+        cls,
+        plan: TrainingPlan,
+        adversary: str = "third-party",
+        *,
+        q_min: float = 1e-6,
+        n_log: int = 2048,
+        n_linear: int = 2048,
+        orders: np.ndarray = DEFAULT_ORDERS,
+    ) -> CertifiedEstimator:
+        """Evaluate the exact accountant once on the grid and build the estimator."""
+        adv = as_adversary(adversary).value
+        q = rate_grid(q_min, n_log, n_linear)
+        eps = exact_epsilon(q, plan, adv, orders)
+        if not np.all(np.isfinite(eps)):
+            raise ValueError("accountant returned non-finite ε on the rate grid")
+        cert = np.maximum.accumulate(eps) * (1.0 + SAFETY_MARGIN)
+        return cls(plan, adv, q, eps, cert)
+
+    @property
+    def min_epsilon(self) -> float:
+        """Smallest budget that gets a positive rate (smaller budgets get q = 0)."""
+        return float(self.eps_certified[0])
+
+    @property
+    def max_epsilon(self) -> float:
+        """ε spent at q = 1; budgets at or above it get q = 1."""
+        return float(self.eps_certified[-1])
+
+    def resolution(self, rates: np.ndarray) -> np.ndarray:
+        """Gap to the next grid rate: the largest feasible q is below ``rate + resolution``."""
+        q = np.asarray(rates, dtype=np.float64)
+        idx = np.searchsorted(self.q_grid, q, side="right")
+        nxt = np.where(idx < self.q_grid.size, self.q_grid[np.minimum(idx, self.q_grid.size - 1)], 1.0)
+        return np.where(q >= 1.0, 0.0, nxt - q)
+
+    def grid_index(self, budgets: np.ndarray) -> np.ndarray:
+        """Index of the chosen grid rate per budget; ``-1`` when no positive rate is feasible."""
+        b = np.asarray(budgets, dtype=np.float64)
+        return np.searchsorted(self.eps_certified, b, side="right") - 1
+
+    def rates(self, budgets: np.ndarray) -> np.ndarray:
+        """Certified rate per budget (0 for budgets below :attr:`min_epsilon`)."""
+        idx = self.grid_index(budgets)
+        return np.where(idx >= 0, self.q_grid[np.maximum(idx, 0)], 0.0)
+
+    def spent_epsilon(self, rates: np.ndarray) -> np.ndarray | None:
+        """Exact ε at rates that are grid points (None when some are not), without re-evaluating."""
+        q = np.asarray(rates, dtype=np.float64)
+        idx = np.clip(np.searchsorted(self.q_grid, q), 0, self.q_grid.size - 1)
+        on_grid = (self.q_grid[idx] == q) | (q == 0)
+        if not on_grid.all():
+            return None
+        return np.where(q == 0, 0.0, self.eps_exact[idx])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "method": self.method,
+            "adversary": self.adversary,
+            "plan": plan_to_dict(self.plan),
+            "q_grid": self.q_grid.tolist(),
+            "eps_exact": self.eps_exact.tolist(),
+            "eps_certified": self.eps_certified.tolist(),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> CertifiedEstimator:
+        q = np.asarray(d["q_grid"], dtype=np.float64)
+        exact = np.asarray(d["eps_exact"], dtype=np.float64)
+        cert = np.asarray(d["eps_certified"], dtype=np.float64)
+        if not (q.ndim == 1 and q.shape == exact.shape == cert.shape and q.size >= 2):
+            raise ValueError("certified estimator: q_grid/eps arrays must be 1-D of equal length")
+        if not (np.all(np.diff(q) > 0) and np.all(np.diff(cert) >= 0) and q[-1] == 1.0):
+            raise ValueError("certified estimator: grid must be increasing and end at q = 1")
+        if not np.all(cert >= exact):
+            raise ValueError("certified estimator: certified ε must not be below exact ε")
+        return cls(plan_from_dict(d["plan"]), as_adversary(d["adversary"]).value, q, exact, cert)

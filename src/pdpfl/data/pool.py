@@ -1,0 +1,103 @@
+"""Building a federation from one pool of records: partition, per-silo split, normalize."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from pdpfl.data._rng import numpy_generator
+from pdpfl.data.federation import ClientData, Federation
+from pdpfl.data.partition import partition_indices
+from pdpfl.data.splits import stratified_split
+from pdpfl.data.users import UserAllocation, assign_users
+
+#: Per-silo feature scaling: ``none`` (as loaded), ``zscore`` (each silo's own train
+#: mean/std, test records scaled with the train statistics).
+NORMALIZATIONS = ("none", "zscore")
+
+
+@dataclass
+class Pool:
+    """All records of a dataset before federating (``x`` may be any numeric dtype)."""
+
+    name: str
+    x: np.ndarray
+    y: np.ndarray
+    record_ids: np.ndarray
+    input_shape: tuple[int, ...]
+    num_classes: int
+    feature_names: list[str] | None = None
+    class_names: list[str] | None = None
+
+
+def _zscore(train: np.ndarray, test: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    mean = train.mean(axis=0)
+    std = train.std(axis=0)
+    std = np.where(std > 0, std, 1.0)
+    return (train - mean) / std, (test - mean) / std
+
+
+def federate(
+    pool: Pool,
+    *,
+    num_clients: int,
+    partition: str = "iid",
+    partition_params: dict[str, Any] | None = None,
+    seed: int = 42,
+    test_fraction: float = 0.34,
+    normalize: str = "none",
+    users: dict[str, Any] | None = None,
+    name: str | None = None,
+) -> Federation:
+    """Partition ``pool`` over ``num_clients`` silos, then split each silo 66/34 (stratified).
+
+    With ``users`` (``{"num_users": U, "distribution": "uniform"|"zipf", "alpha_user",
+    "alpha_silo"}``) the silo of each record comes from :func:`assign_users` instead of a
+    label partition, and each train record carries its user id.
+    """
+    if normalize not in NORMALIZATIONS:
+        raise ValueError(f"normalize must be one of {list(NORMALIZATIONS)}, got {normalize!r}")
+    fed_name = name or pool.name
+    alloc: UserAllocation | None = None
+    if users is not None:
+        if partition != "iid" or partition_params:
+            raise ValueError("partition must be 'iid' (the default) when num_users is given: "
+                             "the user allocation decides each record's silo")
+        if isinstance(num_clients, bool) or not isinstance(num_clients, int) or num_clients < 1:
+            raise ValueError(f"num_clients must be an integer >= 1, got {num_clients!r}")
+        alloc = assign_users(len(pool.y), num_silos=num_clients,
+                             rng=numpy_generator(seed, f"users:{fed_name}"), **users)
+        parts = [np.flatnonzero(alloc.silo_ids == k) for k in range(num_clients)]
+        empty = [k for k, p in enumerate(parts) if len(p) < 2]
+        if empty:
+            raise ValueError(f"user allocation left silos {empty} with fewer than 2 records; "
+                             f"use fewer clients, more users or a smaller alpha_silo")
+    else:
+        parts = partition_indices(pool.y, num_clients, partition, partition_params,
+                                  rng=numpy_generator(seed, f"partition:{fed_name}"))
+    clients = []
+    for k, part in enumerate(parts):
+        tr_pos, te_pos = stratified_split(pool.y[part], test_fraction,
+                                          numpy_generator(seed, f"split:{fed_name}", k))
+        tr, te = part[tr_pos], part[te_pos]
+        x_tr = pool.x[tr].astype(np.float32)
+        x_te = pool.x[te].astype(np.float32)
+        if normalize == "zscore":
+            x_tr, x_te = _zscore(pool.x[tr].astype(np.float64), pool.x[te].astype(np.float64))
+        clients.append(ClientData(
+            name=f"client-{k}", x_train=x_tr, y_train=pool.y[tr], x_test=x_te,
+            y_test=pool.y[te], record_ids=pool.record_ids[tr],
+            user_ids=None if alloc is None else alloc.user_ids[tr],
+            test_record_ids=pool.record_ids[te],
+        ))
+    return Federation(
+        name=fed_name, clients=clients, input_shape=pool.input_shape,
+        num_classes=pool.num_classes, feature_names=pool.feature_names,
+        class_names=pool.class_names,
+        metadata={"partition": "users" if alloc is not None else partition,
+                  "partition_params": dict(partition_params or {}), "seed": seed,
+                  "test_fraction": test_fraction, "normalize": normalize,
+                  **({"users": dict(users)} if users else {})},
+    )

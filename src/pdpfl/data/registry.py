@@ -1,0 +1,231 @@
+"""``load_federation(name, ...)``: every benchmark federation by name.
+
+>>> from pdpfl.data import load_federation
+>>> fed = load_federation("digits", num_clients=5, partition="n-way-k-shot",
+...                       partition_params={"n_way": 2, "k_shot": 40}, seed=1)
+>>> fed.num_clients, fed.input_shape, fed.num_classes
+(5, (64,), 10)
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from pdpfl.data._rng import numpy_generator
+from pdpfl.data.federation import Federation
+from pdpfl.data.pool import Pool, federate
+from pdpfl.data.splits import DEFAULT_TEST_FRACTION
+from pdpfl.data.users import USER_DISTRIBUTIONS, assign_users
+
+#: Options accepted by every dataset (besides the keyword arguments of load_federation).
+COMMON_OPTIONS = ("test_fraction", "num_users", "user_distribution", "alpha_user",
+                  "alpha_silo", "home_fraction")
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    """A registered dataset: description, defaults and the options it accepts."""
+
+    name: str
+    description: str
+    default_clients: int | None
+    fixed_silos: bool
+    options: tuple[str, ...]
+    needs_files: bool
+
+
+DATASETS: dict[str, DatasetInfo] = {
+    d.name: d for d in (
+        DatasetInfo("heart-disease", "Fed-Heart-Disease: 4 fixed hospitals, 13 features, "
+                    "binary (UCI processed.*.data)", 4, True, ("normalize", "download"), True),
+        DatasetInfo("mnist", "MNIST 60k training images (IDX) partitioned over clients, "
+                    "66/34 per client", 10, False, ("pool", "normalize", "download"), True),
+        DatasetInfo("mnist-10k", "the 10k MNIST test images partitioned over clients, "
+                    "66/34 per client", 10, False, ("normalize", "download"), True),
+        DatasetInfo("cifar10", "CIFAR-10 50k training images (python pickle archive) "
+                    "partitioned over clients, 66/34 per client", 10, False,
+                    ("pool", "normalize", "download"), True),
+        DatasetInfo("digits", "scikit-learn 8x8 digits (offline): 1,797 records, 64 "
+                    "features in [0, 1], 10 classes", 10, False, ("normalize", "flat"), False),
+        DatasetInfo("breast-cancer", "scikit-learn Wisconsin breast cancer (offline): 569 "
+                    "records, 30 z-scored features, 2 classes", 4, False, ("normalize",),
+                    False),
+        DatasetInfo("csv", "a user-supplied CSV file (Creditcard-style): label column, "
+                    "per-client z-scoring fitted on train, optional undersampling", 5, False,
+                    ("path", "label_column", "undersample", "delimiter", "normalize"), False),
+    )
+}
+
+
+def _users_option(options: dict[str, Any]) -> dict[str, Any] | None:
+    num_users = options.pop("num_users", None)
+    keys = ("user_distribution", "alpha_user", "alpha_silo", "home_fraction")
+    extra = {k: options.pop(k) for k in keys if k in options}
+    if num_users is None:
+        if extra:
+            raise ValueError(f"options {sorted(extra)} need num_users")
+        return None
+    dist = extra.pop("user_distribution", "uniform")
+    if dist not in USER_DISTRIBUTIONS:
+        raise ValueError(f"user_distribution must be one of {list(USER_DISTRIBUTIONS)}, "
+                         f"got {dist!r}")
+    return {"num_users": num_users, "distribution": dist, **extra}
+
+
+def _heart(num_clients: int | None, partition: str, partition_params: dict[str, Any] | None,
+           seed: int, data_dir: Any, options: dict[str, Any]) -> Federation:
+    from pdpfl.data.heart import load_heart_disease
+
+    if num_clients not in (None, 4):
+        raise ValueError(f"num_clients must be 4 (or None) for heart-disease: its 4 silos are "
+                         f"fixed hospitals, got {num_clients!r}")
+    if partition != "iid" or partition_params:
+        raise ValueError("partition/partition_params cannot be set for heart-disease: its "
+                         "silos are fixed hospitals")
+    users = _users_option(options)
+    fed = load_heart_disease(
+        seed=seed, data_dir=data_dir,
+        test_fraction=options.pop("test_fraction", DEFAULT_TEST_FRACTION),
+        normalize=bool(options.pop("normalize", True)),
+        download=bool(options.pop("download", True)),
+    )
+    if users is not None:
+        silos = np.concatenate([np.full(c.num_train, k) for k, c in enumerate(fed.clients)])
+        alloc = assign_users(len(silos), silo_ids=silos,
+                             rng=numpy_generator(seed, "users:heart-disease"), **users)
+        for k, c in enumerate(fed.clients):
+            c.user_ids = alloc.user_ids[silos == k]
+        fed.metadata["users"] = dict(users)
+    return fed
+
+
+def _pool_for(name: str, data_dir: Any, options: dict[str, Any]) -> tuple[Pool, str]:
+    """The pool of ``name`` and its default normalization (pops the options it uses)."""
+    if name == "digits":
+        from pdpfl.data.embedded import digits_pool
+
+        return digits_pool(flat=bool(options.pop("flat", True))), "none"
+    if name == "breast-cancer":
+        from pdpfl.data.embedded import breast_cancer_pool
+
+        return breast_cancer_pool(), "zscore"
+    if name in ("mnist", "mnist-10k"):
+        from pdpfl.data.mnist import mnist_pool
+
+        pool = "test" if name == "mnist-10k" else options.pop("pool", "train")
+        return mnist_pool(pool, data_dir=data_dir, name=name,
+                          download=bool(options.pop("download", True))), "none"
+    if name == "cifar10":
+        from pdpfl.data.cifar import cifar10_pool
+
+        return cifar10_pool(options.pop("pool", "train"), data_dir=data_dir,
+                            download=bool(options.pop("download", True))), "none"
+    if name == "csv":
+        from pdpfl.data.tabular import csv_pool
+
+        if "path" not in options:
+            raise ValueError("option 'path' (the CSV file) is required for dataset 'csv'")
+        return csv_pool(
+            options.pop("path"), label_column=options.pop("label_column", None),
+            delimiter=options.pop("delimiter", ","),
+            undersample=options.pop("undersample", None),
+            rng=numpy_generator(options.pop("_seed"), "csv-undersample"),
+        ), "zscore"
+    raise AssertionError(name)  # pragma: no cover
+
+
+def load_federation(
+    name: str,
+    *,
+    num_clients: int | None = None,
+    partition: str = "iid",
+    partition_params: dict[str, Any] | None = None,
+    seed: int = 42,
+    data_dir: str | os.PathLike[str] | None = None,
+    **options: Any,
+) -> Federation:
+    """Build the federation ``name`` (one of :data:`DATASETS`), reproducibly from ``seed``.
+
+    Parameters
+    ----------
+    name:
+        ``heart-disease``, ``mnist``, ``mnist-10k``, ``cifar10``, ``digits``,
+        ``breast-cancer`` or ``csv``.
+    num_clients:
+        number of silos (default: the dataset's, see :data:`DATASETS`); fixed for
+        ``heart-disease``.
+    partition, partition_params:
+        ``iid``, ``n-way-k-shot`` (``n_way``/``classes_per_client``, ``k_shot``),
+        ``shards`` (``shards_per_client``), ``dirichlet`` (``beta``, ``min_size``);
+        see :mod:`pdpfl.data.partition`.
+    seed:
+        the same seed gives an identical federation.
+    data_dir:
+        folder holding the dataset files (see :mod:`pdpfl.data.sources`).
+    **options:
+        ``test_fraction`` (0.34), ``normalize`` (``"none"``/``"zscore"``; Heart: bool),
+        ``num_users`` + ``user_distribution`` (``uniform``/``zipf``), ``alpha_user``,
+        ``alpha_silo``, ``home_fraction`` (user ids for user-level DP), and per dataset:
+        ``download`` (bool), ``pool`` (``train``/``test``/``all`` for mnist, cifar10),
+        ``flat`` (digits), ``path``, ``label_column``, ``undersample``, ``delimiter`` (csv).
+
+    Raises
+    ------
+    ValueError
+        unknown dataset, partition, option or out-of-range value (the message names it).
+    pdpfl.data.sources.DataFileNotFoundError, pdpfl.data.sources.ChecksumError
+        a file is missing and cannot be downloaded, or is not the canonical file.
+    """
+    if name not in DATASETS:
+        raise ValueError(f"dataset must be one of {sorted(DATASETS)}, got {name!r}")
+    info = DATASETS[name]
+    allowed = set(info.options) | set(COMMON_OPTIONS)
+    unknown = sorted(set(options) - allowed)
+    if unknown:
+        raise ValueError(f"unknown options {unknown} for dataset {name!r}; allowed: "
+                         f"{sorted(allowed)}")
+    if isinstance(seed, bool) or not isinstance(seed, int | np.integer):
+        raise ValueError(f"seed must be an integer, got {seed!r}")
+    opts = dict(options)
+    if name == "heart-disease":
+        return _heart(num_clients, partition, partition_params, int(seed), data_dir, opts)
+    users = _users_option(opts)
+    opts["_seed"] = int(seed)
+    pool, default_norm = _pool_for(name, data_dir, opts)
+    normalize = opts.pop("normalize", default_norm)
+    test_fraction = opts.pop("test_fraction", DEFAULT_TEST_FRACTION)
+    if not isinstance(test_fraction, int | float) or not 0 < test_fraction < 1:
+        raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction!r}")
+    return federate(
+        pool, num_clients=info.default_clients if num_clients is None else num_clients,
+        partition=partition, partition_params=partition_params, seed=int(seed),
+        test_fraction=float(test_fraction), normalize=normalize, users=users, name=name,
+    )
+
+
+#: Callables building a federation by name (for plug-ins and the CLI).
+LOADERS: dict[str, Callable[..., Federation]] = {n: load_federation for n in DATASETS}
+
+
+def file_specs(name: str) -> list:
+    """The canonical files (:class:`~pdpfl.data.sources.FileSpec`) a dataset needs."""
+    if name == "heart-disease":
+        from pdpfl.data.heart import file_specs as heart_specs
+
+        return heart_specs()
+    if name in ("mnist", "mnist-10k"):
+        from pdpfl.data.mnist import SHA256, spec
+
+        files = [f for f in SHA256 if name == "mnist" or f.startswith("t10k")]
+        return [spec(f) for f in files]
+    if name == "cifar10":
+        from pdpfl.data.cifar import SPEC
+
+        return [SPEC]
+    raise ValueError(f"dataset must be one of ['cifar10', 'heart-disease', 'mnist', "
+                     f"'mnist-10k'] (the others need no files), got {name!r}")

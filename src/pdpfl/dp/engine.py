@@ -1,0 +1,364 @@
+"""Personalized DP-SGD: the local update of every pdpfl algorithm (rPDP-FL Alg. 3, lines 10–15).
+
+One step on a silo's data ``D`` with per-record sampling rates ``q_i``:
+
+1. **Poisson sampling** — one independent Bernoulli(q_i) per record:
+   ``S = {i : U_i < q_i}`` with ``U = torch.rand(n, generator=generator)`` (float64). A record with
+   ``q_i = 0`` is never sampled. (Drawing a binomial batch size and then a uniform subset is *not*
+   equivalent when the rates differ.)
+2. **Per-sample gradients** of the loss for the records in ``S`` (in chunks of
+   ``physical_batch_size``; see :mod:`pdpfl.dp.grad_sample`).
+3. **Clipping** of each per-sample gradient to L2 norm ``C`` over all trainable parameters.
+4. **Noise**: the clipped sum plus ``N(0, σ²C²)`` per coordinate (drawn from ``generator``).
+5. **Normalisation** by the *expected* batch size ``Σ_i q_i`` (a public float constant, never the
+   realized ``|S|`` and never floored). An empty batch is a noise-only step, never skipped.
+6. The optimizer (SGD/Adam/RMSprop, weight decay) consumes the privatized gradient — this is
+   post-processing and costs no privacy.
+
+Uniform DP-SGD is the special case ``q_i = q``; ``private=False`` is plain minibatch SGD on the
+Poisson batch (mean over the realized batch, no clipping or noise; the PrivacyFree baseline).
+The privacy parameters (σ, C, q, τ) are always explicit arguments; nothing is inferred from a
+data loader.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from pdpfl.dp.grad_sample import clipped_grad_sum, resolve_method
+from pdpfl.dp.validate import replace_batchnorm, validate_model
+from pdpfl.models import loss_fn, predict
+
+__all__ = [
+    "LocalTrainingResult",
+    "PersonalizedDPSGD",
+    "StepResult",
+    "evaluate",
+    "make_optimizer",
+    "replace_batchnorm",
+    "train_steps",
+    "validate_model",
+]
+
+LossFn = Callable[[Tensor, Tensor], Tensor]
+
+
+def make_optimizer(
+    name: str,
+    params: Iterable[nn.Parameter] | Iterable[dict],
+    lr: float,
+    weight_decay: float = 0.0,
+    momentum: float = 0.0,
+) -> torch.optim.Optimizer:
+    """``"sgd"`` | ``"adam"`` | ``"rmsprop"`` (``momentum`` applies to SGD and RMSprop only)."""
+    if not (lr > 0 and math.isfinite(lr)):
+        raise ValueError(f"lr must be a positive finite number, got {lr}")
+    if weight_decay < 0:
+        raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
+    if not 0 <= momentum < 1:
+        raise ValueError(f"momentum must be in [0, 1), got {momentum}")
+    key = name.lower()
+    if key == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
+    if key == "adam":
+        if momentum:
+            raise ValueError("momentum is not an option of adam (use betas); set momentum=0")
+        return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay)
+    if key == "rmsprop":
+        return torch.optim.RMSprop(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
+    raise ValueError(f"optimizer must be one of 'sgd', 'adam', 'rmsprop', got {name!r}")
+
+
+def as_rates(rates: np.ndarray | Tensor | Iterable[float], n: int) -> Tensor:
+    """Validate per-record sampling rates: shape ``(n,)``, finite, in ``[0, 1]`` → float64 CPU."""
+    q = torch.as_tensor(
+        rates.detach().cpu() if isinstance(rates, Tensor) else np.asarray(rates, dtype=np.float64),
+        dtype=torch.float64,
+    )
+    if q.ndim != 1 or q.shape[0] != n:
+        raise ValueError(f"rates must have shape ({n},) (one per record), got {tuple(q.shape)}")
+    if not bool(torch.isfinite(q).all()) or bool((q < 0).any()) or bool((q > 1).any()):
+        raise ValueError("rates must be finite and in [0, 1]")
+    return q
+
+
+@dataclass
+class StepResult:
+    """What one :meth:`PersonalizedDPSGD.step` did."""
+
+    batch_size: int
+    """Realized Poisson batch size |S| (private to the silo)."""
+    loss_sum: float
+    """Σ_{i∈S} loss_i before the update (0 for an empty batch)."""
+    indices: Tensor
+    """Indices of the sampled records (CPU, int64)."""
+
+
+@dataclass
+class LocalTrainingResult:
+    """Outcome of :func:`train_steps` (τ local steps on one silo)."""
+
+    steps: int
+    realized_batch_sizes: list[int]
+    expected_batch_size: float
+    mean_loss: float
+    """Mean per-record training loss over all sampled records (``nan`` if none was sampled)."""
+    selection_counts: np.ndarray = field(repr=False)
+    """Per record: in how many of the steps it was sampled (stays at the silo)."""
+
+
+class PersonalizedDPSGD:
+    """Personalized DP-SGD (per-record Poisson rates) around a model and an optimizer.
+
+    Parameters
+    ----------
+    model
+        A per-record model (no BatchNorm when ``private``; see :func:`validate_model`).
+    optimizer
+        Any ``torch.optim.Optimizer`` over (a subset of) ``model``'s parameters.
+    noise_multiplier
+        σ ≥ 0: noise standard deviation per coordinate is ``σ·C``.
+    max_grad_norm
+        C > 0: per-sample L2 clipping bound over all trainable parameters.
+    private
+        ``False`` → plain minibatch SGD on the Poisson batch (no clipping, no noise).
+    physical_batch_size
+        Records per chunk for per-sample gradient computation (memory bound).
+    loss
+        Mean loss ``loss(outputs, targets)``; it must be the mean of per-record losses.
+    grad_sampler
+        ``"auto"`` | ``"hooks"`` | ``"func"`` (see :mod:`pdpfl.dp.grad_sample`).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        *,
+        noise_multiplier: float,
+        max_grad_norm: float,
+        private: bool = True,
+        physical_batch_size: int = 512,
+        loss: LossFn = loss_fn,
+        grad_sampler: str = "auto",
+    ):
+        if private:
+            validate_model(model)
+            if not (noise_multiplier >= 0 and math.isfinite(noise_multiplier)):
+                raise ValueError(
+                    f"noise_multiplier must be finite and >= 0, got {noise_multiplier}"
+                )
+            if not (max_grad_norm > 0 and math.isfinite(max_grad_norm)):
+                raise ValueError(f"max_grad_norm must be finite and > 0, got {max_grad_norm}")
+        if int(physical_batch_size) < 1:
+            raise ValueError(f"physical_batch_size must be >= 1, got {physical_batch_size}")
+        self.model = model
+        self.optimizer = optimizer
+        self.noise_multiplier = float(noise_multiplier)
+        self.max_grad_norm = float(max_grad_norm)
+        self.private = bool(private)
+        self.physical_batch_size = int(physical_batch_size)
+        self.loss = loss
+        self.grad_sampler = resolve_method(model, grad_sampler) if private else grad_sampler
+        self.params = [p for p in model.parameters() if p.requires_grad]
+
+    @property
+    def device(self) -> torch.device:
+        return self.params[0].device
+
+    # -- the pieces of one step -------------------------------------------------------------
+    @staticmethod
+    def sample(rates: Tensor, generator: torch.Generator) -> Tensor:
+        """Poisson sampling: indices ``{i : U_i < q_i}``, one Bernoulli(q_i) per record."""
+        u = torch.rand(
+            rates.shape[0], generator=generator, dtype=torch.float64, device=generator.device
+        )
+        return torch.nonzero(u < rates.to(generator.device)).flatten().cpu()
+
+    def privatized_gradient(
+        self, xb: Tensor, yb: Tensor, expected_batch_size: float, generator: torch.Generator
+    ) -> tuple[list[Tensor], float]:
+        """``(Σ_{i∈S} clip_C(g_i) + N(0, σ²C² I)) / Σq`` for an already sampled batch.
+
+        Returns the gradient per trainable parameter and Σ loss_i over the batch. The noise is
+        drawn from ``generator`` (parameter order) even when the batch is empty.
+        """
+        if not expected_batch_size > 0:
+            raise ValueError(
+                f"expected batch size Σq must be > 0, got {expected_batch_size} "
+                "(all sampling rates are 0: nothing to train on)"
+            )
+        if xb.shape[0] > 0:
+            res = clipped_grad_sum(
+                self.model,
+                xb,
+                yb,
+                self.loss,
+                self.max_grad_norm,
+                self.grad_sampler,
+                self.physical_batch_size,
+            )
+            sums, loss_sum = res.sums, res.loss_sum
+        else:
+            sums, loss_sum = [torch.zeros_like(p) for p in self.params], 0.0
+        std = self.noise_multiplier * self.max_grad_norm
+        grads = []
+        for p, s in zip(self.params, sums, strict=True):
+            if std > 0:
+                noise = torch.randn(
+                    p.shape, generator=generator, device=generator.device, dtype=p.dtype
+                )
+                s = s + std * noise.to(p.device)
+            grads.append(s / expected_batch_size)
+        return grads, loss_sum
+
+    def _nonprivate_gradient(self, xb: Tensor, yb: Tensor) -> tuple[list[Tensor], float]:
+        b = xb.shape[0]
+        grads = [torch.zeros_like(p) for p in self.params]
+        loss_sum = 0.0
+        for start in range(0, b, self.physical_batch_size):
+            xs = xb[start : start + self.physical_batch_size]
+            ys = yb[start : start + self.physical_batch_size]
+            loss = self.loss(self.model(xs), ys)
+            chunk = torch.autograd.grad(loss, self.params, allow_unused=True)
+            for g, c in zip(grads, chunk, strict=True):
+                if c is not None:
+                    g += c * (xs.shape[0] / b)
+            loss_sum += float(loss.detach()) * xs.shape[0]
+        return grads, loss_sum
+
+    def step(
+        self,
+        x: Tensor,
+        y: Tensor,
+        rates: np.ndarray | Tensor,
+        generator: torch.Generator,
+    ) -> StepResult:
+        """One personalized DP-SGD step on the silo's full local data ``(x, y)``."""
+        return self._step(x, y, as_rates(rates, x.shape[0]), generator)
+
+    def _step(self, x: Tensor, y: Tensor, q: Tensor, generator: torch.Generator) -> StepResult:
+        idx = self.sample(q, generator)
+        dev = self.device
+        xb = x[idx.to(x.device)].to(dev)
+        yb = y[idx.to(y.device)].to(dev)
+        if self.private:
+            grads, loss_sum = self.privatized_gradient(xb, yb, float(q.sum()), generator)
+        elif idx.numel() == 0:
+            return StepResult(0, 0.0, idx)  # nothing to learn from; no privacy to protect
+        else:
+            grads, loss_sum = self._nonprivate_gradient(xb, yb)
+        self.optimizer.zero_grad(set_to_none=True)
+        for p, g in zip(self.params, grads, strict=True):
+            p.grad = g
+        self.optimizer.step()
+        return StepResult(int(idx.numel()), loss_sum, idx)
+
+
+def train_steps(
+    model: nn.Module,
+    x: Tensor,
+    y: Tensor,
+    *,
+    rates: np.ndarray | Tensor,
+    steps: int,
+    noise_multiplier: float,
+    max_grad_norm: float,
+    optimizer: torch.optim.Optimizer,
+    generator: torch.Generator,
+    private: bool = True,
+    physical_batch_size: int = 512,
+    loss: LossFn = loss_fn,
+    grad_sampler: str = "auto",
+) -> LocalTrainingResult:
+    """τ = ``steps`` steps of personalized DP-SGD on one silo's full local data.
+
+    Per step: Poisson-sample with one Bernoulli(``rates[i]``) per record, clip per-sample
+    gradients to ``max_grad_norm``, sum, add N(0, σ²C²) per coordinate, divide by Σ rates and let
+    ``optimizer`` step (see the module docstring). ``rates`` and ``steps`` are the mechanism's
+    public description; the caller accounts for them (``privacy/``).
+    """
+    if int(steps) < 0:
+        raise ValueError(f"steps must be >= 0, got {steps}")
+    if x.shape[0] != y.shape[0]:
+        raise ValueError(
+            f"x and y must have the same number of records, got {x.shape[0]} and {y.shape[0]}"
+        )
+    q = as_rates(rates, x.shape[0])
+    expected = float(q.sum())
+    if private and expected <= 0 and steps > 0:
+        raise ValueError("rates: all sampling rates are 0 (Σq = 0); nothing to train on")
+    engine = PersonalizedDPSGD(
+        model,
+        optimizer,
+        noise_multiplier=noise_multiplier,
+        max_grad_norm=max_grad_norm,
+        private=private,
+        physical_batch_size=physical_batch_size,
+        loss=loss,
+        grad_sampler=grad_sampler,
+    )
+    was_training = model.training
+    model.train()
+    counts = torch.zeros(x.shape[0], dtype=torch.int64)
+    sizes: list[int] = []
+    loss_total = 0.0
+    try:
+        for _ in range(int(steps)):
+            res = engine._step(x, y, q, generator)
+            counts[res.indices] += 1
+            sizes.append(res.batch_size)
+            loss_total += res.loss_sum
+    finally:
+        model.train(was_training)
+    n_seen = sum(sizes)
+    return LocalTrainingResult(
+        steps=int(steps),
+        realized_batch_sizes=sizes,
+        expected_batch_size=expected,
+        mean_loss=loss_total / n_seen if n_seen else float("nan"),
+        selection_counts=counts.numpy(),
+    )
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, x: Tensor, y: Tensor, batch_size: int = 1024) -> dict:
+    """Loss (via :func:`pdpfl.models.loss_fn`), accuracy and per-class accuracy on ``(x, y)``.
+
+    Returns ``{"loss", "accuracy", "per_class_accuracy": {label: acc}, "n"}``; the per-class
+    dictionary has one entry per label present in ``y``. Empty data gives ``nan`` metrics.
+    """
+    was_training = model.training
+    model.eval()
+    try:
+        device = next(model.parameters()).device
+        n = int(x.shape[0])
+        loss_sum, preds = 0.0, []
+        for start in range(0, n, batch_size):
+            xs = x[start : start + batch_size].to(device)
+            ys = y[start : start + batch_size].to(device)
+            out = model(xs)
+            loss_sum += float(loss_fn(out, ys)) * xs.shape[0]
+            preds.append(predict(out).cpu())
+    finally:
+        model.train(was_training)
+    if n == 0:
+        return {"loss": float("nan"), "accuracy": float("nan"), "per_class_accuracy": {}, "n": 0}
+    pred = torch.cat(preds)
+    labels = y.detach().cpu().long().flatten()
+    correct = pred == labels
+    per_class = {
+        int(c): float(correct[labels == c].float().mean()) for c in torch.unique(labels).tolist()
+    }
+    return {
+        "loss": loss_sum / n,
+        "accuracy": float(correct.float().mean()),
+        "per_class_accuracy": per_class,
+        "n": n,
+    }

@@ -1,0 +1,233 @@
+"""Model registry, loss/prediction conventions and parameter (de)serialisation.
+
+Configs name models by string (``create_model("mnist-cnn", (1, 28, 28), 10)``). Every model here
+treats the records of a batch independently (no BatchNorm), so per-sample gradients are well
+defined and the personalized DP-SGD step of :mod:`pdpfl.dp.engine` applies.
+
+Output convention: ``logreg`` and ``mlp`` emit **one logit** for binary tasks (``num_classes == 2``)
+and ``num_classes`` logits otherwise; :func:`loss_fn` and :func:`predict` dispatch on the number
+of output columns (one column → sigmoid/BCE with logits, else softmax/cross-entropy).
+
+Models
+------
+``logreg``       Flatten → Linear(d, 1 or K). Fed-Heart-Disease: Linear(13, 1) = 14 parameters.
+``mlp``          Flatten → [Linear → ReLU]* → Linear, hidden sizes ``hidden=(64, 32)``.
+``mnist-cnn``    The rPDP-FL MNIST CNN (26,010 parameters for 1×28×28 inputs, 10 classes):
+                 conv(1→16, k8, s2, p3) → tanh → maxpool(2, 1) → conv(16→32, k4, s2) → tanh →
+                 maxpool(2, 1) → Linear(512, 32) → tanh → Linear(32, 10).
+``resnet18-gn``  torchvision's ResNet-18 layout (7×7 stem, max-pool, 4 stages of 2 basic blocks)
+                 with GroupNorm instead of BatchNorm: 11,181,642 parameters for 10 classes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+__all__ = [
+    "MODELS",
+    "create_model",
+    "get_params",
+    "loss_fn",
+    "num_parameters",
+    "predict",
+    "register_model",
+    "set_params",
+]
+
+ModelBuilder = Callable[..., nn.Module]
+
+#: Registered model builders: ``builder(input_shape, num_classes, **kwargs) -> nn.Module``.
+MODELS: dict[str, ModelBuilder] = {}
+
+
+def register_model(name: str) -> Callable[[ModelBuilder], ModelBuilder]:
+    """Decorator registering ``builder(input_shape, num_classes, **kwargs)`` under ``name``."""
+
+    def deco(builder: ModelBuilder) -> ModelBuilder:
+        if name in MODELS:
+            raise ValueError(f"model name {name!r} is already registered")
+        MODELS[name] = builder
+        return builder
+
+    return deco
+
+
+def create_model(
+    name: str, input_shape: tuple[int, ...], num_classes: int, **kwargs: Any
+) -> nn.Module:
+    """Build the registered model ``name`` for inputs of shape ``input_shape`` (no batch axis).
+
+    Raises
+    ------
+    ValueError
+        Unknown ``name``, empty/non-positive ``input_shape`` or ``num_classes < 2``.
+    """
+    if name not in MODELS:
+        raise ValueError(f"model: unknown name {name!r}; registered: {sorted(MODELS)}")
+    shape = tuple(int(s) for s in input_shape)
+    if not shape or any(s <= 0 for s in shape):
+        raise ValueError(
+            f"input_shape must be a non-empty tuple of positive ints, got {input_shape!r}"
+        )
+    if int(num_classes) < 2:
+        raise ValueError(f"num_classes must be >= 2, got {num_classes}")
+    return MODELS[name](shape, int(num_classes), **kwargs)
+
+
+def num_parameters(model: nn.Module, trainable_only: bool = True) -> int:
+    """Number of (trainable) scalar parameters."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)
+
+
+def _out_dim(num_classes: int) -> int:
+    return 1 if num_classes == 2 else num_classes
+
+
+@register_model("logreg")
+def _logreg(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    return nn.Sequential(nn.Flatten(), nn.Linear(math.prod(input_shape), _out_dim(num_classes)))
+
+
+@register_model("mlp")
+def _mlp(
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    hidden: tuple[int, ...] | list[int] = (64, 32),
+) -> nn.Module:
+    layers: list[nn.Module] = [nn.Flatten()]
+    width = math.prod(input_shape)
+    for h in hidden:
+        if int(h) <= 0:
+            raise ValueError(f"mlp: hidden sizes must be positive, got {hidden!r}")
+        layers += [nn.Linear(width, int(h)), nn.ReLU()]
+        width = int(h)
+    layers.append(nn.Linear(width, _out_dim(num_classes)))
+    return nn.Sequential(*layers)
+
+
+class MnistCNN(nn.Module):
+    """The rPDP-FL / Opacus-tutorial MNIST CNN (26,010 parameters on 1×28×28, 10 classes)."""
+
+    def __init__(self, input_shape: tuple[int, ...] = (1, 28, 28), num_classes: int = 10):
+        super().__init__()
+        if len(input_shape) != 3:
+            raise ValueError(f"mnist-cnn: input_shape must be (C, H, W), got {input_shape!r}")
+        self.conv1 = nn.Conv2d(input_shape[0], 16, 8, stride=2, padding=3)
+        self.conv2 = nn.Conv2d(16, 32, 4, stride=2)
+        with torch.no_grad():
+            flat = self._features(torch.zeros(1, *input_shape)).shape[1]
+        self.fc1 = nn.Linear(flat, 32)
+        self.fc2 = nn.Linear(32, num_classes)
+
+    def _features(self, x: Tensor) -> Tensor:
+        x = F.max_pool2d(torch.tanh(self.conv1(x)), 2, 1)
+        x = F.max_pool2d(torch.tanh(self.conv2(x)), 2, 1)
+        return x.flatten(1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc2(torch.tanh(self.fc1(self._features(x))))
+
+
+@register_model("mnist-cnn")
+def _mnist_cnn(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    return MnistCNN(input_shape, num_classes)
+
+
+def _group_norm(channels: int, num_groups: int = 32) -> nn.GroupNorm:
+    return nn.GroupNorm(math.gcd(num_groups, channels), channels)
+
+
+class _BasicBlock(nn.Module):
+    def __init__(self, cin: int, cout: int, stride: int, num_groups: int):
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.gn1 = _group_norm(cout, num_groups)
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.gn2 = _group_norm(cout, num_groups)
+        self.downsample: nn.Module | None = None
+        if stride != 1 or cin != cout:
+            self.downsample = nn.Sequential(
+                nn.Conv2d(cin, cout, 1, stride, bias=False), _group_norm(cout, num_groups)
+            )
+
+    def forward(self, x: Tensor) -> Tensor:
+        out = F.relu(self.gn1(self.conv1(x)))
+        out = self.gn2(self.conv2(out))
+        identity = x if self.downsample is None else self.downsample(x)
+        return F.relu(out + identity)
+
+
+class ResNet18GN(nn.Module):
+    """ResNet-18 (torchvision layout) with GroupNorm; 11,181,642 parameters for 10 classes."""
+
+    def __init__(self, in_channels: int = 3, num_classes: int = 10, num_groups: int = 32):
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_channels, 64, 7, 2, 3, bias=False)
+        self.gn1 = _group_norm(64, num_groups)
+        stages: list[nn.Module] = []
+        cin = 64
+        for i, cout in enumerate((64, 128, 256, 512)):
+            stride = 1 if i == 0 else 2
+            stages.append(
+                nn.Sequential(
+                    _BasicBlock(cin, cout, stride, num_groups),
+                    _BasicBlock(cout, cout, 1, num_groups),
+                )
+            )
+            cin = cout
+        self.layer1, self.layer2, self.layer3, self.layer4 = stages
+        self.fc = nn.Linear(512, num_classes)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = F.max_pool2d(F.relu(self.gn1(self.conv1(x))), 3, 2, 1)
+        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+
+
+@register_model("resnet18-gn")
+def _resnet18_gn(input_shape: tuple[int, ...], num_classes: int, num_groups: int = 32) -> nn.Module:
+    if len(input_shape) != 3:
+        raise ValueError(f"resnet18-gn: input_shape must be (C, H, W), got {input_shape!r}")
+    return ResNet18GN(input_shape[0], num_classes, num_groups)
+
+
+def loss_fn(outputs: Tensor, targets: Tensor) -> Tensor:
+    """Mean loss: BCE-with-logits for one output column (float targets), else cross-entropy."""
+    if outputs.ndim == 2 and outputs.shape[1] == 1:
+        return F.binary_cross_entropy_with_logits(outputs[:, 0], targets.to(outputs.dtype))
+    return F.cross_entropy(outputs, targets.long())
+
+
+def predict(outputs: Tensor) -> Tensor:
+    """Class indices: ``logit > 0`` for one output column, else ``argmax``."""
+    if outputs.ndim == 2 and outputs.shape[1] == 1:
+        return (outputs[:, 0] > 0).long()
+    return outputs.argmax(dim=1)
+
+
+def get_params(model: nn.Module) -> list[np.ndarray]:
+    """The ``state_dict`` as float32 NumPy arrays in ``state_dict`` order (what crosses the network)."""
+    return [v.detach().to("cpu", torch.float32).numpy().copy() for v in model.state_dict().values()]
+
+
+def set_params(model: nn.Module, params: list[np.ndarray]) -> None:
+    """Load arrays produced by :func:`get_params` (same order and shapes) into ``model`` in place."""
+    state = model.state_dict()
+    if len(params) != len(state):
+        raise ValueError(f"params: expected {len(state)} arrays, got {len(params)}")
+    with torch.no_grad():
+        for (name, tensor), value in zip(state.items(), params, strict=True):
+            arr = np.asarray(value)
+            if tuple(arr.shape) != tuple(tensor.shape):
+                raise ValueError(
+                    f"params: shape mismatch for {name!r}: expected {tuple(tensor.shape)}, "
+                    f"got {tuple(arr.shape)}"
+                )
+            tensor.copy_(torch.as_tensor(arr).to(tensor.device, tensor.dtype))

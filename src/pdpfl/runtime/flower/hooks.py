@@ -1,0 +1,191 @@
+"""What the Flower apps need to know about an experiment, behind one small interface.
+
+The ServerApp and ClientApp are generic: they obtain the configuration, the algorithms and the
+round loop from an :class:`AppHooks` object named by an import spec (``"module:attribute"``)
+in the run config. :data:`PDPFL_HOOKS` wires in pdpfl's own configuration
+(:mod:`pdpfl.config`), algorithm factory (:mod:`pdpfl.fl.factory`), data loaders
+(:mod:`pdpfl.data`) and :func:`pdpfl.runtime.loop.run_federation`, i.e. exactly the code the
+in-process simulator runs. Tests substitute a toy algorithm through the same interface.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pdpfl.fl.api import ClientAlgorithm, Scalars, ServerAlgorithm
+
+#: Node-config keys a SuperNode is started with (``--node-config "partition-id=0 ..."``).
+PARTITION_ID = "partition-id"
+NUM_PARTITIONS = "num-partitions"
+DATA_DIR = "data-dir"
+STATE_DIR = "state-dir"
+
+DEFAULT_HOOKS = "pdpfl.runtime.flower.hooks:PDPFL_HOOKS"
+
+
+@dataclass(frozen=True)
+class AppHooks:
+    """The experiment-specific callables used by the generic Flower apps.
+
+    Attributes
+    ----------
+    config_from_dict, config_to_dict
+        (De)serialise the experiment configuration (it travels as JSON in the run config).
+    num_silos
+        Number of silos the configuration expects (the number of SuperNodes to wait for).
+    silo_info
+        At a silo, ``(config, silo, node_config) -> Scalars``: public or aggregate facts the
+        server needs to set up the mechanism (shapes, counts; never record-level values).
+    build_server
+        At the server, ``(config, silo_infos) -> (ServerAlgorithm, public)``; ``public`` is a
+        JSON-able dict sent to every silo with each message (e.g. the published calibration).
+    build_client
+        At a silo, ``(config, silo, node_config, public) -> ClientAlgorithm`` from that silo's
+        data only.
+    run
+        The round loop ``(config, server, transport, out_dir, resume) -> result``.
+    finish
+        At the server, ``(config, result, out_dir) -> summary``: writes the run's outputs.
+    """
+
+    config_from_dict: Callable[[dict[str, Any]], Any]
+    config_to_dict: Callable[[Any], dict[str, Any]]
+    num_silos: Callable[[Any], int]
+    silo_info: Callable[[Any, int, Mapping[str, Any]], Scalars]
+    build_server: Callable[[Any, dict[int, Scalars]], tuple[ServerAlgorithm, dict[str, Any]]]
+    build_client: Callable[[Any, int, Mapping[str, Any], dict[str, Any]], ClientAlgorithm]
+    run: Callable[..., dict[str, Any]]
+    finish: Callable[[Any, dict[str, Any], Path], dict[str, Any]]
+
+
+def load_hooks(spec: str) -> AppHooks:
+    """Import ``"package.module:attribute"`` and check that it is an :class:`AppHooks`."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise ValueError(f"hooks spec {spec!r}: expected 'module:attribute'")
+    hooks = getattr(importlib.import_module(module_name), attr)
+    if not isinstance(hooks, AppHooks):
+        raise TypeError(f"hooks spec {spec!r} is a {type(hooks).__name__}, not an AppHooks")
+    return hooks
+
+
+# ----------------------------------------------------------------------- pdpfl's own hooks
+
+
+def _config_from_dict(raw: dict[str, Any]) -> Any:
+    from pdpfl.config import config_from_dict
+
+    return config_from_dict(raw)
+
+
+def _config_to_dict(config: Any) -> dict[str, Any]:
+    from pdpfl.config import config_to_dict
+
+    return config_to_dict(config)
+
+
+def _load_silo_federation(config: Any, node_config: Mapping[str, Any]) -> Any:
+    """The federation as seen from one silo (its ``data-dir`` overrides ``data.data_dir``)."""
+    from pdpfl.runtime.simulation import load_federation_for
+
+    data_dir = node_config.get(DATA_DIR)
+    if data_dir:
+        from pdpfl.config import with_updates
+
+        config = with_updates(config, [f"data.data_dir={Path(str(data_dir)).expanduser()}"])
+    return load_federation_for(config)
+
+
+def _needs_budget_stats(config: Any) -> bool:
+    return config.algorithm.name in ("minimum", "dropout") and config.algorithm.epsilon is None
+
+
+def _num_silos(config: Any) -> int:
+    if config.data.num_clients is not None:
+        return int(config.data.num_clients)
+    return int(len(_load_silo_federation(config, {}).clients))
+
+
+def _silo_info(config: Any, silo: int, node_config: Mapping[str, Any]) -> Scalars:
+    """Shapes, and (only for the minimum/dropout baselines) the silo's budget min/sum/count."""
+    import json
+
+    federation = _load_silo_federation(config, node_config)
+    info: Scalars = {
+        "input_shape": json.dumps([int(s) for s in federation.input_shape]),
+        "num_classes": int(federation.num_classes),
+        "name": str(federation.clients[silo].name),
+    }
+    if _needs_budget_stats(config):
+        from pdpfl.fl.factory import client_budgets
+
+        budgets = client_budgets(config, silo, federation.clients[silo])
+        info.update(
+            budget_min=float(budgets.min()),
+            budget_sum=float(budgets.sum()),
+            budget_count=int(budgets.size),
+        )
+    return info
+
+
+def _build_server(
+    config: Any, silo_infos: dict[int, Scalars]
+) -> tuple[ServerAlgorithm, dict[str, Any]]:
+    """The server, from the silos' public facts; the publication is computed once, here."""
+    import json
+
+    from pdpfl.fl.factory import build_server, publish
+
+    first = silo_infos[min(silo_infos)]
+    meta: dict[str, Any] = {
+        "input_shape": tuple(json.loads(str(first["input_shape"]))),
+        "num_classes": int(first["num_classes"]),
+        "client_ids": sorted(silo_infos),
+        "client_names": [str(silo_infos[s].get("name", s)) for s in sorted(silo_infos)],
+    }
+    if _needs_budget_stats(config):
+        count = sum(int(i["budget_count"]) for i in silo_infos.values())
+        meta["budget_min"] = min(float(i["budget_min"]) for i in silo_infos.values())
+        meta["budget_mean"] = sum(float(i["budget_sum"]) for i in silo_infos.values()) / count
+    meta["publication"] = publish(config, meta)
+    public = dict(meta, publication=meta["publication"].to_dict())
+    return build_server(config, meta), public
+
+
+def _build_client(
+    config: Any, silo: int, node_config: Mapping[str, Any], public: dict[str, Any]
+) -> ClientAlgorithm:
+    from pdpfl.fl.factory import build_client
+
+    federation = _load_silo_federation(config, node_config)
+    meta = dict(public, input_shape=tuple(public["input_shape"]))
+    return build_client(config, silo, federation.clients[silo], meta)
+
+
+def _run(config: Any, server: ServerAlgorithm, transport: Any, out_dir: Path, resume: bool):
+    from pdpfl.runtime.loop import run_federation
+
+    return run_federation(config, server, transport, out_dir, resume=resume, progress=False)
+
+
+def _finish(config: Any, result: dict[str, Any], out_dir: Path) -> dict[str, Any]:
+    """``summary.json``, ``model.npz`` and plots, by the simulator's own writer."""
+    from pdpfl.runtime.outputs import write_outputs
+
+    return write_outputs(config, result, out_dir)
+
+
+PDPFL_HOOKS = AppHooks(
+    config_from_dict=_config_from_dict,
+    config_to_dict=_config_to_dict,
+    num_silos=_num_silos,
+    silo_info=_silo_info,
+    build_server=_build_server,
+    build_client=_build_client,
+    run=_run,
+    finish=_finish,
+)

@@ -1,0 +1,320 @@
+"""The one federated round loop shared by every runtime (in-process simulation and Flower).
+
+A runtime only provides a :class:`Transport` that moves parameters and small scalar dictionaries
+to and from the silos; :func:`run_federation` owns the order of events of Algorithm 3 of the
+rPDP-FL paper (§6.2) for every algorithm:
+
+1. the server samples clients (Poisson with rate λ; an empty round counts and is not redrawn),
+2. the selected silos run their local training from the global model (:meth:`Transport.fit`),
+3. the server aggregates the deltas and records the round in its Type I view,
+4. every silo evaluates the new global model and catches up its own ledger for the round,
+5. one line is appended to ``metrics.jsonl`` and a checkpoint is written atomically.
+
+All randomness is derived from ``(seed, purpose, round, client)`` (see :mod:`pdpfl.seeding`), so
+the checkpoint holds no RNG state and a resumed run reproduces an uninterrupted one exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from pdpfl.fl.api import ClientUpdate, Params, Scalars, ServerAlgorithm
+from pdpfl.io import write_bytes, write_text
+
+CHECKPOINT_NAME = "checkpoint.pkl"
+METRICS_NAME = "metrics.jsonl"
+
+
+@runtime_checkable
+class Transport(Protocol):
+    """How the round loop reaches the silos (direct calls in-process, messages with Flower)."""
+
+    client_ids: list[int]
+
+    def fit(
+        self, selected: list[int], params: Params, round_index: int, config: Scalars
+    ) -> list[ClientUpdate]:
+        """Local training on each selected silo; returns their updates in ``selected`` order."""
+        ...
+
+    def evaluate(
+        self, client_ids: list[int], params: Params, round_index: int, config: Scalars
+    ) -> dict[int, Scalars]:
+        """Test metrics (``loss``, ``accuracy``, ``n``) of ``params`` on each silo's test split.
+
+        Every silo is told ``round_index`` so that one not selected this round catches up its
+        third-party (Type II) accounting for the rounds it did not train in.
+        """
+        ...
+
+    def privacy_summaries(self) -> dict[int, Scalars]:
+        """Aggregate privacy state of each silo (no per-record values)."""
+        ...
+
+    def client_states(self) -> dict[int, dict]:
+        """Everything needed to resume each silo exactly."""
+        ...
+
+    def load_client_states(self, states: dict[int, dict]) -> None: ...
+
+
+#: Called after each round with (round_index, metrics line); used for progress bars.
+RoundCallback = Callable[[int, dict[str, Any]], None]
+
+
+def pooled_evaluation(evals: dict[int, Scalars]) -> dict[str, float]:
+    """Pooled (example-weighted) and client-mean test loss/accuracy."""
+    if not evals:
+        return {"accuracy": float("nan"), "loss": float("nan"), "mean_client_accuracy": float("nan")}
+    n = np.array([float(e.get("n", 0)) for e in evals.values()])
+    acc = np.array([float(e["accuracy"]) for e in evals.values()])
+    loss = np.array([float(e["loss"]) for e in evals.values()])
+    total = n.sum()
+    weights = n / total if total > 0 else np.full(len(n), 1.0 / len(n))
+    return {
+        "accuracy": float(np.dot(weights, acc)),
+        "loss": float(np.dot(weights, loss)),
+        "mean_client_accuracy": float(acc.mean()),
+    }
+
+
+#: Summary keys (last dotted component) that are merged across silos by summing; the rest by max.
+_SUMMED = ("count", "n_records", "active", "stopped", "over_budget_third_party", "over_budget_server")
+
+
+def privacy_overview(summaries: dict[int, Scalars]) -> dict[str, float]:
+    """Federation-wide privacy numbers merged from the silos' aggregate summaries.
+
+    Counts (keys ending in ``count``, ``n_records``, ``active``, ``stopped``, ``over_budget_*``)
+    and keys starting with ``sum_`` (after the last dot) are summed over silos; every other numeric
+    key (maxima, quantiles, budgets) is merged with ``max`` -- quantiles therefore become the
+    largest per-silo quantile, which never hides a silo.
+    """
+    out: dict[str, float] = {}
+    for summary in summaries.values():
+        for key, value in summary.items():
+            if isinstance(value, bool) or not isinstance(value, int | float | np.number):
+                continue
+            last = key.rsplit(".", 1)[-1]
+            if last.startswith("sum_") or last.endswith(_SUMMED):
+                out[key] = out.get(key, 0) + value
+            else:
+                out[key] = max(out.get(key, -np.inf), float(value))
+    return {k: out[k] for k in sorted(out)}
+
+
+def _finite(obj: Any) -> Any:
+    """JSON-safe copy: NaN/inf become None, numpy scalars become Python scalars."""
+    if isinstance(obj, dict):
+        return {str(k): _finite(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_finite(v) for v in obj]
+    if isinstance(obj, np.generic):
+        obj = obj.item()
+    if isinstance(obj, float) and not np.isfinite(obj):
+        return None
+    return obj
+
+
+def read_metrics(out_dir: str | Path) -> list[dict[str, Any]]:
+    """The per-round metrics lines written so far (empty list if none)."""
+    path = Path(out_dir) / METRICS_NAME
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def save_checkpoint(out_dir: Path, state: dict[str, Any]) -> None:
+    write_bytes(out_dir / CHECKPOINT_NAME, pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def load_checkpoint(out_dir: str | Path) -> dict[str, Any] | None:
+    """The last checkpoint written by :func:`run_federation` (a local, trusted file) or None."""
+    path = Path(out_dir) / CHECKPOINT_NAME
+    if not path.exists():
+        return None
+    with path.open("rb") as fh:
+        return pickle.load(fh)  # noqa: S301 - our own checkpoint
+
+
+def run_federation(
+    config: Any,
+    server: ServerAlgorithm,
+    transport: Transport,
+    out_dir: str | Path,
+    *,
+    resume: bool = False,
+    progress: bool = True,
+    on_round: RoundCallback | None = None,
+    stop_after: int | None = None,
+) -> dict[str, Any]:
+    """Run ``config.training.rounds`` rounds and return the run's record.
+
+    Parameters
+    ----------
+    config
+        The validated :class:`pdpfl.config.ExperimentConfig` (``training.rounds`` is T).
+    server, transport
+        The server algorithm and the way to reach the silos.
+    out_dir
+        Where ``metrics.jsonl`` and ``checkpoint.pkl`` are written (atomically, every round).
+    resume
+        Continue from ``out_dir/checkpoint.pkl`` if present (same result as an uninterrupted run).
+    progress
+        Show a progress bar over rounds (rich) on stderr.
+    on_round
+        Optional callback ``(round_index, metrics_line)`` after each round.
+    stop_after
+        Stop (as if interrupted) after this many rounds in total; for tests of ``resume``.
+
+    Returns
+    -------
+    dict
+        ``params`` (final global model), ``metrics`` (all lines), ``seconds`` (training wall time
+        over all sessions), ``privacy`` (final per-silo summaries), ``server_state``,
+        ``completed`` (whether all T rounds ran).
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    rounds = int(config.training.rounds)
+    params: Params = [np.asarray(p).copy() for p in server.initial_params()]
+    start, seconds_before = 0, 0.0
+    metrics: list[dict[str, Any]] = []
+    if resume:
+        ckpt = load_checkpoint(out)
+        if ckpt is not None:
+            if ckpt.get("config_hash") != _hash_of(config):
+                raise ValueError(
+                    f"cannot resume: the checkpoint in {out} was written by a different config"
+                )
+            start = int(ckpt["next_round"])
+            params = ckpt["params"]
+            server.load_state_dict(ckpt["server_state"])
+            transport.load_client_states(ckpt["client_states"])
+            seconds_before = float(ckpt["seconds"])
+            metrics = [m for m in read_metrics(out) if int(m["round"]) < start]
+    last_round = rounds if stop_after is None else min(rounds, int(stop_after))
+
+    bar = _ProgressBar(rounds, start, enabled=progress)
+    t0 = time.perf_counter()
+    try:
+        for t in range(start, last_round):
+            selected = list(server.select_clients(t, list(transport.client_ids)))
+            round_config = dict(server.round_config(t))
+            updates = transport.fit(selected, params, t, round_config) if selected else []
+            params = server.aggregate(t, params, updates)
+            server.record_round(t, selected)
+            evals = transport.evaluate(list(transport.client_ids), params, t, round_config)
+            summaries = transport.privacy_summaries()
+            line = _metrics_line(t, selected, updates, evals, summaries)
+            line["seconds"] = seconds_before + time.perf_counter() - t0
+            metrics.append(line)
+            write_text(
+                out / METRICS_NAME,
+                "".join(json.dumps(_finite(m), allow_nan=False) + "\n" for m in metrics),
+            )
+            save_checkpoint(
+                out,
+                {
+                    "next_round": t + 1,
+                    "params": params,
+                    "server_state": server.state_dict(),
+                    "client_states": transport.client_states(),
+                    "seconds": line["seconds"],
+                    "config_hash": _hash_of(config),
+                },
+            )
+            bar.advance(line)
+            if on_round is not None:
+                on_round(t, line)
+    finally:
+        bar.close()
+    seconds = seconds_before + time.perf_counter() - t0
+    return {
+        "params": params,
+        "metrics": metrics,
+        "seconds": seconds,
+        "privacy": transport.privacy_summaries(),
+        "server_state": server.state_dict(),
+        "completed": last_round == rounds,
+    }
+
+
+def _hash_of(config: Any) -> str | None:
+    try:
+        from pdpfl.config import config_hash
+
+        return config_hash(config)
+    except Exception:  # pragma: no cover - non-pdpfl configs (tests with stubs)
+        return None
+
+
+def _metrics_line(
+    t: int,
+    selected: list[int],
+    updates: list[ClientUpdate],
+    evals: dict[int, Scalars],
+    summaries: dict[int, Scalars],
+) -> dict[str, Any]:
+    pooled = pooled_evaluation(evals)
+    train_losses = [u.metrics.get("mean_loss") for u in updates if "mean_loss" in u.metrics]
+    return {
+        "round": t,
+        "selected": sorted(int(c) for c in selected),
+        "accuracy": pooled["accuracy"],
+        "loss": pooled["loss"],
+        "mean_client_accuracy": pooled["mean_client_accuracy"],
+        "train_loss": float(np.mean(train_losses)) if train_losses else None,
+        "clients": {
+            str(cid): {"accuracy": float(e["accuracy"]), "loss": float(e["loss"]), "n": int(e["n"])}
+            for cid, e in sorted(evals.items())
+        },
+        "privacy": privacy_overview(summaries),
+    }
+
+
+class _ProgressBar:
+    """A rich progress bar over rounds (no-op when disabled)."""
+
+    def __init__(self, total: int, completed: int, *, enabled: bool) -> None:
+        self._progress = None
+        if not enabled:
+            return
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+        )
+
+        self._progress = Progress(
+            TextColumn("round"),
+            MofNCompleteColumn(),
+            BarColumn(),
+            TextColumn("{task.fields[info]}"),
+            TimeElapsedColumn(),
+            console=Console(stderr=True),
+            transient=False,
+        )
+        self._progress.start()
+        self._task = self._progress.add_task("rounds", total=total, completed=completed, info="")
+
+    def advance(self, line: dict[str, Any]) -> None:
+        if self._progress is None:
+            return
+        acc = line.get("accuracy")
+        info = f"acc {acc:.3f}" if isinstance(acc, float) and np.isfinite(acc) else ""
+        self._progress.update(self._task, advance=1, info=info)
+
+    def close(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()

@@ -1,0 +1,149 @@
+"""Run outputs: ``summary.json``, the final model, the silos' ledgers and PNG plots.
+
+Every file is written atomically (:mod:`pdpfl.io`). ``metrics.jsonl`` and the checkpoint are
+written every round by :func:`pdpfl.runtime.loop.run_federation`.
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pdpfl.config import ExperimentConfig, config_hash, config_to_dict
+from pdpfl.io import save_npz, write_bytes, write_json
+from pdpfl.runtime.loop import _finite, privacy_overview
+
+ADVERSARY_TAGS = {"third-party": ("third_party",), "server": ("server",),
+                  "both": ("third_party", "server")}
+
+
+def per_group(overview: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per budget group: count, budget, max ε spent and mean utilization for both adversaries."""
+    groups: dict[str, dict[str, Any]] = {}
+    for key, value in overview.items():
+        if not key.startswith("group."):
+            continue
+        label, stat = key[len("group."):].rsplit(".", 1)
+        groups.setdefault(label, {})[stat] = value
+    out: dict[str, dict[str, Any]] = {}
+    for label, stats in groups.items():
+        count = int(stats.get("count", 0))
+        row: dict[str, Any] = {"count": count, "budget": stats.get("budget")}
+        for tag in ("third_party", "server"):
+            row[f"max_spent_{tag}"] = stats.get(f"max_spent_{tag}")
+            s = stats.get(f"sum_utilization_{tag}")
+            row[f"mean_utilization_{tag}"] = (s / count) if (s is not None and count) else None
+            row[f"over_budget_{tag}"] = int(stats.get(f"over_budget_{tag}", 0))
+        out[label] = row
+    return dict(sorted(out.items(), key=lambda kv: (kv[1]["budget"] or 0.0)))
+
+
+def build_summary(config: ExperimentConfig, result: dict[str, Any]) -> dict[str, Any]:
+    """The ``summary.json`` record of a finished (or interrupted) run."""
+    metrics = result["metrics"]
+    accs = [m["accuracy"] for m in metrics if m.get("accuracy") is not None]
+    overview = privacy_overview(result["privacy"])
+    tags = ADVERSARY_TAGS[config.privacy.adversary]
+    over_tp = int(overview.get("over_budget_third_party", 0))
+    over_sv = int(overview.get("over_budget_server", 0))
+    over = max(int(overview.get(f"over_budget_{t}", 0)) for t in tags)
+    server_state = result.get("server_state") or {}
+    return {
+        "name": config.name,
+        "algorithm": config.algorithm.name,
+        "seed": config.seed,
+        "rounds_completed": len(metrics),
+        "completed": bool(result.get("completed", True)),
+        "final_accuracy": accs[-1] if accs else None,
+        "last3_mean_accuracy": float(np.mean(accs[-3:])) if accs else None,
+        "final_loss": metrics[-1]["loss"] if metrics else None,
+        "final_mean_client_accuracy": metrics[-1].get("mean_client_accuracy") if metrics else None,
+        "over_budget": over,
+        "over_budget_third_party": over_tp,
+        "over_budget_server": over_sv,
+        "records": int(overview.get("n_records", 0)),
+        "records_stopped": int(overview.get("stopped", 0)),
+        "eps_spent_max": {
+            "third_party": overview.get("eps_third_party_max"),
+            "server": overview.get("eps_server_max"),
+        },
+        "per_group": per_group(overview),
+        "participation": {str(k): v for k, v in server_state.get("participation", {}).items()},
+        "empty_rounds": server_state.get("empty_rounds"),
+        "seconds": float(result["seconds"]),
+        "config": config_to_dict(config),
+        "config_hash": config_hash(config),
+    }
+
+
+def write_outputs(
+    config: ExperimentConfig,
+    result: dict[str, Any],
+    out_dir: str | Path,
+    *,
+    clients: dict[int, Any] | None = None,
+    plots: bool = True,
+) -> dict[str, Any]:
+    """Write ``summary.json``, ``model.npz``, ``ledgers/`` and plots; return the summary."""
+    out = Path(out_dir)
+    summary = build_summary(config, result)
+    save_npz(out / "model.npz", **{f"p{i:03d}": p for i, p in enumerate(result["params"])})
+    for cid, client in (clients or {}).items():
+        ledger = getattr(client, "ledger", None)
+        if ledger is not None:
+            ledger.save(out / "ledgers" / f"client_{cid}.npz")
+    if plots:
+        write_plots(result["metrics"], summary, out)
+    write_json(out / "summary.json", _finite(summary))
+    return summary
+
+
+def write_plots(metrics: list[dict[str, Any]], summary: dict[str, Any], out: Path) -> None:
+    """``accuracy.png`` (pooled test accuracy per round) and ``epsilon.png`` (ε spent vs budget)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rounds = [m["round"] + 1 for m in metrics]
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    ax.plot(rounds, [m["accuracy"] for m in metrics], marker="o", ms=3, label="pooled")
+    ax.plot(rounds, [m.get("mean_client_accuracy") for m in metrics], ls="--", label="client mean")
+    ax.set_xlabel("round")
+    ax.set_ylabel("test accuracy")
+    ax.set_title(f"{summary['name']} ({summary['algorithm']})")
+    ax.legend()
+    fig.tight_layout()
+    _save_fig(fig, out / "accuracy.png")
+    plt.close(fig)
+
+    groups = summary["per_group"]
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    if groups:
+        labels = list(groups)
+        x = np.arange(len(labels))
+        budget = [g["budget"] or 0.0 for g in groups.values()]
+        tp = [g["max_spent_third_party"] or 0.0 for g in groups.values()]
+        sv = [g["max_spent_server"] or 0.0 for g in groups.values()]
+        ax.bar(x - 0.27, budget, 0.27, label="budget")
+        ax.bar(x, tp, 0.27, label="max spent (third party)")
+        ax.bar(x + 0.27, sv, 0.27, label="max spent (server)")
+        ax.set_xticks(x, labels)
+        ax.set_xlabel("budget group")
+        ax.set_ylabel("ε")
+        ax.legend(fontsize=7)
+    else:
+        ax.text(0.5, 0.5, "no privacy accounting (privacy-free)", ha="center", va="center")
+    ax.set_title("ε spent vs budget")
+    fig.tight_layout()
+    _save_fig(fig, out / "epsilon.png")
+    plt.close(fig)
+
+
+def _save_fig(fig: Any, path: Path) -> None:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    write_bytes(path, buf.getvalue())

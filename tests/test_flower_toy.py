@@ -1,0 +1,242 @@
+"""A toy algorithm for the Flower runtime tests, plus fast in-process tests of the plumbing.
+
+The toy silo keeps a ledger (``fits``: how many updates it has released) that must survive
+between messages -- a SuperNode starts a fresh ClientApp process for each message -- and its
+updates depend on (seed, round, silo) only, like pdpfl's algorithms. The Flower subprocesses
+import this module through ``PYTHONPATH`` (hooks spec ``test_flower_toy:TOY_HOOKS``).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+
+from pdpfl.fl.api import ClientAlgorithm, ClientUpdate, Params, Scalars, ServerAlgorithm
+from pdpfl.seeding import numpy_generator
+
+pytest.importorskip("flwr")
+
+from pdpfl.runtime.flower.codec import (  # noqa: E402
+    config_to_scalars,
+    decode_state,
+    encode_state,
+    params_to_record,
+    record_to_params,
+    records_to_scalars,
+    scalars_to_config,
+    scalars_to_records,
+)
+from pdpfl.runtime.flower.hooks import AppHooks, load_hooks  # noqa: E402
+
+DIM = 5
+
+
+class ToyClient:
+    def __init__(self, client_id: int, seed: int, fit_sleep_s: float = 0.0) -> None:
+        self.client_id = client_id
+        self.seed = seed
+        self.fit_sleep_s = fit_sleep_s
+        self.target = numpy_generator(seed, "toy-target", client_id).normal(size=DIM)
+        self.fits = 0
+        self.fit_rounds: list[int] = []
+        self.evaluated_until = -1
+
+    def fit(self, global_params: Params, round_index: int, config: Scalars) -> ClientUpdate:
+        if self.fit_sleep_s:
+            time.sleep(self.fit_sleep_s)
+        noise = numpy_generator(self.seed, "toy-noise", round_index, self.client_id).normal(
+            scale=0.01, size=DIM
+        )
+        w = global_params[0].astype(np.float64)
+        delta = (float(config["lr"]) * (self.target - w) + noise).astype(np.float32)
+        self.fits += 1
+        self.fit_rounds.append(round_index)
+        return ClientUpdate(
+            self.client_id, [delta], {"mean_loss": float(np.mean((w - self.target) ** 2))}, 7
+        )
+
+    def evaluate(self, params: Params, round_index: int, config: Scalars) -> Scalars:
+        self.evaluated_until = max(self.evaluated_until, round_index)
+        loss = float(np.mean((params[0] - self.target) ** 2))
+        return {"loss": loss, "accuracy": 1.0 / (1.0 + loss), "n": 10}
+
+    def privacy_summary(self) -> Scalars:
+        return {"count": 1, "fits": self.fits, "label": f"silo-{self.client_id}"}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "fits": self.fits,
+            "fit_rounds": np.asarray(self.fit_rounds, dtype=np.int64),
+            "evaluated_until": self.evaluated_until,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.fits = int(state["fits"])
+        self.fit_rounds = [int(r) for r in state["fit_rounds"]]
+        self.evaluated_until = int(state["evaluated_until"])
+
+
+class ToyServer:
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+        self.participation: dict[int, int] = {}
+
+    def initial_params(self) -> Params:
+        return [np.zeros(DIM, dtype=np.float32)]
+
+    def select_clients(self, round_index: int, client_ids: list[int]) -> list[int]:
+        return list(client_ids)
+
+    def round_config(self, round_index: int) -> Scalars:
+        return {"lr": 0.5, "tag": "toy"}
+
+    def aggregate(self, round_index: int, global_params: Params, updates: list[ClientUpdate]):
+        if not updates:
+            return global_params
+        mean = np.sum([u.delta[0] for u in updates], axis=0) / len(updates)
+        return [(global_params[0] + mean).astype(np.float32)]
+
+    def record_round(self, round_index: int, selected: list[int]) -> None:
+        for c in selected:
+            self.participation[c] = self.participation.get(c, 0) + 1
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"participation": dict(self.participation)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.participation = {int(k): int(v) for k, v in state["participation"].items()}
+
+
+def toy_config(num_silos: int = 2, rounds: int = 3, seed: int = 7, fit_sleep_s: float = 0.0):
+    return SimpleNamespace(
+        seed=seed,
+        num_silos=num_silos,
+        fit_sleep_s=fit_sleep_s,
+        training=SimpleNamespace(rounds=rounds),
+    )
+
+
+def _from_dict(d: dict[str, Any]) -> Any:
+    return toy_config(d["num_silos"], d["rounds"], d["seed"], d["fit_sleep_s"])
+
+
+def _to_dict(c: Any) -> dict[str, Any]:
+    return {
+        "num_silos": c.num_silos,
+        "rounds": c.training.rounds,
+        "seed": c.seed,
+        "fit_sleep_s": c.fit_sleep_s,
+    }
+
+
+def _run(config: Any, server: Any, transport: Any, out_dir: Path, resume: bool):
+    from pdpfl.runtime.loop import run_federation
+
+    return run_federation(config, server, transport, out_dir, resume=resume, progress=False)
+
+
+def _finish(config: Any, result: dict[str, Any], out_dir: Path) -> dict[str, Any]:
+    from pdpfl.io import save_npz
+
+    save_npz(Path(out_dir) / "model.npz", p000=result["params"][0])
+    return {"rounds_completed": len(result["metrics"]), "privacy": result["privacy"]}
+
+
+TOY_HOOKS = AppHooks(
+    config_from_dict=_from_dict,
+    config_to_dict=_to_dict,
+    num_silos=lambda c: int(c.num_silos),
+    silo_info=lambda c, silo, node_config: {"silo": silo},
+    build_server=lambda c, infos: (ToyServer(c.seed), {"silos": sorted(infos)}),
+    build_client=lambda c, silo, node_config, public: ToyClient(silo, c.seed, c.fit_sleep_s),
+    run=_run,
+    finish=_finish,
+)
+
+
+def toy_simulation(config: Any, out_dir: Path) -> dict[str, Any]:
+    """The same toy federation in-process (the reference for the Flower runs)."""
+    from pdpfl.runtime.loop import run_federation
+
+    clients = {i: ToyClient(i, config.seed) for i in range(config.num_silos)}
+
+    class Direct:
+        client_ids = sorted(clients)
+
+        def fit(self, selected, params, t, cfg):
+            return [clients[c].fit(params, t, cfg) for c in selected]
+
+        def evaluate(self, ids, params, t, cfg):
+            return {c: clients[c].evaluate(params, t, cfg) for c in ids}
+
+        def privacy_summaries(self):
+            return {c: x.privacy_summary() for c, x in clients.items()}
+
+        def client_states(self):
+            return {c: x.state_dict() for c, x in clients.items()}
+
+        def load_client_states(self, states):
+            pass
+
+    result = run_federation(config, ToyServer(config.seed), Direct(), out_dir, progress=False)
+    result["clients"] = clients
+    return result
+
+
+# ------------------------------------------------------------------ fast tests (no processes)
+
+
+def test_toy_satisfies_the_protocols() -> None:
+    assert isinstance(ToyClient(0, 1), ClientAlgorithm)
+    assert isinstance(ToyServer(1), ServerAlgorithm)
+    assert load_hooks("test_flower_toy:TOY_HOOKS") is TOY_HOOKS
+
+
+def test_load_hooks_rejects_bad_specs() -> None:
+    with pytest.raises(ValueError, match="module:attribute"):
+        load_hooks("no_colon_here")
+    with pytest.raises(TypeError, match="not an AppHooks"):
+        load_hooks("test_flower_toy:toy_config")
+
+
+def test_params_round_trip_bit_exact() -> None:
+    rng = np.random.default_rng(0)
+    params = [rng.normal(size=(3, 4)).astype(np.float32), np.arange(5, dtype=np.float32)]
+    back = record_to_params(params_to_record(params))
+    assert [p.dtype for p in back] == [np.float32, np.float32]
+    for a, b in zip(params, back, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_scalars_round_trip_keeps_types() -> None:
+    values = {"lr": 0.1, "t": 3, "name": "x", "flag": True, "none": None, "nan": float("nan")}
+    back = config_to_scalars(scalars_to_config(values))
+    assert back["lr"] == 0.1 and back["t"] == 3 and back["name"] == "x"
+    assert back["flag"] is True and back["none"] is None and np.isnan(back["nan"])
+    metrics = {"loss": 0.5, "n": np.int64(4), "group": "a", "ok": False}
+    m, rest = scalars_to_records(metrics)
+    assert set(m) == {"loss", "n"}
+    assert records_to_scalars(m, rest) == {"loss": 0.5, "n": 4, "group": "a", "ok": False}
+
+
+def test_state_codec_round_trip() -> None:
+    torch = pytest.importorskip("torch")
+    state = {
+        "fits": 3,
+        1: {"eps": np.array([0.5, 1.0]), "mask": np.array([True, False])},
+        "list": [1, 2.5, None, "s", (4, 5)],
+        "inf": float("inf"),
+        "tensor": torch.arange(3.0),
+    }
+    back = decode_state(encode_state(state))
+    assert back["fits"] == 3 and back["list"] == [1, 2.5, None, "s", [4, 5]]
+    np.testing.assert_array_equal(back[1]["eps"], state[1]["eps"])
+    assert back[1]["mask"].dtype == bool and back["inf"] == float("inf")
+    assert torch.equal(back["tensor"], state["tensor"])
+    with pytest.raises(TypeError, match="cannot store"):
+        encode_state({"bad": object()})
