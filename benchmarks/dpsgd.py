@@ -25,18 +25,25 @@ import torch
 from pdpfl.dp.engine import PersonalizedDPSGD, make_optimizer
 from pdpfl.models import create_model, loss_fn
 
-CASES = [("mnist_cnn", "mnist-cnn", (1, 28, 28), 10, 64), ("mnist_cnn", "mnist-cnn", (1, 28, 28), 10, 400), ("logreg", "logreg", (13,), 2, 32)]  # noqa: E501
+CASES = [
+    ("mnist_cnn", "mnist-cnn", (1, 28, 28), 10, 64),
+    ("mnist_cnn", "mnist-cnn", (1, 28, 28), 10, 400),
+    ("logreg", "logreg", (13,), 2, 32),
+]  # noqa: E501
 
 
-def _median_ms(fn, steps: int, warmup: int) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
+def _interleaved_medians(fns: dict, steps: int, warmup: int) -> dict[str, float]:
+    """Median ms per variant; variants alternate step by step so machine load hits all alike."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    times: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(steps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return 1000 * statistics.median(times)
+        for k, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[k].append(time.perf_counter() - t0)
+    return {k: 1000 * statistics.median(v) for k, v in times.items()}
 
 
 def _data(shape, k, n, seed=0):
@@ -46,7 +53,7 @@ def _data(shape, k, n, seed=0):
     return x, y
 
 
-def bench_nonprivate(model_name, shape, k, batch, steps, warmup):
+def nonprivate_step(model_name, shape, k, batch):
     torch.manual_seed(0)
     n = 10 * batch
     x, y = _data(shape, k, n)
@@ -61,10 +68,10 @@ def bench_nonprivate(model_name, shape, k, batch, steps, warmup):
         loss_fn(model(x[idx]), y[idx]).backward()
         opt.step()
 
-    return _median_ms(step, steps, warmup)
+    return step
 
 
-def bench_pdpfl(model_name, shape, k, batch, steps, warmup):
+def pdpfl_step(model_name, shape, k, batch):
     torch.manual_seed(0)
     n = 10 * batch
     x, y = _data(shape, k, n)
@@ -73,10 +80,10 @@ def bench_pdpfl(model_name, shape, k, batch, steps, warmup):
     rates = np.full(n, batch / n)
     engine = PersonalizedDPSGD(model, opt, noise_multiplier=1.0, max_grad_norm=1.0)
     gen = torch.Generator().manual_seed(1)
-    return _median_ms(lambda: engine.step(x, y, rates, gen), steps, warmup)
+    return lambda: engine.step(x, y, rates, gen)
 
 
-def bench_opacus(model_name, shape, k, batch, steps, warmup):
+def opacus_step(model_name, shape, k, batch):
     from opacus import PrivacyEngine
     from torch.utils.data import DataLoader, TensorDataset
 
@@ -110,10 +117,12 @@ def bench_opacus(model_name, shape, k, batch, steps, warmup):
         loss_fn(model(xb), yb).backward()
         opt.step()
 
-    return _median_ms(step, steps, warmup)
+    return step
 
 
 def main() -> None:
+    warnings.filterwarnings("ignore", module="opacus")
+    warnings.filterwarnings("ignore", message=".*Full backward hook.*")
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--steps", type=int, default=30, help="timed steps per variant")
@@ -124,13 +133,15 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     out: dict[str, dict[str, dict[str, float]]] = {}
     for key, model_name, shape, k, batch in CASES:
-        res = {
-            "nonprivate_ms": bench_nonprivate(model_name, shape, k, batch, args.steps, args.warmup),
-            "pdpfl_ms": bench_pdpfl(model_name, shape, k, batch, args.steps, args.warmup),
+        fns = {
+            "nonprivate_ms": nonprivate_step(model_name, shape, k, batch),
+            "pdpfl_ms": pdpfl_step(model_name, shape, k, batch),
         }
         if not args.no_opacus:
-            res["opacus_ms"] = bench_opacus(model_name, shape, k, batch, args.steps, args.warmup)
-        res = {m: round(v, 3) for m, v in res.items()}
+            fns["opacus_ms"] = opacus_step(model_name, shape, k, batch)
+        res = {
+            m: round(v, 3) for m, v in _interleaved_medians(fns, args.steps, args.warmup).items()
+        }
         res["pdpfl_over_nonprivate"] = round(res["pdpfl_ms"] / res["nonprivate_ms"], 3)
         if "opacus_ms" in res:
             res["opacus_over_pdpfl"] = round(res["opacus_ms"] / res["pdpfl_ms"], 3)

@@ -11,8 +11,10 @@ from pdpfl.data._rng import numpy_generator
 
 def _same(a, b) -> bool:
     return all(
-        np.array_equal(x.record_ids, y.record_ids) and np.array_equal(x.x_train, y.x_train)
-        and np.array_equal(x.y_test, y.y_test) and np.array_equal(x.x_test, y.x_test)
+        np.array_equal(x.record_ids, y.record_ids)
+        and np.array_equal(x.x_train, y.x_train)
+        and np.array_equal(x.y_test, y.y_test)
+        and np.array_equal(x.x_test, y.x_test)
         for x, y in zip(a.clients, b.clients, strict=True)
     )
 
@@ -61,38 +63,69 @@ def test_pooled_users_per_train_record() -> None:
         load_federation("digits", num_users=50, partition="shards")
 
 
-@pytest.mark.parametrize(("name", "kwargs", "field"), [
-    ("nope", {}, "dataset"),
-    ("digits", {"colour": True}, "colour"),
-    ("digits", {"normalize": "l2"}, "normalize"),
-    ("digits", {"num_clients": 0}, "num_clients"),
-    ("digits", {"test_fraction": 1.5}, "test_fraction"),
-    ("digits", {"user_distribution": "zipf"}, "num_users"),
-    ("digits", {"num_users": 10, "user_distribution": "x"}, "user_distribution"),
-    ("csv", {}, "path"),
-])
+@pytest.mark.parametrize(
+    ("name", "kwargs", "field"),
+    [
+        ("nope", {}, "dataset"),
+        ("digits", {"colour": True}, "colour"),
+        ("digits", {"normalize": "l2"}, "normalize"),
+        ("digits", {"num_clients": 0}, "num_clients"),
+        ("digits", {"test_fraction": 1.5}, "test_fraction"),
+        ("digits", {"user_distribution": "zipf"}, "num_users"),
+        ("digits", {"num_users": 10, "user_distribution": "x"}, "user_distribution"),
+        ("csv", {}, "path"),
+    ],
+)
 def test_bad_arguments_name_the_field(name, kwargs, field) -> None:
     with pytest.raises(ValueError, match=field):
         load_federation(name, **kwargs)
 
 
 def test_registry_lists_all_issue_datasets() -> None:
-    assert {"heart-disease", "mnist", "mnist-10k", "cifar10", "digits", "breast-cancer",
-            "csv"} <= set(DATASETS)
+    assert {
+        "heart-disease",
+        "mnist",
+        "mnist-10k",
+        "cifar10",
+        "digits",
+        "breast-cancer",
+        "csv",
+    } <= set(DATASETS)
 
 
 def test_rng_matches_pdpfl_seeding() -> None:
     from pdpfl.seeding import numpy_generator as reference
 
-    np.testing.assert_array_equal(numpy_generator(5, "x", 1, 2).random(5),
-                                  reference(5, "x", 1, 2).random(5))
+    np.testing.assert_array_equal(
+        numpy_generator(5, "x", 1, 2).random(5), reference(5, "x", 1, 2).random(5)
+    )
 
 
 def test_data_layer_does_not_import_torch() -> None:
     import subprocess
     import sys
 
-    code = ("import sys, pdpfl.data; pdpfl.data.load_federation('digits'); "
-            "bad = [m for m in sys.modules if m == 'torch' or m.startswith('pdpfl.fl')]; "
-            "assert not bad, bad")
+    code = (
+        "import sys, pdpfl.data; pdpfl.data.load_federation('digits'); "
+        "bad = [m for m in sys.modules if m == 'torch' or m.startswith('pdpfl.fl')]; "
+        "assert not bad, bad"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_standard_normalization_uses_published_constants(shared_data_dir) -> None:
+    raw = load_federation("mnist-10k", data_dir=shared_data_dir, num_clients=2, seed=4)
+    std = load_federation("mnist-10k", data_dir=shared_data_dir, num_clients=2, seed=4,
+                          normalize="standard")
+    np.testing.assert_allclose(std.clients[1].x_test, (raw.clients[1].x_test - 0.1307) / 0.3081,
+                               atol=1e-5)
+    with pytest.raises(ValueError, match="standard"):
+        load_federation("digits", normalize="standard")
+
+
+def test_heart_without_normalization_keeps_raw_units(shared_data_dir) -> None:
+    fed = load_federation("heart-disease", data_dir=shared_data_dir, normalize="none")
+    age = fed.clients[0].x_train[:, fed.feature_names.index("age")]
+    assert 25 < age.mean() < 80
+    with pytest.raises(ValueError, match="normalize"):
+        load_federation("heart-disease", data_dir=shared_data_dir, normalize="minmax")

@@ -63,14 +63,14 @@ def _print_run_table(summary: dict[str, Any]) -> None:
     if summary["per_group"]:
         t = Table(title="ε spent vs budget per budget group")
         for col in ("group", "records", "budget", "max ε third party", "mean util. third party",
-                    "max ε server", "mean util. server", "over budget"):
+                    "max ε server", "mean util. server", "over budget (3rd/srv)"):
             t.add_column(col, justify="right")
         for label, g in summary["per_group"].items():
             t.add_row(
                 label, str(g["count"]), _fmt(g["budget"]),
                 _fmt(g["max_spent_third_party"]), _fmt(g["mean_utilization_third_party"]),
                 _fmt(g["max_spent_server"]), _fmt(g["mean_utilization_server"]),
-                str(g["over_budget_third_party"] + g["over_budget_server"]),
+                f"{g['over_budget_third_party']}/{g['over_budget_server']}",
             )
         console.print(t)
 

@@ -74,10 +74,18 @@ def cifar10_pool(pool: str = "train", *, data_dir: str | os.PathLike[str] | None
     """The records of ``pool`` (``train``: 50k, ``test``: 10k, ``all``: 60k)."""
     if pool not in POOLS:
         raise ValueError(f"pool must be one of {list(POOLS)}, got {pool!r}")
-    names = {"train": TRAIN_BATCHES, "test": TEST_BATCHES,
-             "all": TRAIN_BATCHES + TEST_BATCHES}[pool]
-    x, y = read_batches(names, data_dir, download=download)
-    offset = 0 if pool != "test" else NUM_TRAIN
-    return Pool(name="cifar10", x=x.astype(np.float32) / 255.0, y=y,
-                record_ids=offset + np.arange(len(y), dtype=np.int64),
-                input_shape=(3, 32, 32), num_classes=10, class_names=list(CLASS_NAMES))
+    xs, ys, ids = [], [], []
+    if pool in ("train", "all"):
+        x, y = read_batches(TRAIN_BATCHES, data_dir, download=download)
+        xs.append(x)
+        ys.append(y)
+        ids.append(np.arange(len(y), dtype=np.int64))
+    if pool in ("test", "all"):
+        x, y = read_batches(TEST_BATCHES, data_dir, download=download)
+        xs.append(x)
+        ys.append(y)
+        ids.append(NUM_TRAIN + np.arange(len(y), dtype=np.int64))
+    return Pool(name="cifar10", x=np.concatenate(xs).astype(np.float32) / 255.0,
+                y=np.concatenate(ys), record_ids=np.concatenate(ids),
+                input_shape=(3, 32, 32), num_classes=10, class_names=list(CLASS_NAMES),
+                channel_stats=((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)))

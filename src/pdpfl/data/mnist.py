@@ -69,4 +69,4 @@ def mnist_pool(pool: str = "train", *, data_dir: str | os.PathLike[str] | None =
     x = (np.concatenate(xs).astype(np.float32) / 255.0)[:, None, :, :]
     return Pool(name=name, x=x, y=np.concatenate(ys), record_ids=np.concatenate(ids),
                 input_shape=(1, 28, 28), num_classes=10,
-                class_names=[str(k) for k in range(10)])
+                class_names=[str(k) for k in range(10)], channel_stats=((0.1307,), (0.3081,)))

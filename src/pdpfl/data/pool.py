@@ -14,8 +14,9 @@ from pdpfl.data.splits import stratified_split
 from pdpfl.data.users import UserAllocation, assign_users
 
 #: Per-silo feature scaling: ``none`` (as loaded), ``zscore`` (each silo's own train
-#: mean/std, test records scaled with the train statistics).
-NORMALIZATIONS = ("none", "zscore")
+#: mean/std, test records scaled with the train statistics), ``standard`` (the dataset's
+#: published per-channel mean/std constants; images only, uses no data at all).
+NORMALIZATIONS = ("none", "zscore", "standard")
 
 
 @dataclass
@@ -30,6 +31,8 @@ class Pool:
     num_classes: int
     feature_names: list[str] | None = None
     class_names: list[str] | None = None
+    channel_stats: tuple[tuple[float, ...], tuple[float, ...]] | None = None
+    """Published per-channel (mean, std) of the [0, 1]-scaled images, for ``standard``."""
 
 
 def _zscore(train: np.ndarray, test: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -59,6 +62,9 @@ def federate(
     """
     if normalize not in NORMALIZATIONS:
         raise ValueError(f"normalize must be one of {list(NORMALIZATIONS)}, got {normalize!r}")
+    if normalize == "standard" and pool.channel_stats is None:
+        raise ValueError(f"normalize='standard' needs published channel statistics, which "
+                         f"{pool.name!r} has not; use 'zscore' or 'none'")
     fed_name = name or pool.name
     alloc: UserAllocation | None = None
     if users is not None:
@@ -86,6 +92,12 @@ def federate(
         x_te = pool.x[te].astype(np.float32)
         if normalize == "zscore":
             x_tr, x_te = _zscore(pool.x[tr].astype(np.float64), pool.x[te].astype(np.float64))
+        elif normalize == "standard":
+            assert pool.channel_stats is not None
+            shape = (1, -1) + (1,) * (len(pool.input_shape) - 1)
+            mean = np.asarray(pool.channel_stats[0], np.float32).reshape(shape)
+            std = np.asarray(pool.channel_stats[1], np.float32).reshape(shape)
+            x_tr, x_te = (x_tr - mean) / std, (x_te - mean) / std
         clients.append(ClientData(
             name=f"client-{k}", x_train=x_tr, y_train=pool.y[tr], x_test=x_te,
             y_test=pool.y[te], record_ids=pool.record_ids[tr],

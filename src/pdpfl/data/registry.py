@@ -88,10 +88,17 @@ def _heart(num_clients: int | None, partition: str, partition_params: dict[str, 
         raise ValueError("partition/partition_params cannot be set for heart-disease: its "
                          "silos are fixed hospitals")
     users = _users_option(options)
+    normalize = options.pop("normalize", "zscore")
+    if normalize not in (True, False, "zscore", "none"):
+        raise ValueError(f"normalize must be one of ['zscore', 'none'] for heart-disease, "
+                         f"got {normalize!r}")
+    test_fraction = options.pop("test_fraction", DEFAULT_TEST_FRACTION)
+    if isinstance(test_fraction, bool) or not isinstance(test_fraction, int | float) or not (
+            0 < test_fraction < 1):
+        raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction!r}")
     fed = load_heart_disease(
-        seed=seed, data_dir=data_dir,
-        test_fraction=options.pop("test_fraction", DEFAULT_TEST_FRACTION),
-        normalize=bool(options.pop("normalize", True)),
+        seed=seed, data_dir=data_dir, test_fraction=float(test_fraction),
+        normalize=normalize in (True, "zscore"),
         download=bool(options.pop("download", True)),
     )
     if users is not None:
@@ -168,7 +175,9 @@ def load_federation(
     data_dir:
         folder holding the dataset files (see :mod:`pdpfl.data.sources`).
     **options:
-        ``test_fraction`` (0.34), ``normalize`` (``"none"``/``"zscore"``; Heart: bool),
+        ``test_fraction`` (0.34), ``normalize`` (``"none"``, ``"zscore"`` with each silo's
+        train statistics, or ``"standard"``: fixed published per-channel constants, images
+        only),
         ``num_users`` + ``user_distribution`` (``uniform``/``zipf``), ``alpha_user``,
         ``alpha_silo``, ``home_fraction`` (user ids for user-level DP), and per dataset:
         ``download`` (bool), ``pool`` (``train``/``test``/``all`` for mnist, cifar10),
@@ -199,7 +208,8 @@ def load_federation(
     pool, default_norm = _pool_for(name, data_dir, opts)
     normalize = opts.pop("normalize", default_norm)
     test_fraction = opts.pop("test_fraction", DEFAULT_TEST_FRACTION)
-    if not isinstance(test_fraction, int | float) or not 0 < test_fraction < 1:
+    if isinstance(test_fraction, bool) or not isinstance(test_fraction, int | float) or not (
+            0 < test_fraction < 1):
         raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction!r}")
     return federate(
         pool, num_clients=info.default_clients if num_clients is None else num_clients,

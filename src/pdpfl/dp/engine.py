@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from pdpfl.dp.grad_sample import clipped_grad_sum, resolve_method
+from pdpfl.dp.grad_sample import _clipped_grad_sum, resolve_method
 from pdpfl.dp.validate import replace_batchnorm, validate_model
 from pdpfl.models import loss_fn, predict
 
@@ -195,7 +195,7 @@ class PersonalizedDPSGD:
                 "(all sampling rates are 0: nothing to train on)"
             )
         if xb.shape[0] > 0:
-            res = clipped_grad_sum(
+            res = _clipped_grad_sum(
                 self.model,
                 xb,
                 yb,
@@ -205,6 +205,7 @@ class PersonalizedDPSGD:
                 self.physical_batch_size,
             )
             sums, loss_sum = res.sums, res.loss_sum
+            self.grad_sampler = res.method  # remember a fallback from "hooks" to "func"
         else:
             sums, loss_sum = [torch.zeros_like(p) for p in self.params], 0.0
         std = self.noise_multiplier * self.max_grad_norm

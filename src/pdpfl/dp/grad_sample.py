@@ -297,6 +297,8 @@ class ClippedSum:
     """Unclipped per-sample gradient norms (B,)."""
     factors: Tensor
     """Clipping factors c_i = min(1, C_i / (‖g_i‖ + 1e-6)) (B,)."""
+    method: str = "func"
+    """The back-end that computed the last chunk ("func" after a fallback from "hooks")."""
 
 
 def clipped_grad_sum(
@@ -313,10 +315,24 @@ def clipped_grad_sum(
     ``max_grad_norm`` is one bound C for every record or a tensor of per-record bounds ``(B,)``
     (used by the individual filter). ``‖clipped g_i‖ < C_i`` always holds.
     """
+    return _clipped_grad_sum(
+        model, x, y, loss, max_grad_norm, resolve_method(model, method), physical_batch_size
+    )
+
+
+def _clipped_grad_sum(
+    model: nn.Module,
+    x: Tensor,
+    y: Tensor,
+    loss: LossFn,
+    max_grad_norm: float | Tensor,
+    method: str,
+    physical_batch_size: int,
+) -> ClippedSum:
+    """:func:`clipped_grad_sum` with an already resolved ``method`` ("hooks" or "func")."""
     per_record = isinstance(max_grad_norm, Tensor)
     if per_record and max_grad_norm.shape != (x.shape[0],):
         raise ValueError(f"max_grad_norm must be a float or have shape ({x.shape[0]},)")
-    method = resolve_method(model, method)
     params = [p for p in model.parameters() if p.requires_grad]
     sums = [torch.zeros_like(p) for p in params]
     index = {id(p): k for k, p in enumerate(params)}
@@ -351,4 +367,5 @@ def clipped_grad_sum(
         loss_sum=loss_sum,
         norms=torch.cat(norms) if norms else torch.zeros(0),
         factors=torch.cat(factors) if factors else torch.zeros(0),
+        method=method,
     )

@@ -246,12 +246,15 @@ class RpdpClient:
         }
         for adv, tag in (("third-party", "third_party"), ("server", "server")):
             eps = self.spent(adv)
-            finite = np.where(np.isfinite(eps), eps, 1e300)
+            finite = eps  # inf for the non-private mode (reported as null in JSON)
             over = eps > self.budgets * (1 + _EPS_TOL) + _EPS_TOL
             out[f"over_budget_{tag}"] = int(over.sum())
-            out[f"eps_{tag}_max"] = float(finite.max()) if n else 0.0
-            out[f"eps_{tag}_p50"] = float(np.quantile(finite, 0.5)) if n else 0.0
-            out[f"eps_{tag}_p90"] = float(np.quantile(finite, 0.9)) if n else 0.0
+            if n and self.private:
+                out[f"eps_{tag}_max"] = float(eps.max())
+                out[f"eps_{tag}_p50"] = float(np.quantile(eps, 0.5))
+                out[f"eps_{tag}_p90"] = float(np.quantile(eps, 0.9))
+            else:
+                out[f"eps_{tag}_max"] = float("inf") if n else 0.0
             util = finite / self.budgets
             for g, label in enumerate(self.group_labels):
                 mask = self.groups == g

@@ -125,9 +125,9 @@ def write_plots(metrics: list[dict[str, Any]], summary: dict[str, Any], out: Pat
     if groups:
         labels = list(groups)
         x = np.arange(len(labels))
-        budget = [g["budget"] or 0.0 for g in groups.values()]
-        tp = [g["max_spent_third_party"] or 0.0 for g in groups.values()]
-        sv = [g["max_spent_server"] or 0.0 for g in groups.values()]
+        budget = [_num(g["budget"]) for g in groups.values()]
+        tp = [_num(g["max_spent_third_party"]) for g in groups.values()]
+        sv = [_num(g["max_spent_server"]) for g in groups.values()]
         ax.bar(x - 0.27, budget, 0.27, label="budget")
         ax.bar(x, tp, 0.27, label="max spent (third party)")
         ax.bar(x + 0.27, sv, 0.27, label="max spent (server)")
@@ -135,12 +135,23 @@ def write_plots(metrics: list[dict[str, Any]], summary: dict[str, Any], out: Pat
         ax.set_xlabel("budget group")
         ax.set_ylabel("ε")
         ax.legend(fontsize=7)
-    else:
-        ax.text(0.5, 0.5, "no privacy accounting (privacy-free)", ha="center", va="center")
-    ax.set_title("ε spent vs budget")
+        raw = [g["max_spent_third_party"] for g in groups.values()]
+        if any(v is None or not np.isfinite(v) for v in raw):
+            ax.set_title("ε spent vs budget (no DP: ε = ∞, not drawn)")
+    if not ax.get_title():
+        ax.set_title("ε spent vs budget")
     fig.tight_layout()
     _save_fig(fig, out / "epsilon.png")
     plt.close(fig)
+
+
+def _num(x: Any) -> float:
+    """A bar height: None/NaN/inf become 0 (nothing drawn)."""
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return 0.0
+    return v if np.isfinite(v) else 0.0
 
 
 def _save_fig(fig: Any, path: Path) -> None:

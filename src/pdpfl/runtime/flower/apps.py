@@ -61,6 +61,7 @@ from pdpfl.runtime.flower.transport import (
     FlowerRunError,
     FlowerTransport,
     control_record,
+    send_and_receive,
 )
 from pdpfl.runtime.loop import _finite
 
@@ -215,7 +216,7 @@ def discover_silos(
                     Message(content, dst_node_id=node, message_type=MessageType.QUERY, ttl=60.0)
                 )
             wait = max(1.0, min(30.0, deadline - time.monotonic()))
-            for reply in grid.send_and_receive(messages, timeout=wait):
+            for reply in send_and_receive(grid, messages, wait):
                 node = reply.metadata.src_node_id
                 asked.add(node)
                 if reply.has_error():

@@ -34,7 +34,12 @@ from pdpfl.runtime.flower.hooks import (
 )
 from pdpfl.runtime.flower.transport import FlowerRunError
 
-FLOWER_ENV = {"FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1"}
+FLOWER_ENV = {
+    "FLWR_TELEMETRY_ENABLED": "0",
+    "FLWR_DISABLE_UPDATE_CHECK": "1",
+    # How often a SuperExec looks for a ClientApp/ServerApp to launch (Flower's default: 1 s).
+    "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.1",
+}
 APP_NAME = "pdpfl-federation"
 
 

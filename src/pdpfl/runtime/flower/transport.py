@@ -47,6 +47,25 @@ ACTION_EVALUATE = "evaluate"
 ACTION_SUMMARY = "summary"
 
 
+#: Seconds between two pulls for replies (``Grid.send_and_receive`` waits 3 s between pulls).
+POLL_INTERVAL_S = 0.1
+
+
+def send_and_receive(grid: Any, messages: list[Message], timeout_s: float) -> list[Message]:
+    """Push ``messages`` and pull their replies until all arrived or ``timeout_s`` passed."""
+    pending = set(grid.push_messages(messages))
+    deadline = time.monotonic() + timeout_s
+    replies: list[Message] = []
+    while pending:
+        got = list(grid.pull_messages(pending))
+        replies.extend(got)
+        pending.difference_update(m.metadata.reply_to_message_id for m in got)
+        if not pending or time.monotonic() >= deadline:
+            break
+        time.sleep(POLL_INTERVAL_S)
+    return replies
+
+
 class FlowerRunError(RuntimeError):
     """The Flower federation cannot continue (lost silos, startup failure, timeout)."""
 
@@ -136,7 +155,7 @@ class FlowerTransport:
                 )
             )
         t0 = time.perf_counter()
-        replies = self.grid.send_and_receive(messages, timeout=self.round_timeout_s)
+        replies = send_and_receive(self.grid, messages, self.round_timeout_s)
         seconds = time.perf_counter() - t0
         received: dict[int, RecordDict] = {}
         for reply in replies:

@@ -1,0 +1,177 @@
+"""Multi-process Flower federations on loopback: equality with the simulator, killed silos.
+
+Each test starts a SuperLink and one SuperNode per silo as child processes (stopped by PID at
+the end); every wait is bounded. Skipped only when the Flower binaries are not installed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("flwr")
+
+from pdpfl.runtime.flower.launcher import LocalFederation, flower_binary  # noqa: E402
+from pdpfl.runtime.flower.transport import FlowerRunError  # noqa: E402
+
+TESTS_DIR = Path(__file__).resolve().parent
+EXAMPLES = TESTS_DIR.parent / "examples"
+
+try:
+    for _name in ("flower-superlink", "flower-supernode", "flwr"):
+        flower_binary(_name)
+except FlowerRunError as _err:  # pragma: no cover - depends on the installation
+    pytest.skip(f"Flower binaries missing: {_err}", allow_module_level=True)
+
+pytestmark = [pytest.mark.flower, pytest.mark.slow]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie (exited, not yet reaped) counts as stopped
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def _digits_config(tmp_path: Path):
+    from pdpfl.config import load_config
+
+    # rPDP-FL when the privacy layer is importable; FedAvg (same loop, same code path) otherwise.
+    algorithm = "rpdp" if importlib.util.find_spec("pdpfl.privacy.adversary") else "privacy-free"
+    return load_config(
+        EXAMPLES / "digits_demo.yaml",
+        ["rounds=3", "data.num_clients=2", f"algorithm.name={algorithm}", "local_steps=5"],
+    )
+
+
+def test_flower_matches_simulation_on_digits(tmp_path: Path) -> None:
+    from pdpfl.runtime.flower import run_flower
+    from pdpfl.runtime.simulation import run_simulation
+
+    config = _digits_config(tmp_path)
+    sim = run_simulation(config, tmp_path / "sim", progress=False)
+    started: list[LocalFederation] = []
+    flw = run_flower(
+        config,
+        tmp_path / "flower",
+        round_timeout_s=90,
+        startup_timeout_s=90,
+        on_started=started.append,
+    )
+
+    a = np.load(tmp_path / "sim" / "model.npz")
+    b = np.load(tmp_path / "flower" / "model.npz")
+    assert a.files == b.files
+    assert max(float(np.max(np.abs(a[k] - b[k]))) for k in a.files) <= 1e-6
+    # Same per-round outputs from the same loop and writer.
+    sim_lines = [
+        json.loads(x) for x in (tmp_path / "sim" / "metrics.jsonl").read_text().splitlines()
+    ]
+    flw_lines = [
+        json.loads(x) for x in (tmp_path / "flower" / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert [m["selected"] for m in sim_lines] == [m["selected"] for m in flw_lines]
+    assert [m["accuracy"] for m in sim_lines] == pytest.approx([m["accuracy"] for m in flw_lines])
+    assert flw["rounds_completed"] == sim["rounds_completed"] == 3
+    assert (tmp_path / "flower" / "summary.json").exists()
+    # The ledgers the simulator writes from its client objects are written by the silos.
+    for path in (tmp_path / "sim" / "ledgers").glob("*.npz"):
+        assert (tmp_path / "flower" / "ledgers" / path.name).exists()
+    # Every Flower process was stopped.
+    fed = started[0]
+    assert not any(_alive(p.pid) for p in [fed.superlink, *fed.supernodes])
+
+
+def test_killed_supernode_round_completes_and_ledger_never_undercounts(tmp_path: Path) -> None:
+    from pdpfl.runtime.flower import run_flower
+    from test_flower_toy import toy_config
+
+    out = tmp_path / "run"
+    killed = threading.Event()
+    started: list[LocalFederation] = []
+
+    def drill(federation: LocalFederation) -> None:
+        started.append(federation)
+
+        def kill_after_round_0() -> None:
+            deadline = time.monotonic() + 240
+            while time.monotonic() < deadline:
+                metrics = out / "metrics.jsonl"
+                if metrics.exists() and metrics.read_text().strip():
+                    federation.kill_supernode(1)
+                    killed.set()
+                    return
+                time.sleep(0.2)
+
+        threading.Thread(target=kill_after_round_0, daemon=True).start()
+
+    config = toy_config(num_silos=2, rounds=2)
+    summary = run_flower(
+        config,
+        out,
+        hooks="test_flower_toy:TOY_HOOKS",
+        env={"PYTHONPATH": os.pathsep.join([str(TESTS_DIR), *sys.path])},
+        round_timeout_s=25,
+        startup_timeout_s=90,
+        on_started=drill,
+    )
+    assert killed.is_set()
+    assert summary["rounds_completed"] == 2  # the run went on without silo 1
+    result = json.loads((out / "flower" / "server_result.json").read_text())
+    assert list(result["lost"]) == ["1"]
+    events = [
+        json.loads(x) for x in (out / "flower" / "transport.jsonl").read_text().splitlines() if x
+    ]
+    fits = [e for e in events if e["action"] == "fit"]
+    assert len(fits) == 2 and all(e["sent"] for e in fits)
+    evaluations = [e for e in events if e["action"] == "evaluate"]
+    assert evaluations[-1]["sent"] == [0]  # a lost silo is not contacted again
+    released_by_1 = sum(1 in e["replied"] for e in fits)
+    assert released_by_1 >= 1
+
+    # The silo's own ledger (its state file) counts every update it may have released.
+    from pdpfl.runtime.flower.codec import decode_state
+
+    state_file = out / "flower" / "silo-1" / f"run-{result['run_key']}" / "silo-1.npz"
+    state = decode_state(state_file.read_bytes())
+    assert state["fits"] >= released_by_1
+    state0 = decode_state(
+        (out / "flower" / "silo-0" / f"run-{result['run_key']}" / "silo-0.npz").read_bytes()
+    )
+    assert state0["fits"] == 2
+    # The server's Type I view counts silo 1 in every round it was selected (over-counts).
+    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert all(line["selected"] == [0, 1] for line in lines)
+    fed = started[0]
+    assert not any(_alive(p.pid) for p in [fed.superlink, *fed.supernodes])
+
+
+def test_missing_silo_fails_fast_with_a_clear_error(tmp_path: Path) -> None:
+    """Fewer SuperNodes than silos: a bounded startup wait, then an error naming the silo."""
+    from pdpfl.runtime.flower import run_flower
+    from test_flower_toy import toy_config
+
+    def kill_silo_1_at_once(federation: LocalFederation) -> None:
+        federation.kill_supernode(1)
+
+    with pytest.raises(FlowerRunError, match=r"silos \[1\] did not connect"):
+        run_flower(
+            toy_config(num_silos=2, rounds=1),
+            tmp_path / "run",
+            hooks="test_flower_toy:TOY_HOOKS",
+            env={"PYTHONPATH": os.pathsep.join([str(TESTS_DIR), *sys.path])},
+            startup_timeout_s=8,
+            on_started=kill_silo_1_at_once,
+        )
