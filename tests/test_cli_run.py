@@ -74,7 +74,7 @@ def test_run_writes_outputs_and_json(tmp_path: Path) -> None:
     assert res.exit_code == 2 and "--resume" in res.output
     res = _invoke("run", str(cfg), "--out", str(out), "--resume", "--quiet")
     assert res.exit_code == 0, res.output
-    assert "final accuracy" in res.stdout
+    assert "cli-tiny - rpdp" in res.stdout and "outputs written" in res.stdout
 
 
 def test_compare_table_and_csv(tmp_path: Path) -> None:

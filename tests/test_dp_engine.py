@@ -21,6 +21,7 @@ from pdpfl.dp import (
     validate_model,
 )
 from pdpfl.dp.engine import evaluate
+from pdpfl.dp.grad_sample import _unfold2d
 from pdpfl.models import create_model, get_params, loss_fn
 
 torch.set_num_threads(2)
@@ -70,6 +71,20 @@ class _Twice(nn.Module):
         return self.lin(torch.tanh(self.lin(x))) + self.emb.weight[:1]
 
 
+class _OddConv(nn.Module):
+    """Grouped, dilated, strided, asymmetric-padded convolution (materialised branch)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(
+            4, 6, (3, 2), stride=(2, 1), padding=(1, 2), dilation=(2, 1), groups=2
+        )
+        self.head = nn.Linear(6 * 4 * 10, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.tanh(self.conv(x)).flatten(1))
+
+
 def _case(name: str, n: int = 6, seed: int = 0):
     torch.manual_seed(seed)
     if name == "logreg":
@@ -85,6 +100,8 @@ def _case(name: str, n: int = 6, seed: int = 0):
         x, y = torch.randn(n, 1, 14, 14), torch.randint(0, 10, (n,))
     elif name == "mixed":
         model, x, y = _Mixed(), torch.randn(n, 2, 6), torch.randint(0, 3, (n,))
+    elif name == "oddconv":
+        model, x, y = _OddConv(), torch.randn(n, 4, 9, 7), torch.randint(0, 3, (n,))
     elif name == "ghost":
         model, x, y = _Ghost(), torch.randn(n, 8, 4, 8), torch.randint(0, 3, (n,))
     else:
@@ -101,7 +118,7 @@ def _loop_grads(model, x, y):
     return torch.stack(out)
 
 
-@pytest.mark.parametrize("name", ["logreg", "mlp", "cnn", "mixed", "ghost"])
+@pytest.mark.parametrize("name", ["logreg", "mlp", "cnn", "mixed", "ghost", "oddconv"])
 @pytest.mark.parametrize("method", ["hooks", "func"])
 def test_per_sample_gradients_match_loop(name, method):
     model, x, y = _case(name)
@@ -111,7 +128,7 @@ def test_per_sample_gradients_match_loop(name, method):
     torch.testing.assert_close(flat, _loop_grads(model, x, y), atol=1e-6, rtol=0)
 
 
-@pytest.mark.parametrize("name", ["logreg", "mlp", "cnn", "mixed", "ghost"])
+@pytest.mark.parametrize("name", ["logreg", "mlp", "cnn", "mixed", "ghost", "oddconv"])
 def test_clipped_sum_matches_explicit_clipping(name):
     model, x, y = _case(name, n=9)
     C = 0.05
@@ -413,3 +430,17 @@ def test_resnet18_gn_hook_clipping_matches_loop():
     res = clipped_grad_sum(model, x, y, loss_fn, C, method="hooks")
     torch.testing.assert_close(torch.cat([s.flatten() for s in res.sums]), expected)
     torch.testing.assert_close(res.norms, loop.norm(dim=1))
+
+
+@settings(max_examples=40)
+@given(
+    st.integers(1, 3), st.integers(1, 3), st.integers(1, 2), st.integers(1, 2),
+    st.integers(0, 2), st.integers(0, 2), st.integers(1, 3), st.integers(1, 3),
+)  # fmt: skip
+def test_unfold_matches_torch_im2col(kh, kw, dh, dw, ph, pw, sh, sw):
+    a = torch.randn(2, 3, 8, 9)
+    args = ((kh, kw), (dh, dw), (ph, pw), (sh, sw))
+    expected = torch.nn.functional.unfold(
+        a, *args[:1], dilation=args[1], padding=args[2], stride=args[3]
+    )
+    assert torch.equal(_unfold2d(a, *args), expected)

@@ -172,6 +172,6 @@ def test_missing_silo_fails_fast_with_a_clear_error(tmp_path: Path) -> None:
             tmp_path / "run",
             hooks="test_flower_toy:TOY_HOOKS",
             env={"PYTHONPATH": os.pathsep.join([str(TESTS_DIR), *sys.path])},
-            startup_timeout_s=8,
+            startup_timeout_s=5,
             on_started=kill_silo_1_at_once,
         )

@@ -171,3 +171,18 @@ def test_centralized_runs_on_pooled_data(tmp_path: Path) -> None:
     assert summary["algorithm"] == "centralized"
     assert summary["over_budget"] == 0
     assert list(summary["participation"]) == ["0"]
+
+
+@pytest.mark.slow
+def test_rpdp_beats_minimum_on_the_digits_demo(tmp_path: Path) -> None:
+    from pdpfl.config import load_config
+
+    cfg = load_config(Path(__file__).resolve().parents[1] / "examples" / "digits_demo.yaml")
+    fed = load_federation_for(cfg)
+    acc = {}
+    for method in ("rpdp", "minimum"):
+        s = run_simulation(with_updates(cfg, [f"algorithm.name={method}"]), tmp_path / method,
+                           progress=False, federation=fed)
+        assert s["over_budget"] == 0
+        acc[method] = s["last3_mean_accuracy"]
+    assert acc["rpdp"] > acc["minimum"] + 0.05, acc

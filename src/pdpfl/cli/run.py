@@ -93,9 +93,13 @@ def run_command(
     data_dir: str | None = typer.Option(None, "--data-dir", help="Folder with the dataset files."),
     as_json: bool = typer.Option(False, "--json", help="Print summary.json instead of tables."),
     quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
+    runtime: str | None = typer.Option(
+        None, "--runtime", help="simulation (in-process) or flower (overrides the config)."
+    ),
 ) -> None:
     """Train one federation (rPDP-FL or a baseline) and write metrics, summary, ledgers, plots."""
-    config = _load(config_path, overrides, data_dir)
+    extra = [*(overrides or []), *([f"runtime={runtime}"] if runtime is not None else [])]
+    config = _load(config_path, extra, data_dir)
     out_dir = Path(out) if out is not None else Path(config.output_dir)
     if not resume and (out_dir / "checkpoint.pkl").exists():
         fail(f"--out: {out_dir} already holds a run; pass --resume or choose another folder")

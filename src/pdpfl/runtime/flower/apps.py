@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import secrets
 import time
 import traceback
@@ -94,6 +95,7 @@ class _Silo:
     """One message's view of the silo: its algorithm, rebuilt from config + state file."""
 
     def __init__(self, msg: Message, context: Context) -> None:
+        self.process_age_s = _process_age()
         self.hooks, self.config = _experiment(context.run_config)
         node_config = dict(context.node_config)
         if PARTITION_ID not in node_config:
@@ -110,17 +112,44 @@ class _Silo:
         )
 
     def client(self) -> ClientAlgorithm:
+        t0 = time.perf_counter()
         client = self.hooks.build_client(self.config, self.silo, self.node_config, self.public)
         if self.state_path.exists():
             client.load_state_dict(decode_state(self.state_path.read_bytes()))
+        self._t_built = time.perf_counter()
+        self._build_s = self._t_built - t0
         return client
 
-    def save(self, client: ClientAlgorithm) -> None:
-        """Persist the silo's state (and, if the algorithm has one, its records' ledger)."""
+    def save(self, client: ClientAlgorithm, action: str) -> None:
+        """Persist the silo's state (and, if the algorithm has one, its records' ledger).
+
+        Also appends this message's timings (build, compute, save) to a silo-local file.
+        """
+        t0 = time.perf_counter()
         write_bytes(self.state_path, encode_state(client.state_dict()))
         ledger = getattr(client, "ledger", None)
         if ledger is not None and hasattr(ledger, "save"):
             ledger.save(self.state_path.with_name(f"ledger-silo-{self.silo}.npz"))
+        timing = {
+            "action": action,
+            "round": self.round,
+            "process_age_s": self.process_age_s,
+            "build_s": round(self._build_s, 4),
+            "compute_s": round(t0 - self._t_built, 4),
+            "save_s": round(time.perf_counter() - t0, 4),
+        }
+        with self.state_path.with_name(f"timings-silo-{self.silo}.jsonl").open("a") as fh:
+            fh.write(json.dumps(timing) + "\n")
+
+
+def _process_age() -> float | None:
+    """Seconds since this process started (Linux; None elsewhere): start-up + imports."""
+    try:
+        start_ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return round(uptime - start_ticks / os.sysconf("SC_CLK_TCK"), 4)
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _summary_records(client: ClientAlgorithm) -> dict[str, Any]:
@@ -139,7 +168,9 @@ def _train(msg: Message, context: Context) -> Message:
     params = record_to_params(msg.content.array_records["params"])
     config = config_to_scalars(msg.content.config_records["config"])
     update = client.fit(params, silo.round, config)
-    silo.save(client)  # write-ahead: the charge is on the silo's disk before the update leaves
+    silo.save(
+        client, "fit"
+    )  # write-ahead: the charge is on the silo's disk before the update leaves
     metrics, rest = scalars_to_records(update.metrics)
     return _reply(
         msg,
@@ -161,7 +192,7 @@ def _evaluate(msg: Message, context: Context) -> Message:
     params = record_to_params(msg.content.array_records["params"])
     config = config_to_scalars(msg.content.config_records["config"])
     result = client.evaluate(params, silo.round, config)
-    silo.save(client)  # evaluate catches up the silo's Type II accounting for the round
+    silo.save(client, "evaluate")  # evaluate catches up the silo's Type II accounting for the round
     metrics, rest = scalars_to_records(result)
     return _reply(msg, {"metrics": metrics, "metrics.extra": rest, **_summary_records(client)})
 

@@ -156,14 +156,52 @@ def _build_server(
     return build_server(config, meta), public
 
 
+def _silo_data(config: Any, silo: int, node_config: Mapping[str, Any]) -> Any:
+    """This silo's :class:`~pdpfl.data.federation.ClientData`, cached in its own state folder.
+
+    A SuperNode starts one ClientApp process per message; the cache (``.npz``, no pickle,
+    keyed by the data config, seed and silo) saves re-reading and re-partitioning the data set.
+    """
+    import dataclasses
+    import hashlib
+    import json
+
+    import numpy as np
+
+    from pdpfl.data.federation import ClientData
+    from pdpfl.io import save_npz
+
+    state_dir = node_config.get(STATE_DIR)
+    key = hashlib.sha256(
+        json.dumps(
+            [config.data.model_dump(mode="json"), config.seed, silo, node_config.get(DATA_DIR)],
+            sort_keys=True,
+        ).encode()
+    ).hexdigest()[:16]
+    cache = Path(str(state_dir)) / "data-cache" / f"silo-{silo}-{key}.npz" if state_dir else None
+    if cache is not None and cache.exists():
+        with np.load(cache, allow_pickle=False) as npz:
+            fields = {k: npz[k] for k in npz.files}
+        fields["name"] = str(fields["name"])
+        return ClientData(**fields)
+    data = _load_silo_federation(config, node_config).clients[silo]
+    if cache is not None:
+        arrays = {
+            f.name: getattr(data, f.name)
+            for f in dataclasses.fields(data)
+            if getattr(data, f.name) is not None
+        }
+        save_npz(cache, **arrays)
+    return data
+
+
 def _build_client(
     config: Any, silo: int, node_config: Mapping[str, Any], public: dict[str, Any]
 ) -> ClientAlgorithm:
     from pdpfl.fl.factory import build_client
 
-    federation = _load_silo_federation(config, node_config)
     meta = dict(public, input_shape=tuple(public["input_shape"]))
-    return build_client(config, silo, federation.clients[silo], meta)
+    return build_client(config, silo, _silo_data(config, silo, node_config), meta)
 
 
 def _run(config: Any, server: ServerAlgorithm, transport: Any, out_dir: Path, resume: bool):

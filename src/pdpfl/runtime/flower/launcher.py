@@ -165,8 +165,7 @@ class LocalFederation:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             env=self.env,
-            cwd=self.work_dir,
-            start_new_session=True,
+            start_new_session=True,  # own process group: stopped (with its children) by PID
         )
 
     def start(self) -> None:
@@ -338,6 +337,18 @@ def run_flower(
     on_started
         Called with the running :class:`LocalFederation` once it is up (failure drills).
     """
+    algorithm = getattr(getattr(config, "algorithm", None), "name", None)
+    if algorithm == "centralized":
+        raise ValueError(
+            "algorithm.name: 'centralized' trains on pooled data and has no Flower runtime; "
+            "use runtime: simulation"
+        )
+    for name, value in (
+        ("round_timeout_s", round_timeout_s),
+        ("startup_timeout_s", startup_timeout_s),
+    ):
+        if not value > 0:
+            raise ValueError(f"{name}: must be > 0, got {value}")
     spec = load_hooks(hooks)
     out = Path(out_dir).resolve()
     flower_dir = out / "flower"
