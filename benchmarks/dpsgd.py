@@ -32,6 +32,9 @@ CASES = [
 ]  # noqa: E501
 
 
+_CLOCK = time.perf_counter
+
+
 def _interleaved_medians(fns: dict, steps: int, warmup: int) -> dict[str, float]:
     """Median ms per variant; variants alternate step by step so machine load hits all alike."""
     for fn in fns.values():
@@ -40,9 +43,9 @@ def _interleaved_medians(fns: dict, steps: int, warmup: int) -> dict[str, float]
     times: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(steps):
         for k, fn in fns.items():
-            t0 = time.perf_counter()
+            t0 = _CLOCK()
             fn()
-            times[k].append(time.perf_counter() - t0)
+            times[k].append(_CLOCK() - t0)
     return {k: 1000 * statistics.median(v) for k, v in times.items()}
 
 
@@ -129,7 +132,16 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--no-opacus", action="store_true")
+    ap.add_argument(
+        "--timer",
+        choices=["wall", "cpu"],
+        default="wall",
+        help="wall: perf_counter (default); cpu: process CPU time of all threads (robust to "
+        "other processes competing for the cores)",
+    )
     args = ap.parse_args()
+    global _CLOCK
+    _CLOCK = time.perf_counter if args.timer == "wall" else time.process_time
     torch.set_num_threads(args.threads)
     out: dict[str, dict[str, dict[str, float]]] = {}
     for key, model_name, shape, k, batch in CASES:

@@ -68,9 +68,10 @@ def test_empty_csv_and_infeasible_budgets_exit_2(tmp_path) -> None:
     res = run(["--budgets", str(tmp_path / "b.csv"), "--sigma", "3.5", *PLAN_ARGS, "--out", str(out)])
     assert res.exit_code == 2 and "empty" in res.stderr and not out.exists()
     save_npy(tmp_path / "tiny.npy", np.array([1e-6, 1.0]))
-    res = run(["--budgets", str(tmp_path / "tiny.npy"), "--sigma", "3.5", *PLAN_ARGS, "--out", str(out)])
+    strict = ["--delta", "1e-8", "--steps", "5", "--rounds", "20", "--client-rate", "0.5"]
+    res = run(["--budgets", str(tmp_path / "tiny.npy"), "--sigma", "3.5", *strict, "--out", str(out)])
     assert res.exit_code == 2 and "smallest achievable" in res.stderr and not out.exists()
-    res = run(["--budgets", str(tmp_path / "tiny.npy"), "--sigma", "3.5", *PLAN_ARGS,
+    res = run(["--budgets", str(tmp_path / "tiny.npy"), "--sigma", "3.5", *strict,
                "--allow-exclusion", "--out", str(out), "--json"])
     assert res.exit_code == 0 and json.loads(res.stdout)["excluded"] == 1 and out.exists()
 

@@ -15,6 +15,7 @@ from pdpfl.cli import app
 TINY = {
     "name": "cli-tiny",
     "seed": 3,
+    "threads": 1,
     "data": {"dataset": "breast-cancer", "num_clients": 2},
     "model": {"name": "logreg"},
     "privacy": {"epsilon_max": 5.0, "delta": 1e-3},

@@ -127,10 +127,11 @@ def test_filter_never_exceeds_squared_norm_budgets(budget_list, C, seed):
     assert len(res.active_counts) == 12
     assert all(a >= b for a, b in zip(res.active_counts, res.active_counts[1:], strict=False))
     assert res.active_counts[0] == int((budgets > 0).sum())
-    # a record still active at the end has never been truncated below C
-    left = res.exit_step >= 0
-    assert np.all(res.exit_step[budgets == 0] == 0)
-    assert np.all(res.spent[left & (budgets > 0)] >= 0)
+    # records with no budget never take part; the others are counted until the step they leave
+    assert np.all(res.exit_step[budgets == 0] == 0) and np.all(res.spent[budgets == 0] == 0)
+    for t, count in enumerate(res.active_counts, start=1):
+        still = (budgets > 0) & ((res.exit_step == -1) | (res.exit_step >= t))
+        assert count == int(still.sum())
 
 
 def test_filter_budget_groups_leave_in_order_and_report():

@@ -8,6 +8,7 @@ import this module through ``PYTHONPATH`` (hooks spec ``test_flower_toy:TOY_HOOK
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -240,3 +241,199 @@ def test_state_codec_round_trip() -> None:
     assert torch.equal(back["tensor"], state["tensor"])
     with pytest.raises(TypeError, match="cannot store"):
         encode_state({"bad": object()})
+
+
+# ------------------------------------- the real ServerApp + ClientApp over an in-memory grid
+
+
+class FakeGrid:
+    """A Grid that delivers each message straight to the pdpfl ClientApp of its node.
+
+    ``dead`` nodes never reply (a crashed SuperNode); ``failing`` nodes reply with an error.
+    """
+
+    def __init__(self, run_config: dict[str, Any], state_root: Path, num_silos: int) -> None:
+        self.run_config = run_config
+        self.node_configs = {
+            1000 + 7 * i: {
+                "partition-id": i,
+                "num-partitions": num_silos,
+                "state-dir": str(state_root / f"silo-{i}"),
+            }
+            for i in range(num_silos)
+        }
+        self.dead: set[int] = set()
+        self.failing: set[int] = set()
+        self.sent: list[tuple[int, str]] = []
+        self._replies: dict[str, Any] = {}
+
+    def node_of(self, silo: int) -> int:
+        return next(n for n, c in self.node_configs.items() if c["partition-id"] == silo)
+
+    def get_node_ids(self) -> list[int]:
+        return list(self.node_configs)
+
+    def push_messages(self, messages: Any) -> list[str]:
+        from flwr.app import Context, Error, Message, RecordDict
+
+        from pdpfl.runtime.flower.apps import client_app
+
+        ids = []
+        for msg in messages:
+            mid = f"msg-{len(self.sent)}"
+            msg.metadata.__dict__["_message_id"] = mid
+            node = msg.metadata.dst_node_id
+            self.sent.append((node, str(msg.content.config_records["pdpfl"]["action"])))
+            ids.append(mid)
+            if node in self.dead:
+                continue
+            if node in self.failing:
+                self._replies[mid] = Message(Error(code=1, reason="boom"), reply_to=msg)
+                continue
+            context = Context(
+                run_id=1,
+                node_id=node,
+                node_config=dict(self.node_configs[node]),
+                state=RecordDict(),
+                run_config=dict(self.run_config),
+            )
+            self._replies[mid] = client_app(msg, context)
+        return ids
+
+    def pull_messages(self, message_ids: Any) -> list[Any]:
+        return [self._replies.pop(i) for i in list(message_ids) if i in self._replies]
+
+
+@pytest.fixture
+def task_identity():
+    from flwr.supercore.task_identity import TaskIdentity
+
+    saved = (TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id)
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
+    yield
+    TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = saved
+
+
+def _serve(grid: FakeGrid, out: Path) -> dict[str, Any]:
+    import json
+
+    from flwr.app import Context, RecordDict
+
+    from pdpfl.runtime.flower.apps import _main
+
+    context = Context(
+        run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=grid.run_config
+    )
+    try:
+        _main(grid, context)
+    finally:
+        result = json.loads((out / "flower" / "server_result.json").read_text())
+    return result
+
+
+def _run_config(config: Any, out: Path, **extra: Any) -> dict[str, Any]:
+    from pdpfl.runtime.flower.apps import encode_config
+
+    return {
+        "pdpfl-config": encode_config(_to_dict(config)),
+        "pdpfl-hooks": "test_flower_toy:TOY_HOOKS",
+        "pdpfl-out-dir": str(out),
+        "pdpfl-resume": False,
+        "pdpfl-round-timeout": 5.0,
+        "pdpfl-startup-timeout": 5.0,
+        "pdpfl-min-silos": 1,
+        **extra,
+    }
+
+
+def _silo_state(out: Path, silo: int, run_key: str) -> dict[str, Any]:
+    path = out / "silo-state" / f"silo-{silo}" / f"run-{run_key}" / f"silo-{silo}.npz"
+    return decode_state(path.read_bytes())
+
+
+def test_apps_reproduce_the_simulation_exactly(tmp_path: Path, task_identity: None) -> None:
+    config = toy_config(num_silos=3, rounds=4)
+    ref = toy_simulation(config, tmp_path / "sim")
+    out = tmp_path / "flower"
+    grid = FakeGrid(_run_config(config, out), out / "silo-state", 3)
+    result = _serve(grid, out)
+    assert result["status"] == "ok" and result["lost"] == {}
+    model = np.load(out / "model.npz")["p000"]
+    np.testing.assert_array_equal(model, ref["params"][0])
+    # State survived between messages (one fresh client object per message) at each silo.
+    for silo in range(3):
+        state = _silo_state(out, silo, result["run_key"])
+        assert state["fits"] == 4 and list(state["fit_rounds"]) == [0, 1, 2, 3]
+        assert state["evaluated_until"] == 3
+    assert result["summary"]["privacy"]["2"]["fits"] == 4
+
+
+def test_failing_silo_is_dropped_and_its_charges_kept(tmp_path: Path, task_identity: None) -> None:
+    config = toy_config(num_silos=3, rounds=3)
+    out = tmp_path / "flower"
+    grid = FakeGrid(_run_config(config, out, **{"pdpfl-round-timeout": 0.3}), out / "silo-state", 3)
+    dead, failing = grid.node_of(1), grid.node_of(2)
+    original_push = grid.push_messages
+
+    def push(messages: Any) -> list[str]:
+        ids = original_push(messages)
+        # Silo 1 crashes, and silo 2 starts failing, after the first round's training.
+        if any(a == "fit" for _, a in grid.sent):
+            grid.dead.add(dead)
+            grid.failing.add(failing)
+        return ids
+
+    grid.push_messages = push  # type: ignore[method-assign]
+    result = _serve(grid, out)
+    assert result["status"] == "ok"
+    assert sorted(result["lost"]) == ["1", "2"]
+    # Lost silos are not contacted again after the exchange in which they failed.
+    later = [node for node, action in grid.sent[-2:]]
+    assert dead not in later and failing not in later
+    # Their ledgers hold every update they released (round 0), never less.
+    assert _silo_state(out, 1, result["run_key"])["fits"] >= 1
+    assert _silo_state(out, 0, result["run_key"])["fits"] == 3
+
+
+def test_run_aborts_when_fewer_than_min_silos_remain(tmp_path: Path, task_identity: None) -> None:
+    config = toy_config(num_silos=2, rounds=2)
+    out = tmp_path / "flower"
+    run_config = _run_config(config, out, **{"pdpfl-round-timeout": 0.3, "pdpfl-min-silos": 2})
+    grid = FakeGrid(run_config, out / "silo-state", 2)
+    original_push = grid.push_messages
+
+    def push(messages: Any) -> list[str]:
+        if any(a == "fit" for _, a in grid.sent):
+            grid.dead.add(grid.node_of(0))
+        return original_push(messages)
+
+    grid.push_messages = push  # type: ignore[method-assign]
+    from pdpfl.runtime.flower.transport import FlowerRunError
+
+    with pytest.raises(FlowerRunError, match="min_silos=2"):
+        _serve(grid, out)
+    result = json.loads((out / "flower" / "server_result.json").read_text())
+    assert result["status"] == "error" and "silo 0" in result["error"]
+
+
+def test_bad_partition_ids_are_rejected(tmp_path: Path, task_identity: None) -> None:
+    from pdpfl.runtime.flower.transport import FlowerRunError
+
+    config = toy_config(num_silos=2, rounds=1)
+    out = tmp_path / "flower"
+    grid = FakeGrid(_run_config(config, out), out / "silo-state", 2)
+    for node_config in grid.node_configs.values():
+        node_config["partition-id"] = 0  # both SuperNodes claim silo 0
+    with pytest.raises(FlowerRunError, match="partition-id=0 already taken"):
+        _serve(grid, out)
+
+
+def test_resume_refuses_a_checkpoint_holding_silo_states() -> None:
+    from pdpfl.runtime.flower.transport import FlowerRunError, FlowerTransport
+
+    transport = FlowerTransport(grid=None, silo_nodes={0: 11, 1: 12}, run_key="abc")
+    transport.load_client_states(transport.client_states())  # Flower's own references: fine
+    with pytest.raises(FlowerRunError, match="runtime: simulation"):
+        transport.load_client_states({0: {"fits": 3}})
+    with pytest.raises(FlowerRunError, match="belongs to run zzz"):
+        transport.load_client_states({0: {"location": "silo", "run_key": "zzz"}})

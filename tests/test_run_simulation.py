@@ -16,6 +16,7 @@ from pdpfl.runtime.simulation import InProcessTransport, load_federation_for, ru
 TINY = {
     "name": "tiny",
     "seed": 5,
+    "threads": 1,
     "data": {"dataset": "digits", "num_clients": 4},
     "model": {"name": "logreg"},
     "budgets": {"scenario": "three-levels",

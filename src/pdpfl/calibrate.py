@@ -114,7 +114,7 @@ def fit_estimator(
 ) -> RateEstimator:
     """Build the estimator F for ``plan`` (no data needed).
 
-    ``options`` go to the method's ``fit``: certified ``q_min, n_log, n_linear, orders``;
+    ``options`` go to the method's ``fit``: certified ``q_min, rel_step, abs_step, orders``;
     scf ``q_candidates, orders``; binary-search ``q_tol, eps_tol``.
     """
     cls = _method(method)

@@ -111,6 +111,10 @@ class ExperimentConfig(_Section):
     seed: int = Field(42, ge=0, lt=2**63)
     runtime: Literal["simulation", "flower"] = "simulation"
     output_dir: str = "runs/experiment"
+    threads: int | None = Field(
+        None, ge=1, le=256, description="torch intra-op threads while training (1 is fastest "
+        "for small models such as logreg); None keeps torch's setting"
+    )
     data: DataConfig
     model: ModelConfig = Field(default_factory=ModelConfig)
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)

@@ -10,6 +10,7 @@ import dataclasses
 from typing import Any
 
 import numpy as np
+
 from pdpfl.privacy.adversary import Adversary
 from pdpfl.privacy.orders import DEFAULT_ORDERS
 from pdpfl.privacy.plan import TrainingPlan

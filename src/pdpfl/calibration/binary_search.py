@@ -14,8 +14,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from pdpfl.privacy.orders import DEFAULT_ORDERS
-from pdpfl.privacy.plan import TrainingPlan
 
 from pdpfl.calibration._accounting import (
     as_adversary,
@@ -23,6 +21,8 @@ from pdpfl.calibration._accounting import (
     plan_from_dict,
     plan_to_dict,
 )
+from pdpfl.privacy.orders import DEFAULT_ORDERS
+from pdpfl.privacy.plan import TrainingPlan
 
 
 def bisect_rates(

@@ -2,10 +2,9 @@
 
 Construction (once per plan, vectorized):
 
-1. A fixed monotone grid of rates ``q_0 < q_1 < … < q_K = 1``: the union of a geometric grid
-   on ``[q_min, 1]`` (``n_log`` points, relative step ``r``) and a linear grid on ``[0, 1]``
-   (``n_linear`` points, step ``Δ``). Consecutive points therefore satisfy
-   ``q_{k+1} − q_k ≤ min(r · q_k, Δ)`` for ``q_k ≥ q_min``.
+1. A fixed monotone grid of rates ``q_0 < q_1 < … < q_K = 1`` whose spacing is
+   ``min(rel_step · q, abs_step)``: geometric from ``q_min`` up to ``q* = abs_step / rel_step``,
+   linear above. Consecutive points satisfy ``q_{k+1} − q_k ≤ min(rel_step · q_k, abs_step)``.
 2. The exact ε of the plan at every grid rate (:func:`pdpfl.privacy.two_stage.plan_epsilon`,
    third-party / server / both), made monotone by a running maximum and inflated by a relative
    safety margin of ``1e-10`` against last-bit differences between evaluations.
@@ -15,8 +14,9 @@ Construction (once per plan, vectorized):
 
 Guarantee (by construction): ``plan_epsilon(q_i) ≤ ε_i`` for every record. Resolution: if the
 exact ε(q) is non-decreasing in q, the largest feasible rate q*_i satisfies
-``q_i ≤ q*_i < q_{k+1} ≤ q_i + min(r · q_i, Δ)``. With the defaults (``q_min = 1e-6``,
-``n_log = n_linear = 2048``) that is ``r ≈ 0.68 %`` and ``Δ ≈ 4.9e-4``.
+``q_i ≤ q*_i < q_{k+1} ≤ q_i + min(rel_step · q_i, abs_step)``. With the defaults
+(``q_min = 1e-6``, ``rel_step = 0.01``, ``abs_step = 0.001``: 2,059 grid points) a record gets at
+least 99 % of its largest feasible rate, or is within 0.001 of it.
 
 The estimator is the grid itself (pairs (q, certified ε) plus plan and adversary): the server
 publishes it (:meth:`CertifiedEstimator.to_dict`, exact JSON floats) and every silo maps its own
@@ -25,12 +25,11 @@ records' budgets to rates locally, as in rPDP-FL §6.2.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from pdpfl.privacy.orders import DEFAULT_ORDERS
-from pdpfl.privacy.plan import TrainingPlan
 
 from pdpfl.calibration._accounting import (
     as_adversary,
@@ -38,18 +37,30 @@ from pdpfl.calibration._accounting import (
     plan_from_dict,
     plan_to_dict,
 )
+from pdpfl.privacy.orders import DEFAULT_ORDERS
+from pdpfl.privacy.plan import TrainingPlan
 
 #: Relative inflation of grid ε (guards against 1-ulp differences between evaluations).
 SAFETY_MARGIN = 1e-10
+_CACHE_SIZE = 16
+_CACHE: dict[tuple, CertifiedEstimator] = {}
 
 
-def rate_grid(q_min: float = 1e-6, n_log: int = 2048, n_linear: int = 2048) -> np.ndarray:
-    """The monotone rate grid (log ∪ linear), strictly increasing, ending at exactly 1.0."""
+def rate_grid(q_min: float = 1e-6, rel_step: float = 0.01, abs_step: float = 1e-3) -> np.ndarray:
+    """Strictly increasing rates from ``q_min`` to exactly 1.0, spacing ≤ min(rel·q, abs)."""
     if not (0 < q_min < 1):
         raise ValueError(f"q_min: must be in (0, 1), got {q_min!r}")
-    if n_log < 2 or n_linear < 2:
-        raise ValueError(f"n_log/n_linear: need at least 2 points each, got {n_log}, {n_linear}")
-    grid = np.union1d(np.geomspace(q_min, 1.0, n_log), np.linspace(0.0, 1.0, n_linear)[1:])
+    if not (0 < rel_step < 1) or not (0 < abs_step < 1):
+        raise ValueError(f"rel_step/abs_step: must be in (0, 1), got {rel_step!r}, {abs_step!r}")
+    q_star = min(abs_step / rel_step, 1.0)
+    parts = []
+    if q_min < q_star:
+        n_geo = math.ceil(math.log(q_star / q_min) / math.log1p(rel_step)) + 1
+        parts.append(np.geomspace(q_min, q_star, n_geo))
+    start = max(q_star, q_min)
+    n_lin = max(2, math.ceil((1.0 - start) / abs_step) + 1)
+    parts.append(np.linspace(start, 1.0, n_lin))
+    grid = np.unique(np.concatenate(parts))
     grid[-1] = 1.0
     return grid
 
@@ -80,18 +91,36 @@ class CertifiedEstimator:
         adversary: str = "third-party",
         *,
         q_min: float = 1e-6,
-        n_log: int = 2048,
-        n_linear: int = 2048,
+        rel_step: float = 0.01,
+        abs_step: float = 1e-3,
         orders: np.ndarray = DEFAULT_ORDERS,
     ) -> CertifiedEstimator:
-        """Evaluate the exact accountant once on the grid and build the estimator."""
+        """Evaluate the exact accountant once on the grid and build the estimator.
+
+        Fits are memoized per (plan, adversary, grid, orders): the grid is data-independent,
+        so every silo (or repeated calibration) with the same public plan reuses it.
+        """
         adv = as_adversary(adversary).value
-        q = rate_grid(q_min, n_log, n_linear)
-        eps = exact_epsilon(q, plan, adv, orders)
+        orders_arr = np.asarray(orders, dtype=np.float64)
+        key = (plan, adv, float(q_min), float(rel_step), float(abs_step), orders_arr.tobytes())
+        cached = _CACHE.get(key)
+        if cached is not None:
+            return cached
+        q = rate_grid(q_min, rel_step, abs_step)
+        eps = exact_epsilon(q, plan, adv, orders_arr)
         if not np.all(np.isfinite(eps)):
             raise ValueError("accountant returned non-finite ε on the rate grid")
-        cert = np.maximum.accumulate(eps) * (1.0 + SAFETY_MARGIN)
-        return cls(plan, adv, q, eps, cert)
+        cummax = np.maximum.accumulate(eps)
+        cert = cummax * (1.0 + SAFETY_MARGIN)
+        # q = 1 is the plain Gaussian mechanism (closed form): no margin, so ε ≥ ε(1) → q = 1.
+        cert[-1] = max(cummax[-1], cert[-2])
+        for arr in (q, eps, cert):
+            arr.setflags(write=False)
+        est = cls(plan, adv, q, eps, cert)
+        if len(_CACHE) >= _CACHE_SIZE:
+            _CACHE.pop(next(iter(_CACHE)))
+        _CACHE[key] = est
+        return est
 
     @property
     def min_epsilon(self) -> float:

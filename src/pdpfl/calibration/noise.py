@@ -51,7 +51,7 @@ def noise_for_uniform_rate(
     def eps_of_sigma(sigma: float) -> float:
         return float(exact_epsilon(q, with_sigma(plan, sigma), adv)[0])
 
-    sigma = float(find_noise_multiplier(eps_target, eps_of_sigma))
+    sigma = float(find_noise_multiplier(eps_target, eps_of_sigma, tol=1e-4))
     # Never return a σ that overspends, whatever the search's stopping rule.
     for _ in range(200):
         if eps_of_sigma(sigma) <= eps_target:
@@ -76,7 +76,7 @@ def group_sampling_rates(
     *,
     scale: float = 0.95,
     rate_tol: float = 1e-3,
-    q_tol: float = 1e-7,
+    q_tol: float = 1e-6,
 ) -> tuple[float, np.ndarray]:
     """(c) IDP-FedAvg Algorithm 1 (GetGroupSamplingRates).
 
@@ -87,7 +87,8 @@ def group_sampling_rates(
     target_rate : c / N, the intended expected fraction of units per round.
     plan : template plan (σ ignored). For client-level IDP-FedAvg use a centralized plan
         (``rounds=None``, ``steps`` = number of rounds I): each round samples clients once.
-    scale : the step factor s < 1 of Algorithm 1 (σ ← s·σ), refined by bisection at the end.
+    scale : the step factor s < 1 of Algorithm 1 (σ ← s·σ); the last step is refined by
+        regula falsi so the mean rate lands just below the target.
     rate_tol : stop when the weighted mean rate is within ``rate_tol`` (relative) of the
         target, never above it.
 
@@ -110,9 +111,13 @@ def group_sampling_rates(
     adv = as_adversary(adversary).value
     weights = sizes / sizes.sum()
 
+    cache: dict[float, np.ndarray] = {}
+
     def rates_at(sigma: float) -> np.ndarray:
-        p = with_sigma(plan, sigma)
-        return bisect_rates(eps, lambda q: exact_epsilon(q, p, adv), q_tol=q_tol)
+        if sigma not in cache:
+            p = with_sigma(plan, sigma)
+            cache[sigma] = bisect_rates(eps, lambda q: exact_epsilon(q, p, adv), q_tol=q_tol)
+        return cache[sigma]
 
     def mean_rate(sigma: float) -> float:
         return float(weights @ rates_at(sigma))
@@ -128,14 +133,25 @@ def group_sampling_rates(
         sigma_hi = sigma_lo
         if sigma_lo < 1e-6:
             raise RuntimeError("group_sampling_rates: σ collapsed without reaching target_rate")
-    # Refine inside [sigma_lo, sigma_hi]: mean(sigma_lo) <= target < mean(sigma_hi).
-    for _ in range(60):
-        m_lo = mean_rate(sigma_lo)
-        if target - m_lo <= rate_tol * target or sigma_hi - sigma_lo <= 1e-9 * sigma_hi:
+    # Refine inside [sigma_lo, sigma_hi] (mean(sigma_lo) <= target < mean(sigma_hi)) by
+    # regula falsi (Illinois variant) on mean_rate(σ) − target, keeping the bracket.
+    f_lo, f_hi = mean_rate(sigma_lo) - target, mean_rate(sigma_hi) - target
+    side = 0
+    for _ in range(100):
+        if target - mean_rate(sigma_lo) <= rate_tol * target or sigma_hi - sigma_lo <= 1e-12 * sigma_hi:
             break
-        mid = math.sqrt(sigma_lo * sigma_hi)
-        if mean_rate(mid) <= target:
-            sigma_lo = mid
+        mid = sigma_lo - f_lo * (sigma_hi - sigma_lo) / (f_hi - f_lo)
+        if not (sigma_lo < mid < sigma_hi):
+            mid = 0.5 * (sigma_lo + sigma_hi)
+        f_mid = mean_rate(mid) - target
+        if f_mid <= 0:
+            sigma_lo, f_lo = mid, f_mid
+            if side == -1:
+                f_hi *= 0.5
+            side = -1
         else:
-            sigma_hi = mid
-    return sigma_lo, rates_at(sigma_lo)
+            sigma_hi, f_hi = mid, f_mid
+            if side == 1:
+                f_lo *= 0.5
+            side = 1
+    return sigma_lo, rates_at(sigma_lo).copy()

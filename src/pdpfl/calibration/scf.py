@@ -19,8 +19,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from pdpfl.privacy.orders import DEFAULT_ORDERS
-from pdpfl.privacy.plan import TrainingPlan
 from scipy.optimize import OptimizeWarning, curve_fit
 
 from pdpfl.calibration._accounting import (
@@ -29,6 +27,8 @@ from pdpfl.calibration._accounting import (
     plan_from_dict,
     plan_to_dict,
 )
+from pdpfl.privacy.orders import DEFAULT_ORDERS
+from pdpfl.privacy.plan import TrainingPlan
 
 #: Default candidate list Π of sampling probabilities (Alg. 2 line 2).
 DEFAULT_Q_CANDIDATES = np.round(np.arange(1, 101) / 100.0, 2)

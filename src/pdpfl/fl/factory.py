@@ -78,16 +78,48 @@ def _plan(config: ExperimentConfig, sigma: float):
     )
 
 
+#: Memo of the data-independent calibrations (σ search, estimator fit): ``pdpfl compare``
+#: builds several methods with the same mechanism, and these depend only on public parameters.
+_MEMO: dict[tuple, Any] = {}
+
+
+def _memo(key: tuple, compute: Any) -> Any:
+    if key not in _MEMO:
+        if len(_MEMO) > 64:
+            _MEMO.clear()
+        _MEMO[key] = compute()
+    return _MEMO[key]
+
+
+def _mechanism_key(config: ExperimentConfig) -> tuple:
+    tr, pv = config.training, config.privacy
+    return (pv.delta, tr.local_steps, tr.rounds, tr.client_rate, pv.adversary)
+
+
 def noise_multiplier(config: ExperimentConfig) -> float:
     """σ: ``privacy.noise_multiplier``, or the σ at which q = 1 spends exactly ε_max."""
     if config.privacy.noise_multiplier is not None:
         return float(config.privacy.noise_multiplier)
     from pdpfl.calibrate import noise_for_max_budget
 
-    return float(
-        noise_for_max_budget(
-            config.privacy.epsilon_max, _plan(config, 1.0), adversary=config.privacy.adversary
-        )
+    eps_max = config.privacy.epsilon_max
+    return float(_memo(
+        ("sigma", eps_max, *_mechanism_key(config)),
+        lambda: noise_for_max_budget(
+            eps_max, _plan(config, 1.0), adversary=config.privacy.adversary
+        ),
+    ))
+
+
+def _estimator(config: ExperimentConfig, sigma: float) -> Any:
+    from pdpfl.calibrate import fit_estimator
+
+    method = config.privacy.calibration
+    return _memo(
+        ("estimator", sigma, method, *_mechanism_key(config)),
+        lambda: fit_estimator(
+            _plan(config, sigma), method=method, adversary=config.privacy.adversary
+        ),
     )
 
 
@@ -116,11 +148,9 @@ def publish(config: ExperimentConfig, meta: dict[str, Any]) -> Publication:
     )
     if algo.name == "privacy-free":
         return Publication(mode="non-private", noise_multiplier=0.0, **common)
-    from pdpfl.calibrate import fit_estimator
-
     if algo.name == "rpdp":
         sigma = noise_multiplier(config)
-        est = fit_estimator(_plan(config, sigma), method=pv.calibration, adversary=pv.adversary)
+        est = _estimator(config, sigma)
         return Publication(
             mode="personalized", noise_multiplier=sigma, estimator=est.to_dict(), **common
         )
@@ -141,7 +171,7 @@ def publish(config: ExperimentConfig, meta: dict[str, Any]) -> Publication:
             **common,
         )
     sigma = noise_multiplier(config)
-    est = fit_estimator(_plan(config, sigma), method=pv.calibration, adversary=pv.adversary)
+    est = _estimator(config, sigma)
     q = float(np.clip(est.rates(np.array([eps]))[0], 0.0, 1.0))
     return Publication(
         mode="uniform",

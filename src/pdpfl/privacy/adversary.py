@@ -7,7 +7,7 @@ import enum
 __all__ = ["Adversary", "as_adversary"]
 
 
-class Adversary(str, enum.Enum):
+class Adversary(str, enum.Enum):  # noqa: UP042 (contract: str mixin)
     """Threat model used to turn a training plan into ε.
 
     THIRD_PARTY

@@ -6,6 +6,8 @@ the Flower runtime, so with the same config and seed both produce the same model
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +42,22 @@ class InProcessTransport:
     def load_client_states(self, states: dict[int, dict]) -> None:
         for c, state in states.items():
             self.clients[int(c)].load_state_dict(state)
+
+
+@contextmanager
+def torch_threads(threads: int | None) -> Iterator[None]:
+    """Temporarily set torch's intra-op thread count (no-op for None)."""
+    if threads is None:
+        yield
+        return
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(int(threads))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def load_federation_for(config: ExperimentConfig) -> Any:
@@ -86,11 +104,13 @@ def run_simulation(
         from pdpfl.fl.baselines import centralized_setup
 
         config, federation = centralized_setup(config, federation)
-    server, clients = build_federation_algorithms(config, federation)
-    transport = InProcessTransport(clients)
-    result = run_federation(
-        config, server, transport, out_dir, resume=resume, progress=progress, stop_after=stop_after
-    )
+    with torch_threads(config.threads):
+        server, clients = build_federation_algorithms(config, federation)
+        transport = InProcessTransport(clients)
+        result = run_federation(
+            config, server, transport, out_dir, resume=resume, progress=progress,
+            stop_after=stop_after,
+        )
     result["setup_seconds"] = time.perf_counter() - started - result["seconds"]
     summary = write_outputs(config, result, out_dir, clients=clients)
     if centralized:

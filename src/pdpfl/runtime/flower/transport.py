@@ -271,10 +271,15 @@ class FlowerTransport:
     def load_client_states(self, states: dict[int, dict]) -> None:
         """Nothing to send: on resume each silo reloads its own state file for ``run_key``."""
         for silo, state in states.items():
-            key = state.get("run_key") if isinstance(state, dict) else None
-            if key is not None and key != self.run_key:
+            if not (isinstance(state, dict) and state.get("location") == "silo"):
                 raise FlowerRunError(
-                    f"checkpoint of silo {silo} belongs to run {key}, not {self.run_key}"
+                    f"the checkpoint holds silo {silo}'s state itself (written by the simulation "
+                    "runtime); resume it with runtime: simulation"
+                )
+            if state.get("run_key") != self.run_key:
+                raise FlowerRunError(
+                    f"checkpoint of silo {silo} belongs to run {state.get('run_key')}, "
+                    f"not {self.run_key}"
                 )
 
 

@@ -1,0 +1,192 @@
+"""The rPDP-FL two-stage bound: record-level Poisson sampling inside client-level sampling.
+
+rPDP-FL (record-level personalized DP for FL), Lemma 6 and Theorem 1. A client takes part in a
+round with probability λ; inside a round it runs τ DP-SGD steps, each sampling record j with its
+own rate q_j. Per round, for each record (Lemma 6):
+
+    ρ^{τ,λ}(α) = 1/(α−1) · ln(1 − λ + λ·exp((α−1)·τ·ρ_SGM(α, q_j)))
+
+and over T rounds (Theorem 1), against a **third-party** adversary (Type II: other clients, model
+consumers, who do not see which clients were sampled): T·ρ^{τ,λ}(α).
+
+An **honest-but-curious server** (Type I) sees which clients were sampled, so there is no λ
+amplification: k·τ·ρ_SGM(α, q_j), with k the number of rounds the record's client actually took
+part in (the paper's λT is only an expectation; before training use k = T).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from pdpfl.privacy._search_orders import min_epsilon
+from pdpfl.privacy.adversary import Adversary, as_adversary
+from pdpfl.privacy.orders import DEFAULT_ORDERS, check_orders
+from pdpfl.privacy.plan import TrainingPlan
+from pdpfl.privacy.rdp import check_rates, poisson_gaussian_rdp
+
+__all__ = ["round_rdp", "plan_rdp", "plan_epsilon", "check_participations"]
+
+
+def round_rdp(
+    step_rdp: np.ndarray, steps: int, client_rate: float, orders: ArrayLike
+) -> np.ndarray:
+    """RDP of one rPDP-FL round, ρ^{τ,λ}(α) (rPDP-FL Lemma 6).
+
+    Computed in log space: ``log1p(λ·expm1(x))`` for small x = (α−1)·τ·ρ and
+    ``logaddexp(log(1−λ), log λ + x)`` otherwise, so it neither overflows nor loses the
+    tiny values of small rates. λ = 1 gives exactly τ·ρ.
+
+    Parameters
+    ----------
+    step_rdp
+        Per-step RDP ρ_SGM, shape ``(..., n_orders)``.
+    steps
+        τ ≥ 1 local steps per round.
+    client_rate
+        λ in (0, 1].
+    orders
+        The orders of the last axis of ``step_rdp``.
+    """
+    a = check_orders(orders)
+    rho = np.asarray(step_rdp, dtype=np.float64)
+    if rho.ndim == 0 or rho.shape[-1] != a.size:
+        raise ValueError(f"step_rdp: last axis must have {a.size} orders, got shape {rho.shape}")
+    tau = int(steps)
+    if tau != steps or tau < 1:
+        raise ValueError(f"steps: must be an integer >= 1, got {steps!r}")
+    lam = float(client_rate)
+    if not (0.0 < lam <= 1.0):
+        raise ValueError(f"client_rate: must be in (0, 1], got {client_rate!r}")
+    x = (a - 1.0) * tau * rho
+    if lam == 1.0:
+        return tau * rho
+    with np.errstate(over="ignore"):
+        small = x < 1.0
+        out = np.where(
+            small,
+            np.log1p(lam * np.expm1(np.minimum(x, 1.0))),
+            np.logaddexp(np.log1p(-lam), np.log(lam) + x),
+        )
+    return out / (a - 1.0)
+
+
+def check_participations(
+    participations: ArrayLike | int | None, n_rates: int, rounds: int
+) -> np.ndarray:
+    """Participations k per rate (broadcast to ``(n_rates,)``), integers in [0, rounds]."""
+    if participations is None:
+        return np.full(n_rates, rounds, dtype=np.int64)
+    k = np.asarray(participations, dtype=np.float64)
+    if np.any(np.isnan(k)) or np.any(k != np.floor(k)):
+        raise ValueError("participations: must be integers")
+    if np.any(k < 0) or np.any(k > rounds):
+        raise ValueError(f"participations: must be in [0, rounds={rounds}]")
+    try:
+        return np.broadcast_to(k.astype(np.int64), (n_rates,)).copy()
+    except ValueError:
+        raise ValueError(
+            f"participations: expected a scalar or {n_rates} values, got shape {k.shape}"
+        ) from None
+
+
+def plan_rdp(
+    rates: ArrayLike,
+    plan: TrainingPlan,
+    adversary: Adversary | str = "third-party",
+    participations: ArrayLike | int | None = None,
+    orders: ArrayLike = DEFAULT_ORDERS,
+) -> np.ndarray:
+    """Total RDP of a training plan per record rate, shape ``(n_rates, n_orders)``.
+
+    * ``rounds is None`` (centralized DP-SGD): ``steps · ρ_SGM`` for every adversary;
+    * third-party: ``T · ρ^{τ,λ}`` (rPDP-FL Theorem 1);
+    * server: ``k · τ · ρ_SGM``, ``k = participations`` (per rate, broadcastable; default T).
+
+    ``adversary="both"`` is rejected: the max of two RDP curves gives a looser ε than the max of
+    the two ε — use :func:`plan_epsilon`.
+    """
+    adv = as_adversary(adversary)
+    if adv is Adversary.BOTH:
+        raise ValueError("adversary: 'both' has no single RDP curve; use plan_epsilon")
+    if not isinstance(plan, TrainingPlan):
+        raise ValueError(f"plan: expected a TrainingPlan, got {type(plan).__name__}")
+    a = check_orders(orders)
+    q = check_rates(rates)
+    step = poisson_gaussian_rdp(q, plan.noise_multiplier, a)
+    if plan.rounds is None:
+        if participations is not None:
+            raise ValueError("participations: only meaningful for federated plans (rounds set)")
+        return plan.steps * step
+    if adv is Adversary.SERVER:
+        k = check_participations(participations, q.size, plan.rounds)
+        return (k * plan.steps)[:, None] * step
+    if participations is not None:
+        check_participations(participations, q.size, plan.rounds)
+    return plan.rounds * round_rdp(step, plan.steps, plan.client_rate, a)
+
+
+def plan_epsilon(
+    rates: ArrayLike,
+    plan: TrainingPlan,
+    adversary: Adversary | str = "third-party",
+    participations: ArrayLike | int | None = None,
+    orders: ArrayLike = DEFAULT_ORDERS,
+) -> tuple[np.ndarray, np.ndarray]:
+    """ε per record rate at the plan's δ, and the optimal order (shapes ``(n_rates,)``).
+
+    For ``adversary="both"`` the larger ε of the two adversaries (and its order).
+    """
+    adv = as_adversary(adversary)
+    if adv is not Adversary.BOTH:
+        return _plan_epsilon_single(rates, plan, adv, participations, orders)
+    e_tp, o_tp = plan_epsilon(rates, plan, Adversary.THIRD_PARTY, participations, orders)
+    e_sv, o_sv = plan_epsilon(rates, plan, Adversary.SERVER, participations, orders)
+    take_sv = e_sv >= e_tp
+    return np.where(take_sv, e_sv, e_tp), np.where(take_sv, o_sv, o_tp)
+
+
+def _plan_epsilon_single(
+    rates: ArrayLike,
+    plan: TrainingPlan,
+    adv: Adversary,
+    participations: ArrayLike | int | None,
+    orders: ArrayLike,
+) -> tuple[np.ndarray, np.ndarray]:
+    """ε for one adversary via the branch-and-bound order search (:mod:`._search_orders`)."""
+    if not isinstance(plan, TrainingPlan):
+        raise ValueError(f"plan: expected a TrainingPlan, got {type(plan).__name__}")
+    a = check_orders(orders)
+    q = check_rates(rates)
+    tau = plan.steps
+    if plan.rounds is None:
+        if participations is not None:
+            raise ValueError("participations: only meaningful for federated plans (rounds set)")
+        key = q
+        factor = np.full(q.size, float(tau))
+    elif adv is Adversary.SERVER:
+        k = check_participations(participations, q.size, plan.rounds)
+        key = q + 2.0 * k  # q in [0, 1]: (q, k) pairs map to distinct keys
+        factor = (k * tau).astype(np.float64)
+    else:
+        if participations is not None:
+            check_participations(participations, q.size, plan.rounds)
+        key = q
+        factor = None
+    uniq, first, inv = np.unique(key, return_index=True, return_inverse=True)
+    uq = q[first]
+    if factor is not None:
+        uf = factor[first]
+
+        def compose(rho: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+            return uf[rows, None] * rho
+    else:
+        rounds, lam = plan.rounds, plan.client_rate
+        srt = np.sort(a)
+
+        def compose(rho: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+            return rounds * round_rdp(rho, tau, lam, srt[cols])
+
+    eps, order = min_epsilon(uq, plan.noise_multiplier, a, plan.delta, compose)
+    inv = inv.reshape(-1)
+    return eps[inv], order[inv]
