@@ -159,16 +159,14 @@ class CalibrationResult:
     estimator: RateEstimator | None = None
 
 
-def _spent(estimator: RateEstimator, rates: np.ndarray, plan: TrainingPlan, adv: str) -> np.ndarray:
-    if isinstance(estimator, CertifiedEstimator):
-        spent = estimator.spent_epsilon(rates)
-        if spent is not None:
-            return spent
+def _spent(rates: np.ndarray, plan: TrainingPlan, adv: str) -> np.ndarray:
+    """Exact ε at each rate (0 for q = 0), one accountant evaluation per distinct rate."""
     distinct, inverse = np.unique(rates, return_inverse=True)
     eps = np.zeros_like(distinct)
     pos = distinct > 0
-    eps[pos] = exact_epsilon(distinct[pos], plan, adv)
-    return eps[inverse]
+    if pos.any():
+        eps[pos] = exact_epsilon(distinct[pos], plan, adv)
+    return eps[inverse.reshape(-1)]
 
 
 def calibrate(
@@ -199,7 +197,11 @@ def calibrate(
             raise ValueError(f"client_ids: expected shape {b.shape}, got {client_ids.shape}")
     start = time.perf_counter()
     estimator = fit_estimator(plan, method, adv, **options)
-    rates = np.asarray(estimator.rates(b), dtype=np.float64)
+    spent: np.ndarray | None = None
+    if isinstance(estimator, CertifiedEstimator):
+        rates, spent = estimator.rates_and_spent(b)
+    else:
+        rates = np.asarray(estimator.rates(b), dtype=np.float64)
     seconds = time.perf_counter() - start
 
     min_eps: float | None = None
@@ -221,7 +223,8 @@ def calibrate(
             int(excluded_mask.sum()), float(min_eps or 0.0), float(b[excluded_mask].min())
         )
 
-    spent = _spent(estimator, rates, plan, adv)
+    if spent is None:
+        spent = _spent(rates, plan, adv)
     over = int(np.count_nonzero(spent > b))
     used = ~excluded_mask
     util = spent[used] / b[used]

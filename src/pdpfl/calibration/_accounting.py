@@ -16,6 +16,10 @@ from pdpfl.privacy.orders import DEFAULT_ORDERS
 from pdpfl.privacy.plan import TrainingPlan
 from pdpfl.privacy.two_stage import plan_epsilon
 
+#: Relative inflation applied to ε before comparing it with a budget, so that a rate accepted
+#: here stays within budget even if ε is re-evaluated in another batch (last-bit differences).
+SAFETY_MARGIN = 1e-10
+
 #: Rates evaluated per accountant call (bounds memory at CHUNK × n_orders floats).
 CHUNK = 65_536
 

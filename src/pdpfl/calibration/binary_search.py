@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from pdpfl.calibration._accounting import (
+    SAFETY_MARGIN,
     as_adversary,
     exact_epsilon,
     plan_from_dict,
@@ -48,7 +49,7 @@ def bisect_rates(
         idx = np.flatnonzero(active)
         mid = 0.5 * (lo[idx] + hi[idx])
         e = epsilon_of_rates(mid)
-        ok = e <= t[idx]
+        ok = e * (1.0 + SAFETY_MARGIN) <= t[idx]  # robust to last-bit re-evaluation noise
         lo[idx[ok]] = mid[ok]
         eps_lo[idx[ok]] = e[ok]
         hi[idx[~ok]] = mid[~ok]

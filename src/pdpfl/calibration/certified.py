@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from pdpfl.calibration._accounting import (
+    SAFETY_MARGIN,
     as_adversary,
     exact_epsilon,
     plan_from_dict,
@@ -40,8 +41,6 @@ from pdpfl.calibration._accounting import (
 from pdpfl.privacy.orders import DEFAULT_ORDERS
 from pdpfl.privacy.plan import TrainingPlan
 
-#: Relative inflation of grid ε (guards against 1-ulp differences between evaluations).
-SAFETY_MARGIN = 1e-10
 _CACHE_SIZE = 16
 _CACHE: dict[tuple, CertifiedEstimator] = {}
 
@@ -146,17 +145,14 @@ class CertifiedEstimator:
 
     def rates(self, budgets: np.ndarray) -> np.ndarray:
         """Certified rate per budget (0 for budgets below :attr:`min_epsilon`)."""
-        idx = self.grid_index(budgets)
-        return np.where(idx >= 0, self.q_grid[np.maximum(idx, 0)], 0.0)
+        return self.rates_and_spent(budgets)[0]
 
-    def spent_epsilon(self, rates: np.ndarray) -> np.ndarray | None:
-        """Exact ε at rates that are grid points (None when some are not), without re-evaluating."""
-        q = np.asarray(rates, dtype=np.float64)
-        idx = np.clip(np.searchsorted(self.q_grid, q), 0, self.q_grid.size - 1)
-        on_grid = (self.q_grid[idx] == q) | (q == 0)
-        if not on_grid.all():
-            return None
-        return np.where(q == 0, 0.0, self.eps_exact[idx])
+    def rates_and_spent(self, budgets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Certified rates and the exact ε each one spends (0 for q = 0), in one lookup."""
+        idx = self.grid_index(budgets)
+        safe = np.maximum(idx, 0)
+        chosen = idx >= 0
+        return np.where(chosen, self.q_grid[safe], 0.0), np.where(chosen, self.eps_exact[safe], 0.0)
 
     def to_dict(self) -> dict[str, Any]:
         return {

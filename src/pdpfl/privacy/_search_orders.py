@@ -28,7 +28,7 @@ __all__ = ["min_epsilon"]
 _SKELETON = (2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0, 64.0)
 
 #: Orders evaluated exactly per record and per round of the search.
-_PER_ROUND = 4
+_PER_ROUND = 6
 
 Compose = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
 
@@ -112,9 +112,9 @@ def min_epsilon(
     n, m = q.size, a.size
     g = np.zeros((n, m))  # holds ρ (not g) where known
     known = np.zeros((n, m), dtype=bool)
-    skel = np.flatnonzero(np.isin(a, _SKELETON))
-    if skel.size == 0:
-        skel = np.array([0])
+    # The smallest order is always exact: below the first known order the only lower bound
+    # would be ρ ≥ 0, whose ε is 0 through the KL shortcut (so every such order stays open).
+    skel = np.union1d(np.flatnonzero(np.isin(a, _SKELETON)), [0])
     g[:, skel] = poisson_gaussian_rdp(q, sigma, a[skel])
     known[:, skel] = True
     eps_out = np.empty(n)
