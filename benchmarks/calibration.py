@@ -88,7 +88,9 @@ def main() -> None:
         "binary_search_1e3": bs.report.min_utilization,
     }
     out["excluded_1e6"] = cert.report.excluded
-    out["machine"] = f"{platform.machine()} {os.cpu_count()} cores, Python {platform.python_version()}"
+    out["machine"] = (
+        f"{platform.machine()} {os.cpu_count()} cores, Python {platform.python_version()}"
+    )
     if args.json:
         print(json.dumps(out))
     else:

@@ -118,6 +118,9 @@ def test_estimator_json_round_trip_is_exact(estimator: CertifiedEstimator) -> No
     again = estimator_from_dict(wire)
     assert isinstance(again, CertifiedEstimator)
     np.testing.assert_array_equal(again.rates(b), estimator.rates(b))
+    assert again.verify()
+    forged = dict(wire, plan=dict(wire["plan"], noise_multiplier=1.0))  # claims less noise
+    assert not estimator_from_dict(forged).verify()
     wire["eps_certified"][-2] = wire["eps_exact"][-2] * 0.5
     with pytest.raises(ValueError, match="certified"):
         estimator_from_dict(wire)

@@ -21,12 +21,31 @@ def run(args: list[str]):
 def test_calibrate_budget_file_writes_rates_and_json(tmp_path) -> None:
     save_npy(tmp_path / "b.npy", np.array([0.5, 1.0, 5.0, 5.0]))
     out = tmp_path / "q.npy"
-    res = run(["--budgets", str(tmp_path / "b.npy"), "--sigma", "3.5", *PLAN_ARGS,
-               "--out", str(out), "--json"])
+    res = run(
+        [
+            "--budgets",
+            str(tmp_path / "b.npy"),
+            "--sigma",
+            "3.5",
+            *PLAN_ARGS,
+            "--out",
+            str(out),
+            "--json",
+        ]
+    )
     assert res.exit_code == 0, res.output
     report = json.loads(res.stdout)
-    for key in ("n", "seconds", "over_budget", "min_utilization", "median_utilization",
-                "sigma", "method", "distinct_budgets", "excluded"):
+    for key in (
+        "n",
+        "seconds",
+        "over_budget",
+        "min_utilization",
+        "median_utilization",
+        "sigma",
+        "method",
+        "distinct_budgets",
+        "excluded",
+    ):
         assert key in report
     assert report["n"] == 4 and report["distinct_budgets"] == 3 and report["over_budget"] == 0
     assert report["method"] == "certified" and report["sigma"] == 3.5
@@ -35,8 +54,20 @@ def test_calibrate_budget_file_writes_rates_and_json(tmp_path) -> None:
 
 
 def test_calibrate_scenario_with_epsilon_max_and_scf(tmp_path) -> None:
-    res = run(["--scenario", "three-levels", "--n", "200", "--epsilon-max", "10", *PLAN_ARGS,
-               "--method", "scf", "--json"])
+    res = run(
+        [
+            "--scenario",
+            "three-levels",
+            "--n",
+            "200",
+            "--epsilon-max",
+            "10",
+            *PLAN_ARGS,
+            "--method",
+            "scf",
+            "--json",
+        ]
+    )
     assert res.exit_code == 0, res.output
     report = json.loads(res.stdout)
     assert report["method"] == "scf" and report["n"] == 200 and report["distinct_budgets"] == 3
@@ -55,8 +86,18 @@ def test_calibrate_scenario_with_epsilon_max_and_scf(tmp_path) -> None:
 def test_bad_budgets_exit_2_and_write_nothing(tmp_path, content, match) -> None:
     save_npy(tmp_path / "b.npy", content)
     out = tmp_path / "q.npy"
-    res = run(["--budgets", str(tmp_path / "b.npy"), "--sigma", "3.5", *PLAN_ARGS,
-               "--out", str(out), "--json"])
+    res = run(
+        [
+            "--budgets",
+            str(tmp_path / "b.npy"),
+            "--sigma",
+            "3.5",
+            *PLAN_ARGS,
+            "--out",
+            str(out),
+            "--json",
+        ]
+    )
     assert res.exit_code == 2
     assert "--budgets" in res.stderr and match in res.stderr
     assert not out.exists()
@@ -65,25 +106,46 @@ def test_bad_budgets_exit_2_and_write_nothing(tmp_path, content, match) -> None:
 def test_empty_csv_and_infeasible_budgets_exit_2(tmp_path) -> None:
     (tmp_path / "b.csv").write_text("")
     out = tmp_path / "q.npy"
-    res = run(["--budgets", str(tmp_path / "b.csv"), "--sigma", "3.5", *PLAN_ARGS, "--out", str(out)])
+    res = run(
+        ["--budgets", str(tmp_path / "b.csv"), "--sigma", "3.5", *PLAN_ARGS, "--out", str(out)]
+    )
     assert res.exit_code == 2 and "empty" in res.stderr and not out.exists()
     save_npy(tmp_path / "tiny.npy", np.array([1e-6, 1.0]))
     strict = ["--delta", "1e-8", "--steps", "5", "--rounds", "20", "--client-rate", "0.5"]
-    res = run(["--budgets", str(tmp_path / "tiny.npy"), "--sigma", "3.5", *strict, "--out", str(out)])
+    res = run(
+        ["--budgets", str(tmp_path / "tiny.npy"), "--sigma", "3.5", *strict, "--out", str(out)]
+    )
     assert res.exit_code == 2 and "smallest achievable" in res.stderr and not out.exists()
-    res = run(["--budgets", str(tmp_path / "tiny.npy"), "--sigma", "3.5", *strict,
-               "--allow-exclusion", "--out", str(out), "--json"])
+    res = run(
+        [
+            "--budgets",
+            str(tmp_path / "tiny.npy"),
+            "--sigma",
+            "3.5",
+            *strict,
+            "--allow-exclusion",
+            "--out",
+            str(out),
+            "--json",
+        ]
+    )
     assert res.exit_code == 0 and json.loads(res.stdout)["excluded"] == 1 and out.exists()
 
 
 @pytest.mark.parametrize(
     ("extra", "match"),
     [
-        (["--scenario", "three-levels", "--n", "5", "--sigma", "1", "--epsilon-max", "3"], "exactly one"),
+        (
+            ["--scenario", "three-levels", "--n", "5", "--sigma", "1", "--epsilon-max", "3"],
+            "exactly one",
+        ),
         (["--scenario", "nope", "--n", "5", "--sigma", "1"], "unknown name"),
         (["--scenario", "three-levels", "--sigma", "1"], "--n"),
         (["--scenario", "three-levels", "--n", "5", "--sigma", "1", "--method", "x"], "method"),
-        (["--scenario", "three-levels", "--n", "5", "--sigma", "1", "--adversary", "x"], "adversary"),
+        (
+            ["--scenario", "three-levels", "--n", "5", "--sigma", "1", "--adversary", "x"],
+            "adversary",
+        ),
         (["--scenario", "three-levels", "--n", "5", "--sigma", "-1"], "--sigma"),
     ],
 )

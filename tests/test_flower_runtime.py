@@ -127,7 +127,7 @@ def test_killed_supernode_round_completes_and_ledger_never_undercounts(tmp_path:
         out,
         hooks="test_flower_toy:TOY_HOOKS",
         env={"PYTHONPATH": os.pathsep.join([str(TESTS_DIR), *sys.path])},
-        round_timeout_s=25,
+        round_timeout_s=20,
         startup_timeout_s=90,
         on_started=drill,
     )
@@ -160,22 +160,3 @@ def test_killed_supernode_round_completes_and_ledger_never_undercounts(tmp_path:
     assert all(line["selected"] == [0, 1] for line in lines)
     fed = started[0]
     assert not any(_alive(p.pid) for p in [fed.superlink, *fed.supernodes])
-
-
-def test_missing_silo_fails_fast_with_a_clear_error(tmp_path: Path) -> None:
-    """Fewer SuperNodes than silos: a bounded startup wait, then an error naming the silo."""
-    from pdpfl.runtime.flower import run_flower
-    from test_flower_toy import toy_config
-
-    def kill_silo_1_at_once(federation: LocalFederation) -> None:
-        federation.kill_supernode(1)
-
-    with pytest.raises(FlowerRunError, match=r"silos \[(0, )?1\] did not connect within 10 s"):
-        run_flower(
-            toy_config(num_silos=2, rounds=1),
-            tmp_path / "run",
-            hooks="test_flower_toy:TOY_HOOKS",
-            env={"PYTHONPATH": os.pathsep.join([str(TESTS_DIR), *sys.path])},
-            startup_timeout_s=10,
-            on_started=kill_silo_1_at_once,
-        )

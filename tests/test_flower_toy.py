@@ -437,3 +437,14 @@ def test_resume_refuses_a_checkpoint_holding_silo_states() -> None:
         transport.load_client_states({0: {"fits": 3}})
     with pytest.raises(FlowerRunError, match="belongs to run zzz"):
         transport.load_client_states({0: {"location": "silo", "run_key": "zzz"}})
+
+
+def test_missing_silo_fails_after_the_startup_timeout(tmp_path: Path, task_identity: None) -> None:
+    from pdpfl.runtime.flower.transport import FlowerRunError
+
+    config = toy_config(num_silos=3, rounds=1)
+    out = tmp_path / "flower"
+    grid = FakeGrid(_run_config(config, out, **{"pdpfl-startup-timeout": 1.0}), out / "s", 3)
+    del grid.node_configs[grid.node_of(1)]  # silo 1's SuperNode never connects
+    with pytest.raises(FlowerRunError, match=r"silos \[1\] did not connect within 1 s"):
+        _serve(grid, out)

@@ -63,15 +63,20 @@ def test_sat_out_rounds_add_nothing_and_third_party_counts_unsampled_rounds() ->
     one_round = dataclasses.replace(PLAN, rounds=1)
     tp = ledger.spent_epsilon("third-party")
     srv = ledger.spent_epsilon("server")
-    assert tp[0] == tp[1] == pytest.approx(accountant([0.2], one_round, "third-party")[0], rel=1e-12)
+    assert (
+        tp[0] == tp[1] == pytest.approx(accountant([0.2], one_round, "third-party")[0], rel=1e-12)
+    )
     assert srv[0] == pytest.approx(accountant([0.2], one_round, "server")[0], rel=1e-12)
     assert srv[1] == 0.0 and tp[2] == 0.0 and srv[2] == 0.0
     with pytest.raises(ValueError, match="participate"):
-        ledger.record_round(participated=np.array([0, 0, 1], bool), active=np.array([1, 1, 0], bool))
+        ledger.record_round(
+            participated=np.array([0, 0, 1], bool), active=np.array([1, 1, 0], bool)
+        )
 
 
 def test_pre_check_stops_units_before_they_overspend() -> None:
     q = np.array([0.5, 0.5, 0.05])
+
     def after(k: int, rate: float) -> float:
         return accountant([rate], dataclasses.replace(PLAN, rounds=k), "both")[0]
 
@@ -135,9 +140,7 @@ def test_summary_groups_and_validation() -> None:
     ledger.record_round(participated=np.ones(4, bool), active=np.ones(4, bool))
     s = ledger.summary()
     assert [g["group"] for g in s["groups"]] == [0.5, 2.0]
-    assert s["groups"][1]["max_spent_server"] == pytest.approx(
-        ledger.spent_epsilon("server")[3]
-    )
+    assert s["groups"][1]["max_spent_server"] == pytest.approx(ledger.spent_epsilon("server")[3])
     with pytest.raises(ValueError, match="rates"):
         PrivacyLedger(budgets, np.array([0.1, 0.2, 1.5, 0.0]), PLAN)
     with pytest.raises(ValueError, match="active"):

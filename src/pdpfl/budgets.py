@@ -104,7 +104,9 @@ def _check_n(n: int) -> int:
 def _probabilities(ratios: Sequence[float], name: str) -> np.ndarray:
     p = np.asarray(ratios, dtype=np.float64)
     if p.ndim != 1 or p.size == 0 or not np.all(np.isfinite(p)) or np.any(p < 0):
-        raise ValueError(f"{name}: expected a non-empty list of non-negative shares, got {ratios!r}")
+        raise ValueError(
+            f"{name}: expected a non-empty list of non-negative shares, got {ratios!r}"
+        )
     if p.sum() <= 0:
         raise ValueError(f"{name}: shares must not all be zero")
     if not math.isclose(float(p.sum()), 1.0, rel_tol=0, abs_tol=1e-6):
@@ -182,7 +184,9 @@ class BoundedPareto:
         if not (math.isfinite(self.lower) and self.lower > 0):
             raise ValueError(f"lower: must be a finite number > 0, got {self.lower!r}")
         if not (math.isfinite(self.upper) and self.upper >= self.lower):
-            raise ValueError(f"upper: must be finite and >= lower ({self.lower}), got {self.upper!r}")
+            raise ValueError(
+                f"upper: must be finite and >= lower ({self.lower}), got {self.upper!r}"
+            )
 
     def sample(self, n: int, rng: np.random.Generator) -> np.ndarray:
         n = _check_n(n)
@@ -211,10 +215,14 @@ class BoundedMixGauss:
         if m.shape != p.shape or not np.all(np.isfinite(m)):
             raise ValueError(f"means: expected {p.size} finite values, got {self.means!r}")
         if v.shape != p.shape or not np.all(np.isfinite(v)) or np.any(v < 0):
-            raise ValueError(f"variances: expected {p.size} finite values >= 0, got {self.variances!r}")
+            raise ValueError(
+                f"variances: expected {p.size} finite values >= 0, got {self.variances!r}"
+            )
         lo, hi = (float(b) for b in self.bounds)
         if not (math.isfinite(lo) and math.isfinite(hi) and 0 < lo <= hi):
-            raise ValueError(f"bounds: expected (lower, upper) with 0 < lower <= upper, got {self.bounds!r}")
+            raise ValueError(
+                f"bounds: expected (lower, upper) with 0 < lower <= upper, got {self.bounds!r}"
+            )
 
     def sample(self, n: int, rng: np.random.Generator) -> np.ndarray:
         n = _check_n(n)
@@ -305,14 +313,18 @@ class PerLabel:
     :meth:`for_labels`. :meth:`sample` without labels raises a ``ValueError``.
     """
 
-    budget_by_label: Mapping[int, float] = field(default_factory=lambda: dict(HEART_DISEASE_BUDGETS))
+    budget_by_label: Mapping[int, float] = field(
+        default_factory=lambda: dict(HEART_DISEASE_BUDGETS)
+    )
 
     def __post_init__(self) -> None:
         if not self.budget_by_label:
             raise ValueError("budget_by_label: needs at least one label -> ε entry")
         for label, eps in self.budget_by_label.items():
             if not (math.isfinite(float(eps)) and float(eps) > 0):
-                raise ValueError(f"budget_by_label[{label!r}]: ε must be finite and > 0, got {eps!r}")
+                raise ValueError(
+                    f"budget_by_label[{label!r}]: ε must be finite and > 0, got {eps!r}"
+                )
 
     def for_labels(self, labels: np.ndarray) -> np.ndarray:
         """The budget of each record given its label; unknown labels raise ``ValueError``."""
@@ -331,7 +343,9 @@ class PerLabel:
             raise ValueError(f"labels: no budget given for label(s) {missing}")
         return vals[pos]
 
-    def sample(self, n: int, rng: np.random.Generator, labels: np.ndarray | None = None) -> np.ndarray:
+    def sample(
+        self, n: int, rng: np.random.Generator, labels: np.ndarray | None = None
+    ) -> np.ndarray:
         if labels is None:
             raise ValueError(
                 "PerLabel budgets are data-dependent: pass labels (assign_budgets(..., labels=y))"

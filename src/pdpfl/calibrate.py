@@ -19,6 +19,7 @@ records' budgets locally (rPDP-FL §6.2). Adversaries: ``third-party`` (default)
 
 Example
 -------
+>>> import numpy as np
 >>> from pdpfl.privacy.plan import TrainingPlan
 >>> from pdpfl.calibrate import calibrate
 >>> plan = TrainingPlan(noise_multiplier=3.5, delta=1e-3, steps=5, rounds=20, client_rate=0.5)

@@ -7,7 +7,8 @@ Construction (once per plan, vectorized):
    linear above. Consecutive points satisfy ``q_{k+1} − q_k ≤ min(rel_step · q_k, abs_step)``.
 2. The exact ε of the plan at every grid rate (:func:`pdpfl.privacy.two_stage.plan_epsilon`,
    third-party / server / both), made monotone by a running maximum and inflated by a relative
-   safety margin of ``1e-10`` against last-bit differences between evaluations.
+   safety margin of ``1e-10`` against last-bit differences between evaluations (except at
+   q = 1, the closed-form Gaussian mechanism, so that budgets ≥ ε(1) get exactly q = 1).
 3. For a budget ε_i the rate is the largest grid ``q_k`` whose certified ε is ≤ ε_i
    (``np.searchsorted``). Budgets ≥ ε(q=1) get ``q = 1``; budgets below the certified ε of the
    smallest positive grid rate get ``q = 0`` (the record is never sampled, spends nothing).
@@ -135,7 +136,9 @@ class CertifiedEstimator:
         """Gap to the next grid rate: the largest feasible q is below ``rate + resolution``."""
         q = np.asarray(rates, dtype=np.float64)
         idx = np.searchsorted(self.q_grid, q, side="right")
-        nxt = np.where(idx < self.q_grid.size, self.q_grid[np.minimum(idx, self.q_grid.size - 1)], 1.0)
+        nxt = np.where(
+            idx < self.q_grid.size, self.q_grid[np.minimum(idx, self.q_grid.size - 1)], 1.0
+        )
         return np.where(q >= 1.0, 0.0, nxt - q)
 
     def grid_index(self, budgets: np.ndarray) -> np.ndarray:
@@ -153,6 +156,15 @@ class CertifiedEstimator:
         safe = np.maximum(idx, 0)
         chosen = idx >= 0
         return np.where(chosen, self.q_grid[safe], 0.0), np.where(chosen, self.eps_exact[safe], 0.0)
+
+    def verify(self, orders: np.ndarray = DEFAULT_ORDERS) -> bool:
+        """Re-evaluate the exact ε on the grid: True if every certified value bounds it.
+
+        A silo that does not trust the published estimator can call this once (it costs one
+        grid evaluation) before applying it to its records.
+        """
+        exact = exact_epsilon(self.q_grid, self.plan, self.adversary, orders)
+        return bool(np.all(self.eps_certified >= np.maximum.accumulate(exact)))
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -138,7 +138,10 @@ def group_sampling_rates(
     f_lo, f_hi = mean_rate(sigma_lo) - target, mean_rate(sigma_hi) - target
     side = 0
     for _ in range(100):
-        if target - mean_rate(sigma_lo) <= rate_tol * target or sigma_hi - sigma_lo <= 1e-12 * sigma_hi:
+        if (
+            target - mean_rate(sigma_lo) <= rate_tol * target
+            or sigma_hi - sigma_lo <= 1e-12 * sigma_hi
+        ):
             break
         mid = sigma_lo - f_lo * (sigma_hi - sigma_lo) / (f_hi - f_lo)
         if not (sigma_lo < mid < sigma_hi):

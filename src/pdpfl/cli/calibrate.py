@@ -39,13 +39,13 @@ def calibrate_command(
     rounds: int | None = typer.Option(
         None, "--rounds", help="Rounds T (>= 1); omit for a centralized plan of --steps steps."
     ),
-    client_rate: float = typer.Option(1.0, "--client-rate", help="Client sampling rate λ in (0, 1]."),
+    client_rate: float = typer.Option(
+        1.0, "--client-rate", help="Client sampling rate λ in (0, 1]."
+    ),
     adversary: str = typer.Option(
         "third-party", "--adversary", help="third-party | server | both."
     ),
-    method: str = typer.Option(
-        "certified", "--method", help="certified | scf | binary-search."
-    ),
+    method: str = typer.Option("certified", "--method", help="certified | scf | binary-search."),
     allow_exclusion: bool = typer.Option(
         False, "--allow-exclusion", help="Give q = 0 to budgets below the smallest achievable ε."
     ),
@@ -114,10 +114,15 @@ def calibrate_command(
     if as_json:
         print_json(report)
         return
+
+    def fmt(x: float | None) -> str:
+        return "n/a" if x is None else f"{x:.4f}"
+
     typer.echo(
         f"{report['method']} ({report['adversary']}): n={report['n']} "
         f"distinct={report['distinct_budgets']} σ={report['sigma']:.6g} "
         f"over_budget={report['over_budget']} excluded={report['excluded']} "
-        f"utilization min={report['min_utilization']} median={report['median_utilization']} "
-        f"in {report['seconds']:.3f}s" + (f" -> {out}" if out is not None else "")
+        f"utilization min={fmt(report['min_utilization'])} "
+        f"median={fmt(report['median_utilization'])} in {report['seconds']:.3f}s"
+        + (f" -> {out}" if out is not None else "")
     )

@@ -168,9 +168,8 @@ def _train(msg: Message, context: Context) -> Message:
     params = record_to_params(msg.content.array_records["params"])
     config = config_to_scalars(msg.content.config_records["config"])
     update = client.fit(params, silo.round, config)
-    silo.save(
-        client, "fit"
-    )  # write-ahead: the charge is on the silo's disk before the update leaves
+    # Write-ahead: the round's charge is on the silo's disk before the update leaves it.
+    silo.save(client, "fit")
     metrics, rest = scalars_to_records(update.metrics)
     return _reply(
         msg,
@@ -192,7 +191,8 @@ def _evaluate(msg: Message, context: Context) -> Message:
     params = record_to_params(msg.content.array_records["params"])
     config = config_to_scalars(msg.content.config_records["config"])
     result = client.evaluate(params, silo.round, config)
-    silo.save(client, "evaluate")  # evaluate catches up the silo's Type II accounting for the round
+    # Evaluation also catches up the silo's Type II accounting for the round: persist it.
+    silo.save(client, "evaluate")
     metrics, rest = scalars_to_records(result)
     return _reply(msg, {"metrics": metrics, "metrics.extra": rest, **_summary_records(client)})
 

@@ -1,0 +1,62 @@
+"""`pdpfl account`: table, --json object, and bad input → exit 2."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from pdpfl.cli import app
+from pdpfl.privacy import TrainingPlan, plan_epsilon
+
+runner = CliRunner()
+BASE = ["account", "--sigma", "1.0", "--delta", "1e-4"]
+
+
+def test_json_matches_library_in_input_order(tmp_path) -> None:
+    args = BASE + ["--q", "0.2", "--q", "0.01,0.05", "--steps", "50", "--rounds", "15"]
+    res = runner.invoke(app, args + ["--client-rate", "0.5", "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    plan = TrainingPlan(1.0, 1e-4, 50, 15, 0.5)
+    ref, order = plan_epsilon([0.2, 0.01, 0.05], plan)
+    np.testing.assert_allclose(out["epsilon"], ref, rtol=1e-12)
+    assert out["order"] == list(order) and out["adversary"] == "third-party"
+    assert out["mechanism"]["rounds"] == 15
+    path = tmp_path / "q.npy"
+    np.save(path, np.array([0.2, 0.01, 0.05]))
+    res2 = runner.invoke(app, BASE + ["--q-file", str(path), "--steps", "50", "--rounds", "15",
+                                      "--client-rate", "0.5", "--json"])
+    assert json.loads(res2.stdout)["epsilon"] == out["epsilon"]
+
+
+def test_centralized_and_server_and_table() -> None:
+    res = runner.invoke(app, BASE + ["--q", "0.01", "--steps", "100", "--json"])
+    eps = json.loads(res.stdout)["epsilon"][0]
+    assert eps == pytest.approx(plan_epsilon([0.01], TrainingPlan(1.0, 1e-4, 100))[0][0])
+    res = runner.invoke(app, BASE + ["--q", "0.01", "--steps", "5", "--rounds", "10",
+                                     "--adversary", "server", "--participations", "4", "--json"])
+    assert res.exit_code == 0 and json.loads(res.stdout)["adversary"] == "server"
+    table = runner.invoke(app, BASE + ["--q", "0.01"])
+    assert table.exit_code == 0 and "0.01" in table.stdout
+
+
+@pytest.mark.parametrize(
+    "extra,name",
+    [
+        (["--sigma", "0", "--delta", "1e-4", "--q", "0.1"], "--sigma"),
+        (["--sigma", "1", "--delta", "1", "--q", "0.1"], "--delta"),
+        (["--sigma", "1", "--delta", "1e-4", "--q", "1.5"], "--q"),
+        (["--sigma", "1", "--delta", "1e-4", "--q", "nan"], "--q"),
+        (["--sigma", "1", "--delta", "1e-4", "--q", "0.1", "--rounds", "3",
+          "--participations", "4"], "--participations"),
+        (["--sigma", "1", "--delta", "1e-4", "--q", "0.1", "--adversary", "x"], "--adversary"),
+    ],
+)
+def test_bad_input_exits_2(extra, name) -> None:
+    res = runner.invoke(app, ["account", *extra, "--json"])
+    assert res.exit_code == 2
+    assert name in res.output
+    assert "{" not in res.stdout

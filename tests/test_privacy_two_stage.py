@@ -1,0 +1,156 @@
+"""rPDP-FL two-stage bound, RDP→(ε, δ) conversion, and the noise-multiplier search."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pdpfl.privacy import (
+    DEFAULT_ORDERS,
+    Adversary,
+    TrainingPlan,
+    find_noise_multiplier,
+    plan_epsilon,
+    plan_rdp,
+    poisson_gaussian_rdp,
+    rdp_to_delta,
+    rdp_to_epsilon,
+    round_rdp,
+)
+
+dpa = pytest.importorskip("dp_accounting.rdp.rdp_privacy_accountant")
+
+PLAN = TrainingPlan(noise_multiplier=1.0, delta=1e-4, steps=50, rounds=15, client_rate=0.5)
+Q = np.array([0.0, 1e-4, 0.003, 0.02, 0.1, 0.4, 1.0])
+
+
+def _brute(q, plan, adversary, participations=None):
+    return rdp_to_epsilon(plan_rdp(q, plan, adversary, participations), DEFAULT_ORDERS, plan.delta)
+
+
+@pytest.mark.parametrize(
+    "plan",
+    [
+        PLAN,
+        TrainingPlan(noise_multiplier=3.5, delta=1e-3, steps=5, rounds=20, client_rate=0.5),
+        TrainingPlan(noise_multiplier=0.6, delta=1e-5, steps=10_000),
+        TrainingPlan(noise_multiplier=8.0, delta=1e-6, steps=100, rounds=200, client_rate=0.05),
+    ],
+)
+@pytest.mark.parametrize("adversary", ["third-party", "server"])
+def test_plan_epsilon_equals_full_order_minimum(plan, adversary) -> None:
+    # plan_epsilon skips provably irrelevant orders; it must equal the brute-force minimum.
+    q = np.concatenate([Q, np.geomspace(1e-6, 1, 40)])
+    eps, order = plan_epsilon(q, plan, adversary)
+    ref_eps, ref_order = _brute(q, plan, adversary)
+    np.testing.assert_allclose(eps, ref_eps, rtol=1e-12, atol=0)
+    assert np.all(order == ref_order)
+
+
+def test_conversion_matches_dp_accounting() -> None:
+    rdp = 50 * poisson_gaussian_rdp([1e-3, 0.05, 0.7], 1.1)
+    for row in rdp:
+        for delta in (1e-3, 1e-6, 0.3):
+            eps, order = rdp_to_epsilon(row, DEFAULT_ORDERS, delta)
+            ref_eps, ref_order = dpa.compute_epsilon(DEFAULT_ORDERS, row, delta)
+            assert eps == pytest.approx(ref_eps, rel=1e-12) and order == ref_order
+        for epsilon in (0.1, 1.0, 8.0):
+            d, order = rdp_to_delta(row, DEFAULT_ORDERS, epsilon)
+            ref_d, ref_order = dpa.compute_delta(DEFAULT_ORDERS, row, epsilon)
+            assert d == pytest.approx(ref_d, rel=1e-12) and order == ref_order
+
+
+def test_lambda_one_is_flat_composition() -> None:
+    plan = TrainingPlan(noise_multiplier=1.3, delta=1e-5, steps=7, rounds=11, client_rate=1.0)
+    flat = TrainingPlan(noise_multiplier=1.3, delta=1e-5, steps=77)
+    np.testing.assert_allclose(plan_rdp(Q, plan), plan_rdp(Q, flat), rtol=1e-13)
+    np.testing.assert_allclose(plan_epsilon(Q, plan)[0], plan_epsilon(Q, flat)[0], rtol=1e-12)
+
+
+def test_round_rdp_is_stable_and_bounded() -> None:
+    step = poisson_gaussian_rdp(np.geomspace(1e-8, 1, 30), 0.5)
+    r = round_rdp(step, 100, 0.3, DEFAULT_ORDERS)
+    assert np.all(np.isfinite(r))
+    assert np.all(r <= 100 * step * (1 + 1e-12))  # λ < 1 never hurts
+    assert np.all(r >= 0)
+    tiny = round_rdp(np.full((1, DEFAULT_ORDERS.size), 1e-300), 1, 0.5, DEFAULT_ORDERS)
+    assert np.all(tiny > 0)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    q=st.floats(1e-4, 0.9),
+    sigma=st.floats(0.6, 5.0),
+    steps=st.integers(1, 50),
+    rounds=st.integers(1, 40),
+    lam=st.floats(0.05, 0.95),
+)
+def test_monotonicity(q, sigma, steps, rounds, lam) -> None:
+    plan = TrainingPlan(sigma, 1e-5, steps, rounds, lam)
+
+    def eps(**kw):
+        p = TrainingPlan(
+            kw.get("sigma", sigma), 1e-5, kw.get("steps", steps), kw.get("rounds", rounds),
+            kw.get("lam", lam),
+        )
+        return float(plan_epsilon([kw.get("q", q)], p)[0][0])
+
+    base = eps()
+    assert eps(q=min(1.0, q * 1.5)) >= base
+    assert eps(steps=steps + 1) >= base
+    assert eps(rounds=rounds + 1) >= base
+    assert eps(lam=min(1.0, lam * 1.2)) >= base
+    assert eps(sigma=sigma * 1.2) <= base
+    # Type I (server, k = T) is never below Type II (third party).
+    server = float(plan_epsilon([q], plan, Adversary.SERVER)[0][0])
+    assert server >= base
+    both = float(plan_epsilon([q], plan, "both")[0][0])
+    assert both == max(server, base)
+
+
+def test_server_participations() -> None:
+    e_k, _ = plan_epsilon([0.05, 0.05], PLAN, "server", participations=[3, 15])
+    e_t, _ = plan_epsilon([0.05], PLAN, "server")
+    assert e_k[0] < e_k[1] == pytest.approx(e_t[0])
+    assert plan_epsilon([0.05], PLAN, "server", participations=0)[0][0] == 0.0
+    with pytest.raises(ValueError, match="participations"):
+        plan_epsilon([0.05], PLAN, "server", participations=16)
+    with pytest.raises(ValueError, match="adversary"):
+        plan_rdp([0.05], PLAN, "both")
+    with pytest.raises(ValueError, match="adversary"):
+        plan_epsilon([0.05], PLAN, "eavesdropper")
+
+
+@pytest.mark.parametrize(
+    "kwargs,field",
+    [
+        ({"noise_multiplier": 0.0}, "noise_multiplier"),
+        ({"delta": 1.0}, "delta"),
+        ({"steps": 0}, "steps"),
+        ({"rounds": 0}, "rounds"),
+        ({"client_rate": 0.0}, "client_rate"),
+        ({"client_rate": float("nan")}, "client_rate"),
+    ],
+)
+def test_plan_validation(kwargs, field) -> None:
+    base = {"noise_multiplier": 1.0, "delta": 1e-5, "steps": 1, "rounds": 2, "client_rate": 0.5}
+    base.update(kwargs)
+    with pytest.raises(ValueError, match=field):
+        TrainingPlan(**base)
+
+
+def test_find_noise_multiplier_meets_target_and_is_minimal() -> None:
+    plan = TrainingPlan(noise_multiplier=1.0, delta=1e-5, steps=1000)
+
+    def eps_of(sigma: float) -> float:
+        p = TrainingPlan(sigma, plan.delta, plan.steps)
+        return float(plan_epsilon([0.01], p)[0][0])
+
+    for target in (0.3, 1.0, 8.0):
+        sigma = find_noise_multiplier(target, eps_of, tol=1e-3)
+        assert eps_of(sigma) <= target
+        assert eps_of(sigma / (1 + 2e-3)) > target
+    with pytest.raises(ValueError, match="target_epsilon"):
+        find_noise_multiplier(-1.0, eps_of)
