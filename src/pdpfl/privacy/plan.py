@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 __all__ = ["TrainingPlan"]
 
@@ -59,6 +59,10 @@ class TrainingPlan:
     def centralized(self) -> bool:
         """True when there are no federated rounds (plain DP-SGD with ``steps`` steps)."""
         return self.rounds is None
+
+    def with_noise(self, noise_multiplier: float) -> TrainingPlan:
+        """The same plan with another noise multiplier σ (e.g. one found by a σ search)."""
+        return replace(self, noise_multiplier=float(noise_multiplier))
 
 
 def _real(value: object, name: str) -> float:
