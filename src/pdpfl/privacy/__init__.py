@@ -7,8 +7,18 @@ Theorem 1), :mod:`~pdpfl.privacy.search` (σ for a target ε). Mechanisms as dat
 Gaussian DP (:mod:`~pdpfl.privacy.gdp`) and group privacy (:mod:`~pdpfl.privacy.group`).
 """
 
+from pdpfl.privacy.accountant import RdpAccountant
 from pdpfl.privacy.adversary import Adversary
 from pdpfl.privacy.conversion import rdp_to_delta, rdp_to_epsilon
+from pdpfl.privacy.gdp import compose_gdp, gaussian_tradeoff, gdp_delta, gdp_epsilon
+from pdpfl.privacy.mechanisms import (
+    Composed,
+    GaussianMechanism,
+    PoissonSampled,
+    Sequence,
+    TwoStageRound,
+    plan_event,
+)
 from pdpfl.privacy.orders import DEFAULT_ORDERS
 from pdpfl.privacy.plan import TrainingPlan
 from pdpfl.privacy.rdp import gaussian_rdp, poisson_gaussian_rdp
@@ -27,4 +37,15 @@ __all__ = [
     "plan_rdp",
     "plan_epsilon",
     "find_noise_multiplier",
+    "GaussianMechanism",
+    "PoissonSampled",
+    "Composed",
+    "TwoStageRound",
+    "Sequence",
+    "plan_event",
+    "RdpAccountant",
+    "gaussian_tradeoff",
+    "gdp_delta",
+    "gdp_epsilon",
+    "compose_gdp",
 ]

@@ -210,8 +210,9 @@ def plan_event(
     if not isinstance(plan, TrainingPlan):
         raise ValueError(f"plan: expected a TrainingPlan, got {type(plan).__name__}")
     q = check_rates(rates)
-    step = PoissonSampled(q if np.ndim(rates) else float(q[0]), GaussianMechanism(
-        plan.noise_multiplier))
+    step = PoissonSampled(
+        q if np.ndim(rates) else float(q[0]), GaussianMechanism(plan.noise_multiplier)
+    )
     if plan.rounds is None:
         if participations is not None:
             raise ValueError("participations: only meaningful for federated plans (rounds set)")
