@@ -26,10 +26,10 @@ lint: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/pdpfl compare examples/digits_demo.yaml --methods rpdp minimum dropout privacy-free --seeds 42
 
+# Each script prints one JSON object; numbers, commands and the machine are in benchmarks/RESULTS.md.
+BENCHMARKS := accounting calibration gdp_mechanisms dpsgd data federated flower
 bench: $(STAMP)
-	$(BIN)/python benchmarks/accounting.py --json
-	$(BIN)/python benchmarks/calibration.py --json
-	$(BIN)/python benchmarks/dpsgd.py --json
+	@for b in $(BENCHMARKS); do echo "== benchmarks/$$b.py"; $(BIN)/python benchmarks/$$b.py --json || exit 1; done
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info src/*.egg-info .pytest_cache

@@ -239,9 +239,18 @@ class LocalFederation:
             proc.wait(timeout=10)
 
     def stop(self) -> None:
-        for proc in [*self.supernodes, self.superlink]:
-            if proc is not None:
-                _stop(proc)
+        """Stop every child (SIGTERM to all process groups at once, then SIGKILL stragglers)."""
+        procs = [p for p in [*self.supernodes, self.superlink] if p is not None]
+        for proc in procs:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 5.0
+        for proc in procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        for proc in procs:
+            _stop(proc, grace_s=1.0)
         for log in self._logs:
             log.close()
         self._logs.clear()
