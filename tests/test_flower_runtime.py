@@ -6,7 +6,6 @@ the end); every wait is bounded. Skipped only when the Flower binaries are not i
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import sys
@@ -48,15 +47,9 @@ def _alive(pid: int) -> bool:
 def _digits_config(tmp_path: Path):
     from pdpfl.config import load_config
 
-    # rPDP-FL when the privacy layer is importable; FedAvg (same loop, same code path) otherwise.
-    try:
-        importlib.import_module("pdpfl.calibrate")
-        algorithm = "rpdp"
-    except ImportError:
-        algorithm = "privacy-free"
     return load_config(
         EXAMPLES / "digits_demo.yaml",
-        ["rounds=3", "data.num_clients=2", f"algorithm.name={algorithm}", "local_steps=5"],
+        ["rounds=3", "data.num_clients=2", "algorithm.name=rpdp", "local_steps=5"],
     )
 
 

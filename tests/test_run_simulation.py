@@ -137,7 +137,7 @@ def test_outputs(tmp_path: Path) -> None:
     lines = read_metrics(tmp_path)
     assert [m["round"] for m in lines] == [0, 1, 2]
     assert set(lines[0]["clients"]) == {"0", "1", "2"}
-    assert "eps_third_party_max" in lines[0]["privacy"]
+    assert {"eps_third_party_max", "eps_server_max"} <= set(lines[0]["privacy"])
     on_disk = json.loads((tmp_path / "summary.json").read_text())
     for key in ("final_accuracy", "last3_mean_accuracy", "per_group", "over_budget", "seconds",
                 "config", "config_hash"):
