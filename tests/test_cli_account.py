@@ -60,3 +60,23 @@ def test_bad_input_exits_2(extra, name) -> None:
     assert res.exit_code == 2
     assert name in res.output
     assert "{" not in res.stdout
+
+
+def test_space_separated_rates_and_orders_keep_input_order() -> None:
+    """The documented form ``--q Q [Q ...]`` works and agrees with repeated ``--q``."""
+    args = ["account", "--sigma", "1.0", "--delta", "1e-5", "--steps", "100", "--json"]
+    spaced = runner.invoke(app, [*args, "--q", "0.2", "0.01", "--orders", "2", "3", "4"])
+    repeated = runner.invoke(
+        app, [*args, "--q", "0.2", "--q", "0.01", "--orders", "2", "--orders", "3", "--orders", "4"]
+    )
+    assert spaced.exit_code == 0, spaced.output
+    a, b = json.loads(spaced.stdout), json.loads(repeated.stdout)
+    assert a["epsilon"] == b["epsilon"] and a["epsilon"][0] > a["epsilon"][1]
+    assert a["mechanism"]["n_orders"] == 3
+
+
+def test_expand_multi_value_only_touches_named_options() -> None:
+    from pdpfl.cli._common import expand_multi_value
+
+    got = expand_multi_value(["--q", "1", "2", "--sigma", "3", "x", "--q=4"], ("--q",))
+    assert got == ["--q", "1", "--q", "2", "--sigma", "3", "x", "--q=4"]

@@ -31,3 +31,35 @@ def _default(obj: Any) -> Any:
     if isinstance(obj, np.ndarray):
         return obj.tolist()
     raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
+
+
+def expand_multi_value(args: list[str], options: tuple[str, ...]) -> list[str]:
+    """Rewrite ``--q 0.1 0.2`` as ``--q 0.1 --q 0.2`` for the given multi-value options.
+
+    Click options take one value per occurrence; the CLI reference promises the familiar
+    ``--opt V [V ...]`` form, so the values following such an option (up to the next token that
+    starts with ``--``) are each given their own occurrence.
+    """
+    out: list[str] = []
+    current: str | None = None
+    for tok in args:
+        if tok.startswith("--"):
+            name = tok.split("=", 1)[0]
+            current = name if name in options and "=" not in tok else None
+            out.append(tok)
+        elif current is not None and out[-1] != current:
+            out.extend([current, tok])
+        else:
+            out.append(tok)
+    return out
+
+
+def multi_value_command(*options: str) -> type:
+    """A Typer command class whose ``options`` accept ``--opt V [V ...]``."""
+    from typer.core import TyperCommand
+
+    class _MultiValueCommand(TyperCommand):
+        def parse_args(self, ctx, args):  # type: ignore[no-untyped-def]
+            return super().parse_args(ctx, expand_multi_value(list(args), options))
+
+    return _MultiValueCommand

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from pdpfl.cli._common import fail, print_json
+from pdpfl.cli._common import fail, multi_value_command, print_json
 
 
 def _floats(values: list[str], name: str) -> list[float]:
@@ -25,7 +25,7 @@ def account(
     sigma: float = typer.Option(..., "--sigma", help="Noise multiplier σ > 0."),
     delta: float = typer.Option(..., "--delta", help="Target δ in (0, 1)."),
     q: list[str] = typer.Option(
-        None, "--q", help="Sampling rate(s) in [0, 1]; repeat --q or give a comma list."
+        None, "--q", help="Sampling rate(s) in [0, 1]: --q 0.01 0.1, a comma list, or repeated --q."
     ),
     q_file: Path | None = typer.Option(None, "--q-file", help="A .npy file of sampling rates."),
     steps: int = typer.Option(1, "--steps", help="τ: local steps per round (total if no --rounds)."),
@@ -120,4 +120,4 @@ def account(
 
 def register(app: typer.Typer) -> None:
     """Add ``pdpfl account`` to the main app."""
-    app.command("account")(account)
+    app.command("account", cls=multi_value_command("--q", "--orders"))(account)

@@ -104,9 +104,13 @@ def run_command(
     if not resume and (out_dir / "checkpoint.pkl").exists():
         fail(f"--out: {out_dir} already holds a run; pass --resume or choose another folder")
     if config.runtime == "flower":
-        from pdpfl.runtime.flower import run_flower  # lazy: flwr is optional
+        from pdpfl.runtime.flower import FlowerRunError, run_flower  # lazy: flwr is optional
 
-        summary = run_flower(config, out_dir, resume)
+        try:
+            summary = run_flower(config, out_dir, resume)
+        except FlowerRunError as err:  # a runtime failure, not bad input: exit 1, no traceback
+            typer.echo(f"error: Flower federation failed: {err} (logs in {out_dir / 'flower'})", err=True)
+            raise typer.Exit(code=1) from err
     else:
         summary = _simulate(config, out_dir, resume, progress=not (quiet or as_json))
     if as_json:
