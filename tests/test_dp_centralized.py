@@ -164,3 +164,36 @@ def test_squared_norm_budgets_formula_and_errors():
         squared_norm_budgets([0.1], delta=delta, noise_multiplier=sigma, max_grad_norm=C, alpha=2)
     with pytest.raises(ValueError, match="alpha"):
         squared_norm_budgets([5.0], delta=delta, noise_multiplier=sigma, max_grad_norm=C, alpha=1)
+
+
+def test_rpdp_sgd_with_the_certified_calibrator_honours_every_budget():
+    """Centralized rPDP-SGD wired to the real calibrator: every record's exact ε ≤ its budget."""
+    from pdpfl.calibrate import calibrate
+    from pdpfl.privacy import TrainingPlan, plan_epsilon
+
+    x, y = _blobs(400, seed=4)
+    xt, yt = _blobs(200, seed=5)
+    budgets = np.where(np.arange(400) % 10 < 7, 0.5, 3.0)
+    plan = TrainingPlan(noise_multiplier=1.0, delta=1e-5, steps=40)  # centralized: 40 steps
+
+    def calibrator(eps: np.ndarray) -> np.ndarray:
+        return calibrate(eps, plan).rates
+
+    res = train_rpdp_sgd(
+        create_model("logreg", (5,), 3),
+        (x, y),
+        (xt, yt),
+        budgets=budgets,
+        calibrator=calibrator,
+        noise_multiplier=plan.noise_multiplier,
+        max_grad_norm=1.0,
+        steps=plan.steps,
+        lr=0.5,
+        seed=7,
+    )
+    rates = calibrator(budgets)
+    eps, _ = plan_epsilon(rates, plan)
+    assert np.all(eps <= budgets)
+    assert rates[budgets == 3.0].min() > rates[budgets == 0.5].max()  # bigger budget, larger q
+    assert res.expected_batch_size == pytest.approx(float(rates.sum()))
+    assert res.test["accuracy"] > 0.6
