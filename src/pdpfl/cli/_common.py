@@ -63,3 +63,32 @@ def multi_value_command(*options: str) -> type:
             return super().parse_args(ctx, expand_multi_value(list(args), options))
 
     return _MultiValueCommand
+
+
+#: TrainingPlan field → the CLI option that sets it (for error messages).
+_PLAN_OPTIONS = {
+    "noise_multiplier": "--sigma",
+    "delta": "--delta",
+    "steps": "--steps",
+    "rounds": "--rounds",
+    "client_rate": "--client-rate",
+}
+
+
+def plan_from_options(
+    *, sigma: float, delta: float, steps: int, rounds: int | None, client_rate: float
+) -> Any:
+    """Build the :class:`~pdpfl.privacy.plan.TrainingPlan` from CLI options.
+
+    The plan validates itself; its error (which names the field) is re-worded with the CLI
+    option's name and exits with code 2, so every command reports bad plans the same way.
+    """
+    from pdpfl.privacy.plan import TrainingPlan
+
+    try:
+        return TrainingPlan(
+            noise_multiplier=sigma, delta=delta, steps=steps, rounds=rounds, client_rate=client_rate
+        )
+    except ValueError as exc:
+        field, _, rest = str(exc).partition(":")
+        fail(f"{_PLAN_OPTIONS.get(field, field)}:{rest}")

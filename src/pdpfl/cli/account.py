@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from pdpfl.cli._common import fail, multi_value_command, print_json
+from pdpfl.cli._common import fail, multi_value_command, plan_from_options, print_json
 
 
 def _floats(values: list[str], name: str) -> list[float]:
@@ -43,19 +43,11 @@ def account(
 
     from pdpfl.privacy.adversary import as_adversary
     from pdpfl.privacy.orders import DEFAULT_ORDERS, check_orders
-    from pdpfl.privacy.plan import TrainingPlan
     from pdpfl.privacy.two_stage import plan_epsilon
 
-    if not (math.isfinite(sigma) and sigma > 0):
-        fail(f"--sigma: must be a finite number > 0, got {sigma}")
-    if not (0.0 < delta < 1.0):
-        fail(f"--delta: must be in (0, 1), got {delta}")
-    if steps < 1:
-        fail(f"--steps: must be >= 1, got {steps}")
-    if rounds is not None and rounds < 1:
-        fail(f"--rounds: must be >= 1, got {rounds}")
-    if not (0.0 < client_rate <= 1.0):
-        fail(f"--client-rate: must be in (0, 1], got {client_rate}")
+    plan = plan_from_options(
+        sigma=sigma, delta=delta, steps=steps, rounds=rounds, client_rate=client_rate
+    )
     if bool(q) == (q_file is not None):
         fail("--q / --q-file: give exactly one of them")
     if q:
@@ -82,9 +74,6 @@ def account(
         a = check_orders(_floats(orders, "--orders")) if orders else DEFAULT_ORDERS
     except ValueError:
         fail("--orders: every Rényi order must be a finite number > 1")
-    plan = TrainingPlan(
-        noise_multiplier=sigma, delta=delta, steps=steps, rounds=rounds, client_rate=client_rate
-    )
     eps, order = plan_epsilon(rates, plan, adv, participations, a)
     mechanism = {
         "type": "dp-sgd" if rounds is None else "rpdp-fl-two-stage",

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import typer
 
-from pdpfl.cli._common import fail, print_json
+from pdpfl.cli._common import fail, plan_from_options, print_json
 
 
 def register(app: typer.Typer) -> None:
@@ -58,7 +58,6 @@ def calibrate_command(
     from pdpfl.budgets import assign_budgets, load_budgets, make_scenario
     from pdpfl.calibrate import calibrate, noise_for_max_budget
     from pdpfl.io import save_npy
-    from pdpfl.privacy.plan import TrainingPlan
     from pdpfl.seeding import numpy_generator
 
     if (budgets is None) == (scenario is None):
@@ -67,16 +66,14 @@ def calibrate_command(
         fail("give exactly one of --sigma S or --epsilon-max E")
     if out is not None and out.suffix.lower() != ".npy":
         fail(f"--out: rates are written as .npy, got {out.name!r}")
-    if not (0 < delta < 1):
-        fail(f"--delta: must be in (0, 1), got {delta}")
-    if steps < 1:
-        fail(f"--steps: must be >= 1, got {steps}")
-    if rounds is not None and rounds < 1:
-        fail(f"--rounds: must be >= 1 (omit it for a centralized plan), got {rounds}")
-    if not (0 < client_rate <= 1):
-        fail(f"--client-rate: must be in (0, 1], got {client_rate}")
-    if sigma is not None and not (np.isfinite(sigma) and sigma > 0):
-        fail(f"--sigma: must be a finite number > 0, got {sigma}")
+    # σ is searched when --epsilon-max is given: validate the rest of the plan with σ = 1.
+    plan = plan_from_options(
+        sigma=1.0 if sigma is None else sigma,
+        delta=delta,
+        steps=steps,
+        rounds=rounds,
+        client_rate=client_rate,
+    )
     if epsilon_max is not None and not (np.isfinite(epsilon_max) and epsilon_max > 0):
         fail(f"--epsilon-max: must be a finite ε > 0, got {epsilon_max}")
 
@@ -91,18 +88,8 @@ def calibrate_command(
         fail(f"--budgets: {exc}" if budgets is not None else f"--scenario: {exc}")
 
     try:
-        plan = TrainingPlan(
-            noise_multiplier=float(sigma if sigma is not None else 1.0),
-            delta=delta,
-            steps=steps,
-            rounds=rounds,
-            client_rate=client_rate,
-        )
         if epsilon_max is not None:
-            s = noise_for_max_budget(epsilon_max, plan, adversary)
-            plan = TrainingPlan(
-                noise_multiplier=s, delta=delta, steps=steps, rounds=rounds, client_rate=client_rate
-            )
+            plan = plan.with_noise(noise_for_max_budget(epsilon_max, plan, adversary))
         result = calibrate(eps, plan, method, adversary, allow_exclusion=allow_exclusion)
     except ValueError as exc:
         fail(str(exc))

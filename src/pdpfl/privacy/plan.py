@@ -45,7 +45,7 @@ class TrainingPlan:
             raise ValueError(f"steps: must be an integer >= 1, got {steps}")
         rounds = None if self.rounds is None else _int(self.rounds, "rounds")
         if rounds is not None and rounds < 1:
-            raise ValueError(f"rounds: must be an integer >= 1 or None, got {rounds}")
+            raise ValueError(f"rounds: must be an integer >= 1 (none: centralized DP-SGD), got {rounds}")
         lam = _real(self.client_rate, "client_rate")
         if not (0.0 < lam <= 1.0):
             raise ValueError(f"client_rate: must be in (0, 1], got {lam}")
