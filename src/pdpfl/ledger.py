@@ -33,7 +33,7 @@ import numpy as np
 
 from pdpfl.budgets import validate_budgets
 from pdpfl.io import save_npz
-from pdpfl.privacy.adversary import Adversary
+from pdpfl.privacy.adversary import Adversary, as_adversary
 from pdpfl.privacy.conversion import rdp_to_epsilon
 from pdpfl.privacy.orders import DEFAULT_ORDERS
 from pdpfl.privacy.plan import TrainingPlan
@@ -47,13 +47,6 @@ _CHUNK = 65_536
 #: Summaries group by budget value when there are at most this many distinct budgets.
 _MAX_BUDGET_GROUPS = 32
 
-
-def _adversary(adversary: str | Adversary) -> Adversary:
-    try:
-        return Adversary(adversary)
-    except ValueError:
-        allowed = ", ".join(a.value for a in Adversary)
-        raise ValueError(f"adversary: {adversary!r} is not one of {allowed}") from None
 
 
 def _mask(mask: object, n: int, name: str) -> np.ndarray:
@@ -168,7 +161,7 @@ class PrivacyLedger:
 
     def spent_epsilon(self, adversary: str = "third-party") -> np.ndarray:
         """ε spent so far by each unit (``both`` = the larger of the two adversaries)."""
-        return self._spent(_adversary(adversary))
+        return self._spent(as_adversary(adversary))
 
     def would_exceed(self, mask: np.ndarray | None = None, adversary: str = "both") -> np.ndarray:
         """Pre-check for the next round: True where taking part would overspend the budget.
@@ -177,7 +170,7 @@ class PrivacyLedger:
         next round; others are reported False. The server side assumes the unit's client
         participates (worst case).
         """
-        adv = _adversary(adversary)
+        adv = as_adversary(adversary)
         exceed = self._spent(adv, extra=1) > self.budgets
         if mask is not None:
             exceed &= _mask(mask, self.n, "mask")

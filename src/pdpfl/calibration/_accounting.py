@@ -11,7 +11,10 @@ from typing import Any
 
 import numpy as np
 
-from pdpfl.privacy.adversary import Adversary
+from pdpfl.privacy.adversary import (
+    Adversary,
+    as_adversary,  # re-exported for the calibrators
+)
 from pdpfl.privacy.orders import DEFAULT_ORDERS
 from pdpfl.privacy.plan import TrainingPlan
 from pdpfl.privacy.two_stage import plan_epsilon
@@ -23,14 +26,6 @@ SAFETY_MARGIN = 1e-10
 #: Rates evaluated per accountant call (bounds memory at CHUNK × n_orders floats).
 CHUNK = 65_536
 
-
-def as_adversary(adversary: str | Adversary) -> Adversary:
-    """Parse an adversary name (``third-party`` | ``server`` | ``both``) with a clear error."""
-    try:
-        return Adversary(adversary)
-    except ValueError:
-        allowed = ", ".join(a.value for a in Adversary)
-        raise ValueError(f"adversary: {adversary!r} is not one of {allowed}") from None
 
 
 def exact_epsilon(
@@ -59,7 +54,3 @@ def plan_to_dict(plan: TrainingPlan) -> dict[str, Any]:
 def plan_from_dict(d: dict[str, Any]) -> TrainingPlan:
     return TrainingPlan(**d)
 
-
-def with_sigma(plan: TrainingPlan, sigma: float) -> TrainingPlan:
-    """The same plan with another noise multiplier."""
-    return dataclasses.replace(plan, noise_multiplier=float(sigma))

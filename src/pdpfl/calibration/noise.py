@@ -20,7 +20,7 @@ import math
 
 import numpy as np
 
-from pdpfl.calibration._accounting import as_adversary, exact_epsilon, with_sigma
+from pdpfl.calibration._accounting import as_adversary, exact_epsilon
 from pdpfl.calibration.binary_search import bisect_rates
 from pdpfl.privacy.plan import TrainingPlan
 from pdpfl.privacy.search import find_noise_multiplier
@@ -49,7 +49,7 @@ def noise_for_uniform_rate(
     adv = as_adversary(adversary).value
 
     def eps_of_sigma(sigma: float) -> float:
-        return float(exact_epsilon(q, with_sigma(plan, sigma), adv)[0])
+        return float(exact_epsilon(q, plan.with_noise(sigma), adv)[0])
 
     sigma = float(find_noise_multiplier(eps_target, eps_of_sigma, tol=1e-4))
     # Never return a σ that overspends, whatever the search's stopping rule.
@@ -115,7 +115,7 @@ def group_sampling_rates(
 
     def rates_at(sigma: float) -> np.ndarray:
         if sigma not in cache:
-            p = with_sigma(plan, sigma)
+            p = plan.with_noise(sigma)
             cache[sigma] = bisect_rates(eps, lambda q: exact_epsilon(q, p, adv), q_tol=q_tol)
         return cache[sigma]
 
