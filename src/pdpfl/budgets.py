@@ -51,6 +51,7 @@ __all__ = [
     "assign_budgets",
     "load_budgets",
     "validate_budgets",
+    "public_statistics",
 ]
 
 
@@ -391,6 +392,54 @@ SCENARIOS = {
     "per-label": _per_label,
     "uniform": _tuples(Uniform),
 }
+
+
+def public_statistics(scenario: BudgetScenario) -> tuple[float | None, float | None]:
+    """``(minimum, mean)`` of a scenario's budget *distribution*, from its public parameters.
+
+    These are properties of the configured scenario, not of any silo's realized budgets, so a
+    server may use them without learning anything about the records: the Minimum baseline's
+    ε_min (a lower bound of every budget the scenario can produce) and the Dropout baseline's
+    ε_mod (the scenario's expected budget). ``None`` where the scenario does not determine the
+    value (e.g. the mean of data-dependent :class:`PerLabel` budgets).
+    """
+    from scipy import stats
+
+    if isinstance(scenario, ThreeLevels | UserStudyGroups):
+        p = _probabilities(scenario.ratios, "ratios")
+        v = _positive_values(scenario.values, "values")
+        return float(v[p > 0].min()), float(np.dot(p, v))
+    if isinstance(scenario, Uniform):
+        return float(scenario.value), float(scenario.value)
+    if isinstance(scenario, Strict):
+        v = float(_positive_values(scenario.values, "values").min())
+        return v, v
+    if isinstance(scenario, Relaxed):
+        v = float(_positive_values(scenario.values, "values").max())
+        return v, v
+    if isinstance(scenario, BoundedPareto):
+        lo, hi, a = float(scenario.lower), float(scenario.upper), float(scenario.shape)
+        u = hi / lo - 1.0  # E[min(lower·(1+X), upper)] = lower·(1 + ∫_0^u (1+x)^-a dx)
+        integral = math.log1p(u) if a == 1.0 else ((1.0 + u) ** (1.0 - a) - 1.0) / (1.0 - a)
+        return lo, lo * (1.0 + integral)
+    if isinstance(scenario, BoundedMixGauss):
+        lo, hi = (float(b) for b in scenario.bounds)
+        p = _probabilities(scenario.weights, "weights")
+        mean = 0.0
+        for w, m, var in zip(p, scenario.means, scenario.variances, strict=True):
+            s = math.sqrt(float(var))
+            if s == 0.0:
+                mean += w * min(max(float(m), lo), hi)
+                continue
+            a, b = (lo - m) / s, (hi - m) / s
+            inside = m * (stats.norm.cdf(b) - stats.norm.cdf(a)) + s * (
+                stats.norm.pdf(a) - stats.norm.pdf(b)
+            )
+            mean += w * (lo * stats.norm.cdf(a) + inside + hi * stats.norm.sf(b))
+        return lo, float(mean)
+    if isinstance(scenario, PerLabel):
+        return float(min(float(v) for v in scenario.budget_by_label.values())), None
+    return None, None
 
 
 def make_scenario(name: str, **params: object) -> BudgetScenario:

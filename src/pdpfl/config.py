@@ -15,13 +15,20 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    create_model,
+    field_validator,
+    model_validator,
+)
 
-ALGORITHMS = ("rpdp", "minimum", "dropout", "privacy-free", "uniform", "centralized")
-AlgorithmName = Literal["rpdp", "minimum", "dropout", "privacy-free", "uniform", "centralized"]
+from pdpfl.fl.registry import AlgorithmConfig, algorithm_specs
 
 
 class ConfigError(ValueError):
@@ -45,29 +52,29 @@ class DataConfig(_Section):
     partition_params: dict[str, Any] = Field(default_factory=dict)
     data_dir: str | None = None
     options: dict[str, Any] = Field(default_factory=dict)
+    public_silo_sizes: bool = Field(
+        False,
+        description="declare the silos' training-set sizes public (needed to weight updates "
+        "by silo size under DP); by default sizes never leave a silo",
+    )
 
 
 class ModelConfig(_Section):
-    name: Literal["logreg", "mlp", "mnist-cnn", "resnet18-gn"] = "logreg"
+    """The model: any name registered with :func:`pdpfl.models.register_model`."""
 
-
-class AlgorithmConfig(_Section):
-    """Which algorithm runs, and the knobs that only baselines use.
-
-    ``minimum``/``dropout``/``uniform`` are uniform DP-FedAvg: by default they use the same σ
-    as rPDP-FL and give every (kept) record the rate q = F(ε) of the published estimator; with
-    ``sampling_rate`` set they instead use that fixed q and calibrate σ for ε.
-    """
-
-    name: AlgorithmName = "rpdp"
-    epsilon: float | None = Field(
-        None, gt=0, description="uniform ε (uniform); overrides ε_min/ε_mod for minimum/dropout"
+    name: str = "logreg"
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="keyword arguments of the registered model builder"
     )
-    sampling_rate: float | None = Field(
-        None, gt=0, le=1, description="fixed record rate q for the uniform baselines"
-    )
-    weighting: Literal["uniform", "num_examples"] = "uniform"
-    server_lr: float = Field(1.0, gt=0)
+
+    @field_validator("name")
+    @classmethod
+    def _registered(cls, value: str) -> str:
+        from pdpfl.models import MODELS
+
+        if value not in MODELS:
+            raise ValueError(f"unknown model {value!r}; registered: {', '.join(sorted(MODELS))}")
+        return value
 
 
 class BudgetsConfig(_Section):
@@ -84,9 +91,17 @@ class PrivacyConfig(_Section):
     noise_multiplier: float | None = Field(None, gt=0)
     epsilon_max: float | None = Field(None, gt=0)
     delta: float = Field(1e-5, gt=0, lt=1)
-    adversary: Literal["third-party", "server", "both"] = "third-party"
+    adversary: Literal["third-party", "server", "both"] = Field(
+        "both",
+        description="observer(s) the budgets are enforced against: the coordinating server "
+        "(sees who took part), third parties (see the models), or both (default)",
+    )
     calibration: Literal["certified", "scf", "binary-search"] = "certified"
-    allow_exclusion: bool = True
+    allow_exclusion: bool = Field(
+        False,
+        description="give q = 0 to records whose budget is below the smallest achievable ε "
+        "(counted in the headline) instead of refusing the run",
+    )
 
 
 class TrainingConfig(_Section):
@@ -98,10 +113,35 @@ class TrainingConfig(_Section):
     lr: float = Field(0.1, gt=0)
     momentum: float = Field(0.0, ge=0, lt=1)
     weight_decay: float = Field(0.0, ge=0)
-    batch_size: int | None = Field(
-        None, ge=1, description="expected batch size of the privacy-free baseline (q = B/n)"
+    batch_size: float | list[float] | None = Field(
+        None,
+        description="the public expected batch size B (one value, or one per silo): under DP "
+        "each step's noisy sum is divided by this constant, never by a count computed from "
+        "private data; the privacy-free baseline samples at rate B/n",
     )
     physical_batch_size: int = Field(512, ge=1)
+
+    @field_validator("batch_size")
+    @classmethod
+    def _positive(cls, value: float | list[float] | None) -> float | list[float] | None:
+        values = value if isinstance(value, list) else [value] if value is not None else []
+        if isinstance(value, list) and not value:
+            raise ValueError("expected a number > 0 or a non-empty list (one per silo)")
+        for v in values:
+            if not (v > 0 and v < float("inf")):
+                raise ValueError(f"every batch size must be a finite number > 0, got {v}")
+        return value
+
+    def batch_size_for(self, client_id: int) -> float | None:
+        """The public expected batch size B of silo ``client_id`` (None if not configured)."""
+        b = self.batch_size
+        if isinstance(b, list):
+            if not 0 <= client_id < len(b):
+                raise ValueError(
+                    f"training.batch_size: {len(b)} values given but silo {client_id} exists"
+                )
+            return float(b[client_id])
+        return None if b is None else float(b)
 
 
 class ExperimentConfig(_Section):
@@ -110,6 +150,15 @@ class ExperimentConfig(_Section):
     name: str = "experiment"
     seed: int = Field(42, ge=0, lt=2**63)
     runtime: Literal["simulation", "flower"] = "simulation"
+    randomness: Literal["secure", "reproducible"] = Field(
+        "secure",
+        description="secure: noise and sampling coins from a CSPRNG with a fresh secret key per "
+        "party (default); reproducible: derived from the seed -- no guarantee against anyone "
+        "who knows the seed (research and tests only)",
+    )
+    aggregation: Literal["plain"] = Field(
+        "plain", description="how the silos' contributions are summed (see pdpfl.fl.aggregation)"
+    )
     output_dir: str = "runs/experiment"
     threads: int | None = Field(
         None, ge=1, le=256, description="torch intra-op threads while training (1 is fastest "
@@ -117,33 +166,67 @@ class ExperimentConfig(_Section):
     )
     data: DataConfig
     model: ModelConfig = Field(default_factory=ModelConfig)
-    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    algorithm: AlgorithmConfig = Field(default_factory=lambda: _default_algorithm())
     budgets: BudgetsConfig = Field(default_factory=BudgetsConfig)
     privacy: PrivacyConfig = Field(default_factory=PrivacyConfig)
     training: TrainingConfig
 
     @model_validator(mode="after")
-    def _privacy_source(self) -> ExperimentConfig:
-        private = self.algorithm.name != "privacy-free"
-        if private and self.privacy.noise_multiplier is None and self.privacy.epsilon_max is None:
-            raise ValueError(
-                "privacy: set privacy.noise_multiplier (σ) or privacy.epsilon_max "
-                "(σ such that q = 1 spends ε_max)"
-            )
-        if self.privacy.noise_multiplier is not None and self.privacy.epsilon_max is not None:
-            raise ValueError(
-                "privacy: set only one of privacy.noise_multiplier and privacy.epsilon_max"
-            )
-        if self.algorithm.name == "uniform" and self.algorithm.epsilon is None:
-            raise ValueError("algorithm.epsilon: required when algorithm.name is 'uniform'")
+    def _cross_checks(self) -> ExperimentConfig:
+        problems = list(self.algorithm.check(self))
+        if problems:
+            raise ValueError("; ".join(problems))
         return self
+
+    @property
+    def reproducible(self) -> bool:
+        """True in the research mode where noise and coins derive from the seed."""
+        return self.randomness == "reproducible"
+
+
+def _default_algorithm() -> AlgorithmConfig:
+    from pdpfl.fl.registry import get_algorithm
+
+    return get_algorithm("rpdp").config()
+
+
+#: The experiment-config model built over the registered algorithms (rebuilt on registration).
+_MODEL_CACHE: dict[str, type[ExperimentConfig]] = {}
+
+
+def experiment_model() -> type[ExperimentConfig]:
+    """:class:`ExperimentConfig` whose ``algorithm`` is a discriminated union on ``name``."""
+    model = _MODEL_CACHE.get("model")
+    if model is None:
+        classes = tuple(spec.config for spec in algorithm_specs())
+        union = classes[0] if len(classes) == 1 else Union[classes]  # noqa: UP007
+        model = create_model(
+            "ExperimentConfig",
+            __base__=ExperimentConfig,
+            algorithm=(
+                Annotated[union, Field(discriminator="name")],
+                Field(default_factory=_default_algorithm),
+            ),
+        )
+        _MODEL_CACHE["model"] = model
+    return model
 
 
 def _format_errors(err: ValidationError) -> list[str]:
     problems = []
+    names = {spec.name for spec in algorithm_specs()}
     for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"])
+        parts = [str(p) for p in e["loc"]]
+        if len(parts) >= 2 and parts[0] == "algorithm" and parts[1] in names:
+            parts = [parts[0], *parts[2:]]  # drop the union tag: algorithm.<name>.x -> algorithm.x
+        loc = ".".join(parts)
         msg = e["msg"]
+        if e["type"] == "union_tag_invalid":
+            msg = (
+                f"unknown algorithm {e['input'].get('name')!r}; registered: "
+                + ", ".join(sorted(names))
+            ) if isinstance(e.get("input"), dict) else msg
+            loc = "algorithm.name"
         if e["type"] == "extra_forbidden":
             msg = "unknown key"
         if msg.startswith("Value error, "):
@@ -160,7 +243,11 @@ def _leaf_index() -> dict[str, list[str]]:
     index: dict[str, list[str]] = {}
     for section, field in ExperimentConfig.model_fields.items():
         ann = field.annotation
-        if isinstance(ann, type) and issubclass(ann, BaseModel):
+        if section == "algorithm":
+            leaves = dict.fromkeys(f for spec in algorithm_specs() for f in spec.config.model_fields)
+            for leaf in leaves:
+                index.setdefault(leaf, []).append(f"algorithm.{leaf}")
+        elif isinstance(ann, type) and issubclass(ann, BaseModel):
             for leaf in ann.model_fields:
                 index.setdefault(leaf, []).append(f"{section}.{leaf}")
         else:
@@ -214,7 +301,7 @@ def config_from_dict(raw: Any, overrides: list[str] | None = None) -> Experiment
         raise ConfigError(["config: expected a mapping of sections (data, training, ...)"])
     raw = apply_overrides(raw, list(overrides or []))
     try:
-        return ExperimentConfig.model_validate(raw)
+        return experiment_model().model_validate(raw)
     except ValidationError as err:
         raise ConfigError(_format_errors(err)) from None
 

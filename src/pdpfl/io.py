@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import os
 import tempfile
 from collections.abc import Iterator
@@ -56,3 +57,73 @@ def save_npz(path: str | os.PathLike[str], **arrays: np.ndarray) -> None:
     buf = io.BytesIO()
     np.savez(buf, **{k: np.asarray(v) for k, v in arrays.items()})
     write_bytes(path, buf.getvalue())
+
+
+# --------------------------------------------------------------------------- state files
+
+def encode_state(state: Any) -> bytes:
+    """Serialise nested dicts/lists of scalars, NumPy arrays and torch tensors, without pickle.
+
+    Dictionary keys keep their type (``int`` or ``str``); tuples come back as lists.
+    """
+    arrays: dict[str, np.ndarray] = {}
+
+    def walk(obj: Any) -> Any:
+        if isinstance(obj, dict):
+            return {"__dict__": [[k, walk(v)] for k, v in obj.items()]}
+        if isinstance(obj, list | tuple):
+            return [walk(v) for v in obj]
+        if isinstance(obj, np.ndarray):
+            key = f"a{len(arrays)}"
+            arrays[key] = obj
+            return {"__array__": key}
+        if type(obj).__module__ == "torch" and type(obj).__name__ == "Tensor":
+            key = f"a{len(arrays)}"
+            arrays[key] = obj.detach().cpu().numpy()
+            return {"__tensor__": key}
+        if isinstance(obj, np.generic):
+            obj = obj.item()
+        if isinstance(obj, float) and not math.isfinite(obj):
+            return {"__float__": repr(obj)}
+        if obj is None or isinstance(obj, bool | int | float | str):
+            return obj
+        raise TypeError(f"cannot store a {type(obj).__name__} in a silo state file")
+
+    skeleton = json.dumps(walk(state)).encode("utf-8")
+    buf = io.BytesIO()
+    np.savez(buf, __skeleton__=np.frombuffer(skeleton, dtype=np.uint8), **arrays)
+    return buf.getvalue()
+
+
+def decode_state(data: bytes) -> Any:
+    """Inverse of :func:`encode_state`; a truncated or tampered file raises ``ValueError``.
+
+    Nothing in the file is executed: arrays are read with ``allow_pickle=False`` and the rest is
+    JSON.
+    """
+    try:
+        with np.load(io.BytesIO(data), allow_pickle=False) as npz:
+            arrays = {k: npz[k] for k in npz.files}
+        skeleton = json.loads(arrays.pop("__skeleton__").tobytes().decode("utf-8"))
+    except Exception as exc:  # zipfile/JSON/unicode/pickle-refusal errors alike
+        raise ValueError(f"not a valid pdpfl state file ({type(exc).__name__}: {exc})") from None
+
+    def walk(obj: Any) -> Any:
+        if isinstance(obj, list):
+            return [walk(v) for v in obj]
+        if isinstance(obj, dict):
+            if "__dict__" in obj:
+                return {k: walk(v) for k, v in obj["__dict__"]}
+            if "__array__" in obj:
+                if obj["__array__"] not in arrays:
+                    raise ValueError("not a valid pdpfl state file (missing array)")
+                return arrays[obj["__array__"]]
+            if "__tensor__" in obj:
+                import torch
+
+                return torch.from_numpy(arrays[obj["__tensor__"]].copy())
+            if "__float__" in obj:
+                return float(obj["__float__"])
+        return obj
+
+    return walk(skeleton)

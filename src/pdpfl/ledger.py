@@ -39,6 +39,7 @@ from pdpfl.privacy.orders import DEFAULT_ORDERS
 from pdpfl.privacy.plan import TrainingPlan
 from pdpfl.privacy.rdp import poisson_gaussian_rdp
 from pdpfl.privacy.two_stage import round_rdp
+from pdpfl.privacy.unit import SampledGaussianPlan
 
 __all__ = ["PrivacyLedger"]
 
@@ -77,10 +78,13 @@ class PrivacyLedger:
         self,
         budgets: np.ndarray,
         rates: np.ndarray,
-        plan: TrainingPlan,
+        plan: TrainingPlan | SampledGaussianPlan,
         orders: np.ndarray = DEFAULT_ORDERS,
         groups: np.ndarray | None = None,
     ) -> None:
+        self.mechanism = plan
+        if isinstance(plan, SampledGaussianPlan):
+            plan = plan.as_training_plan()
         self.budgets = validate_budgets(budgets)
         n = self.budgets.size
         q = np.asarray(rates, dtype=np.float64)
@@ -141,11 +145,26 @@ class PrivacyLedger:
         out[live] = eps[inv.reshape(-1)]
         return out
 
+    @property
+    def unit(self) -> str:
+        return str(getattr(self.mechanism.unit, "value", self.mechanism.unit))
+
+    @property
+    def observers(self) -> tuple[str, ...]:
+        """Observers this ledger accounts against (from the mechanism description)."""
+        return tuple(self.mechanism.observers)
+
     def _spent(self, adversary: Adversary, extra: int = 0) -> np.ndarray:
         tp = srv = None
-        if adversary.value in ("third-party", "both"):
+        wanted = ("third-party", "server") if adversary.value == "both" else (adversary.value,)
+        if not set(wanted) & set(self.observers):
+            raise ValueError(
+                f"adversary: this {self.unit}-level ledger accounts against "
+                f"{', '.join(self.observers)}, not {adversary.value}"
+            )
+        if "third-party" in wanted and "third-party" in self.observers:
             tp = self._epsilon(self.rate_index, self.third_party_rounds + extra, self._tp_row)
-        if adversary.value in ("server", "both"):
+        if "server" in wanted and "server" in self.observers:
             srv = self._epsilon(self.rate_index, self.server_rounds + extra, self._server_row)
         if tp is None:
             return srv
@@ -190,8 +209,9 @@ class PrivacyLedger:
 
     def summary(self) -> dict[str, Any]:
         """Per-group max spent vs budget, utilization quantiles, count of stopped units."""
-        tp = self.spent_epsilon("third-party")
-        srv = self.spent_epsilon("server")
+        zero = np.zeros(self.n)
+        tp = self.spent_epsilon("third-party") if "third-party" in self.observers else zero
+        srv = self.spent_epsilon("server") if "server" in self.observers else zero
         worst = np.maximum(tp, srv)
         util = worst / self.budgets
         stopped = self.sat_out_rounds > 0
@@ -234,11 +254,40 @@ class PrivacyLedger:
 
     # ------------------------------------------------------------------ persistence
 
+    def state_dict(self) -> dict[str, Any]:
+        """The counters (integers) that, with the same budgets, rates and plan, resume exactly."""
+        return {
+            "third_party_rounds": self.third_party_rounds.copy(),
+            "server_rounds": self.server_rounds.copy(),
+            "sat_out_rounds": self.sat_out_rounds.copy(),
+            "rounds_recorded": int(self.rounds_recorded),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for key in ("third_party_rounds", "server_rounds", "sat_out_rounds"):
+            arr = np.asarray(state[key], dtype=np.int64)
+            if arr.shape != (self.n,) or np.any(arr < 0):
+                raise ValueError(f"ledger state: {key} must be {self.n} non-negative integers")
+            setattr(self, key, arr.copy())
+        self.rounds_recorded = int(state["rounds_recorded"])
+
     def save(self, path: str | Path) -> None:
         """Write the full state atomically (``.npz``); :meth:`load` resumes exactly."""
         meta = {
             "format": _FORMAT,
             "plan": {k: v for k, v in dataclasses.asdict(self.plan).items()},
+            "mechanism": (
+                {
+                    "kind": "sampled-gaussian",
+                    "unit": self.unit,
+                    "noise_multiplier": self.mechanism.noise_multiplier,
+                    "delta": self.mechanism.delta,
+                    "rounds": self.mechanism.rounds,
+                    "observers": list(self.mechanism.observers),
+                }
+                if isinstance(self.mechanism, SampledGaussianPlan)
+                else {"kind": "training-plan"}
+            ),
             "rounds_recorded": self.rounds_recorded,
         }
         arrays: dict[str, np.ndarray] = {
@@ -264,7 +313,7 @@ class PrivacyLedger:
             ledger = cls(
                 z["budgets"],
                 z["rates"],
-                TrainingPlan(**meta["plan"]),
+                _mechanism_from_meta(meta),
                 orders=z["orders"],
                 groups=z["groups"] if "groups" in z.files else None,
             )
@@ -273,3 +322,16 @@ class PrivacyLedger:
             ledger.sat_out_rounds = z["sat_out_rounds"].astype(np.int64)
         ledger.rounds_recorded = int(meta["rounds_recorded"])
         return ledger
+
+
+def _mechanism_from_meta(meta: dict[str, Any]) -> TrainingPlan | SampledGaussianPlan:
+    mech = meta.get("mechanism") or {"kind": "training-plan"}
+    if mech.get("kind") == "sampled-gaussian":
+        return SampledGaussianPlan(
+            mech["unit"],
+            float(mech["noise_multiplier"]),
+            float(mech["delta"]),
+            int(mech["rounds"]),
+            tuple(mech["observers"]),
+        )
+    return TrainingPlan(**meta["plan"])

@@ -38,6 +38,7 @@ __all__ = [
     "num_parameters",
     "predict",
     "register_model",
+    "trainable_parameters",
     "set_params",
 ]
 
@@ -212,18 +213,31 @@ def predict(outputs: Tensor) -> Tensor:
     return outputs.argmax(dim=1)
 
 
+def trainable_parameters(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    """The trainable parameters ``(name, parameter)`` in ``model.parameters()`` order.
+
+    Shared (tied) parameters appear once, as in ``model.parameters()``. Buffers (running
+    statistics, counters) are not parameters: they never leave a silo.
+    """
+    return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+
+
 def get_params(model: nn.Module) -> list[np.ndarray]:
-    """The ``state_dict`` as float32 NumPy arrays in ``state_dict`` order (what crosses the network)."""
-    return [v.detach().to("cpu", torch.float32).numpy().copy() for v in model.state_dict().values()]
+    """The trainable parameters as float32 NumPy arrays: exactly what crosses the network.
+
+    Only trainable parameters travel (never buffers such as running statistics, which are
+    functions of the training data computed without noise).
+    """
+    return [p.detach().to("cpu", torch.float32).numpy().copy() for _, p in trainable_parameters(model)]
 
 
 def set_params(model: nn.Module, params: list[np.ndarray]) -> None:
     """Load arrays produced by :func:`get_params` (same order and shapes) into ``model`` in place."""
-    state = model.state_dict()
-    if len(params) != len(state):
-        raise ValueError(f"params: expected {len(state)} arrays, got {len(params)}")
+    named = trainable_parameters(model)
+    if len(params) != len(named):
+        raise ValueError(f"params: expected {len(named)} arrays, got {len(params)}")
     with torch.no_grad():
-        for (name, tensor), value in zip(state.items(), params, strict=True):
+        for (name, tensor), value in zip(named, params, strict=True):
             arr = np.asarray(value)
             if tuple(arr.shape) != tuple(tensor.shape):
                 raise ValueError(

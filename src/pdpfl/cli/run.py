@@ -18,9 +18,6 @@ import typer
 
 from pdpfl.cli._common import fail, print_json
 
-METHODS = ("rpdp", "minimum", "dropout", "privacy-free", "uniform:EPS", "centralized")
-
-
 def _load(config_path: Path, overrides: list[str] | None, data_dir: str | None):
     from pdpfl.config import ConfigError, load_config
 
@@ -101,9 +98,18 @@ def run_command(
     extra = [*(overrides or []), *([f"runtime={runtime}"] if runtime is not None else [])]
     config = _load(config_path, extra, data_dir)
     out_dir = Path(out) if out is not None else Path(config.output_dir)
-    if not resume and (out_dir / "checkpoint.pkl").exists():
+    from pdpfl.runtime.loop import has_checkpoint
+
+    if not resume and has_checkpoint(out_dir):
         fail(f"--out: {out_dir} already holds a run; pass --resume or choose another folder")
     if config.runtime == "flower":
+        from pdpfl.fl.registry import get_algorithm
+
+        if get_algorithm(config.algorithm.name).simulation_only:
+            fail(
+                f"algorithm.name: {config.algorithm.name!r} runs only in the simulator "
+                "(--runtime simulation)"
+            )
         from pdpfl.runtime.flower import FlowerRunError, run_flower  # lazy: flwr is optional
 
         try:
@@ -113,6 +119,8 @@ def run_command(
             raise typer.Exit(code=1) from err
     else:
         summary = _simulate(config, out_dir, resume, progress=not (quiet or as_json))
+    for warning in summary.get("warnings", []):
+        typer.echo(f"warning: {warning}", err=True)
     if as_json:
         print_json(summary)
     else:
@@ -138,17 +146,12 @@ def _simulate(
 
 
 def _method_overrides(method: str) -> list[str]:
-    if method.startswith("uniform:"):
-        eps = method.split(":", 1)[1]
-        try:
-            if float(eps) <= 0:
-                raise ValueError
-        except ValueError:
-            fail(f"--methods: {method!r}: uniform:EPS needs a positive number")
-        return ["algorithm.name=uniform", f"algorithm.epsilon={eps}"]
-    if method not in ("rpdp", "minimum", "dropout", "privacy-free", "uniform", "centralized"):
-        fail(f"--methods: unknown method {method!r}; choose from {', '.join(METHODS)}")
-    return [f"algorithm.name={method}"]
+    from pdpfl.fl.registry import get_method
+
+    try:
+        return get_method(method)[1]
+    except ValueError as err:
+        fail(f"--methods: {err}")
 
 
 def compare_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -201,8 +204,9 @@ def compare_command(
 ) -> None:
     """Run several methods over several seeds and print mean ± std of the final accuracy.
 
-    Also takes --methods M [M ...] (rpdp minimum dropout privacy-free uniform:EPS centralized;
-    default: the first four) and --seeds S [S ...] (default: the config's seed).
+    Also takes --methods M [M ...] (any registered method, e.g. rpdp minimum dropout
+    privacy-free uniform:EPS centralized; default: the first four) and --seeds S [S ...]
+    (default: the config's seed).
     """
     extra = _multi_values(list(ctx.args))
     methods = extra.get("--methods") or ["rpdp", "minimum", "dropout", "privacy-free"]

@@ -3,15 +3,18 @@
 One step on a silo's data ``D`` with per-record sampling rates ``q_i``:
 
 1. **Poisson sampling** — one independent Bernoulli(q_i) per record:
-   ``S = {i : U_i < q_i}`` with ``U = torch.rand(n, generator=generator)`` (float64). A record with
-   ``q_i = 0`` is never sampled. (Drawing a binomial batch size and then a uniform subset is *not*
-   equivalent when the rates differ.)
+   ``S = {i : U_i < q_i}`` with float64 uniforms ``U`` from the silo's
+   :class:`~pdpfl.randomness.RandomStream` (a CSPRNG by default). A record with ``q_i = 0`` is
+   never sampled. (Drawing a binomial batch size and then a uniform subset is *not* equivalent
+   when the rates differ.)
 2. **Per-sample gradients** of the loss for the records in ``S`` (in chunks of
    ``physical_batch_size``; see :mod:`pdpfl.dp.grad_sample`).
 3. **Clipping** of each per-sample gradient to L2 norm ``C`` over all trainable parameters.
-4. **Noise**: the clipped sum plus ``N(0, σ²C²)`` per coordinate (drawn from ``generator``).
-5. **Normalisation** by the *expected* batch size ``Σ_i q_i`` (a public float constant, never the
-   realized ``|S|`` and never floored). An empty batch is a noise-only step, never skipped.
+4. **Noise**: the clipped sum plus ``N(0, σ²C²)`` per coordinate, added in float64 (from the
+   same stream).
+5. **Normalisation** by a *public* constant ``normalizer`` (the configured expected batch size:
+   never the realized ``|S|``, never ``Σ q_i`` computed from private budgets). An empty batch is
+   a noise-only step, never skipped. See :mod:`pdpfl.dp.steps`.
 6. The optimizer (SGD/Adam/RMSprop, weight decay) consumes the privatized gradient — this is
    post-processing and costs no privacy.
 
@@ -32,8 +35,10 @@ import torch
 from torch import Tensor, nn
 
 from pdpfl.dp.grad_sample import _clipped_grad_sum, resolve_method
+from pdpfl.dp.steps import check_normalizer, noisy_normalised_sum, poisson_sample
 from pdpfl.dp.validate import replace_batchnorm, validate_model
 from pdpfl.models import loss_fn, predict
+from pdpfl.randomness import RandomStream, stream_from_generator
 
 __all__ = [
     "LocalTrainingResult",
@@ -106,7 +111,9 @@ class LocalTrainingResult:
 
     steps: int
     realized_batch_sizes: list[int]
+    """Realized Poisson batch sizes (private to the silo: never released)."""
     expected_batch_size: float
+    """Σ q_i of the rates used (private to the silo: never released)."""
     mean_loss: float
     """Mean per-record training loss over all sampled records (``nan`` if none was sampled)."""
     selection_counts: np.ndarray = field(repr=False)
@@ -174,26 +181,23 @@ class PersonalizedDPSGD:
 
     # -- the pieces of one step -------------------------------------------------------------
     @staticmethod
-    def sample(rates: Tensor, generator: torch.Generator) -> Tensor:
+    def sample(rates: Tensor, stream: RandomStream | torch.Generator) -> Tensor:
         """Poisson sampling: indices ``{i : U_i < q_i}``, one Bernoulli(q_i) per record."""
-        u = torch.rand(
-            rates.shape[0], generator=generator, dtype=torch.float64, device=generator.device
-        )
-        return torch.nonzero(u < rates.to(generator.device)).flatten().cpu()
+        return poisson_sample(rates, _as_stream(stream))
 
     def privatized_gradient(
-        self, xb: Tensor, yb: Tensor, expected_batch_size: float, generator: torch.Generator
+        self,
+        xb: Tensor,
+        yb: Tensor,
+        normalizer: float,
+        stream: RandomStream | torch.Generator,
     ) -> tuple[list[Tensor], float]:
-        """``(Σ_{i∈S} clip_C(g_i) + N(0, σ²C² I)) / Σq`` for an already sampled batch.
+        """``(Σ_{i∈S} clip_C(g_i) + N(0, σ²C² I)) / normalizer`` for an already sampled batch.
 
         Returns the gradient per trainable parameter and Σ loss_i over the batch. The noise is
-        drawn from ``generator`` (parameter order) even when the batch is empty.
+        drawn from ``stream`` (parameter order) even when the batch is empty.
         """
-        if not expected_batch_size > 0:
-            raise ValueError(
-                f"expected batch size Σq must be > 0, got {expected_batch_size} "
-                "(all sampling rates are 0: nothing to train on)"
-            )
+        normalizer = check_normalizer(normalizer)
         if xb.shape[0] > 0:
             res = _clipped_grad_sum(
                 self.model,
@@ -209,15 +213,7 @@ class PersonalizedDPSGD:
         else:
             sums, loss_sum = [torch.zeros_like(p) for p in self.params], 0.0
         std = self.noise_multiplier * self.max_grad_norm
-        grads = []
-        for p, s in zip(self.params, sums, strict=True):
-            if std > 0:
-                noise = torch.randn(
-                    p.shape, generator=generator, device=generator.device, dtype=p.dtype
-                )
-                s = s + std * noise.to(p.device)
-            grads.append(s / expected_batch_size)
-        return grads, loss_sum
+        return noisy_normalised_sum(sums, std, normalizer, _as_stream(stream)), loss_sum
 
     def _nonprivate_gradient(self, xb: Tensor, yb: Tensor) -> tuple[list[Tensor], float]:
         b = xb.shape[0]
@@ -239,18 +235,21 @@ class PersonalizedDPSGD:
         x: Tensor,
         y: Tensor,
         rates: np.ndarray | Tensor,
-        generator: torch.Generator,
+        stream: RandomStream | torch.Generator,
+        normalizer: float | None = None,
     ) -> StepResult:
         """One personalized DP-SGD step on the silo's full local data ``(x, y)``."""
-        return self._step(x, y, as_rates(rates, x.shape[0]), generator)
+        return self._step(x, y, as_rates(rates, x.shape[0]), _as_stream(stream), normalizer)
 
-    def _step(self, x: Tensor, y: Tensor, q: Tensor, generator: torch.Generator) -> StepResult:
-        idx = self.sample(q, generator)
+    def _step(
+        self, x: Tensor, y: Tensor, q: Tensor, stream: RandomStream, normalizer: float | None
+    ) -> StepResult:
+        idx = poisson_sample(q, stream)
         dev = self.device
         xb = x[idx.to(x.device)].to(dev)
         yb = y[idx.to(y.device)].to(dev)
         if self.private:
-            grads, loss_sum = self.privatized_gradient(xb, yb, float(q.sum()), generator)
+            grads, loss_sum = self.privatized_gradient(xb, yb, normalizer, stream)
         elif idx.numel() == 0:
             return StepResult(0, 0.0, idx)  # nothing to learn from; no privacy to protect
         else:
@@ -260,6 +259,12 @@ class PersonalizedDPSGD:
             p.grad = g
         self.optimizer.step()
         return StepResult(int(idx.numel()), loss_sum, idx)
+
+
+def _as_stream(stream: RandomStream | torch.Generator) -> RandomStream:
+    if isinstance(stream, torch.Generator):
+        return stream_from_generator(stream)
+    return stream
 
 
 def train_steps(
@@ -272,7 +277,8 @@ def train_steps(
     noise_multiplier: float,
     max_grad_norm: float,
     optimizer: torch.optim.Optimizer,
-    generator: torch.Generator,
+    stream: RandomStream | torch.Generator,
+    normalizer: float | None = None,
     private: bool = True,
     physical_batch_size: int = 512,
     loss: LossFn = loss_fn,
@@ -281,9 +287,12 @@ def train_steps(
     """τ = ``steps`` steps of personalized DP-SGD on one silo's full local data.
 
     Per step: Poisson-sample with one Bernoulli(``rates[i]``) per record, clip per-sample
-    gradients to ``max_grad_norm``, sum, add N(0, σ²C²) per coordinate, divide by Σ rates and let
-    ``optimizer`` step (see the module docstring). ``rates`` and ``steps`` are the mechanism's
-    public description; the caller accounts for them (``privacy/``).
+    gradients to ``max_grad_norm``, sum, add N(0, σ²C²) per coordinate, divide by the public
+    ``normalizer`` and let ``optimizer`` step (see the module docstring). ``stream`` supplies the
+    coins and the noise (``SecureRandomness().stream(...)``; a seeded ``torch.Generator`` is
+    accepted for reproducible research runs). ``rates`` and ``steps`` are the mechanism's
+    public description; the caller accounts for them (``privacy/``). With ``private=False`` the
+    normaliser is not needed (plain minibatch SGD on the realized batch).
     """
     if int(steps) < 0:
         raise ValueError(f"steps must be >= 0, got {steps}")
@@ -293,8 +302,9 @@ def train_steps(
         )
     q = as_rates(rates, x.shape[0])
     expected = float(q.sum())
-    if private and expected <= 0 and steps > 0:
-        raise ValueError("rates: all sampling rates are 0 (Σq = 0); nothing to train on")
+    if private:
+        normalizer = check_normalizer(normalizer)
+    stream = _as_stream(stream)
     engine = PersonalizedDPSGD(
         model,
         optimizer,
@@ -312,7 +322,7 @@ def train_steps(
     loss_total = 0.0
     try:
         for _ in range(int(steps)):
-            res = engine._step(x, y, q, generator)
+            res = engine._step(x, y, q, stream, normalizer)
             counts[res.indices] += 1
             sizes.append(res.batch_size)
             loss_total += res.loss_sum

@@ -1,23 +1,48 @@
-"""Federated algorithms: what a silo computes and what the server aggregates (no I/O).
+"""Federated algorithms: what a silo computes and releases, what the server does (no I/O).
 
-* :mod:`pdpfl.fl.api` -- the ``ClientAlgorithm`` / ``ServerAlgorithm`` contract.
-* :mod:`pdpfl.fl.rpdp` -- rPDP-FL (paper §6.2, Algorithm 3): ``RpdpClient``, ``RpdpServer``.
-* :mod:`pdpfl.fl.publication` -- the public mechanism the server publishes before round 1.
-* :mod:`pdpfl.fl.baselines` -- Minimum, Dropout, PrivacyFree, Uniform, centralized (§7.2).
-* :mod:`pdpfl.fl.factory` -- ``build_server`` / ``build_client`` / ``build_federation_algorithms``.
+* :mod:`pdpfl.fl.api` -- the ``ClientAlgorithm`` / ``ServerAlgorithm`` contract, the
+  ``Contribution`` a silo releases and the ``Aggregate`` the server receives.
+* :mod:`pdpfl.fl.aggregation` -- summation protocols (plain; secure summation plugs in here).
+* :mod:`pdpfl.fl.registry` -- one registration per algorithm (config section + builders).
+* :mod:`pdpfl.fl.rpdp` -- rPDP-FL (paper §6.2, Algorithm 3): ``DpFedAvgClient``, ``FedAvgServer``.
+* :mod:`pdpfl.fl.baselines` -- Minimum, Dropout, Uniform, PrivacyFree, centralized (§7.2).
+* :mod:`pdpfl.fl.factory` -- build the server and silos of a config through the registry.
 """
 
-from pdpfl.fl.api import ClientAlgorithm, ClientUpdate, Params, Scalars, ServerAlgorithm
+from pdpfl.fl.api import (
+    Aggregate,
+    ClientAlgorithm,
+    Contribution,
+    FederationInfo,
+    Params,
+    PrivacyBoundaryError,
+    Scalars,
+    ServerAlgorithm,
+)
 from pdpfl.fl.publication import Publication
-from pdpfl.fl.rpdp import RpdpClient, RpdpServer
+from pdpfl.fl.registry import (
+    AlgorithmConfig,
+    AlgorithmSpec,
+    MethodSpec,
+    get_algorithm,
+    register_algorithm,
+    register_method,
+)
 
 __all__ = [
+    "Aggregate",
+    "AlgorithmConfig",
+    "AlgorithmSpec",
     "ClientAlgorithm",
-    "ClientUpdate",
+    "Contribution",
+    "FederationInfo",
+    "MethodSpec",
     "Params",
+    "PrivacyBoundaryError",
     "Publication",
-    "RpdpClient",
-    "RpdpServer",
     "Scalars",
     "ServerAlgorithm",
+    "get_algorithm",
+    "register_algorithm",
+    "register_method",
 ]

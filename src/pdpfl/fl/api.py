@@ -1,38 +1,146 @@
 """The contract between federated algorithms and the runtimes that execute them.
 
-An algorithm is split into what a silo computes (:class:`ClientAlgorithm`, which holds the silo's
-private data, budgets, sampling rates and record ledger) and what the server computes
-(:class:`ServerAlgorithm`: client sampling, aggregation, the Type I participation view). Neither
-side does I/O, threads or sockets; a runtime (the in-process simulator or Flower) only moves
-:data:`Params` and small dictionaries of scalars between them, so both runtimes execute exactly the
-same code and, with the same seed, produce the same model.
+An algorithm is split into what a silo computes (:class:`ClientAlgorithm`: it holds the silo's
+private data, budgets, sampling rates, ledger and secret randomness) and what the server computes
+(:class:`ServerAlgorithm`: client sampling and the next global model). Neither side does I/O,
+threads or sockets.
+
+The privacy boundary
+--------------------
+The **only** thing a silo releases in a training round is one :class:`Contribution`: the noisy
+update of the algorithm's DP mechanism, a public weight, and metrics the algorithm declares in
+:attr:`ServerAlgorithm.public_metrics` (each DP-protected or computed from values the
+configuration declares public). Runtimes carry exactly this object -- the simulator hands it over
+in memory, the Flower codec encodes exactly its fields -- and reject a contribution carrying
+anything else (:func:`check_contribution`). Silo sizes, noise-free losses, realized batch sizes,
+budgets and their statistics never leave a silo.
+
+Contributions reach the server through a summation protocol (:mod:`pdpfl.fl.aggregation`):
+the server algorithm receives only the :class:`Aggregate` -- the sum of the updates, weights
+and metrics -- unless it declares :attr:`ServerAlgorithm.needs_individual_updates` (server-side
+clipping in central-DP FedAvg), which a runtime refuses to pair with secure summation.
+
+Evaluation replies (:meth:`ClientAlgorithm.evaluate`) carry only aggregate test metrics
+(``loss``, ``accuracy``, ``n``) of the silo's *test* split, which the training guarantee does not
+cover. Per-record and per-group privacy summaries (:meth:`ClientAlgorithm.privacy_summary`) stay
+at the silo: the in-process simulator reads them because one operator owns every silo there.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 
-#: Model parameters as float32 arrays in ``state_dict`` order: what crosses the network.
+__all__ = [
+    "Aggregate",
+    "ClientAlgorithm",
+    "Contribution",
+    "EVALUATION_METRICS",
+    "FederationInfo",
+    "Params",
+    "PrivacyBoundaryError",
+    "Scalars",
+    "ServerAlgorithm",
+    "check_contribution",
+    "check_evaluation",
+]
+
+#: Model parameters as float32 arrays (trainable parameters only, in ``model.parameters()`` order).
 Params = list[np.ndarray]
 
 #: Scalars only (int, float, str, bool): safe to send as a Flower ConfigRecord/MetricRecord.
 Scalars = dict[str, Any]
 
+#: The keys an evaluation reply may carry (aggregate metrics of the silo's test split).
+EVALUATION_METRICS = frozenset({"loss", "accuracy", "n"})
+
+
+class PrivacyBoundaryError(RuntimeError):
+    """Something other than the mechanism's output was about to leave a silo."""
+
 
 @dataclass
-class ClientUpdate:
-    """What a selected silo returns after its local training in one round."""
+class Contribution:
+    """What one silo releases in one training round -- and nothing else.
 
-    client_id: int
-    delta: Params
-    """Local model minus the global model it started from, after τ local steps."""
-    metrics: Scalars = field(default_factory=dict)
-    """Aggregate, non-sensitive metrics (e.g. mean local loss, number of active records)."""
-    num_examples: int = 0
-    """The silo's training-set size. Private: only the optional weighted aggregation uses it."""
+    Attributes
+    ----------
+    update
+        The output of the algorithm's DP mechanism (e.g. rPDP-FL's noisy local model delta),
+        float32 arrays in parameter order. Summation protocols add these up.
+    weight
+        A public weight (default 1): summed by the protocol; e.g. the number of contributions for
+        a simple mean, or a silo size that the configuration declares public.
+    metrics
+        Public or DP-protected scalars, summed by the protocol. Only keys listed in the server
+        algorithm's :attr:`~ServerAlgorithm.public_metrics` are allowed.
+    """
+
+    update: Params
+    weight: float = 1.0
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class Aggregate:
+    """What the server algorithm receives for one round: sums over the contributions.
+
+    ``count`` is the number of contributions combined (the server knows whom it asked).
+    ``contributions`` holds the individual contributions only for a server algorithm that
+    declares ``needs_individual_updates`` under plain summation; it is ``None`` otherwise.
+    """
+
+    total: Params
+    weight: float
+    metrics: dict[str, float]
+    count: int
+    contributions: list[Contribution] | None = None
+
+    @property
+    def empty(self) -> bool:
+        return self.count == 0
+
+
+@dataclass(frozen=True)
+class FederationInfo:
+    """Public facts about a federation, known to the server before round 1.
+
+    ``silo_sizes`` (training records per silo) is present only when the configuration declares
+    silo sizes public (``data.public_silo_sizes: true``); otherwise it is ``None``.
+    """
+
+    input_shape: tuple[int, ...]
+    num_classes: int
+    client_ids: tuple[int, ...]
+    client_names: tuple[str, ...] = ()
+    silo_sizes: tuple[int, ...] | None = None
+
+    @property
+    def num_clients(self) -> int:
+        return len(self.client_ids)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "input_shape": list(self.input_shape),
+            "num_classes": self.num_classes,
+            "client_ids": list(self.client_ids),
+            "client_names": list(self.client_names),
+            "silo_sizes": None if self.silo_sizes is None else list(self.silo_sizes),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> FederationInfo:
+        sizes = d.get("silo_sizes")
+        return cls(
+            input_shape=tuple(int(s) for s in d["input_shape"]),
+            num_classes=int(d["num_classes"]),
+            client_ids=tuple(int(c) for c in d["client_ids"]),
+            client_names=tuple(str(c) for c in d.get("client_names", ())),
+            silo_sizes=None if sizes is None else tuple(int(s) for s in sizes),
+        )
 
 
 @runtime_checkable
@@ -41,20 +149,26 @@ class ClientAlgorithm(Protocol):
 
     client_id: int
 
-    def fit(self, global_params: Params, round_index: int, config: Scalars) -> ClientUpdate:
-        """Run this round's local training from ``global_params`` and return the update."""
+    def fit(self, global_params: Params, round_index: int, config: Scalars) -> Contribution:
+        """Run this round's local mechanism from ``global_params``; return the release.
+
+        The silo's ledger is charged *before* this returns (write-ahead accounting).
+        """
         ...
 
     def evaluate(self, params: Params, round_index: int, config: Scalars) -> Scalars:
-        """Test loss/accuracy of ``params`` on this silo's test split (``loss``, ``accuracy``, ``n``)."""
+        """``loss``, ``accuracy``, ``n`` of ``params`` on this silo's test split.
+
+        Also catches the silo's accounting up to ``round_index`` (rounds it was not sampled in).
+        """
         ...
 
     def privacy_summary(self) -> Scalars:
-        """Aggregate privacy state of this silo's records (no per-record values)."""
+        """Aggregate privacy state of this silo's units. Stays at the silo (never sent)."""
         ...
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything needed to resume this silo exactly (ledger, counters)."""
+        """Everything needed to resume this silo exactly (ledger, counters; never keys)."""
         ...
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
@@ -64,20 +178,23 @@ class ClientAlgorithm(Protocol):
 class ServerAlgorithm(Protocol):
     """The server side of an algorithm."""
 
+    #: Keys a :class:`Contribution`'s ``metrics`` may carry (public or DP-protected values).
+    public_metrics: ClassVar[frozenset[str]]
+    #: True if :meth:`aggregate` needs each contribution (incompatible with secure summation).
+    needs_individual_updates: ClassVar[bool]
+
     def initial_params(self) -> Params: ...
 
     def select_clients(self, round_index: int, client_ids: list[int]) -> list[int]:
-        """Clients taking part in this round (e.g. Poisson sampling with rate λ; may be empty)."""
+        """Clients asked to contribute this round (e.g. Poisson sampling; may be empty)."""
         ...
 
     def round_config(self, round_index: int) -> Scalars:
         """Public per-round configuration sent to the selected silos."""
         ...
 
-    def aggregate(
-        self, round_index: int, global_params: Params, updates: list[ClientUpdate]
-    ) -> Params:
-        """The next global model (an empty round returns ``global_params`` unchanged)."""
+    def aggregate(self, round_index: int, global_params: Params, aggregate: Aggregate) -> Params:
+        """The next global model (an empty aggregate usually returns ``global_params``)."""
         ...
 
     def record_round(self, round_index: int, selected: list[int]) -> None:
@@ -87,3 +204,49 @@ class ServerAlgorithm(Protocol):
     def state_dict(self) -> dict[str, Any]: ...
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+def check_contribution(
+    contribution: Any, public_metrics: frozenset[str] | set[str], num_params: int | None = None
+) -> Contribution:
+    """Validate what a silo is about to release; raise :class:`PrivacyBoundaryError` otherwise.
+
+    A contribution must be a :class:`Contribution` (no extra attributes), its ``update`` a list of
+    finite float32-convertible arrays (``num_params`` of them when given), its weight a finite
+    number and its metric keys a subset of ``public_metrics``.
+    """
+    if type(contribution) is not Contribution:
+        raise PrivacyBoundaryError(
+            f"a silo may release only a Contribution, got {type(contribution).__name__}"
+        )
+    extra = set(vars(contribution)) - {"update", "weight", "metrics"}
+    if extra:
+        raise PrivacyBoundaryError(f"contribution carries undeclared fields {sorted(extra)}")
+    if not isinstance(contribution.update, list):
+        raise PrivacyBoundaryError("contribution.update: expected a list of arrays")
+    if num_params is not None and len(contribution.update) != num_params:
+        raise PrivacyBoundaryError(
+            f"contribution.update: expected {num_params} arrays, got {len(contribution.update)}"
+        )
+    if not (isinstance(contribution.weight, int | float) and math.isfinite(contribution.weight)):
+        raise PrivacyBoundaryError("contribution.weight: expected a finite number")
+    undeclared = set(contribution.metrics) - set(public_metrics)
+    if undeclared:
+        raise PrivacyBoundaryError(
+            f"contribution.metrics: {sorted(undeclared)} are not declared public by the algorithm "
+            f"(declared: {sorted(public_metrics) or 'none'})"
+        )
+    for key, value in contribution.metrics.items():
+        if isinstance(value, bool) or not isinstance(value, int | float | np.number):
+            raise PrivacyBoundaryError(f"contribution.metrics[{key!r}]: expected a number")
+    return contribution
+
+
+def check_evaluation(metrics: Scalars) -> Scalars:
+    """Validate an evaluation reply: only :data:`EVALUATION_METRICS`, all numbers."""
+    extra = set(metrics) - EVALUATION_METRICS
+    if extra:
+        raise PrivacyBoundaryError(
+            f"evaluation reply carries {sorted(extra)}; allowed: {sorted(EVALUATION_METRICS)}"
+        )
+    return metrics

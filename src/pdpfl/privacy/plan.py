@@ -5,6 +5,12 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, ClassVar, Literal
+
+if TYPE_CHECKING:  # pragma: no cover
+    from numpy.typing import ArrayLike
+
+    from pdpfl.privacy.mechanisms import Mechanism
 
 __all__ = ["TrainingPlan"]
 
@@ -32,6 +38,9 @@ class TrainingPlan:
     steps: int
     rounds: int | None = None
     client_rate: float = 1.0
+
+    #: The privacy unit of this description (a :class:`pdpfl.privacy.unit.UnitMechanism`).
+    unit: ClassVar[str] = "record"
 
     def __post_init__(self) -> None:
         sigma = _real(self.noise_multiplier, "noise_multiplier")
@@ -63,6 +72,62 @@ class TrainingPlan:
     def with_noise(self, noise_multiplier: float) -> TrainingPlan:
         """The same plan with another noise multiplier σ (e.g. one found by a σ search)."""
         return replace(self, noise_multiplier=float(noise_multiplier))
+
+    # -- the UnitMechanism description (pdpfl.privacy.unit) -----------------------------------
+    @property
+    def planned_rounds(self) -> int:
+        """T (1 for a centralized plan, whose one "round" is all ``steps`` steps)."""
+        return 1 if self.rounds is None else int(self.rounds)
+
+    @property
+    def observers(self) -> tuple[str, ...]:
+        return ("third-party", "server")
+
+    def round_event(self, rates: ArrayLike, observer: str) -> Mechanism:
+        """One charged round (rPDP-FL Theorem 1 per round).
+
+        third-party: ``TwoStageRound(λ, Composed(PoissonSampled(q, Gaussian(σ)), τ))`` (Lemma 6);
+        server: ``Composed(PoissonSampled(q, Gaussian(σ)), τ)`` (no λ amplification). A
+        centralized plan's round is ``Composed(PoissonSampled(q, Gaussian(σ)), steps)`` for both.
+        """
+        import numpy as np
+
+        from pdpfl.privacy.adversary import Adversary, as_adversary
+        from pdpfl.privacy.mechanisms import (
+            Composed,
+            GaussianMechanism,
+            PoissonSampled,
+            TwoStageRound,
+        )
+        from pdpfl.privacy.rdp import check_rates
+
+        adv = as_adversary(observer)
+        if adv is Adversary.BOTH:
+            raise ValueError("adversary: 'both' has no single event; account each observer")
+        q = check_rates(rates)
+        step = PoissonSampled(
+            q if np.ndim(rates) else float(q[0]), GaussianMechanism(self.noise_multiplier)
+        )
+        local = Composed(step, self.steps)
+        if self.rounds is None or adv is Adversary.SERVER:
+            return local
+        return TwoStageRound(self.client_rate, local)
+
+    def charged_on(self, observer: str) -> Literal["active", "participated"]:
+        """Third parties are charged every active round; the server only rounds the silo trained."""
+        from pdpfl.privacy.adversary import Adversary, as_adversary
+
+        adv = as_adversary(observer)
+        if adv is Adversary.BOTH:
+            raise ValueError("adversary: 'both' has no single charge rule")
+        return "participated" if adv is Adversary.SERVER else "active"
+
+    def total_event(self, rates: ArrayLike, observer: str, rounds: int | None = None) -> Mechanism:
+        """``rounds`` (default T) charged rounds composed (rPDP-FL Theorem 1 / Type I view)."""
+        from pdpfl.privacy.mechanisms import Composed
+
+        k = self.planned_rounds if rounds is None else int(rounds)
+        return Composed(self.round_event(rates, observer), k)
 
 
 def _real(value: object, name: str) -> float:

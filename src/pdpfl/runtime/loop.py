@@ -5,30 +5,41 @@ to and from the silos; :func:`run_federation` owns the order of events of Algori
 rPDP-FL paper (§6.2) for every algorithm:
 
 1. the server samples clients (Poisson with rate λ; an empty round counts and is not redrawn),
-2. the selected silos run their local training from the global model (:meth:`Transport.fit`),
-3. the server aggregates the deltas and records the round in its Type I view,
-4. every silo evaluates the new global model and catches up its own ledger for the round,
+2. the summation protocol (:mod:`pdpfl.fl.aggregation`) collects the selected silos'
+   :class:`~pdpfl.fl.api.Contribution` s -- the only thing a silo releases -- and hands the server
+   their sum (:class:`~pdpfl.fl.api.Aggregate`),
+3. the server computes the next global model and records the round in its Type I view,
+4. every silo evaluates the new global model on its test split (aggregate metrics only) and
+   catches up its own ledger for the round,
 5. one line is appended to ``metrics.jsonl`` and a checkpoint is written atomically.
 
-All randomness is derived from ``(seed, purpose, round, client)`` (see :mod:`pdpfl.seeding`), so
-the checkpoint holds no RNG state and a resumed run reproduces an uninterrupted one exactly.
+Randomness: with ``randomness: secure`` (default) every party draws its noise and coins from its
+own secret key (:mod:`pdpfl.randomness`), which no checkpoint holds: a resumed run continues with
+fresh keys. With ``randomness: reproducible`` all streams derive from ``(seed, purpose, round,
+client)``, so a resumed run reproduces an uninterrupted one exactly.
+
+Checkpoints contain no pickle: arrays in an ``.npz`` read with ``allow_pickle=False`` and a JSON
+skeleton (:func:`pdpfl.io.encode_state`); a truncated or tampered checkpoint is a clear error.
 """
 
 from __future__ import annotations
 
 import json
-import pickle
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from pdpfl.fl.api import ClientUpdate, Params, Scalars, ServerAlgorithm
-from pdpfl.io import write_bytes, write_text
+from pdpfl.fl.aggregation import PlainSum, SumProtocol, check_compatible
+from pdpfl.fl.api import Contribution, Params, Scalars, ServerAlgorithm, check_evaluation
+from pdpfl.io import decode_state, encode_state, write_bytes, write_text
 
-CHECKPOINT_NAME = "checkpoint.pkl"
+CHECKPOINT_NAME = "checkpoint.npz"
+#: The first release's pickle checkpoint: never loaded (it could run code).
+LEGACY_CHECKPOINT_NAME = "checkpoint.pkl"
 METRICS_NAME = "metrics.jsonl"
 
 
@@ -40,8 +51,11 @@ class Transport(Protocol):
 
     def fit(
         self, selected: list[int], params: Params, round_index: int, config: Scalars
-    ) -> list[ClientUpdate]:
-        """Local training on each selected silo; returns their updates in ``selected`` order."""
+    ) -> list[Contribution]:
+        """Local training on each selected silo; their contributions in ``selected`` order.
+
+        A silo that is lost (deployment runtimes) is simply missing from the result.
+        """
         ...
 
     def evaluate(
@@ -55,7 +69,11 @@ class Transport(Protocol):
         ...
 
     def privacy_summaries(self) -> dict[int, Scalars]:
-        """Aggregate privacy state of each silo (no per-record values)."""
+        """The operator's view of each silo's privacy state (aggregates only).
+
+        Only meaningful where one operator owns every silo (the in-process simulator). A
+        deployment transport returns ``{}``: privacy summaries stay at the silos.
+        """
         ...
 
     def client_states(self) -> dict[int, dict]:
@@ -70,7 +88,9 @@ RoundCallback = Callable[[int, dict[str, Any]], None]
 
 
 def pooled_evaluation(evals: dict[int, Scalars]) -> dict[str, float]:
-    """Pooled (example-weighted) and client-mean test loss/accuracy."""
+    """Pooled (example-weighted) and client-mean test loss/accuracy over the test records
+    that exist (silos with an empty test split are left out)."""
+    evals = {c: e for c, e in evals.items() if float(e.get("n", 0)) > 0}
     if not evals:
         return {"accuracy": float("nan"), "loss": float("nan"), "mean_client_accuracy": float("nan")}
     n = np.array([float(e.get("n", 0)) for e in evals.values()])
@@ -86,7 +106,15 @@ def pooled_evaluation(evals: dict[int, Scalars]) -> dict[str, float]:
 
 
 #: Summary keys (last dotted component) that are merged across silos by summing; the rest by max.
-_SUMMED = ("count", "n_records", "active", "stopped", "over_budget_third_party", "over_budget_server")
+_SUMMED = (
+    "count",
+    "n_records",
+    "active",
+    "stopped",
+    "excluded",
+    "over_budget_third_party",
+    "over_budget_server",
+)
 
 
 def privacy_overview(summaries: dict[int, Scalars]) -> dict[str, float]:
@@ -132,16 +160,39 @@ def read_metrics(out_dir: str | Path) -> list[dict[str, Any]]:
 
 
 def save_checkpoint(out_dir: Path, state: dict[str, Any]) -> None:
-    write_bytes(out_dir / CHECKPOINT_NAME, pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL))
+    """Write the round loop's state atomically as a pickle-free ``checkpoint.npz``."""
+    write_bytes(out_dir / CHECKPOINT_NAME, encode_state(state))
 
 
 def load_checkpoint(out_dir: str | Path) -> dict[str, Any] | None:
-    """The last checkpoint written by :func:`run_federation` (a local, trusted file) or None."""
-    path = Path(out_dir) / CHECKPOINT_NAME
+    """The last checkpoint written by :func:`run_federation`, or None.
+
+    Raises ``ValueError`` for a truncated or tampered file, and for a first-release
+    ``checkpoint.pkl`` (pickle is never loaded: it could execute code).
+    """
+    out = Path(out_dir)
+    path = out / CHECKPOINT_NAME
     if not path.exists():
+        if (out / LEGACY_CHECKPOINT_NAME).exists():
+            raise ValueError(
+                f"cannot resume: {out / LEGACY_CHECKPOINT_NAME} is a pickle checkpoint, which "
+                "pdpfl no longer loads (it could execute code); start the run again"
+            )
         return None
-    with path.open("rb") as fh:
-        return pickle.load(fh)  # noqa: S301 - our own checkpoint
+    try:
+        state = decode_state(path.read_bytes())
+        if not isinstance(state, dict) or "next_round" not in state or "params" not in state:
+            raise ValueError("missing fields")
+        state["params"] = [np.asarray(p, dtype=np.float32) for p in state["params"]]
+        return state
+    except ValueError as exc:
+        raise ValueError(f"cannot resume: {path} is not a valid pdpfl checkpoint ({exc})") from None
+
+
+def has_checkpoint(out_dir: str | Path) -> bool:
+    """True if ``out_dir`` holds a run checkpoint (current or first-release format)."""
+    out = Path(out_dir)
+    return (out / CHECKPOINT_NAME).exists() or (out / LEGACY_CHECKPOINT_NAME).exists()
 
 
 def run_federation(
@@ -154,6 +205,7 @@ def run_federation(
     progress: bool = True,
     on_round: RoundCallback | None = None,
     stop_after: int | None = None,
+    protocol: SumProtocol | None = None,
 ) -> dict[str, Any]:
     """Run ``config.training.rounds`` rounds and return the run's record.
 
@@ -164,15 +216,18 @@ def run_federation(
     server, transport
         The server algorithm and the way to reach the silos.
     out_dir
-        Where ``metrics.jsonl`` and ``checkpoint.pkl`` are written (atomically, every round).
+        Where ``metrics.jsonl`` and ``checkpoint.npz`` are written (atomically, every round).
     resume
-        Continue from ``out_dir/checkpoint.pkl`` if present (same result as an uninterrupted run).
+        Continue from ``out_dir/checkpoint.npz`` if present (with reproducible randomness, the
+        same result as an uninterrupted run).
     progress
         Show a progress bar over rounds (rich) on stderr.
     on_round
         Optional callback ``(round_index, metrics_line)`` after each round.
     stop_after
         Stop (as if interrupted) after this many rounds in total; for tests of ``resume``.
+    protocol
+        The summation protocol (default :class:`~pdpfl.fl.aggregation.PlainSum`).
 
     Returns
     -------
@@ -183,6 +238,17 @@ def run_federation(
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    protocol = protocol if protocol is not None else PlainSum()
+    check_compatible(server, protocol)
+    if getattr(config, "randomness", None) == "reproducible":
+        from pdpfl.randomness import ReproducibleRandomnessWarning
+
+        warnings.warn(
+            "randomness: reproducible -- noise and sampling coins are derived from the configured "
+            "seed; anyone who knows it can remove the noise (no privacy guarantee against them)",
+            ReproducibleRandomnessWarning,
+            stacklevel=2,
+        )
     rounds = int(config.training.rounds)
     params: Params = [np.asarray(p).copy() for p in server.initial_params()]
     start, seconds_before = 0, 0.0
@@ -208,12 +274,14 @@ def run_federation(
         for t in range(start, last_round):
             selected = list(server.select_clients(t, list(transport.client_ids)))
             round_config = dict(server.round_config(t))
-            updates = transport.fit(selected, params, t, round_config) if selected else []
-            params = server.aggregate(t, params, updates)
+            aggregate = protocol.collect(transport, selected, params, t, round_config, server)
+            params = server.aggregate(t, params, aggregate)
             server.record_round(t, selected)
             evals = transport.evaluate(list(transport.client_ids), params, t, round_config)
+            for e in evals.values():
+                check_evaluation(e)
             summaries = transport.privacy_summaries()
-            line = _metrics_line(t, selected, updates, evals, summaries)
+            line = _metrics_line(t, selected, aggregate.count, evals, summaries)
             line["seconds"] = seconds_before + time.perf_counter() - t0
             metrics.append(line)
             write_text(
@@ -259,19 +327,18 @@ def _hash_of(config: Any) -> str | None:
 def _metrics_line(
     t: int,
     selected: list[int],
-    updates: list[ClientUpdate],
+    contributions: int,
     evals: dict[int, Scalars],
     summaries: dict[int, Scalars],
 ) -> dict[str, Any]:
     pooled = pooled_evaluation(evals)
-    train_losses = [u.metrics.get("mean_loss") for u in updates if "mean_loss" in u.metrics]
     return {
         "round": t,
         "selected": sorted(int(c) for c in selected),
+        "contributions": int(contributions),
         "accuracy": pooled["accuracy"],
         "loss": pooled["loss"],
         "mean_client_accuracy": pooled["mean_client_accuracy"],
-        "train_loss": float(np.mean(train_losses)) if train_losses else None,
         "clients": {
             str(cid): {"accuracy": float(e["accuracy"]), "loss": float(e["loss"]), "n": int(e["n"])}
             for cid, e in sorted(evals.items())

@@ -41,41 +41,127 @@ def per_group(overview: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return dict(sorted(out.items(), key=lambda kv: (kv[1]["budget"] or 0.0)))
 
 
-def build_summary(config: ExperimentConfig, result: dict[str, Any]) -> dict[str, Any]:
-    """The ``summary.json`` record of a finished (or interrupted) run."""
+#: What one unit's neighbouring relation is, per privacy unit of the algorithm registry.
+NEIGHBOURING = {
+    "record": "add/remove one record (rPDP-FL: record-level, per-record ε)",
+    "client": "add/remove one client (all of its data)",
+    "user": "add/remove one user (all of their records in every silo)",
+    "none": "none (no differential privacy)",
+}
+
+
+def privacy_warnings(config: ExperimentConfig, overview: dict[str, Any]) -> list[str]:
+    """Warnings a run must show: observers whose view exceeds budgets that were not enforced."""
+    out = []
+    over_sv = int(overview.get("over_budget_server", 0))
+    over_tp = int(overview.get("over_budget_third_party", 0))
+    private = bool(overview.get("n_records")) and overview.get("eps_third_party_max") not in (
+        None,
+        float("inf"),
+    )
+    if private and config.privacy.adversary == "third-party" and over_sv:
+        out.append(
+            f"privacy.adversary is third-party: the coordinating server's view exceeds the budget "
+            f"of {over_sv} record(s) (it sees which silos took part); use adversary: both to "
+            "enforce budgets against the server too"
+        )
+    if private and config.privacy.adversary == "server" and over_tp:
+        out.append(
+            f"privacy.adversary is server: third parties' view exceeds the budget of {over_tp} "
+            "record(s); use adversary: both"
+        )
+    if int(overview.get("excluded", 0)):
+        out.append(
+            f"{int(overview['excluded'])} record(s) were excluded (q = 0: budget below the "
+            "smallest achievable ε; privacy.allow_exclusion is on)"
+        )
+    return out
+
+
+def build_summary(
+    config: ExperimentConfig, result: dict[str, Any], view: str = "operator"
+) -> dict[str, Any]:
+    """The ``summary.json`` record of a finished (or interrupted) run.
+
+    ``view="operator"`` (simulator): the privacy numbers merge every silo's own summary, which
+    only an operator who owns all silos can see. ``view="coordinator"`` (a deployment): the
+    silos' summaries stay at the silos; the privacy fields say so.
+    """
+    from pdpfl.fl.registry import get_algorithm
+    from pdpfl.randomness import REPRODUCIBLE_LABEL, SECURE_LABEL
+
     metrics = result["metrics"]
     accs = [m["accuracy"] for m in metrics if m.get("accuracy") is not None]
-    overview = privacy_overview(result["privacy"])
-    tags = ADVERSARY_TAGS[config.privacy.adversary]
-    over_tp = int(overview.get("over_budget_third_party", 0))
-    over_sv = int(overview.get("over_budget_server", 0))
-    over = max(int(overview.get(f"over_budget_{t}", 0)) for t in tags)
     server_state = result.get("server_state") or {}
-    return {
+    unit = get_algorithm(config.algorithm.name).unit
+    summary = {
         "name": config.name,
         "algorithm": config.algorithm.name,
         "seed": config.seed,
+        "randomness": SECURE_LABEL if config.randomness == "secure" else REPRODUCIBLE_LABEL,
+        "privacy_unit": unit,
+        "neighbouring": NEIGHBOURING.get(unit, unit),
+        "adversary": config.privacy.adversary,
         "rounds_completed": len(metrics),
         "completed": bool(result.get("completed", True)),
         "final_accuracy": accs[-1] if accs else None,
         "last3_mean_accuracy": float(np.mean(accs[-3:])) if accs else None,
         "final_loss": metrics[-1]["loss"] if metrics else None,
         "final_mean_client_accuracy": metrics[-1].get("mean_client_accuracy") if metrics else None,
-        "over_budget": over,
-        "over_budget_third_party": over_tp,
-        "over_budget_server": over_sv,
-        "records": int(overview.get("n_records", 0)),
-        "records_stopped": int(overview.get("stopped", 0)),
-        "eps_spent_max": {
-            "third_party": overview.get("eps_third_party_max"),
-            "server": overview.get("eps_server_max"),
-        },
-        "per_group": per_group(overview),
         "participation": {str(k): v for k, v in server_state.get("participation", {}).items()},
         "empty_rounds": server_state.get("empty_rounds"),
         "seconds": float(result["seconds"]),
         "config": config_to_dict(config),
         "config_hash": config_hash(config),
+    }
+    summary.update(privacy_fields(config, result.get("privacy") or {}, view))
+    return summary
+
+
+def privacy_fields(
+    config: ExperimentConfig, silo_summaries: dict[int, Any], view: str
+) -> dict[str, Any]:
+    """The summary's privacy headline from silo summaries (empty in the coordinator's view).
+
+    ``view``: ``operator`` (the simulator, which owns every silo), ``operator-collected`` (the
+    loopback Flower launcher, which reads the local silos' state folders after the run) or
+    ``coordinator`` (a deployment: silo summaries stay at the silos).
+    """
+    labels = {
+        "operator": "operator: merged from every silo's own summary (simulator)",
+        "operator-collected": "operator: collected from the local silos' state folders "
+        "after the run (loopback launcher)",
+        "coordinator": "coordinator: per-record privacy summaries stay at the silos",
+    }
+    if view == "coordinator":
+        return {
+            "privacy_view": labels[view],
+            "over_budget": None,
+            "over_budget_third_party": None,
+            "over_budget_server": None,
+            "records": None,
+            "records_stopped": None,
+            "records_excluded": None,
+            "warnings": [],
+            "eps_spent_max": {"third_party": None, "server": None},
+            "per_group": {},
+        }
+    overview = privacy_overview(silo_summaries)
+    tags = ADVERSARY_TAGS[config.privacy.adversary]
+    return {
+        "privacy_view": labels.get(view, view),
+        "over_budget": max(int(overview.get(f"over_budget_{t}", 0)) for t in tags),
+        "over_budget_third_party": int(overview.get("over_budget_third_party", 0)),
+        "over_budget_server": int(overview.get("over_budget_server", 0)),
+        "records": int(overview.get("n_records", 0)),
+        "records_stopped": int(overview.get("stopped", 0)),
+        "records_excluded": int(overview.get("excluded", 0)),
+        "warnings": privacy_warnings(config, overview),
+        "eps_spent_max": {
+            "third_party": overview.get("eps_third_party_max"),
+            "server": overview.get("eps_server_max"),
+        },
+        "per_group": per_group(overview),
     }
 
 
@@ -86,10 +172,11 @@ def write_outputs(
     *,
     clients: dict[int, Any] | None = None,
     plots: bool = True,
+    view: str = "operator",
 ) -> dict[str, Any]:
     """Write ``summary.json``, ``model.npz``, ``ledgers/`` and plots; return the summary."""
     out = Path(out_dir)
-    summary = build_summary(config, result)
+    summary = build_summary(config, result, view=view)
     save_npz(out / "model.npz", **{f"p{i:03d}": p for i, p in enumerate(result["params"])})
     for cid, client in (clients or {}).items():
         ledger = getattr(client, "ledger", None)

@@ -1,7 +1,13 @@
 """In-process simulation: every silo is a Python object, the transport is a direct call.
 
 It runs the same :func:`pdpfl.runtime.loop.run_federation` loop and the same algorithm objects as
-the Flower runtime, so with the same config and seed both produce the same model.
+the Flower runtime, so with ``randomness: reproducible`` and the same seed both produce the same
+model. Each silo object keeps its own secret randomness (``randomness: secure``), exactly as a
+silo process would.
+
+Because one operator owns every silo here, the simulator may read each silo's privacy summary
+and assemble a full report (per budget group, per observer); a Flower deployment cannot, since
+those summaries stay at the silos.
 """
 
 from __future__ import annotations
@@ -12,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from pdpfl.config import ExperimentConfig
-from pdpfl.fl.api import ClientAlgorithm, ClientUpdate, Params, Scalars
+from pdpfl.fl.api import ClientAlgorithm, Contribution, Params, Scalars
 from pdpfl.runtime.loop import run_federation
 
 
@@ -25,7 +31,7 @@ class InProcessTransport:
 
     def fit(
         self, selected: list[int], params: Params, round_index: int, config: Scalars
-    ) -> list[ClientUpdate]:
+    ) -> list[Contribution]:
         return [self.clients[c].fit(params, round_index, config) for c in selected]
 
     def evaluate(
@@ -93,17 +99,14 @@ def run_simulation(
     """
     import time
 
-    from pdpfl.fl.factory import build_federation_algorithms
+    from pdpfl.fl.factory import build_federation_algorithms, prepare
     from pdpfl.runtime.outputs import write_outputs
 
     started = time.perf_counter()
     if federation is None:
         federation = load_federation_for(config)
-    centralized = config.algorithm.name == "centralized"
-    if centralized:
-        from pdpfl.fl.baselines import centralized_setup
-
-        config, federation = centralized_setup(config, federation)
+    original = config
+    config, federation = prepare(config, federation)
     with torch_threads(config.threads):
         server, clients = build_federation_algorithms(config, federation)
         transport = InProcessTransport(clients)
@@ -112,7 +115,5 @@ def run_simulation(
             stop_after=stop_after,
         )
     result["setup_seconds"] = time.perf_counter() - started - result["seconds"]
-    summary = write_outputs(config, result, out_dir, clients=clients)
-    if centralized:
-        summary["algorithm"] = "centralized"
+    summary = write_outputs(original, result, out_dir, clients=clients, view="operator")
     return summary

@@ -18,6 +18,13 @@ silo keeps its records' ledger and counters between messages).
 A SuperNode starts a fresh ClientApp process for every message, so a silo's algorithm state
 lives in a state file under its ``state-dir``: loaded before, and written (atomically) after
 each message, *before* the reply -- an update never leaves a silo before its charge is on disk.
+The silo's secret randomness is *not* state: each message's process draws a fresh key.
+
+What a silo sends (and nothing else): a train reply carries exactly its
+:class:`~pdpfl.fl.api.Contribution` (``update`` arrays; ``contribution`` = weight and declared
+public metrics); an evaluate reply carries ``loss``, ``accuracy``, ``n`` of its test split.
+Its privacy summary is written to ``<state-dir>/run-<key>/privacy-summary-silo-<i>.json`` on the
+silo's own disk.
 """
 
 from __future__ import annotations
@@ -36,12 +43,11 @@ from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
-from pdpfl.fl.api import ClientAlgorithm
-from pdpfl.io import write_bytes, write_json, write_text
+from pdpfl.fl.api import ClientAlgorithm, Contribution, PrivacyBoundaryError, check_evaluation
+from pdpfl.io import decode_state, encode_state, write_bytes, write_json, write_text
 from pdpfl.runtime.flower.codec import (
     config_to_scalars,
-    decode_state,
-    encode_state,
+    contribution_to_records,
     params_to_record,
     record_to_params,
     scalars_to_config,
@@ -57,7 +63,6 @@ from pdpfl.runtime.flower.hooks import (
 )
 from pdpfl.runtime.flower.transport import (
     ACTION_HELLO,
-    ACTION_SUMMARY,
     CONTROL,
     FlowerRunError,
     FlowerTransport,
@@ -130,6 +135,11 @@ class _Silo:
         ledger = getattr(client, "ledger", None)
         if ledger is not None and hasattr(ledger, "save"):
             ledger.save(self.state_path.with_name(f"ledger-silo-{self.silo}.npz"))
+        # The silo's own privacy report: stays on this disk (never in a reply).
+        write_json(
+            self.state_path.with_name(f"privacy-summary-silo-{self.silo}.json"),
+            _finite(client.privacy_summary()),
+        )
         timing = {
             "action": action,
             "round": self.round,
@@ -152,11 +162,6 @@ def _process_age() -> float | None:
         return None
 
 
-def _summary_records(client: ClientAlgorithm) -> dict[str, Any]:
-    metrics, rest = scalars_to_records(client.privacy_summary())
-    return {"summary": metrics, "summary.extra": rest}
-
-
 def _reply(msg: Message, records: dict[str, Any]) -> Message:
     return Message(RecordDict(records), reply_to=msg)
 
@@ -167,21 +172,14 @@ def _train(msg: Message, context: Context) -> Message:
     client = silo.client()
     params = record_to_params(msg.content.array_records["params"])
     config = config_to_scalars(msg.content.config_records["config"])
-    update = client.fit(params, silo.round, config)
+    contribution = client.fit(params, silo.round, config)
+    if type(contribution) is not Contribution:
+        raise PrivacyBoundaryError(
+            f"the silo's algorithm returned a {type(contribution).__name__}, not a Contribution"
+        )
     # Write-ahead: the round's charge is on the silo's disk before the update leaves it.
     silo.save(client, "fit")
-    metrics, rest = scalars_to_records(update.metrics)
-    return _reply(
-        msg,
-        {
-            "delta": params_to_record(update.delta),
-            "update": ConfigRecord(
-                {"client_id": int(update.client_id), "num_examples": int(update.num_examples)}
-            ),
-            "metrics": metrics,
-            "metrics.extra": rest,
-        },
-    )
+    return _reply(msg, contribution_to_records(contribution))
 
 
 @client_app.evaluate()
@@ -190,11 +188,11 @@ def _evaluate(msg: Message, context: Context) -> Message:
     client = silo.client()
     params = record_to_params(msg.content.array_records["params"])
     config = config_to_scalars(msg.content.config_records["config"])
-    result = client.evaluate(params, silo.round, config)
+    result = check_evaluation(client.evaluate(params, silo.round, config))
     # Evaluation also catches up the silo's Type II accounting for the round: persist it.
     silo.save(client, "evaluate")
     metrics, rest = scalars_to_records(result)
-    return _reply(msg, {"metrics": metrics, "metrics.extra": rest, **_summary_records(client)})
+    return _reply(msg, {"metrics": metrics, "metrics.extra": rest})
 
 
 @client_app.query()
@@ -216,8 +214,6 @@ def _query(msg: Message, context: Context) -> Message:
                 "info": scalars_to_config(info),
             },
         )
-    if action == ACTION_SUMMARY:
-        return _reply(msg, _summary_records(silo.client()))
     raise ValueError(f"unknown pdpfl query action {action!r}")
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
 
-from pdpfl.fl.api import Params, Scalars
+from pdpfl.fl.api import Contribution, Params, PrivacyBoundaryError, Scalars
 
 #: ConfigRecord key holding the values a ConfigRecord cannot store natively (None, nested).
 _JSON_KEY = "pdpfl.json"
@@ -30,6 +30,40 @@ def params_to_record(params: Params) -> ArrayRecord:
 
 def record_to_params(record: ArrayRecord) -> Params:
     return [np.asarray(a) for a in record.to_numpy_ndarrays()]
+
+
+#: The record names of a train reply: exactly the fields of a Contribution.
+CONTRIBUTION_RECORDS = frozenset({"update", "contribution"})
+#: The record names of an evaluate reply.
+EVALUATION_RECORDS = frozenset({"metrics", "metrics.extra"})
+_WEIGHT = "weight"
+_METRIC_PREFIX = "metric."
+
+
+def contribution_to_records(contribution: Contribution) -> dict[str, Any]:
+    """Encode exactly the fields of a :class:`Contribution` (no other field can travel)."""
+    values: dict[str, float] = {_WEIGHT: float(contribution.weight)}
+    for key, value in contribution.metrics.items():
+        values[_METRIC_PREFIX + str(key)] = float(value)
+    return {"update": params_to_record(contribution.update), "contribution": MetricRecord(values)}
+
+
+def records_to_contribution(names: set[str] | frozenset[str], record_dict: Any) -> Contribution:
+    """Decode a train reply; :class:`PrivacyBoundaryError` if it carries any other record."""
+    if set(names) != CONTRIBUTION_RECORDS:
+        raise PrivacyBoundaryError(
+            f"a train reply must carry exactly {sorted(CONTRIBUTION_RECORDS)}, got {sorted(names)}"
+        )
+    values = dict(record_dict.metric_records["contribution"].items())
+    weight = float(values.pop(_WEIGHT))
+    metrics = {}
+    for key, value in values.items():
+        if not key.startswith(_METRIC_PREFIX):
+            raise PrivacyBoundaryError(f"a train reply carries the undeclared field {key!r}")
+        metrics[key[len(_METRIC_PREFIX):]] = float(value)
+    return Contribution(
+        update=record_to_params(record_dict.array_records["update"]), weight=weight, metrics=metrics
+    )
 
 
 def _plain(value: Any) -> Any:
@@ -96,62 +130,5 @@ def json_default(obj: Any) -> Any:
 
 
 # --------------------------------------------------------------------------- state files
-
-
-def encode_state(state: Any) -> bytes:
-    """Serialise nested dicts/lists of scalars, NumPy arrays and torch tensors, without pickle.
-
-    Dictionary keys keep their type (``int`` or ``str``); tuples come back as lists.
-    """
-    arrays: dict[str, np.ndarray] = {}
-
-    def walk(obj: Any) -> Any:
-        if isinstance(obj, dict):
-            return {"__dict__": [[k, walk(v)] for k, v in obj.items()]}
-        if isinstance(obj, list | tuple):
-            return [walk(v) for v in obj]
-        if isinstance(obj, np.ndarray):
-            key = f"a{len(arrays)}"
-            arrays[key] = obj
-            return {"__array__": key}
-        if type(obj).__module__ == "torch" and type(obj).__name__ == "Tensor":
-            key = f"a{len(arrays)}"
-            arrays[key] = obj.detach().cpu().numpy()
-            return {"__tensor__": key}
-        if isinstance(obj, np.generic):
-            obj = obj.item()
-        if isinstance(obj, float) and not math.isfinite(obj):
-            return {"__float__": repr(obj)}
-        if obj is None or isinstance(obj, bool | int | float | str):
-            return obj
-        raise TypeError(f"cannot store a {type(obj).__name__} in a silo state file")
-
-    skeleton = json.dumps(walk(state)).encode("utf-8")
-    buf = io.BytesIO()
-    np.savez(buf, __skeleton__=np.frombuffer(skeleton, dtype=np.uint8), **arrays)
-    return buf.getvalue()
-
-
-def decode_state(data: bytes) -> Any:
-    """Inverse of :func:`encode_state`."""
-    with np.load(io.BytesIO(data), allow_pickle=False) as npz:
-        arrays = {k: npz[k] for k in npz.files}
-    skeleton = json.loads(arrays.pop("__skeleton__").tobytes().decode("utf-8"))
-
-    def walk(obj: Any) -> Any:
-        if isinstance(obj, list):
-            return [walk(v) for v in obj]
-        if isinstance(obj, dict):
-            if "__dict__" in obj:
-                return {k: walk(v) for k, v in obj["__dict__"]}
-            if "__array__" in obj:
-                return arrays[obj["__array__"]]
-            if "__tensor__" in obj:
-                import torch
-
-                return torch.from_numpy(arrays[obj["__tensor__"]].copy())
-            if "__float__" in obj:
-                return float(obj["__float__"])
-        return obj
-
-    return walk(skeleton)
+# (kept here for compatibility: the implementation lives in pdpfl.io)
+from pdpfl.io import decode_state, encode_state  # noqa: E402,F401

@@ -38,8 +38,9 @@ class AppHooks:
     num_silos
         Number of silos the configuration expects (the number of SuperNodes to wait for).
     silo_info
-        At a silo, ``(config, silo, node_config) -> Scalars``: public or aggregate facts the
-        server needs to set up the mechanism (shapes, counts; never record-level values).
+        At a silo, ``(config, silo, node_config) -> Scalars``: public facts the server needs to
+        set up the mechanism (shapes, names; the silo size only when the config declares sizes
+        public). Never budgets or their statistics.
     build_server
         At the server, ``(config, silo_infos) -> (ServerAlgorithm, public)``; ``public`` is a
         JSON-able dict sent to every silo with each message (e.g. the published calibration).
@@ -100,10 +101,6 @@ def _load_silo_federation(config: Any, node_config: Mapping[str, Any]) -> Any:
     return load_federation_for(config)
 
 
-def _needs_budget_stats(config: Any) -> bool:
-    return config.algorithm.name in ("minimum", "dropout") and config.algorithm.epsilon is None
-
-
 def _num_silos(config: Any) -> int:
     if config.data.num_clients is not None:
         return int(config.data.num_clients)
@@ -111,7 +108,7 @@ def _num_silos(config: Any) -> int:
 
 
 def _silo_info(config: Any, silo: int, node_config: Mapping[str, Any]) -> Scalars:
-    """Shapes, and (only for the minimum/dropout baselines) the silo's budget min/sum/count."""
+    """Shapes and the silo's name (and its size only if ``data.public_silo_sizes``)."""
     import json
 
     federation = _load_silo_federation(config, node_config)
@@ -120,40 +117,35 @@ def _silo_info(config: Any, silo: int, node_config: Mapping[str, Any]) -> Scalar
         "num_classes": int(federation.num_classes),
         "name": str(federation.clients[silo].name),
     }
-    if _needs_budget_stats(config):
-        from pdpfl.fl.factory import client_budgets
-
-        budgets = client_budgets(config, silo, federation.clients[silo])
-        info.update(
-            budget_min=float(budgets.min()),
-            budget_sum=float(budgets.sum()),
-            budget_count=int(budgets.size),
-        )
+    if config.data.public_silo_sizes:
+        info["num_examples"] = int(len(federation.clients[silo].y_train))
     return info
 
 
 def _build_server(
     config: Any, silo_infos: dict[int, Scalars]
 ) -> tuple[ServerAlgorithm, dict[str, Any]]:
-    """The server, from the silos' public facts; the publication is computed once, here."""
+    """The server, from the silos' public facts; the public setup is computed once, here."""
     import json
 
-    from pdpfl.fl.factory import build_server, publish
+    from pdpfl.fl.api import FederationInfo
+    from pdpfl.fl.factory import build_server, public_setup
 
     first = silo_infos[min(silo_infos)]
-    meta: dict[str, Any] = {
-        "input_shape": tuple(json.loads(str(first["input_shape"]))),
-        "num_classes": int(first["num_classes"]),
-        "client_ids": sorted(silo_infos),
-        "client_names": [str(silo_infos[s].get("name", s)) for s in sorted(silo_infos)],
-    }
-    if _needs_budget_stats(config):
-        count = sum(int(i["budget_count"]) for i in silo_infos.values())
-        meta["budget_min"] = min(float(i["budget_min"]) for i in silo_infos.values())
-        meta["budget_mean"] = sum(float(i["budget_sum"]) for i in silo_infos.values()) / count
-    meta["publication"] = publish(config, meta)
-    public = dict(meta, publication=meta["publication"].to_dict())
-    return build_server(config, meta), public
+    ids = sorted(silo_infos)
+    info = FederationInfo(
+        input_shape=tuple(json.loads(str(first["input_shape"]))),
+        num_classes=int(first["num_classes"]),
+        client_ids=tuple(ids),
+        client_names=tuple(str(silo_infos[s].get("name", s)) for s in ids),
+        silo_sizes=(
+            tuple(int(silo_infos[s]["num_examples"]) for s in ids)
+            if config.data.public_silo_sizes
+            else None
+        ),
+    )
+    setup = public_setup(config, info)
+    return build_server(config, info, setup), {"info": info.to_dict(), "setup": setup}
 
 
 def _silo_data(config: Any, silo: int, node_config: Mapping[str, Any]) -> Any:
@@ -198,10 +190,11 @@ def _silo_data(config: Any, silo: int, node_config: Mapping[str, Any]) -> Any:
 def _build_client(
     config: Any, silo: int, node_config: Mapping[str, Any], public: dict[str, Any]
 ) -> ClientAlgorithm:
+    from pdpfl.fl.api import FederationInfo
     from pdpfl.fl.factory import build_client
 
-    meta = dict(public, input_shape=tuple(public["input_shape"]))
-    return build_client(config, silo, _silo_data(config, silo, node_config), meta)
+    info = FederationInfo.from_dict(public["info"])
+    return build_client(config, silo, _silo_data(config, silo, node_config), info, public["setup"])
 
 
 def _run(config: Any, server: ServerAlgorithm, transport: Any, out_dir: Path, resume: bool):
@@ -211,10 +204,11 @@ def _run(config: Any, server: ServerAlgorithm, transport: Any, out_dir: Path, re
 
 
 def _finish(config: Any, result: dict[str, Any], out_dir: Path) -> dict[str, Any]:
-    """``summary.json``, ``model.npz`` and plots, by the simulator's own writer."""
+    """``summary.json``, ``model.npz`` and plots by the simulator's writer, coordinator view
+    (the silos' privacy summaries stay at the silos)."""
     from pdpfl.runtime.outputs import write_outputs
 
-    return write_outputs(config, result, out_dir)
+    return write_outputs(config, result, out_dir, view="coordinator")
 
 
 PDPFL_HOOKS = AppHooks(

@@ -325,9 +325,9 @@ def run_flower(
         ``hooks``).
     out_dir
         Output folder: the same files as the simulator (``metrics.jsonl``, ``summary.json``,
-        ``model.npz``, ``checkpoint.pkl``, ``ledgers/``) plus ``flower/`` (app, logs, silo state).
+        ``model.npz``, ``checkpoint.npz``, ``ledgers/``) plus ``flower/`` (app, logs, silo state).
     resume
-        Continue from ``out_dir/checkpoint.pkl``; silos reload their own state files.
+        Continue from ``out_dir/checkpoint.npz``; silos reload their own state files.
     hooks
         Import spec of the :class:`~pdpfl.runtime.flower.hooks.AppHooks` to use.
     round_timeout_s
@@ -347,11 +347,13 @@ def run_flower(
         Called with the running :class:`LocalFederation` once it is up (failure drills).
     """
     algorithm = getattr(getattr(config, "algorithm", None), "name", None)
-    if algorithm == "centralized":
-        raise ValueError(
-            "algorithm.name: 'centralized' trains on pooled data and has no Flower runtime; "
-            "use runtime: simulation"
-        )
+    if algorithm is not None and hooks == DEFAULT_HOOKS:
+        from pdpfl.fl.registry import get_algorithm
+
+        if get_algorithm(algorithm).simulation_only:
+            raise ValueError(
+                f"algorithm.name: {algorithm!r} runs only in the simulator; use runtime: simulation"
+            )
     for name, value in (
         ("round_timeout_s", round_timeout_s),
         ("startup_timeout_s", startup_timeout_s),
@@ -406,7 +408,31 @@ def run_flower(
     if result.get("status") != "ok":
         raise FlowerRunError(f"the Flower run failed: {result.get('error')}")
     _collect_ledgers(flower_dir, out, result.get("run_key", ""), num_silos)
-    return result.get("summary") or {}
+    summary = result.get("summary") or {}
+    return _operator_summary(config, summary, flower_dir, out, result.get("run_key", ""), num_silos)
+
+
+def _operator_summary(
+    config: Any, summary: dict[str, Any], flower_dir: Path, out: Path, run_key: str, n: int
+) -> dict[str, Any]:
+    """On loopback one operator owns every silo: merge the silos' own privacy summaries (read
+    from their state folders after the run) into the coordinator's summary, labelled as such."""
+    summaries = {}
+    for i in range(n):
+        path = flower_dir / f"silo-{i}" / f"run-{run_key}" / f"privacy-summary-silo-{i}.json"
+        if path.exists():
+            summaries[i] = json.loads(path.read_text())
+    if not summaries or not hasattr(config, "privacy"):
+        return summary
+    from pdpfl.io import write_json
+    from pdpfl.runtime.loop import _finite
+    from pdpfl.runtime.outputs import privacy_fields
+
+    merged = dict(summary)
+    merged.update(privacy_fields(config, summaries, "operator-collected"))
+    merged = _finite(merged)
+    write_json(out / "summary.json", merged)
+    return merged
 
 
 def _collect_ledgers(flower_dir: Path, out: Path, run_key: str, num_silos: int) -> None:

@@ -22,6 +22,7 @@ A silo whose reply is an error, or that does not reply within ``round_timeout_s`
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -29,12 +30,12 @@ from typing import Any
 
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 
-from pdpfl.fl.api import ClientUpdate, Params, Scalars
+from pdpfl.fl.api import Contribution, Params, PrivacyBoundaryError, Scalars
 from pdpfl.runtime.flower.codec import (
-    config_to_scalars,
+    EVALUATION_RECORDS,
     json_default,
     params_to_record,
-    record_to_params,
+    records_to_contribution,
     records_to_scalars,
     scalars_to_config,
 )
@@ -44,7 +45,10 @@ CONTROL = "pdpfl"
 ACTION_HELLO = "hello"
 ACTION_FIT = "fit"
 ACTION_EVALUATE = "evaluate"
-ACTION_SUMMARY = "summary"
+
+#: If set, the ServerApp appends one JSON line per received reply to this file: the action and
+#: every record name and key the reply carried (tests use it to check the privacy boundary).
+MESSAGE_LOG_ENV = "PDPFL_MESSAGE_LOG"
 
 
 #: Seconds between two pulls for replies (``Grid.send_and_receive`` waits 3 s between pulls).
@@ -122,7 +126,7 @@ class FlowerTransport:
         self.min_silos = int(min_silos)
         self.log_path = Path(log_path) if log_path is not None else None
         self.lost: dict[int, str] = {}
-        self._summaries: dict[int, Scalars] = {}
+        self._message_log = os.environ.get(MESSAGE_LOG_ENV)
 
     # ------------------------------------------------------------------ messaging
 
@@ -166,6 +170,7 @@ class FlowerTransport:
                 self.lost[silo] = f"round {round_index} {action}: error {reply.error.reason}"
             else:
                 received[silo] = reply.content
+                self._record_message(action, silo, reply.content)
         for silo in targets:
             if silo not in received and silo not in self.lost:
                 self.lost[silo] = (
@@ -189,6 +194,16 @@ class FlowerTransport:
             )
         return received
 
+    def _record_message(self, action: str, silo: int, content: RecordDict) -> None:
+        if not self._message_log:
+            return
+        records = {}
+        for name, rec in content.items():
+            if isinstance(rec, ConfigRecord) or hasattr(rec, "keys"):
+                records[name] = sorted(str(k) for k in rec.keys())
+        with open(self._message_log, "a") as fh:
+            fh.write(json.dumps({"action": action, "silo": silo, "records": records}) + "\n")
+
     def _log(self, event: dict[str, Any]) -> None:
         if self.log_path is None:
             return
@@ -200,30 +215,18 @@ class FlowerTransport:
 
     def fit(
         self, selected: list[int], params: Params, round_index: int, config: Scalars
-    ) -> list[ClientUpdate]:
+    ) -> list[Contribution]:
         def content(silo: int) -> RecordDict:
             return RecordDict(
                 {"params": params_to_record(params), "config": scalars_to_config(config)}
             )
 
         replies = self._exchange(ACTION_FIT, MessageType.TRAIN, selected, round_index, content)
-        updates = []
+        contributions = []
         for silo in selected:  # the order of `selected`, as in the simulator
-            if silo not in replies:
-                continue
-            rd = replies[silo]
-            info = config_to_scalars(rd.config_records["update"])
-            updates.append(
-                ClientUpdate(
-                    client_id=int(info["client_id"]),
-                    delta=record_to_params(rd.array_records["delta"]),
-                    metrics=records_to_scalars(
-                        rd.metric_records["metrics"], rd.config_records.get("metrics.extra")
-                    ),
-                    num_examples=int(info["num_examples"]),
-                )
-            )
-        return updates
+            if silo in replies:
+                contributions.append(records_to_contribution(set(replies[silo].keys()), replies[silo]))
+        return contributions
 
     def evaluate(
         self, client_ids: list[int], params: Params, round_index: int, config: Scalars
@@ -240,26 +243,19 @@ class FlowerTransport:
         for silo in client_ids:
             if silo in replies:
                 rd = replies[silo]
+                if not set(rd.keys()) <= EVALUATION_RECORDS:
+                    raise PrivacyBoundaryError(
+                        f"silo {silo}'s evaluate reply carries {sorted(rd.keys())}; allowed: "
+                        f"{sorted(EVALUATION_RECORDS)}"
+                    )
                 out[silo] = records_to_scalars(
                     rd.metric_records["metrics"], rd.config_records.get("metrics.extra")
                 )
-                self._summaries[silo] = _summary_from(rd)
         return out
 
     def privacy_summaries(self) -> dict[int, Scalars]:
-        """The silos' aggregate privacy summaries.
-
-        Each evaluate reply carries the silo's summary after that round's catch-up, so this only
-        sends a query for silos not heard from yet. A lost silo keeps its last known summary.
-        """
-        missing = [s for s in self.client_ids if s not in self._summaries and s not in self.lost]
-        if missing:
-            replies = self._exchange(
-                ACTION_SUMMARY, MessageType.QUERY, missing, -1, lambda silo: RecordDict()
-            )
-            for silo, rd in replies.items():
-                self._summaries[silo] = _summary_from(rd)
-        return {s: dict(self._summaries[s]) for s in self.client_ids if s in self._summaries}
+        """Nothing: in a deployment each silo's privacy summary stays at the silo."""
+        return {}
 
     def client_states(self) -> dict[int, dict]:
         """References only: each silo's state (its records' ledger) stays on the silo's disk."""
@@ -281,7 +277,3 @@ class FlowerTransport:
                     f"checkpoint of silo {silo} belongs to run {state.get('run_key')}, "
                     f"not {self.run_key}"
                 )
-
-
-def _summary_from(rd: RecordDict) -> Scalars:
-    return records_to_scalars(rd.metric_records["summary"], rd.config_records.get("summary.extra"))

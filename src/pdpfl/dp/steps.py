@@ -1,0 +1,121 @@
+"""The DP step in separable parts: sample, clip, add noise, normalise.
+
+Every pdpfl mechanism is assembled from these pieces (as Opacus' ``DPOptimizer.pre_step`` is from
+``clip_and_accumulate``/``add_noise``/``scale_grad``):
+
+* :func:`poisson_sample` -- one independent Bernoulli(q_u) per unit (record, user or client),
+  coins from the owning party's :class:`~pdpfl.randomness.RandomStream`;
+* clipping -- per record inside a gradient computation
+  (:func:`pdpfl.dp.grad_sample.clipped_grad_sum`), or per unit on whole parameter vectors
+  (:func:`clip_vectors`: a user's model delta in ULDP-FL, a client's update in IDP-FedAvg);
+* :func:`noisy_normalised_sum` -- adds N(0, std²) per coordinate to a clipped sum in float64,
+  divides by a *public* normaliser and rounds once to the parameter dtype. The noise is added even
+  when nothing was sampled (an empty batch is a noise-only step).
+
+Norms used for clipping are computed in float64, so a crafted unit cannot slip past the bound
+through float32 cancellation.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from pdpfl.randomness import RandomStream
+
+__all__ = [
+    "check_normalizer",
+    "clip_vectors",
+    "noisy_normalised_sum",
+    "poisson_sample",
+    "vector_norms",
+]
+
+
+def poisson_sample(rates: Tensor | np.ndarray, stream: RandomStream) -> Tensor:
+    """Indices ``{u : U_u < q_u}``: one independent Bernoulli(q_u) per unit (int64, CPU).
+
+    ``rates`` are validated float64 probabilities; a unit with ``q_u = 0`` is never drawn and a
+    unit with ``q_u = 1`` always is (the uniforms lie in the open interval (0, 1)).
+    """
+    q = torch.as_tensor(rates, dtype=torch.float64).reshape(-1).cpu()
+    u = torch.from_numpy(np.asarray(stream.uniform(q.shape[0]), dtype=np.float64))
+    return torch.nonzero(u < q).flatten()
+
+
+def check_normalizer(normalizer: float | None, name: str = "normalizer") -> float:
+    """A public normaliser: a finite number > 0 (ValueError naming ``name`` otherwise)."""
+    if normalizer is None:
+        raise ValueError(
+            f"{name}: required under DP -- the public constant (e.g. the expected batch size) "
+            "that divides the noisy sum; pdpfl never divides by a count computed from private data"
+        )
+    b = float(normalizer)
+    if not (math.isfinite(b) and b > 0):
+        raise ValueError(f"{name}: must be a finite number > 0, got {normalizer!r}")
+    return b
+
+
+def noisy_normalised_sum(
+    sums: Sequence[Tensor], std: float, normalizer: float, stream: RandomStream | None
+) -> list[Tensor]:
+    """``(Σ clipped + N(0, std² I)) / normalizer`` per tensor, noise drawn in tensor order.
+
+    The addition and the division happen in float64 and the result is rounded once to each
+    tensor's dtype (see :mod:`pdpfl.randomness` on floating-point attacks). ``std = 0`` adds no
+    noise (and needs no stream).
+    """
+    b = check_normalizer(normalizer)
+    out = []
+    for s in sums:
+        acc = s.detach().to(torch.float64)
+        if std > 0:
+            if stream is None:
+                raise ValueError("stream: required when std > 0")
+            acc = acc + std * stream.normal(tuple(s.shape)).to(acc.device)
+        out.append((acc / b).to(s.dtype))
+    return out
+
+
+def vector_norms(vectors: Sequence[Tensor]) -> Tensor:
+    """Per-unit L2 norms over several tensors with a leading unit axis, computed in float64.
+
+    ``vectors[k]`` has shape ``(U, *shape_k)``; returns ``(U,)`` float64.
+    """
+    if not vectors:
+        raise ValueError("vectors: expected at least one tensor")
+    total = None
+    for v in vectors:
+        sq = v.detach().to(torch.float64).reshape(v.shape[0], -1).pow(2).sum(1)
+        total = sq if total is None else total + sq
+    return total.sqrt()
+
+
+def clip_vectors(
+    vectors: Sequence[Tensor], max_norm: float | Tensor
+) -> tuple[list[Tensor], Tensor]:
+    """Scale each unit's vector (over all tensors) to L2 norm at most ``max_norm``.
+
+    ``vectors[k]`` has shape ``(U, *shape_k)`` (unit axis first). Returns the clipped tensors (same
+    dtype) and the float64 factors ``min(1, C / ‖v_u‖)``. The norm is taken in float64 and a
+    clipping factor is shrunk by a few ulps of float32, so that ``‖clipped_u‖ ≤ C`` holds for the
+    float32 result too.
+    """
+    norms = vector_norms(vectors)
+    c = torch.as_tensor(max_norm, dtype=torch.float64)
+    if bool((c <= 0).any()) or not bool(torch.isfinite(c).all()):
+        raise ValueError(f"max_norm: must be finite and > 0, got {max_norm!r}")
+    clipped = norms > c
+    # A clipped unit's factor is shrunk by a few float32 ulps so rounding cannot overshoot C.
+    factors = torch.where(
+        clipped, c / norms.clamp_min(1e-300) * (1.0 - 4.0 * 2.0**-24), torch.ones_like(norms)
+    )
+    out = []
+    for v in vectors:
+        f = factors.reshape(-1, *([1] * (v.dim() - 1)))
+        out.append((v.detach().to(torch.float64) * f).to(v.dtype))
+    return out, factors

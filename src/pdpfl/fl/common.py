@@ -1,0 +1,154 @@
+"""Building blocks shared by the algorithm modules (no I/O, no runtime).
+
+* :func:`federation_info` -- the public :class:`~pdpfl.fl.api.FederationInfo` of a federation;
+* :func:`client_budgets` -- a silo's per-record budgets, computed on the silo;
+* :func:`initial_params` / :func:`silo_model` -- the public initial model x⁰;
+* :func:`party_randomness` -- one party's mechanism randomness (secure unless the config
+  explicitly asks for the reproducible research mode).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from pdpfl.fl.api import FederationInfo, Params
+from pdpfl.randomness import Randomness, make_randomness
+from pdpfl.seeding import derive_seed, numpy_generator
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+    from pdpfl.config import ExperimentConfig
+
+__all__ = [
+    "budget_groups",
+    "client_budgets",
+    "federation_info",
+    "initial_params",
+    "noise_for_max_budget_cached",
+    "party_randomness",
+    "public_budget_statistics",
+    "silo_model",
+]
+
+
+def federation_info(federation: Any, config: ExperimentConfig | None = None) -> FederationInfo:
+    """Public facts of ``federation``: shapes, ids, names (+ sizes only if declared public)."""
+    sizes = None
+    if config is not None and config.data.public_silo_sizes:
+        sizes = tuple(int(len(c.y_train)) for c in federation.clients)
+    return FederationInfo(
+        input_shape=tuple(int(s) for s in federation.input_shape),
+        num_classes=int(federation.num_classes),
+        client_ids=tuple(range(len(federation.clients))),
+        client_names=tuple(str(c.name) for c in federation.clients),
+        silo_sizes=sizes,
+    )
+
+
+def client_budgets(config: ExperimentConfig, client_id: int, client_data: Any) -> np.ndarray:
+    """ε of one silo's training records (computed on the silo; never sent anywhere).
+
+    From ``budgets.file`` (``{client_id}``/``{client}`` in the path are replaced) or drawn from the
+    configured scenario with ``numpy_generator(seed, "budgets", client_id)`` -- the budgets are
+    simulated users' choices, i.e. part of the data, not mechanism randomness.
+    """
+    from pdpfl import budgets as budgets_mod
+
+    n = len(client_data.y_train)
+    if config.budgets.file is not None:
+        path = config.budgets.file.format(client_id=client_id, client=client_data.name)
+        try:
+            values = np.asarray(budgets_mod.load_budgets(path), dtype=float)
+        except FileNotFoundError:
+            raise ValueError(f"budgets.file: {path} does not exist (silo {client_id})") from None
+        if values.shape != (n,):
+            raise ValueError(
+                f"budgets.file: silo {client_id} has {n} records but {path} has {values.size}"
+            )
+        return values
+    scenario = budgets_mod.make_scenario(config.budgets.scenario, **config.budgets.params)
+    rng = numpy_generator(config.seed, "budgets", int(client_id))
+    return np.asarray(
+        budgets_mod.assign_budgets(scenario, n, rng, labels=client_data.y_train), dtype=float
+    )
+
+
+def public_budget_statistics(config: ExperimentConfig) -> tuple[float | None, float | None]:
+    """(minimum, mean) of the configured budget *scenario* (public); (None, None) for files."""
+    from pdpfl import budgets as budgets_mod
+
+    if config.budgets.file is not None:
+        return None, None
+    scenario = budgets_mod.make_scenario(config.budgets.scenario, **config.budgets.params)
+    return budgets_mod.public_statistics(scenario)
+
+
+def budget_groups(budgets: np.ndarray, max_levels: int = 8) -> tuple[np.ndarray, list[str]]:
+    """Group records by budget for reporting: one group per level, or fixed public bins.
+
+    Returns ``(group index per record, group labels)``. Discrete scenarios (at most
+    ``max_levels`` distinct budgets) get one group per level; continuous ones the public bins
+    (0, 0.2], (0.2, 0.5], (0.5, 1], (1, 2], (2, 5], (5, 10], (10, ∞).
+    """
+    budgets = np.asarray(budgets, dtype=float)
+    levels = np.unique(budgets)
+    if len(levels) <= max_levels:
+        return np.searchsorted(levels, budgets), [f"{v:g}" for v in levels]
+    edges = np.array([0.2, 0.5, 1.0, 2.0, 5.0, 10.0])
+    labels_all = ["(0,0.2]", "(0.2,0.5]", "(0.5,1]", "(1,2]", "(2,5]", "(5,10]", "(10,inf)"]
+    idx = np.searchsorted(edges, budgets, side="left")
+    return idx, labels_all
+
+
+def silo_model(config: ExperimentConfig, info: FederationInfo) -> torch.nn.Module:
+    """The configured model with the public initialisation x⁰ (seeded: x⁰ is public)."""
+    import torch
+
+    from pdpfl.models import create_model
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(derive_seed(config.seed, "model-init"))
+        return create_model(
+            config.model.name, info.input_shape, info.num_classes, **dict(config.model.options)
+        )
+
+
+def initial_params(config: ExperimentConfig, info: FederationInfo) -> Params:
+    """x⁰: the trainable parameters of :func:`silo_model`."""
+    from pdpfl.models import get_params
+
+    return get_params(silo_model(config, info))
+
+
+def party_randomness(config: ExperimentConfig, party: str) -> Randomness:
+    """The mechanism randomness of one party (``"server"``, ``"silo-3"``, ...).
+
+    ``randomness: secure`` (default): a fresh secret key, different for every party and every
+    process. ``randomness: reproducible``: streams derived from ``config.seed`` (the stream
+    names include the party's role and index, so parties still draw different numbers).
+    """
+    return make_randomness(config.randomness, config.seed)
+
+
+@lru_cache(maxsize=64)
+def noise_for_max_budget_cached(
+    epsilon_max: float,
+    delta: float,
+    steps: int,
+    rounds: int | None,
+    client_rate: float,
+    adversary: str,
+) -> float:
+    """σ at which q = 1 spends exactly ε_max (a pure function of public parameters; memoized
+    because ``pdpfl compare`` builds several methods with the same mechanism)."""
+    from pdpfl.calibrate import noise_for_max_budget
+    from pdpfl.privacy.plan import TrainingPlan
+
+    template = TrainingPlan(
+        noise_multiplier=1.0, delta=delta, steps=steps, rounds=rounds, client_rate=client_rate
+    )
+    return float(noise_for_max_budget(epsilon_max, template, adversary=adversary))

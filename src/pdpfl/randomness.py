@@ -1,0 +1,286 @@
+"""Where mechanism randomness comes from: a CSPRNG by default, seeded streams on request.
+
+Every random choice that a differential-privacy guarantee depends on -- the Gaussian noise, the
+per-record (or per-user) Poisson coins and the client-sampling coins -- is drawn from a
+:class:`RandomStream` obtained from the :class:`Randomness` of *the party that owns the coin*
+(a silo owns its noise and record coins; the server owns the client coins).
+
+Two modes (``randomness:`` in the experiment config):
+
+``secure`` (default) -- :class:`SecureRandomness`
+    Each party creates its own 256-bit key from :func:`secrets.token_bytes` (the operating
+    system's CSPRNG) when it is built. A stream for ``(purpose, *indices)`` is the ChaCha20
+    keystream (RFC 7539, via the ``cryptography`` package: OpenSSL) under a per-stream subkey
+    ``BLAKE2b(key=party key, purpose ‖ indices)``. The key lives only in that party's memory: it is
+    never written to a config, log, checkpoint, state file or message, cannot be pickled, and a
+    resumed run or a new Flower message simply draws a fresh one. Knowing the configuration (seed
+    included) therefore says nothing about the noise or the coins.
+
+``reproducible`` -- :class:`SeededRandomness`
+    The research mode: streams derived from the configured seed with
+    :func:`pdpfl.seeding.torch_generator`, so a run can be replayed bit for bit and the
+    in-process simulator and a Flower federation draw the same numbers. **Anyone who knows the
+    seed can regenerate the noise and subtract it**: no privacy guarantee holds against them.
+    Runs in this mode print a warning and record :data:`REPRODUCIBLE_LABEL` in ``summary.json``.
+
+Gaussian noise on the secure path (floating-point attacks, Mironov 2012)
+-----------------------------------------------------------------------
+Standard normals are produced in float64 by the Box–Muller transform from 53-bit uniforms in
+(0, 1) (the radius uses a memoryless tail extension, so it is truncated only at R² ≤ 115, an
+event of probability below 1e-25 per pair). As Opacus' ``secure_mode`` does (after Holohan &
+Braghin 2021), each returned normal is the sum of four independent standard normals divided by
+two, which smooths the float64 lattice of a single draw. The caller adds the float64 noise to a
+float64 copy of the clipped sum and rounds once to the parameter dtype (float32), so the
+released value lives on a grid much coarser than the noise's. Residual risk, stated as Opacus
+states it: these measures make the known attacks impractical but are not a proof; the exact
+output distribution is a discretised Gaussian, whose distance from the ideal one is not
+included in the reported δ.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import secrets
+import struct
+import warnings
+from typing import Literal, Protocol, runtime_checkable
+
+import numpy as np
+import torch
+
+__all__ = [
+    "RandomStream",
+    "Randomness",
+    "SecureRandomness",
+    "SeededRandomness",
+    "make_randomness",
+    "stream_from_generator",
+    "RandomnessMode",
+    "REPRODUCIBLE_LABEL",
+    "SECURE_LABEL",
+    "ReproducibleRandomnessWarning",
+]
+
+RandomnessMode = Literal["secure", "reproducible"]
+
+#: What ``summary.json`` says about a run's randomness.
+SECURE_LABEL = "secure (ChaCha20 keystream, fresh secret key per party)"
+REPRODUCIBLE_LABEL = "reproducible (no guarantee against anyone who knows the seed)"
+
+_TWO_PI = 2.0 * math.pi
+_INV_2_53 = 2.0**-53
+#: Box–Muller radius: uniforms below this are refined (memoryless property of Exp(1)).
+_TAIL_CUT = 2.0**-30
+_TAIL_SHIFT = 30.0 * math.log(2.0)
+
+
+class ReproducibleRandomnessWarning(UserWarning):
+    """The run draws its noise and coins from the configured seed (no guarantee)."""
+
+
+@runtime_checkable
+class RandomStream(Protocol):
+    """One named stream of random numbers (sequential draws advance it)."""
+
+    def uniform(self, n: int) -> np.ndarray:
+        """``n`` independent float64 uniforms in the open interval (0, 1)."""
+        ...
+
+    def normal(self, shape: tuple[int, ...] | torch.Size) -> torch.Tensor:
+        """Independent standard normals, float64 CPU tensor of ``shape``."""
+        ...
+
+
+@runtime_checkable
+class Randomness(Protocol):
+    """A party's source of mechanism randomness."""
+
+    mode: RandomnessMode
+
+    def stream(self, purpose: str, *indices: int) -> RandomStream:
+        """The stream for ``purpose`` (e.g. ``"local-training"``) and integer ``indices``."""
+        ...
+
+    @property
+    def label(self) -> str:
+        """What a run's summary says about this randomness."""
+        ...
+
+
+# ----------------------------------------------------------------------------- secure mode
+
+
+def _stream_message(purpose: str, indices: tuple[int, ...]) -> bytes:
+    head = purpose.encode("utf-8")
+    return struct.pack("<I", len(head)) + head + b"".join(
+        struct.pack("<q", int(i)) for i in indices
+    )
+
+
+class _ChaChaStream:
+    """The ChaCha20 keystream of one subkey, read sequentially."""
+
+    __slots__ = ("_enc",)
+
+    def __init__(self, subkey: bytes) -> None:
+        from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+
+        # The subkey is unique per stream, so a fixed all-zero nonce/counter block is safe.
+        self._enc = Cipher(algorithms.ChaCha20(subkey, bytes(16)), mode=None).encryptor()
+
+    def __getstate__(self) -> None:  # never serialise keystream state
+        raise TypeError("random streams cannot be pickled or copied")
+
+    def _words(self, n: int) -> np.ndarray:
+        return np.frombuffer(self._enc.update(bytes(8 * n)), dtype=np.uint64, count=n)
+
+    def uniform(self, n: int) -> np.ndarray:
+        n = int(n)
+        if n < 0:
+            raise ValueError(f"n: must be >= 0, got {n}")
+        if n == 0:
+            return np.zeros(0, dtype=np.float64)
+        k = (self._words(n) >> np.uint64(11)).astype(np.float64)
+        return (k + 0.5) * _INV_2_53
+
+    def _exponential2(self, n: int) -> np.ndarray:
+        """2·Exp(1) samples (= R² of Box–Muller), with the tail below 2⁻³⁰ refined once."""
+        u = self.uniform(n)
+        e = -np.log(u)
+        small = u < _TAIL_CUT
+        if small.any():
+            e[small] = _TAIL_SHIFT - np.log(self.uniform(int(small.sum())))
+        return 2.0 * e
+
+    def _standard_normals(self, n: int) -> np.ndarray:
+        pairs = (n + 1) // 2
+        r = np.sqrt(self._exponential2(pairs))
+        theta = _TWO_PI * self.uniform(pairs)
+        out = np.empty(2 * pairs, dtype=np.float64)
+        out[0::2] = r * np.cos(theta)
+        out[1::2] = r * np.sin(theta)
+        return out[:n]
+
+    def normal(self, shape: tuple[int, ...] | torch.Size) -> torch.Tensor:
+        shape = tuple(int(s) for s in shape)
+        n = math.prod(shape)
+        if n == 0:
+            return torch.zeros(shape, dtype=torch.float64)
+        z = self._standard_normals(4 * n).reshape(4, n).sum(axis=0) * 0.5
+        return torch.from_numpy(z).reshape(shape)
+
+
+class SecureRandomness:
+    """Mechanism randomness from a fresh secret key (see the module docstring).
+
+    Parameters
+    ----------
+    key
+        32 secret bytes. Leave it ``None`` (the default): a fresh key is drawn from
+        :func:`secrets.token_bytes`. Passing a key exists for tests of the stream derivation only.
+    """
+
+    mode: RandomnessMode = "secure"
+
+    def __init__(self, key: bytes | None = None) -> None:
+        if key is None:
+            key = secrets.token_bytes(32)
+        if not isinstance(key, bytes | bytearray) or len(key) != 32:
+            raise ValueError("key: expected 32 bytes")
+        self.__key = bytes(key)
+
+    @property
+    def label(self) -> str:
+        return SECURE_LABEL
+
+    def stream(self, purpose: str, *indices: int) -> RandomStream:
+        subkey = hashlib.blake2b(
+            _stream_message(str(purpose), tuple(int(i) for i in indices)),
+            key=self.__key,
+            digest_size=32,
+            person=b"pdpfl-rng-v1",
+        ).digest()
+        return _ChaChaStream(subkey)
+
+    def __repr__(self) -> str:
+        return "SecureRandomness(<secret key>)"
+
+    def __getstate__(self) -> None:
+        raise TypeError("SecureRandomness holds a secret key and cannot be pickled or copied")
+
+    def __deepcopy__(self, memo: dict) -> SecureRandomness:
+        raise TypeError("SecureRandomness holds a secret key and cannot be copied")
+
+
+# ------------------------------------------------------------------------- reproducible mode
+
+
+class _TorchStream:
+    """A stream backed by a seeded ``torch.Generator`` (reproducible mode)."""
+
+    __slots__ = ("_gen",)
+
+    def __init__(self, generator: torch.Generator) -> None:
+        self._gen = generator
+
+    def uniform(self, n: int) -> np.ndarray:
+        n = int(n)
+        if n < 0:
+            raise ValueError(f"n: must be >= 0, got {n}")
+        u = torch.rand(n, generator=self._gen, dtype=torch.float64).numpy()
+        # torch.rand is in [0, 1): map an exact 0 into the open interval.
+        return np.where(u > 0.0, u, _INV_2_53 / 2)
+
+    def normal(self, shape: tuple[int, ...] | torch.Size) -> torch.Tensor:
+        return torch.randn(tuple(int(s) for s in shape), generator=self._gen, dtype=torch.float64)
+
+
+def stream_from_generator(generator: torch.Generator) -> RandomStream:
+    """Wrap a seeded ``torch.Generator`` as a stream (reproducible research use only)."""
+    if not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator: expected a torch.Generator, got {type(generator).__name__}")
+    return _TorchStream(generator)
+
+
+class SeededRandomness:
+    """Streams derived from the experiment seed (``randomness: reproducible``; no guarantee)."""
+
+    mode: RandomnessMode = "reproducible"
+
+    def __init__(self, seed: int) -> None:
+        self.seed = int(seed)
+
+    @property
+    def label(self) -> str:
+        return REPRODUCIBLE_LABEL
+
+    def stream(self, purpose: str, *indices: int) -> RandomStream:
+        from pdpfl.seeding import torch_generator
+
+        return _TorchStream(torch_generator(self.seed, str(purpose), *indices))
+
+    def __repr__(self) -> str:
+        return f"SeededRandomness(seed={self.seed})"
+
+
+def make_randomness(mode: str, seed: int | None = None, *, warn: bool = False) -> Randomness:
+    """The randomness of one party: ``"secure"`` (fresh key) or ``"reproducible"`` (``seed``).
+
+    With ``warn=True`` the reproducible mode emits a :class:`ReproducibleRandomnessWarning`.
+    """
+    if mode == "secure":
+        return SecureRandomness()
+    if mode == "reproducible":
+        if seed is None:
+            raise ValueError("seed: required for randomness 'reproducible'")
+        if warn:
+            warnings.warn(
+                "randomness: reproducible -- noise and sampling coins are derived from the "
+                "configured seed; anyone who knows it can remove the noise (no privacy guarantee "
+                "against them). Use randomness: secure for real deployments.",
+                ReproducibleRandomnessWarning,
+                stacklevel=2,
+            )
+        return SeededRandomness(seed)
+    raise ValueError(f"randomness: expected 'secure' or 'reproducible', got {mode!r}")
