@@ -14,16 +14,30 @@ increase the sensitivity).
 A server algorithm that needs the individual contributions (e.g. central-DP FedAvg clipping
 each client update at the server) declares ``needs_individual_updates = True``;
 :func:`check_compatible` refuses to run it with a protocol that hides individual updates.
+
+Multi-message protocols
+-----------------------
+A protocol with several message rounds (key agreement, masked upload, unmasking) drives them
+through ``transport.exchange(protocol, stage, requests, round_index)``: one request payload per
+silo, one reply per silo that answered. At the silo the runtime hands each request to the
+protocol's silo-side handler registered with :func:`register_silo_handler`, together with a
+:class:`SiloContext` (the silo's algorithm and a private ``memory`` dict that survives between
+stages and rounds at that silo and is never sent). Payload values are NumPy arrays, ``bytes``,
+``str``, ``int``, ``float`` or ``bool``. The in-process transport calls the handler directly; the
+Flower transport carries the payloads in messages.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from pdpfl.fl.api import (
     Aggregate,
+    ClientAlgorithm,
     Contribution,
     Params,
     Scalars,
@@ -32,7 +46,11 @@ from pdpfl.fl.api import (
 )
 
 __all__ = [
+    "Payload",
     "PlainSum",
+    "SiloContext",
+    "handle_silo_stage",
+    "register_silo_handler",
     "SumProtocol",
     "check_compatible",
     "empty_aggregate",
@@ -153,3 +171,49 @@ def get_protocol(name: str, **options: Any) -> SumProtocol:
             f"aggregation: unknown protocol {name!r}; available: {', '.join(sorted(_PROTOCOLS))}"
         )
     return _PROTOCOLS[name](**options)
+
+
+# ----------------------------------------------------------------- silo side of multi-stage protocols
+
+#: One message's content in a protocol stage: arrays, bytes and scalars by name.
+Payload = dict[str, Any]
+
+
+@dataclass
+class SiloContext:
+    """What a silo-side protocol handler may use at the silo.
+
+    ``memory`` persists between the stages and rounds of this run at this silo (in-process: an
+    attribute of the transport; Flower: the silo's own process or state folder) and never
+    leaves the silo: protocol secrets (e.g. a round's X25519 private key) live here.
+    """
+
+    client: ClientAlgorithm
+    silo_id: int
+    memory: dict[str, Any] = field(default_factory=dict)
+
+
+#: ``handler(stage, payload, round_index, context) -> reply payload``.
+SiloStageHandler = Callable[[str, Payload, int, SiloContext], Payload]
+
+_SILO_HANDLERS: dict[str, SiloStageHandler] = {}
+
+
+def register_silo_handler(protocol: str, handler: SiloStageHandler) -> None:
+    """Register the silo side of the multi-stage protocol named ``protocol``."""
+    if protocol in _SILO_HANDLERS:
+        raise ValueError(f"silo handler for protocol {protocol!r} is already registered")
+    _SILO_HANDLERS[protocol] = handler
+
+
+def handle_silo_stage(
+    protocol: str, stage: str, payload: Payload, round_index: int, context: SiloContext
+) -> Payload:
+    """Run one protocol stage at a silo (called by every runtime's silo side)."""
+    handler = _SILO_HANDLERS.get(protocol)
+    if handler is None:
+        get_protocol(protocol)  # importing/registering the protocol registers its silo handler
+        handler = _SILO_HANDLERS.get(protocol)
+    if handler is None:
+        raise ValueError(f"aggregation: protocol {protocol!r} has no silo-side handler")
+    return handler(stage, payload, int(round_index), context)

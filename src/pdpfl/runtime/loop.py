@@ -76,6 +76,13 @@ class Transport(Protocol):
         """
         ...
 
+    def exchange(
+        self, protocol: str, stage: str, requests: dict[int, dict[str, Any]], round_index: int
+    ) -> dict[int, dict[str, Any]]:
+        """One stage of a multi-message protocol: send each silo its request payload and return
+        the replies of the silos that answered (see :mod:`pdpfl.fl.aggregation`)."""
+        ...
+
     def client_states(self) -> dict[int, dict]:
         """Everything needed to resume each silo exactly."""
         ...

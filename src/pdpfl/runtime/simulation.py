@@ -28,6 +28,24 @@ class InProcessTransport:
     def __init__(self, clients: dict[int, ClientAlgorithm]) -> None:
         self.clients = dict(sorted(clients.items()))
         self.client_ids = list(self.clients)
+        #: Each silo's private protocol memory (never read by the server side).
+        self._silo_memory: dict[int, dict[str, Any]] = {c: {} for c in self.client_ids}
+
+    def exchange(
+        self, protocol: str, stage: str, requests: dict[int, dict[str, Any]], round_index: int
+    ) -> dict[int, dict[str, Any]]:
+        from pdpfl.fl.aggregation import SiloContext, handle_silo_stage
+
+        return {
+            c: handle_silo_stage(
+                protocol,
+                stage,
+                payload,
+                round_index,
+                SiloContext(self.clients[c], c, self._silo_memory[c]),
+            )
+            for c, payload in requests.items()
+        }
 
     def fit(
         self, selected: list[int], params: Params, round_index: int, config: Scalars
