@@ -1,0 +1,288 @@
+"""Train many copies of one model at once, each on its own data (``torch.func`` + ``vmap``).
+
+IDP-FedAvg trains every sampled *client* for E local epochs from the global model; ULDP-AVG
+trains, in every silo, a fresh copy of the global model on *each user's* records for Q epochs.
+Both are "K independent local trainings from the same starting point", which a Python loop runs
+one model at a time. :func:`train_copies` runs them as one batched computation:
+
+* the trainable parameters are stacked along a leading copy axis (K, *shape);
+* copies are sorted by data size and processed in groups of similar size (``group_size``), so
+  little work is wasted on padding;
+* every step, each copy takes its own next minibatch of its own (shuffled) data: the per-copy
+  gradient is ``vmap(grad(loss))`` over the stacked parameters, and a copy whose epoch has no
+  batch left at that step is frozen (its parameters and optimizer state do not move), so every
+  copy follows exactly the sequence of updates a per-copy loop would make;
+* SGD (momentum, weight decay) and Adam are implemented functionally on the stacked tensors.
+
+This is local (pre-privatisation) training: the DP mechanism is applied afterwards to each
+copy's delta (clipping per unit, noise), see :mod:`pdpfl.dp.steps`. Shuffling uses the owning
+party's random stream. :func:`train_copies_loop` is the obvious per-copy loop with the same
+semantics, kept as the reference for tests and benchmarks.
+
+Models with batch-coupled layers (BatchNorm) or buffers that change in training are rejected
+(:func:`pdpfl.dp.validate.validate_model`); dropout draws differ between copies
+(``randomness="different"``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+from torch.func import functional_call, grad, vmap
+
+from pdpfl.models import loss_fn as default_loss
+from pdpfl.randomness import RandomStream
+
+__all__ = ["LocalTrainingSpec", "train_copies", "train_copies_loop"]
+
+LossFn = Callable[[Tensor, Tensor], Tensor]
+
+
+@dataclass(frozen=True)
+class LocalTrainingSpec:
+    """How each copy trains: ``epochs`` passes over its data in minibatches of ``batch_size``.
+
+    ``optimizer`` is ``"sgd"`` (``momentum``, ``weight_decay``) or ``"adam"`` (``betas``,
+    ``eps``, ``weight_decay`` as L2 added to the gradient, like ``torch.optim.Adam``).
+    ``steps`` (optional) caps the number of steps per copy (e.g. ULDP-SGD: one step on all of a
+    user's records = ``batch_size=None, epochs=1``). ``batch_size=None`` means full batch.
+    """
+
+    epochs: int = 1
+    batch_size: int | None = 32
+    optimizer: str = "sgd"
+    lr: float = 0.1
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    steps: int | None = None
+
+    def __post_init__(self) -> None:
+        if int(self.epochs) < 1:
+            raise ValueError(f"epochs: must be an integer >= 1, got {self.epochs}")
+        if self.batch_size is not None and int(self.batch_size) < 1:
+            raise ValueError(f"batch_size: must be >= 1 or None (full batch), got {self.batch_size}")
+        if self.optimizer not in ("sgd", "adam"):
+            raise ValueError(f"optimizer: expected 'sgd' or 'adam', got {self.optimizer!r}")
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise ValueError(f"lr: must be a finite number > 0, got {self.lr}")
+        if not 0 <= self.momentum < 1:
+            raise ValueError(f"momentum: must be in [0, 1), got {self.momentum}")
+        if self.weight_decay < 0:
+            raise ValueError(f"weight_decay: must be >= 0, got {self.weight_decay}")
+        if self.steps is not None and int(self.steps) < 1:
+            raise ValueError(f"steps: must be >= 1 or None, got {self.steps}")
+
+
+def _batches_per_epoch(n: int, batch: int | None) -> int:
+    if n == 0:
+        return 0
+    return 1 if batch is None else math.ceil(n / batch)
+
+
+def _schedules(
+    sizes: Sequence[int], spec: LocalTrainingSpec, stream: RandomStream | None
+) -> list[list[np.ndarray]]:
+    """Per copy, the list of minibatch index arrays in training order (epochs × batches)."""
+    out = []
+    for n in sizes:
+        plan: list[np.ndarray] = []
+        for _ in range(int(spec.epochs)):
+            if n == 0:
+                break
+            if stream is None:
+                order = np.arange(n)
+            else:  # a uniformly random permutation from the owner's stream
+                order = np.argsort(stream.uniform(n), kind="stable")
+            b = n if spec.batch_size is None else int(spec.batch_size)
+            plan.extend(order[s : s + b] for s in range(0, n, b))
+        if spec.steps is not None:
+            plan = plan[: int(spec.steps)]
+        out.append(plan)
+    return out
+
+
+def _per_sample_loss(loss: LossFn) -> Callable[[Tensor, Tensor], Tensor]:
+    def one(o: Tensor, t: Tensor) -> Tensor:
+        return loss(o.unsqueeze(0), t.unsqueeze(0))
+
+    return vmap(one)
+
+
+def train_copies(
+    model: nn.Module,
+    datasets: Sequence[tuple[Tensor, Tensor]],
+    spec: LocalTrainingSpec,
+    *,
+    stream: RandomStream | None = None,
+    loss: LossFn = default_loss,
+    group_size: int = 64,
+) -> list[Tensor]:
+    """Train K copies of ``model`` (from its current parameters), copy k on ``datasets[k]``.
+
+    Returns the deltas (trained − initial) per trainable parameter, stacked: a list with one
+    tensor of shape ``(K, *param.shape)`` per parameter in ``model.parameters()`` order. A copy
+    with no data has a zero delta. ``model`` itself is not modified.
+    """
+    from pdpfl.dp.validate import validate_model
+
+    validate_model(model)
+    K = len(datasets)
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    base = {n: p.detach() for n, p in model.named_parameters() if p.requires_grad}
+    frozen = {n: p.detach() for n, p in model.named_parameters() if not p.requires_grad}
+    buffers = {n: b.detach() for n, b in model.named_buffers()}
+    deltas = [torch.zeros((K, *base[n].shape), dtype=base[n].dtype) for n in names]
+    if K == 0:
+        return deltas
+    sizes = [int(y.shape[0]) for _, y in datasets]
+    schedules = _schedules(sizes, spec, stream)
+    per_sample = _per_sample_loss(loss)
+
+    def copy_loss(params: dict[str, Tensor], x: Tensor, y: Tensor, w: Tensor) -> Tensor:
+        out = functional_call(model, ({**params, **frozen}, buffers), (x,))
+        return (per_sample(out, y) * w).sum()
+
+    grad_fn = vmap(grad(copy_loss), in_dims=(0, 0, 0, 0), randomness="different")
+    was_training = model.training
+    model.train()
+    try:
+        order = sorted(range(K), key=lambda k: len(schedules[k]))
+        for start in range(0, K, max(1, int(group_size))):
+            group = [k for k in order[start : start + group_size] if schedules[k]]
+            if not group:
+                continue
+            trained = _train_group(group, datasets, schedules, base, names, spec, grad_fn)
+            for j, k in enumerate(group):
+                for i, n in enumerate(names):
+                    deltas[i][k] = trained[n][j] - base[n]
+    finally:
+        model.train(was_training)
+    return deltas
+
+
+def _train_group(
+    group: list[int],
+    datasets: Sequence[tuple[Tensor, Tensor]],
+    schedules: list[list[np.ndarray]],
+    base: dict[str, Tensor],
+    names: list[str],
+    spec: LocalTrainingSpec,
+    grad_fn: Callable,
+) -> dict[str, Tensor]:
+    G = len(group)
+    steps = max(len(schedules[k]) for k in group)
+    bmax = max(len(b) for k in group for b in schedules[k])
+    params = {n: base[n].unsqueeze(0).repeat(G, *([1] * base[n].dim())) for n in names}
+    state: dict[str, dict[str, Tensor]] = {}
+    if spec.optimizer == "adam" or spec.momentum:
+        state = {"m": {n: torch.zeros_like(p) for n, p in params.items()}}
+        if spec.optimizer == "adam":
+            state["v"] = {n: torch.zeros_like(p) for n, p in params.items()}
+    t_count = torch.zeros(G, dtype=torch.float64)
+    x0, y0 = datasets[group[0]]
+    for s in range(steps):
+        active = torch.tensor([s < len(schedules[k]) for k in group])
+        xs, ys, ws = [], [], []
+        for k in group:
+            x, y = datasets[k]
+            idx = schedules[k][s] if s < len(schedules[k]) else np.zeros(0, dtype=np.int64)
+            pad = bmax - len(idx)
+            sel = torch.as_tensor(idx, dtype=torch.long)
+            xb, yb = x[sel], y[sel]
+            w = torch.full((len(idx),), 1.0 / max(len(idx), 1), dtype=x0.dtype)
+            if pad:
+                xb = torch.cat([xb, torch.zeros((pad, *x0.shape[1:]), dtype=x0.dtype)])
+                yb = torch.cat([yb, torch.zeros((pad, *y0.shape[1:]), dtype=y0.dtype)])
+                w = torch.cat([w, torch.zeros(pad, dtype=x0.dtype)])
+            xs.append(xb)
+            ys.append(yb)
+            ws.append(w)
+        g = grad_fn(params, torch.stack(xs), torch.stack(ys), torch.stack(ws))
+        t_count += active.to(torch.float64)
+        params = _update(params, g, state, active, t_count, spec)
+    return params
+
+
+def _update(
+    params: dict[str, Tensor],
+    grads: dict[str, Tensor],
+    state: dict[str, dict[str, Tensor]],
+    active: Tensor,
+    t: Tensor,
+    spec: LocalTrainingSpec,
+) -> dict[str, Tensor]:
+    out = {}
+    for n, p in params.items():
+        mask = active.reshape(-1, *([1] * (p.dim() - 1)))
+        g = grads[n]
+        if spec.weight_decay:
+            g = g + spec.weight_decay * p
+        if spec.optimizer == "sgd":
+            if spec.momentum:
+                m = state["m"][n]
+                m_new = torch.where(mask, spec.momentum * m + g, m)
+                state["m"][n] = m_new
+                step = m_new
+            else:
+                step = g
+            out[n] = torch.where(mask, p - spec.lr * step, p)
+        else:
+            b1, b2 = spec.betas
+            m = torch.where(mask, b1 * state["m"][n] + (1 - b1) * g, state["m"][n])
+            v = torch.where(mask, b2 * state["v"][n] + (1 - b2) * g * g, state["v"][n])
+            state["m"][n], state["v"][n] = m, v
+            tt = t.clamp(min=1.0).to(p.dtype).reshape(-1, *([1] * (p.dim() - 1)))
+            bc1 = 1 - b1**tt
+            bc2 = 1 - b2**tt
+            upd = spec.lr * (m / bc1) / ((v / bc2).sqrt() + spec.eps)
+            out[n] = torch.where(mask, p - upd, p)
+    return out
+
+
+def train_copies_loop(
+    model: nn.Module,
+    datasets: Sequence[tuple[Tensor, Tensor]],
+    spec: LocalTrainingSpec,
+    *,
+    stream: RandomStream | None = None,
+    loss: LossFn = default_loss,
+) -> list[Tensor]:
+    """The same as :func:`train_copies`, one copy at a time with ``torch.optim`` (reference)."""
+    import copy
+
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    base = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+    K = len(datasets)
+    deltas = [torch.zeros((K, *base[n].shape), dtype=base[n].dtype) for n in names]
+    sizes = [int(y.shape[0]) for _, y in datasets]
+    schedules = _schedules(sizes, spec, stream)
+    for k, (x, y) in enumerate(datasets):
+        if not schedules[k]:
+            continue
+        m = copy.deepcopy(model)
+        m.train()
+        params = [p for p in m.parameters() if p.requires_grad]
+        if spec.optimizer == "sgd":
+            opt = torch.optim.SGD(
+                params, lr=spec.lr, momentum=spec.momentum, weight_decay=spec.weight_decay
+            )
+        else:
+            opt = torch.optim.Adam(
+                params, lr=spec.lr, betas=spec.betas, eps=spec.eps, weight_decay=spec.weight_decay
+            )
+        for idx in schedules[k]:
+            sel = torch.as_tensor(idx, dtype=torch.long)
+            opt.zero_grad(set_to_none=True)
+            loss(m(x[sel]), y[sel]).backward()
+            opt.step()
+        trained = dict(m.named_parameters())
+        for i, n in enumerate(names):
+            deltas[i][k] = trained[n].detach() - base[n]
+    return deltas
