@@ -24,7 +24,7 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 BASE = {
     "data": {"dataset": "digits", "num_clients": 3},
     "privacy": {"epsilon_max": 10.0, "delta": 1e-3},
-    "training": {"rounds": 3, "local_steps": 2},
+    "training": {"rounds": 3, "local_steps": 2, "batch_size": 8},
 }
 
 
@@ -39,6 +39,68 @@ def test_valid_minimal_config_gets_defaults() -> None:
     assert isinstance(cfg, ExperimentConfig)
     assert cfg.algorithm.name == "rpdp" and cfg.algorithm.server_lr == 1.0
     assert cfg.training.client_rate == 1.0 and cfg.privacy.calibration == "certified"
+    # Honest defaults: both observers, no silent exclusion, secure randomness, plain sum.
+    assert cfg.privacy.adversary == "both"
+    assert cfg.privacy.allow_exclusion is False
+    assert cfg.randomness == "secure" and not cfg.reproducible
+    assert cfg.aggregation == "plain" and cfg.data.public_silo_sizes is False
+
+
+def test_dp_needs_a_public_batch_size_but_privacy_free_does_not() -> None:
+    raw = {**BASE, "training": {"rounds": 3, "local_steps": 2}}
+    assert any(p.startswith("training.batch_size: required under DP") for p in _problems(raw))
+    config_from_dict({**raw, "algorithm": {"name": "privacy-free"}})
+    assert any("training.batch_size" in p for p in _problems(BASE, ["training.batch_size=0"]))
+    cfg = config_from_dict(BASE, ["training.batch_size=[4, 8, 16]"])
+    assert cfg.training.batch_size_for(2) == 16.0
+    with pytest.raises(ValueError, match="silo 3"):
+        cfg.training.batch_size_for(3)
+
+
+def test_weighting_by_silo_size_needs_sizes_declared_public() -> None:
+    problems = _problems({**BASE, "algorithm": {"name": "rpdp", "weighting": "num_examples"}})
+    assert any(p.startswith("algorithm.weighting") and "public_silo_sizes" in p for p in problems)
+    cfg = config_from_dict(
+        {**BASE, "algorithm": {"name": "rpdp", "weighting": "num_examples"},
+         "data": {**BASE["data"], "public_silo_sizes": True}}
+    )
+    assert cfg.algorithm.weighting == "num_examples"
+
+
+def test_algorithm_sections_are_per_algorithm() -> None:
+    # ε belongs to the uniform baselines, not to rPDP-FL.
+    problems = _problems({**BASE, "algorithm": {"name": "rpdp", "epsilon": 1.0}})
+    assert "algorithm.epsilon: unknown key" in problems
+    problems = _problems({**BASE, "algorithm": {"name": "no-such-thing"}})
+    assert any(p.startswith("algorithm.name") and "rpdp" in p for p in problems)
+    cfg = config_from_dict(BASE, ["algorithm.name=uniform", "algorithm.epsilon=0.5"])
+    assert type(cfg.algorithm).__name__ == "UniformConfig" and cfg.algorithm.epsilon == 0.5
+
+
+def test_minimum_and_dropout_need_a_public_epsilon_with_budget_files() -> None:
+    raw = {**BASE, "budgets": {"file": "budgets_{client_id}.npy"}}
+    for name in ("minimum", "dropout"):
+        problems = _problems({**raw, "algorithm": {"name": name}})
+        assert any(p.startswith("algorithm.epsilon: required") for p in problems), problems
+        config_from_dict({**raw, "algorithm": {"name": name, "epsilon": 1.0}})
+
+
+def test_registered_models_are_accepted_by_the_config() -> None:
+    import torch
+
+    from pdpfl.models import MODELS, register_model
+
+    assert any(p.startswith("model.name") for p in _problems({**BASE, "model": {"name": "my-mlp"}}))
+
+    @register_model("my-mlp")
+    def _mine(input_shape, num_classes, width=4):
+        return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, num_classes))
+
+    try:
+        cfg = config_from_dict({**BASE, "model": {"name": "my-mlp", "options": {"width": 8}}})
+        assert cfg.model.name == "my-mlp" and cfg.model.options == {"width": 8}
+    finally:
+        MODELS.pop("my-mlp")
 
 
 def test_unknown_keys_are_named_one_message_each() -> None:
@@ -125,6 +187,7 @@ def test_load_config_file_errors(tmp_path: Path) -> None:
 def test_examples_validate(name: str) -> None:
     cfg = load_config(EXAMPLES / name)
     assert cfg.training.rounds >= 1
+    assert cfg.randomness == "secure"  # examples never default to the reproducible mode
 
 
 def test_heart_disease_example_has_the_paper_settings() -> None:
@@ -134,3 +197,6 @@ def test_heart_disease_example_has_the_paper_settings() -> None:
     assert (cfg.privacy.delta, cfg.privacy.epsilon_max) == (1e-3, 10.0)
     assert cfg.budgets.scenario == "three-levels"
     assert cfg.budgets.params == {"values": [0.1, 1.0, 5.0], "ratios": [0.7, 0.2, 0.1]}
+    # The example runs with the honest defaults (no reproducible randomness, both observers).
+    assert cfg.randomness == "secure" and cfg.privacy.adversary == "both"
+    assert cfg.training.batch_size is not None

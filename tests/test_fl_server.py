@@ -1,4 +1,5 @@
-"""rPDP-FL server (Algorithm 3): Poisson client sampling, averaging, Type I view; publication."""
+"""rPDP-FL server (Algorithm 3): Poisson client sampling from the server's own randomness,
+averaging of the summed contributions, Type I view; publication; summation protocols."""
 
 from __future__ import annotations
 
@@ -7,14 +8,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pdpfl.fl.api import ClientUpdate, ServerAlgorithm
+from pdpfl.fl.aggregation import PlainSum, check_compatible, sum_contributions
+from pdpfl.fl.api import Contribution, PrivacyBoundaryError, ServerAlgorithm, check_contribution
 from pdpfl.fl.publication import Publication
-from pdpfl.fl.rpdp import RpdpServer, budget_groups
+from pdpfl.fl.rpdp import FedAvgServer, budget_groups
+from pdpfl.randomness import SecureRandomness, SeededRandomness
 
 
-def _server(rate: float = 0.5, seed: int = 1, **kw) -> RpdpServer:
-    return RpdpServer([np.zeros(3, np.float32), np.ones((2, 2), np.float32)],
-                      client_rate=rate, seed=seed, **kw)
+def _server(rate: float = 0.5, seed: int = 1, randomness=None, **kw) -> FedAvgServer:
+    return FedAvgServer([np.zeros(3, np.float32), np.ones((2, 2), np.float32)],
+                        client_rate=rate, randomness=randomness or SeededRandomness(seed), **kw)
 
 
 def test_server_satisfies_the_protocol() -> None:
@@ -23,6 +26,13 @@ def test_server_satisfies_the_protocol() -> None:
 
 def test_full_participation_selects_everyone() -> None:
     assert _server(1.0).select_clients(0, [3, 1, 2]) == [1, 2, 3]
+
+
+def test_secure_sampling_is_not_determined_by_the_config() -> None:
+    """Two servers with the same configuration draw different client coins (fresh keys)."""
+    ids = list(range(64))
+    a, b = _server(0.5, randomness=SecureRandomness()), _server(0.5, randomness=SecureRandomness())
+    assert [a.select_clients(t, ids) for t in range(5)] != [b.select_clients(t, ids) for t in range(5)]
 
 
 def test_sampling_is_deterministic_per_seed_and_round_and_order_free() -> None:
@@ -60,29 +70,76 @@ def test_empty_rounds_happen_and_count() -> None:
     )
 
 
-def _update(cid: int, scale: float, n: int) -> ClientUpdate:
-    return ClientUpdate(cid, [np.full(3, scale, np.float32), np.full((2, 2), -scale, np.float32)],
-                        num_examples=n)
+def _contribution(scale: float, weight: float = 1.0) -> Contribution:
+    return Contribution([np.full(3, weight * scale, np.float32),
+                         np.full((2, 2), -weight * scale, np.float32)], weight=weight)
 
 
 def test_simple_average_and_server_lr() -> None:
     s = _server(server_lr=0.5)
     g = s.initial_params()
-    new = s.aggregate(0, g, [_update(0, 1.0, 10), _update(1, 3.0, 30)])
+    agg = sum_contributions([_contribution(1.0), _contribution(3.0)], g)
+    assert agg.count == 2 and agg.weight == 2.0 and agg.contributions is None
+    new = s.aggregate(0, g, agg)
     np.testing.assert_allclose(new[0], 0.5 * 2.0)
     np.testing.assert_allclose(new[1], 1.0 - 0.5 * 2.0)
 
 
-def test_sample_count_weighting_is_optional() -> None:
-    s = _server(weighting="num_examples")
-    new = s.aggregate(0, s.initial_params(), [_update(0, 1.0, 10), _update(1, 3.0, 30)])
+def test_public_weights_give_a_weighted_mean() -> None:
+    s = _server()
+    g = s.initial_params()
+    agg = sum_contributions([_contribution(1.0, 10.0), _contribution(3.0, 30.0)], g)
+    new = s.aggregate(0, g, agg)
     np.testing.assert_allclose(new[0], (10 * 1 + 30 * 3) / 40)
+
+
+class _Transport:
+    def __init__(self, replies):
+        self.replies = replies
+
+    def fit(self, selected, params, round_index, config):
+        return [self.replies[c] for c in selected]
+
+
+def test_plain_sum_rejects_a_release_with_undeclared_fields() -> None:
+    s = _server()
+    g = s.initial_params()
+    ok = _contribution(1.0)
+    leaky = _contribution(1.0)
+    leaky.metrics["num_examples"] = 120.0  # a silo size: not declared public
+    agg = PlainSum().collect(_Transport({0: ok}), [0], g, 0, {}, s)
+    assert agg.count == 1
+    with pytest.raises(PrivacyBoundaryError, match="num_examples"):
+        PlainSum().collect(_Transport({0: ok, 1: leaky}), [0, 1], g, 0, {}, s)
+    extra = _contribution(1.0)
+    extra.mean_loss = 0.3  # an attribute smuggled onto the object
+    with pytest.raises(PrivacyBoundaryError, match="undeclared fields"):
+        check_contribution(extra, frozenset(), 2)
+    with pytest.raises(PrivacyBoundaryError, match="only a Contribution"):
+        check_contribution({"update": g}, frozenset(), 2)
+
+
+def test_servers_needing_individual_updates_are_refused_with_hiding_protocols() -> None:
+    class Central(FedAvgServer):
+        needs_individual_updates = True
+
+    class Hiding(PlainSum):
+        name = "hiding"
+        hides_individual_updates = True
+
+    central = Central([np.zeros(2, np.float32)], client_rate=1.0, randomness=SeededRandomness(0))
+    check_compatible(central, PlainSum())
+    with pytest.raises(ValueError, match="needs each silo's update"):
+        check_compatible(central, Hiding())
+    agg = PlainSum().collect(_Transport({0: Contribution([np.ones(2, np.float32)])}), [0],
+                             central.initial_params(), 0, {}, central)
+    assert agg.contributions is not None and len(agg.contributions) == 1
 
 
 def test_empty_round_keeps_the_model() -> None:
     s = _server()
     g = s.initial_params()
-    new = s.aggregate(0, g, [])
+    new = s.aggregate(0, g, sum_contributions([], g))
     for a, b in zip(new, g, strict=True):
         np.testing.assert_array_equal(a, b)
     assert new[0] is not g[0]
@@ -100,8 +157,6 @@ def test_server_state_round_trip() -> None:
 def test_bad_server_arguments() -> None:
     with pytest.raises(ValueError, match="client_rate"):
         _server(0.0)
-    with pytest.raises(ValueError, match="weighting"):
-        _server(weighting="size")
 
 
 def test_budget_groups_levels_and_bins() -> None:

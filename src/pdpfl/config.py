@@ -145,7 +145,18 @@ class TrainingConfig(_Section):
 
 
 class ExperimentConfig(_Section):
-    """A complete, validated experiment."""
+    """A complete, validated experiment.
+
+    Validate raw dictionaries with :func:`config_from_dict` / :func:`load_config` (or
+    ``ExperimentConfig.model_validate``): the ``algorithm`` section is then parsed as the config
+    class of the registered algorithm it names.
+    """
+
+    @classmethod
+    def model_validate(cls, obj: Any, *args: Any, **kwargs: Any) -> ExperimentConfig:
+        if cls is ExperimentConfig:
+            return experiment_model().model_validate(obj, *args, **kwargs)
+        return super().model_validate(obj, *args, **kwargs)
 
     name: str = "experiment"
     seed: int = Field(42, ge=0, lt=2**63)
@@ -175,13 +186,17 @@ class ExperimentConfig(_Section):
     def _cross_checks(self) -> ExperimentConfig:
         problems = list(self.algorithm.check(self))
         if problems:
-            raise ValueError("; ".join(problems))
+            raise ValueError(_PROBLEM_SEPARATOR.join(problems))
         return self
 
     @property
     def reproducible(self) -> bool:
         """True in the research mode where noise and coins derive from the seed."""
         return self.randomness == "reproducible"
+
+
+#: Joins several cross-section problems in one ValueError; split again by :func:`_format_errors`.
+_PROBLEM_SEPARATOR = "\n"
 
 
 def _default_algorithm() -> AlgorithmConfig:
@@ -232,7 +247,7 @@ def _format_errors(err: ValidationError) -> list[str]:
         if msg.startswith("Value error, "):
             msg = msg[len("Value error, ") :]
             if not loc and ":" in msg:
-                problems.append(msg)
+                problems.extend(m for m in msg.split(_PROBLEM_SEPARATOR) if m)
                 continue
         problems.append(f"{loc or 'config'}: {msg}")
     return problems
