@@ -226,6 +226,7 @@ register_algorithm(
         name="uniform",
         config=UniformConfig,
         summary="uniform DP-FedAvg at a given ε",
+        toy_overrides=("algorithm.epsilon=3.0",),
         **_UNIFORM,
     )
 )

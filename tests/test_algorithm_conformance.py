@@ -1,0 +1,13 @@
+"""Every registered algorithm passes the conformance checks of :mod:`pdpfl.testing`."""
+
+from __future__ import annotations
+
+import pytest
+
+from pdpfl.fl.registry import algorithm_names
+from pdpfl.testing import check_algorithm
+
+
+@pytest.mark.parametrize("name", algorithm_names())
+def test_registered_algorithm_conforms(name: str) -> None:
+    check_algorithm(name)
