@@ -15,9 +15,8 @@ import struct
 import numpy as np
 import pytest
 
-from pdpfl.data import ChecksumError, load_federation
+from pdpfl.data import ChecksumError, load_federation, svhn
 from pdpfl.data import femnist as fem
-from pdpfl.data import svhn
 from pdpfl.data.many_clients import label_mix_partition, uniform_assignment
 from pdpfl.data.sources import FileSpec
 

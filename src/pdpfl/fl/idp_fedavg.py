@@ -389,6 +389,10 @@ def _exact_eps(rates: np.ndarray, sigma: float, delta: float, rounds: int) -> np
     return out
 
 
+#: SAMPLE's feasibility probe: no deployment uses a noise multiplier this small.
+_SIGMA_FLOOR = 0.01
+
+
 @lru_cache(maxsize=64)
 def noise_for_rate(epsilon: float, rate: float, delta: float, rounds: int) -> float:
     """getNoise(ε, δ, q, I): the smallest σ (to the search's tolerance) with ε(q, σ) ≤ ε for I
@@ -473,6 +477,16 @@ def _sample_cached(
         )
     plan = _client_plan(1.0, delta, rounds)
     p_eps, p_size = eps[live], size[live]
+    weights = p_size / p_size.sum()
+    # Feasibility: a budget so large that q = 1 fits it even at σ = 0.01 keeps its group at
+    # q = 1 for every usable σ; if such groups alone exceed c/N the search could never end.
+    huge = p_eps >= float(_exact_eps(np.array([1.0]), _SIGMA_FLOOR, delta, rounds)[0])
+    if huge.any() and float(weights[huge].sum()) >= target_rate:
+        raise ValueError(
+            f"budgets: the groups with ε = {sorted(set(p_eps[huge].tolist()))} are sampled with "
+            f"q = 1 at any usable σ and alone exceed c/N = {target_rate:.4g}; declare them "
+            "non-private (.inf, rate algorithm.nonprivate_rate) or raise clients_per_round"
+        )
     if np.unique(p_eps).size == 1:  # one private group: the standard getNoise(ε, c/N)
         sigma = noise_for_rate(float(p_eps[0]), target_rate, delta, rounds)
     else:
@@ -494,7 +508,6 @@ def _sample_cached(
             f"SAMPLE verification failed: group(s) {eps[over].tolist()} would spend "
             f"{epsilons[over].tolist()} at σ = {sigma:.6g}"
         )
-    weights = p_size / p_size.sum()
     mean = float(weights @ rates[live])
     if not (target_rate * (1 - rate_tol) - q_tol <= mean <= target_rate * (1 + 1e-9) + q_tol):
         raise RuntimeError(
@@ -1095,8 +1108,8 @@ class _Cohort:
         for j, cid in enumerate(ids):
             m = int(n[j])
             out[cid] = {
-                "loss": float(loss_sum[j] / m) if m else 0.0,
-                "accuracy": float(corr_sum[j] / m) if m else 0.0,
+                "loss": float(loss_sum[j] / m) if m else float("nan"),
+                "accuracy": float(corr_sum[j] / m) if m else float("nan"),
                 "n": m,
             }
         return out
@@ -1214,6 +1227,11 @@ class IdpFedAvgClient:
         while self.next_round < until:
             self._record(False, self._active())
 
+    def coin(self, round_index: int) -> bool:
+        """Distributed variant: this client's own Bernoulli(q_{g(i)}) for ``round_index``."""
+        u = self.randomness.stream("client-sampling", int(round_index), self.client_id)
+        return bool(u.uniform(1)[0] < self.rate)
+
     def _zeros(self, params: Params) -> list[np.ndarray]:
         return [np.zeros(np.shape(p), dtype=np.float64) for p in params]
 
@@ -1227,8 +1245,7 @@ class IdpFedAvgClient:
         if self.pub.variant == "central":
             sampled = active  # the server's coin chose this client
         else:
-            coin = self.randomness.stream("client-sampling", t, self.client_id).uniform(1)[0]
-            sampled = active and bool(coin < self.rate)
+            sampled = active and self.coin(t)
         # Write-ahead: the round is charged before anything is returned.
         self._record(sampled, active)
         clip = float(config.get("clip_norm", self.pub.initial_clip)) * self.clip_factor
