@@ -52,7 +52,7 @@ def _setup(**overrides) -> idp.IdpSetup:
         tolerated_dropouts=0,
         local={"epochs": 1, "batch_size": 4, "optimizer": "sgd", "lr": 0.1, "momentum": 0.0,
                "weight_decay": 0.0},
-        strategy="auto", rate_fractions="realized", observers=["third-party"],
+        strategy="loop", rate_fractions="realized", observers=["third-party"],
     )
     base.update(overrides)
     return idp.IdpSetup(**base)
@@ -141,6 +141,21 @@ def test_central_server_clips_adapts_and_noises_on_a_fixed_sequence():
         assert server.clip_norm == pytest.approx(clip)
         params = new
     assert server.clip_history[0] == pytest.approx(0.1)
+
+
+def test_crafted_updates_cannot_exceed_the_clip_bound_or_poison_the_sum():
+    pub = _setup(denominator=1.0)
+    server = idp.CentralIdpServer([np.zeros(3, np.float32)], pub,
+                                  client_groups=np.zeros(6, dtype=np.int64),
+                                  randomness=_ZeroNoise())
+    server.select_clients(0, list(range(6)))
+    bad = [np.array([1e30, -1e30, 3e38], np.float32), np.array([np.nan, 0, 0], np.float32),
+           np.array([np.inf, 1, 1], np.float32)]
+    agg = Aggregate(total=[np.zeros(3, np.float32)], weight=3, metrics={}, count=3,
+                    contributions=[Contribution(update=[b]) for b in bad])
+    new = server.aggregate(0, [np.zeros(3, np.float32)], agg)
+    assert np.all(np.isfinite(new[0]))
+    assert float(np.linalg.norm(new[0])) <= pub.initial_clip * (1 + 1e-6)  # one clipped update
 
 
 def test_an_empty_round_still_gets_noise_and_moves_the_clip():
@@ -400,7 +415,7 @@ def test_compare_cli_methods_table_and_csv(tmp_path):
     from pdpfl.cli import app
 
     cfg = tmp_path / "idp.yaml"
-    cfg.write_text(yaml.safe_dump({**CONFIG, "training": {**CONFIG["training"], "rounds": 2}}))
+    cfg.write_text(yaml.safe_dump(CONFIG))  # the toy run's σ and rates are memoized
     out_csv = tmp_path / "cmp.csv"
     res = CliRunner().invoke(app, ["compare", str(cfg), "--csv", str(out_csv), "--methods",
                                    "idp-fedavg", "strict", "relaxed", "scale", "no-dp"])

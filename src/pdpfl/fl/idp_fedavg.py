@@ -1520,7 +1520,18 @@ class CentralIdpServer(IdpFedAvgServer):
         factors = self._clip_factors(t, k)
         bound = torch.as_tensor(self.clip_norm * factors, dtype=torch.float64)
         if k:
+            # A non-finite update (crafted or broken) would turn the noisy sum into NaN: it is
+            # replaced by zeros, which the clipping bound trivially holds for.
+            bad = ~torch.stack([torch.isfinite(s.reshape(k, -1)).all(1) for s in stacked]).all(0)
+            if bool(bad.any()):
+                keep = (~bad).to(torch.float64)
+                stacked = [
+                    torch.nan_to_num(s, nan=0.0, posinf=0.0, neginf=0.0)
+                    * keep.reshape(-1, *([1] * (s.dim() - 1)))
+                    for s in stacked
+                ]
             norms = vector_norms(stacked)
+            norms = torch.where(bad, torch.full_like(norms, math.inf), norms)
             clipped, _ = clip_vectors(stacked, bound)
             sums = [c.sum(0) for c in clipped]
             below = float((norms <= bound).to(torch.float64).sum()) - 0.5 * k
