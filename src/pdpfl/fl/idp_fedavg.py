@@ -487,19 +487,34 @@ def _sample_cached(
             f"q = 1 at any usable σ and alone exceed c/N = {target_rate:.4g}; declare them "
             "non-private (.inf, rate algorithm.nonprivate_rate) or raise clients_per_round"
         )
-    if np.unique(p_eps).size == 1:  # one private group: the standard getNoise(ε, c/N)
+    single = np.unique(p_eps).size == 1
+    if single:  # one private group: the standard getNoise(ε, c/N), and q = c/N itself
         sigma = noise_for_rate(float(p_eps[0]), target_rate, delta, rounds)
+        proposed = np.where(eps[private] == p_eps[0], target_rate, np.nan)
     else:
-        sigma, _ = group_sampling_rates(p_eps, p_size, target_rate, plan, rate_tol=rate_tol)
+        sigma, found = group_sampling_rates(p_eps, p_size, target_rate, plan, rate_tol=rate_tol)
         sigma = float(sigma)
-    # Verification: fresh rates at the returned σ for *every* private group (also empty ones),
-    # then ε_p(σ, q_p) ≤ ε_p with the exact accountant.
+        lookup = dict(zip(p_eps.tolist(), np.asarray(found, dtype=np.float64).tolist(),
+                          strict=True))
+        proposed = np.array([lookup.get(float(e), np.nan) for e in eps[private]])
+
+    # Verification at the returned σ: a proposed rate is kept only if it is within its budget
+    # and (except the single-group c/N) the largest such rate up to q_tol -- i.e. it was
+    # computed at this σ; otherwise (stale, missing, over budget) it is recomputed by bisection.
     def eps_of(q: np.ndarray) -> np.ndarray:
         return _exact_eps(q, sigma, delta, rounds)
 
-    fresh = bisect_rates(eps[private], eps_of, q_tol=q_tol)
-    if np.unique(p_eps).size == 1:  # getNoise(ε, c/N) makes c/N itself feasible: use it
-        fresh = np.where(eps[private] == p_eps[0], np.minimum(fresh, target_rate), fresh)
+    fresh = proposed.copy()
+    ok = np.isfinite(proposed) & (proposed >= 0) & (proposed <= 1)
+    if ok.any():
+        within = eps_of(np.where(ok, proposed, 0.0)) <= eps[private]
+        ok &= within
+        if not single:
+            nxt = np.minimum(1.0, np.where(ok, proposed, 0.0) + 2 * q_tol)
+            maximal = (proposed >= 1.0) | (eps_of(nxt) > eps[private])
+            ok &= maximal
+    if (~ok).any():
+        fresh[~ok] = bisect_rates(eps[private][~ok], eps_of, q_tol=q_tol)
     rates[private] = fresh
     epsilons[private] = eps_of(fresh)
     over = private & (epsilons > eps)
@@ -1630,6 +1645,17 @@ def build_client(
     )
 
 
+#: ``--set`` overrides turning pdpfl's toy config (3 digits silos, 2 rounds) into a toy run.
+TOY_OVERRIDES = (
+    "algorithm.clients_per_round=2",
+    "algorithm.group_budgets=[2.0,8.0]",
+    "algorithm.group_ratios=[0.5,0.5]",
+    "algorithm.assignment=exact",
+    "algorithm.local_epochs=1",
+    "algorithm.local_batch_size=8",
+    "algorithm.count_noise_ratio=1.0",
+)
+
 register_algorithm(
     AlgorithmSpec(
         name="idp-fedavg",
@@ -1639,6 +1665,11 @@ register_algorithm(
         server=build_server,
         client=build_client,
         summary="IDP-FedAvg: every client its own ε (individual client sampling rates, SAMPLE)",
+        **(  # the conformance/Flower tests' toy run (field added on main after this module)
+            {"toy_overrides": TOY_OVERRIDES}
+            if "toy_overrides" in getattr(AlgorithmSpec, "__dataclass_fields__", {})
+            else {}
+        ),
     )
 )
 for _name, _help in (
