@@ -390,6 +390,26 @@ def test_resume_reproduces_an_uninterrupted_run(toy_run, tmp_path):
     assert load_checkpoint(tmp_path / "r")["next_round"] == 3
 
 
+def test_sample_sees_realized_counts_or_nominal_ratios(monkeypatch):
+    seen = {}
+
+    def fake(levels, sizes, q, **kw):
+        seen["levels"], seen["sizes"] = list(levels), list(sizes)
+        return idp.GroupRates(tuple(levels), tuple(sizes), (q,) * len(levels), 1.0,
+                              (0.5,) * len(levels), q, q, 1e-3, 3)
+
+    monkeypatch.setattr(idp, "sample_group_rates", fake)
+    info = FederationInfo(input_shape=(64,), num_classes=10, client_ids=tuple(range(100)))
+    cfg = _config(assignment="iid")
+    idp.setup(cfg, info)
+    counts = np.unique(idp.assign_client_budgets(cfg.algorithm, cfg.seed, 100),
+                       return_counts=True)[1]
+    assert seen["sizes"] == counts.tolist() and seen["sizes"] != [54.0, 37.0, 9.0]
+    idp.setup(_config(assignment="iid", rate_fractions="nominal"), info)
+    assert seen["levels"] == [1.0, 2.0, 3.0]
+    assert seen["sizes"] == pytest.approx([54.0, 37.0, 9.0])
+
+
 def test_comparison_setups_strict_relaxed_scale_nodp():
     info = FederationInfo(input_shape=(64,), num_classes=10, client_ids=tuple(range(100)))
     pubs = {m: idp.IdpSetup.from_dict(idp.setup(_config(method=m), info)["idp"])
