@@ -1315,9 +1315,11 @@ class IdpFedAvgClient:
                 norm = float(vector_norms(vecs)[0])
                 vecs, _ = clip_vectors(vecs, clip)
                 m = max(1, pub.asked_per_round - pub.tolerated_dropouts)
-                std = float(pub.value_noise_multiplier) * clip / self.clip_factor / math.sqrt(m)
+                sv = float(pub.value_noise_multiplier or 0.0)
+                std = sv * clip / self.clip_factor / math.sqrt(m)
                 stream = self.randomness.stream("noise-share", t, self.client_id)
-                vecs = [v[0] + std * stream.normal(tuple(v.shape[1:])) for v in vecs]
+                vecs = [v[0] + std * stream.normal(tuple(v.shape[1:])) if std > 0 else v[0]
+                        for v in vecs]
                 if pub.adaptive:
                     below = (1.0 if norm <= clip else 0.0) - 0.5 if sampled else 0.0
                     share = float(pub.count_noise_std) / math.sqrt(m)
@@ -1553,7 +1555,8 @@ class CentralIdpServer(IdpFedAvgServer):
         else:
             sums = [torch.zeros(s, dtype=torch.float64) for s in shapes]
             below = 0.0
-        std = float(pub.value_noise_multiplier) * self.clip_norm
+        # (no private client at all -- every group ε = ∞ -- needs no noise)
+        std = float(pub.value_noise_multiplier or 0.0) * self.clip_norm
         mean = noisy_normalised_sum(
             sums, std, pub.denominator, self.randomness.stream("aggregation-noise", t)
         )
