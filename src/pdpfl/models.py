@@ -245,3 +245,54 @@ def set_params(model: nn.Module, params: list[np.ndarray]) -> None:
                     f"got {tuple(arr.shape)}"
                 )
             tensor.copy_(torch.as_tensor(arr).to(tensor.device, tensor.dtype))
+
+
+class IdpCNN(nn.Module):
+    """The IDP-FedAvg paper's CNN (Lange et al. 2025, Fig. 2; flidp ``experiments/models.py``).
+
+    3 × [Conv(32, 3×3, ReLU) → MaxPool(2) → Dropout(p)] → Flatten → Dense(64, ReLU) →
+    Dropout(p) → Dense(K): 21,578 parameters on 1×28×28 and 28,298 on 3×32×32 (10 classes).
+    Keras' ``Rescaling(1/255)`` is the loaders' job here (pdpfl images are already in [0, 1]);
+    ``rescale`` multiplies the input if raw 0..255 pixels are fed. The softmax is in the loss.
+    """
+
+    def __init__(
+        self,
+        input_shape: tuple[int, ...] = (1, 28, 28),
+        num_classes: int = 10,
+        dropout: float = 0.1,
+        rescale: float = 1.0,
+    ):
+        super().__init__()
+        if len(input_shape) != 3:
+            raise ValueError(f"idp-cnn: input_shape must be (C, H, W), got {input_shape!r}")
+        if not 0.0 <= float(dropout) < 1.0:
+            raise ValueError(f"idp-cnn: dropout must be in [0, 1), got {dropout!r}")
+        self.rescale = float(rescale)
+        self.conv1 = nn.Conv2d(input_shape[0], 32, 3)
+        self.conv2 = nn.Conv2d(32, 32, 3)
+        self.conv3 = nn.Conv2d(32, 32, 3)
+        self.drop = nn.Dropout(float(dropout))
+        with torch.no_grad():
+            flat = self._features(torch.zeros(1, *input_shape)).shape[1]
+        if flat == 0:
+            raise ValueError(f"idp-cnn: input {input_shape!r} is too small for 3 conv/pool stages")
+        self.fc1 = nn.Linear(flat, 64)
+        self.fc2 = nn.Linear(64, num_classes)
+
+    def _features(self, x: Tensor) -> Tensor:
+        if self.rescale != 1.0:
+            x = x * self.rescale
+        for conv in (self.conv1, self.conv2, self.conv3):
+            x = self.drop(F.max_pool2d(F.relu(conv(x)), 2))
+        return x.flatten(1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc2(self.drop(F.relu(self.fc1(self._features(x)))))
+
+
+@register_model("idp-cnn")
+def _idp_cnn(
+    input_shape: tuple[int, ...], num_classes: int, dropout: float = 0.1, rescale: float = 1.0
+) -> nn.Module:
+    return IdpCNN(input_shape, num_classes, dropout=dropout, rescale=rescale)

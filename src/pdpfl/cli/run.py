@@ -170,7 +170,22 @@ def compare_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "last3_mean_accuracy": float(last3.mean()),
             "over_budget": int(sum(r["over_budget"] for r in mine)),
             "seconds": float(sum(r["seconds"] for r in mine)),
+            # σ and the group rates of the last seed (with realized group fractions they vary
+            # slightly between seeds; the CSV has every run's values).
+            **{k: v for k, v in mine[-1].items() if k == "sigma" or k.startswith("rate_")},
         })
+    return out
+
+
+def mechanism_columns(summary: dict[str, Any]) -> dict[str, Any]:
+    """Extra comparison columns of client-level algorithms (IDP-FedAvg): the run's noise
+    multiplier σ and each privacy group's sampling rate (``rate_<group>``); empty otherwise."""
+    out: dict[str, Any] = {}
+    if summary.get("noise_multiplier") is not None:
+        out["sigma"] = summary["noise_multiplier"]
+    for label, group in (summary.get("per_group") or {}).items():
+        if group.get("rate") is not None:
+            out[f"rate_{label}"] = group["rate"]
     return out
 
 
@@ -247,6 +262,7 @@ def compare_command(
                 "last3_mean_accuracy": summary["last3_mean_accuracy"],
                 "over_budget": summary["over_budget"],
                 "seconds": round(float(summary["seconds"]), 3),
+                **mechanism_columns(summary),
             }
             rows.append(row)
             if not as_json:
@@ -262,7 +278,8 @@ def compare_command(
         from pdpfl.io import write_text
 
         buf = io.StringIO()
-        writer = csv.DictWriter(buf, fieldnames=list(rows[0]))
+        fields = list(dict.fromkeys(k for r in rows for k in r))  # extra columns may differ
+        writer = csv.DictWriter(buf, fieldnames=fields, restval="")
         writer.writeheader()
         writer.writerows(rows)
         write_text(csv_path, buf.getvalue())
@@ -273,14 +290,18 @@ def compare_command(
     from rich.table import Table
 
     t = Table(title=f"{base.name}: final test accuracy over seeds {', '.join(map(str, seeds))}")
+    extra = list(dict.fromkeys(
+        k for r in table for k in r if k == "sigma" or k.startswith("rate_")
+    ))
     for col in ("method", "runs", "final accuracy (mean ± std)", "last-3 mean", "over budget",
-                "seconds"):
+                "seconds", *[("σ" if k == "sigma" else f"q[{k[5:]}]") for k in extra]):
         t.add_column(col, justify="right")
     for r in table:
         t.add_row(
             r["method"], str(r["runs"]),
             f"{r['final_accuracy_mean']:.4f} ± {r['final_accuracy_std']:.4f}",
             f"{r['last3_mean_accuracy']:.4f}", _over_budget_cell(r), f"{r['seconds']:.1f}",
+            *[_fmt(r.get(k)) for k in extra],
         )
     Console().print(t)
 

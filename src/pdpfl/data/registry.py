@@ -50,6 +50,15 @@ DATASETS: dict[str, DatasetInfo] = {
         DatasetInfo("cifar10", "CIFAR-10 50k training images (python pickle archive) "
                     "partitioned over clients, 66/34 per client", 10, False,
                     ("pool", "normalize", "download"), True),
+        DatasetInfo("femnist-digits", "TFF Federated EMNIST digits: 3,383 writers as clients "
+                    "with their own train/test examples (emnist_all.sqlite.lzma)", None, False,
+                    ("download", "invert"), True),
+        DatasetInfo("svhn", "SVHN cropped digits (.mat): 73,257 training images over 725 "
+                    "clients uniformly at random, test images spread over them", 725, False,
+                    ("download",), True),
+        DatasetInfo("cifar10-clients", "CIFAR-10 50k training images over 500 clients with "
+                    "per-client Dirichlet label mixes (disjoint), test images spread over them",
+                    500, False, ("download",), True),
         DatasetInfo("digits", "scikit-learn 8x8 digits (offline): 1,797 records, 64 "
                     "features in [0, 1], 10 classes", 10, False, ("normalize", "flat"), False),
         DatasetInfo("breast-cancer", "scikit-learn Wisconsin breast cancer (offline): 569 "
@@ -109,6 +118,40 @@ def _heart(num_clients: int | None, partition: str, partition_params: dict[str, 
             c.user_ids = alloc.user_ids[silos == k]
         fed.metadata["users"] = dict(users)
     return fed
+
+
+#: Federations with their own client structure (IDP-FedAvg's datasets, spec B.5).
+_MANY_CLIENTS = ("femnist-digits", "svhn", "cifar10-clients")
+
+
+def _many_clients(name: str, num_clients: int | None, partition: str,
+                  partition_params: dict[str, Any] | None, seed: int, data_dir: Any,
+                  options: dict[str, Any]) -> Federation:
+    for key in ("test_fraction", *COMMON_OPTIONS[1:]):
+        if key in options:
+            raise ValueError(f"option {key!r} does not apply to {name!r} (its clients and "
+                             "train/test splits are fixed by the dataset's construction)")
+    download = bool(options.pop("download", True))
+    if name == "femnist-digits":
+        from pdpfl.data.femnist import load_femnist_digits
+
+        if partition_params:
+            raise ValueError("partition_params do not apply to femnist-digits")
+        return load_femnist_digits(num_clients=num_clients, partition=partition, seed=seed,
+                                   data_dir=data_dir, download=download,
+                                   invert=bool(options.pop("invert", False)))
+    if name == "svhn":
+        from pdpfl.data.svhn import load_svhn
+
+        if partition_params:
+            raise ValueError("partition_params do not apply to svhn")
+        return load_svhn(num_clients=725 if num_clients is None else num_clients,
+                         partition=partition, seed=seed, data_dir=data_dir, download=download)
+    from pdpfl.data.many_clients import load_cifar10_clients
+
+    return load_cifar10_clients(num_clients=500 if num_clients is None else num_clients,
+                                partition=partition, partition_params=partition_params,
+                                seed=seed, data_dir=data_dir, download=download)
 
 
 def _pool_for(name: str, data_dir: Any, options: dict[str, Any]) -> tuple[Pool, str]:
@@ -203,6 +246,9 @@ def load_federation(
     opts = dict(options)
     if name == "heart-disease":
         return _heart(num_clients, partition, partition_params, int(seed), data_dir, opts)
+    if name in _MANY_CLIENTS:
+        return _many_clients(name, num_clients, partition, partition_params, int(seed),
+                             data_dir, opts)
     users = _users_option(opts)
     opts["_seed"] = int(seed)
     pool, default_norm = _pool_for(name, data_dir, opts)
@@ -233,9 +279,19 @@ def file_specs(name: str) -> list:
 
         files = [f for f in SHA256 if name == "mnist" or f.startswith("t10k")]
         return [spec(f) for f in files]
-    if name == "cifar10":
+    if name in ("cifar10", "cifar10-clients"):
         from pdpfl.data.cifar import SPEC
 
         return [SPEC]
-    raise ValueError(f"dataset must be one of ['cifar10', 'heart-disease', 'mnist', "
-                     f"'mnist-10k'] (the others need no files), got {name!r}")
+    if name == "femnist-digits":
+        from pdpfl.data.femnist import SPEC as FEMNIST
+
+        return [FEMNIST]
+    if name == "svhn":
+        from pdpfl.data.svhn import SHA256 as SVHN
+        from pdpfl.data.svhn import spec as svhn_spec
+
+        return [svhn_spec(f) for f in SVHN]
+    raise ValueError(f"dataset must be one of ['cifar10', 'cifar10-clients', 'femnist-digits', "
+                     f"'heart-disease', 'mnist', 'mnist-10k', 'svhn'] (the others need no "
+                     f"files), got {name!r}")

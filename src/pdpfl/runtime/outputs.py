@@ -37,6 +37,9 @@ def per_group(overview: dict[str, Any]) -> dict[str, dict[str, Any]]:
             s = stats.get(f"sum_utilization_{tag}")
             row[f"mean_utilization_{tag}"] = (s / count) if (s is not None and count) else None
             row[f"over_budget_{tag}"] = int(stats.get(f"over_budget_{tag}", 0))
+        for extra in ("rate", "noise_multiplier"):  # client-level algorithms (IDP-FedAvg)
+            if extra in stats:
+                row[extra] = stats[extra]
         out[label] = row
     return dict(sorted(out.items(), key=lambda kv: (kv[1]["budget"] or 0.0)))
 
@@ -162,6 +165,11 @@ def privacy_fields(
             "server": overview.get("eps_server_max"),
         },
         "per_group": per_group(overview),
+        **(
+            {"noise_multiplier": overview["noise_multiplier"]}
+            if "noise_multiplier" in overview
+            else {}
+        ),
     }
 
 
