@@ -48,7 +48,6 @@ from pdpfl.io import decode_state, encode_state, write_bytes, write_json, write_
 from pdpfl.runtime.flower.codec import (
     config_to_scalars,
     contribution_to_records,
-    params_to_record,
     record_to_params,
     scalars_to_config,
     scalars_to_records,

@@ -9,7 +9,6 @@ written to its own disk as a ``.npz`` archive without pickle (:func:`encode_stat
 
 from __future__ import annotations
 
-import io
 import json
 import math
 from typing import Any
