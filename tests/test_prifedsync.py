@@ -307,6 +307,25 @@ def test_per_client_targets_pick_each_clients_noise_and_the_ledger_stops_them() 
     assert report["eps_strong_paper_rigorous"] >= report["eps_rigorous_max"]
 
 
+def test_clt_enforced_targets_are_still_judged_by_the_rigorous_bound() -> None:
+    # Few steps per client: the CLT under-reports, so a CLT-calibrated σ overshoots the target
+    # under the rigorous bound -- and the summary says so instead of hiding it.
+    config = _config(
+        algorithm=dict(name="prifedsync", target_epsilon=2.0, budget_accounting="clt"),
+        training__client_rate=1.0, training__rounds=2,
+    )
+    _, server, clients = _build(config)
+    params = server.initial_params()
+    for t in range(2):
+        _, params = _round(server, clients, params, t)
+    c = clients[0]
+    assert c.ledger.spent(accounting="clt") <= 2.0 * (1 + 1e-9)
+    assert c.ledger.spent(accounting="rigorous") > 2.0
+    summary = c.privacy_summary()
+    assert summary["over_budget_third_party"] == len(c.y_train)
+    assert summary["eps_third_party_max"] == pytest.approx(c.ledger.spent(accounting="rigorous"))
+
+
 def test_summary_headline_is_the_rigorous_epsilon(tmp_path) -> None:
     import json
 
@@ -360,6 +379,9 @@ def test_poisson_sampler_option_runs_and_accounts_add_remove() -> None:
         (dict(training__batch_size=7.5), "training.batch_size"),
         (dict(privacy=dict(delta=1e-5)), "privacy.noise_multiplier"),
         (dict(privacy=dict(epsilon_max=3.0, noise_multiplier=1.0)), "privacy.epsilon_max"),
+        (dict(privacy=dict(epsilon_max=3.0), algorithm=dict(name="prifedsync",
+                                                              calibrate="steps")),
+         "privacy.noise_multiplier"),
         (dict(algorithm=dict(name="prifedsync", target_mu=1.0, target_epsilon=2.0)),
          "target_mu"),
         (dict(algorithm=dict(name="prifedsync", target_epsilon=[1.0, 2.0])), "target_epsilon"),
@@ -380,6 +402,16 @@ def test_target_without_sigma_is_fine_with_noise_calibration() -> None:
     assert config.privacy.noise_multiplier is None
     _, _, clients = _build(config)
     assert all(c.ledger.target_epsilon == 5.0 for c in clients.values())
+
+
+def test_epsilon_max_is_the_target_of_clients_without_their_own() -> None:
+    config = _config(privacy=dict(epsilon_max=6.0, delta=1e-5),
+                     algorithm=dict(name="prifedsync", target_epsilon=[2.0, None, None, None,
+                                                                       None, None]))
+    _, _, clients = _build(config)
+    assert clients[0].ledger.target_epsilon == 2.0
+    assert all(clients[c].ledger.target_epsilon == 6.0 for c in range(1, 6))
+    assert clients[0].mechanism.noise_multiplier > clients[1].mechanism.noise_multiplier
 
 
 def test_batch_larger_than_a_client_is_refused_at_the_silo() -> None:
