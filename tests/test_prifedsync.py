@@ -414,6 +414,15 @@ def test_epsilon_max_is_the_target_of_clients_without_their_own() -> None:
     assert clients[0].mechanism.noise_multiplier > clients[1].mechanism.noise_multiplier
 
 
+def test_local_epoch_sets_each_clients_steps_from_its_own_size() -> None:
+    _, _, clients = _build(_config(algorithm=dict(name="prifedsync", local_epoch=True),
+                                   training__local_steps=1000))
+    for c in clients.values():
+        assert c.mechanism.local_steps == math.ceil(len(c.y_train) / 8)
+    _, _, capped = _build(_config(algorithm=dict(name="prifedsync", local_epoch=True)))
+    assert all(c.mechanism.local_steps == 4 for c in capped.values())
+
+
 def test_batch_larger_than_a_client_is_refused_at_the_silo() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

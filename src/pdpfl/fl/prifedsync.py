@@ -12,7 +12,9 @@ Round r:
    empty round (the reference code does); a round nobody joins leaves the global model as it is.
    The server asks every client; a client that does not join releases a zero update of weight 0,
    so under secure summation the server learns only |Ω| (the summed weight).
-2. **Local training** (Algorithm 2): a joined client runs K DP-SGD steps from h_j, each on a
+2. **Local training** (Algorithm 2): a joined client runs K DP-SGD steps from h_j (K =
+   ``training.local_steps``; ``algorithm.local_epoch: true`` makes it one local epoch,
+   K_j = min(K, ⌈n_j/B⌉), computed at the silo), each on a
    batch of exactly B records drawn uniformly **without replacement**
    (:func:`pdpfl.dp.steps.wor_sample`; ``algorithm.sampler: poisson`` draws one Bernoulli(B/n)
    coin per record instead), per-sample clipping to C, Gaussian noise of std σ·C and division by
@@ -136,6 +138,10 @@ class PriFedSyncConfig(AlgorithmConfig):
     calibrate: Literal["noise", "steps"] = Field(
         "noise", description="what a client with a target adjusts: its noise σ_j or its local "
         "steps K_j (≤ training.local_steps, at privacy.noise_multiplier)"
+    )
+    local_epoch: bool = Field(
+        False, description="K_j = min(training.local_steps, ⌈n_j/B⌉): one local epoch per "
+        "round (computed at the silo from its own n_j, as in the paper's §4)"
     )
     planned_rounds: int | None = Field(
         None, ge=1, description="participations a target is calibrated for (default: all "
@@ -488,6 +494,7 @@ def setup(config: ExperimentConfig, info: FederationInfo) -> dict[str, Any]:
             "server_lr": float(algo.server_lr),
             "client_rate": float(tr.client_rate),
             "local_steps": int(tr.local_steps),
+            "local_epoch": bool(algo.local_epoch),
             "rounds": int(tr.rounds),
             "planned_rounds": int(algo.planned_rounds or tr.rounds),
             "max_grad_norm": float(tr.max_grad_norm),
@@ -571,12 +578,15 @@ class PriFedSyncClient:
         if self.sampler == "wor" and float(self.batch_size) != int(self.batch_size):
             raise ValueError(f"training.batch_size: must be a whole number, got {batch_size}")
         sigma = public.get("noise_multiplier")
+        steps = int(public["local_steps"])
+        if public.get("local_epoch", False):
+            steps = min(steps, math.ceil(n / self.batch_size))
         base = ClientMechanism(
             self.sampler,
             self.batch_size,
             n,
             1.0 if sigma is None else float(sigma),
-            int(public["local_steps"]),
+            steps,
             float(public["delta"]),
         )
         accounting: Accounting = public.get("budget_accounting", "rigorous")
