@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from pdpfl.privacy.gdp import (
     alpha_grid,
+    client_sampled_mu_clt,
     client_sampled_tradeoff,
     compose_gdp,
     federated_mu,
@@ -19,6 +20,7 @@ from pdpfl.privacy.gdp import (
     gdp_epsilon,
     poisson_gaussian_mu_clt,
     prifedsync_mu,
+    tradeoff_clt_functionals,
     tradeoff_to_delta,
     tradeoff_to_epsilon,
 )
@@ -48,6 +50,73 @@ TABLE_1 = [
 def test_prifedsync_theorem2_reproduces_table1(sigma, rounds, expected) -> None:
     mu = prifedsync_mu(sigma, batch_size=16, n_records=600, local_steps=38, rounds=rounds)
     assert abs(float(mu) - expected) <= 0.005 + 1e-9
+
+
+# PriFedSync Table 2 (MNIST, p = 0.5, n = 600): (σ, B, K, R, μ_max as printed).
+TABLE_2 = [
+    (1.0, 8, 76, 266, 3.24),
+    (1.0, 16, 38, 194, 3.92),
+    (0.9, 8, 76, 229, 3.64),
+    (0.9, 16, 38, 176, 4.51),
+    (0.75, 8, 76, 191, 4.84),
+    (0.75, 16, 38, 127, 5.58),
+]
+# PriFedSync Table 3 (CIFAR-10: B = 16, n = 500, K = 32): (σ, R, μ_max as printed).
+TABLE_3 = [(1.0, 468, 6.70), (0.75, 321, 9.77), (0.5, 207, 26.81), (1.0, 904, 9.31),
+           (0.75, 671, 14.13), (0.5, 405, 37.51)]
+
+
+@pytest.mark.parametrize(("sigma", "batch", "steps", "rounds", "expected"), TABLE_2)
+def test_prifedsync_theorem2_reproduces_table2(sigma, batch, steps, rounds, expected) -> None:
+    mu = prifedsync_mu(sigma, batch_size=batch, n_records=600, local_steps=steps, rounds=rounds)
+    assert abs(float(mu) - expected) <= 0.005 + 1e-9
+
+
+@pytest.mark.parametrize(("sigma", "rounds", "expected"), TABLE_3)
+def test_prifedsync_theorem2_reproduces_table3(sigma, rounds, expected) -> None:
+    mu = prifedsync_mu(sigma, batch_size=16, n_records=500, local_steps=32, rounds=rounds)
+    assert abs(float(mu) - expected) <= 0.005 + 1e-9
+
+
+@settings(max_examples=50)
+@given(parts=st.lists(st.floats(0.0, 10.0), min_size=1, max_size=20))
+def test_strong_federated_mu_is_at_least_weak(parts) -> None:
+    weak, strong = federated_mu(parts, "weak"), federated_mu(parts, "strong")
+    assert weak == max(parts)
+    assert strong == pytest.approx(math.sqrt(len(parts) - 1) * max(parts))
+    if len(parts) >= 2:
+        assert strong >= weak
+
+
+def test_client_sampled_clt_functionals_match_numerical_integration() -> None:
+    from scipy import integrate, special
+
+    for mu in (0.4, 1.0, 2.7):
+        for p in (1.0, 0.6, 0.3, 0.1):
+            kl, k2 = tradeoff_clt_functionals(mu, p)
+
+            def integrand(z, power, mu=mu, p=p):
+                on_curve = special.ndtr(z - mu) >= special.ndtr(z) - p * p
+                value = (mu * z - mu * mu / 2.0) if on_curve else 0.0
+                return value**power * math.exp(-z * z / 2.0) / math.sqrt(2.0 * math.pi)
+
+            num_kl = -integrate.quad(integrand, -40, 40, args=(1,), points=[mu / 2], limit=400)[0]
+            num_k2 = integrate.quad(integrand, -40, 40, args=(2,), points=[mu / 2], limit=400)[0]
+            assert kl == pytest.approx(num_kl, rel=2e-5, abs=1e-9)
+            assert k2 == pytest.approx(num_k2, rel=2e-5, abs=1e-9)
+
+
+def test_client_sampled_mu_clt_lemma_3_8() -> None:
+    # p = 1: g = G_μ and R rounds compose to √R·μ exactly (Lemma 3.4).
+    assert client_sampled_mu_clt(0.7, 1.0, 50) == pytest.approx(math.sqrt(50) * 0.7, rel=1e-12)
+    values = [client_sampled_mu_clt(0.7, p, 50) for p in (1.0, 0.8, 0.5, 0.3, 0.1)]
+    assert all(a >= b for a, b in zip(values, values[1:], strict=False))
+    assert values[-1] < values[0]
+    assert client_sampled_mu_clt(0.0, 0.5, 50) == 0.0
+    with pytest.raises(ValueError, match="client_rate"):
+        client_sampled_mu_clt(1.0, 1.5, 10)
+    with pytest.raises(ValueError, match="rounds"):
+        client_sampled_mu_clt(1.0, 0.5, -1)
 
 
 def test_prifedsync_mu_vectorized_over_clients_and_federated_notions() -> None:

@@ -15,6 +15,15 @@ Models
 ``mnist-cnn``    The rPDP-FL MNIST CNN (26,010 parameters for 1×28×28 inputs, 10 classes):
                  conv(1→16, k8, s2, p3) → tanh → maxpool(2, 1) → conv(16→32, k4, s2) → tanh →
                  maxpool(2, 1) → Linear(512, 32) → tanh → Linear(32, 10).
+``prifedsync-mnist-cnn``
+                 The PriFedSync paper's MNIST CNN (1,199,882 parameters on 1×28×28, 10 classes):
+                 conv(1→32, k3) → ReLU → conv(32→64, k3) → ReLU → maxpool(2) → [dropout] →
+                 Linear(9216, 128) → ReLU → [dropout] → Linear(128, 10).
+``prifedsync-cifar-cnn``
+                 The TensorFlow-tutorial CIFAR CNN used by PriFedSync (122,570 parameters on
+                 3×32×32, 10 classes): conv(3→32, k3) → ReLU → maxpool(2) → conv(32→64, k3) →
+                 ReLU → maxpool(2) → conv(64→64, k3) → ReLU → Linear(1024, 64) → ReLU →
+                 Linear(64, 10).
 ``resnet18-gn``  torchvision's ResNet-18 layout (7×7 stem, max-pool, 4 stages of 2 basic blocks)
                  with GroupNorm instead of BatchNorm: 11,181,642 parameters for 10 classes.
 """
@@ -139,6 +148,83 @@ class MnistCNN(nn.Module):
 @register_model("mnist-cnn")
 def _mnist_cnn(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     return MnistCNN(input_shape, num_classes)
+
+
+class PriFedSyncMnistCNN(nn.Module):
+    """PriFedSync's MNIST CNN (Zheng et al. 2021, §4.1): 1,199,882 parameters on 1×28×28.
+
+    ``dropout=True`` adds the reference's channel dropout (p = 0.25) after pooling and dropout
+    (p = 0.5) before the last layer. Off by default: dropout masks come from torch's global RNG,
+    so a ``randomness: reproducible`` run would no longer replay bit for bit. The reference's
+    final ``log_softmax`` is left out: :func:`loss_fn` applies the softmax (same loss and
+    predictions).
+    """
+
+    def __init__(
+        self, input_shape: tuple[int, ...] = (1, 28, 28), num_classes: int = 10, dropout: bool = False
+    ):
+        super().__init__()
+        if len(input_shape) != 3:
+            raise ValueError(
+                f"prifedsync-mnist-cnn: input_shape must be (C, H, W), got {input_shape!r}"
+            )
+        self.conv1 = nn.Conv2d(input_shape[0], 32, 3, 1)
+        self.conv2 = nn.Conv2d(32, 64, 3, 1)
+        self.drop1: nn.Module = nn.Dropout2d(0.25) if dropout else nn.Identity()
+        self.drop2: nn.Module = nn.Dropout(0.5) if dropout else nn.Identity()
+        with torch.no_grad():
+            flat = self._features(torch.zeros(1, *input_shape)).shape[1]
+        self.fc1 = nn.Linear(flat, 128)
+        self.fc2 = nn.Linear(128, num_classes)
+
+    def _features(self, x: Tensor) -> Tensor:
+        x = F.max_pool2d(F.relu(self.conv2(F.relu(self.conv1(x)))), 2)
+        return self.drop1(x).flatten(1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc2(self.drop2(F.relu(self.fc1(self._features(x)))))
+
+
+@register_model("prifedsync-mnist-cnn")
+def _prifedsync_mnist_cnn(
+    input_shape: tuple[int, ...], num_classes: int, dropout: bool = False
+) -> nn.Module:
+    return PriFedSyncMnistCNN(input_shape, num_classes, dropout=bool(dropout))
+
+
+class PriFedSyncCifarCNN(nn.Module):
+    """The TensorFlow-tutorial CIFAR CNN used by PriFedSync (§4.2): 122,570 parameters.
+
+    As in the tutorial, the third convolution is followed by a ReLU (the reference code drops
+    it; the parameter count is the same).
+    """
+
+    def __init__(self, input_shape: tuple[int, ...] = (3, 32, 32), num_classes: int = 10):
+        super().__init__()
+        if len(input_shape) != 3:
+            raise ValueError(
+                f"prifedsync-cifar-cnn: input_shape must be (C, H, W), got {input_shape!r}"
+            )
+        self.conv1 = nn.Conv2d(input_shape[0], 32, 3)
+        self.conv2 = nn.Conv2d(32, 64, 3)
+        self.conv3 = nn.Conv2d(64, 64, 3)
+        with torch.no_grad():
+            flat = self._features(torch.zeros(1, *input_shape)).shape[1]
+        self.fc1 = nn.Linear(flat, 64)
+        self.fc2 = nn.Linear(64, num_classes)
+
+    def _features(self, x: Tensor) -> Tensor:
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        return F.relu(self.conv3(x)).flatten(1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc2(F.relu(self.fc1(self._features(x))))
+
+
+@register_model("prifedsync-cifar-cnn")
+def _prifedsync_cifar_cnn(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    return PriFedSyncCifarCNN(input_shape, num_classes)
 
 
 def _group_norm(channels: int, num_groups: int = 32) -> nn.GroupNorm:

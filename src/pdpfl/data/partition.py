@@ -16,6 +16,12 @@ Methods (``partition=`` of :func:`pdpfl.data.load_federation`):
 ``shards``
     McMahan et al. (2017): sort by label, cut into ``num_clients * shards_per_client``
     equal shards, deal ``shards_per_client`` random shards to each client (default 2).
+``label-shards``
+    PriFedSync (Zheng et al. 2021, §4.1): like ``shards``, but every shard holds ONE label -- each
+    label's records are cut into a number of near-equal shards proportional to its size
+    (largest remainder), ``num_clients * shards_per_client`` shards in all (default 4 per
+    client) -- so a client holds at most ``shards_per_client`` labels. A label too rare for one
+    shard is left out.
 ``dirichlet``
     label skew: for each label, the share of each client ~ Dirichlet(``beta`` · 1)
     (default ``beta=0.5``); redrawn until every client has ``min_size`` records.
@@ -32,6 +38,7 @@ PARTITIONS: dict[str, tuple[str, ...]] = {
     "iid": (),
     "n-way-k-shot": ("n_way", "classes_per_client", "k_shot"),
     "shards": ("shards_per_client",),
+    "label-shards": ("shards_per_client",),
     "dirichlet": ("beta", "min_size", "max_tries"),
 }
 
@@ -105,6 +112,33 @@ def _shards(y: np.ndarray, m: int, params: dict[str, Any],
     return [np.sort(np.concatenate([shards[k] for k in row])) for row in deal]
 
 
+def _label_shards(y: np.ndarray, m: int, params: dict[str, Any],
+                  rng: np.random.Generator) -> list[np.ndarray]:
+    most = max(1, len(y) // m)
+    s = _int_param(params, "shards_per_client", min(4, most), 1, most)
+    assert s is not None
+    total = m * s
+    classes, counts = np.unique(y, return_counts=True)
+    ideal = counts * (total / len(y))
+    per_class = np.floor(ideal).astype(np.int64)
+    order = np.lexsort((rng.random(len(classes)), -(ideal - per_class)))
+    per_class[order[: total - int(per_class.sum())]] += 1
+    per_class = np.minimum(per_class, counts)
+    if int(per_class.sum()) < total:
+        raise ValueError(
+            f"partition parameter 'shards_per_client'={s} with {m} clients needs {total} "
+            f"single-label shards but the labels allow only {int(per_class.sum())}; lower it"
+        )
+    shards: list[np.ndarray] = []
+    for c, k in zip(classes, per_class, strict=True):
+        if k == 0:  # too rare for one shard: left out
+            continue
+        idx = np.flatnonzero(y == c)
+        shards.extend(np.array_split(idx[rng.permutation(len(idx))], int(k)))
+    deal = rng.permutation(total).reshape(m, s)
+    return [np.sort(np.concatenate([shards[k] for k in row])) for row in deal]
+
+
 def _dirichlet(y: np.ndarray, m: int, params: dict[str, Any],
                rng: np.random.Generator) -> list[np.ndarray]:
     beta = params.get("beta", 0.5)
@@ -134,6 +168,7 @@ def _dirichlet(y: np.ndarray, m: int, params: dict[str, Any],
 
 _BUILDERS: dict[str, Callable[..., list[np.ndarray]]] = {
     "iid": _iid, "n-way-k-shot": _n_way_k_shot, "shards": _shards, "dirichlet": _dirichlet,
+    "label-shards": _label_shards,
 }
 
 

@@ -47,7 +47,7 @@ DATASETS: dict[str, DatasetInfo] = {
                     "66/34 per client", 10, False, ("pool", "normalize", "download"), True),
         DatasetInfo("mnist-10k", "the 10k MNIST test images partitioned over clients, "
                     "66/34 per client", 10, False, ("normalize", "download"), True),
-        DatasetInfo("cifar10", "CIFAR-10 50k training images (python pickle archive) "
+        DatasetInfo("cifar10", "CIFAR-10 50k training images (official binary archive) "
                     "partitioned over clients, 66/34 per client", 10, False,
                     ("pool", "normalize", "download"), True),
         DatasetInfo("femnist-digits", "TFF Federated EMNIST digits: 3,383 writers as clients "
@@ -59,6 +59,15 @@ DATASETS: dict[str, DatasetInfo] = {
         DatasetInfo("cifar10-clients", "CIFAR-10 50k training images over 500 clients with "
                     "per-client Dirichlet label mixes (disjoint), test images spread over them",
                     500, False, ("download",), True),
+        DatasetInfo("prifedsync-mnist", "PriFedSync MNIST: single-label shards, at most 4 "
+                    "labels per client; 600 train + 200 test images each (60k files) or ~100 "
+                    "images each split 66/34 (10k test images only)", 100, False,
+                    ("layout", "shards_per_client", "test_per_client", "normalize",
+                     "download"), True),
+        DatasetInfo("prifedsync-cifar10", "PriFedSync CIFAR-10: per-client Dirichlet(0.5) "
+                    "label mixes, 500 disjoint train + 200 test images each", 100, False,
+                    ("beta", "train_per_client", "test_per_client", "normalize", "download"),
+                    True),
         DatasetInfo("digits", "scikit-learn 8x8 digits (offline): 1,797 records, 64 "
                     "features in [0, 1], 10 classes", 10, False, ("normalize", "flat"), False),
         DatasetInfo("breast-cancer", "scikit-learn Wisconsin breast cancer (offline): 569 "
@@ -249,6 +258,11 @@ def load_federation(
     if name in _MANY_CLIENTS:
         return _many_clients(name, num_clients, partition, partition_params, int(seed),
                              data_dir, opts)
+    if name in ("prifedsync-mnist", "prifedsync-cifar10"):
+        from pdpfl.data.prifedsync import load_prifedsync
+
+        return load_prifedsync(name, num_clients, partition, partition_params, int(seed),
+                               data_dir, opts)
     users = _users_option(opts)
     opts["_seed"] = int(seed)
     pool, default_norm = _pool_for(name, data_dir, opts)
@@ -274,12 +288,12 @@ def file_specs(name: str) -> list:
         from pdpfl.data.heart import file_specs as heart_specs
 
         return heart_specs()
-    if name in ("mnist", "mnist-10k"):
+    if name in ("mnist", "mnist-10k", "prifedsync-mnist"):
         from pdpfl.data.mnist import SHA256, spec
 
-        files = [f for f in SHA256 if name == "mnist" or f.startswith("t10k")]
+        files = [f for f in SHA256 if name != "mnist-10k" or f.startswith("t10k")]
         return [spec(f) for f in files]
-    if name in ("cifar10", "cifar10-clients"):
+    if name in ("cifar10", "cifar10-clients", "prifedsync-cifar10"):
         from pdpfl.data.cifar import SPEC
 
         return [SPEC]
@@ -293,5 +307,5 @@ def file_specs(name: str) -> list:
 
         return [svhn_spec(f) for f in SVHN]
     raise ValueError(f"dataset must be one of ['cifar10', 'cifar10-clients', 'femnist-digits', "
-                     f"'heart-disease', 'mnist', 'mnist-10k', 'svhn'] (the others need no "
-                     f"files), got {name!r}")
+                     f"'heart-disease', 'mnist', 'mnist-10k', 'prifedsync-cifar10', "
+                     f"'prifedsync-mnist', 'svhn'] (the others need no files), got {name!r}")

@@ -5,6 +5,8 @@ Every pdpfl mechanism is assembled from these pieces (as Opacus' ``DPOptimizer.p
 
 * :func:`poisson_sample` -- one independent Bernoulli(q_u) per unit (record, user or client),
   coins from the owning party's :class:`~pdpfl.randomness.RandomStream`;
+* :func:`wor_sample` -- exactly ``B`` distinct units drawn uniformly without replacement (the
+  fixed-size batches of PriFedSync's Algorithm 2), from the same kind of stream;
 * clipping -- per record inside a gradient computation
   (:func:`pdpfl.dp.grad_sample.clipped_grad_sum`), or per unit on whole parameter vectors
   (:func:`clip_vectors`: a user's model delta in ULDP-FL, a client's update in IDP-FedAvg);
@@ -33,6 +35,7 @@ __all__ = [
     "noisy_normalised_sum",
     "poisson_sample",
     "vector_norms",
+    "wor_sample",
 ]
 
 
@@ -45,6 +48,35 @@ def poisson_sample(rates: Tensor | np.ndarray, stream: RandomStream) -> Tensor:
     q = torch.as_tensor(rates, dtype=torch.float64).reshape(-1).cpu()
     u = torch.from_numpy(np.asarray(stream.uniform(q.shape[0]), dtype=np.float64))
     return torch.nonzero(u < q).flatten()
+
+
+def wor_sample(num_units: int, batch_size: int, stream: RandomStream) -> Tensor:
+    """Exactly ``batch_size`` distinct indices in ``[0, num_units)``, a uniformly random subset.
+
+    A partial Fisher–Yates shuffle driven by ``batch_size`` float64 uniforms from ``stream``: step
+    k swaps position k with position ``k + ⌊U_k·(n − k)⌋``. Every B-subset (and every order) is
+    equally likely up to the 53-bit resolution of the uniforms (a relative bias below
+    ``n·2⁻⁵³`` per index). Returns int64 CPU indices in draw order.
+
+    Raises
+    ------
+    ValueError
+        ``batch_size`` outside ``[0, num_units]`` (naming the field).
+    """
+    n, b = int(num_units), int(batch_size)
+    if n < 0:
+        raise ValueError(f"num_units: must be >= 0, got {num_units!r}")
+    if not 0 <= b <= n:
+        raise ValueError(
+            f"batch_size: a batch drawn without replacement needs 0 <= B <= {n} (the number of "
+            f"records), got {batch_size!r}"
+        )
+    u = np.asarray(stream.uniform(b), dtype=np.float64)
+    perm = np.arange(n, dtype=np.int64)
+    for k in range(b):
+        j = k + min(int(u[k] * (n - k)), n - k - 1)
+        perm[k], perm[j] = perm[j], perm[k]
+    return torch.from_numpy(perm[:b].copy())
 
 
 def check_normalizer(normalizer: float | None, name: str = "normalizer") -> float:

@@ -10,6 +10,9 @@ References
 * Zheng, Chen, Long, Su, "Federated f-Differential Privacy" (PriFedSync), AISTATS 2021:
   Def. 3.5 / 3.6 (weak / strong federated f-DP), Lemma 3.4 (GDP composition), Lemma 3.8
   (client sampling, g = max(f, 1 − α − p²)), Theorem 1, Theorem 2 (μ_j of PriFedSync + NoisySGD).
+* Dong, Roth, Su, Theorem 3.5 (Berry–Esseen CLT for composition): the n-fold composition of
+  symmetric trade-off functions approaches G_μ with μ = 2‖kl‖₁ / √(‖κ₂‖₁ − ‖kl‖₂²), where
+  kl(f) = −∫₀¹ log|f′(α)| dα and κ₂(f) = ∫₀¹ log²|f′(α)| dα.
 
 **The CLT values are approximations, not bounds.** :func:`poisson_gaussian_mu_clt` and
 :func:`prifedsync_mu` are limits as the number of steps grows; for a finite number of steps they
@@ -38,6 +41,8 @@ __all__ = [
     "prifedsync_mu",
     "federated_mu",
     "client_sampled_tradeoff",
+    "client_sampled_mu_clt",
+    "tradeoff_clt_functionals",
     "alpha_grid",
     "tradeoff_to_delta",
     "tradeoff_to_epsilon",
@@ -188,7 +193,8 @@ def prifedsync_mu(
     r = _check_steps(rounds, "rounds")
     c = (b / n) * np.sqrt(k * r)
     inv = 1.0 / sigma
-    inner = np.exp(inv * inv) * special.ndtr(1.5 * inv) + 3.0 * special.ndtr(-0.5 * inv) - 2.0
+    with np.errstate(over="ignore"):  # tiny σ: μ = inf (no privacy), not a warning
+        inner = np.exp(inv * inv) * special.ndtr(1.5 * inv) + 3.0 * special.ndtr(-0.5 * inv) - 2.0
     return math.sqrt(2.0) * c * np.sqrt(np.maximum(inner, 0.0))
 
 
@@ -226,6 +232,63 @@ def client_sampled_tradeoff(
     if not (0.0 <= p <= 1.0):
         raise ValueError(f"client_rate: must be in [0, 1], got {client_rate!r}")
     return np.maximum(f, 1.0 - a - p * p)
+
+
+def tradeoff_clt_functionals(mu: float, client_rate: float = 1.0) -> tuple[float, float]:
+    """(kl, κ₂) of g = max(G_μ, 1 − α − p²) (Dong et al. Theorem 3.5's functionals), closed form.
+
+    With z = Φ⁻¹(1 − α): log|G_μ′(α)| = μz − μ²/2 and dα = φ(z)dz, so kl(G_μ) = μ²/2 and
+    κ₂(G_μ) = μ² + μ⁴/4. The line 1 − α − p² (slope −1, log|g′| = 0) lies above G_μ exactly where
+    Φ(z) − Φ(z − μ) > p², an interval (μ/2 − t, μ/2 + t) when p² < 2Φ(μ/2) − 1; the functionals
+    drop that interval's contribution, integrated with the Gaussian moments
+    ∫zφ = −φ and ∫z²φ = Φ − zφ.
+    """
+    m = float(_check_mu(mu))
+    p = float(client_rate)
+    if not (0.0 <= p <= 1.0):
+        raise ValueError(f"client_rate: must be in [0, 1], got {client_rate!r}")
+    kl, k2 = m * m / 2.0, m * m + m**4 / 4.0
+    if m == 0.0:
+        return 0.0, 0.0
+    p2 = p * p
+    if p2 >= 2.0 * special.ndtr(m / 2.0) - 1.0:
+        return kl, k2
+    # Φ(μ/2 + t) − Φ(t − μ/2) = p², solved for t ∈ [0, ∞) by bisection (decreasing in t).
+    lo, hi = 0.0, 1.0
+    while special.ndtr(m / 2.0 + hi) - special.ndtr(hi - m / 2.0) > p2:
+        hi *= 2.0
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        if special.ndtr(m / 2.0 + mid) - special.ndtr(mid - m / 2.0) > p2:
+            lo = mid
+        else:
+            hi = mid
+    a, b = m / 2.0 - hi, m / 2.0 + hi
+    phi_a, phi_b = math.exp(-a * a / 2.0) / math.sqrt(2 * math.pi), math.exp(
+        -b * b / 2.0
+    ) / math.sqrt(2 * math.pi)
+    mass = float(special.ndtr(b) - special.ndtr(a))
+    first = phi_a - phi_b  # ∫_a^b z φ(z) dz
+    second = mass + a * phi_a - b * phi_b  # ∫_a^b z² φ(z) dz
+    i1 = m * first - m * m / 2.0 * mass
+    i2 = m * m * second - m**3 * first + m**4 / 4.0 * mass
+    return kl + i1, k2 - i2
+
+
+def client_sampled_mu_clt(mu_round: float, client_rate: float, rounds: int) -> float:
+    """CLT μ of R rounds of PriFedSync Lemma 3.8's g = max(G_μ, 1 − α − p²) (Theorem 1).
+
+    ``mu_round``: the GDP μ of one round's local training (e.g. ``prifedsync_mu(σ, B, n, K, 1)``).
+    μ_R = 2R·kl / √(R·(κ₂ − kl²)) (Dong et al. Theorem 3.5). **An approximation** (a CLT, like
+    Theorem 2), and the lemma itself assumes a client receives nothing in rounds it is not
+    sampled in. p = 1 gives exactly √R·μ (Lemma 3.4).
+    """
+    r = _check_steps(rounds, "rounds")
+    kl, k2 = tradeoff_clt_functionals(mu_round, client_rate)
+    var = k2 - kl * kl
+    if kl <= 0.0 or var <= 0.0 or r == 0:
+        return 0.0
+    return float(2.0 * math.sqrt(float(r)) * kl / math.sqrt(var))
 
 
 def _check_curve(alpha: ArrayLike, f_values: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
