@@ -49,6 +49,7 @@ def test_rpdp_sgd_learns_and_reports_per_class_and_per_group():
         test_groups=(yt.numpy() == 0).astype(int),
         eval_every=20,
         seed=3,
+        normalizer=48.0,
     )
     assert len(calls) == 1 and np.array_equal(calls[0], budgets)
     assert res.steps == 60 and len(res.realized_batch_sizes) == 60
@@ -61,11 +62,12 @@ def test_rpdp_sgd_learns_and_reports_per_class_and_per_group():
     assert low["selection_frequency"] == pytest.approx(0.1, abs=0.03)
     assert high["selection_frequency"] == pytest.approx(0.3, abs=0.04)
     assert res.to_dict()["test"]["n"] == 150
+    assert res.normalizer == 48.0 and "reproducible" in res.to_dict()["randomness"]
 
 
 def test_rpdp_sgd_rate_arguments_are_exclusive():
     x, y = _blobs(10)
-    kw = dict(noise_multiplier=1.0, max_grad_norm=1.0, steps=1)
+    kw = dict(noise_multiplier=1.0, max_grad_norm=1.0, steps=1, normalizer=5.0)
     model = create_model("logreg", (5,), 3)
     with pytest.raises(ValueError, match="either rates= or both budgets= and calibrator="):
         train_rpdp_sgd(model, (x, y), (x, y), **kw)
@@ -95,7 +97,7 @@ def test_filter_step_matches_manual_truncated_clipping():
     active = budgets - spent > 0
     step = filter_step(
         model, x, y, budgets=budgets, spent=spent, active=active, noise_multiplier=0.0,
-        max_grad_norm=C, generator=torch.Generator(), physical_batch_size=3,
+        max_grad_norm=C, stream=torch.Generator(), physical_batch_size=3,
     )  # fmt: skip
     g = _loop_grads(model, x, y)
     norms = g.norm(dim=1).numpy()
@@ -190,6 +192,7 @@ def test_rpdp_sgd_with_the_certified_calibrator_honours_every_budget():
         steps=plan.steps,
         lr=0.5,
         seed=7,
+        normalizer=6.0,  # the public expected batch size this experiment declares
     )
     rates = calibrator(budgets)
     eps, _ = plan_epsilon(rates, plan)

@@ -227,12 +227,21 @@ def test_empty_batch_is_a_noise_only_step_and_is_counted():
         noise_multiplier=1.0,
         max_grad_norm=1.0,
         optimizer=opt,
-        generator=torch.Generator().manual_seed(0),
+        stream=torch.Generator().manual_seed(0),
+        normalizer=2.0,
     )
     assert res.steps == 3 and res.realized_batch_sizes == [0, 0, 0]
     assert np.isnan(res.mean_loss)
     assert res.selection_counts.tolist() == [0] * 5
     assert res.expected_batch_size == pytest.approx(5e-9)
+    assert all(not torch.equal(b, p) for b, p in zip(before, model.parameters(), strict=True))
+    # all rates 0 (a silo whose records all sat out): still τ noise-only steps
+    before = [p.detach().clone() for p in model.parameters()]
+    res = train_steps(
+        model, x, y, rates=np.zeros(5), steps=2, noise_multiplier=1.0, max_grad_norm=1.0,
+        optimizer=opt, stream=torch.Generator().manual_seed(1), normalizer=2.0,
+    )  # fmt: skip
+    assert res.realized_batch_sizes == [0, 0]
     assert all(not torch.equal(b, p) for b, p in zip(before, model.parameters(), strict=True))
 
 
@@ -276,7 +285,7 @@ def test_nonprivate_step_is_plain_sgd_on_the_poisson_batch():
         noise_multiplier=5.0,
         max_grad_norm=1e-3,
         optimizer=opt,
-        generator=torch.Generator().manual_seed(2),
+        stream=torch.Generator().manual_seed(2),
         private=False,
         physical_batch_size=4,
     )
@@ -294,7 +303,7 @@ def test_private_step_update_equals_lr_times_privatized_gradient():
     model, x, y = _case("mlp", n=20)
     ref = _case("mlp", n=20)[0]
     rates = np.linspace(0.05, 0.9, 20)
-    lr, C = 0.3, 0.2
+    lr, C, B = 0.3, 0.2, 7.0  # B: the public normaliser (never Σq computed from the rates)
     opt = make_optimizer("sgd", model.parameters(), lr=lr)
     res = train_steps(
         model,
@@ -305,11 +314,12 @@ def test_private_step_update_equals_lr_times_privatized_gradient():
         noise_multiplier=0.0,
         max_grad_norm=C,
         optimizer=opt,
-        generator=torch.Generator().manual_seed(5),
+        stream=torch.Generator().manual_seed(5),
+        normalizer=B,
     )
     idx = np.flatnonzero(res.selection_counts)
     loop = _loop_grads(ref, x[idx], y[idx])
-    clipped = (loop * (C / (loop.norm(dim=1) + 1e-6)).clamp(max=1)[:, None]).sum(0) / rates.sum()
+    clipped = (loop * (C / (loop.norm(dim=1) + 1e-6)).clamp(max=1)[:, None]).sum(0) / B
     start = torch.cat([p.detach().flatten() for p in ref.parameters()])
     now = torch.cat([p.detach().flatten() for p in model.parameters()])
     torch.testing.assert_close(now, start - lr * clipped)
@@ -328,7 +338,8 @@ def test_same_seed_same_model_and_different_seed_differs():
             noise_multiplier=1.0,
             max_grad_norm=1.0,
             optimizer=opt,
-            generator=torch.Generator().manual_seed(seed),
+            stream=torch.Generator().manual_seed(seed),
+            normalizer=6.0,
         )
         return np.concatenate([a.ravel() for a in get_params(model)])
 
@@ -352,7 +363,8 @@ def test_optimizers_consume_the_private_gradient(opt_name):
         noise_multiplier=0.1,
         max_grad_norm=5.0,
         optimizer=opt,
-        generator=torch.Generator().manual_seed(0),
+        stream=torch.Generator().manual_seed(0),
+        normalizer=25.0,
     )
     assert res.steps == 30 and len(res.realized_batch_sizes) == 30
     assert evaluate(model, x, y)["loss"] < before["loss"]
@@ -362,14 +374,18 @@ def test_bad_inputs_have_clear_messages():
     model, x, y = _case("logreg", n=4)
     opt = make_optimizer("sgd", model.parameters(), lr=0.1)
     kw = dict(
-        steps=1, noise_multiplier=1.0, max_grad_norm=1.0, optimizer=opt, generator=torch.Generator()
-    )
+        steps=1, noise_multiplier=1.0, max_grad_norm=1.0, optimizer=opt, stream=torch.Generator(),
+        normalizer=2.0,
+    )  # fmt: skip
     with pytest.raises(ValueError, match=r"rates must have shape \(4,\)"):
         train_steps(model, x, y, rates=np.full(3, 0.5), **kw)
     with pytest.raises(ValueError, match=r"rates must be finite and in \[0, 1\]"):
         train_steps(model, x, y, rates=np.array([0.5, 1.5, 0.1, 0.1]), **kw)
-    with pytest.raises(ValueError, match="all sampling rates are 0"):
-        train_steps(model, x, y, rates=np.zeros(4), **kw)
+    with pytest.raises(ValueError, match="normalizer: required under DP"):
+        train_steps(model, x, y, rates=np.full(4, 0.5), **{**kw, "normalizer": None})
+    for bad in (0.0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="normalizer: must be a finite number > 0"):
+            train_steps(model, x, y, rates=np.full(4, 0.5), **{**kw, "normalizer": bad})
     with pytest.raises(ValueError, match="max_grad_norm"):
         train_steps(model, x, y, rates=np.full(4, 0.5), **{**kw, "max_grad_norm": 0.0})
     with pytest.raises(ValueError, match="noise_multiplier"):
@@ -401,7 +417,8 @@ def test_batchnorm_rejected_with_module_name_and_groupnorm_swap_trains():
         noise_multiplier=1.0,
         max_grad_norm=1.0,
         optimizer=make_optimizer("sgd", model.parameters(), lr=0.1),
-        generator=torch.Generator().manual_seed(0),
+        stream=torch.Generator().manual_seed(0),
+        normalizer=6.0,
     )
     assert res.steps == 2
 

@@ -89,7 +89,7 @@ def test_get_set_params_roundtrip_and_validation():
     b = create_model("mnist-cnn", (1, 28, 28), 10)
     params = get_params(a)
     assert all(p.dtype == np.float32 for p in params)
-    assert [p.shape for p in params] == [tuple(v.shape) for v in a.state_dict().values()]
+    assert [p.shape for p in params] == [tuple(v.shape) for v in a.parameters()]
     set_params(b, params)
     x = torch.randn(2, 1, 28, 28)
     torch.testing.assert_close(a(x), b(x))

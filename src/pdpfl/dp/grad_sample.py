@@ -8,14 +8,44 @@ Two interchangeable back-ends compute the same quantity:
     are formed). From (activation, backprop) pairs each layer yields its per-sample gradient
     norms and the clipped weighted sum directly ("book-keeping" clipping, Bu et al. 2023):
     Linear layers on 2-D inputs never materialise per-sample gradients
-    (‖g_i a_iᵀ‖ = ‖g_i‖‖a_i‖); convolutions use im2col and either materialise the per-sample
-    weight gradients or use Gram-matrix "ghost norms", whichever is cheaper. Supported layers:
-    Linear, Conv1d, Conv2d, GroupNorm, LayerNorm, each called once per forward.
+    (‖g_i a_iᵀ‖ = ‖g_i‖‖a_i‖); sequence Linear layers and convolutions (im2col) either
+    materialise the per-sample weight gradients or use Gram-matrix "ghost norms"
+    ‖Σ_t g_t a_tᵀ‖² = Σ_{t,s} (a_t·a_s)(g_t·g_s), whichever is cheaper. Supported layers:
+    Linear, Conv1d, Conv2d, GroupNorm, LayerNorm, each called once per forward and owning its
+    parameters alone (no weight tying).
 ``"func"`` (generic)
     ``torch.func.vmap(grad(...))`` over single records; works for any per-record model.
 
-``"auto"`` picks ``"hooks"`` when every trainable parameter lives in a supported layer.
-All computations run in chunks of at most ``physical_batch_size`` records (memory bound).
+``"auto"`` picks ``"hooks"`` when every trainable parameter lives in a supported layer and no
+parameter is shared between modules; a model that calls a layer twice per forward falls back
+to ``"func"`` at run time. All computations run in chunks of at most ``physical_batch_size``
+records (memory bound).
+
+Clipping that holds for any input
+---------------------------------
+The bound ``‖what record i adds‖ ≤ C_i`` must hold for adversarial records too (issue #10 §3):
+a Gram-matrix norm computed in float32 cancels catastrophically (a record with inputs of
+magnitude 1e3 was measured at 12.6 while its gradient norm was 223: it added 17.7·C). Here
+
+* the forward and the backward to layer outputs run in the model's dtype; every per-layer
+  computation *from* the recorded float32 activations ``a`` and backprops ``g`` -- Gram
+  matrices, materialised per-sample gradients, norm-layer statistics and the clipped weighted
+  sums -- runs in **float64** (a float32 product is exact in float64);
+* each per-layer squared norm carries a rigorous a-priori error bound (Higham, *Accuracy and
+  Stability of Numerical Algorithms*, §3.1: a float64 dot product of length n has absolute error
+  at most γ_n Σ|x_k y_k|, γ_n = n·u/(1 − n·u), u = 2⁻⁵³). For a gradient
+  ``G = Σ_t g_t a_tᵀ`` with ``M = Σ_t ‖g_t‖‖a_t‖`` the Gram estimate is within
+  ``(d_in + d_out + T²)·u·M²`` of ‖G‖², a materialised ``Ĝ`` within ``γ_T·M`` of ``G``, and the
+  weighted sum adds at most ``γ_{BT}·c·M`` for record *i*. The norm used for clipping is
+  ``sqrt(estimate + 4u·κ·M²)`` with κ the sum of those lengths, which is never below the norm of
+  the exact gradient of the recorded values *nor* of what is actually added. For ordinary
+  records M ≈ ‖G‖ and the inflation is ~1e-12 relative; for a crafted record the clipped
+  contribution is at most ``C·(1 + 1e-12)``.
+* the sums are returned in float64 (the engine adds the noise in float64 and rounds once).
+
+The ``"func"`` back-end computes per-sample gradients in the model's dtype; their norms and the
+weighted sum are taken in float64, so what is added is bounded by C (its float32 per-sample
+gradients are the function of the record that the mechanism applies).
 """
 
 from __future__ import annotations
@@ -33,35 +63,67 @@ __all__ = [
     "clipped_grad_sum",
     "hooks_supported",
     "per_sample_gradients",
+    "shared_parameters",
 ]
 
 LossFn = Callable[[Tensor, Tensor], Tensor]
 
 _HOOK_LAYERS = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.GroupNorm, nn.LayerNorm)
-#: Added to the norm before dividing (as Opacus does) so that ‖clip_C(g)‖ ≤ C always holds.
+#: Added to the norm before dividing (as Opacus does) so that ‖clip_C(g)‖ < C always holds.
 _NORM_EPS = 1e-6
+#: float64 unit roundoff.
+_U = 2.0**-53
+_F64 = torch.float64
+
+
+def shared_parameters(model: nn.Module) -> list[str]:
+    """Names of trainable parameters owned by more than one module (weight tying)."""
+    owners: dict[int, list[str]] = {}
+    for mname, module in model.named_modules():
+        for pname, p in module.named_parameters(recurse=False):
+            if p.requires_grad:
+                owners.setdefault(id(p), []).append(f"{mname}.{pname}" if mname else pname)
+    return sorted(names[0] for names in owners.values() if len(names) > 1)
 
 
 def hooks_supported(model: nn.Module) -> bool:
-    """Whether the fast ``"hooks"`` back-end covers every trainable parameter of ``model``."""
-    for module in model.modules():
+    """Whether the fast ``"hooks"`` back-end covers every trainable parameter of ``model``.
+
+    False when some trainable parameter lives outside Linear/Conv1d/Conv2d/GroupNorm/LayerNorm,
+    or is shared by several modules (the per-module norms would not add up to the norm of the
+    summed gradient).
+    """
+    return _hooks_problem(model) is None
+
+
+def _hooks_problem(model: nn.Module) -> str | None:
+    for name, module in model.named_modules():
         direct = [n for n, p in module.named_parameters(recurse=False) if p.requires_grad]
         if not direct:
             continue
         if type(module) not in _HOOK_LAYERS or not set(direct) <= {"weight", "bias"}:
-            return False
+            return f"module {name or '<root>'!r} ({type(module).__name__}) is not supported"
         if isinstance(module, nn.Conv1d | nn.Conv2d):
             if module.padding_mode != "zeros" or module.padding == "same":
-                return False
-    return True
+                return f"module {name!r}: only zero padding given as numbers is supported"
+    shared = shared_parameters(model)
+    if shared:
+        return f"parameter {shared[0]!r} is shared by several modules (weight tying)"
+    return None
 
 
 @dataclass
 class _Part:
-    """One parameter's contribution in one chunk: per-sample norms² and the weighted sum."""
+    """One parameter's per-sample contribution in one chunk (all float64).
+
+    ``norm2`` estimates the per-sample squared norms; ``err2`` bounds their error so that
+    ``norm2 + err2`` is at least the squared norm of the exact gradient of the recorded values
+    and of what :meth:`weighted_sum` adds for that record (see the module docstring).
+    """
 
     param: nn.Parameter
     norm2: Tensor  # (B,)
+    err2: Tensor  # (B,)
     grads: Tensor | None = None  # (B, *param.shape) when materialised
     weighted: Callable[[Tensor], Tensor] | None = None  # c ↦ Σ_b c_b g_b
 
@@ -72,39 +134,60 @@ class _Part:
         return self.weighted(c).reshape(self.param.shape)
 
 
-def _materialised(param: nn.Parameter, grads: Tensor) -> _Part:
-    grads = grads.reshape(grads.shape[0], *param.shape)
-    return _Part(param, grads.flatten(1).pow(2).sum(1), grads=grads)
+def _materialised(
+    param: nn.Parameter, grads: Tensor, m2: Tensor | None = None, length: int = 0
+) -> _Part:
+    """A part from per-sample gradients ``grads`` computed in float64.
+
+    ``m2`` = M² with ``‖grads_b − exact_b‖ ≤ γ_length · M_b`` (``None``: ``grads`` *are* what the
+    mechanism applies, e.g. torch.func gradients, and only their own norm matters).
+    """
+    grads = grads.to(_F64).reshape(grads.shape[0], *param.shape)
+    b = grads.shape[0]
+    norm2 = grads.flatten(1).pow(2).sum(1)
+    # sum of squares (numel terms) and the tensordot over the batch (b terms)
+    err2 = (4 * _U * (param.numel() + b + 4)) * norm2
+    if m2 is not None:
+        err2 = err2 + (4 * _U * (length + 4)) * m2
+    return _Part(param, norm2, err2, grads=grads)
 
 
 def _linear_parts(m: nn.Linear, a: Tensor, g: Tensor, materialise: bool) -> list[_Part]:
     parts: list[_Part] = []
     B = a.shape[0]
-    a3 = a.reshape(B, -1, a.shape[-1])
-    g3 = g.reshape(B, -1, g.shape[-1])
+    a3 = a.reshape(B, -1, a.shape[-1]).to(_F64)
+    g3 = g.reshape(B, -1, g.shape[-1]).to(_F64)
     T, din, dout = a3.shape[1], a3.shape[2], g3.shape[2]
+    gn = g3.norm(dim=2)  # (B, T)
     if m.weight.requires_grad:
+        m_w = (a3.norm(dim=2) * gn).sum(1)  # M = Σ_t ‖a_t‖‖g_t‖
         if materialise or (T > 1 and T * T * (din + dout) >= din * dout):
-            parts.append(_materialised(m.weight, torch.einsum("bto,bti->boi", g3, a3)))
+            grads = torch.einsum("bto,bti->boi", g3, a3)
+            parts.append(_materialised(m.weight, grads, m_w.square(), T))
         elif T == 1:
             a2, g2 = a3[:, 0], g3[:, 0]
-            norm2 = a2.pow(2).sum(1) * g2.pow(2).sum(1)
-            parts.append(_Part(m.weight, norm2, weighted=lambda c: (g2 * c[:, None]).T @ a2))
+            norm2 = a2.pow(2).sum(1) * g2.pow(2).sum(1)  # G = g aᵀ: ‖G‖ = ‖g‖‖a‖
+            err2 = (4 * _U * (din + dout + 3 * B + 4)) * norm2
+            parts.append(
+                _Part(m.weight, norm2, err2, weighted=lambda c: (g2 * c[:, None]).T @ a2)
+            )
         else:
-            norm2 = (torch.bmm(a3, a3.transpose(1, 2)) * torch.bmm(g3, g3.transpose(1, 2))).sum(
+            gram = (torch.bmm(a3, a3.transpose(1, 2)) * torch.bmm(g3, g3.transpose(1, 2))).sum(
                 (1, 2)
             )
+            err2 = (4 * _U * (din + dout + T * T + 3 * B * T + 4)) * m_w.square()
             parts.append(
                 _Part(
                     m.weight,
-                    norm2,
+                    gram.clamp_min(0.0),
+                    err2,
                     weighted=lambda c: (
                         (g3 * c[:, None, None]).reshape(-1, dout).T @ a3.reshape(-1, din)
                     ),
                 )
             )
     if m.bias is not None and m.bias.requires_grad:
-        parts.append(_materialised(m.bias, g3.sum(1)))
+        parts.append(_materialised(m.bias, g3.sum(1), gn.sum(1).square(), T))
     return parts
 
 
@@ -137,19 +220,24 @@ def _conv_parts(m: nn.Conv1d | nn.Conv2d, a: Tensor, g: Tensor, materialise: boo
     else:
         kernel, dilation, stride = m.kernel_size, m.dilation, m.stride
         padding = (0, 0) if m.padding == "valid" else m.padding
-    g = g.reshape(B, g.shape[1], -1)  # (B, Cout, L)
+    g = g.reshape(B, g.shape[1], -1).to(_F64)  # (B, Cout, L)
+    gn = g.norm(dim=1)  # (B, L)
     if m.weight.requires_grad:
-        u = _unfold2d(a, kernel, dilation, padding, stride)  # (B, K·G, L)
+        u = _unfold2d(a.to(_F64), kernel, dilation, padding, stride)  # (B, K·G, L)
         G = m.groups
         L = u.shape[-1]
         cout = g.shape[1]
         K = u.shape[1] // G
+        # M = Σ_l ‖u_l‖‖g_l‖ over all groups bounds the per-group sums (Cauchy–Schwarz).
+        m_w = (u.norm(dim=1) * gn).sum(1)
         if G == 1 and not materialise and L * (K + cout) < cout * K:
-            norm2 = (torch.bmm(u.transpose(1, 2), u) * torch.bmm(g.transpose(1, 2), g)).sum((1, 2))
+            gram = (torch.bmm(u.transpose(1, 2), u) * torch.bmm(g.transpose(1, 2), g)).sum((1, 2))
+            err2 = (4 * _U * (K + cout + L * L + 3 * B * L + 4)) * m_w.square()
             parts.append(
                 _Part(
                     m.weight,
-                    norm2,
+                    gram.clamp_min(0.0),
+                    err2,
                     weighted=lambda c: torch.einsum("bol,bkl->ok", g * c[:, None, None], u),
                 )
             )
@@ -157,29 +245,40 @@ def _conv_parts(m: nn.Conv1d | nn.Conv2d, a: Tensor, g: Tensor, materialise: boo
             gs = torch.einsum(
                 "bgol,bgkl->bgok", g.reshape(B, G, cout // G, L), u.reshape(B, G, K, L)
             )
-            parts.append(_materialised(m.weight, gs))
+            parts.append(_materialised(m.weight, gs, m_w.square(), L))
     if m.bias is not None and m.bias.requires_grad:
-        parts.append(_materialised(m.bias, g.sum(2)))
+        parts.append(_materialised(m.bias, g.sum(2), gn.sum(1).square(), g.shape[2]))
     return parts
 
 
 def _norm_parts(m: nn.GroupNorm | nn.LayerNorm, a: Tensor, g: Tensor) -> list[_Part]:
     B = a.shape[0]
+    a, g = a.to(_F64), g.to(_F64)
     if isinstance(m, nn.GroupNorm):
         xh = F.group_norm(a, m.num_groups, eps=m.eps)
-        gw = (g * xh).reshape(B, a.shape[1], -1).sum(2)
-        gb = g.reshape(B, a.shape[1], -1).sum(2)
+        prod = (g * xh).reshape(B, a.shape[1], -1)
+        gw, sw = prod.sum(2), prod.abs().sum(2)
+        gr = g.reshape(B, a.shape[1], -1)
+        gb, sb = gr.sum(2), gr.abs().sum(2)
+        length = gr.shape[2]
     else:
         xh = F.layer_norm(a, m.normalized_shape, eps=m.eps)
         k = len(m.normalized_shape)
         dims = tuple(range(1, a.ndim - k))
-        gw = (g * xh).sum(dims) if dims else g * xh
+        prod = g * xh
+        gw = prod.sum(dims) if dims else prod
+        sw = prod.abs().sum(dims) if dims else prod.abs()
         gb = g.sum(dims) if dims else g
+        sb = g.abs().sum(dims) if dims else g.abs()
+        length = 1
+        for d in dims:
+            length *= a.shape[d]
+    # Per channel |Σ̂ − Σ| ≤ γ_L Σ|terms|: M² = Σ_channels (Σ|terms|)².
     parts = []
     if m.weight is not None and m.weight.requires_grad:
-        parts.append(_materialised(m.weight, gw))
+        parts.append(_materialised(m.weight, gw, sw.reshape(B, -1).pow(2).sum(1), length))
     if m.bias is not None and m.bias.requires_grad:
-        parts.append(_materialised(m.bias, gb))
+        parts.append(_materialised(m.bias, gb, sb.reshape(B, -1).pow(2).sum(1), length))
     return parts
 
 
@@ -214,8 +313,14 @@ def _hook_parts(
     finally:
         recorder.close()
     records = recorder.records
-    if len({id(m) for m, _, _ in records}) != len(records):
-        raise _Unsupported("a parameterised layer is called more than once per forward")
+    owners: set[int] = set()
+    for module, _, _ in records:
+        for p in module.parameters(recurse=False):
+            if id(p) in owners:
+                # a layer called twice, or a parameter shared by two called layers: the norm of
+                # the summed gradient is not the sum of per-call norms -> exact path
+                raise _Unsupported("a parameter is used by more than one layer call per forward")
+            owners.add(id(p))
     if out.shape[0] != x.shape[0]:
         raise _Unsupported("model output does not have one row per record")
     B = x.shape[0]
@@ -270,11 +375,14 @@ def resolve_method(model: nn.Module, method: str) -> str:
         return "hooks" if hooks_supported(model) else "func"
     if method not in ("hooks", "func"):
         raise ValueError(f"grad_sampler must be 'auto', 'hooks' or 'func', got {method!r}")
-    if method == "hooks" and not hooks_supported(model):
-        raise ValueError(
-            "grad_sampler='hooks' supports only Linear, Conv1d, Conv2d, GroupNorm and LayerNorm "
-            "parameters; use 'func' or 'auto'"
-        )
+    if method == "hooks":
+        problem = _hooks_problem(model)
+        if problem is not None:
+            raise ValueError(
+                f"grad_sampler='hooks': {problem}; the hooks back-end supports Linear, Conv1d, "
+                "Conv2d, GroupNorm and LayerNorm parameters owned by one module each; use "
+                "'func' or 'auto'"
+            )
     return method
 
 
@@ -286,22 +394,28 @@ def per_sample_gradients(
     method: str = "auto",
     physical_batch_size: int = 512,
 ) -> dict[str, Tensor]:
-    """Per-sample gradients ``{param name: (B, *param.shape)}`` of ``loss`` (trainable params)."""
+    """Per-sample gradients ``{param name: (B, *param.shape)}`` of ``loss`` (trainable params).
+
+    Returned in each parameter's dtype (the hooks back-end computes them in float64).
+    """
     method = resolve_method(model, method)
-    names = {id(p): n for n, p in model.named_parameters() if p.requires_grad}
-    chunks: dict[str, list[Tensor]] = {n: [] for n in names.values()}
+    named = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    names = {id(p): n for n, p in named.items()}
+    chunks: dict[str, list[Tensor]] = {n: [] for n in named}
     for start in range(0, x.shape[0], physical_batch_size):
         xs, ys = x[start : start + physical_batch_size], y[start : start + physical_batch_size]
-        parts, _ = _parts(model, xs, ys, loss, method, materialise=True)
+        try:
+            parts, _ = _parts(model, xs, ys, loss, method, materialise=True)
+        except _Unsupported:
+            parts, _ = _parts(model, xs, ys, loss, "func", materialise=True)
         seen = set()
         for part in parts:
             assert part.grads is not None
-            chunks[names[id(part.param)]].append(part.grads)
+            chunks[names[id(part.param)]].append(part.grads.to(part.param.dtype))
             seen.add(id(part.param))
-        for pid, n in names.items():  # parameters the loss does not depend on
-            if pid not in seen:
-                p = dict(model.named_parameters())[n]
-                chunks[n].append(torch.zeros(xs.shape[0], *p.shape, device=p.device))
+        for n, p in named.items():  # parameters the loss does not depend on
+            if id(p) not in seen:
+                chunks[n].append(torch.zeros(xs.shape[0], *p.shape, device=p.device, dtype=p.dtype))
     return {n: torch.cat(v) for n, v in chunks.items()}
 
 
@@ -310,12 +424,13 @@ class ClippedSum:
     """Σ_i clip_C(g_i) over a batch, per trainable parameter, plus diagnostics."""
 
     sums: list[Tensor]
-    """One tensor per trainable parameter, in ``model.parameters()`` order."""
+    """One float64 tensor per trainable parameter, in ``model.parameters()`` order."""
     loss_sum: float
     norms: Tensor
-    """Unclipped per-sample gradient norms (B,)."""
+    """Per-sample gradient norms used for clipping (B,), float64: an upper bound on the norm of
+    each record's gradient and of what it adds (tight to ~1e-12 for ordinary records)."""
     factors: Tensor
-    """Clipping factors c_i = min(1, C_i / (‖g_i‖ + 1e-6)) (B,)."""
+    """Clipping factors c_i = min(1, C_i / (‖g_i‖ + 1e-6)) (B,), float64."""
     method: str = "func"
     """The back-end that computed the last chunk ("func" after a fallback from "hooks")."""
 
@@ -332,7 +447,8 @@ def clipped_grad_sum(
     """Σ_i g_i · min(1, C_i / (‖g_i‖ + 1e-6)) with ‖·‖ the L2 norm over all trainable parameters.
 
     ``max_grad_norm`` is one bound C for every record or a tensor of per-record bounds ``(B,)``
-    (used by the individual filter). ``‖clipped g_i‖ < C_i`` always holds.
+    (used by the individual filter). What each record adds has norm ``< C_i`` for every input,
+    adversarial ones included (see the module docstring); the sums are float64.
     """
     return _clipped_grad_sum(
         model, x, y, loss, max_grad_norm, resolve_method(model, method), physical_batch_size
@@ -353,38 +469,75 @@ def _clipped_grad_sum(
     if per_record and max_grad_norm.shape != (x.shape[0],):
         raise ValueError(f"max_grad_norm must be a float or have shape ({x.shape[0]},)")
     params = [p for p in model.parameters() if p.requires_grad]
-    sums = [torch.zeros_like(p) for p in params]
+    sums = [torch.zeros_like(p, dtype=_F64) for p in params]
     index = {id(p): k for k, p in enumerate(params)}
+    device = params[0].device if params else x.device
     loss_sum = 0.0
     norms: list[Tensor] = []
     factors: list[Tensor] = []
     for start in range(0, x.shape[0], physical_batch_size):
         xs, ys = x[start : start + physical_batch_size], y[start : start + physical_batch_size]
-        try:
-            parts, chunk_loss = _parts(model, xs, ys, loss, method, materialise=False)
-        except _Unsupported:
-            method = "func"
-            parts, chunk_loss = _parts(model, xs, ys, loss, method, materialise=False)
-        norm2 = torch.zeros(xs.shape[0], device=xs.device if not parts else parts[0].norm2.device)
-        for part in parts:
-            norm2 = norm2 + part.norm2
-        norm = norm2.sqrt()
         bound = (
-            max_grad_norm[start : start + physical_batch_size].to(norm.device, norm.dtype)
+            max_grad_norm[start : start + physical_batch_size].to(device, _F64)
             if per_record
-            else max_grad_norm
+            else torch.full((xs.shape[0],), float(max_grad_norm), dtype=_F64, device=device)
         )
-        c = (bound / (norm + _NORM_EPS)).clamp(max=1.0)
-        for part in parts:
-            k = index[id(part.param)]
-            sums[k] += part.weighted_sum(c)
+        norm, c, chunk_loss, method = _clip_chunk(
+            model, xs, ys, loss, bound, method, sums, index, device
+        )
         loss_sum += chunk_loss
-        norms.append(norm.detach())
-        factors.append(c.detach())
+        norms.append(norm)
+        factors.append(c)
     return ClippedSum(
         sums=sums,
         loss_sum=loss_sum,
-        norms=torch.cat(norms) if norms else torch.zeros(0),
-        factors=torch.cat(factors) if factors else torch.zeros(0),
+        norms=torch.cat(norms) if norms else torch.zeros(0, dtype=_F64),
+        factors=torch.cat(factors) if factors else torch.zeros(0, dtype=_F64),
         method=method,
     )
+
+
+def _clip_chunk(
+    model: nn.Module,
+    xs: Tensor,
+    ys: Tensor,
+    loss: LossFn,
+    bound: Tensor,
+    method: str,
+    sums: list[Tensor],
+    index: dict[int, int],
+    device: torch.device,
+) -> tuple[Tensor, Tensor, float, str]:
+    """Add Σ_i c_i g_i of one chunk to ``sums``; returns (norms, factors, Σ loss, method).
+
+    A record whose gradient norm is not finite (overflow, NaN) adds nothing (c_i = 0); the chunk
+    is recomputed without it so that it cannot turn the sum into NaN.
+    """
+    try:
+        parts, chunk_loss = _parts(model, xs, ys, loss, method, materialise=False)
+    except _Unsupported:
+        method = "func"
+        parts, chunk_loss = _parts(model, xs, ys, loss, method, materialise=False)
+    total = torch.zeros(xs.shape[0], device=device, dtype=_F64)
+    for part in parts:
+        total = total + part.norm2 + part.err2
+    # summing len(parts) terms and the square root: a few more ulps
+    norm = (total * (1.0 + 4 * _U * (len(parts) + 4))).sqrt()
+    bad = ~torch.isfinite(norm)
+    if bool(bad.any()):
+        keep = torch.nonzero(~bad).flatten()
+        c = torch.zeros_like(norm)
+        norm = torch.where(bad, torch.full_like(norm, float("inf")), norm)
+        if keep.numel():
+            k = keep.to(xs.device)
+            sub_norm, sub_c, chunk_loss, method = _clip_chunk(
+                model, xs[k], ys[k], loss, bound[keep], method, sums, index, device
+            )
+            norm[keep], c[keep] = sub_norm, sub_c
+        else:
+            chunk_loss = 0.0
+        return norm, c, chunk_loss, method
+    c = (bound / (norm + _NORM_EPS) * (1.0 - 4 * _U)).clamp(max=1.0)
+    for part in parts:
+        sums[index[id(part.param)]] += part.weighted_sum(c)
+    return norm, c, chunk_loss, method
