@@ -461,3 +461,50 @@ def test_unfold_matches_torch_im2col(kh, kw, dh, dw, ph, pw, sh, sw):
         a, *args[:1], dilation=args[1], padding=args[2], stride=args[3]
     )
     assert torch.equal(_unfold2d(a, *args), expected)
+
+
+class _CountingNorm(nn.Module):
+    """A custom module whose buffer is a running statistic of the batch (unknown to validate)."""
+
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.lin = nn.Linear(d, 3)
+        self.register_buffer("running_mean", torch.zeros(d))
+        self.register_buffer("scale", torch.ones(d))  # constant: allowed
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training:
+            with torch.no_grad():
+                self.running_mean.mul_(0.9).add_(0.1 * x.mean(0))
+        return self.lin(x * self.scale)
+
+
+def test_modules_whose_buffers_change_in_training_are_rejected():
+    # statically, for known types (the running statistics are a function of the batch)
+    model = nn.Sequential(
+        nn.Conv1d(2, 4, 3), nn.InstanceNorm1d(4, track_running_stats=True), nn.Flatten(),
+        nn.Linear(4 * 6, 3),
+    )  # fmt: skip
+    with pytest.raises(ValueError, match=r"module '1' \(InstanceNorm1d\).*running statistics"):
+        validate_model(model)
+    with pytest.raises(ValueError, match="InstanceNorm1d"):
+        _engine(model, 1.0, 1.0)
+    validate_model(nn.Sequential(nn.Conv1d(2, 4, 3), nn.InstanceNorm1d(4)))  # stateless: fine
+    # dynamically, for any module: buffers changed by a training-mode forward
+    torch.manual_seed(0)
+    wrapped = nn.Sequential(_CountingNorm(5))
+    validate_model(wrapped)
+    x, y = torch.randn(12, 5), torch.randint(0, 3, (12,))
+    opt = make_optimizer("sgd", wrapped.parameters(), lr=0.1)
+    kw = dict(rates=np.ones(12), steps=1, noise_multiplier=1.0, max_grad_norm=1.0, optimizer=opt,
+              stream=torch.Generator().manual_seed(0), normalizer=12.0)  # fmt: skip
+    for method in ("hooks", "func"):
+        with pytest.raises(ValueError, match=r"module '0' \(_CountingNorm\).*'running_mean'"):
+            train_steps(wrapped, x, y, grad_sampler=method, **kw)
+    # a constant buffer passes, and only trainable parameters are exchanged
+    del wrapped[0].running_mean
+    wrapped[0].register_buffer("running_mean", torch.zeros(5))
+    wrapped[0].forward = lambda x: wrapped[0].lin(x * wrapped[0].scale)
+    res = train_steps(wrapped, x, y, **kw)
+    assert res.steps == 1
+    assert [a.shape for a in get_params(wrapped)] == [(3, 5), (3,)]

@@ -202,15 +202,22 @@ class PersonalizedDPSGD:
                 method=self.grad_sampler,
             )
         before = _buffer_snapshot(self.model)
-        res = _clipped_grad_sum(
-            self.model,
-            xb,
-            yb,
-            self.loss,
-            self.max_grad_norm,
-            self.grad_sampler,
-            self.physical_batch_size,
-        )
+        try:
+            res = _clipped_grad_sum(
+                self.model,
+                xb,
+                yb,
+                self.loss,
+                self.max_grad_norm,
+                self.grad_sampler,
+                self.physical_batch_size,
+            )
+        except RuntimeError:
+            if before:  # torch.func refuses in-place buffer updates: name the module instead
+                with torch.no_grad():
+                    self.model(xb[:1])
+                check_buffers_unchanged(self.model, before)
+            raise
         check_buffers_unchanged(self.model, before)
         self.grad_sampler = res.method  # remember a fallback from "hooks" to "func"
         return res

@@ -352,9 +352,19 @@ def _func_parts(model: nn.Module, x: Tensor, y: Tensor, loss: LossFn) -> tuple[l
         out = functional_call(model, ({**params, **frozen}, buffers), (xi.unsqueeze(0),))
         return loss(out, yi.unsqueeze(0))
 
-    grads, losses = vmap(grad_and_value(one), in_dims=(None, 0, 0), randomness="different")(
-        train, x, y
-    )
+    # functional_call does not restore the parameters of a module registered under two names
+    # (torch 2.13 leaves plain tensors behind): put the original objects back ourselves.
+    saved = [
+        (module, dict(module._parameters), dict(module._buffers)) for module in model.modules()
+    ]
+    try:
+        grads, losses = vmap(grad_and_value(one), in_dims=(None, 0, 0), randomness="different")(
+            train, x, y
+        )
+    finally:
+        for module, params, bufs in saved:
+            module._parameters.update(params)
+            module._buffers.update(bufs)
     parts = [_materialised(named[k], grads[k]) for k in train]
     return parts, float(losses.sum())
 
