@@ -13,6 +13,7 @@ from torch import nn
 from pdpfl.dp import (
     PersonalizedDPSGD,
     clipped_grad_sum,
+    grad_sample,
     hooks_supported,
     make_optimizer,
     per_sample_gradients,
@@ -49,8 +50,8 @@ class _Ghost(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        self.conv = nn.Conv2d(8, 16, 3)  # 4x8 input → L = 12 < 16·72/(72+16): ghost
-        self.seq = nn.Linear(8, 16)  # on (B, 2, 8): T² (din + dout) < din·dout: ghost
+        self.conv = nn.Conv2d(8, 16, 3)  # 4x8 input → L = 12: 2L² < 16·72 (Gram if large)
+        self.seq = nn.Linear(8, 16)  # on (B, 2, 8): 2T² < din·dout (Gram if large)
         self.head = nn.Linear(16 * 12 + 32, 3)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -116,6 +117,13 @@ def _loop_grads(model, x, y):
         g = torch.autograd.grad(loss_fn(model(x[i : i + 1]), y[i : i + 1]), params)
         out.append(torch.cat([t.flatten() for t in g]))
     return torch.stack(out)
+
+
+@pytest.fixture(autouse=True)
+def _gram_for_ghost(request, monkeypatch):
+    """The "ghost" case exercises the Gram-matrix path (chosen for large layers only)."""
+    if "ghost" in request.node.name:
+        monkeypatch.setattr(grad_sample, "_MATERIALISE_LIMIT", 0)
 
 
 @pytest.mark.parametrize("name", ["logreg", "mlp", "cnn", "mixed", "ghost", "oddconv"])

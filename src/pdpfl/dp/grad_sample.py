@@ -8,9 +8,10 @@ Two interchangeable back-ends compute the same quantity:
     are formed). From (activation, backprop) pairs each layer yields its per-sample gradient
     norms and the clipped weighted sum directly ("book-keeping" clipping, Bu et al. 2023):
     Linear layers on 2-D inputs never materialise per-sample gradients
-    (‖g_i a_iᵀ‖ = ‖g_i‖‖a_i‖); sequence Linear layers and convolutions (im2col) either
-    materialise the per-sample weight gradients or use Gram-matrix "ghost norms"
-    ‖Σ_t g_t a_tᵀ‖² = Σ_{t,s} (a_t·a_s)(g_t·g_s), whichever is cheaper. Supported layers:
+    (‖g_i a_iᵀ‖ = ‖g_i‖‖a_i‖); sequence Linear layers and convolutions (im2col) materialise the
+    per-sample weight gradients (fewest flops) unless a chunk's would not fit in
+    ``_MATERIALISE_LIMIT`` float64 elements, in which case they use Gram-matrix "ghost norms"
+    ‖Σ_t g_t a_tᵀ‖² = Σ_{t,s} (a_t·a_s)(g_t·g_s) when those are smaller. Supported layers:
     Linear, Conv1d, Conv2d, GroupNorm, LayerNorm, each called once per forward and owning its
     parameters alone (no weight tying).
 ``"func"`` (generic)
@@ -28,24 +29,24 @@ a Gram-matrix norm computed in float32 cancels catastrophically (a record with i
 magnitude 1e3 was measured at 12.6 while its gradient norm was 223: it added 17.7·C). Here
 
 * the forward and the backward to layer outputs run in the model's dtype; every per-layer
-  computation *from* the recorded float32 activations ``a`` and backprops ``g`` -- Gram
-  matrices, materialised per-sample gradients, norm-layer statistics and the clipped weighted
-  sums -- runs in **float64** (a float32 product is exact in float64);
+  computation *from* the recorded activations ``a`` and backprops ``g`` -- Gram matrices,
+  materialised per-sample gradients, norm-layer statistics and the clipped weighted sums --
+  runs in **float64** (a product of two float32 numbers is exact in float64);
 * each per-layer squared norm carries a rigorous a-priori error bound (Higham, *Accuracy and
   Stability of Numerical Algorithms*, §3.1: a float64 dot product of length n has absolute error
   at most γ_n Σ|x_k y_k|, γ_n = n·u/(1 − n·u), u = 2⁻⁵³). For a gradient
-  ``G = Σ_t g_t a_tᵀ`` with ``M = Σ_t ‖g_t‖‖a_t‖`` the Gram estimate is within
-  ``(d_in + d_out + T²)·u·M²`` of ‖G‖², a materialised ``Ĝ`` within ``γ_T·M`` of ``G``, and the
-  weighted sum adds at most ``γ_{BT}·c·M`` for record *i*. The norm used for clipping is
-  ``sqrt(estimate + 4u·κ·M²)`` with κ the sum of those lengths, which is never below the norm of
-  the exact gradient of the recorded values *nor* of what is actually added. For ordinary
-  records M ≈ ‖G‖ and the inflation is ~1e-12 relative; for a crafted record the clipped
-  contribution is at most ``C·(1 + 1e-12)``.
+  ``G = Σ_t g_t a_tᵀ`` with ``M = Σ_t ‖g_t‖‖a_t‖ ≤ ‖g‖_F‖a‖_F`` the Gram estimate is within
+  ``γ·(d_in + d_out + T²)·M²`` of ‖G‖², a materialised ``Ĝ`` within ``γ_T·M`` of ``G``, and
+  the weighted sum adds at most ``γ_{BT}·c·M`` for record *i*. The norm used for clipping is
+  ``sqrt(estimate + 4u·κ·M²)`` with κ the sum of those lengths: never below the norm of the
+  exact gradient of the recorded values *nor* of what is actually added. For ordinary records
+  the inflation is ~1e-11 relative or less; a crafted record adds at most ``C·(1 + 1e-12)``;
+* a record whose norm is not finite (overflow, NaN input) adds nothing;
 * the sums are returned in float64 (the engine adds the noise in float64 and rounds once).
 
 The ``"func"`` back-end computes per-sample gradients in the model's dtype; their norms and the
-weighted sum are taken in float64, so what is added is bounded by C (its float32 per-sample
-gradients are the function of the record that the mechanism applies).
+weighted sum are taken in float64, so what is added is bounded by C (its per-sample gradients
+are the function of the record that the mechanism applies).
 """
 
 from __future__ import annotations
@@ -74,6 +75,23 @@ _NORM_EPS = 1e-6
 #: float64 unit roundoff.
 _U = 2.0**-53
 _F64 = torch.float64
+#: Per-sample gradients of a layer are materialised (fewer flops than the Gram path, whose
+#: weighted sum alone costs as much) unless a chunk's would exceed this many float64 elements.
+_MATERIALISE_LIMIT = 2**24
+
+
+def _use_gram(batch: int, positions: int, k_in: int, k_out: int, materialise: bool) -> bool:
+    """Gram ("ghost norm") path for a per-sample gradient Σ_{l<positions} g_l u_lᵀ (k_out×k_in)?"""
+    if materialise or positions == 1:
+        return False
+    smaller = 2 * positions * positions < k_in * k_out  # two L×L Gram matrices per record
+    return smaller and batch * k_in * k_out > _MATERIALISE_LIMIT
+
+
+def _frobenius(t: Tensor) -> Tensor:
+    """Per-sample Frobenius norm (leading axis) in float64, slightly rounded up."""
+    sq = torch.linalg.vector_norm(t.reshape(t.shape[0], -1), dim=1, dtype=_F64).square()
+    return (sq * (1.0 + 4 * _U * (t[0].numel() + 4))).sqrt()
 
 
 def shared_parameters(model: nn.Module) -> list[str]:
@@ -158,19 +176,21 @@ def _linear_parts(m: nn.Linear, a: Tensor, g: Tensor, materialise: bool) -> list
     a3 = a.reshape(B, -1, a.shape[-1]).to(_F64)
     g3 = g.reshape(B, -1, g.shape[-1]).to(_F64)
     T, din, dout = a3.shape[1], a3.shape[2], g3.shape[2]
-    gn = g3.norm(dim=2)  # (B, T)
+    # M = Σ_t ‖a_t‖‖g_t‖ ≤ ‖a‖_F‖g‖_F (Cauchy–Schwarz): the bound below uses the latter
+    g_f = _frobenius(g3)
     if m.weight.requires_grad:
-        m_w = (a3.norm(dim=2) * gn).sum(1)  # M = Σ_t ‖a_t‖‖g_t‖
-        if materialise or (T > 1 and T * T * (din + dout) >= din * dout):
-            grads = torch.einsum("bto,bti->boi", g3, a3)
+        m_w = _frobenius(a3) * g_f
+        if T > 1 and not _use_gram(B, T, din, dout, materialise):
+            grads = torch.bmm(g3.transpose(1, 2), a3)
             parts.append(_materialised(m.weight, grads, m_w.square(), T))
-        elif T == 1:
+        elif T == 1 and not materialise:
             a2, g2 = a3[:, 0], g3[:, 0]
             norm2 = a2.pow(2).sum(1) * g2.pow(2).sum(1)  # G = g aᵀ: ‖G‖ = ‖g‖‖a‖
             err2 = (4 * _U * (din + dout + 3 * B + 4)) * norm2
-            parts.append(
-                _Part(m.weight, norm2, err2, weighted=lambda c: (g2 * c[:, None]).T @ a2)
-            )
+            parts.append(_Part(m.weight, norm2, err2, weighted=lambda c: (g2 * c[:, None]).T @ a2))
+        elif T == 1:
+            grads = g3[:, 0, :, None] * a3[:, 0, None, :]  # exact products of float32 values
+            parts.append(_materialised(m.weight, grads, m_w.square(), 1))
         else:
             gram = (torch.bmm(a3, a3.transpose(1, 2)) * torch.bmm(g3, g3.transpose(1, 2))).sum(
                 (1, 2)
@@ -187,7 +207,8 @@ def _linear_parts(m: nn.Linear, a: Tensor, g: Tensor, materialise: bool) -> list
                 )
             )
     if m.bias is not None and m.bias.requires_grad:
-        parts.append(_materialised(m.bias, g3.sum(1), gn.sum(1).square(), T))
+        # Σ_t ‖g_t‖ ≤ √T ‖g‖_F
+        parts.append(_materialised(m.bias, g3.sum(1), T * g_f.square(), T))
     return parts
 
 
@@ -221,16 +242,15 @@ def _conv_parts(m: nn.Conv1d | nn.Conv2d, a: Tensor, g: Tensor, materialise: boo
         kernel, dilation, stride = m.kernel_size, m.dilation, m.stride
         padding = (0, 0) if m.padding == "valid" else m.padding
     g = g.reshape(B, g.shape[1], -1).to(_F64)  # (B, Cout, L)
-    gn = g.norm(dim=1)  # (B, L)
+    g_f = _frobenius(g)
     if m.weight.requires_grad:
-        u = _unfold2d(a.to(_F64), kernel, dilation, padding, stride)  # (B, K·G, L)
-        G = m.groups
-        L = u.shape[-1]
-        cout = g.shape[1]
-        K = u.shape[1] // G
-        # M = Σ_l ‖u_l‖‖g_l‖ over all groups bounds the per-group sums (Cauchy–Schwarz).
-        m_w = (u.norm(dim=1) * gn).sum(1)
-        if G == 1 and not materialise and L * (K + cout) < cout * K:
+        G, cout, L = m.groups, g.shape[1], g.shape[2]
+        K = m.weight[0].numel()  # (Cin/G)·kh·kw
+        geometry = (kernel, dilation, padding, stride)
+        if G == 1 and _use_gram(B, L, K, cout, materialise):
+            u = _unfold2d(a.to(_F64), *geometry)  # (B, K, L)
+            # M = Σ_l ‖u_l‖‖g_l‖ ≤ ‖u‖_F‖g‖_F
+            m_w = _frobenius(u) * g_f
             gram = (torch.bmm(u.transpose(1, 2), u) * torch.bmm(g.transpose(1, 2), g)).sum((1, 2))
             err2 = (4 * _U * (K + cout + L * L + 3 * B * L + 4)) * m_w.square()
             parts.append(
@@ -242,13 +262,40 @@ def _conv_parts(m: nn.Conv1d | nn.Conv2d, a: Tensor, g: Tensor, materialise: boo
                 )
             )
         else:
-            gs = torch.einsum(
-                "bgol,bgkl->bgok", g.reshape(B, G, cout // G, L), u.reshape(B, G, K, L)
-            )
-            parts.append(_materialised(m.weight, gs, m_w.square(), L))
+            grads, u_f = _conv_grads(a, g, G, geometry)
+            parts.append(_materialised(m.weight, grads, (u_f * g_f).square(), L))
     if m.bias is not None and m.bias.requires_grad:
-        parts.append(_materialised(m.bias, g.sum(2), gn.sum(1).square(), g.shape[2]))
+        parts.append(_materialised(m.bias, g.sum(2), g.shape[2] * g_f.square(), g.shape[2]))
     return parts
+
+
+#: Records per block when materialising convolution gradients (keeps the float64 im2col of a
+#: block small enough to stay in cache: about this many elements).
+_BLOCK_ELEMENTS = 2**18
+
+
+def _conv_grads(a: Tensor, g: Tensor, groups: int, geometry: tuple) -> tuple[Tensor, Tensor]:
+    """Per-sample weight gradients ``(B, Cout, K)`` in float64 and ‖u‖_F per record.
+
+    ``g`` is the float64 backprop ``(B, Cout, L)``; im2col and the batched matrix product run
+    on blocks of records.
+    """
+    B, cout, L = g.shape
+    cin = a.shape[1]
+    kh, kw = geometry[0]
+    K = cin // groups * kh * kw
+    grads = torch.empty(B, groups, cout // groups, K, dtype=_F64, device=g.device)
+    u_f = torch.empty(B, dtype=_F64, device=g.device)
+    step = max(1, _BLOCK_ELEMENTS // max(1, cin * kh * kw * L))
+    gg = g.reshape(B, groups, cout // groups, L)
+    for i in range(0, B, step):
+        u = _unfold2d(a[i : i + step].to(_F64), *geometry)  # (b, K·G, L)
+        b = u.shape[0]
+        u_f[i : i + b] = _frobenius(u)
+        ug = u.reshape(b * groups, K, L)
+        out = grads[i : i + b].reshape(b * groups, cout // groups, K)
+        torch.bmm(gg[i : i + b].reshape(b * groups, cout // groups, L), ug.transpose(1, 2), out=out)
+    return grads.reshape(B, cout, K), u_f
 
 
 def _norm_parts(m: nn.GroupNorm | nn.LayerNorm, a: Tensor, g: Tensor) -> list[_Part]:
