@@ -119,7 +119,9 @@ def test_gram_norm_cancellation_attack_is_clipped():
 class _Grouped(nn.Module):
     def __init__(self) -> None:
         super().__init__()
-        self.conv = nn.Conv2d(4, 6, (3, 2), stride=(2, 1), padding=(1, 2), dilation=(2, 1), groups=2)
+        self.conv = nn.Conv2d(
+            4, 6, (3, 2), stride=(2, 1), padding=(1, 2), dilation=(2, 1), groups=2
+        )
 
     def forward(self, x):
         return self.conv(x)

@@ -162,7 +162,7 @@ def _materialised(
     """
     grads = grads.to(_F64).reshape(grads.shape[0], *param.shape)
     b = grads.shape[0]
-    norm2 = grads.flatten(1).pow(2).sum(1)
+    norm2 = torch.linalg.vector_norm(grads.reshape(b, -1), dim=1).square()
     # sum of squares (numel terms) and the tensordot over the batch (b terms)
     err2 = (4 * _U * (param.numel() + b + 4)) * norm2
     if m2 is not None:
