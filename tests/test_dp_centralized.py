@@ -200,3 +200,52 @@ def test_rpdp_sgd_with_the_certified_calibrator_honours_every_budget():
     assert rates[budgets == 3.0].min() > rates[budgets == 0.5].max()  # bigger budget, larger q
     assert res.expected_batch_size == pytest.approx(float(rates.sum()))
     assert res.test["accuracy"] > 0.6
+
+
+def test_centralized_trainers_use_secure_randomness_and_a_public_normalizer():
+    """Secure by default, seeds only on request; the normaliser is a declared public constant."""
+    from pdpfl.randomness import REPRODUCIBLE_LABEL, SECURE_LABEL, SecureRandomness
+
+    x, y = _blobs(40)
+    kw = dict(rates=np.full(40, 0.25), noise_multiplier=1.0, max_grad_norm=1.0, steps=2)
+
+    def run(**extra):
+        torch.manual_seed(0)
+        model = create_model("logreg", (5,), 3)
+        res = train_rpdp_sgd(model, (x, y), (x, y), **{**kw, **extra})
+        return res, torch.cat([p.detach().flatten() for p in model.parameters()])
+
+    with pytest.raises(ValueError, match="normalizer: required under DP"):
+        run()
+    with pytest.raises(ValueError, match="normalizer: must be a finite number > 0"):
+        run(normalizer=0.0)
+    with pytest.raises(ValueError, match="at most one of stream= and seed="):
+        run(normalizer=10.0, seed=1, stream=torch.Generator())
+    a, pa = run(normalizer=10.0)
+    b, pb = run(normalizer=10.0)
+    assert a.randomness == SECURE_LABEL and not torch.equal(pa, pb)  # fresh key every run
+    c, pc = run(normalizer=10.0, seed=3)
+    d, pd = run(normalizer=10.0, stream=torch.Generator().manual_seed(5))
+    _, pc2 = run(normalizer=10.0, seed=3)
+    assert c.randomness == d.randomness == REPRODUCIBLE_LABEL and torch.equal(pc, pc2)
+    e, _ = run(normalizer=10.0, stream=SecureRandomness().stream("mine"))
+    assert e.randomness == SECURE_LABEL and e.to_dict()["normalizer"] == 10.0
+    # the filter: same randomness choices, default normaliser = the public n
+    f = train_filter_gd(
+        create_model("logreg", (5,), 3), (x, y), (x, y), squared_norm_budgets=np.full(40, 5.0),
+        noise_multiplier=1.0, max_grad_norm=1.0, steps=1,
+    )  # fmt: skip
+    assert f.randomness == SECURE_LABEL and f.normalizer == 40.0
+
+
+def test_filter_step_divides_by_the_given_public_normalizer():
+    x, y = _blobs(8)
+    model = create_model("logreg", (5,), 3).double()
+    common = dict(
+        budgets=np.full(8, 10.0), spent=np.zeros(8), active=np.ones(8, dtype=bool),
+        noise_multiplier=0.0, max_grad_norm=0.5, stream=torch.Generator(),
+    )  # fmt: skip
+    by_n = filter_step(model, x.double(), y, **common)
+    by_b = filter_step(model, x.double(), y, normalizer=2.0, **common)
+    for a, b in zip(by_n.grads, by_b.grads, strict=True):
+        torch.testing.assert_close(a * 8, b * 2)
