@@ -231,6 +231,28 @@ def _unfold2d(
     return v.permute(0, 1, 4, 5, 2, 3).reshape(B, C * kh * kw, L)
 
 
+def _unfold_rows(
+    a: Tensor,
+    kernel: tuple[int, ...],
+    dilation: tuple[int, ...],
+    padding: tuple[int, ...],
+    stride: tuple[int, ...],
+) -> Tensor:
+    """``_unfold2d(...).transpose(1, 2)``: patches as rows ``(B, L, C·kh·kw)``.
+
+    This layout copies several times faster (contiguous kernel rows) and feeds ``bmm`` directly.
+    """
+    B, C = a.shape[:2]
+    (kh, kw), (dh, dw), (ph, pw), (sh, sw) = kernel, dilation, padding, stride
+    if ph or pw:
+        a = F.pad(a, (pw, pw, ph, ph))
+    v = a.unfold(2, (kh - 1) * dh + 1, sh).unfold(3, (kw - 1) * dw + 1, sw)
+    if dh > 1 or dw > 1:
+        v = v[..., ::dh, ::dw]
+    L = v.shape[2] * v.shape[3]
+    return v.permute(0, 2, 3, 1, 4, 5).reshape(B, L, C * kh * kw)
+
+
 def _conv_parts(m: nn.Conv1d | nn.Conv2d, a: Tensor, g: Tensor, materialise: bool) -> list[_Part]:
     parts: list[_Part] = []
     B = a.shape[0]
@@ -271,7 +293,7 @@ def _conv_parts(m: nn.Conv1d | nn.Conv2d, a: Tensor, g: Tensor, materialise: boo
 
 #: Records per block when materialising convolution gradients (keeps the float64 im2col of a
 #: block small enough to stay in cache: about this many elements).
-_BLOCK_ELEMENTS = 2**18
+_BLOCK_ELEMENTS = 2**17
 
 
 def _conv_grads(a: Tensor, g: Tensor, groups: int, geometry: tuple) -> tuple[Tensor, Tensor]:
@@ -285,16 +307,22 @@ def _conv_grads(a: Tensor, g: Tensor, groups: int, geometry: tuple) -> tuple[Ten
     kh, kw = geometry[0]
     K = cin // groups * kh * kw
     grads = torch.empty(B, groups, cout // groups, K, dtype=_F64, device=g.device)
-    u_f = torch.empty(B, dtype=_F64, device=g.device)
+    # Each input element sits at most once per kernel offset in the im2col matrix u, so
+    # ‖u‖_F ≤ √(kh·kw)·‖a‖_F (a cheap upper bound; padding only adds zeros).
+    u_f = _frobenius(a) * (kh * kw) ** 0.5
     step = max(1, _BLOCK_ELEMENTS // max(1, cin * kh * kw * L))
     gg = g.reshape(B, groups, cout // groups, L)
     for i in range(0, B, step):
-        u = _unfold2d(a[i : i + step].to(_F64), *geometry)  # (b, K·G, L)
+        u = _unfold_rows(a[i : i + step].to(_F64), *geometry)  # (b, L, G·K)
         b = u.shape[0]
-        u_f[i : i + b] = _frobenius(u)
-        ug = u.reshape(b * groups, K, L)
+        if groups > 1:
+            u = u.reshape(b, L, groups, K).transpose(1, 2)
         out = grads[i : i + b].reshape(b * groups, cout // groups, K)
-        torch.bmm(gg[i : i + b].reshape(b * groups, cout // groups, L), ug.transpose(1, 2), out=out)
+        torch.bmm(
+            gg[i : i + b].reshape(b * groups, cout // groups, L),
+            u.reshape(b * groups, L, K),
+            out=out,
+        )
     return grads.reshape(B, cout, K), u_f
 
 
