@@ -9,7 +9,9 @@ One step on a silo's data ``D`` with per-record sampling rates ``q_i``:
    when the rates differ.)
 2. **Per-sample gradients** of the loss for the records in ``S`` (in chunks of
    ``physical_batch_size``; see :mod:`pdpfl.dp.grad_sample`).
-3. **Clipping** of each per-sample gradient to L2 norm ``C`` over all trainable parameters.
+3. **Clipping** of each per-sample gradient to L2 norm ``C`` over all trainable parameters; the
+   bound holds for every input (float64 norms with a rigorous error bound, non-finite records
+   add nothing, weight tying takes the exact path; see :mod:`pdpfl.dp.grad_sample`).
 4. **Noise**: the clipped sum plus ``N(0, σ²C²)`` per coordinate, added in float64 (from the
    same stream).
 5. **Normalisation** by a *public* constant ``normalizer`` (the configured expected batch size:
@@ -17,6 +19,12 @@ One step on a silo's data ``D`` with per-record sampling rates ``q_i``:
    a noise-only step, never skipped. See :mod:`pdpfl.dp.steps`.
 6. The optimizer (SGD/Adam/RMSprop, weight decay) consumes the privatized gradient — this is
    post-processing and costs no privacy.
+
+:class:`PersonalizedDPSGD` exposes the pieces as public methods (``sample``, ``clipped_sum``,
+``noisy_gradient``, ``apply``; ``step`` chains them). Modules whose buffers change in a
+training-mode forward are rejected with an error naming the module
+(:func:`check_buffers_unchanged`), as :func:`~pdpfl.dp.validate.validate_model` does statically
+for known types.
 
 Uniform DP-SGD is the special case ``q_i = q``; ``private=False`` is plain minibatch SGD on the
 Poisson batch (mean over the realized batch, no clipping or noise; the PrivacyFree baseline).
