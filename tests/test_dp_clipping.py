@@ -227,7 +227,9 @@ def _builtin(name):
     return create_model("resnet18-gn", (3, 8, 8), 10, num_groups=4), (3, 8, 8), 10
 
 
-@pytest.mark.parametrize("name", ["logreg", "mlp", "mnist-cnn", "resnet18-gn"])
+@pytest.mark.parametrize(
+    "name", ["logreg", "mlp", "mnist-cnn", pytest.param("resnet18-gn", marks=pytest.mark.slow)]
+)
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_builtin_models_bound_adversarial_records(name, dtype):
     """Huge, tiny and constant (cancelling) inputs never let a record add more than C(1+1e-6).
