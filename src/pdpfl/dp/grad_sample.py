@@ -291,9 +291,9 @@ def _conv_parts(m: nn.Conv1d | nn.Conv2d, a: Tensor, g: Tensor, materialise: boo
     return parts
 
 
-#: Records per block when materialising convolution gradients (keeps the float64 im2col of a
-#: block small enough to stay in cache: about this many elements).
-_BLOCK_ELEMENTS = 2**17
+#: Records per block when materialising convolution gradients: the float64 im2col of a block
+#: holds about this many elements (few, large operations; memory stays bounded).
+_BLOCK_ELEMENTS = 2**19
 
 
 def _conv_grads(a: Tensor, g: Tensor, groups: int, geometry: tuple) -> tuple[Tensor, Tensor]:
