@@ -73,8 +73,6 @@ _INV_2_53 = 2.0**-53
 #: Box–Muller radius: uniforms below this are refined (memoryless property of Exp(1)).
 _TAIL_CUT = 2.0**-30
 _TAIL_SHIFT = 30.0 * math.log(2.0)
-#: Box–Muller pairs per block (below torch's intra-op parallel grain size of 32768).
-_PAIRS_PER_BLOCK = 2**14
 
 
 class ReproducibleRandomnessWarning(UserWarning):
@@ -162,16 +160,11 @@ class _ChaChaStream:
 
     def _standard_normals(self, n: int) -> torch.Tensor:
         pairs = (n + 1) // 2
-        out = []
-        # Blocks below torch's parallel grain size: the vector math (torch's vectorised
-        # log/cos/sin in float64, several times faster than numpy's) stays on the calling
-        # thread, which is also robust when the cores are oversubscribed.
-        for start in range(0, pairs, _PAIRS_PER_BLOCK):
-            m = min(_PAIRS_PER_BLOCK, pairs - start)
-            r = torch.sqrt(self._exponential2(m))
-            theta = _TWO_PI * self._uniform_tensor(m)
-            out += [r * torch.cos(theta), r * torch.sin(theta)]  # independent normals
-        return torch.cat(out)[:n]
+        r = torch.sqrt(self._exponential2(pairs))
+        theta = _TWO_PI * self._uniform_tensor(pairs)
+        # all r·cos θ, then all r·sin θ (independent normals); the vector math runs in torch
+        # (float64) because its vectorised log/cos/sin are several times faster than numpy's
+        return torch.cat((r * torch.cos(theta), r * torch.sin(theta)))[:n]
 
     def normal(self, shape: tuple[int, ...] | torch.Size) -> torch.Tensor:
         shape = tuple(int(s) for s in shape)
