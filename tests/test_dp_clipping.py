@@ -140,7 +140,9 @@ def _layer_case(kind: str):
     if kind == "conv2d-gram":
         return nn.Conv2d(8, 16, 3), (8, 4, 8)  # 2L² = 288 < 16·72
     if kind == "conv2d-materialised":
-        return nn.Conv2d(2, 3, 3, padding=1), (2, 6, 6)
+        return nn.Conv2d(2, 3, 3, padding=1), (2, 6, 6)  # L = 36: float64
+    if kind == "conv2d-float32-first":
+        return nn.Conv2d(3, 4, 3), (3, 5, 6)  # L = 12: float32 first, float64 when needed
     if kind == "conv2d-groups":
         return _Grouped(), (4, 9, 7)
     if kind == "groupnorm":
@@ -157,6 +159,7 @@ LAYERS = [
     "conv1d",
     "conv2d-gram",
     "conv2d-materialised",
+    "conv2d-float32-first",
     "conv2d-groups",
     "groupnorm",
     "layernorm",
@@ -211,6 +214,49 @@ def test_every_hook_layer_bounds_adversarial_records(kind, scales, gscale, patte
             assert_contributions_bounded(model, x, y, linear_loss, C, method="hooks")
     else:
         assert_contributions_bounded(model, x, y, linear_loss, C, method="hooks")
+
+
+def test_float32_first_path_recomputes_records_whose_error_bound_is_not_negligible():
+    """Small sums (L ≤ 32) run in float32; a record with cancelling terms is redone in float64."""
+    model = nn.Conv2d(3, 4, 3)
+    gen = torch.Generator().manual_seed(0)
+    benign = _adversarial((3, 5, 6), (4, 3, 4), 1.0, 1.0, "random", gen)
+    crafted = _adversarial((3, 5, 6), (4, 3, 4), 1e3, 30.0, "cancel", gen)
+    x = torch.stack([benign[0], crafted[0]])
+    y = torch.stack([benign[1], crafted[1]])
+    redone = []
+    original = grad_sample._float32_first
+
+    def spy(grads32, m2, length, exact):
+        def exact_spy(idx):
+            redone.extend(idx.tolist())
+            return exact(idx)
+
+        return original(grads32, m2, length, exact_spy)
+
+    grad_sample._float32_first = spy
+    try:
+        assert_contributions_bounded(model, x, y, linear_loss, 1e-3, method="hooks")
+    finally:
+        grad_sample._float32_first = original
+    assert redone == [1]
+
+
+@settings(max_examples=30)
+@given(
+    k=st.tuples(st.integers(1, 4), st.integers(1, 4)),
+    d=st.tuples(st.integers(1, 2), st.integers(1, 2)),
+    p=st.tuples(st.integers(0, 2), st.integers(0, 2)),
+    s=st.tuples(st.integers(1, 3), st.integers(1, 3)),
+)
+def test_im2col_frobenius_matches_the_unfolded_matrix(k, d, p, s):
+    a = torch.randn(3, 2, 7, 8, dtype=torch.float64)
+    u = grad_sample._unfold2d(a, k, d, p, s)
+    exact = u.flatten(1).norm(dim=1)
+    bound = grad_sample._im2col_frobenius(a, (k, d, p, s))
+    assert bool((bound >= exact).all())
+    torch.testing.assert_close(bound, exact, rtol=1e-12, atol=0)
+    torch.testing.assert_close(grad_sample._unfold_rows(a, k, d, p, s), u.transpose(1, 2))
 
 
 # -- the built-in models ---------------------------------------------------------------------

@@ -41,6 +41,11 @@ magnitude 1e3 was measured at 12.6 while its gradient norm was 223: it added 17.
   ``sqrt(estimate + 4u·κ·M²)`` with κ the sum of those lengths: never below the norm of the
   exact gradient of the recorded values *nor* of what is actually added. For ordinary records
   the inflation is ~1e-11 relative or less; a crafted record adds at most ``C·(1 + 1e-12)``;
+* per-sample gradients that sum few terms (at most ``_F32_MAX_LENGTH`` positions, float32
+  model) are first formed with a float32 ``bmm``; their float32 error bound
+  (``4·u32·(T + 4)·M²``) is kept only for records where it is below ``_F32_TOLERANCE`` of the
+  squared norm (over-clipping ordinary records by at most 2.5e-4 relative), and any other
+  record -- a crafted one whose terms cancel -- is recomputed in float64;
 * a record whose norm is not finite (overflow, NaN input) adds nothing;
 * the sums are returned in float64 (the engine adds the noise in float64 and rounds once).
 
@@ -75,6 +80,15 @@ _NORM_EPS = 1e-6
 #: float64 unit roundoff.
 _U = 2.0**-53
 _F64 = torch.float64
+#: float32 unit roundoff.
+_U32 = 2.0**-24
+#: Float32 fast path for materialised per-sample gradients summed over at most this many
+#: positions: their float32 error bound is then small for ordinary records.
+_F32_MAX_LENGTH = 32
+#: A record keeps its float32 per-sample gradient only while the rigorous float32 error term
+#: inflates its squared norm by at most this fraction (an over-clipping of ≤ 2.5e-4 relative);
+#: otherwise (e.g. a crafted record whose terms cancel) it is recomputed in float64.
+_F32_TOLERANCE = 5e-4
 #: Per-sample gradients of a layer are materialised (fewer flops than the Gram path, whose
 #: weighted sum alone costs as much) unless a chunk's would exceed this many float64 elements.
 _MATERIALISE_LIMIT = 2**24
@@ -153,21 +167,55 @@ class _Part:
 
 
 def _materialised(
-    param: nn.Parameter, grads: Tensor, m2: Tensor | None = None, length: int = 0
+    param: nn.Parameter,
+    grads: Tensor,
+    m2: Tensor | None = None,
+    length: int = 0,
+    *,
+    extra: Tensor | None = None,
+    norm2: Tensor | None = None,
 ) -> _Part:
-    """A part from per-sample gradients ``grads`` computed in float64.
+    """A part from per-sample gradients ``grads`` (converted to float64).
 
-    ``m2`` = M² with ``‖grads_b − exact_b‖ ≤ γ_length · M_b`` (``None``: ``grads`` *are* what the
-    mechanism applies, e.g. torch.func gradients, and only their own norm matters).
+    ``m2`` = M² with ``‖grads_b − exact_b‖ ≤ γ_length · M_b`` for float64 sums of ``length``
+    terms; ``extra`` is an already computed per-record error term (float32 fast path). With
+    neither, ``grads`` *are* what the mechanism applies (torch.func gradients) and only their own
+    norm matters.
     """
     grads = grads.to(_F64).reshape(grads.shape[0], *param.shape)
     b = grads.shape[0]
-    norm2 = torch.linalg.vector_norm(grads.reshape(b, -1), dim=1).square()
+    if norm2 is None:
+        norm2 = torch.linalg.vector_norm(grads.reshape(b, -1), dim=1).square()
     # sum of squares (numel terms) and the tensordot over the batch (b terms)
     err2 = (4 * _U * (param.numel() + b + 4)) * norm2
     if m2 is not None:
         err2 = err2 + (4 * _U * (length + 4)) * m2
+    if extra is not None:
+        err2 = err2 + extra
     return _Part(param, norm2, err2, grads=grads)
+
+
+def _float32_first(
+    grads32: Tensor, m2: Tensor, length: int, exact: Callable[[Tensor], Tensor]
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Per-sample gradients computed in float32 (sums of ``length`` terms), made rigorous.
+
+    The float32 result differs from the exact one by at most γ32_length·M per record, which adds
+    ``4·u32·(length + 4)·M²`` to the error of the squared norm. Records for which that term
+    exceeds ``_F32_TOLERANCE`` of the squared norm (cancellation, non-finite values) are
+    recomputed in float64 by ``exact(indices)``. Returns float64 gradients, their squared norms
+    and the error terms.
+    """
+    grads = grads32.to(_F64)
+    b = grads.shape[0]
+    err2 = (4 * _U32 * (length + 4)) * m2
+    norm2 = torch.linalg.vector_norm(grads.reshape(b, -1), dim=1).square()
+    redo = torch.nonzero(~(err2 <= _F32_TOLERANCE * norm2)).flatten()
+    if redo.numel():
+        grads[redo] = exact(redo).to(_F64).reshape(redo.numel(), *grads.shape[1:])
+        err2[redo] = (4 * _U * (length + 4)) * m2[redo]
+        norm2[redo] = torch.linalg.vector_norm(grads[redo].reshape(redo.numel(), -1), dim=1) ** 2
+    return grads, norm2, err2
 
 
 def _linear_parts(m: nn.Linear, a: Tensor, g: Tensor, materialise: bool) -> list[_Part]:
@@ -181,8 +229,18 @@ def _linear_parts(m: nn.Linear, a: Tensor, g: Tensor, materialise: bool) -> list
     if m.weight.requires_grad:
         m_w = _frobenius(a3) * g_f
         if T > 1 and not _use_gram(B, T, din, dout, materialise):
-            grads = torch.bmm(g3.transpose(1, 2), a3)
-            parts.append(_materialised(m.weight, grads, m_w.square(), T))
+            if a.dtype == g.dtype == torch.float32 and T <= _F32_MAX_LENGTH:
+                a32, g32 = a.reshape(B, T, din), g.reshape(B, T, dout)
+                grads, norm2, extra = _float32_first(
+                    torch.bmm(g32.transpose(1, 2), a32),
+                    m_w.square(),
+                    T,
+                    lambda idx: torch.bmm(g3[idx].transpose(1, 2), a3[idx]),
+                )
+                parts.append(_materialised(m.weight, grads, extra=extra, norm2=norm2))
+            else:
+                grads = torch.bmm(g3.transpose(1, 2), a3)
+                parts.append(_materialised(m.weight, grads, m_w.square(), T))
         elif T == 1 and not materialise:
             a2, g2 = a3[:, 0], g3[:, 0]
             norm2 = a2.pow(2).sum(1) * g2.pow(2).sum(1)  # G = g aᵀ: ‖G‖ = ‖g‖‖a‖
@@ -263,7 +321,8 @@ def _conv_parts(m: nn.Conv1d | nn.Conv2d, a: Tensor, g: Tensor, materialise: boo
     else:
         kernel, dilation, stride = m.kernel_size, m.dilation, m.stride
         padding = (0, 0) if m.padding == "valid" else m.padding
-    g = g.reshape(B, g.shape[1], -1).to(_F64)  # (B, Cout, L)
+    g_low = g.reshape(B, g.shape[1], -1)  # (B, Cout, L) in the model's dtype
+    g = g_low.to(_F64)
     g_f = _frobenius(g)
     if m.weight.requires_grad:
         G, cout, L = m.groups, g.shape[1], g.shape[2]
@@ -283,6 +342,15 @@ def _conv_parts(m: nn.Conv1d | nn.Conv2d, a: Tensor, g: Tensor, materialise: boo
                     weighted=lambda c: torch.einsum("bol,bkl->ok", g * c[:, None, None], u),
                 )
             )
+        elif a.dtype == g_low.dtype == torch.float32 and L <= _F32_MAX_LENGTH:
+            grads32, u_f = _conv_grads(a, g_low, G, geometry)
+            grads, norm2, extra = _float32_first(
+                grads32,
+                (u_f * g_f).square(),
+                L,
+                lambda idx: _conv_grads(a[idx], g[idx], G, geometry)[0],
+            )
+            parts.append(_materialised(m.weight, grads, extra=extra, norm2=norm2))
         else:
             grads, u_f = _conv_grads(a, g, G, geometry)
             parts.append(_materialised(m.weight, grads, (u_f * g_f).square(), L))
@@ -297,23 +365,21 @@ _BLOCK_ELEMENTS = 2**19
 
 
 def _conv_grads(a: Tensor, g: Tensor, groups: int, geometry: tuple) -> tuple[Tensor, Tensor]:
-    """Per-sample weight gradients ``(B, Cout, K)`` in float64 and ‖u‖_F per record.
+    """Per-sample weight gradients ``(B, Cout, K)`` in ``g``'s dtype and ‖u‖_F per record.
 
-    ``g`` is the float64 backprop ``(B, Cout, L)``; im2col and the batched matrix product run
-    on blocks of records.
+    ``g`` is the backprop ``(B, Cout, L)``; im2col and the batched matrix product run on blocks
+    of records. ``‖u‖_F`` (u: the record's im2col matrix) is an upper bound, in float64.
     """
     B, cout, L = g.shape
     cin = a.shape[1]
     kh, kw = geometry[0]
     K = cin // groups * kh * kw
-    grads = torch.empty(B, groups, cout // groups, K, dtype=_F64, device=g.device)
-    # Each input element sits at most once per kernel offset in the im2col matrix u, so
-    # ‖u‖_F ≤ √(kh·kw)·‖a‖_F (a cheap upper bound; padding only adds zeros).
-    u_f = _frobenius(a) * (kh * kw) ** 0.5
+    dtype = g.dtype
+    grads = torch.empty(B, groups, cout // groups, K, dtype=dtype, device=g.device)
     step = max(1, _BLOCK_ELEMENTS // max(1, cin * kh * kw * L))
     gg = g.reshape(B, groups, cout // groups, L)
     for i in range(0, B, step):
-        u = _unfold_rows(a[i : i + step].to(_F64), *geometry)  # (b, L, G·K)
+        u = _unfold_rows(a[i : i + step].to(dtype), *geometry)  # (b, L, G·K)
         b = u.shape[0]
         if groups > 1:
             u = u.reshape(b, L, groups, K).transpose(1, 2)
@@ -323,7 +389,34 @@ def _conv_grads(a: Tensor, g: Tensor, groups: int, geometry: tuple) -> tuple[Ten
             u.reshape(b * groups, L, K),
             out=out,
         )
-    return grads.reshape(B, cout, K), u_f
+    return grads.reshape(B, cout, K), _im2col_frobenius(a, geometry)
+
+
+def _coverage(size: int, out: int, k: int, d: int, pad: int, stride: int) -> list[int]:
+    """How many (output position, kernel offset) pairs read each input position along an axis."""
+    count = [0] * size
+    for o in range(out):
+        for i in range(k):
+            h = o * stride + i * d - pad
+            if 0 <= h < size:
+                count[h] += 1
+    return count
+
+
+def _im2col_frobenius(a: Tensor, geometry: tuple) -> Tensor:
+    """‖u_b‖_F of each record's im2col matrix, without forming it (float64, rounded up).
+
+    Input element (c, h, w) appears in ``n_h(h)·n_w(w)`` columns of u (the coverage along each
+    axis is separable), so ‖u‖_F² = Σ n_h(h) n_w(w) a_{c,h,w}².
+    """
+    (kh, kw), (dh, dw), (ph, pw), (sh, sw) = geometry
+    H, W = a.shape[-2:]
+    ho = (H + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+    wo = (W + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    nh = torch.tensor(_coverage(H, ho, kh, dh, ph, sh), dtype=_F64, device=a.device)
+    nw = torch.tensor(_coverage(W, wo, kw, dw, pw, sw), dtype=_F64, device=a.device)
+    sq = (a.to(_F64).square() * (nh[:, None] * nw[None, :])).sum((1, 2, 3))
+    return (sq * (1.0 + 4 * _U * (a[0].numel() + 4))).sqrt()
 
 
 def _norm_parts(m: nn.GroupNorm | nn.LayerNorm, a: Tensor, g: Tensor) -> list[_Part]:
