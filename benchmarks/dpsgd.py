@@ -2,8 +2,16 @@
 
 Every variant performs one full training step on a Poisson batch drawn from the same synthetic
 data set (n records, q = B/n so that the expected batch is B): sampling, forward, backward and
-optimizer step. Opacus uses ``PrivacyEngine.make_private`` with Poisson sampling (its
-``DPDataLoader``), i.e. its per-sample-gradient hooks, clipping and noise.
+optimizer step. Variants, timed interleaved step by step in the same run:
+
+``nonprivate``        plain minibatch SGD on the Poisson batch (torch RNG for the coins);
+``pdpfl_secure``      pdpfl DP-SGD with :class:`pdpfl.randomness.SecureRandomness` (the default:
+                      ChaCha20 keystream, Box–Muller, sum of 4 normals / 2, float64 noise);
+``pdpfl_reproducible`` the same step with a seeded ``torch.Generator`` (research mode);
+``opacus``            ``PrivacyEngine.make_private`` with Poisson sampling (its ``DPDataLoader``),
+                      i.e. its per-sample-gradient hooks, clipping and noise (``secure_mode`` off).
+
+The public normaliser of the DP variants is the expected batch size B (issue #10).
 
 Usage::
 
@@ -24,12 +32,13 @@ import torch
 
 from pdpfl.dp.engine import PersonalizedDPSGD, make_optimizer
 from pdpfl.models import create_model, loss_fn
+from pdpfl.randomness import SecureRandomness
 
 CASES = [
     ("mnist_cnn", "mnist-cnn", (1, 28, 28), 10, 64),
     ("mnist_cnn", "mnist-cnn", (1, 28, 28), 10, 400),
     ("logreg", "logreg", (13,), 2, 32),
-]  # noqa: E501
+]
 
 
 _CLOCK = time.perf_counter
@@ -74,7 +83,7 @@ def nonprivate_step(model_name, shape, k, batch):
     return step
 
 
-def pdpfl_step(model_name, shape, k, batch):
+def pdpfl_step(model_name, shape, k, batch, secure: bool):
     torch.manual_seed(0)
     n = 10 * batch
     x, y = _data(shape, k, n)
@@ -82,8 +91,11 @@ def pdpfl_step(model_name, shape, k, batch):
     opt = make_optimizer("sgd", model.parameters(), lr=0.05)
     rates = np.full(n, batch / n)
     engine = PersonalizedDPSGD(model, opt, noise_multiplier=1.0, max_grad_norm=1.0)
-    gen = torch.Generator().manual_seed(1)
-    return lambda: engine.step(x, y, rates, gen)
+    if secure:
+        stream = SecureRandomness().stream("local-training", 0, 0)
+    else:
+        stream = torch.Generator().manual_seed(1)
+    return lambda: engine.step(x, y, rates, stream, normalizer=float(batch))
 
 
 def opacus_step(model_name, shape, k, batch):
@@ -123,6 +135,25 @@ def opacus_step(model_name, shape, k, batch):
     return step
 
 
+def noise_draw_ms(n: int = 26_010, repeats: int = 20) -> dict[str, float]:
+    """Median ms to draw ``n`` float64 normals: secure stream vs seeded torch generator."""
+    stream = SecureRandomness().stream("bench")
+    gen = torch.Generator().manual_seed(0)
+    out = {}
+    for key, fn in {
+        "secure_ms": lambda: stream.normal((n,)),
+        "torch_ms": lambda: torch.randn(n, generator=gen, dtype=torch.float64),
+    }.items():
+        fn()
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        out[key] = round(1000 * statistics.median(times), 3)
+    return out
+
+
 def main() -> None:
     warnings.filterwarnings("ignore", module="opacus")
     warnings.filterwarnings("ignore", message=".*Full backward hook.*")
@@ -143,23 +174,30 @@ def main() -> None:
     global _CLOCK
     _CLOCK = time.perf_counter if args.timer == "wall" else time.process_time
     torch.set_num_threads(args.threads)
-    out: dict[str, dict[str, dict[str, float]]] = {}
+    out: dict = {}
     for key, model_name, shape, k, batch in CASES:
         fns = {
             "nonprivate_ms": nonprivate_step(model_name, shape, k, batch),
-            "pdpfl_ms": pdpfl_step(model_name, shape, k, batch),
+            "pdpfl_secure_ms": pdpfl_step(model_name, shape, k, batch, secure=True),
+            "pdpfl_reproducible_ms": pdpfl_step(model_name, shape, k, batch, secure=False),
         }
         if not args.no_opacus:
             fns["opacus_ms"] = opacus_step(model_name, shape, k, batch)
         res = {
             m: round(v, 3) for m, v in _interleaved_medians(fns, args.steps, args.warmup).items()
         }
-        res["pdpfl_over_nonprivate"] = round(res["pdpfl_ms"] / res["nonprivate_ms"], 3)
+        res["secure_over_nonprivate"] = round(res["pdpfl_secure_ms"] / res["nonprivate_ms"], 3)
+        res["reproducible_over_nonprivate"] = round(
+            res["pdpfl_reproducible_ms"] / res["nonprivate_ms"], 3
+        )
         if "opacus_ms" in res:
-            res["opacus_over_pdpfl"] = round(res["opacus_ms"] / res["pdpfl_ms"], 3)
+            res["opacus_over_secure"] = round(res["opacus_ms"] / res["pdpfl_secure_ms"], 3)
         out.setdefault(key, {})[str(batch)] = res
         if not args.json:
             print(key, batch, res, flush=True)
+    out["noise_26010"] = noise_draw_ms()
+    if not args.json:
+        print("noise_26010", out["noise_26010"], flush=True)
     if args.json:
         print(json.dumps(out))
 

@@ -49,6 +49,7 @@ def test_rpdp_sgd_learns_and_reports_per_class_and_per_group():
         test_groups=(yt.numpy() == 0).astype(int),
         eval_every=20,
         seed=3,
+        normalizer=48.0,
     )
     assert len(calls) == 1 and np.array_equal(calls[0], budgets)
     assert res.steps == 60 and len(res.realized_batch_sizes) == 60
@@ -61,11 +62,12 @@ def test_rpdp_sgd_learns_and_reports_per_class_and_per_group():
     assert low["selection_frequency"] == pytest.approx(0.1, abs=0.03)
     assert high["selection_frequency"] == pytest.approx(0.3, abs=0.04)
     assert res.to_dict()["test"]["n"] == 150
+    assert res.normalizer == 48.0 and "reproducible" in res.to_dict()["randomness"]
 
 
 def test_rpdp_sgd_rate_arguments_are_exclusive():
     x, y = _blobs(10)
-    kw = dict(noise_multiplier=1.0, max_grad_norm=1.0, steps=1)
+    kw = dict(noise_multiplier=1.0, max_grad_norm=1.0, steps=1, normalizer=5.0)
     model = create_model("logreg", (5,), 3)
     with pytest.raises(ValueError, match="either rates= or both budgets= and calibrator="):
         train_rpdp_sgd(model, (x, y), (x, y), **kw)
@@ -95,7 +97,7 @@ def test_filter_step_matches_manual_truncated_clipping():
     active = budgets - spent > 0
     step = filter_step(
         model, x, y, budgets=budgets, spent=spent, active=active, noise_multiplier=0.0,
-        max_grad_norm=C, generator=torch.Generator(), physical_batch_size=3,
+        max_grad_norm=C, stream=torch.Generator(), physical_batch_size=3,
     )  # fmt: skip
     g = _loop_grads(model, x, y)
     norms = g.norm(dim=1).numpy()
@@ -190,6 +192,7 @@ def test_rpdp_sgd_with_the_certified_calibrator_honours_every_budget():
         steps=plan.steps,
         lr=0.5,
         seed=7,
+        normalizer=6.0,  # the public expected batch size this experiment declares
     )
     rates = calibrator(budgets)
     eps, _ = plan_epsilon(rates, plan)
@@ -197,3 +200,52 @@ def test_rpdp_sgd_with_the_certified_calibrator_honours_every_budget():
     assert rates[budgets == 3.0].min() > rates[budgets == 0.5].max()  # bigger budget, larger q
     assert res.expected_batch_size == pytest.approx(float(rates.sum()))
     assert res.test["accuracy"] > 0.6
+
+
+def test_centralized_trainers_use_secure_randomness_and_a_public_normalizer():
+    """Secure by default, seeds only on request; the normaliser is a declared public constant."""
+    from pdpfl.randomness import REPRODUCIBLE_LABEL, SECURE_LABEL, SecureRandomness
+
+    x, y = _blobs(40)
+    kw = dict(rates=np.full(40, 0.25), noise_multiplier=1.0, max_grad_norm=1.0, steps=2)
+
+    def run(**extra):
+        torch.manual_seed(0)
+        model = create_model("logreg", (5,), 3)
+        res = train_rpdp_sgd(model, (x, y), (x, y), **{**kw, **extra})
+        return res, torch.cat([p.detach().flatten() for p in model.parameters()])
+
+    with pytest.raises(ValueError, match="normalizer: required under DP"):
+        run()
+    with pytest.raises(ValueError, match="normalizer: must be a finite number > 0"):
+        run(normalizer=0.0)
+    with pytest.raises(ValueError, match="at most one of stream= and seed="):
+        run(normalizer=10.0, seed=1, stream=torch.Generator())
+    a, pa = run(normalizer=10.0)
+    b, pb = run(normalizer=10.0)
+    assert a.randomness == SECURE_LABEL and not torch.equal(pa, pb)  # fresh key every run
+    c, pc = run(normalizer=10.0, seed=3)
+    d, pd = run(normalizer=10.0, stream=torch.Generator().manual_seed(5))
+    _, pc2 = run(normalizer=10.0, seed=3)
+    assert c.randomness == d.randomness == REPRODUCIBLE_LABEL and torch.equal(pc, pc2)
+    e, _ = run(normalizer=10.0, stream=SecureRandomness().stream("mine"))
+    assert e.randomness == SECURE_LABEL and e.to_dict()["normalizer"] == 10.0
+    # the filter: same randomness choices, default normaliser = the public n
+    f = train_filter_gd(
+        create_model("logreg", (5,), 3), (x, y), (x, y), squared_norm_budgets=np.full(40, 5.0),
+        noise_multiplier=1.0, max_grad_norm=1.0, steps=1,
+    )  # fmt: skip
+    assert f.randomness == SECURE_LABEL and f.normalizer == 40.0
+
+
+def test_filter_step_divides_by_the_given_public_normalizer():
+    x, y = _blobs(8)
+    model = create_model("logreg", (5,), 3).double()
+    common = dict(
+        budgets=np.full(8, 10.0), spent=np.zeros(8), active=np.ones(8, dtype=bool),
+        noise_multiplier=0.0, max_grad_norm=0.5, stream=torch.Generator(),
+    )  # fmt: skip
+    by_n = filter_step(model, x.double(), y, **common)
+    by_b = filter_step(model, x.double(), y, normalizer=2.0, **common)
+    for a, b in zip(by_n.grads, by_b.grads, strict=True):
+        torch.testing.assert_close(a * 8, b * 2)

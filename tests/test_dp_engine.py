@@ -13,6 +13,7 @@ from torch import nn
 from pdpfl.dp import (
     PersonalizedDPSGD,
     clipped_grad_sum,
+    grad_sample,
     hooks_supported,
     make_optimizer,
     per_sample_gradients,
@@ -49,8 +50,8 @@ class _Ghost(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        self.conv = nn.Conv2d(8, 16, 3)  # 4x8 input → L = 12 < 16·72/(72+16): ghost
-        self.seq = nn.Linear(8, 16)  # on (B, 2, 8): T² (din + dout) < din·dout: ghost
+        self.conv = nn.Conv2d(8, 16, 3)  # 4x8 input → L = 12: 2L² < 16·72 (Gram if large)
+        self.seq = nn.Linear(8, 16)  # on (B, 2, 8): 2T² < din·dout (Gram if large)
         self.head = nn.Linear(16 * 12 + 32, 3)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -116,6 +117,13 @@ def _loop_grads(model, x, y):
         g = torch.autograd.grad(loss_fn(model(x[i : i + 1]), y[i : i + 1]), params)
         out.append(torch.cat([t.flatten() for t in g]))
     return torch.stack(out)
+
+
+@pytest.fixture(autouse=True)
+def _gram_for_ghost(request, monkeypatch):
+    """The "ghost" case exercises the Gram-matrix path (chosen for large layers only)."""
+    if "ghost" in request.node.name:
+        monkeypatch.setattr(grad_sample, "_MATERIALISE_LIMIT", 0)
 
 
 @pytest.mark.parametrize("name", ["logreg", "mlp", "cnn", "mixed", "ghost", "oddconv"])
@@ -227,12 +235,21 @@ def test_empty_batch_is_a_noise_only_step_and_is_counted():
         noise_multiplier=1.0,
         max_grad_norm=1.0,
         optimizer=opt,
-        generator=torch.Generator().manual_seed(0),
+        stream=torch.Generator().manual_seed(0),
+        normalizer=2.0,
     )
     assert res.steps == 3 and res.realized_batch_sizes == [0, 0, 0]
     assert np.isnan(res.mean_loss)
     assert res.selection_counts.tolist() == [0] * 5
     assert res.expected_batch_size == pytest.approx(5e-9)
+    assert all(not torch.equal(b, p) for b, p in zip(before, model.parameters(), strict=True))
+    # all rates 0 (a silo whose records all sat out): still τ noise-only steps
+    before = [p.detach().clone() for p in model.parameters()]
+    res = train_steps(
+        model, x, y, rates=np.zeros(5), steps=2, noise_multiplier=1.0, max_grad_norm=1.0,
+        optimizer=opt, stream=torch.Generator().manual_seed(1), normalizer=2.0,
+    )  # fmt: skip
+    assert res.realized_batch_sizes == [0, 0]
     assert all(not torch.equal(b, p) for b, p in zip(before, model.parameters(), strict=True))
 
 
@@ -276,7 +293,7 @@ def test_nonprivate_step_is_plain_sgd_on_the_poisson_batch():
         noise_multiplier=5.0,
         max_grad_norm=1e-3,
         optimizer=opt,
-        generator=torch.Generator().manual_seed(2),
+        stream=torch.Generator().manual_seed(2),
         private=False,
         physical_batch_size=4,
     )
@@ -294,7 +311,7 @@ def test_private_step_update_equals_lr_times_privatized_gradient():
     model, x, y = _case("mlp", n=20)
     ref = _case("mlp", n=20)[0]
     rates = np.linspace(0.05, 0.9, 20)
-    lr, C = 0.3, 0.2
+    lr, C, B = 0.3, 0.2, 7.0  # B: the public normaliser (never Σq computed from the rates)
     opt = make_optimizer("sgd", model.parameters(), lr=lr)
     res = train_steps(
         model,
@@ -305,11 +322,12 @@ def test_private_step_update_equals_lr_times_privatized_gradient():
         noise_multiplier=0.0,
         max_grad_norm=C,
         optimizer=opt,
-        generator=torch.Generator().manual_seed(5),
+        stream=torch.Generator().manual_seed(5),
+        normalizer=B,
     )
     idx = np.flatnonzero(res.selection_counts)
     loop = _loop_grads(ref, x[idx], y[idx])
-    clipped = (loop * (C / (loop.norm(dim=1) + 1e-6)).clamp(max=1)[:, None]).sum(0) / rates.sum()
+    clipped = (loop * (C / (loop.norm(dim=1) + 1e-6)).clamp(max=1)[:, None]).sum(0) / B
     start = torch.cat([p.detach().flatten() for p in ref.parameters()])
     now = torch.cat([p.detach().flatten() for p in model.parameters()])
     torch.testing.assert_close(now, start - lr * clipped)
@@ -328,7 +346,8 @@ def test_same_seed_same_model_and_different_seed_differs():
             noise_multiplier=1.0,
             max_grad_norm=1.0,
             optimizer=opt,
-            generator=torch.Generator().manual_seed(seed),
+            stream=torch.Generator().manual_seed(seed),
+            normalizer=6.0,
         )
         return np.concatenate([a.ravel() for a in get_params(model)])
 
@@ -352,7 +371,8 @@ def test_optimizers_consume_the_private_gradient(opt_name):
         noise_multiplier=0.1,
         max_grad_norm=5.0,
         optimizer=opt,
-        generator=torch.Generator().manual_seed(0),
+        stream=torch.Generator().manual_seed(0),
+        normalizer=25.0,
     )
     assert res.steps == 30 and len(res.realized_batch_sizes) == 30
     assert evaluate(model, x, y)["loss"] < before["loss"]
@@ -362,14 +382,18 @@ def test_bad_inputs_have_clear_messages():
     model, x, y = _case("logreg", n=4)
     opt = make_optimizer("sgd", model.parameters(), lr=0.1)
     kw = dict(
-        steps=1, noise_multiplier=1.0, max_grad_norm=1.0, optimizer=opt, generator=torch.Generator()
-    )
+        steps=1, noise_multiplier=1.0, max_grad_norm=1.0, optimizer=opt, stream=torch.Generator(),
+        normalizer=2.0,
+    )  # fmt: skip
     with pytest.raises(ValueError, match=r"rates must have shape \(4,\)"):
         train_steps(model, x, y, rates=np.full(3, 0.5), **kw)
     with pytest.raises(ValueError, match=r"rates must be finite and in \[0, 1\]"):
         train_steps(model, x, y, rates=np.array([0.5, 1.5, 0.1, 0.1]), **kw)
-    with pytest.raises(ValueError, match="all sampling rates are 0"):
-        train_steps(model, x, y, rates=np.zeros(4), **kw)
+    with pytest.raises(ValueError, match="normalizer: required under DP"):
+        train_steps(model, x, y, rates=np.full(4, 0.5), **{**kw, "normalizer": None})
+    for bad in (0.0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="normalizer: must be a finite number > 0"):
+            train_steps(model, x, y, rates=np.full(4, 0.5), **{**kw, "normalizer": bad})
     with pytest.raises(ValueError, match="max_grad_norm"):
         train_steps(model, x, y, rates=np.full(4, 0.5), **{**kw, "max_grad_norm": 0.0})
     with pytest.raises(ValueError, match="noise_multiplier"):
@@ -401,7 +425,8 @@ def test_batchnorm_rejected_with_module_name_and_groupnorm_swap_trains():
         noise_multiplier=1.0,
         max_grad_norm=1.0,
         optimizer=make_optimizer("sgd", model.parameters(), lr=0.1),
-        generator=torch.Generator().manual_seed(0),
+        stream=torch.Generator().manual_seed(0),
+        normalizer=6.0,
     )
     assert res.steps == 2
 
@@ -444,3 +469,50 @@ def test_unfold_matches_torch_im2col(kh, kw, dh, dw, ph, pw, sh, sw):
         a, *args[:1], dilation=args[1], padding=args[2], stride=args[3]
     )
     assert torch.equal(_unfold2d(a, *args), expected)
+
+
+class _CountingNorm(nn.Module):
+    """A custom module whose buffer is a running statistic of the batch (unknown to validate)."""
+
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.lin = nn.Linear(d, 3)
+        self.register_buffer("running_mean", torch.zeros(d))
+        self.register_buffer("scale", torch.ones(d))  # constant: allowed
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training:
+            with torch.no_grad():
+                self.running_mean.mul_(0.9).add_(0.1 * x.mean(0))
+        return self.lin(x * self.scale)
+
+
+def test_modules_whose_buffers_change_in_training_are_rejected():
+    # statically, for known types (the running statistics are a function of the batch)
+    model = nn.Sequential(
+        nn.Conv1d(2, 4, 3), nn.InstanceNorm1d(4, track_running_stats=True), nn.Flatten(),
+        nn.Linear(4 * 6, 3),
+    )  # fmt: skip
+    with pytest.raises(ValueError, match=r"module '1' \(InstanceNorm1d\).*running statistics"):
+        validate_model(model)
+    with pytest.raises(ValueError, match="InstanceNorm1d"):
+        _engine(model, 1.0, 1.0)
+    validate_model(nn.Sequential(nn.Conv1d(2, 4, 3), nn.InstanceNorm1d(4)))  # stateless: fine
+    # dynamically, for any module: buffers changed by a training-mode forward
+    torch.manual_seed(0)
+    wrapped = nn.Sequential(_CountingNorm(5))
+    validate_model(wrapped)
+    x, y = torch.randn(12, 5), torch.randint(0, 3, (12,))
+    opt = make_optimizer("sgd", wrapped.parameters(), lr=0.1)
+    kw = dict(rates=np.ones(12), steps=1, noise_multiplier=1.0, max_grad_norm=1.0, optimizer=opt,
+              stream=torch.Generator().manual_seed(0), normalizer=12.0)  # fmt: skip
+    for method in ("hooks", "func"):
+        with pytest.raises(ValueError, match=r"module '0' \(_CountingNorm\).*'running_mean'"):
+            train_steps(wrapped, x, y, grad_sampler=method, **kw)
+    # a constant buffer passes, and only trainable parameters are exchanged
+    del wrapped[0].running_mean
+    wrapped[0].register_buffer("running_mean", torch.zeros(5))
+    wrapped[0].forward = lambda x: wrapped[0].lin(x * wrapped[0].scale)
+    res = train_steps(wrapped, x, y, **kw)
+    assert res.steps == 1
+    assert [a.shape for a in get_params(wrapped)] == [(3, 5), (3,)]

@@ -89,7 +89,7 @@ def test_get_set_params_roundtrip_and_validation():
     b = create_model("mnist-cnn", (1, 28, 28), 10)
     params = get_params(a)
     assert all(p.dtype == np.float32 for p in params)
-    assert [p.shape for p in params] == [tuple(v.shape) for v in a.state_dict().values()]
+    assert [p.shape for p in params] == [tuple(v.shape) for v in a.parameters()]
     set_params(b, params)
     x = torch.randn(2, 1, 28, 28)
     torch.testing.assert_close(a(x), b(x))
@@ -99,3 +99,24 @@ def test_get_set_params_roundtrip_and_validation():
         set_params(b, params[:-1])
     with pytest.raises(ValueError, match="shape mismatch for 'conv1.weight'"):
         set_params(b, [np.zeros((1, 1))] + params[1:])
+
+
+def test_only_trainable_parameters_are_exchanged():
+    """Buffers (running statistics) and frozen parameters never leave a silo (issue #10 §3)."""
+    model = nn.Sequential(
+        nn.Conv1d(2, 4, 3), nn.InstanceNorm1d(4, affine=True, track_running_stats=True),
+        nn.Flatten(), nn.Linear(4 * 6, 3),
+    )  # fmt: skip
+    model[0].bias.requires_grad_(False)
+    model.train()
+    model(torch.randn(5, 2, 8))  # the running statistics now depend on the batch
+    params = get_params(model)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    assert [a.shape for a in params] == [tuple(p.shape) for p in trainable]
+    assert len(params) == 5 < len(model.state_dict())  # no running_mean/var, no frozen bias
+    running = model[1].running_mean.clone()
+    frozen = model[0].bias.detach().clone()
+    other = [np.full(a.shape, 0.5, dtype=np.float32) for a in params]
+    set_params(model, other)
+    assert all(torch.all(p == 0.5) for p in trainable)
+    assert torch.equal(model[1].running_mean, running) and torch.equal(model[0].bias, frozen)

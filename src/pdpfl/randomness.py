@@ -135,40 +135,44 @@ class _ChaChaStream:
     def _words(self, n: int) -> np.ndarray:
         return np.frombuffer(self._enc.update(bytes(8 * n)), dtype=np.uint64, count=n)
 
+    def _uniform_tensor(self, n: int) -> torch.Tensor:
+        """``n`` float64 uniforms ``(k + 1/2)·2⁻⁵³`` from the top 53 bits of 64-bit words."""
+        k = (self._words(n) >> np.uint64(11)).astype(np.int64)  # < 2**53: exact in float64
+        return (torch.from_numpy(k).to(torch.float64) + 0.5) * _INV_2_53
+
     def uniform(self, n: int) -> np.ndarray:
         n = int(n)
         if n < 0:
             raise ValueError(f"n: must be >= 0, got {n}")
         if n == 0:
             return np.zeros(0, dtype=np.float64)
-        k = (self._words(n) >> np.uint64(11)).astype(np.float64)
-        return (k + 0.5) * _INV_2_53
+        return self._uniform_tensor(n).numpy()
 
-    def _exponential2(self, n: int) -> np.ndarray:
+    def _exponential2(self, n: int) -> torch.Tensor:
         """2·Exp(1) samples (= R² of Box–Muller), with the tail below 2⁻³⁰ refined once."""
-        u = self.uniform(n)
-        e = -np.log(u)
+        u = self._uniform_tensor(n)
+        e = -torch.log(u)
         small = u < _TAIL_CUT
-        if small.any():
-            e[small] = _TAIL_SHIFT - np.log(self.uniform(int(small.sum())))
+        count = int(small.sum())
+        if count:
+            e[small] = _TAIL_SHIFT - torch.log(self._uniform_tensor(count))
         return 2.0 * e
 
-    def _standard_normals(self, n: int) -> np.ndarray:
+    def _standard_normals(self, n: int) -> torch.Tensor:
         pairs = (n + 1) // 2
-        r = np.sqrt(self._exponential2(pairs))
-        theta = _TWO_PI * self.uniform(pairs)
-        out = np.empty(2 * pairs, dtype=np.float64)
-        out[0::2] = r * np.cos(theta)
-        out[1::2] = r * np.sin(theta)
-        return out[:n]
+        r = torch.sqrt(self._exponential2(pairs))
+        theta = _TWO_PI * self._uniform_tensor(pairs)
+        # all r·cos θ, then all r·sin θ (independent normals); the vector math runs in torch
+        # (float64) because its vectorised log/cos/sin are several times faster than numpy's
+        return torch.cat((r * torch.cos(theta), r * torch.sin(theta)))[:n]
 
     def normal(self, shape: tuple[int, ...] | torch.Size) -> torch.Tensor:
         shape = tuple(int(s) for s in shape)
         n = math.prod(shape)
         if n == 0:
             return torch.zeros(shape, dtype=torch.float64)
-        z = self._standard_normals(4 * n).reshape(4, n).sum(axis=0) * 0.5
-        return torch.from_numpy(z).reshape(shape)
+        z = self._standard_normals(4 * n).reshape(4, n).sum(dim=0) * 0.5
+        return z.reshape(shape)
 
 
 class SecureRandomness:

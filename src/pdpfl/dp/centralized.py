@@ -16,6 +16,13 @@ Reports: test loss/accuracy, test accuracy per class (Appendix A, Table 4) and p
 (``test_groups``: the group of each test record, e.g. the budget of its class for
 data-dependent budgets), and per training budget group the mean rate and realized selection
 frequency.
+
+Privacy boundary (issue #10): the noisy clipped sum is divided by ``normalizer``, a *public*
+constant the caller declares (e.g. the expected batch size it planned for) -- never Σ q_i, which
+is computed from the private budgets. The Poisson coins and the noise come from a
+:mod:`pdpfl.randomness` stream: a fresh :class:`~pdpfl.randomness.SecureRandomness` key by
+default; ``seed=`` (or a seeded ``torch.Generator`` as ``stream=``) is the labelled reproducible
+research mode, with no guarantee against anyone who knows the seed.
 """
 
 from __future__ import annotations
@@ -30,9 +37,48 @@ import torch
 from torch import Tensor, nn
 
 from pdpfl.dp.engine import LossFn, PersonalizedDPSGD, as_rates, evaluate, make_optimizer
+from pdpfl.dp.steps import check_normalizer
 from pdpfl.models import loss_fn, predict
+from pdpfl.randomness import (
+    REPRODUCIBLE_LABEL,
+    SECURE_LABEL,
+    RandomStream,
+    SecureRandomness,
+    SeededRandomness,
+    stream_from_generator,
+)
 
-__all__ = ["CentralizedResult", "group_accuracy", "train_rpdp_sgd"]
+__all__ = ["CentralizedResult", "group_accuracy", "mechanism_stream", "train_rpdp_sgd"]
+
+
+def mechanism_stream(
+    stream: RandomStream | torch.Generator | None, seed: int | None, purpose: str
+) -> tuple[RandomStream, str]:
+    """The stream a centralized trainer draws its coins and noise from, and its label.
+
+    Default (both ``None``): a fresh :class:`~pdpfl.randomness.SecureRandomness` key. ``seed``:
+    :class:`~pdpfl.randomness.SeededRandomness` (reproducible, no guarantee against anyone who
+    knows the seed). ``stream``: a caller's stream, or a seeded ``torch.Generator`` (reproducible).
+    """
+    if stream is not None and seed is not None:
+        raise ValueError("give at most one of stream= and seed=")
+    if seed is not None:
+        return SeededRandomness(int(seed)).stream(purpose), REPRODUCIBLE_LABEL
+    if stream is None:
+        return SecureRandomness().stream(purpose), SECURE_LABEL
+    if isinstance(stream, torch.Generator):
+        return stream_from_generator(stream), REPRODUCIBLE_LABEL
+    if not isinstance(stream, RandomStream):
+        raise TypeError(
+            f"stream: expected a pdpfl.randomness.RandomStream or a torch.Generator, "
+            f"got {type(stream).__name__}"
+        )
+    kind = type(stream).__name__
+    if kind == "_ChaChaStream":
+        return stream, SECURE_LABEL
+    if kind == "_TorchStream":
+        return stream, REPRODUCIBLE_LABEL
+    return stream, f"caller-provided stream ({kind})"
 
 
 @torch.no_grad()
@@ -91,11 +137,18 @@ class CentralizedResult:
     mean_step_seconds: float = float("nan")
     realized_batch_sizes: list[int] = field(default_factory=list)
     expected_batch_size: float = float("nan")
+    """Σ q_i (a function of the private budgets: a diagnostic, never the normaliser)."""
+    normalizer: float = float("nan")
+    """The public constant the noisy sums were divided by."""
+    randomness: str = SECURE_LABEL
+    """Where the coins and the noise came from (see :mod:`pdpfl.randomness`)."""
 
     def to_dict(self) -> dict:
         """JSON-friendly summary."""
         return {
             "steps": self.steps,
+            "normalizer": self.normalizer,
+            "randomness": self.randomness,
             "test": self.test,
             "per_group_accuracy": self.per_group_accuracy,
             "train_groups": self.train_groups,
@@ -120,8 +173,9 @@ def train_rpdp_sgd(
     optimizer: str = "sgd",
     weight_decay: float = 0.0,
     momentum: float = 0.0,
-    generator: torch.Generator | None = None,
-    seed: int = 0,
+    normalizer: float | None = None,
+    stream: RandomStream | torch.Generator | None = None,
+    seed: int | None = None,
     train_groups: Sequence[Any] | np.ndarray | None = None,
     test_groups: Sequence[Any] | np.ndarray | None = None,
     eval_every: int = 0,
@@ -140,8 +194,12 @@ def train_rpdp_sgd(
         Budget group of each training record (defaults to ``budgets`` when given).
     test_groups
         Group of each test record for the per-group test accuracy.
-    generator
-        Randomness for sampling and noise (default: ``torch.Generator().manual_seed(seed)``).
+    normalizer
+        The public constant dividing each noisy sum (required), e.g. the expected batch size the
+        experiment declares; never computed here from the (private) rates.
+    stream, seed
+        Source of the Poisson coins and the noise (see :func:`mechanism_stream`): secure by
+        default; ``seed=`` or a seeded ``torch.Generator`` for reproducible research runs.
     """
     x, y = train
     xt, yt = test
@@ -156,7 +214,8 @@ def train_rpdp_sgd(
         raise ValueError("rates: all sampling rates are 0 (Σq = 0); nothing to train on")
     if train_groups is None and budgets is not None:
         train_groups = np.asarray(budgets)
-    gen = generator if generator is not None else torch.Generator().manual_seed(int(seed))
+    normalizer = check_normalizer(normalizer)
+    rng, label = mechanism_stream(stream, seed, "centralized-training")
     opt = make_optimizer(optimizer, model.parameters(), lr, weight_decay, momentum)
     engine = PersonalizedDPSGD(
         model,
@@ -173,7 +232,7 @@ def train_rpdp_sgd(
     elapsed = 0.0
     for t in range(1, int(steps) + 1):
         t0 = time.perf_counter()
-        res = engine._step(x, y, q, gen)
+        res = engine.step(x, y, q, rng, normalizer)
         elapsed += time.perf_counter() - t0
         counts[res.indices.numpy()] += 1
         sizes.append(res.batch_size)
@@ -196,4 +255,6 @@ def train_rpdp_sgd(
         mean_step_seconds=elapsed / steps if steps else float("nan"),
         realized_batch_sizes=sizes,
         expected_batch_size=float(qn.sum()),
+        normalizer=normalizer,
+        randomness=label,
     )

@@ -9,7 +9,9 @@ One step on a silo's data ``D`` with per-record sampling rates ``q_i``:
    when the rates differ.)
 2. **Per-sample gradients** of the loss for the records in ``S`` (in chunks of
    ``physical_batch_size``; see :mod:`pdpfl.dp.grad_sample`).
-3. **Clipping** of each per-sample gradient to L2 norm ``C`` over all trainable parameters.
+3. **Clipping** of each per-sample gradient to L2 norm ``C`` over all trainable parameters; the
+   bound holds for every input (float64 norms with a rigorous error bound, non-finite records
+   add nothing, weight tying takes the exact path; see :mod:`pdpfl.dp.grad_sample`).
 4. **Noise**: the clipped sum plus ``N(0, σ²C²)`` per coordinate, added in float64 (from the
    same stream).
 5. **Normalisation** by a *public* constant ``normalizer`` (the configured expected batch size:
@@ -17,6 +19,12 @@ One step on a silo's data ``D`` with per-record sampling rates ``q_i``:
    a noise-only step, never skipped. See :mod:`pdpfl.dp.steps`.
 6. The optimizer (SGD/Adam/RMSprop, weight decay) consumes the privatized gradient — this is
    post-processing and costs no privacy.
+
+:class:`PersonalizedDPSGD` exposes the pieces as public methods (``sample``, ``clipped_sum``,
+``noisy_gradient``, ``apply``; ``step`` chains them). Modules whose buffers change in a
+training-mode forward are rejected with an error naming the module
+(:func:`check_buffers_unchanged`), as :func:`~pdpfl.dp.validate.validate_model` does statically
+for known types.
 
 Uniform DP-SGD is the special case ``q_i = q``; ``private=False`` is plain minibatch SGD on the
 Poisson batch (mean over the realized batch, no clipping or noise; the PrivacyFree baseline).
@@ -34,7 +42,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from pdpfl.dp.grad_sample import _clipped_grad_sum, resolve_method
+from pdpfl.dp.grad_sample import ClippedSum, _clipped_grad_sum, resolve_method
 from pdpfl.dp.steps import check_normalizer, noisy_normalised_sum, poisson_sample
 from pdpfl.dp.validate import replace_batchnorm, validate_model
 from pdpfl.models import loss_fn, predict
@@ -42,6 +50,8 @@ from pdpfl.randomness import RandomStream, stream_from_generator
 
 __all__ = [
     "LocalTrainingResult",
+    "as_stream",
+    "check_buffers_unchanged",
     "PersonalizedDPSGD",
     "StepResult",
     "evaluate",
@@ -179,11 +189,56 @@ class PersonalizedDPSGD:
     def device(self) -> torch.device:
         return self.params[0].device
 
-    # -- the pieces of one step -------------------------------------------------------------
+    # -- the pieces of one step (pdpfl.dp.steps) ---------------------------------------------
     @staticmethod
-    def sample(rates: Tensor, stream: RandomStream | torch.Generator) -> Tensor:
+    def sample(rates: Tensor | np.ndarray, stream: RandomStream | torch.Generator) -> Tensor:
         """Poisson sampling: indices ``{i : U_i < q_i}``, one Bernoulli(q_i) per record."""
-        return poisson_sample(rates, _as_stream(stream))
+        return poisson_sample(rates, as_stream(stream))
+
+    def clipped_sum(self, xb: Tensor, yb: Tensor) -> ClippedSum:
+        """Σ_{i∈S} clip_C(g_i) (float64, one tensor per trainable parameter) of a sampled batch.
+
+        An empty batch gives zeros. Raises ``ValueError`` naming the module when a training-mode
+        forward changed a buffer (running statistics computed from the batch).
+        """
+        if xb.shape[0] == 0:
+            return ClippedSum(
+                sums=[torch.zeros_like(p, dtype=torch.float64) for p in self.params],
+                loss_sum=0.0,
+                norms=torch.zeros(0, dtype=torch.float64),
+                factors=torch.zeros(0, dtype=torch.float64),
+                method=self.grad_sampler,
+            )
+        before = _buffer_snapshot(self.model)
+        try:
+            res = _clipped_grad_sum(
+                self.model,
+                xb,
+                yb,
+                self.loss,
+                self.max_grad_norm,
+                self.grad_sampler,
+                self.physical_batch_size,
+            )
+        except RuntimeError:
+            if before:  # torch.func refuses in-place buffer updates: name the module instead
+                with torch.no_grad():
+                    self.model(xb[:1])
+                check_buffers_unchanged(self.model, before)
+            raise
+        check_buffers_unchanged(self.model, before)
+        self.grad_sampler = res.method  # remember a fallback from "hooks" to "func"
+        return res
+
+    def noisy_gradient(
+        self, sums: list[Tensor], normalizer: float, stream: RandomStream | torch.Generator
+    ) -> list[Tensor]:
+        """``(sums + N(0, σ²C² I)) / normalizer`` in float64, rounded once to each parameter's
+        dtype; the noise is drawn from ``stream`` in parameter order."""
+        std = self.noise_multiplier * self.max_grad_norm
+        return noisy_normalised_sum(
+            sums, std, normalizer, as_stream(stream), dtypes=[p.dtype for p in self.params]
+        )
 
     def privatized_gradient(
         self,
@@ -198,24 +253,11 @@ class PersonalizedDPSGD:
         drawn from ``stream`` (parameter order) even when the batch is empty.
         """
         normalizer = check_normalizer(normalizer)
-        if xb.shape[0] > 0:
-            res = _clipped_grad_sum(
-                self.model,
-                xb,
-                yb,
-                self.loss,
-                self.max_grad_norm,
-                self.grad_sampler,
-                self.physical_batch_size,
-            )
-            sums, loss_sum = res.sums, res.loss_sum
-            self.grad_sampler = res.method  # remember a fallback from "hooks" to "func"
-        else:
-            sums, loss_sum = [torch.zeros_like(p) for p in self.params], 0.0
-        std = self.noise_multiplier * self.max_grad_norm
-        return noisy_normalised_sum(sums, std, normalizer, _as_stream(stream)), loss_sum
+        res = self.clipped_sum(xb, yb)
+        return self.noisy_gradient(res.sums, normalizer, stream), res.loss_sum
 
-    def _nonprivate_gradient(self, xb: Tensor, yb: Tensor) -> tuple[list[Tensor], float]:
+    def nonprivate_gradient(self, xb: Tensor, yb: Tensor) -> tuple[list[Tensor], float]:
+        """Mean gradient over the realized batch (no clipping, no noise) and Σ loss_i."""
         b = xb.shape[0]
         grads = [torch.zeros_like(p) for p in self.params]
         loss_sum = 0.0
@@ -230,6 +272,13 @@ class PersonalizedDPSGD:
             loss_sum += float(loss.detach()) * xs.shape[0]
         return grads, loss_sum
 
+    def apply(self, grads: list[Tensor]) -> None:
+        """Let the optimizer consume ``grads`` (one per trainable parameter): post-processing."""
+        self.optimizer.zero_grad(set_to_none=True)
+        for p, g in zip(self.params, grads, strict=True):
+            p.grad = g
+        self.optimizer.step()
+
     def step(
         self,
         x: Tensor,
@@ -238,12 +287,15 @@ class PersonalizedDPSGD:
         stream: RandomStream | torch.Generator,
         normalizer: float | None = None,
     ) -> StepResult:
-        """One personalized DP-SGD step on the silo's full local data ``(x, y)``."""
-        return self._step(x, y, as_rates(rates, x.shape[0]), _as_stream(stream), normalizer)
+        """One personalized DP-SGD step on the silo's full local data ``(x, y)``.
 
-    def _step(
-        self, x: Tensor, y: Tensor, q: Tensor, stream: RandomStream, normalizer: float | None
-    ) -> StepResult:
+        Sample (coins from ``stream``), clip, add noise (from ``stream``), divide by the public
+        ``normalizer`` (required when private) and let the optimizer step.
+        """
+        q = as_rates(rates, x.shape[0])
+        stream = as_stream(stream)
+        if self.private:
+            normalizer = check_normalizer(normalizer)
         idx = poisson_sample(q, stream)
         dev = self.device
         xb = x[idx.to(x.device)].to(dev)
@@ -253,15 +305,50 @@ class PersonalizedDPSGD:
         elif idx.numel() == 0:
             return StepResult(0, 0.0, idx)  # nothing to learn from; no privacy to protect
         else:
-            grads, loss_sum = self._nonprivate_gradient(xb, yb)
-        self.optimizer.zero_grad(set_to_none=True)
-        for p, g in zip(self.params, grads, strict=True):
-            p.grad = g
-        self.optimizer.step()
+            grads, loss_sum = self.nonprivate_gradient(xb, yb)
+        self.apply(grads)
         return StepResult(int(idx.numel()), loss_sum, idx)
 
 
-def _as_stream(stream: RandomStream | torch.Generator) -> RandomStream:
+def _buffer_snapshot(model: nn.Module) -> list[tuple[str, str, Tensor]]:
+    return [
+        (mname, bname, b.detach().clone())
+        for mname, module in model.named_modules()
+        for bname, b in module.named_buffers(recurse=False)
+        if b is not None
+    ]
+
+
+def check_buffers_unchanged(model: nn.Module, before: list[tuple[str, str, Tensor]]) -> None:
+    """Raise ``ValueError`` naming the module whose buffer differs from the ``before`` snapshot.
+
+    A buffer that changes in a training-mode forward (running statistics) is a function of the
+    batch computed without noise; it would reach later outputs (and evaluation) unprotected.
+    """
+    modules = dict(model.named_modules())
+    for mname, bname, old in before:
+        module = modules.get(mname)
+        new = None if module is None else getattr(module, bname, None)
+        same = isinstance(new, Tensor) and new.shape == old.shape and new.dtype == old.dtype
+        if same:
+            if new.is_floating_point() or new.is_complex():
+                same = bool(torch.equal(new.isnan(), old.isnan())) and bool(
+                    torch.equal(new.nan_to_num(0.0), old.nan_to_num(0.0))
+                )
+            else:
+                same = bool(torch.equal(new, old))
+        if not same:
+            raise ValueError(
+                f"model: module {mname or '<root>'!r} ({type(module).__name__}) changed its "
+                f"buffer {bname!r} during a training-mode forward; buffers computed from the "
+                "batch bypass the noise, so DP-SGD rejects such modules (e.g. set "
+                "track_running_stats=False)"
+            )
+
+
+def as_stream(stream: RandomStream | torch.Generator) -> RandomStream:
+    """A :class:`~pdpfl.randomness.RandomStream`; a seeded ``torch.Generator`` is wrapped
+    (reproducible research mode: anyone who knows the seed can regenerate the noise)."""
     if isinstance(stream, torch.Generator):
         return stream_from_generator(stream)
     return stream
@@ -304,7 +391,7 @@ def train_steps(
     expected = float(q.sum())
     if private:
         normalizer = check_normalizer(normalizer)
-    stream = _as_stream(stream)
+    stream = as_stream(stream)
     engine = PersonalizedDPSGD(
         model,
         optimizer,
@@ -322,7 +409,7 @@ def train_steps(
     loss_total = 0.0
     try:
         for _ in range(int(steps)):
-            res = engine._step(x, y, q, stream, normalizer)
+            res = engine.step(x, y, q, stream, normalizer)
             counts[res.indices] += 1
             sizes.append(res.batch_size)
             loss_total += res.loss_sum

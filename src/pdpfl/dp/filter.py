@@ -9,7 +9,16 @@ rPDP-FL §7.1 uses it (Table 2, Fig. 7). Full-batch GD on ``n`` records; at step
    ``b_i = min(C, √r_i)``: ``ḡ_i = g_i · min(1, b_i / ‖g_i‖)`` and ``spent_i += ‖ḡ_i‖²``,
    so Σ_t ‖ḡ_{i,t}‖² ≤ B_i always holds;
 3. a record whose budget binds (``√r_i < C`` and ``‖g_i‖ ≥ b_i``) has used it up and leaves;
-4. ``θ ← θ − η · (Σ_active ḡ_i + N(0, σ²C² I)) / n`` (``n`` is public).
+4. ``θ ← θ − η · (Σ_active ḡ_i + N(0, σ²C² I)) / n``.
+
+Normalisation: the paper's GD divides by the data-set size ``n``, which Feldman & Zrnic's
+analysis treats as public (the individual Rényi divergence above counts only ‖ḡ_i‖², so the
+divisor must not depend on whether record *i* is present). That is this module's default;
+pass ``normalizer=`` to divide by another *declared public* constant, e.g. when the size of
+the data set is itself private. Noise and the clipped sum are added in float64
+(:func:`pdpfl.dp.steps.noisy_normalised_sum`) and the noise comes from a
+:mod:`pdpfl.randomness` stream -- a fresh secret key by default, ``seed=`` only as the labelled
+reproducible mode.
 
 The individual Rényi divergence of order α is ``α Σ_t ‖ḡ_{i,t}‖² / (2σ²C²)``, so a budget
 ``B_i`` guarantees RDP ρ_i = α B_i / (2σ²C²) and (ε_i, δ)-DP with
@@ -29,11 +38,13 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from pdpfl.dp.centralized import CentralizedResult, group_accuracy
-from pdpfl.dp.engine import LossFn, evaluate, make_optimizer
+from pdpfl.dp.centralized import CentralizedResult, group_accuracy, mechanism_stream
+from pdpfl.dp.engine import LossFn, as_stream, evaluate, make_optimizer
 from pdpfl.dp.grad_sample import clipped_grad_sum, resolve_method
+from pdpfl.dp.steps import check_normalizer, noisy_normalised_sum
 from pdpfl.dp.validate import validate_model
 from pdpfl.models import loss_fn
+from pdpfl.randomness import RandomStream
 
 __all__ = ["FilterResult", "filter_step", "squared_norm_budgets", "train_filter_gd"]
 
@@ -74,7 +85,7 @@ class FilterStep:
     """What one :func:`filter_step` did (per-record arrays cover all ``n`` records)."""
 
     grads: list[Tensor]
-    """The privatized gradient ``(Σ_active ḡ_i + noise) / n`` per trainable parameter."""
+    """The privatized gradient ``(Σ_active ḡ_i + noise) / normalizer`` per trainable parameter."""
     sq_norms: np.ndarray
     """‖ḡ_i‖² spent by each record at this step (0 for inactive records), float64."""
     exhausted: np.ndarray
@@ -93,13 +104,18 @@ def filter_step(
     active: np.ndarray,
     noise_multiplier: float,
     max_grad_norm: float,
-    generator: torch.Generator,
+    stream: RandomStream | torch.Generator,
+    normalizer: float | None = None,
     loss: LossFn = loss_fn,
     physical_batch_size: int = 512,
     grad_sampler: str = "auto",
 ) -> FilterStep:
-    """One step of private GD with the individual filter (see module docstring)."""
+    """One step of private GD with the individual filter (see module docstring).
+
+    ``stream`` supplies the noise; ``normalizer`` defaults to the (public) data-set size ``n``.
+    """
     n = x.shape[0]
+    normalizer = check_normalizer(float(n) if normalizer is None else normalizer)
     params = [p for p in model.parameters() if p.requires_grad]
     idx = np.flatnonzero(active)
     remaining = np.maximum(budgets[idx] - spent[idx], 0.0)
@@ -107,7 +123,7 @@ def filter_step(
     sq = np.zeros(n)
     exhausted = np.zeros(n, dtype=bool)
     loss_sum = 0.0
-    sums = [torch.zeros_like(p) for p in params]
+    sums = [torch.zeros_like(p, dtype=torch.float64) for p in params]
     if idx.size:
         device = params[0].device
         ti = torch.as_tensor(idx)
@@ -122,18 +138,16 @@ def filter_step(
         )
         sums, loss_sum = res.sums, res.loss_sum
         norms = res.norms.double().cpu().numpy()
-        scaled = norms * res.factors.double().cpu().numpy()
+        factors = res.factors.double().cpu().numpy()
+        # an upper bound on ‖ḡ_i‖ (res.norms bound the norm of what is added); a record whose
+        # gradient is not finite added nothing
+        scaled = np.where(factors > 0, norms * factors, 0.0)
         sq[idx] = scaled**2
         exhausted[idx] = (bound < max_grad_norm) & (norms >= bound)
     std = noise_multiplier * max_grad_norm
-    grads = []
-    for p, s in zip(params, sums, strict=True):
-        if std > 0:
-            noise = torch.randn(
-                p.shape, generator=generator, device=generator.device, dtype=p.dtype
-            )
-            s = s + std * noise.to(p.device)
-        grads.append(s / n)
+    grads = noisy_normalised_sum(
+        sums, std, normalizer, as_stream(stream), dtypes=[p.dtype for p in params]
+    )
     return FilterStep(grads, sq, exhausted, int(idx.size), loss_sum)
 
 
@@ -167,8 +181,9 @@ def train_filter_gd(
     optimizer: str = "sgd",
     weight_decay: float = 0.0,
     momentum: float = 0.0,
-    generator: torch.Generator | None = None,
-    seed: int = 0,
+    normalizer: float | None = None,
+    stream: RandomStream | torch.Generator | None = None,
+    seed: int | None = None,
     train_groups: Sequence[Any] | np.ndarray | None = None,
     test_groups: Sequence[Any] | np.ndarray | None = None,
     eval_every: int = 0,
@@ -179,6 +194,9 @@ def train_filter_gd(
 
     ``squared_norm_budgets`` are the B_i (see :func:`squared_norm_budgets` to derive them from
     ε_i). ``train_groups`` (default: the budgets) groups the per-group exit statistics.
+    ``normalizer`` defaults to the public data-set size ``n`` (see the module docstring);
+    ``stream``/``seed`` choose the randomness as in
+    :func:`pdpfl.dp.centralized.mechanism_stream` (secure by default).
     """
     x, y = train
     xt, yt = test
@@ -191,7 +209,8 @@ def train_filter_gd(
         raise ValueError("max_grad_norm must be > 0 and noise_multiplier >= 0")
     if int(steps) < 0:
         raise ValueError(f"steps must be >= 0, got {steps}")
-    gen = generator if generator is not None else torch.Generator().manual_seed(int(seed))
+    normalizer = check_normalizer(float(n) if normalizer is None else normalizer)
+    rng, label = mechanism_stream(stream, seed, "filter-training")
     opt = make_optimizer(optimizer, model.parameters(), lr, weight_decay, momentum)
     params = [p for p in model.parameters() if p.requires_grad]
     spent = np.zeros(n)
@@ -212,7 +231,8 @@ def train_filter_gd(
             active=active,
             noise_multiplier=noise_multiplier,
             max_grad_norm=max_grad_norm,
-            generator=gen,
+            stream=rng,
+            normalizer=normalizer,
             loss=loss,
             physical_batch_size=physical_batch_size,
         )
@@ -251,6 +271,8 @@ def train_filter_gd(
         mean_step_seconds=elapsed / steps if steps else float("nan"),
         realized_batch_sizes=active_counts.copy(),
         expected_batch_size=float("nan"),
+        normalizer=normalizer,
+        randomness=label,
         active_counts=active_counts,
         spent=spent,
         exit_step=exit_step,

@@ -14,8 +14,9 @@ Every pdpfl mechanism is assembled from these pieces (as Opacus' ``DPOptimizer.p
   divides by a *public* normaliser and rounds once to the parameter dtype. The noise is added even
   when nothing was sampled (an empty batch is a noise-only step).
 
-Norms used for clipping are computed in float64, so a crafted unit cannot slip past the bound
-through float32 cancellation.
+Norms used for clipping are computed in float64 (with a rigorous error bound on the Gram /
+ghost-norm paths, see :mod:`pdpfl.dp.grad_sample`), so a crafted unit cannot slip past the bound
+through float32 cancellation; a unit whose gradient or vector is not finite adds nothing.
 """
 
 from __future__ import annotations
@@ -93,23 +94,33 @@ def check_normalizer(normalizer: float | None, name: str = "normalizer") -> floa
 
 
 def noisy_normalised_sum(
-    sums: Sequence[Tensor], std: float, normalizer: float, stream: RandomStream | None
+    sums: Sequence[Tensor],
+    std: float,
+    normalizer: float,
+    stream: RandomStream | None,
+    *,
+    dtypes: Sequence[torch.dtype] | None = None,
 ) -> list[Tensor]:
     """``(Σ clipped + N(0, std² I)) / normalizer`` per tensor, noise drawn in tensor order.
 
-    The addition and the division happen in float64 and the result is rounded once to each
-    tensor's dtype (see :mod:`pdpfl.randomness` on floating-point attacks). ``std = 0`` adds no
-    noise (and needs no stream).
+    The addition and the division happen in float64 and the result is rounded once, to each
+    tensor's dtype or to ``dtypes[k]`` (e.g. float64 clipped sums for float32 parameters; see
+    :mod:`pdpfl.randomness` on floating-point attacks). ``std = 0`` adds no noise (and needs no
+    stream).
     """
     b = check_normalizer(normalizer)
+    if not (math.isfinite(std) and std >= 0):
+        raise ValueError(f"std: must be finite and >= 0, got {std!r}")
+    if dtypes is not None and len(dtypes) != len(sums):
+        raise ValueError(f"dtypes: expected {len(sums)} dtypes, got {len(dtypes)}")
     out = []
-    for s in sums:
+    for k, s in enumerate(sums):
         acc = s.detach().to(torch.float64)
         if std > 0:
             if stream is None:
                 raise ValueError("stream: required when std > 0")
             acc = acc + std * stream.normal(tuple(s.shape)).to(acc.device)
-        out.append((acc / b).to(s.dtype))
+        out.append((acc / b).to(s.dtype if dtypes is None else dtypes[k]))
     return out
 
 
@@ -141,13 +152,20 @@ def clip_vectors(
     c = torch.as_tensor(max_norm, dtype=torch.float64)
     if bool((c <= 0).any()) or not bool(torch.isfinite(c).all()):
         raise ValueError(f"max_norm: must be finite and > 0, got {max_norm!r}")
+    c = c.to(norms.device)
+    finite = torch.isfinite(norms)
     clipped = norms > c
     # A clipped unit's factor is shrunk by a few float32 ulps so rounding cannot overshoot C.
     factors = torch.where(
         clipped, c / norms.clamp_min(1e-300) * (1.0 - 4.0 * 2.0**-24), torch.ones_like(norms)
     )
+    # A unit whose vector is not finite (or whose norm overflows) contributes nothing, rather
+    # than turning the sum into NaN/inf (which would reveal it without noise).
+    factors = torch.where(finite, factors, torch.zeros_like(factors))
     out = []
     for v in vectors:
         f = factors.reshape(-1, *([1] * (v.dim() - 1)))
-        out.append((v.detach().to(torch.float64) * f).to(v.dtype))
+        keep = finite.reshape(-1, *([1] * (v.dim() - 1)))
+        v64 = torch.where(keep, v.detach().to(torch.float64), torch.zeros((), dtype=torch.float64))
+        out.append((v64 * f).to(v.dtype))
     return out, factors

@@ -1,9 +1,17 @@
-"""Model checks for DP-SGD: BatchNorm couples the records of a batch and is rejected.
+"""Model checks for DP-SGD: modules that couple records or keep batch statistics are rejected.
 
-With BatchNorm the output (hence the gradient) of record *i* depends on the other records in
-the batch, so "the per-sample gradient of record *i*" is not a function of record *i* alone and
-the sensitivity analysis behind DP-SGD (rPDP-FL Alg. 3, lines 10–15) breaks. GroupNorm
-normalises within one record and is the usual replacement.
+* **BatchNorm** couples the records of a batch: the output (hence the gradient) of record *i*
+  depends on the other records, so "the per-sample gradient of record *i*" is not a function of
+  record *i* alone and the sensitivity analysis behind DP-SGD (rPDP-FL Alg. 3, lines 10–15)
+  breaks. GroupNorm normalises within one record and is the usual replacement.
+* **Buffers that change in training mode** (``InstanceNorm*d(track_running_stats=True)``'s
+  running mean/variance, BatchNorm's) are functions of the training batches computed without
+  noise; they would shape every later output, evaluation included (issue #10 §3). Known module
+  types are rejected here, before training; the engine also checks after every private forward
+  that no buffer changed (:func:`pdpfl.dp.engine.check_buffers_unchanged`), which catches
+  custom modules.
+
+Only trainable parameters ever leave a silo (:func:`pdpfl.models.get_params`).
 """
 
 from __future__ import annotations
@@ -18,16 +26,26 @@ _BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm
 
 
 def validate_model(model: nn.Module) -> None:
-    """Raise ``ValueError`` naming the first BatchNorm module of ``model``, if any.
+    """Raise ``ValueError`` naming the first BatchNorm module of ``model``, or the first module
+    whose buffers change in training mode (``InstanceNorm*d(track_running_stats=True)``).
 
     Also rejects models without trainable parameters.
     """
     for name, module in model.named_modules():
-        if isinstance(module, _BATCH_NORMS):
+        label = f"module {name or '<root>'!r} ({type(module).__name__})"
+        if isinstance(module, (*_BATCH_NORMS, nn.modules.batchnorm._BatchNorm)):
             raise ValueError(
-                f"model: module {name or '<root>'!r} ({type(module).__name__}) normalises across "
+                f"model: {label} normalises across "
                 "the records of a batch, so per-sample gradients (and DP-SGD's sensitivity bound) "
                 "are undefined; call pdpfl.dp.replace_batchnorm(model) to swap it for GroupNorm"
+            )
+        if isinstance(module, nn.modules.instancenorm._InstanceNorm) and (
+            module.track_running_stats
+        ):
+            raise ValueError(
+                f"model: {label} updates its running statistics (buffers) in training mode; they "
+                "are computed from the batch without noise, so DP-SGD rejects them: use "
+                "track_running_stats=False"
             )
     if not any(p.requires_grad for p in model.parameters()):
         raise ValueError("model: has no trainable parameters")
