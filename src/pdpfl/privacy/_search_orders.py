@@ -12,6 +12,14 @@ Starting from a cheap skeleton of small integer orders, each record repeatedly e
 the unknown order with the smallest lower-bound ε, until no unknown order's lower bound is below
 the best certified ε. The result equals the minimum of the exact per-order ε over all orders
 (every composition used here — τ·ρ, k·τ·ρ, T·ρ^{τ,λ} — and the conversion are monotone in ρ).
+
+Continuous refinement (``refine=True``, the default). Any order α > 1 gives a valid bound, so the
+best grid order a_c is then refined inside [a_{c−1}, a_{c+1}] by a vectorized safeguarded
+parabolic search (Brent's inner step: the vertex of the parabola through the bracket and the
+best point, or a golden-section step when the vertex is unusable), evaluating ρ at each rate's
+own fractional order (:func:`~pdpfl.privacy.rdp.poisson_gaussian_rdp_pairs`, a proven upper
+bound at every order). A candidate only replaces the best point when its ε is smaller, so the
+refined ε is never above the grid minimum; the order reported is the one that attains it.
 """
 
 from __future__ import annotations
@@ -21,7 +29,7 @@ from collections.abc import Callable
 import numpy as np
 
 from pdpfl.privacy.conversion import epsilon_per_order
-from pdpfl.privacy.rdp import poisson_gaussian_rdp
+from pdpfl.privacy.rdp import poisson_gaussian_rdp, poisson_gaussian_rdp_pairs
 
 __all__ = ["min_epsilon"]
 
@@ -29,6 +37,12 @@ _SKELETON = (2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0, 64.0)
 
 #: Orders evaluated exactly per record and per round of the search.
 _PER_ROUND = 6
+
+#: Parabolic / golden steps of the continuous refinement (after the two bracket ends).
+_REFINE_STEPS = 4
+#: Relative distance in α below which a refinement candidate is not worth evaluating.
+_REFINE_XTOL = 1e-4
+_GOLD = 0.3819660112501051
 
 Compose = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
 
@@ -100,12 +114,15 @@ def min_epsilon(
     orders: np.ndarray,
     delta: float,
     compose: Compose,
+    refine: bool = True,
 ) -> tuple[np.ndarray, np.ndarray]:
     """min_α ε(α) per rate, computing ρ_SGM exactly only where needed.
 
-    ``compose(rho_step, rows, cols)`` maps per-step RDP (len(rows), len(cols)) of the records
-    ``rows`` at the sorted orders ``sorted(orders)[cols]`` to total RDP; it must be
-    non-decreasing in ``rho_step`` elementwise.
+    ``compose(rho_step, rows, alphas)`` maps per-step RDP of the records ``rows`` at the orders
+    ``alphas`` (broadcastable against ``rho_step``: a row of orders during the grid search, one
+    order per record during the refinement) to total RDP; it must be non-decreasing in
+    ``rho_step`` elementwise. With ``refine`` the best grid order is refined continuously (see
+    the module docstring): the result is then at most the grid minimum.
     """
     order_sort = np.argsort(orders, kind="stable")
     a = orders[order_sort]
@@ -127,8 +144,8 @@ def min_epsilon(
         rho = g[sub]
         ac = a[cols]
         lo, hi = _bounds(ac, kn, rho * (ac - 1.0)[None, :], sigma)
-        e_hi = epsilon_per_order(compose(hi, active, cols), ac, delta)
-        e_lo = np.where(kn, e_hi, epsilon_per_order(compose(lo, active, cols), ac, delta))
+        e_hi = epsilon_per_order(compose(hi, active, ac[None, :]), ac, delta)
+        e_lo = np.where(kn, e_hi, epsilon_per_order(compose(lo, active, ac[None, :]), ac, delta))
         best_col = np.argmin(e_hi, axis=1)
         best = e_hi[np.arange(active.size), best_col]
         cand = (e_lo < best[:, None]) & ~kn
@@ -152,4 +169,65 @@ def min_epsilon(
             known[sel, col] = True
         active = rows
         cols = cols[keep]
+    if refine:
+        eps_out, ord_out = _refine(q, sigma, a, delta, compose, eps_out, ord_out)
     return eps_out, ord_out
+
+
+def _refine(
+    q: np.ndarray,
+    sigma: float,
+    a: np.ndarray,
+    delta: float,
+    compose: Compose,
+    eps: np.ndarray,
+    order: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Continuous refinement of the best grid order (module docstring), vectorized over rates."""
+    eps, order = eps.copy(), order.copy()
+    col = np.searchsorted(a, order)
+    rows = np.flatnonzero(
+        (col > 0) & (col < a.size - 1) & (a[np.minimum(col, a.size - 1)] == order)
+        & np.isfinite(eps) & (eps > 0)
+    )
+    if rows.size == 0:
+        return eps, order
+
+    def at(r: np.ndarray, alpha: np.ndarray) -> np.ndarray:
+        rho = poisson_gaussian_rdp_pairs(q[r], sigma, alpha)[:, None]
+        total = compose(rho, r, alpha[:, None])
+        return epsilon_per_order(np.maximum(total, 0.0), alpha[:, None], delta)[:, 0]
+
+    x, f_x = order[rows], eps[rows]
+    lo, hi = a[col[rows] - 1], a[col[rows] + 1]
+    f_lo, f_hi = at(rows, lo), at(rows, hi)
+    for _ in range(_REFINE_STEPS):
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            d1, d2 = x - lo, x - hi
+            num = d1 * d1 * (f_x - f_hi) - d2 * d2 * (f_x - f_lo)
+            den = d1 * (f_x - f_hi) - d2 * (f_x - f_lo)
+            u = x - 0.5 * num / den
+        tol = _REFINE_XTOL * x
+        golden = np.where(hi - x > x - lo, x + _GOLD * (hi - x), x - _GOLD * (x - lo))
+        bad = ~np.isfinite(u) | (u <= lo + tol) | (u >= hi - tol) | (np.abs(u - x) < tol)
+        u = np.where(bad, golden, u)
+        live = (hi - lo > 4.0 * tol) & (np.abs(u - x) >= 0.5 * tol)
+        if not live.any():
+            break
+        r = rows[live]
+        f_u = np.full(rows.size, np.inf)
+        f_u[live] = at(r, u[live])
+        better = f_u < f_x
+        left = u < x
+        # bracket update (standard Brent / golden-section bookkeeping)
+        nlo = np.where(better, np.where(left, lo, x), np.where(left, u, lo))
+        nf_lo = np.where(better, np.where(left, f_lo, f_x), np.where(left, f_u, f_lo))
+        nhi = np.where(better, np.where(left, x, hi), np.where(left, hi, u))
+        nf_hi = np.where(better, np.where(left, f_x, f_hi), np.where(left, f_hi, f_u))
+        keep = ~live
+        lo, f_lo = np.where(keep, lo, nlo), np.where(keep, f_lo, nf_lo)
+        hi, f_hi = np.where(keep, hi, nhi), np.where(keep, f_hi, nf_hi)
+        x, f_x = np.where(better, u, x), np.where(better, f_u, f_x)
+    eps[rows] = np.maximum(f_x, 0.0)
+    order[rows] = x
+    return eps, order
