@@ -294,9 +294,7 @@ class PldAccountant:
         return best, used
 
     def _epsilon_at(self, event: Mechanism, count: int, delta: float, interval: float) -> float:
-        pld, eta = self._build(event, interval)
-        if count != 1:
-            pld, eta = _compose(pld, count, eta)
+        pld, eta = self._build(_flatten(Composed(event, count)), interval)
         self.computed += 1
         d_eff = delta - eta
         if d_eff <= 0:
@@ -350,4 +348,18 @@ def _with_rate(event: Mechanism, q: float) -> Mechanism:
         return Composed(_with_rate(event.inner, q), event.count)
     if isinstance(event, TwoStageRound):
         return TwoStageRound(event.client_rate, _with_rate(event.local, q))
+    return event
+
+
+def _flatten(event: Mechanism) -> Mechanism:
+    """Fold nested compositions and drop λ = 1 rounds (one FFT composition instead of two:
+    λ = 1 then equals dp-accounting's PLD of the flat composition)."""
+    if isinstance(event, Composed):
+        inner = _flatten(event.inner)
+        if isinstance(inner, Composed):
+            return Composed(inner.inner, event.count * inner.count)
+        return Composed(inner, event.count)
+    if isinstance(event, TwoStageRound):
+        local = _flatten(event.local)
+        return local if event.client_rate == 1.0 else TwoStageRound(event.client_rate, local)
     return event
