@@ -14,9 +14,8 @@ the best certified ε. The result equals the minimum of the exact per-order ε o
 (every composition used here — τ·ρ, k·τ·ρ, T·ρ^{τ,λ} — and the conversion are monotone in ρ).
 
 Continuous refinement (``refine=True``, the default). Any order α > 1 gives a valid bound, so the
-best grid order a_c is then refined inside [a_{c−1}, a_{c+1}] by a vectorized safeguarded
-parabolic search (Brent's inner step: the vertex of the parabola through the bracket and the
-best point, or a golden-section step when the vertex is unusable), evaluating ρ at each rate's
+best grid order a_c is then refined inside [a_{c−1}, a_{c+1}] by Brent's method, vectorized
+over rates (parabolic interpolation safeguarded by golden-section steps), evaluating ρ at each rate's
 own fractional order (:func:`~pdpfl.privacy.rdp.poisson_gaussian_rdp_pairs`, a proven upper
 bound at every order). A candidate only replaces the best point when its ε is smaller, so the
 refined ε is never above the grid minimum; the order reported is the one that attains it.
@@ -38,10 +37,12 @@ _SKELETON = (2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0, 64.0)
 #: Orders evaluated exactly per record and per round of the search.
 _PER_ROUND = 6
 
-#: Parabolic / golden steps of the continuous refinement (after the two bracket ends).
-_REFINE_STEPS = 4
-#: Relative distance in α below which a refinement candidate is not worth evaluating.
-_REFINE_XTOL = 1e-4
+#: Maximum Brent iterations of the continuous refinement (rows stop on convergence).
+_REFINE_STEPS = 16
+#: Relative tolerance in α of the refinement.
+_REFINE_XTOL = 1e-5
+#: A parabolic step improving ε by less than this (relative) ends a row's refinement.
+_REFINE_FTOL = 1e-9
 _GOLD = 0.3819660112501051
 
 Compose = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
@@ -162,15 +163,15 @@ def min_epsilon(
         score = np.where(cand[pending], e_lo[pending], np.inf)
         picks = np.argsort(score, axis=1)[:, :_PER_ROUND]
         ok = np.take_along_axis(score, picks, axis=1) < np.inf
-        for c in np.unique(picks[ok]):
-            sel = rows[(picks == c).any(axis=1) & np.isfinite(score[:, c])]
-            col = cols[c]
-            g[sel, col] = poisson_gaussian_rdp(q[sel], sigma, a[col : col + 1])[:, 0]
-            known[sel, col] = True
+        # one paired evaluation for every (record, order) picked this round
+        pr = np.repeat(rows, picks.shape[1])[ok.reshape(-1)]
+        pc = cols[picks[ok]]
+        g[pr, pc] = poisson_gaussian_rdp_pairs(q[pr], sigma, a[pc])
+        known[pr, pc] = True
         active = rows
         cols = cols[keep]
     if refine:
-        eps_out, ord_out = _refine(q, sigma, a, delta, compose, eps_out, ord_out)
+        eps_out, ord_out = _refine(q, sigma, a, delta, compose, eps_out, ord_out, g, known)
     return eps_out, ord_out
 
 
@@ -182,8 +183,16 @@ def _refine(
     compose: Compose,
     eps: np.ndarray,
     order: np.ndarray,
+    rho_grid: np.ndarray,
+    known: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Continuous refinement of the best grid order (module docstring), vectorized over rates."""
+    """Brent's minimization of ε(α) inside [a_{c−1}, a_{c+1}], vectorized over rates.
+
+    The classical algorithm (Brent 1973, ch. 5; ``scipy.optimize.brent``): parabolic
+    interpolation through the three best points, replaced by a golden-section step whenever the
+    parabola is unusable or its step is not less than half the step before last (which
+    guarantees convergence). Rows stop independently when the bracket is below the tolerance.
+    """
     eps, order = eps.copy(), order.copy()
     col = np.searchsorted(a, order)
     rows = np.flatnonzero(
@@ -198,36 +207,84 @@ def _refine(
         total = compose(rho, r, alpha[:, None])
         return epsilon_per_order(np.maximum(total, 0.0), alpha[:, None], delta)[:, 0]
 
-    x, f_x = order[rows], eps[rows]
+    x = order[rows].copy()
+    fx = eps[rows].copy()
     lo, hi = a[col[rows] - 1], a[col[rows] + 1]
-    f_lo, f_hi = at(rows, lo), at(rows, hi)
+    w, v, fw, fv = x.copy(), x.copy(), fx.copy(), fx.copy()
+    d = np.zeros(rows.size)
+    e = np.zeros(rows.size)
+    # Warm start: where the grid search already evaluated both neighbours exactly, they are
+    # Brent's w and v, so the first step can already be parabolic.
+    both = known[rows, col[rows] - 1] & known[rows, col[rows] + 1]
+    if both.any():
+        r2 = rows[both]
+
+        def grid_eps(c: np.ndarray) -> np.ndarray:
+            al = a[c][:, None]
+            total = compose(rho_grid[r2, c][:, None], r2, al)
+            return epsilon_per_order(np.maximum(total, 0.0), al, delta)[:, 0]
+
+        f_lo, f_hi = grid_eps(col[r2] - 1), grid_eps(col[r2] + 1)
+        w[both], fw[both] = lo[both], f_lo
+        v[both], fv[both] = hi[both], f_hi
+        e[both] = hi[both] - lo[both]
+        d[both] = 0.5 * e[both]
+    live = np.ones(rows.size, dtype=bool)
     for _ in range(_REFINE_STEPS):
-        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-            d1, d2 = x - lo, x - hi
-            num = d1 * d1 * (f_x - f_hi) - d2 * d2 * (f_x - f_lo)
-            den = d1 * (f_x - f_hi) - d2 * (f_x - f_lo)
-            u = x - 0.5 * num / den
-        tol = _REFINE_XTOL * x
-        golden = np.where(hi - x > x - lo, x + _GOLD * (hi - x), x - _GOLD * (x - lo))
-        bad = ~np.isfinite(u) | (u <= lo + tol) | (u >= hi - tol) | (np.abs(u - x) < tol)
-        u = np.where(bad, golden, u)
-        live = (hi - lo > 4.0 * tol) & (np.abs(u - x) >= 0.5 * tol)
+        xm = 0.5 * (lo + hi)
+        tol1 = _REFINE_XTOL * np.abs(x) + 1e-12
+        tol2 = 2.0 * tol1
+        live &= np.abs(x - xm) > tol2 - 0.5 * (hi - lo)
         if not live.any():
             break
-        r = rows[live]
-        f_u = np.full(rows.size, np.inf)
-        f_u[live] = at(r, u[live])
-        better = f_u < f_x
-        left = u < x
-        # bracket update (standard Brent / golden-section bookkeeping)
-        nlo = np.where(better, np.where(left, lo, x), np.where(left, u, lo))
-        nf_lo = np.where(better, np.where(left, f_lo, f_x), np.where(left, f_u, f_lo))
-        nhi = np.where(better, np.where(left, x, hi), np.where(left, hi, u))
-        nf_hi = np.where(better, np.where(left, f_x, f_hi), np.where(left, f_hi, f_u))
-        keep = ~live
-        lo, f_lo = np.where(keep, lo, nlo), np.where(keep, f_lo, nf_lo)
-        hi, f_hi = np.where(keep, hi, nhi), np.where(keep, f_hi, nf_hi)
-        x, f_x = np.where(better, u, x), np.where(better, f_u, f_x)
-    eps[rows] = np.maximum(f_x, 0.0)
-    order[rows] = x
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            r_ = (x - w) * (fx - fv)
+            q_ = (x - v) * (fx - fw)
+            p_ = (x - v) * q_ - (x - w) * r_
+            q_ = 2.0 * (q_ - r_)
+            p_ = np.where(q_ > 0, -p_, p_)
+            q_ = np.abs(q_)
+            # successive parabolic interpolation through the three best points; Brent's
+            # extra "step < half the step before last" test is dropped (ε is smooth and
+            # unimodal here, and every row ends after _REFINE_STEPS anyway).
+            parab = (
+                (w != x) & (v != x) & (v != w)
+                & np.isfinite(p_) & np.isfinite(q_) & (q_ > 0)
+                & (p_ > q_ * (lo - x)) & (p_ < q_ * (hi - x))
+            )
+            d_par = p_ / q_
+        u_par = x + d_par
+        near_end = (u_par - lo < tol2) | (hi - u_par < tol2)
+        d_par = np.where(near_end, np.where(xm >= x, tol1, -tol1), d_par)
+        e_gold = np.where(x >= xm, lo - x, hi - x)
+        e = np.where(live, np.where(parab, d, e_gold), e)
+        d = np.where(live, np.where(parab, d_par, _GOLD * e_gold), d)
+        u = x + np.where(np.abs(d) >= tol1, d, np.where(d >= 0, tol1, -tol1))
+        idx = np.flatnonzero(live)
+        fu = np.full(rows.size, np.inf)
+        fu[idx] = at(rows[idx], u[idx])
+        better = live & (fu <= fx)
+        worse = live & ~better
+        # a parabolic step that no longer improves ε by more than _REFINE_FTOL: converged
+        settled = parab & (
+            (better & (fx - fu <= _REFINE_FTOL * fx)) | (np.abs(u - x) <= 4.0 * tol1)
+        )
+        # better: the old x becomes a bracket end, u the new best
+        lo = np.where(better & (u >= x), x, lo)
+        hi = np.where(better & (u < x), x, hi)
+        v, fv = np.where(better, w, v), np.where(better, fw, fv)
+        w, fw = np.where(better, x, w), np.where(better, fx, fw)
+        x, fx = np.where(better, u, x), np.where(better, fu, fx)
+        # worse: u becomes a bracket end; it may replace w or v
+        lo = np.where(worse & (u < x), u, lo)
+        hi = np.where(worse & (u >= x), u, hi)
+        to_w = worse & ((fu <= fw) | (w == x))
+        to_v = worse & ~to_w & ((fu <= fv) | (v == x) | (v == w))
+        v, fv = np.where(to_w, w, v), np.where(to_w, fw, fv)
+        w, fw = np.where(to_w, u, w), np.where(to_w, fu, fw)
+        v, fv = np.where(to_v, u, v), np.where(to_v, fu, fv)
+        live &= ~settled
+    improved = fx < eps[rows]
+    eps[rows] = np.where(improved, np.maximum(fx, 0.0), eps[rows])
+    order[rows] = np.where(improved, x, order[rows])
     return eps, order
