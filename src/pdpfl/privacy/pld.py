@@ -32,9 +32,9 @@ Every reported ε is an upper bound:
 * the result is ``min(ε_PLD, ε_RDP)``: both are valid bounds (RDP wins at tiny rates, where a
   coarse discretization dominates the PLD).
 
-Discretization interval: per rate and count, a pilot PLD at ``pilot_interval`` (1e-3) gives ε₁;
-if ε₁/``interval_ratio`` is finer, the PLD is recomputed at ``max(ε₁/interval_ratio,
-min_interval)`` (and the smaller ε kept). The interval used is reported.
+Discretization interval: per rate and count, ``clip(ε_est/1000, 1e-5, 1e-2)`` where ε_est is a
+central-limit (Gaussian-DP) estimate of ε -- resolution follows the size of the privacy loss;
+any interval gives an upper bound. The interval used is reported.
 
 At scale (per-record rates), rates are rounded **up** to a geometric grid of ``rate_grid_rel_step``
 (default 1 %) from ``rate_grid_min`` to 1 before the PLD is computed: ε is non-decreasing in q
@@ -119,10 +119,9 @@ class PldAccountant:
 
     Parameters
     ----------
-    pilot_interval
-        Discretization interval of the pilot PLD (and the coarsest one used).
-    interval_ratio, min_interval
-        Refined interval ``max(ε_pilot / interval_ratio, min_interval)`` when finer than the pilot.
+    max_interval, interval_ratio, min_interval
+        Discretization interval ``clip(ε_est / interval_ratio, min_interval, max_interval)``
+        (:meth:`interval_for`).
     rate_grid_rel_step, rate_grid_min
         Rates are rounded up to this geometric grid first (``rate_grid_rel_step=0``: exact rates,
         one PLD per distinct rate).
@@ -136,27 +135,27 @@ class PldAccountant:
 
     def __init__(
         self,
-        pilot_interval: float = 1e-3,
-        interval_ratio: float = 300.0,
+        max_interval: float = 1e-2,
+        interval_ratio: float = 1000.0,
         min_interval: float = 1e-5,
         rate_grid_rel_step: float = 0.01,
-        rate_grid_min: float = 1e-5,
+        rate_grid_min: float = 1e-4,
         rdp_orders: ArrayLike = DEFAULT_ORDERS,
         rdp_refine: bool = True,
         cache_size: int = 100_000,
     ) -> None:
-        for name, v in (("pilot_interval", pilot_interval), ("min_interval", min_interval)):
+        for name, v in (("max_interval", max_interval), ("min_interval", min_interval)):
             if not (math.isfinite(v) and v > 0):
                 raise ValueError(f"{name}: must be a finite number > 0, got {v!r}")
-        if min_interval > pilot_interval:
-            raise ValueError("min_interval: must be <= pilot_interval")
+        if min_interval > max_interval:
+            raise ValueError("min_interval: must be <= max_interval")
         if not (interval_ratio >= 1):
             raise ValueError(f"interval_ratio: must be >= 1, got {interval_ratio!r}")
         if not (0 <= rate_grid_rel_step < 1):
             raise ValueError(f"rate_grid_rel_step: must be in [0, 1), got {rate_grid_rel_step!r}")
         if not (0 < rate_grid_min < 1):
             raise ValueError(f"rate_grid_min: must be in (0, 1), got {rate_grid_min!r}")
-        self.pilot_interval = float(pilot_interval)
+        self.max_interval = float(max_interval)
         self.interval_ratio = float(interval_ratio)
         self.min_interval = float(min_interval)
         self.rate_grid_rel_step = float(rate_grid_rel_step)
@@ -170,7 +169,7 @@ class PldAccountant:
 
     def __repr__(self) -> str:
         return (
-            f"PldAccountant(pilot_interval={self.pilot_interval:g}, "
+            f"PldAccountant(max_interval={self.max_interval:g}, "
             f"rate_grid_rel_step={self.rate_grid_rel_step:g})"
         )
 
@@ -279,19 +278,26 @@ class PldAccountant:
                 self._cache.move_to_end(key)
                 return hit
         scalar = _with_rate(event, q) if has_rates else event
-        e1 = self._epsilon_at(scalar, count, delta, self.pilot_interval)
-        best, used = e1, self.pilot_interval
-        if math.isfinite(e1) and e1 > 0:
-            h = max(e1 / self.interval_ratio, self.min_interval)
-            if h < 0.999 * self.pilot_interval:
-                e2 = self._epsilon_at(scalar, count, delta, h)
-                if e2 < best:
-                    best, used = e2, h
+        used = self.interval_for(scalar, count, delta)
+        best = self._epsilon_at(scalar, count, delta, used)
         with self._lock:
             self._cache[key] = (best, used)
             if len(self._cache) > self._cache_size:
                 self._cache.popitem(last=False)
         return best, used
+
+    def interval_for(self, event: Mechanism, count: int, delta: float) -> float:
+        """Discretization interval for ``count`` repetitions of a scalar-rate event.
+
+        ``clip(ε_est / interval_ratio, min_interval, max_interval)`` with ε_est the ε of the
+        central-limit Gaussian-DP approximation μ² = Σ (repetitions × λ × q² (e^{1/σ²} − 1))
+        (Dong, Roth & Su 2022, Thm. 6) -- an *estimate*, used only to pick the resolution (the
+        bound itself is always the pessimistic PLD). Deterministic in (event, count, δ), so the
+        calibration and the ledger compute identical PLDs.
+        """
+        mu = math.sqrt(count * _mu2(event))
+        est = _gdp_epsilon(mu, delta)
+        return float(min(max(est / self.interval_ratio, self.min_interval), self.max_interval))
 
     def _epsilon_at(self, event: Mechanism, count: int, delta: float, interval: float) -> float:
         pld, eta = self._build(_flatten(Composed(event, count)), interval)
@@ -363,3 +369,45 @@ def _flatten(event: Mechanism) -> Mechanism:
         local = _flatten(event.local)
         return local if event.client_rate == 1.0 else TwoStageRound(event.client_rate, local)
     return event
+
+
+def _mu2(event: Mechanism) -> float:
+    """μ² of the central-limit Gaussian-DP approximation of a scalar-rate event."""
+    if isinstance(event, GaussianMechanism):
+        return 1.0 / event.noise_multiplier**2
+    if isinstance(event, PoissonSampled):
+        q, sigma = float(event.rate), event.inner.noise_multiplier
+        if q == 1.0:
+            return 1.0 / sigma**2
+        return q * q * math.expm1(min(1.0 / sigma**2, 700.0))
+    if isinstance(event, Composed):
+        return event.count * _mu2(event.inner)
+    if isinstance(event, TwoStageRound):
+        return event.client_rate * _mu2(event.local)
+    raise ValueError(f"event: unsupported {type(event).__name__}")  # pragma: no cover
+
+
+def _gdp_epsilon(mu: float, delta: float) -> float:
+    """ε of μ-GDP at δ (Dong, Roth & Su 2022, Cor. 2.13), by bisection; 0 for μ = 0."""
+    if not (mu > 0 and math.isfinite(mu)):
+        return 0.0 if mu == 0 else math.inf
+    from scipy.special import log_ndtr
+
+    def log_delta(eps: float) -> float:
+        a = log_ndtr(-eps / mu + mu / 2)
+        b = eps + log_ndtr(-eps / mu - mu / 2)
+        return a + math.log1p(-math.exp(min(b - a, 0.0))) if b < a else -math.inf
+
+    target = math.log(delta)
+    if log_delta(0.0) <= target:
+        return 0.0
+    lo, hi = 0.0, 1.0
+    while log_delta(hi) > target and hi < 1e6:
+        lo, hi = hi, hi * 2.0
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        if log_delta(mid) > target:
+            lo = mid
+        else:
+            hi = mid
+    return hi
