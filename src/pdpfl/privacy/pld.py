@@ -32,7 +32,7 @@ Every reported ε is an upper bound:
 * the result is ``min(ε_PLD, ε_RDP)``: both are valid bounds (RDP wins at tiny rates, where a
   coarse discretization dominates the PLD).
 
-Discretization interval: per rate and count, ``clip(ε_est/1000, 1e-5, 1e-2)`` where ε_est is a
+Discretization interval: per rate and count, ``clip(ε_est/300, 1e-4, 1e-2)`` where ε_est is a
 central-limit (Gaussian-DP) estimate of ε -- resolution follows the size of the privacy loss;
 any interval gives an upper bound. The interval used is reported.
 
@@ -136,8 +136,8 @@ class PldAccountant:
     def __init__(
         self,
         max_interval: float = 1e-2,
-        interval_ratio: float = 1000.0,
-        min_interval: float = 1e-5,
+        interval_ratio: float = 300.0,
+        min_interval: float = 1e-4,
         rate_grid_rel_step: float = 0.01,
         rate_grid_min: float = 1e-4,
         rdp_orders: ArrayLike = DEFAULT_ORDERS,
