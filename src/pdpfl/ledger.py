@@ -57,6 +57,10 @@ def _counter_key(observer: str) -> str:
     return observer.replace("-", "_") + "_rounds"
 
 
+#: Observer → the ledger attribute holding its counters.
+_OBSERVER_ATTR = {"third-party": "third_party_rounds", "server": "server_rounds"}
+
+
 def _mask(mask: object, n: int, name: str) -> np.ndarray:
     arr = np.asarray(mask)
     if arr.shape != (n,):
@@ -116,10 +120,13 @@ class PrivacyLedger:
         self.groups = groups
         self.distinct_rates, inverse = np.unique(q, return_inverse=True)
         self.rate_index = inverse.reshape(-1).astype(np.int64)
-        #: Charged rounds per unit, one integer counter array per observer.
-        self.counts: dict[str, np.ndarray] = {
-            obs: np.zeros(n, dtype=np.int64) for obs in self.observers
-        }
+        #: Charged rounds per unit against each observer (plain attributes: zeros for an
+        #: observer the mechanism is not accounted against).
+        self.third_party_rounds = np.zeros(n, dtype=np.int64)
+        self.server_rounds = np.zeros(n, dtype=np.int64)
+        unknown = set(self.observers) - set(_OBSERVER_ATTR)
+        if unknown:
+            raise ValueError(f"plan: unknown observers {sorted(unknown)}")
         self.charge_rule = {obs: plan.charged_on(obs) for obs in self.observers}
         self.sat_out_rounds = np.zeros(n, dtype=np.int64)
         self.rounds_recorded = 0
@@ -142,14 +149,9 @@ class PrivacyLedger:
         return tuple(self.mechanism.observers)
 
     @property
-    def third_party_rounds(self) -> np.ndarray:
-        """Charged rounds against third parties (zeros if not an observer)."""
-        return self.counts.get("third-party", np.zeros(self.n, dtype=np.int64))
-
-    @property
-    def server_rounds(self) -> np.ndarray:
-        """Charged rounds against the server (zeros if not an observer)."""
-        return self.counts.get("server", np.zeros(self.n, dtype=np.int64))
+    def counts(self) -> dict[str, np.ndarray]:
+        """Charged rounds per unit, one integer array per observer of the mechanism."""
+        return {obs: getattr(self, _OBSERVER_ATTR[obs]) for obs in self.observers}
 
     def _options(self) -> dict[str, Any]:
         if self.accountant == "rdp":
@@ -238,7 +240,8 @@ class PrivacyLedger:
         if np.any(part & ~act):
             raise ValueError("participated: a unit cannot participate in a round it sat out")
         for obs, rule in self.charge_rule.items():
-            self.counts[obs] += act if rule == "active" else part
+            attr = _OBSERVER_ATTR[obs]
+            setattr(self, attr, getattr(self, attr) + (act if rule == "active" else part))
         self.sat_out_rounds += ~act
         self.rounds_recorded += 1
 
@@ -325,7 +328,7 @@ class PrivacyLedger:
         if isinstance(rounds, bool) or not isinstance(rounds, int | np.integer) or rounds < 0:
             raise ValueError("ledger state: rounds_recorded must be an integer >= 0")
         for obs in self.observers:
-            self.counts[obs] = loaded[_counter_key(obs)].copy()
+            setattr(self, _OBSERVER_ATTR[obs], loaded[_counter_key(obs)].copy())
         self.sat_out_rounds = loaded["sat_out_rounds"].copy()
         self.rounds_recorded = int(rounds)
 
