@@ -147,3 +147,26 @@ def test_bad_method_or_adversary(kwargs: dict, match: str) -> None:
 def test_bad_budgets_are_rejected(bad: list) -> None:
     with pytest.raises(ValueError, match="budgets"):
         calibrate(np.asarray(bad, dtype=float), PLAN)
+
+
+def test_pld_certified_calibration_gives_larger_rates_and_matches_the_ledger() -> None:
+    # A coarse grid keeps the one-time PLD grid computation small in a unit test.
+    from pdpfl.ledger import PrivacyLedger
+
+    plan = TrainingPlan(noise_multiplier=1.5, delta=1e-5, steps=5, rounds=6, client_rate=0.5)
+    grid = dict(q_min=1e-3, rel_step=0.3, abs_step=0.1)
+    budgets = np.array([0.3, 0.8, 2.0, 5.0])
+    rdp = calibrate(budgets, plan, **grid)
+    pld = calibrate(budgets, plan, accountant="pld", **grid)
+    assert pld.report.accountant == "pld" and pld.report.over_budget == 0
+    assert np.all(pld.rates >= rdp.rates) and np.any(pld.rates > rdp.rates)
+    # the ledger (PLD, same rates) charged T rounds spends exactly the certified ε
+    ledger = PrivacyLedger(budgets, pld.rates, plan, accountant="pld")
+    for _ in range(plan.rounds):
+        ledger.record_round(participated=np.zeros(4, bool), active=np.ones(4, bool))
+    est = pld.estimator
+    spent = ledger.spent_epsilon("third-party")
+    np.testing.assert_array_equal(spent, est.rates_and_spent(budgets)[1])
+    assert np.all(spent <= budgets)
+    round_trip = estimator_from_dict(est.to_dict())
+    assert round_trip.accountant == "pld"

@@ -80,3 +80,57 @@ def test_expand_multi_value_only_touches_named_options() -> None:
 
     got = expand_multi_value(["--q", "1", "2", "--sigma", "3", "x", "--q=4"], ("--q",))
     assert got == ["--q", "1", "--q", "2", "--sigma", "3", "x", "--q=4"]
+
+
+def test_client_and_user_units_are_t_rounds_of_a_subsampled_gaussian() -> None:
+    from pdpfl.privacy import mechanism_epsilon
+    from pdpfl.privacy.unit import PrivacyUnit, SampledGaussianPlan
+
+    for unit in ("client", "user"):
+        res = runner.invoke(app, BASE + ["--q", "0.1", "0.5", "--rounds", "30", "--unit", unit,
+                                         "--json"])
+        assert res.exit_code == 0, res.output
+        out = json.loads(res.stdout)
+        mech = SampledGaussianPlan(PrivacyUnit(unit), 1.0, 1e-4, 30)
+        ref, _ = mechanism_epsilon(mech, [0.1, 0.5], "third-party")
+        assert out["epsilon"] == list(ref) and out["unit"] == unit
+        assert out["mechanism"]["type"] == "poisson-subsampled-gaussian"
+    # the record-level plan with τ = 1, λ = 1 is the same mechanism
+    rec = runner.invoke(app, BASE + ["--q", "0.1", "0.5", "--rounds", "30", "--json"])
+    np.testing.assert_allclose(json.loads(rec.stdout)["epsilon"], out["epsilon"], rtol=1e-12)
+
+
+@pytest.mark.parametrize(
+    "extra,name",
+    [
+        (["--unit", "client", "--q", "0.1"], "--rounds"),
+        (["--unit", "user", "--q", "0.1", "--rounds", "5", "--steps", "3"], "--steps"),
+        (["--unit", "client", "--q", "0.1", "--rounds", "5", "--client-rate", "0.5"],
+         "--client-rate"),
+        (["--unit", "client", "--q", "0.1", "--rounds", "5", "--adversary", "server"],
+         "--adversary"),
+        (["--unit", "user", "--q", "0.1", "--rounds", "5", "--participations", "2"],
+         "--participations"),
+        (["--unit", "silo", "--q", "0.1"], "--unit"),
+        (["--accountant", "moments", "--q", "0.1"], "--accountant"),
+    ],
+)
+def test_unit_and_accountant_combinations_that_make_no_sense_exit_2(extra, name) -> None:
+    res = runner.invoke(app, BASE + extra + ["--json"])
+    assert res.exit_code == 2, res.output
+    assert name in res.output and "{" not in res.stdout
+
+
+def test_pld_prints_both_and_reports_the_smaller() -> None:
+    args = BASE + ["--q", "0", "0.01", "0.3", "--steps", "10", "--rounds", "5",
+                   "--client-rate", "0.5"]
+    res = runner.invoke(app, args + ["--accountant", "pld", "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    rdp = json.loads(runner.invoke(app, args + ["--json"]).stdout)
+    assert out["epsilon_rdp"] == rdp["epsilon"] and out["accountant"] == "pld"
+    assert out["epsilon"] == [min(a, b) for a, b in
+                              zip(out["epsilon_rdp"], out["epsilon_pld"], strict=True)]
+    assert out["epsilon"][0] == 0.0 and out["epsilon_pld"][2] < out["epsilon_rdp"][2]
+    table = runner.invoke(app, args + ["--accountant", "pld"])
+    assert table.exit_code == 0 and "ε PLD" in table.stdout and "ε RDP" in table.stdout

@@ -152,3 +152,26 @@ def test_empty_csv_and_infeasible_budgets_exit_2(tmp_path) -> None:
 def test_bad_options_exit_2(extra: list[str], match: str) -> None:
     res = run([*extra, *PLAN_ARGS])
     assert res.exit_code == 2 and match in res.stderr
+
+
+def test_client_unit_and_pld_accountant(tmp_path) -> None:
+    from pdpfl.calibrate import calibrate
+    from pdpfl.privacy.unit import PrivacyUnit, SampledGaussianPlan
+
+    budgets = tmp_path / "b.npy"
+    np.save(budgets, np.array([0.5, 1.0, 2.0, 4.0]))
+    base = ["calibrate", "--budgets", str(budgets), "--sigma", "2.0", "--delta", "1e-5",
+            "--rounds", "20", "--json"]
+    res = run([*base[1:], "--unit", "client", "--out", str(tmp_path / "q.npy")])
+    assert res.exit_code == 0, res.output
+    report = json.loads(res.stdout)
+    assert report["unit"] == "client" and report["over_budget"] == 0
+    mech = SampledGaussianPlan(PrivacyUnit.CLIENT, 2.0, 1e-5, 20)
+    ref = calibrate(np.array([0.5, 1.0, 2.0, 4.0]), mech)
+    np.testing.assert_array_equal(np.load(tmp_path / "q.npy"), ref.rates)
+    bad = run([*base[1:], "--unit", "user", "--steps", "3"])
+    assert bad.exit_code == 2 and "--steps" in bad.output
+    bad = run([*base[1:], "--unit", "record"])
+    assert bad.exit_code == 2 and "--steps" in bad.output
+    bad = run([*base[1:], "--unit", "client", "--accountant", "moments"])
+    assert bad.exit_code == 2 and "--accountant" in bad.output

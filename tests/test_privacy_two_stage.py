@@ -41,12 +41,39 @@ def _brute(q, plan, adversary, participations=None):
 )
 @pytest.mark.parametrize("adversary", ["third-party", "server"])
 def test_plan_epsilon_equals_full_order_minimum(plan, adversary) -> None:
-    # plan_epsilon skips provably irrelevant orders; it must equal the brute-force minimum.
+    # The order search skips provably irrelevant orders; without the continuous refinement it
+    # must equal the brute-force minimum over the grid, and with it never exceed that minimum
+    # while the reported (fractional) order really attains the reported ε.
     q = np.concatenate([Q, np.geomspace(1e-6, 1, 40)])
-    eps, order = plan_epsilon(q, plan, adversary)
+    eps, order = plan_epsilon(q, plan, adversary, refine=False)
     ref_eps, ref_order = _brute(q, plan, adversary)
     np.testing.assert_allclose(eps, ref_eps, rtol=1e-12, atol=0)
     assert np.all(order == ref_order)
+    fine, fine_order = plan_epsilon(q, plan, adversary)
+    assert np.all(fine <= ref_eps)
+    live = fine > 0
+    k = plan.rounds or 1
+    at_order = _epsilon_at_order(q[live], plan, adversary, fine_order[live], k)
+    np.testing.assert_allclose(fine[live], at_order, rtol=1e-12)
+
+
+def _epsilon_at_order(q, plan, adversary, alpha, k):
+    """ε of the plan at one given (possibly fractional) order per rate, from scratch."""
+    from pdpfl.privacy.conversion import epsilon_per_order
+    from pdpfl.privacy.rdp import poisson_gaussian_rdp_pairs
+
+    rho = poisson_gaussian_rdp_pairs(q, plan.noise_multiplier, alpha)
+    if plan.rounds is None or adversary == "server":
+        total = k * (plan.steps * rho)
+    else:
+        x = (alpha - 1) * plan.steps * rho
+        lam = plan.client_rate
+        rnd = np.where(
+            x < 1, np.log1p(lam * np.expm1(np.minimum(x, 1))),
+            np.logaddexp(np.log1p(-lam), np.log(lam) + x),
+        ) / (alpha - 1) if lam < 1 else plan.steps * rho
+        total = k * rnd
+    return epsilon_per_order(total, alpha, plan.delta)
 
 
 def test_conversion_matches_dp_accounting() -> None:

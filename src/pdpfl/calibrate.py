@@ -15,12 +15,16 @@ most ε_i. Three methods share one interface (:class:`RateEstimator`):
 The estimator F is computed by the server without any data and published
 (:meth:`RateEstimator.to_dict` / :func:`estimator_from_dict`); each silo applies it to its own
 records' budgets locally (rPDP-FL §6.2). Adversaries: ``third-party`` (default), ``server``, or
-``both`` (the stricter of the two).
+``both`` (the stricter of the two). Accountants (keyword ``accountant``): ``rdp`` (default,
+optimal order) or ``pld`` (privacy-loss distributions: tighter, so larger rates at the same
+budgets; a one-time grid computation, :mod:`pdpfl.privacy.pld`). Client- and user-level units
+calibrate through their :class:`~pdpfl.privacy.unit.SampledGaussianPlan`.
 
 Example
 -------
 >>> import numpy as np
->>> from pdpfl.privacy.plan import TrainingPlan
+>>> from pdpfl.privacy.accountant import as_accountant_name
+from pdpfl.privacy.plan import TrainingPlan
 >>> from pdpfl.calibrate import calibrate
 >>> plan = TrainingPlan(noise_multiplier=3.5, delta=1e-3, steps=5, rounds=20, client_rate=0.5)
 >>> result = calibrate(np.array([0.5, 1.0, 5.0]), plan)  # doctest: +SKIP
@@ -36,7 +40,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from pdpfl.budgets import validate_budgets
-from pdpfl.calibration._accounting import as_adversary, exact_epsilon
+from pdpfl.calibration._accounting import as_adversary, as_training_plan, exact_epsilon
 from pdpfl.calibration.binary_search import BinarySearchEstimator
 from pdpfl.calibration.certified import CertifiedEstimator
 from pdpfl.calibration.noise import (
@@ -45,6 +49,7 @@ from pdpfl.calibration.noise import (
     noise_for_uniform_rate,
 )
 from pdpfl.calibration.scf import SCFEstimator
+from pdpfl.privacy.accountant import as_accountant_name
 from pdpfl.privacy.plan import TrainingPlan
 
 __all__ = [
@@ -115,12 +120,15 @@ def fit_estimator(
 ) -> RateEstimator:
     """Build the estimator F for ``plan`` (no data needed).
 
-    ``options`` go to the method's ``fit``: certified ``q_min, rel_step, abs_step, orders``;
-    scf ``q_candidates, orders``; binary-search ``q_tol, eps_tol``.
+    ``plan`` is a :class:`TrainingPlan` or a client/user-level
+    :class:`~pdpfl.privacy.unit.SampledGaussianPlan` (calibrated as its equivalent plan).
+    ``options`` go to the method's ``fit``: every method ``accountant`` (``rdp`` default, or
+    ``pld``); certified ``q_min, rel_step, abs_step, orders``; scf ``q_candidates, orders``;
+    binary-search ``q_tol, eps_tol``.
     """
     cls = _method(method)
-    as_adversary(adversary)
-    return cls.fit(plan, adversary, **options)
+    adv = as_adversary(adversary).value
+    return cls.fit(as_training_plan(plan, adv), adv, **options)
 
 
 def estimator_from_dict(d: dict[str, Any]) -> RateEstimator:
@@ -136,6 +144,7 @@ class CalibrationReport:
 
     method: str
     adversary: str
+    accountant: str
     n: int
     distinct_budgets: int
     seconds: float
@@ -160,13 +169,13 @@ class CalibrationResult:
     estimator: RateEstimator | None = None
 
 
-def _spent(rates: np.ndarray, plan: TrainingPlan, adv: str) -> np.ndarray:
+def _spent(rates: np.ndarray, plan: TrainingPlan, adv: str, accountant: str) -> np.ndarray:
     """Exact ε at each rate (0 for q = 0), one accountant evaluation per distinct rate."""
     distinct, inverse = np.unique(rates, return_inverse=True)
     eps = np.zeros_like(distinct)
     pos = distinct > 0
     if pos.any():
-        eps[pos] = exact_epsilon(distinct[pos], plan, adv)
+        eps[pos] = exact_epsilon(distinct[pos], plan, adv, accountant=accountant)
     return eps[inverse.reshape(-1)]
 
 
@@ -192,6 +201,8 @@ def calibrate(
     """
     b = validate_budgets(budgets)
     adv = as_adversary(adversary).value
+    plan = as_training_plan(plan, adv)
+    accountant = as_accountant_name(options.get("accountant", "rdp"))
     if client_ids is not None:
         client_ids = np.asarray(client_ids)
         if client_ids.shape != b.shape:
@@ -215,7 +226,9 @@ def calibrate(
         max_eps = estimator.eps_at_one
         details = {"a": estimator.a, "b": estimator.b, "c": estimator.c, "r2": estimator.r2}
     elif isinstance(estimator, BinarySearchEstimator):
-        min_eps = float(exact_epsilon(np.array([estimator.q_tol]), plan, adv)[0])
+        min_eps = float(
+            exact_epsilon(np.array([estimator.q_tol]), plan, adv, accountant=accountant)[0]
+        )
         details = {"q_tol": estimator.q_tol, "eps_tol": estimator.eps_tol}
 
     excluded_mask = rates <= 0
@@ -225,7 +238,7 @@ def calibrate(
         )
 
     if spent is None:
-        spent = _spent(rates, plan, adv)
+        spent = _spent(rates, plan, adv, accountant)
     over = int(np.count_nonzero(spent > b))
     used = ~excluded_mask
     util = spent[used] / b[used]
@@ -237,6 +250,7 @@ def calibrate(
     report = CalibrationReport(
         method=estimator.method,
         adversary=adv,
+        accountant=accountant,
         n=int(b.size),
         distinct_budgets=int(np.unique(b).size),
         seconds=float(seconds),

@@ -97,6 +97,12 @@ class PrivacyConfig(_Section):
         "(sees who took part), third parties (see the models), or both (default)",
     )
     calibration: Literal["certified", "scf", "binary-search"] = "certified"
+    accountant: Literal["rdp", "pld"] = Field(
+        "rdp",
+        description="accountant of the calibration and the silo ledgers: rdp (Rényi DP, optimal "
+        "order) or pld (privacy-loss distributions: tighter, so larger sampling rates at the "
+        "same budgets; σ from epsilon_max is still chosen with rdp)",
+    )
     allow_exclusion: bool = Field(
         False,
         description="give q = 0 to records whose budget is below the smallest achievable ε "

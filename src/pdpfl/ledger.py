@@ -1,30 +1,34 @@
 """Per-unit privacy budget accountant (rPDP-FL §6.2, "budget accountant").
 
-A *unit* is whatever a budget protects: a record (rPDP-FL), later a client or a user. Before a
-round, :meth:`PrivacyLedger.would_exceed` pre-checks which units would go over budget if they
-took part (those sit the round out); after it, :meth:`PrivacyLedger.record_round` adds the
-round's cost. Accounting per round (RDP composes additively, Mironov 2017 Prop. 1):
+A *unit* is whatever a budget protects: a record (rPDP-FL), a client (IDP-FedAvg) or a user
+(ULDP-FL). The ledger is driven by the algorithm's one mechanism description, a
+:class:`~pdpfl.privacy.unit.UnitMechanism` (``TrainingPlan``, ``SampledGaussianPlan``): for each
+observer it accounts against (``mechanism.observers``) it keeps one integer counter per unit,
+incremented by :meth:`PrivacyLedger.record_round` according to ``mechanism.charged_on(observer)``:
 
-* third-party adversary (Type II, rPDP-FL Theorem 1 / Lemma 6): every *active* unit adds
-  ρ^{τ,λ}(α, q) -- whether or not its client was sampled, since this adversary does not see
-  the client sampling;
-* server adversary (Type I): a unit adds τ·ρ_SGM(α, q) only in rounds where its client
-  participated (and the unit was active);
+* ``active`` -- every round the unit was not stopped (third parties, who do not see the client
+  sampling: rPDP-FL Theorem 1 / Lemma 6, every active unit adds ρ^{τ,λ}(α, q));
+* ``participated`` -- only rounds its silo took part in (the server, Type I: τ·ρ_SGM(α, q));
 * an inactive (sat-out) unit adds nothing: its rate is 0 that round.
 
-For a centralized plan (``rounds=None``) one recorded round is the plan's ``steps`` SGM steps
-for both adversaries.
+A unit's ε against an observer is that of ``count`` charged rounds of the mechanism's round event
+at its rate, computed by :func:`pdpfl.privacy.accountant.mechanism_epsilon` -- the same function
+:func:`~pdpfl.privacy.two_stage.plan_epsilon` and the calibration call, so a unit that is charged
+T rounds has exactly the ε the calibration certified. Before a round,
+:meth:`PrivacyLedger.would_exceed` pre-checks which units would go over budget if charged once
+more (those sit the round out).
 
-Scale: the state is three integer counters per unit plus one RDP row per *distinct* rate
-(units with equal q share it), never a units × orders matrix. ε is computed as
-``rdp_to_epsilon(count · row)`` for each distinct (rate, count) pair, so 10⁶ records with a few
-thousand distinct rates cost a few thousand conversions. Counters are integers, so a saved and
-reloaded ledger resumes exactly (no double or under counting).
+Accountants: ``rdp`` (default; RDP with the optimal order) or ``pld`` (privacy-loss
+distributions, tighter; rates rounded up to the PLD rate grid, see :mod:`pdpfl.privacy.pld`).
+
+Scale: the state is one integer counter per unit and observer (plus sat-out rounds), never a
+units × orders matrix. ε is computed once per distinct (rate, count) pair, so 10⁶ records with a
+few thousand distinct rates cost a few thousand conversions (cached between rounds). Counters are
+integers, so a saved and reloaded ledger resumes exactly (no double or under counting).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -33,13 +37,11 @@ import numpy as np
 
 from pdpfl.budgets import validate_budgets
 from pdpfl.io import save_npz
+from pdpfl.privacy.accountant import as_accountant_name, mechanism_epsilon
 from pdpfl.privacy.adversary import Adversary, as_adversary
-from pdpfl.privacy.conversion import rdp_to_epsilon
-from pdpfl.privacy.orders import DEFAULT_ORDERS
+from pdpfl.privacy.orders import DEFAULT_ORDERS, check_orders
 from pdpfl.privacy.plan import TrainingPlan
-from pdpfl.privacy.rdp import poisson_gaussian_rdp
-from pdpfl.privacy.two_stage import round_rdp
-from pdpfl.privacy.unit import SampledGaussianPlan
+from pdpfl.privacy.unit import SampledGaussianPlan, UnitMechanism
 
 __all__ = ["PrivacyLedger"]
 
@@ -47,7 +49,16 @@ _FORMAT = "pdpfl-ledger-v1"
 _CHUNK = 65_536
 #: Summaries group by budget value when there are at most this many distinct budgets.
 _MAX_BUDGET_GROUPS = 32
+#: (rate index, count) → ε results kept per observer between calls.
+_CACHE_LIMIT = 1_000_000
 
+
+def _counter_key(observer: str) -> str:
+    return observer.replace("-", "_") + "_rounds"
+
+
+#: Observer → the ledger attribute holding its counters.
+_OBSERVER_ATTR = {"third-party": "third_party_rounds", "server": "server_rounds"}
 
 
 def _mask(mask: object, n: int, name: str) -> np.ndarray:
@@ -68,23 +79,30 @@ class PrivacyLedger:
     ----------
     budgets : (n,) ε per unit, finite and > 0.
     rates : (n,) sampling probability per unit in [0, 1] (0 = never sampled).
-    plan : the mechanism (σ, δ, τ, T, λ).
-    orders : RDP orders α used for accounting and conversion.
+    plan : the mechanism: a :class:`~pdpfl.privacy.plan.TrainingPlan` (record level, rPDP-FL),
+        a :class:`~pdpfl.privacy.unit.SampledGaussianPlan` (client / user level) or any
+        :class:`~pdpfl.privacy.unit.UnitMechanism`.
+    orders : RDP orders α (the RDP accountant's grid; also the PLD accountant's RDP fallback).
     groups : optional (n,) group label per unit for :meth:`summary` (e.g. budget level,
         client id). Default: the budget value when there are few distinct budgets.
+    accountant : ``rdp`` (default) or ``pld``.
     """
 
     def __init__(
         self,
         budgets: np.ndarray,
         rates: np.ndarray,
-        plan: TrainingPlan | SampledGaussianPlan,
+        plan: UnitMechanism,
         orders: np.ndarray = DEFAULT_ORDERS,
         groups: np.ndarray | None = None,
+        *,
+        accountant: str = "rdp",
     ) -> None:
+        if not isinstance(plan, UnitMechanism):
+            raise ValueError(
+                f"plan: expected a TrainingPlan or a UnitMechanism, got {type(plan).__name__}"
+            )
         self.mechanism = plan
-        if isinstance(plan, SampledGaussianPlan):
-            plan = plan.as_training_plan()
         self.budgets = validate_budgets(budgets)
         n = self.budgets.size
         q = np.asarray(rates, dtype=np.float64)
@@ -93,8 +111,8 @@ class PrivacyLedger:
         if not np.all((q >= 0) & (q <= 1)):
             raise ValueError("rates: every sampling rate must be in [0, 1]")
         self.rates = q
-        self.plan = plan
-        self.orders = np.asarray(orders, dtype=np.float64)
+        self.orders = check_orders(orders).copy()
+        self.accountant = as_accountant_name(accountant)
         if groups is not None:
             groups = np.asarray(groups)
             if groups.shape != (n,):
@@ -102,48 +120,24 @@ class PrivacyLedger:
         self.groups = groups
         self.distinct_rates, inverse = np.unique(q, return_inverse=True)
         self.rate_index = inverse.reshape(-1).astype(np.int64)
+        #: Charged rounds per unit against each observer (plain attributes: zeros for an
+        #: observer the mechanism is not accounted against).
         self.third_party_rounds = np.zeros(n, dtype=np.int64)
         self.server_rounds = np.zeros(n, dtype=np.int64)
+        unknown = set(self.observers) - set(_OBSERVER_ATTR)
+        if unknown:
+            raise ValueError(f"plan: unknown observers {sorted(unknown)}")
+        self.charge_rule = {obs: plan.charged_on(obs) for obs in self.observers}
         self.sat_out_rounds = np.zeros(n, dtype=np.int64)
         self.rounds_recorded = 0
-        self._tp_row, self._server_row = self._rows()
+        self._cache: dict[str, dict[int, float]] = {obs: {} for obs in self.observers}
 
-    # ------------------------------------------------------------------ accounting rows
+    # ------------------------------------------------------------------ accounting
 
-    def _rows(self) -> tuple[np.ndarray, np.ndarray]:
-        """Per-round RDP rows (n_distinct_rates, n_orders) for each adversary."""
-        step = np.asarray(
-            poisson_gaussian_rdp(self.distinct_rates, self.plan.noise_multiplier, self.orders),
-            dtype=np.float64,
-        )
-        server = self.plan.steps * step
-        if self.plan.rounds is None:
-            third_party = server
-        else:
-            third_party = np.asarray(
-                round_rdp(step, self.plan.steps, self.plan.client_rate, self.orders),
-                dtype=np.float64,
-            )
-        return third_party, server
-
-    def _epsilon(self, rate_index: np.ndarray, counts: np.ndarray, row: np.ndarray) -> np.ndarray:
-        """ε for units with RDP ``counts · row[rate_index]``, one conversion per distinct pair."""
-        counts = np.asarray(counts, dtype=np.int64)
-        out = np.zeros(counts.size, dtype=np.float64)
-        live = (counts > 0) & (self.distinct_rates[rate_index] > 0)
-        if not live.any():
-            return out
-        width = int(counts.max()) + 1
-        keys = rate_index[live] * width + counts[live]
-        uniq, inv = np.unique(keys, return_inverse=True)
-        ri, cnt = np.divmod(uniq, width)
-        eps = np.empty(uniq.size, dtype=np.float64)
-        for s in range(0, uniq.size, _CHUNK):
-            e = slice(s, s + _CHUNK)
-            rdp = cnt[e, None].astype(np.float64) * row[ri[e]]
-            eps[e] = np.asarray(rdp_to_epsilon(rdp, self.orders, self.plan.delta)[0]).reshape(-1)
-        out[live] = eps[inv.reshape(-1)]
-        return out
+    @property
+    def plan(self) -> UnitMechanism:
+        """The mechanism description (kept under its historical name)."""
+        return self.mechanism
 
     @property
     def unit(self) -> str:
@@ -154,23 +148,64 @@ class PrivacyLedger:
         """Observers this ledger accounts against (from the mechanism description)."""
         return tuple(self.mechanism.observers)
 
+    @property
+    def counts(self) -> dict[str, np.ndarray]:
+        """Charged rounds per unit, one integer array per observer of the mechanism."""
+        return {obs: getattr(self, _OBSERVER_ATTR[obs]) for obs in self.observers}
+
+    def _options(self) -> dict[str, Any]:
+        if self.accountant == "rdp":
+            return {"orders": self.orders}
+        return {"rdp_orders": self.orders}
+
+    def _epsilon(self, observer: str, counts: np.ndarray) -> np.ndarray:
+        """ε for units charged ``counts`` rounds, one conversion per distinct (rate, count)."""
+        counts = np.asarray(counts, dtype=np.int64)
+        out = np.zeros(counts.size, dtype=np.float64)
+        live = counts > 0
+        if not live.any():
+            return out
+        width = int(counts.max()) + 1
+        keys = self.rate_index[live] * width + counts[live]
+        uniq, inv = np.unique(keys, return_inverse=True)
+        cache = self._cache[observer]
+        # the cache key must not depend on `width`: use (rate index, count) packed with a
+        # fixed stride.
+        ri, cnt = np.divmod(uniq, width)
+        fixed = ri * (1 << 32) + cnt
+        eps = np.array([cache.get(int(k), np.nan) for k in fixed]) if cache else np.full(
+            uniq.size, np.nan
+        )
+        todo = np.flatnonzero(np.isnan(eps))
+        for s in range(0, todo.size, _CHUNK):
+            sel = todo[s : s + _CHUNK]
+            e, _ = mechanism_epsilon(
+                self.mechanism,
+                self.distinct_rates[ri[sel]],
+                observer,
+                cnt[sel],
+                accountant=self.accountant,
+                **self._options(),
+            )
+            eps[sel] = e
+        if todo.size and len(cache) + todo.size <= _CACHE_LIMIT:
+            cache.update(zip(fixed[todo].tolist(), eps[todo].tolist(), strict=True))
+        out[live] = eps[inv.reshape(-1)]
+        return out
+
     def _spent(self, adversary: Adversary, extra: int = 0) -> np.ndarray:
-        tp = srv = None
         wanted = ("third-party", "server") if adversary.value == "both" else (adversary.value,)
-        if not set(wanted) & set(self.observers):
+        present = [o for o in wanted if o in self.observers]
+        if not present:
             raise ValueError(
                 f"adversary: this {self.unit}-level ledger accounts against "
                 f"{', '.join(self.observers)}, not {adversary.value}"
             )
-        if "third-party" in wanted and "third-party" in self.observers:
-            tp = self._epsilon(self.rate_index, self.third_party_rounds + extra, self._tp_row)
-        if "server" in wanted and "server" in self.observers:
-            srv = self._epsilon(self.rate_index, self.server_rounds + extra, self._server_row)
-        if tp is None:
-            return srv
-        if srv is None:
-            return tp
-        return np.maximum(tp, srv)
+        out = None
+        for obs in present:
+            e = self._epsilon(obs, self.counts[obs] + extra)
+            out = e if out is None else np.maximum(out, e)
+        return out
 
     # ------------------------------------------------------------------ public API
 
@@ -179,11 +214,12 @@ class PrivacyLedger:
         return int(self.budgets.size)
 
     def spent_epsilon(self, adversary: str = "third-party") -> np.ndarray:
-        """ε spent so far by each unit (``both`` = the larger of the two adversaries)."""
+        """ε spent so far by each unit (``both`` = the larger over the observers)."""
         return self._spent(as_adversary(adversary))
 
     def would_exceed(self, mask: np.ndarray | None = None, adversary: str = "both") -> np.ndarray:
-        """Pre-check for the next round: True where taking part would overspend the budget.
+        """Pre-check for the next round: True where being charged once more (against every
+        requested observer) would overspend the budget.
 
         ``mask`` (per unit, optional) restricts the check to units that could take part in the
         next round; others are reported False. The server side assumes the unit's client
@@ -197,13 +233,15 @@ class PrivacyLedger:
 
     def record_round(self, participated: np.ndarray, active: np.ndarray) -> None:
         """Add one round: ``active`` = unit was not stopped; ``participated`` = it was active
-        and its client was sampled (so the server saw its contribution)."""
+        and its client was sampled (so the server saw its contribution). Each observer's
+        counter adds ``active`` or ``participated`` per ``mechanism.charged_on(observer)``."""
         act = _mask(active, self.n, "active")
         part = _mask(participated, self.n, "participated")
         if np.any(part & ~act):
             raise ValueError("participated: a unit cannot participate in a round it sat out")
-        self.third_party_rounds += act
-        self.server_rounds += part
+        for obs, rule in self.charge_rule.items():
+            attr = _OBSERVER_ATTR[obs]
+            setattr(self, attr, getattr(self, attr) + (act if rule == "active" else part))
         self.sat_out_rounds += ~act
         self.rounds_recorded += 1
 
@@ -242,6 +280,9 @@ class PrivacyLedger:
             )
         qs = (0.0, 0.25, 0.5, 0.75, 0.9, 0.99, 1.0)
         return {
+            "unit": self.unit,
+            "accountant": self.accountant,
+            "observers": list(self.observers),
             "units": self.n,
             "rounds_recorded": self.rounds_recorded,
             "over_budget": int(np.count_nonzero(worst > self.budgets)),
@@ -255,50 +296,61 @@ class PrivacyLedger:
     # ------------------------------------------------------------------ persistence
 
     def state_dict(self) -> dict[str, Any]:
-        """The counters (integers) that, with the same budgets, rates and plan, resume exactly."""
-        return {
-            "third_party_rounds": self.third_party_rounds.copy(),
-            "server_rounds": self.server_rounds.copy(),
-            "sat_out_rounds": self.sat_out_rounds.copy(),
-            "rounds_recorded": int(self.rounds_recorded),
-        }
+        """The counters (integers) that, with the same budgets, rates and plan, resume exactly.
+
+        One ``<observer>_rounds`` array per observer (``third_party_rounds``,
+        ``server_rounds``), ``sat_out_rounds`` and ``rounds_recorded``.
+        """
+        state: dict[str, Any] = {_counter_key(o): c.copy() for o, c in self.counts.items()}
+        state["sat_out_rounds"] = self.sat_out_rounds.copy()
+        state["rounds_recorded"] = int(self.rounds_recorded)
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        for key in ("third_party_rounds", "server_rounds", "sat_out_rounds"):
-            arr = np.asarray(state[key], dtype=np.int64)
-            if arr.shape != (self.n,) or np.any(arr < 0):
+        keys = [_counter_key(o) for o in self.observers] + ["sat_out_rounds"]
+        loaded = {}
+        for key in keys:
+            if key not in state:
+                raise ValueError(f"ledger state: missing {key}")
+            try:
+                arr = np.asarray(state[key], dtype=np.float64)
+            except (TypeError, ValueError):
+                arr = np.zeros(0)
+            if (
+                arr.shape != (self.n,)
+                or not np.all(np.isfinite(arr))
+                or np.any(arr != np.floor(arr))
+                or np.any(arr < 0)
+            ):
                 raise ValueError(f"ledger state: {key} must be {self.n} non-negative integers")
-            setattr(self, key, arr.copy())
-        self.rounds_recorded = int(state["rounds_recorded"])
+            loaded[key] = arr.astype(np.int64)
+        rounds = state.get("rounds_recorded")
+        if isinstance(rounds, bool) or not isinstance(rounds, int | np.integer) or rounds < 0:
+            raise ValueError("ledger state: rounds_recorded must be an integer >= 0")
+        for obs in self.observers:
+            setattr(self, _OBSERVER_ATTR[obs], loaded[_counter_key(obs)].copy())
+        self.sat_out_rounds = loaded["sat_out_rounds"].copy()
+        self.rounds_recorded = int(rounds)
 
     def save(self, path: str | Path) -> None:
         """Write the full state atomically (``.npz``); :meth:`load` resumes exactly."""
         meta = {
             "format": _FORMAT,
-            "plan": {k: v for k, v in dataclasses.asdict(self.plan).items()},
-            "mechanism": (
-                {
-                    "kind": "sampled-gaussian",
-                    "unit": self.unit,
-                    "noise_multiplier": self.mechanism.noise_multiplier,
-                    "delta": self.mechanism.delta,
-                    "rounds": self.mechanism.rounds,
-                    "observers": list(self.mechanism.observers),
-                }
-                if isinstance(self.mechanism, SampledGaussianPlan)
-                else {"kind": "training-plan"}
-            ),
+            "mechanism": _mechanism_to_meta(self.mechanism),
+            "accountant": self.accountant,
             "rounds_recorded": self.rounds_recorded,
         }
+        if isinstance(self.mechanism, TrainingPlan):
+            meta["plan"] = _plan_dict(self.mechanism)
         arrays: dict[str, np.ndarray] = {
             "meta": np.array(json.dumps(meta)),
             "budgets": self.budgets,
             "rates": self.rates,
             "orders": self.orders,
-            "third_party_rounds": self.third_party_rounds,
-            "server_rounds": self.server_rounds,
             "sat_out_rounds": self.sat_out_rounds,
         }
+        for obs, c in self.counts.items():
+            arrays[_counter_key(obs)] = c
         if self.groups is not None:
             g = self.groups
             arrays["groups"] = g if g.dtype.kind in "biuf" else g.astype(str)
@@ -316,12 +368,40 @@ class PrivacyLedger:
                 _mechanism_from_meta(meta),
                 orders=z["orders"],
                 groups=z["groups"] if "groups" in z.files else None,
+                accountant=meta.get("accountant", "rdp"),
             )
-            ledger.third_party_rounds = z["third_party_rounds"].astype(np.int64)
-            ledger.server_rounds = z["server_rounds"].astype(np.int64)
-            ledger.sat_out_rounds = z["sat_out_rounds"].astype(np.int64)
-        ledger.rounds_recorded = int(meta["rounds_recorded"])
+            state = {k: z[k] for k in z.files if k.endswith("_rounds")}
+        state["rounds_recorded"] = int(meta["rounds_recorded"])
+        ledger.load_state_dict(state)
         return ledger
+
+
+def _plan_dict(plan: TrainingPlan) -> dict[str, Any]:
+    return {
+        "noise_multiplier": plan.noise_multiplier,
+        "delta": plan.delta,
+        "steps": plan.steps,
+        "rounds": plan.rounds,
+        "client_rate": plan.client_rate,
+    }
+
+
+def _mechanism_to_meta(mech: UnitMechanism) -> dict[str, Any]:
+    if isinstance(mech, SampledGaussianPlan):
+        return {
+            "kind": "sampled-gaussian",
+            "unit": mech.unit.value,
+            "noise_multiplier": mech.noise_multiplier,
+            "delta": mech.delta,
+            "rounds": mech.rounds,
+            "observers": list(mech.observers),
+        }
+    if isinstance(mech, TrainingPlan):
+        return {"kind": "training-plan"}
+    raise ValueError(
+        f"plan: cannot save a ledger for {type(mech).__name__} (TrainingPlan or "
+        "SampledGaussianPlan only)"
+    )
 
 
 def _mechanism_from_meta(meta: dict[str, Any]) -> TrainingPlan | SampledGaussianPlan:

@@ -1,7 +1,9 @@
 """Thin, chunked wrappers around the exact accountant (:mod:`pdpfl.privacy`).
 
-Nothing here does privacy math: it only calls :func:`pdpfl.privacy.two_stage.plan_epsilon`,
-in chunks so that evaluating 10⁶ distinct rates never allocates a rates × orders matrix.
+Nothing here does privacy math: it only calls :func:`pdpfl.privacy.two_stage.plan_epsilon`
+(which calls :func:`pdpfl.privacy.accountant.mechanism_epsilon`, the ledger's path too), in chunks
+so that evaluating 10⁶ distinct rates never allocates a rates × orders matrix. ``accountant``
+selects ``rdp`` (default) or ``pld``.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from pdpfl.privacy.accountant import as_accountant_name
 from pdpfl.privacy.adversary import (
     Adversary,
     as_adversary,  # re-exported for the calibrators
@@ -33,14 +36,16 @@ def exact_epsilon(
     plan: TrainingPlan,
     adversary: str | Adversary = "third-party",
     orders: np.ndarray = DEFAULT_ORDERS,
+    accountant: str = "rdp",
 ) -> np.ndarray:
     """ε of the whole plan (before training, k = T participations) for each sampling rate."""
     q = np.asarray(rates, dtype=np.float64).ravel()
     adv = as_adversary(adversary)
+    acc = as_accountant_name(accountant)
     out = np.empty(q.size, dtype=np.float64)
     for start in range(0, q.size, CHUNK):
         stop = min(start + CHUNK, q.size)
-        eps, _ = plan_epsilon(q[start:stop], plan, adv, orders=orders)
+        eps, _ = plan_epsilon(q[start:stop], plan, adv, orders=orders, accountant=acc)
         out[start:stop] = np.asarray(eps, dtype=np.float64).reshape(-1)
     return out
 
@@ -53,4 +58,28 @@ def plan_to_dict(plan: TrainingPlan) -> dict[str, Any]:
 
 def plan_from_dict(d: dict[str, Any]) -> TrainingPlan:
     return TrainingPlan(**d)
+
+
+def as_training_plan(plan: Any, adversary: str) -> TrainingPlan:
+    """A :class:`TrainingPlan` for the calibrators: itself, or a client/user-level
+    :class:`~pdpfl.privacy.unit.SampledGaussianPlan` as its equivalent plan (T rounds of one
+    Poisson-sampled Gaussian step, λ = 1), after checking that it is accounted against
+    ``adversary``."""
+    from pdpfl.privacy.unit import SampledGaussianPlan
+
+    if isinstance(plan, TrainingPlan):
+        return plan
+    if isinstance(plan, SampledGaussianPlan):
+        adv = as_adversary(adversary).value
+        wanted = ("third-party", "server") if adv == "both" else (adv,)
+        missing = [o for o in wanted if o not in plan.observers]
+        if missing:
+            raise ValueError(
+                f"adversary: this {plan.unit.value}-level mechanism is accounted against "
+                f"{', '.join(plan.observers)}, not {', '.join(missing)}"
+            )
+        return plan.as_training_plan()
+    raise ValueError(
+        f"plan: expected a TrainingPlan or a SampledGaussianPlan, got {type(plan).__name__}"
+    )
 

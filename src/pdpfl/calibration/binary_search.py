@@ -22,6 +22,7 @@ from pdpfl.calibration._accounting import (
     plan_from_dict,
     plan_to_dict,
 )
+from pdpfl.privacy.accountant import as_accountant_name
 from pdpfl.privacy.orders import DEFAULT_ORDERS
 from pdpfl.privacy.plan import TrainingPlan
 
@@ -65,6 +66,7 @@ class BinarySearchEstimator:
     q_tol: float = 1e-6
     eps_tol: float = 0.0
     method: str = "binary-search"
+    accountant: str = "rdp"
 
     @classmethod
     def fit(
@@ -74,17 +76,24 @@ class BinarySearchEstimator:
         *,
         q_tol: float = 1e-6,
         eps_tol: float = 0.0,
+        accountant: str = "rdp",
     ) -> BinarySearchEstimator:
         if not (0 < q_tol < 1) or not (eps_tol >= 0):
             raise ValueError(f"q_tol must be in (0, 1) and eps_tol >= 0, got {q_tol}, {eps_tol}")
-        return cls(plan, as_adversary(adversary).value, float(q_tol), float(eps_tol))
+        return cls(
+            plan,
+            as_adversary(adversary).value,
+            float(q_tol),
+            float(eps_tol),
+            accountant=as_accountant_name(accountant),
+        )
 
     def rates(self, budgets: np.ndarray, orders: np.ndarray = DEFAULT_ORDERS) -> np.ndarray:
         b = np.asarray(budgets, dtype=np.float64)
         distinct, inverse = np.unique(b, return_inverse=True)
 
         def eps_of(q: np.ndarray) -> np.ndarray:
-            return exact_epsilon(q, self.plan, self.adversary, orders)
+            return exact_epsilon(q, self.plan, self.adversary, orders, self.accountant)
 
         q = bisect_rates(distinct, eps_of, q_tol=self.q_tol, eps_tol=self.eps_tol)
         return q[inverse].reshape(b.shape)
@@ -93,6 +102,7 @@ class BinarySearchEstimator:
         return {
             "method": self.method,
             "adversary": self.adversary,
+            "accountant": self.accountant,
             "plan": plan_to_dict(self.plan),
             "q_tol": self.q_tol,
             "eps_tol": self.eps_tol,
@@ -101,5 +111,9 @@ class BinarySearchEstimator:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> BinarySearchEstimator:
         return cls.fit(
-            plan_from_dict(d["plan"]), d["adversary"], q_tol=d["q_tol"], eps_tol=d["eps_tol"]
+            plan_from_dict(d["plan"]),
+            d["adversary"],
+            q_tol=d["q_tol"],
+            eps_tol=d["eps_tol"],
+            accountant=d.get("accountant", "rdp"),
         )

@@ -6,7 +6,8 @@ Construction (once per plan, vectorized):
    ``min(rel_step · q, abs_step)``: geometric from ``q_min`` up to ``q* = abs_step / rel_step``,
    linear above. Consecutive points satisfy ``q_{k+1} − q_k ≤ min(rel_step · q_k, abs_step)``.
 2. The exact ε of the plan at every grid rate (:func:`pdpfl.privacy.two_stage.plan_epsilon`,
-   third-party / server / both), made monotone by a running maximum and inflated by a relative
+   third-party / server / both; RDP with the optimal order, or PLD with ``accountant="pld"``),
+   made monotone by a running maximum and inflated by a relative
    safety margin of ``1e-10`` against last-bit differences between evaluations (except at
    q = 1, the closed-form Gaussian mechanism, so that budgets ≥ ε(1) get exactly q = 1).
 3. For a budget ε_i the rate is the largest grid ``q_k`` whose certified ε is ≤ ε_i
@@ -39,6 +40,7 @@ from pdpfl.calibration._accounting import (
     plan_from_dict,
     plan_to_dict,
 )
+from pdpfl.privacy.accountant import as_accountant_name
 from pdpfl.privacy.orders import DEFAULT_ORDERS
 from pdpfl.privacy.plan import TrainingPlan
 
@@ -83,6 +85,7 @@ class CertifiedEstimator:
     eps_exact: np.ndarray = field(repr=False)
     eps_certified: np.ndarray = field(repr=False)
     method: str = "certified"
+    accountant: str = "rdp"
 
     @classmethod
     def fit(
@@ -94,20 +97,26 @@ class CertifiedEstimator:
         rel_step: float = 0.01,
         abs_step: float = 1e-3,
         orders: np.ndarray = DEFAULT_ORDERS,
+        accountant: str = "rdp",
     ) -> CertifiedEstimator:
         """Evaluate the exact accountant once on the grid and build the estimator.
 
-        Fits are memoized per (plan, adversary, grid, orders): the grid is data-independent,
-        so every silo (or repeated calibration) with the same public plan reuses it.
+        Fits are memoized per (plan, adversary, grid, orders, accountant): the grid is
+        data-independent, so every silo (or repeated calibration) with the same public plan
+        reuses it. ``accountant="pld"`` certifies with the PLD accountant (its rate grid and
+        discretization: :mod:`pdpfl.privacy.pld`); its one-time cost is the grid computation.
         """
         adv = as_adversary(adversary).value
+        acc = as_accountant_name(accountant)
         orders_arr = np.asarray(orders, dtype=np.float64)
-        key = (plan, adv, float(q_min), float(rel_step), float(abs_step), orders_arr.tobytes())
+        key = (
+            plan, adv, float(q_min), float(rel_step), float(abs_step), orders_arr.tobytes(), acc
+        )
         cached = _CACHE.get(key)
         if cached is not None:
             return cached
         q = rate_grid(q_min, rel_step, abs_step)
-        eps = exact_epsilon(q, plan, adv, orders_arr)
+        eps = exact_epsilon(q, plan, adv, orders_arr, acc)
         if not np.all(np.isfinite(eps)):
             raise ValueError("accountant returned non-finite ε on the rate grid")
         cummax = np.maximum.accumulate(eps)
@@ -116,7 +125,7 @@ class CertifiedEstimator:
         cert[-1] = max(cummax[-1], cert[-2])
         for arr in (q, eps, cert):
             arr.setflags(write=False)
-        est = cls(plan, adv, q, eps, cert)
+        est = cls(plan, adv, q, eps, cert, accountant=acc)
         if len(_CACHE) >= _CACHE_SIZE:
             _CACHE.pop(next(iter(_CACHE)))
         _CACHE[key] = est
@@ -163,13 +172,14 @@ class CertifiedEstimator:
         A silo that does not trust the published estimator can call this once (it costs one
         grid evaluation) before applying it to its records.
         """
-        exact = exact_epsilon(self.q_grid, self.plan, self.adversary, orders)
+        exact = exact_epsilon(self.q_grid, self.plan, self.adversary, orders, self.accountant)
         return bool(np.all(self.eps_certified >= np.maximum.accumulate(exact)))
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "method": self.method,
             "adversary": self.adversary,
+            "accountant": self.accountant,
             "plan": plan_to_dict(self.plan),
             "q_grid": self.q_grid.tolist(),
             "eps_exact": self.eps_exact.tolist(),
@@ -187,4 +197,11 @@ class CertifiedEstimator:
             raise ValueError("certified estimator: grid must be increasing and end at q = 1")
         if not np.all(cert >= exact):
             raise ValueError("certified estimator: certified ε must not be below exact ε")
-        return cls(plan_from_dict(d["plan"]), as_adversary(d["adversary"]).value, q, exact, cert)
+        return cls(
+            plan_from_dict(d["plan"]),
+            as_adversary(d["adversary"]).value,
+            q,
+            exact,
+            cert,
+            accountant=as_accountant_name(d.get("accountant", "rdp")),
+        )

@@ -20,7 +20,7 @@ import math
 
 import numpy as np
 
-from pdpfl.calibration._accounting import as_adversary, exact_epsilon
+from pdpfl.calibration._accounting import as_adversary, as_training_plan, exact_epsilon
 from pdpfl.calibration.binary_search import bisect_rates
 from pdpfl.privacy.plan import TrainingPlan
 from pdpfl.privacy.search import find_noise_multiplier
@@ -41,15 +41,21 @@ def _check_rate(value: float, name: str) -> float:
 
 
 def noise_for_uniform_rate(
-    epsilon: float, rate: float, plan: TrainingPlan, adversary: str = "third-party"
+    epsilon: float,
+    rate: float,
+    plan: TrainingPlan,
+    adversary: str = "third-party",
+    *,
+    accountant: str = "rdp",
 ) -> float:
     """(b) Smallest σ (to the search's tolerance) with ε(plan, q = ``rate``) ≤ ``epsilon``."""
     eps_target = _check_eps(epsilon, "epsilon")
     q = np.array([_check_rate(rate, "rate")])
     adv = as_adversary(adversary).value
+    plan = as_training_plan(plan, adv)
 
     def eps_of_sigma(sigma: float) -> float:
-        return float(exact_epsilon(q, plan.with_noise(sigma), adv)[0])
+        return float(exact_epsilon(q, plan.with_noise(sigma), adv, accountant=accountant)[0])
 
     sigma = float(find_noise_multiplier(eps_target, eps_of_sigma, tol=1e-4))
     # Never return a σ that overspends, whatever the search's stopping rule.
@@ -61,10 +67,16 @@ def noise_for_uniform_rate(
 
 
 def noise_for_max_budget(
-    epsilon_max: float, plan: TrainingPlan, adversary: str = "third-party"
+    epsilon_max: float,
+    plan: TrainingPlan,
+    adversary: str = "third-party",
+    *,
+    accountant: str = "rdp",
 ) -> float:
     """(a) rPDP-FL: σ such that q = 1 spends ``epsilon_max`` (all records then have q ≤ 1)."""
-    return noise_for_uniform_rate(_check_eps(epsilon_max, "epsilon_max"), 1.0, plan, adversary)
+    return noise_for_uniform_rate(
+        _check_eps(epsilon_max, "epsilon_max"), 1.0, plan, adversary, accountant=accountant
+    )
 
 
 def group_sampling_rates(
@@ -77,6 +89,7 @@ def group_sampling_rates(
     scale: float = 0.95,
     rate_tol: float = 1e-3,
     q_tol: float = 1e-6,
+    accountant: str = "rdp",
 ) -> tuple[float, np.ndarray]:
     """(c) IDP-FedAvg Algorithm 1 (GetGroupSamplingRates).
 
@@ -86,7 +99,9 @@ def group_sampling_rates(
     group_sizes : number of units (clients) in each group.
     target_rate : c / N, the intended expected fraction of units per round.
     plan : template plan (σ ignored). For client-level IDP-FedAvg use a centralized plan
-        (``rounds=None``, ``steps`` = number of rounds I): each round samples clients once.
+        (``rounds=None``, ``steps`` = number of rounds I): each round samples clients once; or
+        a :class:`~pdpfl.privacy.unit.SampledGaussianPlan` (its equivalent plan).
+    accountant : ``rdp`` (default) or ``pld``.
     scale : the step factor s < 1 of Algorithm 1 (σ ← s·σ); the last step is refined by
         regula falsi so the mean rate lands just below the target.
     rate_tol : stop when the weighted mean rate is within ``rate_tol`` (relative) of the
@@ -109,6 +124,7 @@ def group_sampling_rates(
     if not (0 < scale < 1):
         raise ValueError(f"scale: must be in (0, 1), got {scale!r}")
     adv = as_adversary(adversary).value
+    plan = as_training_plan(plan, adv)
     weights = sizes / sizes.sum()
 
     cache: dict[float, np.ndarray] = {}
@@ -116,13 +132,15 @@ def group_sampling_rates(
     def rates_at(sigma: float) -> np.ndarray:
         if sigma not in cache:
             p = plan.with_noise(sigma)
-            cache[sigma] = bisect_rates(eps, lambda q: exact_epsilon(q, p, adv), q_tol=q_tol)
+            cache[sigma] = bisect_rates(
+                eps, lambda q: exact_epsilon(q, p, adv, accountant=accountant), q_tol=q_tol
+            )
         return cache[sigma]
 
     def mean_rate(sigma: float) -> float:
         return float(weights @ rates_at(sigma))
 
-    sigma_hi = noise_for_uniform_rate(float(eps.min()), target, plan, adv)
+    sigma_hi = noise_for_uniform_rate(float(eps.min()), target, plan, adv, accountant=accountant)
     if mean_rate(sigma_hi) <= target:  # only the strictest group (or rounding): done
         return sigma_hi, rates_at(sigma_hi)
     sigma_lo = sigma_hi

@@ -27,6 +27,7 @@ from pdpfl.calibration._accounting import (
     plan_from_dict,
     plan_to_dict,
 )
+from pdpfl.privacy.accountant import as_accountant_name
 from pdpfl.privacy.orders import DEFAULT_ORDERS
 from pdpfl.privacy.plan import TrainingPlan
 
@@ -50,6 +51,7 @@ class SCFEstimator:
     eps_at_one: float
     r2: float
     method: str = "scf"
+    accountant: str = "rdp"
 
     @classmethod
     def fit(
@@ -59,14 +61,16 @@ class SCFEstimator:
         *,
         q_candidates: np.ndarray | None = None,
         orders: np.ndarray = DEFAULT_ORDERS,
+        accountant: str = "rdp",
     ) -> SCFEstimator:
         """Run Stage I (simulation) and Stage II (curve fitting)."""
         adv = as_adversary(adversary).value
+        acc = as_accountant_name(accountant)
         q = DEFAULT_Q_CANDIDATES if q_candidates is None else np.asarray(q_candidates, float)
         if q.ndim != 1 or q.size < 3 or np.any((q <= 0) | (q > 1)):
             raise ValueError("q_candidates: need at least 3 rates in (0, 1]")
         q = np.unique(q)
-        eps = exact_epsilon(q, plan, adv, orders)  # ε*(δ, q) = min over 𝔸 (lines 3-6)
+        eps = exact_epsilon(q, plan, adv, orders, acc)  # ε*(δ, q) = min over 𝔸 (lines 3-6)
         # Line 7: least-squares fit of exp(a q + b) + c. Start from a log-linear fit of ε − c0.
         c0 = float(eps.min()) - 1e-3 * max(float(np.ptp(eps)), 1e-12)
         a0, b0 = np.polyfit(q, np.log(np.maximum(eps - c0, 1e-300)), 1)
@@ -79,8 +83,8 @@ class SCFEstimator:
         resid = eps - _model(q, a, b, c)
         ss_tot = float(np.sum((eps - eps.mean()) ** 2))
         r2 = 1.0 - float(np.sum(resid**2)) / ss_tot if ss_tot > 0 else 1.0
-        eps_one = float(exact_epsilon(np.array([1.0]), plan, adv, orders)[0])
-        return cls(plan, adv, float(a), float(b), float(c), eps_one, r2)
+        eps_one = float(exact_epsilon(np.array([1.0]), plan, adv, orders, acc)[0])
+        return cls(plan, adv, float(a), float(b), float(c), eps_one, r2, accountant=acc)
 
     def rates(self, budgets: np.ndarray) -> np.ndarray:
         """F(ε): inverse of the fit, clipped to [0, 1]; ε ≥ ε*(1) → 1 (Alg. 2 line 8)."""
@@ -95,6 +99,7 @@ class SCFEstimator:
         return {
             "method": self.method,
             "adversary": self.adversary,
+            "accountant": self.accountant,
             "plan": plan_to_dict(self.plan),
             "a": self.a,
             "b": self.b,
@@ -108,4 +113,9 @@ class SCFEstimator:
         vals = [float(d[k]) for k in ("a", "b", "c", "eps_at_one", "r2")]
         if not all(math.isfinite(v) for v in vals):
             raise ValueError("scf estimator: a, b, c, eps_at_one, r2 must be finite")
-        return cls(plan_from_dict(d["plan"]), as_adversary(d["adversary"]).value, *vals)
+        return cls(
+            plan_from_dict(d["plan"]),
+            as_adversary(d["adversary"]).value,
+            *vals,
+            accountant=as_accountant_name(d.get("accountant", "rdp")),
+        )

@@ -1,4 +1,12 @@
-"""``pdpfl account``: ε per record sampling rate for a DP-SGD / rPDP-FL training plan."""
+"""``pdpfl account``: ε per sampling rate for a privacy unit's mechanism.
+
+* ``--unit record`` (default): DP-SGD / rPDP-FL training plan (τ steps per round, client rate λ;
+  third-party and server views, rPDP-FL Theorem 1);
+* ``--unit client`` / ``--unit user``: T rounds of a Poisson-subsampled Gaussian with the unit's
+  own rate q (IDP-FedAvg clients, ULDP-FL users), accounted against third parties.
+
+``--accountant rdp`` (default) or ``pld`` (privacy-loss distributions; prints both bounds).
+"""
 
 from __future__ import annotations
 
@@ -21,6 +29,10 @@ def _floats(values: list[str], name: str) -> list[float]:
     return out
 
 
+def _num(x: float) -> float | None:
+    return float(x) if math.isfinite(x) else None
+
+
 def account(
     sigma: float = typer.Option(..., "--sigma", help="Noise multiplier σ > 0."),
     delta: float = typer.Option(..., "--delta", help="Target δ in (0, 1)."),
@@ -30,24 +42,73 @@ def account(
     q_file: Path | None = typer.Option(None, "--q-file", help="A .npy file of sampling rates."),
     steps: int = typer.Option(1, "--steps", help="τ: local steps per round (total if no --rounds)."),
     rounds: int | None = typer.Option(None, "--rounds", help="T federated rounds."),
-    client_rate: float = typer.Option(1.0, "--client-rate", help="λ in (0, 1]."),
+    client_rate: float = typer.Option(1.0, "--client-rate", help="λ in (0, 1] (record unit)."),
     adversary: str = typer.Option("third-party", "--adversary", help="third-party|server|both."),
     participations: int | None = typer.Option(
         None, "--participations", help="k ≤ T rounds the client took part in (server)."
     ),
     orders: list[str] = typer.Option(None, "--orders", help="Rényi orders > 1 (default grid)."),
+    unit: str = typer.Option(
+        "record", "--unit", help="record (rPDP-FL) | client (IDP-FedAvg) | user (ULDP-FL)."
+    ),
+    accountant: str = typer.Option(
+        "rdp", "--accountant", help="rdp | pld (privacy-loss distribution; prints both)."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
-    """ε for each sampling rate q (rPDP-FL two-stage bound; centralized DP-SGD without --rounds)."""
+    """ε for each sampling rate q of the unit's mechanism (rPDP-FL two-stage bound for records)."""
     import numpy as np
 
+    from pdpfl.privacy.accountant import as_accountant_name, mechanism_epsilon
     from pdpfl.privacy.adversary import as_adversary
     from pdpfl.privacy.orders import DEFAULT_ORDERS, check_orders
-    from pdpfl.privacy.two_stage import plan_epsilon
+    from pdpfl.privacy.unit import PrivacyUnit, SampledGaussianPlan, as_unit
 
-    plan = plan_from_options(
-        sigma=sigma, delta=delta, steps=steps, rounds=rounds, client_rate=client_rate
-    )
+    try:
+        unit_ = as_unit(unit)
+    except ValueError:
+        fail(f"--unit: expected record, client or user, got {unit!r}")
+    try:
+        acc = as_accountant_name(accountant)
+    except ValueError:
+        fail(f"--accountant: expected rdp or pld, got {accountant!r}")
+    try:
+        adv = as_adversary(adversary)
+    except ValueError:
+        fail(f"--adversary: expected third-party, server or both, got {adversary!r}")
+
+    if unit_ is PrivacyUnit.RECORD:
+        mech = plan_from_options(
+            sigma=sigma, delta=delta, steps=steps, rounds=rounds, client_rate=client_rate
+        )
+        if participations is not None:
+            if rounds is None:
+                fail("--participations: needs --rounds")
+            if not (0 <= participations <= rounds):
+                fail(f"--participations: must be in [0, --rounds={rounds}], got {participations}")
+    else:
+        name = unit_.value
+        if rounds is None:
+            fail(f"--rounds: a {name}-level mechanism is T rounds of a Poisson-subsampled "
+                 "Gaussian; give --rounds T")
+        if steps != 1:
+            fail(f"--steps: a {name}-level mechanism releases one noisy update per round "
+                 "(no local steps to account); drop --steps")
+        if client_rate != 1.0:
+            fail(f"--client-rate: the {name}'s own sampling rate is --q; drop --client-rate")
+        if participations is not None:
+            fail("--participations: only for the record-level server view")
+        if adv.value != "third-party":
+            fail(f"--adversary: {name}-level DP (central noise at the aggregator) is stated "
+                 "against third parties; the aggregator sees the clipped updates and is trusted "
+                 "— use --adversary third-party")
+        try:
+            mech = SampledGaussianPlan(unit_, sigma, delta, rounds)
+        except ValueError as exc:
+            field, _, rest = str(exc).partition(":")
+            option = {"noise_multiplier": "--sigma", "delta": "--delta", "rounds": "--rounds"}
+            fail(f"{option.get(field, field)}:{rest}")
+
     if bool(q) == (q_file is not None):
         fail("--q / --q-file: give exactly one of them")
     if q:
@@ -62,21 +123,47 @@ def account(
     if rates.size == 0 or np.any(np.isnan(rates)) or np.any((rates < 0) | (rates > 1)):
         fail(f"{qname}: every sampling rate must be a number in [0, 1] (no NaN)")
     try:
-        adv = as_adversary(adversary)
-    except ValueError:
-        fail(f"--adversary: expected third-party, server or both, got {adversary!r}")
-    if participations is not None:
-        if rounds is None:
-            fail("--participations: needs --rounds")
-        if not (0 <= participations <= rounds):
-            fail(f"--participations: must be in [0, --rounds={rounds}], got {participations}")
-    try:
         a = check_orders(_floats(orders, "--orders")) if orders else DEFAULT_ORDERS
     except ValueError:
         fail("--orders: every Rényi order must be a finite number > 1")
-    eps, order = plan_epsilon(rates, plan, adv, participations, a)
+
+    observers = ("third-party", "server") if adv.value == "both" else (adv.value,)
+    n = rates.size
+    best = np.full(n, -np.inf)
+    eps_rdp = np.full(n, -np.inf)
+    eps_pld = np.full(n, -np.inf)
+    order = np.full(n, np.nan)
+    interval = np.full(n, np.nan)
+    pld = None
+    if acc == "pld":
+        from pdpfl.privacy.accountant import make_accountant
+
+        pld = make_accountant("pld", rate_grid_rel_step=0.0, rdp_orders=a)  # exact rates
+    for obs in observers:
+        if unit_ is PrivacyUnit.RECORD and obs == "server" and mech.rounds is not None:
+            k = mech.rounds if participations is None else participations
+        else:
+            k = mech.planned_rounds
+        e_r, o_r = mechanism_epsilon(mech, rates, obs, k, accountant="rdp", orders=a)
+        e = e_r
+        if pld is not None:
+            raw, h = pld.pld_epsilon(mech.round_event(rates, obs), k, delta)
+            e = np.minimum(e_r, raw)
+            take = raw >= eps_pld
+            eps_pld = np.where(take, raw, eps_pld)
+            interval = np.where(take, h, interval)
+        take = e_r >= eps_rdp
+        eps_rdp = np.where(take, e_r, eps_rdp)
+        order = np.where(take, o_r, order)
+        best = np.maximum(best, e)
+
     mechanism = {
-        "type": "dp-sgd" if rounds is None else "rpdp-fl-two-stage",
+        "type": (
+            "dp-sgd" if unit_ is PrivacyUnit.RECORD and rounds is None
+            else "rpdp-fl-two-stage" if unit_ is PrivacyUnit.RECORD
+            else "poisson-subsampled-gaussian"
+        ),
+        "unit": unit_.value,
         "noise_multiplier": sigma,
         "delta": delta,
         "steps": steps,
@@ -86,24 +173,40 @@ def account(
         "n_orders": int(np.size(a)),
     }
     if as_json:
-        print_json(
-            {
-                "epsilon": [float(e) if math.isfinite(e) else None for e in eps],
-                "order": [float(o) for o in order],
-                "adversary": adv.value,
-                "mechanism": mechanism,
-            }
-        )
+        out = {
+            "epsilon": [_num(e) for e in best],
+            "order": [_num(o) for o in order],
+            "adversary": adv.value,
+            "unit": unit_.value,
+            "accountant": acc,
+            "mechanism": mechanism,
+        }
+        if pld is not None:
+            out["epsilon_rdp"] = [_num(e) for e in eps_rdp]
+            out["epsilon_pld"] = [_num(e) for e in eps_pld]
+            out["pld_interval"] = [_num(h) for h in interval]
+        print_json(out)
         return
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"pdpfl account — {adv.value} adversary, δ={delta:g}")
+    table = Table(
+        title=f"pdpfl account — {unit_.value} unit, {adv.value} adversary, δ={delta:g}, "
+        f"accountant {acc}"
+    )
     table.add_column("q", justify="right")
     table.add_column("ε", justify="right")
-    table.add_column("order α", justify="right")
-    for qi, ei, oi in zip(rates, eps, order, strict=True):
-        table.add_row(f"{qi:.6g}", f"{ei:.6g}", f"{oi:g}")
+    if pld is not None:
+        table.add_column("ε RDP", justify="right")
+        table.add_column("ε PLD", justify="right")
+        table.add_column("PLD interval", justify="right")
+    table.add_column("RDP order α", justify="right")
+    for i, qi in enumerate(rates):
+        row = [f"{qi:.6g}", f"{best[i]:.6g}"]
+        if pld is not None:
+            row += [f"{eps_rdp[i]:.6g}", f"{eps_pld[i]:.6g}", f"{interval[i]:.3g}"]
+        row.append("-" if math.isnan(order[i]) else f"{order[i]:.6g}")
+        table.add_row(*row)
     Console().print(table)
 
 

@@ -1,4 +1,8 @@
-"""`pdpfl calibrate`: personal budgets → per-record sampling rates (certified by default).
+"""`pdpfl calibrate`: personal budgets → per-unit sampling rates (certified by default).
+
+``--unit record`` (default, rPDP-FL plan), ``client`` or ``user`` (T rounds of a
+Poisson-subsampled Gaussian at the unit's rate); ``--accountant rdp`` (default) or ``pld``.
+With ``--epsilon-max``, σ is chosen with RDP, as ``pdpfl run`` does.
 
 Example::
 
@@ -35,7 +39,9 @@ def calibrate_command(
         None, "--epsilon-max", help="Choose σ so that q = 1 spends this ε (rPDP-FL rule)."
     ),
     delta: float = typer.Option(..., "--delta", help="Target δ, in (0, 1)."),
-    steps: int = typer.Option(..., "--steps", help="Local steps per round τ (>= 1)."),
+    steps: int | None = typer.Option(
+        None, "--steps", help="Local steps per round τ (>= 1; record unit, required there)."
+    ),
     rounds: int | None = typer.Option(
         None, "--rounds", help="Rounds T (>= 1); omit for a centralized plan of --steps steps."
     ),
@@ -46,6 +52,12 @@ def calibrate_command(
         "third-party", "--adversary", help="third-party | server | both."
     ),
     method: str = typer.Option("certified", "--method", help="certified | scf | binary-search."),
+    unit: str = typer.Option(
+        "record", "--unit", help="record (rPDP-FL) | client (IDP-FedAvg) | user (ULDP-FL)."
+    ),
+    accountant: str = typer.Option(
+        "rdp", "--accountant", help="rdp | pld (tighter: larger rates at the same budgets)."
+    ),
     allow_exclusion: bool = typer.Option(
         False, "--allow-exclusion", help="Give q = 0 to budgets below the smallest achievable ε."
     ),
@@ -66,14 +78,49 @@ def calibrate_command(
         fail("give exactly one of --sigma S or --epsilon-max E")
     if out is not None and out.suffix.lower() != ".npy":
         fail(f"--out: rates are written as .npy, got {out.name!r}")
+    from pdpfl.privacy.accountant import as_accountant_name
+    from pdpfl.privacy.unit import PrivacyUnit, SampledGaussianPlan, as_unit
+
+    try:
+        unit_ = as_unit(unit)
+    except ValueError:
+        fail(f"--unit: expected record, client or user, got {unit!r}")
+    try:
+        accountant = as_accountant_name(accountant)
+    except ValueError:
+        fail(f"--accountant: expected rdp or pld, got {accountant!r}")
     # σ is searched when --epsilon-max is given: validate the rest of the plan with σ = 1.
-    plan = plan_from_options(
-        sigma=1.0 if sigma is None else sigma,
-        delta=delta,
-        steps=steps,
-        rounds=rounds,
-        client_rate=client_rate,
-    )
+    if unit_ is PrivacyUnit.RECORD:
+        if steps is None:
+            fail("--steps: local steps per round τ (>= 1) is required for --unit record")
+        plan = plan_from_options(
+            sigma=1.0 if sigma is None else sigma,
+            delta=delta,
+            steps=steps,
+            rounds=rounds,
+            client_rate=client_rate,
+        )
+    else:
+        name = unit_.value
+        if rounds is None:
+            fail(f"--rounds: a {name}-level mechanism is T rounds of a Poisson-subsampled "
+                 "Gaussian; give --rounds T")
+        if steps is not None:
+            fail(f"--steps: a {name}-level mechanism releases one noisy update per round; "
+                 "drop --steps")
+        if client_rate != 1.0:
+            fail(f"--client-rate: the {name}'s own sampling rate is what is calibrated; "
+                 "drop --client-rate")
+        if adversary != "third-party":
+            fail(f"--adversary: {name}-level DP is stated against third parties (the central "
+                 "aggregator is trusted) — use --adversary third-party")
+        try:
+            mech = SampledGaussianPlan(unit_, 1.0 if sigma is None else sigma, delta, rounds)
+        except ValueError as exc:
+            field, _, rest = str(exc).partition(":")
+            option = {"noise_multiplier": "--sigma", "delta": "--delta", "rounds": "--rounds"}
+            fail(f"{option.get(field, field)}:{rest}")
+        plan = mech.as_training_plan()
     if epsilon_max is not None and not (np.isfinite(epsilon_max) and epsilon_max > 0):
         fail(f"--epsilon-max: must be a finite ε > 0, got {epsilon_max}")
 
@@ -90,13 +137,16 @@ def calibrate_command(
     try:
         if epsilon_max is not None:
             plan = plan.with_noise(noise_for_max_budget(epsilon_max, plan, adversary))
-        result = calibrate(eps, plan, method, adversary, allow_exclusion=allow_exclusion)
+        result = calibrate(
+            eps, plan, method, adversary, allow_exclusion=allow_exclusion, accountant=accountant
+        )
     except ValueError as exc:
         fail(str(exc))
 
     if out is not None:
         save_npy(out, result.rates)
     report = result.report.to_dict()
+    report["unit"] = unit_.value
     report["out"] = str(out) if out is not None else None
     if as_json:
         print_json(report)
@@ -106,7 +156,8 @@ def calibrate_command(
         return "n/a" if x is None else f"{x:.4f}"
 
     typer.echo(
-        f"{report['method']} ({report['adversary']}): n={report['n']} "
+        f"{report['method']} ({report['unit']} unit, {report['adversary']}, "
+        f"{report['accountant']}): n={report['n']} "
         f"distinct={report['distinct_budgets']} σ={report['sigma']:.6g} "
         f"over_budget={report['over_budget']} excluded={report['excluded']} "
         f"utilization min={fmt(report['min_utilization'])} "

@@ -158,6 +158,7 @@ def fit_published_estimator(config: ExperimentConfig, sigma: float) -> Any:
         mechanism_plan(config, sigma),
         method=config.privacy.calibration,
         adversary=config.privacy.adversary,
+        accountant=config.privacy.accountant,
     )
 
 
@@ -293,7 +294,11 @@ class DpFedAvgClient:
                         "exclude them, or lower σ"
                     )
             self.ledger = PrivacyLedger(
-                self.budgets, self.rates, publication.plan(), groups=self.groups
+                self.budgets,
+                self.rates,
+                publication.plan(),
+                groups=self.groups,
+                accountant=(publication.estimator or {}).get("accountant", "rdp"),
             )
         else:
             self.normalizer = None

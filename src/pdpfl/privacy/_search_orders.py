@@ -12,6 +12,13 @@ Starting from a cheap skeleton of small integer orders, each record repeatedly e
 the unknown order with the smallest lower-bound ε, until no unknown order's lower bound is below
 the best certified ε. The result equals the minimum of the exact per-order ε over all orders
 (every composition used here — τ·ρ, k·τ·ρ, T·ρ^{τ,λ} — and the conversion are monotone in ρ).
+
+Continuous refinement (``refine=True``, the default). Any order α > 1 gives a valid bound, so the
+best grid order a_c is then refined inside [a_{c−1}, a_{c+1}] by Brent's method, vectorized
+over rates (parabolic interpolation safeguarded by golden-section steps), evaluating ρ at each rate's
+own fractional order (:func:`~pdpfl.privacy.rdp.poisson_gaussian_rdp_pairs`, a proven upper
+bound at every order). A candidate only replaces the best point when its ε is smaller, so the
+refined ε is never above the grid minimum; the order reported is the one that attains it.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ from collections.abc import Callable
 import numpy as np
 
 from pdpfl.privacy.conversion import epsilon_per_order
-from pdpfl.privacy.rdp import poisson_gaussian_rdp
+from pdpfl.privacy.rdp import poisson_gaussian_rdp, poisson_gaussian_rdp_pairs
 
 __all__ = ["min_epsilon"]
 
@@ -29,6 +36,14 @@ _SKELETON = (2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0, 32.0, 48.0, 64.0)
 
 #: Orders evaluated exactly per record and per round of the search.
 _PER_ROUND = 6
+
+#: Maximum Brent iterations of the continuous refinement (rows stop on convergence).
+_REFINE_STEPS = 16
+#: Relative tolerance in α of the refinement.
+_REFINE_XTOL = 1e-5
+#: A parabolic step improving ε by less than this (relative) ends a row's refinement.
+_REFINE_FTOL = 1e-9
+_GOLD = 0.3819660112501051
 
 Compose = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
 
@@ -100,12 +115,15 @@ def min_epsilon(
     orders: np.ndarray,
     delta: float,
     compose: Compose,
+    refine: bool = True,
 ) -> tuple[np.ndarray, np.ndarray]:
     """min_α ε(α) per rate, computing ρ_SGM exactly only where needed.
 
-    ``compose(rho_step, rows, cols)`` maps per-step RDP (len(rows), len(cols)) of the records
-    ``rows`` at the sorted orders ``sorted(orders)[cols]`` to total RDP; it must be
-    non-decreasing in ``rho_step`` elementwise.
+    ``compose(rho_step, rows, alphas)`` maps per-step RDP of the records ``rows`` at the orders
+    ``alphas`` (broadcastable against ``rho_step``: a row of orders during the grid search, one
+    order per record during the refinement) to total RDP; it must be non-decreasing in
+    ``rho_step`` elementwise. With ``refine`` the best grid order is refined continuously (see
+    the module docstring): the result is then at most the grid minimum.
     """
     order_sort = np.argsort(orders, kind="stable")
     a = orders[order_sort]
@@ -127,8 +145,8 @@ def min_epsilon(
         rho = g[sub]
         ac = a[cols]
         lo, hi = _bounds(ac, kn, rho * (ac - 1.0)[None, :], sigma)
-        e_hi = epsilon_per_order(compose(hi, active, cols), ac, delta)
-        e_lo = np.where(kn, e_hi, epsilon_per_order(compose(lo, active, cols), ac, delta))
+        e_hi = epsilon_per_order(compose(hi, active, ac[None, :]), ac, delta)
+        e_lo = np.where(kn, e_hi, epsilon_per_order(compose(lo, active, ac[None, :]), ac, delta))
         best_col = np.argmin(e_hi, axis=1)
         best = e_hi[np.arange(active.size), best_col]
         cand = (e_lo < best[:, None]) & ~kn
@@ -145,11 +163,128 @@ def min_epsilon(
         score = np.where(cand[pending], e_lo[pending], np.inf)
         picks = np.argsort(score, axis=1)[:, :_PER_ROUND]
         ok = np.take_along_axis(score, picks, axis=1) < np.inf
-        for c in np.unique(picks[ok]):
-            sel = rows[(picks == c).any(axis=1) & np.isfinite(score[:, c])]
-            col = cols[c]
-            g[sel, col] = poisson_gaussian_rdp(q[sel], sigma, a[col : col + 1])[:, 0]
-            known[sel, col] = True
+        # one paired evaluation for every (record, order) picked this round
+        pr = np.repeat(rows, picks.shape[1])[ok.reshape(-1)]
+        pc = cols[picks[ok]]
+        g[pr, pc] = poisson_gaussian_rdp_pairs(q[pr], sigma, a[pc])
+        known[pr, pc] = True
         active = rows
         cols = cols[keep]
+    if refine:
+        eps_out, ord_out = _refine(q, sigma, a, delta, compose, eps_out, ord_out, g, known)
     return eps_out, ord_out
+
+
+def _refine(
+    q: np.ndarray,
+    sigma: float,
+    a: np.ndarray,
+    delta: float,
+    compose: Compose,
+    eps: np.ndarray,
+    order: np.ndarray,
+    rho_grid: np.ndarray,
+    known: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Brent's minimization of ε(α) inside [a_{c−1}, a_{c+1}], vectorized over rates.
+
+    The classical algorithm (Brent 1973, ch. 5; ``scipy.optimize.brent``): parabolic
+    interpolation through the three best points, replaced by a golden-section step whenever the
+    parabola is unusable or its step is not less than half the step before last (which
+    guarantees convergence). Rows stop independently when the bracket is below the tolerance.
+    """
+    eps, order = eps.copy(), order.copy()
+    col = np.searchsorted(a, order)
+    rows = np.flatnonzero(
+        (col > 0) & (col < a.size - 1) & (a[np.minimum(col, a.size - 1)] == order)
+        & np.isfinite(eps) & (eps > 0)
+    )
+    if rows.size == 0:
+        return eps, order
+
+    def at(r: np.ndarray, alpha: np.ndarray) -> np.ndarray:
+        rho = poisson_gaussian_rdp_pairs(q[r], sigma, alpha)[:, None]
+        total = compose(rho, r, alpha[:, None])
+        return epsilon_per_order(np.maximum(total, 0.0), alpha[:, None], delta)[:, 0]
+
+    x = order[rows].copy()
+    fx = eps[rows].copy()
+    lo, hi = a[col[rows] - 1], a[col[rows] + 1]
+    w, v, fw, fv = x.copy(), x.copy(), fx.copy(), fx.copy()
+    d = np.zeros(rows.size)
+    e = np.zeros(rows.size)
+    # Warm start: where the grid search already evaluated both neighbours exactly, they are
+    # Brent's w and v, so the first step can already be parabolic.
+    both = known[rows, col[rows] - 1] & known[rows, col[rows] + 1]
+    if both.any():
+        r2 = rows[both]
+
+        def grid_eps(c: np.ndarray) -> np.ndarray:
+            al = a[c][:, None]
+            total = compose(rho_grid[r2, c][:, None], r2, al)
+            return epsilon_per_order(np.maximum(total, 0.0), al, delta)[:, 0]
+
+        f_lo, f_hi = grid_eps(col[r2] - 1), grid_eps(col[r2] + 1)
+        w[both], fw[both] = lo[both], f_lo
+        v[both], fv[both] = hi[both], f_hi
+        e[both] = hi[both] - lo[both]
+        d[both] = 0.5 * e[both]
+    live = np.ones(rows.size, dtype=bool)
+    for _ in range(_REFINE_STEPS):
+        xm = 0.5 * (lo + hi)
+        tol1 = _REFINE_XTOL * np.abs(x) + 1e-12
+        tol2 = 2.0 * tol1
+        live &= np.abs(x - xm) > tol2 - 0.5 * (hi - lo)
+        if not live.any():
+            break
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            r_ = (x - w) * (fx - fv)
+            q_ = (x - v) * (fx - fw)
+            p_ = (x - v) * q_ - (x - w) * r_
+            q_ = 2.0 * (q_ - r_)
+            p_ = np.where(q_ > 0, -p_, p_)
+            q_ = np.abs(q_)
+            # successive parabolic interpolation through the three best points; Brent's
+            # extra "step < half the step before last" test is dropped (ε is smooth and
+            # unimodal here, and every row ends after _REFINE_STEPS anyway).
+            parab = (
+                (w != x) & (v != x) & (v != w)
+                & np.isfinite(p_) & np.isfinite(q_) & (q_ > 0)
+                & (p_ > q_ * (lo - x)) & (p_ < q_ * (hi - x))
+            )
+            d_par = p_ / q_
+        u_par = x + d_par
+        near_end = (u_par - lo < tol2) | (hi - u_par < tol2)
+        d_par = np.where(near_end, np.where(xm >= x, tol1, -tol1), d_par)
+        e_gold = np.where(x >= xm, lo - x, hi - x)
+        e = np.where(live, np.where(parab, d, e_gold), e)
+        d = np.where(live, np.where(parab, d_par, _GOLD * e_gold), d)
+        u = x + np.where(np.abs(d) >= tol1, d, np.where(d >= 0, tol1, -tol1))
+        idx = np.flatnonzero(live)
+        fu = np.full(rows.size, np.inf)
+        fu[idx] = at(rows[idx], u[idx])
+        better = live & (fu <= fx)
+        worse = live & ~better
+        # a parabolic step that no longer improves ε by more than _REFINE_FTOL: converged
+        settled = parab & (
+            (better & (fx - fu <= _REFINE_FTOL * fx)) | (np.abs(u - x) <= 4.0 * tol1)
+        )
+        # better: the old x becomes a bracket end, u the new best
+        lo = np.where(better & (u >= x), x, lo)
+        hi = np.where(better & (u < x), x, hi)
+        v, fv = np.where(better, w, v), np.where(better, fw, fv)
+        w, fw = np.where(better, x, w), np.where(better, fx, fw)
+        x, fx = np.where(better, u, x), np.where(better, fu, fx)
+        # worse: u becomes a bracket end; it may replace w or v
+        lo = np.where(worse & (u < x), u, lo)
+        hi = np.where(worse & (u >= x), u, hi)
+        to_w = worse & ((fu <= fw) | (w == x))
+        to_v = worse & ~to_w & ((fu <= fv) | (v == x) | (v == w))
+        v, fv = np.where(to_w, w, v), np.where(to_w, fw, fv)
+        w, fw = np.where(to_w, u, w), np.where(to_w, fu, fw)
+        v, fv = np.where(to_v, u, v), np.where(to_v, fu, fv)
+        live &= ~settled
+    improved = fx < eps[rows]
+    eps[rows] = np.where(improved, np.maximum(fx, 0.0), eps[rows])
+    order[rows] = np.where(improved, x, order[rows])
+    return eps, order

@@ -196,11 +196,15 @@ def plan_event(
 ) -> Mechanism:
     """The mechanism of a training plan as seen by ``adversary`` (per-record ``rates``).
 
-    * centralized (``rounds is None``): ``Composed(PoissonSampled(q, Gaussian(σ)), τ)``;
+    ``plan.total_event(rates, adversary, rounds=k)``, i.e. the plan's round event
+    (:meth:`~pdpfl.privacy.plan.TrainingPlan.round_event`) composed over the charged rounds:
+
+    * centralized (``rounds is None``): ``Composed(Composed(PoissonSampled(q, Gaussian(σ)), τ), 1)``;
     * third-party (rPDP-FL Theorem 1):
       ``Composed(TwoStageRound(λ, Composed(PoissonSampled(q, Gaussian(σ)), τ)), T)``;
     * server (Type I, no λ amplification):
-      ``Composed(PoissonSampled(q, Gaussian(σ)), k·τ)``, k = ``participations`` (default T).
+      ``Composed(Composed(PoissonSampled(q, Gaussian(σ)), τ), k)``, k = ``participations``
+      (default T).
 
     ``adversary="both"`` has no single event (it is the max of two ε): ValueError.
     """
@@ -209,19 +213,16 @@ def plan_event(
         raise ValueError("adversary: 'both' has no single event; account each adversary")
     if not isinstance(plan, TrainingPlan):
         raise ValueError(f"plan: expected a TrainingPlan, got {type(plan).__name__}")
-    q = check_rates(rates)
-    step = PoissonSampled(
-        q if np.ndim(rates) else float(q[0]), GaussianMechanism(plan.noise_multiplier)
-    )
+    check_rates(rates)
     if plan.rounds is None:
         if participations is not None:
             raise ValueError("participations: only meaningful for federated plans (rounds set)")
-        return Composed(step, plan.steps)
+        return plan.total_event(rates, adv.value)
+    k = plan.rounds
     if participations is not None:
         k = participations
         if isinstance(k, bool) or not isinstance(k, numbers.Integral) or not 0 <= k <= plan.rounds:
             raise ValueError(f"participations: must be an integer in [0, rounds={plan.rounds}]")
-    if adv is Adversary.SERVER:
-        k = plan.rounds if participations is None else int(participations)
-        return Composed(step, k * plan.steps)
-    return Composed(TwoStageRound(plan.client_rate, Composed(step, plan.steps)), plan.rounds)
+    if adv is Adversary.THIRD_PARTY:
+        k = plan.rounds
+    return plan.total_event(rates, adv.value, rounds=int(k))

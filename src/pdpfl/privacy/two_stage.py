@@ -19,11 +19,11 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import ArrayLike
 
-from pdpfl.privacy._search_orders import min_epsilon
+from pdpfl.privacy.accountant import RdpAccountant, mechanism_epsilon
 from pdpfl.privacy.adversary import Adversary, as_adversary
 from pdpfl.privacy.orders import DEFAULT_ORDERS, check_orders
 from pdpfl.privacy.plan import TrainingPlan
-from pdpfl.privacy.rdp import check_rates, poisson_gaussian_rdp
+from pdpfl.privacy.rdp import check_rates, two_stage_rdp
 
 __all__ = ["round_rdp", "plan_rdp", "plan_epsilon", "check_participations"]
 
@@ -58,17 +58,7 @@ def round_rdp(
     lam = float(client_rate)
     if not (0.0 < lam <= 1.0):
         raise ValueError(f"client_rate: must be in (0, 1], got {client_rate!r}")
-    x = (a - 1.0) * tau * rho
-    if lam == 1.0:
-        return tau * rho
-    with np.errstate(over="ignore"):
-        small = x < 1.0
-        out = np.where(
-            small,
-            np.log1p(lam * np.expm1(np.minimum(x, 1.0))),
-            np.logaddexp(np.log1p(-lam), np.log(lam) + x),
-        )
-    return out / (a - 1.0)
+    return two_stage_rdp(rho, tau, lam, a)
 
 
 def check_participations(
@@ -90,6 +80,22 @@ def check_participations(
         ) from None
 
 
+def _charged_rounds(
+    plan: TrainingPlan, adv: Adversary, participations: ArrayLike | int | None, n: int
+) -> np.ndarray:
+    """Charged rounds per rate: T (third-party), k (server), 1 (centralized: all ``steps``)."""
+    if not isinstance(plan, TrainingPlan):
+        raise ValueError(f"plan: expected a TrainingPlan, got {type(plan).__name__}")
+    if plan.rounds is None:
+        if participations is not None:
+            raise ValueError("participations: only meaningful for federated plans (rounds set)")
+        return np.ones(n, dtype=np.int64)
+    k = check_participations(participations, n, plan.rounds)
+    if adv is Adversary.SERVER:
+        return k
+    return np.full(n, plan.rounds, dtype=np.int64)
+
+
 def plan_rdp(
     rates: ArrayLike,
     plan: TrainingPlan,
@@ -98,6 +104,8 @@ def plan_rdp(
     orders: ArrayLike = DEFAULT_ORDERS,
 ) -> np.ndarray:
     """Total RDP of a training plan per record rate, shape ``(n_rates, n_orders)``.
+
+    The plan's round event (:meth:`TrainingPlan.round_event`) times the charged rounds:
 
     * ``rounds is None`` (centralized DP-SGD): ``steps · ρ_SGM`` for every adversary;
     * third-party: ``T · ρ^{τ,λ}`` (rPDP-FL Theorem 1);
@@ -109,21 +117,10 @@ def plan_rdp(
     adv = as_adversary(adversary)
     if adv is Adversary.BOTH:
         raise ValueError("adversary: 'both' has no single RDP curve; use plan_epsilon")
-    if not isinstance(plan, TrainingPlan):
-        raise ValueError(f"plan: expected a TrainingPlan, got {type(plan).__name__}")
-    a = check_orders(orders)
     q = check_rates(rates)
-    step = poisson_gaussian_rdp(q, plan.noise_multiplier, a)
-    if plan.rounds is None:
-        if participations is not None:
-            raise ValueError("participations: only meaningful for federated plans (rounds set)")
-        return plan.steps * step
-    if adv is Adversary.SERVER:
-        k = check_participations(participations, q.size, plan.rounds)
-        return (k * plan.steps)[:, None] * step
-    if participations is not None:
-        check_participations(participations, q.size, plan.rounds)
-    return plan.rounds * round_rdp(step, plan.steps, plan.client_rate, a)
+    k = _charged_rounds(plan, adv, participations, q.size)
+    rows = RdpAccountant(orders).rdp(plan.round_event(q, adv.value))
+    return k[:, None] * rows
 
 
 def plan_epsilon(
@@ -132,61 +129,39 @@ def plan_epsilon(
     adversary: Adversary | str = "third-party",
     participations: ArrayLike | int | None = None,
     orders: ArrayLike = DEFAULT_ORDERS,
+    *,
+    accountant: str = "rdp",
+    refine: bool = True,
+    **options,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """ε per record rate at the plan's δ, and the optimal order (shapes ``(n_rates,)``).
+    """ε per record rate at the plan's δ, and the order that attains it (shapes ``(n_rates,)``).
 
-    For ``adversary="both"`` the larger ε of the two adversaries (and its order).
+    For ``adversary="both"`` the larger ε of the two adversaries (and its order). Computed by
+    :func:`pdpfl.privacy.accountant.mechanism_epsilon` (the plan's round event charged T times,
+    or k times for the server) — the same path as the ledger and the calibration.
+
+    ``accountant="pld"`` uses the privacy-loss-distribution accountant
+    (:class:`pdpfl.privacy.pld.PldAccountant`; ``orders``/``refine`` then configure its RDP
+    fallback, ``options`` its discretization); the order returned is then NaN where the PLD
+    bound was the smaller one.
     """
     adv = as_adversary(adversary)
-    if adv is not Adversary.BOTH:
-        return _plan_epsilon_single(rates, plan, adv, participations, orders)
-    e_tp, o_tp = plan_epsilon(rates, plan, Adversary.THIRD_PARTY, participations, orders)
-    e_sv, o_sv = plan_epsilon(rates, plan, Adversary.SERVER, participations, orders)
-    take_sv = e_sv >= e_tp
-    return np.where(take_sv, e_sv, e_tp), np.where(take_sv, o_sv, o_tp)
-
-
-def _plan_epsilon_single(
-    rates: ArrayLike,
-    plan: TrainingPlan,
-    adv: Adversary,
-    participations: ArrayLike | int | None,
-    orders: ArrayLike,
-) -> tuple[np.ndarray, np.ndarray]:
-    """ε for one adversary via the branch-and-bound order search (:mod:`._search_orders`)."""
-    if not isinstance(plan, TrainingPlan):
-        raise ValueError(f"plan: expected a TrainingPlan, got {type(plan).__name__}")
-    a = check_orders(orders)
+    if adv is Adversary.BOTH:
+        e_tp, o_tp = plan_epsilon(
+            rates, plan, Adversary.THIRD_PARTY, participations, orders,
+            accountant=accountant, refine=refine, **options,
+        )
+        e_sv, o_sv = plan_epsilon(
+            rates, plan, Adversary.SERVER, participations, orders,
+            accountant=accountant, refine=refine, **options,
+        )
+        take_sv = e_sv >= e_tp
+        return np.where(take_sv, e_sv, e_tp), np.where(take_sv, o_sv, o_tp)
     q = check_rates(rates)
-    tau = plan.steps
-    if plan.rounds is None:
-        if participations is not None:
-            raise ValueError("participations: only meaningful for federated plans (rounds set)")
-        key = q
-        factor = np.full(q.size, float(tau))
-    elif adv is Adversary.SERVER:
-        k = check_participations(participations, q.size, plan.rounds)
-        key = q + 2.0 * k  # q in [0, 1]: (q, k) pairs map to distinct keys
-        factor = (k * tau).astype(np.float64)
+    k = _charged_rounds(plan, adv, participations, q.size)
+    a = check_orders(orders)
+    if accountant == "rdp":
+        options = {"orders": a, "refine": refine, **options}
     else:
-        if participations is not None:
-            check_participations(participations, q.size, plan.rounds)
-        key = q
-        factor = None
-    uniq, first, inv = np.unique(key, return_index=True, return_inverse=True)
-    uq = q[first]
-    if factor is not None:
-        uf = factor[first]
-
-        def compose(rho: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
-            return uf[rows, None] * rho
-    else:
-        rounds, lam = plan.rounds, plan.client_rate
-        srt = np.sort(a)
-
-        def compose(rho: np.ndarray, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
-            return rounds * round_rdp(rho, tau, lam, srt[cols])
-
-    eps, order = min_epsilon(uq, plan.noise_multiplier, a, plan.delta, compose)
-    inv = inv.reshape(-1)
-    return eps[inv], order[inv]
+        options = {"rdp_orders": a, "rdp_refine": refine, **options}
+    return mechanism_epsilon(plan, q, adv, k, accountant=accountant, **options)
