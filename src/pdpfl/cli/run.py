@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import typer
 
-from pdpfl.cli._common import fail, print_json
+from pdpfl.cli._common import fail, import_plugins, print_json
 
 #: Exit code after Ctrl-C (128 + SIGINT), as shells report it.
 EXIT_INTERRUPTED = 130
@@ -181,8 +181,10 @@ def _over_budget_cell(row: dict[str, Any]) -> str:
 
 
 def _resume_hint(config_path: Path, out_dir: Path, overrides: list[str], data_dir: str | None,
-                 runtime: str | None) -> str:
+                 runtime: str | None, plugins: list[str]) -> str:
     parts = ["pdpfl", "run", str(config_path), "--out", str(out_dir), "--resume"]
+    for plugin in plugins:
+        parts += ["--import", plugin]
     for o in overrides:
         parts += ["--set", o]
     if data_dir is not None:
@@ -222,10 +224,15 @@ def run_command(
     runtime: str | None = typer.Option(
         None, "--runtime", help="simulation (in-process) or flower (overrides the config)."
     ),
+    plugins: list[str] | None = typer.Option(
+        None, "--import", help="Python file or module to import first (e.g. one that calls "
+        "@register_model). Repeatable."
+    ),
 ) -> None:
     """Train one federation (rPDP-FL or a baseline) and write metrics, summary, ledgers, plots."""
     if resume and force:
         fail("--resume and --force: choose one (continue the run, or replace it)")
+    import_plugins(plugins)
     extra = [*(overrides or []), *([f"runtime={runtime}"] if runtime is not None else [])]
     config = _load(config_path, extra, data_dir)
     out_dir = Path(out) if out is not None else Path(config.output_dir)
@@ -239,7 +246,8 @@ def run_command(
             )
     existed = out_dir.exists()
     _prepare_out(out_dir, resume=resume, force=force)
-    hint = _resume_hint(config_path, out_dir, list(overrides or []), data_dir, runtime)
+    hint = _resume_hint(config_path, out_dir, list(overrides or []), data_dir, runtime,
+                        list(plugins or []))
     try:
         if config.runtime == "flower":
             summary = _flower(config, out_dir, resume)
@@ -399,6 +407,10 @@ def compare_command(
     overrides: list[str] | None = typer.Option(None, "--set", help="key=value override."),
     data_dir: str | None = typer.Option(None, "--data-dir", help="Folder with the dataset files."),
     as_json: bool = typer.Option(False, "--json", help="Print the table as one JSON object."),
+    plugins: list[str] | None = typer.Option(
+        None, "--import", help="Python file or module to import first (e.g. one that calls "
+        "@register_model). Repeatable."
+    ),
 ) -> None:
     """Run several methods over several seeds and print mean ± std of the final accuracy.
 
@@ -417,6 +429,7 @@ def compare_command(
         fail("--seeds: seeds must be >= 0")
     from pdpfl.config import ConfigError, with_updates
 
+    import_plugins(plugins)
     base = _load(config_path, overrides, data_dir)
     seeds = seeds or [base.seed]
     configs = {}

@@ -270,7 +270,8 @@ def write_outputs(
     warnings: list[str] | None = None,
     data: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Write ``summary.json``, ``model.npz``, ``ledgers/`` and plots; return the summary.
+    """Write ``summary.json``, ``model.npz``, ``ledgers/`` and plots; return the summary (as
+    written: values that are not finite numbers, such as ε = ∞ without DP, are None).
 
     ``warnings`` (problems found before training, e.g. silos without test records) are
     listed first in the summary's ``warnings``; ``data`` describes the federation trained on
@@ -287,9 +288,10 @@ def write_outputs(
         ledger = getattr(client, "ledger", None)
         if ledger is not None:
             ledger.save(out / "ledgers" / f"client_{cid}.npz")
+    summary = _finite(summary)  # what is returned is what is on disk: NaN/inf become None
     if plots:
         write_plots(result["metrics"], summary, out)
-    write_json(out / "summary.json", _finite(summary))
+    write_json(out / "summary.json", summary)
     return summary
 
 
