@@ -56,6 +56,7 @@ KNOWN_BROKEN: dict[str, str] = {
     "c74849c12e21": "docs/calibration.md: a signature listing fenced as python (branch privacy)",
     "5ab3aeb560d4": "docs/calibration.md: a signature listing fenced as python (branch privacy)",
     "502ab85cd862": "docs/flower.md: a signature listing fenced as python (branch flower)",
+    "e8221d06fadd": "docs/federated.md: `make demo` in a docs block (main marks it no-run)",
 }
 
 #: Blocks not even started on this branch: they run a multi-process Flower federation (minutes

@@ -11,7 +11,6 @@ import os
 import re
 from pathlib import Path
 
-import pytest
 import yaml
 from typer.testing import CliRunner
 

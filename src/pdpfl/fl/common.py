@@ -62,6 +62,11 @@ def client_budgets(config: ExperimentConfig, client_id: int, client_data: Any) -
     from pdpfl.data.user import is_budget_table, silo_budgets
 
     n = len(client_data.y_train)
+    if n == 0:
+        raise ValueError(
+            f"data: silo {client_id} ({getattr(client_data, 'name', client_id)!r}) has no "
+            "training records, so it has no budgets; use fewer silos or leave it out"
+        )
     if config.budgets.file is not None:
         path = config.budgets.file.format(client_id=client_id, client=client_data.name)
         if is_budget_table(path):
