@@ -86,6 +86,9 @@ def test_train_with_a_torch_module_and_budgets_by_id(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="model: the module returns shape"):
         pdpfl.train(fed, torch.nn.Linear(3, 3), rounds=1, local_steps=1, batch_size=8,
                     epsilon_max=4.0, out=tmp_path / "bad")
+    with pytest.raises(ConfigError, match="speed: not a config field"):
+        pdpfl.train(fed, model, rounds=1, local_steps=1, batch_size=8, epsilon_max=4.0,
+                    speed=3, out=tmp_path / "bad3")
     with pytest.raises(ConfigError, match="training.rounds"):
         pdpfl.train(fed, model, rounds=0, local_steps=1, batch_size=8, epsilon_max=4.0,
                     out=tmp_path / "bad2")

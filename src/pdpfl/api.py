@@ -166,7 +166,7 @@ def make_config(
     """The validated config :func:`train` runs (``settings`` are config leaf names such as
     ``rounds``, ``local_steps``, ``batch_size``, ``epsilon_max``, ``lr``; ``algorithm`` sets
     ``algorithm.name``, ``name`` the experiment name)."""
-    from pdpfl.config import config_from_dict
+    from pdpfl.config import ConfigError, _leaf_index, config_from_dict
 
     raw = _raw_config(config)
     settings = dict(settings)
@@ -181,9 +181,21 @@ def make_config(
         model_section.pop("options", None)
     raw["model"] = model_section
     overrides = []
+    index = _leaf_index()
+    problems = []
     for key, value in settings.items():
-        path = _SPECIAL.get(key, key)
+        path = _SPECIAL.get(key)
+        if path is None:
+            paths = index.get(key, [])
+            if len(paths) != 1:
+                where = f"one of {', '.join(paths)}" if paths else "not a config field"
+                problems.append(f"{key}: {where}; give it in config={{...}} by section "
+                                "(e.g. config={'training': {'lr': 0.1}})")
+                continue
+            path = paths[0]
         overrides.append(f"{path}={json.dumps(value, default=_plain)}")
+    if problems:
+        raise ConfigError(problems)
     if budgets_file is not None:
         overrides.append(f"budgets.file={json.dumps(budgets_file)}")
     return config_from_dict(raw, overrides)

@@ -498,9 +498,9 @@ def compare_command(
         first = f"{methods[0].replace(':', '-')}/seed{seeds[0]}"
         typer.echo(
             f"outputs written to {out}:\n"
-            f"  {Path(out) / 'compare.png'}  test accuracy per round, one line per method\n"
-            f"  {Path(out) / 'compare.csv'}  one row per (method, seed)\n"
-            f"  {Path(out) / first}/  one run: summary.json, accuracy.png, epsilon.png"
+            f"  plot:  {Path(out) / 'compare.png'} (test accuracy per round)\n"
+            f"  table: {Path(out) / 'compare.csv'} (one row per method and seed)\n"
+            f"  runs:  {Path(out) / first}/ ... (summary.json, epsilon.png)"
         )
     if csv_path is not None:
         typer.echo(f"rows written to {csv_path}")
@@ -541,15 +541,18 @@ def _write_compare_plot(path: Path, name: str, curves: dict[str, list[list[float
         length = min((len(r) for r in runs), default=0)
         if not length:
             continue
-        mean = np.nanmean(np.array([r[:length] for r in runs], dtype=float), axis=0) if np.any(
-            np.isfinite(np.array([r[:length] for r in runs], dtype=float))) else None
-        if mean is None:
+        acc = np.array([r[:length] for r in runs], dtype=float)
+        if not np.isfinite(acc).any():
             continue
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # rounds where every seed is NaN
+            mean = np.nanmean(acc, axis=0)
         ax.plot(np.arange(1, length + 1), mean, marker="o", ms=3, label=method)
         drawn = True
     if drawn:
         ax.set_xlabel("round")
         ax.set_ylabel("pooled test accuracy")
+        ax.xaxis.get_major_locator().set_params(integer=True)
         ax.legend(fontsize=7)
     else:
         _nothing_to_draw(ax, "no test accuracy was measured")

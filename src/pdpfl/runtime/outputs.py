@@ -335,6 +335,7 @@ def accuracy_figure(metrics: list[dict[str, Any]], summary: dict[str, Any]) -> A
                 ls="--", label="client mean")
         ax.set_xlabel("round")
         ax.set_ylabel("test accuracy")
+        ax.xaxis.get_major_locator().set_params(integer=True)
         ax.legend()
     fig.tight_layout()
     return fig
@@ -373,14 +374,15 @@ def epsilon_figure(summary: dict[str, Any]) -> Any:
     ax.set_yscale("log")
     lo, hi = min(positive) / 4, max(positive) * 6
     w = 0.36
-    ax.bar(x - w / 2, [v or 0.0 for v in tp], w, bottom=0, label="max spent (third party)",
-           color="tab:blue")
-    ax.bar(x + w / 2, [v or 0.0 for v in sv], w, bottom=0, label="max spent (server)",
-           color="tab:orange")
-    ax.hlines([b if b is not None else np.nan for b in budget], x - 0.45, x + 0.45,
-              colors="black", linewidth=2, label="budget")
     infinite = any(g.get("max_spent_third_party") is None
                    or not np.isfinite(float(g["max_spent_third_party"])) for g in rows)
+    if not infinite:
+        ax.bar(x - w / 2, [v or 0.0 for v in tp], w, bottom=0, label="max spent (third party)",
+               color="tab:blue")
+        ax.bar(x + w / 2, [v or 0.0 for v in sv], w, bottom=0, label="max spent (server)",
+               color="tab:orange")
+    ax.hlines([b if b is not None else np.nan for b in budget], x - 0.45, x + 0.45,
+              colors="black", linewidth=2, label="budget")
     for k, g in enumerate(rows):
         notes = []
         over = (int(g.get("over_budget_third_party") or 0), int(g.get("over_budget_server") or 0))
