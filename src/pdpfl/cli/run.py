@@ -440,15 +440,21 @@ def compare_command(
             except ConfigError as err:
                 fail(f"--methods {method}: " + "; ".join(err.problems))
     keep = out is not None
+    created = keep and not Path(out).exists()
     if keep:
         own = (*{m.replace(":", "-") for m in methods}, *_previous_runs(Path(out)),
                "compare.csv", "compare.png")
         _prepare_out(Path(out), resume=False, force=force, outputs=own)
     sinks = []
-    if csv_path is not None:
-        sinks.append(_CsvRows(Path(csv_path), force=force, option="--csv"))
-    if keep:
-        sinks.append(_CsvRows(Path(out) / "compare.csv", force=True, option="--out"))
+    try:  # every output is validated (written once) before any training
+        if csv_path is not None:
+            sinks.append(_CsvRows(Path(csv_path), force=force, option="--csv"))
+        if keep:
+            sinks.append(_CsvRows(Path(out) / "compare.csv", force=True, option="--out"))
+    except typer.Exit:
+        if created:
+            shutil.rmtree(Path(out), ignore_errors=True)
+        raise
     root = Path(out) if keep else Path(tempfile.mkdtemp(prefix="pdpfl-compare-"))
     rows: list[dict[str, Any]] = []
     curves: dict[str, list[list[float]]] = {}

@@ -213,10 +213,11 @@ def _check_budget_mix(config: ExperimentConfig, clients: list[Any]) -> None:
 
     from pdpfl import budgets as budgets_mod
     from pdpfl.fl.common import client_budgets
+    from pdpfl.fl.registry import get_algorithm
     from pdpfl.seeding import numpy_generator
 
-    if config.budgets.file is not None:
-        return
+    if config.budgets.file is not None or get_algorithm(config.algorithm.name).unit != "record":
+        return  # per-record budgets from a file, or budgets that are not per record
     scenario = budgets_mod.make_scenario(config.budgets.scenario, **config.budgets.params)
     if isinstance(scenario, budgets_mod.PerLabel):
         return  # the labels decide: no configured shares to keep
