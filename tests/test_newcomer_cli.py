@@ -101,7 +101,8 @@ def test_compare_csv_into_unwritable_place_fails_before_training(tmp_path: Path,
     blocker = tmp_path / "blocker"
     blocker.write_text("")
     _clean_exit_2(_invoke("compare", str(cfg), "--methods", "rpdp", "--csv",
-                          str(blocker / "rows.csv")), "--csv")
+                          str(blocker / "rows.csv"), "--out", str(tmp_path / "cmp")), "--csv")
+    assert not (tmp_path / "cmp").exists()  # no half-made output folder either
 
 
 def test_compare_writes_rows_as_runs_finish(tmp_path: Path, monkeypatch) -> None:
