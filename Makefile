@@ -24,7 +24,8 @@ lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
 
 demo: $(STAMP)
-	$(BIN)/pdpfl compare examples/digits_demo.yaml --methods rpdp minimum dropout privacy-free --seeds 42
+	$(BIN)/pdpfl compare examples/digits_demo.yaml --methods rpdp minimum dropout privacy-free --seeds 42 \
+		--out runs/digits_demo --force
 
 # Each script prints one JSON object; numbers, commands and the machine are in benchmarks/RESULTS.md.
 BENCHMARKS := accounting calibration gdp_mechanisms dpsgd data federated flower

@@ -19,7 +19,7 @@ TINY = {
     "data": {"dataset": "breast-cancer", "num_clients": 2},
     "model": {"name": "logreg"},
     "privacy": {"epsilon_max": 5.0, "delta": 1e-3},
-    "training": {"rounds": 2, "local_steps": 2, "lr": 0.3},
+    "training": {"rounds": 2, "local_steps": 2, "lr": 0.3, "batch_size": 8},
 }
 
 
@@ -75,7 +75,7 @@ def test_run_writes_outputs_and_json(tmp_path: Path) -> None:
     assert res.exit_code == 2 and "--resume" in res.output
     res = _invoke("run", str(cfg), "--out", str(out), "--resume", "--quiet")
     assert res.exit_code == 0, res.output
-    assert "cli-tiny - rpdp" in res.stdout and "outputs written" in res.stdout
+    assert "cli-tiny · rpdp" in res.stdout and "outputs written" in res.stdout
 
 
 def test_compare_table_and_csv(tmp_path: Path) -> None:

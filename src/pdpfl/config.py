@@ -115,7 +115,7 @@ class TrainingConfig(_Section):
     local_steps: int = Field(..., ge=1, le=1_000_000, description="τ, local DP-SGD steps")
     client_rate: float = Field(1.0, gt=0, le=1, description="λ, client sampling rate")
     max_grad_norm: float = Field(1.0, gt=0, description="C, per-example clipping bound")
-    optimizer: Literal["sgd", "adam"] = "sgd"
+    optimizer: Literal["sgd", "adam", "rmsprop"] = "sgd"
     lr: float = Field(0.1, gt=0)
     momentum: float = Field(0.0, ge=0, lt=1)
     weight_decay: float = Field(0.0, ge=0)

@@ -92,3 +92,30 @@ def plan_from_options(
     except ValueError as exc:
         field, _, rest = str(exc).partition(":")
         fail(f"{_PLAN_OPTIONS.get(field, field)}:{rest}")
+
+
+def import_plugins(specs: list[str] | None, option: str = "--import") -> None:
+    """Import user modules (``my_models.py`` or ``package.module``) before a config is loaded,
+    so that their ``@register_model`` / ``register_algorithm`` calls take effect."""
+    import importlib
+    import importlib.util
+    from pathlib import Path
+
+    for spec in specs or []:
+        try:
+            path = Path(spec)
+            if spec.endswith(".py"):
+                if not path.is_file():
+                    fail(f"{option}: {spec} does not exist")
+                name = f"pdpfl_plugin_{path.stem}"
+                module_spec = importlib.util.spec_from_file_location(name, path)
+                assert module_spec is not None and module_spec.loader is not None
+                module = importlib.util.module_from_spec(module_spec)
+                sys.modules[name] = module
+                module_spec.loader.exec_module(module)
+            else:
+                importlib.import_module(spec)
+        except typer.Exit:
+            raise
+        except Exception as err:  # noqa: BLE001 - any error in the user's module is bad input
+            fail(f"{option}: importing {spec} failed: {type(err).__name__}: {err}")

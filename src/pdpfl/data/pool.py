@@ -33,6 +33,9 @@ class Pool:
     class_names: list[str] | None = None
     channel_stats: tuple[tuple[float, ...], tuple[float, ...]] | None = None
     """Published per-channel (mean, std) of the [0, 1]-scaled images, for ``standard``."""
+    silos: np.ndarray | None = None
+    """Optional silo label of each record (e.g. a CSV's silo column): the silos come from the
+    data instead of a partition."""
 
 
 def _zscore(train: np.ndarray, test: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -45,7 +48,7 @@ def _zscore(train: np.ndarray, test: np.ndarray) -> tuple[np.ndarray, np.ndarray
 def federate(
     pool: Pool,
     *,
-    num_clients: int,
+    num_clients: int | None,
     partition: str = "iid",
     partition_params: dict[str, Any] | None = None,
     seed: int = 42,
@@ -58,7 +61,8 @@ def federate(
 
     With ``users`` (``{"num_users": U, "distribution": "uniform"|"zipf", "alpha_user",
     "alpha_silo"}``) the silo of each record comes from :func:`assign_users` instead of a
-    label partition, and each train record carries its user id.
+    label partition, and each train record carries its user id. A pool with ``silos`` (a
+    CSV's silo column) keeps those silos (named by their labels, in sorted order).
     """
     if normalize not in NORMALIZATIONS:
         raise ValueError(f"normalize must be one of {list(NORMALIZATIONS)}, got {normalize!r}")
@@ -67,6 +71,10 @@ def federate(
                          f"{pool.name!r} has not; use 'zscore' or 'none'")
     fed_name = name or pool.name
     alloc: UserAllocation | None = None
+    silo_names: list[str] | None = None
+    if users is not None and pool.silos is not None:
+        raise ValueError("num_users: the silos come from the silo column; user allocation "
+                         "(num_users) cannot also decide them")
     if users is not None:
         if partition != "iid" or partition_params:
             raise ValueError("partition must be 'iid' (the default) when num_users is given: "
@@ -80,6 +88,16 @@ def federate(
         if empty:
             raise ValueError(f"user allocation left silos {empty} with fewer than 2 records; "
                              f"use fewer clients, more users or a smaller alpha_silo")
+    elif pool.silos is not None:
+        if partition != "iid" or partition_params:
+            raise ValueError("partition: the silos come from the silo column; leave partition "
+                             "and partition_params out")
+        keys = np.unique(pool.silos)
+        if num_clients is not None and num_clients != len(keys):
+            raise ValueError(f"num_clients: the silo column names {len(keys)} silos, got "
+                             f"num_clients={num_clients} (leave it out)")
+        parts = [np.flatnonzero(pool.silos == key) for key in keys]
+        silo_names = [str(key) for key in keys]
     else:
         parts = partition_indices(pool.y, num_clients, partition, partition_params,
                                   rng=numpy_generator(seed, f"partition:{fed_name}"))
@@ -99,7 +117,7 @@ def federate(
             std = np.asarray(pool.channel_stats[1], np.float32).reshape(shape)
             x_tr, x_te = (x_tr - mean) / std, (x_te - mean) / std
         clients.append(ClientData(
-            name=f"client-{k}", x_train=x_tr, y_train=pool.y[tr], x_test=x_te,
+            name=f"client-{k}" if silo_names is None else silo_names[k], x_train=x_tr, y_train=pool.y[tr], x_test=x_te,
             y_test=pool.y[te], record_ids=pool.record_ids[tr],
             user_ids=None if alloc is None else alloc.user_ids[tr],
             test_record_ids=pool.record_ids[te],
@@ -108,7 +126,8 @@ def federate(
         name=fed_name, clients=clients, input_shape=pool.input_shape,
         num_classes=pool.num_classes, feature_names=pool.feature_names,
         class_names=pool.class_names,
-        metadata={"partition": "users" if alloc is not None else partition,
+        metadata={"partition": "users" if alloc is not None else (
+                      "silo-column" if silo_names is not None else partition),
                   "partition_params": dict(partition_params or {}), "seed": seed,
                   "test_fraction": test_fraction, "normalize": normalize,
                   **({"users": dict(users)} if users else {})},

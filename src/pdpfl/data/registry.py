@@ -73,9 +73,11 @@ DATASETS: dict[str, DatasetInfo] = {
         DatasetInfo("breast-cancer", "scikit-learn Wisconsin breast cancer (offline): 569 "
                     "records, 30 z-scored features, 2 classes", 4, False, ("normalize",),
                     False),
-        DatasetInfo("csv", "a user-supplied CSV file (Creditcard-style): label column, "
+        DatasetInfo("csv", "a user-supplied CSV file: label column, optional silo column "
+                    "(else partitioned over clients), record ids and dropped columns, "
                     "per-client z-scoring fitted on train, optional undersampling", 5, False,
-                    ("path", "label_column", "undersample", "delimiter", "normalize"), False),
+                    ("path", "label_column", "undersample", "delimiter", "normalize",
+                     "silo_column", "record_id_column", "drop_columns"), False),
     )
 }
 
@@ -194,6 +196,9 @@ def _pool_for(name: str, data_dir: Any, options: dict[str, Any]) -> tuple[Pool, 
             delimiter=options.pop("delimiter", ","),
             undersample=options.pop("undersample", None),
             rng=numpy_generator(options.pop("_seed"), "csv-undersample"),
+            silo_column=options.pop("silo_column", None),
+            record_id_column=options.pop("record_id_column", None),
+            drop_columns=options.pop("drop_columns", None),
         ), "zscore"
     raise AssertionError(name)  # pragma: no cover
 
@@ -233,7 +238,9 @@ def load_federation(
         ``num_users`` + ``user_distribution`` (``uniform``/``zipf``), ``alpha_user``,
         ``alpha_silo``, ``home_fraction`` (user ids for user-level DP), and per dataset:
         ``download`` (bool), ``pool`` (``train``/``test``/``all`` for mnist, cifar10),
-        ``flat`` (digits), ``path``, ``label_column``, ``undersample``, ``delimiter`` (csv).
+        ``flat`` (digits), ``path``, ``label_column``, ``undersample``, ``delimiter``,
+        ``silo_column`` (the silos come from this column), ``record_id_column`` (integer ids;
+        default: the 0-based data row) and ``drop_columns`` (csv).
 
     Raises
     ------
@@ -271,8 +278,10 @@ def load_federation(
     if isinstance(test_fraction, bool) or not isinstance(test_fraction, int | float) or not (
             0 < test_fraction < 1):
         raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction!r}")
+    if pool.silos is None and num_clients is None:
+        num_clients = info.default_clients
     return federate(
-        pool, num_clients=info.default_clients if num_clients is None else num_clients,
+        pool, num_clients=num_clients,
         partition=partition, partition_params=partition_params, seed=int(seed),
         test_fraction=float(test_fraction), normalize=normalize, users=users, name=name,
     )

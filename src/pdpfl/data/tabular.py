@@ -1,7 +1,10 @@
-"""User-supplied tabular CSV files (Creditcard-style).
+"""User-supplied tabular CSV files (Creditcard-style, or one row per record of several silos).
 
 The file has a header row; one column is the label (any values: they are mapped to class
-indices in sorted order and kept as ``class_names``), every other column must be numeric.
+indices in sorted order and kept as ``class_names``). Optional columns: ``silo_column`` (the
+silo of each record: the silos come from the file instead of a partition), ``record_id_column``
+(unique integer ids, default the 0-based data row), and ``drop_columns`` (ignored, e.g. free
+text or the budget column). Every other column is a feature and must be numeric.
 Optional majority undersampling (``undersample=r``) keeps, for each class, at most
 ``r`` × (size of the smallest class) records, drawn at random before partitioning. Each silo is
 z-scored with its own train statistics (the scaler never sees test records).
@@ -35,11 +38,15 @@ def csv_pool(
     delimiter: str = ",",
     undersample: float | bool | None = None,
     rng: np.random.Generator,
+    silo_column: str | None = None,
+    record_id_column: str | None = None,
+    drop_columns: list[str] | tuple[str, ...] | None = None,
 ) -> Pool:
     """Read ``path`` into a :class:`Pool` (label column default: the last column).
 
     ``undersample``: ``None``/``False`` (keep all), ``True`` (balance classes, ratio 1), or
-    a ratio >= 1 of majority to minority records.
+    a ratio >= 1 of majority to minority records. ``silo_column`` fills ``Pool.silos``;
+    ``record_id_column`` gives the record ids; ``drop_columns`` are not read as features.
     """
     p = Path(path)
     if not p.is_file():
@@ -54,23 +61,50 @@ def csv_pool(
         raise ValueError(f"option 'label_column': {label!r} is not a column of {p}; "
                          f"columns: {header}")
     j = header.index(label)
+    if isinstance(drop_columns, str):  # "a,b" or "[a, b]" from a command line
+        drop_columns = [c.strip() for c in drop_columns.strip("[]").split(",") if c.strip()]
+    drop = list(drop_columns or [])
+    special = {"silo_column": silo_column, "record_id_column": record_id_column}
+    for option, col in [*special.items(), *(("drop_columns", d) for d in drop)]:
+        if col is not None and col not in header:
+            raise ValueError(f"option {option!r}: {col!r} is not a column of {p}; "
+                             f"columns: {header}")
+        if col == label:
+            raise ValueError(f"option {option!r}: {col!r} is the label column")
+    skip = {j} | {header.index(c) for c in [*special.values(), *drop] if c is not None}
     body = [r for r in rows[1:] if r]
     bad = [k + 2 for k, r in enumerate(body) if len(r) != len(header)]
     if bad:
         raise ValueError(f"{p}: rows {bad[:5]} do not have {len(header)} fields")
-    features = [h for k, h in enumerate(header) if k != j]
+    cols = [k for k in range(len(header)) if k not in skip]
+    if not cols:
+        raise ValueError(f"{p}: no feature column left after the label and drop_columns")
+    features = [header[k] for k in cols]
     x = np.empty((len(body), len(features)), dtype=np.float64)
-    cols = [k for k in range(len(header)) if k != j]
     for i, r in enumerate(body):
         for out, k in enumerate(cols):
             try:
                 x[i, out] = float(r[k])
             except ValueError:
                 raise ValueError(f"{p}: column {header[k]!r} row {i + 2} is not numeric: "
-                                 f"{r[k]!r}") from None
+                                 f"{r[k]!r} (leave it out with option 'drop_columns')") from None
     raw_labels = np.asarray([r[j].strip().strip('"') for r in body])
     class_names, y = np.unique(raw_labels, return_inverse=True)
     ids = np.arange(len(y), dtype=np.int64)
+    if record_id_column is not None:
+        k = header.index(record_id_column)
+        try:
+            ids = np.array([int(r[k]) for r in body], dtype=np.int64)
+        except ValueError:
+            raise ValueError(f"option 'record_id_column': {record_id_column!r} must hold "
+                             "integers") from None
+        if len(np.unique(ids)) != len(ids):
+            raise ValueError(f"option 'record_id_column': {record_id_column!r} has repeated "
+                             "ids")
+    silos = None
+    if silo_column is not None:
+        k = header.index(silo_column)
+        silos = np.asarray([r[k].strip().strip('"') for r in body])
     if undersample not in (None, False):
         ratio = 1.0 if undersample is True else undersample
         if isinstance(ratio, bool) or not isinstance(ratio, int | float) or ratio < 1:
@@ -78,6 +112,8 @@ def csv_pool(
                              f"got {undersample!r}")
         keep = _undersample(y, float(ratio), rng)
         x, y, ids = x[keep], y[keep], ids[keep]
+        silos = None if silos is None else silos[keep]
     return Pool(name="csv", x=x, y=y.astype(np.int64), record_ids=ids,
                 input_shape=(len(features),), num_classes=len(class_names),
-                feature_names=features, class_names=[str(c) for c in class_names])
+                feature_names=features, class_names=[str(c) for c in class_names],
+                silos=silos)

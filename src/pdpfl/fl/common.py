@@ -52,15 +52,25 @@ def federation_info(federation: Any, config: ExperimentConfig | None = None) -> 
 def client_budgets(config: ExperimentConfig, client_id: int, client_data: Any) -> np.ndarray:
     """ε of one silo's training records (computed on the silo; never sent anywhere).
 
-    From ``budgets.file`` (``{client_id}``/``{client}`` in the path are replaced) or drawn from the
-    configured scenario with ``numpy_generator(seed, "budgets", client_id)`` -- the budgets are
-    simulated users' choices, i.e. part of the data, not mechanism randomness.
+    From ``budgets.file`` (``{client_id}``/``{client}`` in the path are replaced; a ``.csv``
+    with the columns ``record_id`` and ``epsilon`` is matched to the silo's records by id, any
+    other file is read in the silo's train order) or drawn from the configured scenario with
+    ``numpy_generator(seed, "budgets", client_id)`` -- the budgets are simulated users' choices,
+    i.e. part of the data, not mechanism randomness.
     """
     from pdpfl import budgets as budgets_mod
+    from pdpfl.data.user import is_budget_table, silo_budgets
 
     n = len(client_data.y_train)
+    if n == 0:
+        raise ValueError(
+            f"data: silo {client_id} ({getattr(client_data, 'name', client_id)!r}) has no "
+            "training records, so it has no budgets; use fewer silos or leave it out"
+        )
     if config.budgets.file is not None:
         path = config.budgets.file.format(client_id=client_id, client=client_data.name)
+        if is_budget_table(path):
+            return silo_budgets(path, client_data.record_ids)
         try:
             values = np.asarray(budgets_mod.load_budgets(path), dtype=float)
         except FileNotFoundError:

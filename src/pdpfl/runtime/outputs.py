@@ -7,6 +7,9 @@ written every round by :func:`pdpfl.runtime.loop.run_federation`.
 from __future__ import annotations
 
 import io
+import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -14,14 +17,101 @@ import numpy as np
 
 from pdpfl.config import ExperimentConfig, config_hash, config_to_dict
 from pdpfl.io import save_npz, write_bytes, write_json
-from pdpfl.runtime.loop import _finite, privacy_overview
+from pdpfl.runtime.loop import (
+    CHECKPOINT_NAME,
+    LEGACY_CHECKPOINT_NAME,
+    METRICS_NAME,
+    _finite,
+    has_checkpoint,
+    privacy_overview,
+)
+
+#: What a run writes into its output folder; ``overwrite=True`` removes exactly these.
+RUN_OUTPUTS = (
+    CHECKPOINT_NAME,
+    LEGACY_CHECKPOINT_NAME,
+    METRICS_NAME,
+    "summary.json",
+    "model.npz",
+    "accuracy.png",
+    "epsilon.png",
+    "ledgers",
+    "flower",
+    "budgets.csv",
+)
+
+
+class OutputDirError(ValueError):
+    """The output folder cannot be used (not a folder, not writable, or holds other files)."""
+
+
+def prepare_output_dir(
+    out_dir: str | os.PathLike[str],
+    *,
+    resume: bool = False,
+    overwrite: bool = False,
+    option: str = "out_dir",
+    flags: tuple[str, str] = ("overwrite=True", "resume=True"),
+    outputs: tuple[str, ...] = RUN_OUTPUTS,
+) -> Path:
+    """Apply pdpfl's one overwrite rule to ``out_dir`` and make sure it is a writable folder.
+
+    The rule (CLI, :func:`~pdpfl.runtime.simulation.run_simulation` and ``pdpfl compare``): a
+    folder that holds anything is refused unless ``overwrite`` (pdpfl's own outputs in it are
+    removed, other files are left alone) or ``resume`` (the folder must hold a run checkpoint).
+    A missing folder is created. Problems raise :class:`OutputDirError` naming ``option`` and
+    the remedy (``flags`` are the overwrite/resume spellings to suggest).
+    """
+    out = Path(out_dir)
+    force_flag, resume_flag = flags
+    if out.exists() and not out.is_dir():
+        raise OutputDirError(f"{option}: {out} exists and is not a folder")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".pdpfl-write-test-", dir=out)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as err:
+        raise OutputDirError(
+            f"{option}: cannot write to {out} ({err.strerror or err}); choose another folder"
+        ) from None
+    entries = sorted(p.name for p in out.iterdir())
+    if not entries:
+        return out
+    shown = ", ".join(entries[:4]) + (", ..." if len(entries) > 4 else "")
+    if resume:
+        if has_checkpoint(out):
+            return out
+        raise OutputDirError(
+            f"{option}: nothing to resume in {out} (no {CHECKPOINT_NAME}; it holds {shown}); "
+            f"pass {force_flag} to start a new run there, or choose another folder"
+        )
+    if overwrite:
+        for name in outputs:
+            target = out / name
+            if target.is_dir() and not target.is_symlink():
+                shutil.rmtree(target)
+            elif target.exists() or target.is_symlink():
+                target.unlink()
+        return out
+    if has_checkpoint(out):
+        raise OutputDirError(
+            f"{option}: {out} already holds a run; pass {resume_flag} to continue it, "
+            f"{force_flag} to overwrite it, or choose another folder"
+        )
+    raise OutputDirError(
+        f"{option}: {out} is not empty (it holds {shown}); pass {force_flag} to overwrite "
+        "pdpfl's outputs there, or choose another folder"
+    )
+
 
 ADVERSARY_TAGS = {"third-party": ("third_party",), "server": ("server",),
                   "both": ("third_party", "server")}
 
 
 def per_group(overview: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Per budget group: count, budget, max ε spent and mean utilization for both adversaries."""
+    """Per budget group: count, budget, excluded records (q = 0), max ε spent and mean
+    utilization for both adversaries."""
     groups: dict[str, dict[str, Any]] = {}
     for key, value in overview.items():
         if not key.startswith("group."):
@@ -31,7 +121,11 @@ def per_group(overview: dict[str, Any]) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for label, stats in groups.items():
         count = int(stats.get("count", 0))
-        row: dict[str, Any] = {"count": count, "budget": stats.get("budget")}
+        row: dict[str, Any] = {
+            "count": count,
+            "budget": stats.get("budget"),
+            "excluded": int(stats.get("excluded", 0)),
+        }
         for tag in ("third_party", "server"):
             row[f"max_spent_{tag}"] = stats.get(f"max_spent_{tag}")
             s = stats.get(f"sum_utilization_{tag}")
@@ -181,18 +275,31 @@ def write_outputs(
     clients: dict[int, Any] | None = None,
     plots: bool = True,
     view: str = "operator",
+    warnings: list[str] | None = None,
+    data: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Write ``summary.json``, ``model.npz``, ``ledgers/`` and plots; return the summary."""
+    """Write ``summary.json``, ``model.npz``, ``ledgers/`` and plots; return the summary (as
+    written: values that are not finite numbers, such as ε = ∞ without DP, are None).
+
+    ``warnings`` (problems found before training, e.g. silos without test records) are
+    listed first in the summary's ``warnings``; ``data`` describes the federation trained on
+    (``summary["data"]``).
+    """
     out = Path(out_dir)
     summary = build_summary(config, result, view=view)
+    if warnings:
+        summary["warnings"] = [*warnings, *summary.get("warnings", [])]
+    if data is not None:
+        summary["data"] = data
     save_npz(out / "model.npz", **{f"p{i:03d}": p for i, p in enumerate(result["params"])})
     for cid, client in (clients or {}).items():
         ledger = getattr(client, "ledger", None)
         if ledger is not None:
             ledger.save(out / "ledgers" / f"client_{cid}.npz")
+    summary = _finite(summary)  # what is returned is what is on disk: NaN/inf become None
     if plots:
         write_plots(result["metrics"], summary, out)
-    write_json(out / "summary.json", _finite(summary))
+    write_json(out / "summary.json", summary)
     return summary
 
 
@@ -203,50 +310,116 @@ def write_plots(metrics: list[dict[str, Any]], summary: dict[str, Any], out: Pat
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rounds = [m["round"] + 1 for m in metrics]
+    for name, fig in (("accuracy.png", accuracy_figure(metrics, summary)),
+                      ("epsilon.png", epsilon_figure(summary))):
+        _save_fig(fig, out / name)
+        plt.close(fig)
+
+
+def _nothing_to_draw(ax: Any, why: str) -> None:
+    """Say in the plot itself why it is empty (instead of drawing empty axes)."""
+    ax.text(0.5, 0.5, f"nothing to draw:\n{why}", ha="center", va="center", wrap=True,
+            transform=ax.transAxes, fontsize=9)
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+def accuracy_figure(metrics: list[dict[str, Any]], summary: dict[str, Any]) -> Any:
+    """Pooled and client-mean test accuracy per round (a note when nothing was measured)."""
+    import matplotlib.pyplot as plt
+
     fig, ax = plt.subplots(figsize=(5, 3.2))
-    ax.plot(rounds, [m["accuracy"] for m in metrics], marker="o", ms=3, label="pooled")
-    ax.plot(rounds, [m.get("mean_client_accuracy") for m in metrics], ls="--", label="client mean")
-    ax.set_xlabel("round")
-    ax.set_ylabel("test accuracy")
     ax.set_title(f"{summary['name']} ({summary['algorithm']})")
-    ax.legend()
+    rounds = [m["round"] + 1 for m in metrics]
+    pooled = [_num(m.get("accuracy"), None) for m in metrics]
+    if not metrics:
+        _nothing_to_draw(ax, "no round completed")
+    elif all(v is None for v in pooled):
+        _nothing_to_draw(ax, "no silo has test records, so no accuracy was measured")
+    else:
+        ax.plot(rounds, [np.nan if v is None else v for v in pooled], marker="o", ms=3,
+                label="pooled")
+        ax.plot(rounds, [_num(m.get("mean_client_accuracy"), np.nan) for m in metrics],
+                ls="--", label="client mean")
+        ax.set_xlabel("round")
+        ax.set_ylabel("test accuracy")
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.legend()
     fig.tight_layout()
-    _save_fig(fig, out / "accuracy.png")
-    plt.close(fig)
+    return fig
 
-    groups = summary["per_group"]
-    fig, ax = plt.subplots(figsize=(5, 3.2))
-    if groups:
-        labels = list(groups)
-        x = np.arange(len(labels))
-        budget = [_num(g["budget"]) for g in groups.values()]
-        tp = [_num(g["max_spent_third_party"]) for g in groups.values()]
-        sv = [_num(g["max_spent_server"]) for g in groups.values()]
-        ax.bar(x - 0.27, budget, 0.27, label="budget")
-        ax.bar(x, tp, 0.27, label="max spent (third party)")
-        ax.bar(x + 0.27, sv, 0.27, label="max spent (server)")
-        ax.set_xticks(x, labels)
-        ax.set_xlabel("budget group")
-        ax.set_ylabel("ε")
-        ax.legend(fontsize=7)
-        raw = [g["max_spent_third_party"] for g in groups.values()]
-        if any(v is None or not np.isfinite(v) for v in raw):
-            ax.set_title("ε spent vs budget (no DP: ε = ∞, not drawn)")
-    if not ax.get_title():
-        ax.set_title("ε spent vs budget")
+
+def epsilon_figure(summary: dict[str, Any]) -> Any:
+    """Max ε spent per budget group against its budget, on a log scale.
+
+    The budget of each group is a black line; the bars are the largest ε any record of the group
+    spent against third parties and against the server. Groups with excluded records (q = 0)
+    and groups with records over budget are marked above their bars.
+    """
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 3.4))
+    groups = summary.get("per_group") or {}
+    ax.set_title("ε spent vs budget per budget group")
+    if not groups:
+        why = ("the per-record privacy summaries stay at the silos"
+               if str(summary.get("privacy_view", "")).startswith("coordinator")
+               else "no privacy accounting in this run")
+        _nothing_to_draw(ax, why)
+        fig.tight_layout()
+        return fig
+    labels = list(groups)
+    x = np.arange(len(labels))
+    rows = list(groups.values())
+    budget = [_num(g.get("budget"), None) for g in rows]
+    tp = [_num(g.get("max_spent_third_party"), None) for g in rows]
+    sv = [_num(g.get("max_spent_server"), None) for g in rows]
+    positive = [v for v in (*budget, *tp, *sv) if v is not None and v > 0]
+    if not positive:
+        _nothing_to_draw(ax, "no finite ε was spent or budgeted")
+        fig.tight_layout()
+        return fig
+    ax.set_yscale("log")
+    lo, hi = min(positive) / 4, max(positive) * 6
+    w = 0.36
+    infinite = any(g.get("max_spent_third_party") is None
+                   or not np.isfinite(float(g["max_spent_third_party"])) for g in rows)
+    if not infinite:
+        ax.bar(x - w / 2, [v or 0.0 for v in tp], w, bottom=0, label="max spent (third party)",
+               color="tab:blue")
+        ax.bar(x + w / 2, [v or 0.0 for v in sv], w, bottom=0, label="max spent (server)",
+               color="tab:orange")
+    ax.hlines([b if b is not None else np.nan for b in budget], x - 0.45, x + 0.45,
+              colors="black", linewidth=2, label="budget")
+    for k, g in enumerate(rows):
+        notes = []
+        over = (int(g.get("over_budget_third_party") or 0), int(g.get("over_budget_server") or 0))
+        if any(over) and not infinite:
+            notes.append(f"over budget {over[0]}/{over[1]}")
+        if int(g.get("excluded") or 0):
+            notes.append(f"excluded {int(g['excluded'])}")
+        if notes:
+            top = max(v for v in (budget[k], tp[k], sv[k], lo) if v is not None)
+            ax.text(x[k], top * 1.4, "\n".join(notes), ha="center", va="bottom", fontsize=7,
+                    color="tab:red")
+    ax.set_ylim(lo, hi)
+    ax.set_xticks(x, labels)
+    ax.set_xlabel("budget group (ε)")
+    ax.set_ylabel("ε (log scale)")
+    if infinite:
+        ax.set_title("ε spent vs budget (no DP: ε = ∞, not drawn)")
+    ax.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
-    _save_fig(fig, out / "epsilon.png")
-    plt.close(fig)
+    return fig
 
 
-def _num(x: Any) -> float:
-    """A bar height: None/NaN/inf become 0 (nothing drawn)."""
+def _num(x: Any, missing: Any = 0.0) -> Any:
+    """A finite float, or ``missing`` for None/NaN/inf (nothing drawn)."""
     try:
         v = float(x)
     except (TypeError, ValueError):
-        return 0.0
-    return v if np.isfinite(v) else 0.0
+        return missing
+    return v if np.isfinite(v) else missing
 
 
 def _save_fig(fig: Any, path: Path) -> None:

@@ -1,0 +1,287 @@
+"""The short path: your data, your torch model, per-record budgets -> a trained federation.
+
+::
+
+    import pdpfl
+    fed = pdpfl.federation_from_dataframe(df, silo="hospital", label="disease",
+                                          record_id="patient_id", drop=["epsilon"])
+    summary = pdpfl.train(fed, my_module, budgets=dict(zip(df.patient_id, df.epsilon)),
+                          rounds=10, local_steps=20, batch_size=16, epsilon_max=10,
+                          out="runs/mine")
+    my_module            # now holds the final global model
+
+:func:`train` builds the same validated :class:`~pdpfl.config.ExperimentConfig` as a YAML
+file would (every keyword is a config field, checked with the same messages), records the
+federation and the budgets truthfully, and runs the in-process simulator
+(:func:`pdpfl.runtime.simulation.run_simulation`): rPDP-FL by default, any registered algorithm
+with ``algorithm=...``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from pdpfl.data.federation import Federation
+from pdpfl.data.user import (
+    BUDGET_TABLE_COLUMNS,
+    align_budgets,
+    federation_from_arrays,
+    federation_from_dataframe,
+    federation_from_silos,
+)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from torch import nn
+
+    from pdpfl.config import ExperimentConfig
+
+__all__ = [
+    "align_budgets",
+    "federation_from_arrays",
+    "federation_from_dataframe",
+    "federation_from_silos",
+    "register_module",
+    "train",
+]
+
+#: Keywords of :func:`train` that are not config leaf names.
+_SPECIAL = {"algorithm": "algorithm.name"}
+
+
+def register_module(module: nn.Module | Callable[..., nn.Module]) -> str:
+    """Register a torch module (or a builder ``f(input_shape, num_classes) -> module``) and
+    return its model name (usable as ``model.name`` in a config).
+
+    A module is registered under ``user-<Class>-<hash of its architecture>``: its current
+    weights are the public starting point x⁰ of training, and every silo starts from a copy.
+    Registering a module of the same architecture again replaces the weights used.
+    """
+    import copy
+
+    import torch
+
+    from pdpfl.models import MODELS
+
+    if isinstance(module, torch.nn.Module):
+        arch = repr(module) + repr([tuple(p.shape) for p in module.parameters()])
+        name = f"user-{type(module).__name__}-{hashlib.sha256(arch.encode()).hexdigest()[:10]}"
+        template = copy.deepcopy(module).cpu()
+
+        def build(input_shape: tuple[int, ...], num_classes: int) -> torch.nn.Module:
+            return copy.deepcopy(template)
+
+        MODELS[name] = build
+        return name
+    if callable(module):
+        qual = f"{getattr(module, '__module__', '')}.{getattr(module, '__qualname__', '')}"
+        name = f"user-{getattr(module, '__name__', 'builder')}-" + hashlib.sha256(
+            qual.encode()).hexdigest()[:10]
+        MODELS[name] = module
+        return name
+    raise TypeError(f"model: expected a registered name, a torch.nn.Module or a builder, got "
+                    f"{type(module).__name__}")
+
+
+def _model_name(model: Any) -> str:
+    if isinstance(model, str):
+        return model
+    return register_module(model)
+
+
+def _check_module(model: Any, federation: Federation) -> None:
+    """Run one record through the module: a clear message instead of a shape error later."""
+    import torch
+
+    if not isinstance(model, torch.nn.Module):
+        return
+    first = next((c for c in federation.clients if len(c.x_train)), None)
+    if first is None:
+        return
+    x = torch.as_tensor(np.asarray(first.x_train[:1], dtype=np.float32))
+    try:
+        with torch.no_grad():
+            was = model.training
+            model.eval()
+            y = model(x)
+            model.train(was)
+    except Exception as err:  # noqa: BLE001 - reported as the user's model problem
+        raise ValueError(
+            f"model: the module fails on one record of shape {tuple(x.shape)} "
+            f"(features {federation.input_shape}): {type(err).__name__}: {err}"
+        ) from None
+    k = federation.num_classes
+    allowed = (1, 2) if k == 2 else (k,)
+    if y.ndim != 2 or y.shape[1] not in allowed:
+        raise ValueError(
+            f"model: the module returns shape {tuple(y.shape)} for one record; the federation "
+            f"has {k} classes, so it must return (batch, {' or '.join(map(str, allowed))}) "
+            "logits (one logit for binary labels uses a logistic loss)"
+        )
+
+
+def _raw_config(config: Any) -> dict[str, Any]:
+    from pdpfl.config import ConfigError, ExperimentConfig, config_to_dict
+
+    if config is None:
+        return {}
+    if isinstance(config, ExperimentConfig):
+        return config_to_dict(config)
+    if isinstance(config, Mapping):
+        return json.loads(json.dumps(dict(config), default=_plain))
+    if isinstance(config, str | Path):
+        import yaml
+
+        p = Path(config)
+        if not p.is_file():
+            raise ConfigError([f"config: file not found: {p}"])
+        return yaml.safe_load(p.read_text()) or {}
+    raise TypeError(f"config: expected an ExperimentConfig, a dict or a YAML path, got "
+                    f"{type(config).__name__}")
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, Path):
+        return str(value)
+    raise TypeError(f"not a plain value: {type(value).__name__}")
+
+
+def make_config(
+    federation: Federation,
+    model: Any = "logreg",
+    *,
+    config: Any = None,
+    budgets_file: str | None = None,
+    **settings: Any,
+) -> ExperimentConfig:
+    """The validated config :func:`train` runs (``settings`` are config leaf names such as
+    ``rounds``, ``local_steps``, ``batch_size``, ``epsilon_max``, ``lr``; ``algorithm`` sets
+    ``algorithm.name``, ``name`` the experiment name)."""
+    from pdpfl.config import ConfigError, _leaf_index, config_from_dict
+
+    raw = _raw_config(config)
+    settings = dict(settings)
+    if "name" in settings:
+        raw["name"] = settings.pop("name")
+    raw.setdefault("name", federation.name)
+    raw.setdefault("data", {"dataset": federation.name})
+    raw.setdefault("training", {})
+    model_section = dict(raw.get("model") or {})
+    model_section["name"] = _model_name(model)
+    if not isinstance(model, str):
+        model_section.pop("options", None)
+    raw["model"] = model_section
+    overrides = []
+    index = _leaf_index()
+    problems = []
+    for key, value in settings.items():
+        path = _SPECIAL.get(key)
+        if path is None:
+            paths = index.get(key, [])
+            if len(paths) != 1:
+                where = f"one of {', '.join(paths)}" if paths else "not a config field"
+                problems.append(f"{key}: {where}; give it in config={{...}} by section "
+                                "(e.g. config={'training': {'lr': 0.1}})")
+                continue
+            path = paths[0]
+        overrides.append(f"{path}={json.dumps(value, default=_plain)}")
+    if problems:
+        raise ConfigError(problems)
+    if budgets_file is not None:
+        overrides.append(f"budgets.file={json.dumps(budgets_file)}")
+    return config_from_dict(raw, overrides)
+
+
+def train(
+    federation: Federation,
+    model: Any = "logreg",
+    *,
+    budgets: Any = None,
+    out: str | Path | None = None,
+    config: Any = None,
+    overwrite: bool = False,
+    resume: bool = False,
+    progress: bool = False,
+    **settings: Any,
+) -> dict[str, Any]:
+    """Train ``model`` on ``federation`` with per-record privacy budgets; return the summary.
+
+    Parameters
+    ----------
+    federation
+        From :func:`federation_from_dataframe`, :func:`federation_from_arrays`,
+        :func:`federation_from_silos` or :func:`pdpfl.data.load_federation`.
+    model
+        A registered model name (``"logreg"``, ``"mlp"``, your ``@register_model`` name), any
+        ``torch.nn.Module`` (its current weights are the starting point; after training it
+        holds the final global model), or a builder ``f(input_shape, num_classes)``.
+    budgets
+        Each record's ε, matched by record id: a dict or pandas Series ``id -> ε``, a pair
+        ``(ids, values)``, a 1-D array indexed by id, or a budgets file path (``budgets.file``).
+        ``None``: the config's budget scenario (default ThreeLevels 0.1/1/5 at 70/20/10 %).
+    out
+        Output folder (default ``runs/<name>``); refused when it holds files unless
+        ``overwrite=True`` or ``resume=True``.
+    config
+        Optional base: an :class:`~pdpfl.config.ExperimentConfig`, a dict or a YAML path.
+    **settings
+        Config fields by leaf name: ``rounds`` (T), ``local_steps`` (τ), ``batch_size`` (the
+        public expected batch size B, required under DP), ``epsilon_max`` or
+        ``noise_multiplier``, ``delta``, ``lr``, ``client_rate`` (λ), ``max_grad_norm`` (C),
+        ``optimizer``, ``adversary``, ``randomness``, ``seed``; ``algorithm`` (default
+        ``rpdp``; also ``minimum``, ``dropout``, ``privacy-free``, ...) and ``name``.
+
+    Raises
+    ------
+    pdpfl.config.ConfigError
+        A setting is unknown or out of range (the message names the field).
+    ValueError
+        Budgets missing for some records, a model that does not fit the data, an output
+        folder that cannot be used.
+    """
+    from pdpfl.io import write_text
+    from pdpfl.models import get_params, set_params
+    from pdpfl.runtime.outputs import prepare_output_dir
+    from pdpfl.runtime.simulation import simulate_into
+
+    if not isinstance(federation, Federation):
+        raise TypeError("federation: expected a pdpfl Federation (see "
+                        "pdpfl.federation_from_dataframe / federation_from_arrays)")
+    _check_module(model, federation)
+    per_silo = None
+    budgets_file = None
+    if isinstance(budgets, str | Path):
+        budgets_file = str(budgets)
+    elif budgets is not None:
+        per_silo = align_budgets(federation, budgets)
+    name = settings.get("name") or (_raw_config(config).get("name") if config else None)
+    out_dir = Path(out) if out is not None else Path("runs") / str(name or federation.name)
+    if per_silo is not None:
+        budgets_file = str(out_dir / "budgets.csv")
+    cfg = make_config(federation, model, config=config, budgets_file=budgets_file, **settings)
+    prepare_output_dir(out_dir, resume=resume, overwrite=overwrite)
+    if per_silo is not None:
+        lines = [",".join(BUDGET_TABLE_COLUMNS)]
+        for client, values in zip(federation.clients, per_silo, strict=True):
+            lines.extend(f"{int(i)},{float(v)!r}" for i, v in zip(client.record_ids, values,
+                                                                    strict=True))
+        write_text(out_dir / "budgets.csv", "\n".join(lines) + "\n")
+    summary = simulate_into(cfg, out_dir, resume, progress=progress, federation=federation)
+    if not isinstance(model, str):
+        import torch
+
+        if isinstance(model, torch.nn.Module):
+            with np.load(out_dir / "model.npz", allow_pickle=False) as z:
+                params = [z[k] for k in sorted(z.files)]
+            if len(params) == len(get_params(model)):
+                set_params(model, params)
+    return summary
