@@ -149,7 +149,7 @@ def _run_python(block: Block, namespace: dict, cwd: Path) -> Outcome:
     try:
         os.chdir(cwd)
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
-            exec(compile(block.text, block.id, "exec"), namespace)  # noqa: S102 - our docs
+            exec(compile(block.text, block.id, "exec", dont_inherit=True), namespace)  # noqa: S102 - our docs
     except BaseException:  # noqa: BLE001 - report any failure of a documented snippet
         return Outcome("fail", traceback.format_exc(limit=6) + out.getvalue()[-2000:],
                        time.perf_counter() - t0, time.process_time() - c0)
