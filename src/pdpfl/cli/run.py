@@ -18,6 +18,7 @@ import typer
 
 from pdpfl.cli._common import fail, print_json
 
+
 def _load(config_path: Path, overrides: list[str] | None, data_dir: str | None):
     from pdpfl.config import ConfigError, load_config
 

@@ -11,14 +11,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from pdpfl.runtime.flower.launcher import LocalFederation, run_flower
+    from pdpfl.runtime.flower.launcher import FlowerInterrupted, LocalFederation, run_flower
     from pdpfl.runtime.flower.transport import FlowerRunError, FlowerTransport
 
-__all__ = ["FlowerRunError", "FlowerTransport", "LocalFederation", "run_flower"]
+__all__ = ["FlowerInterrupted", "FlowerRunError", "FlowerTransport", "LocalFederation", "run_flower"]
 
 _LAZY = {
     "run_flower": "pdpfl.runtime.flower.launcher",
     "LocalFederation": "pdpfl.runtime.flower.launcher",
+    "FlowerInterrupted": "pdpfl.runtime.flower.launcher",
     "FlowerTransport": "pdpfl.runtime.flower.transport",
     "FlowerRunError": "pdpfl.runtime.flower.transport",
 }
