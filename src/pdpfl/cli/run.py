@@ -111,13 +111,28 @@ def run_command(
                 f"algorithm.name: {config.algorithm.name!r} runs only in the simulator "
                 "(--runtime simulation)"
             )
-        from pdpfl.runtime.flower import FlowerRunError, run_flower  # lazy: flwr is optional
+        from pdpfl.runtime.flower import (  # lazy: flwr is optional
+            FlowerInterrupted,
+            FlowerRunError,
+            run_flower,
+        )
 
         try:
-            summary = run_flower(config, out_dir, resume)
+            summary = run_flower(config, out_dir, resume, progress=not (quiet or as_json))
         except FlowerRunError as err:  # a runtime failure, not bad input: exit 1, no traceback
             typer.echo(f"error: Flower federation failed: {err} (logs in {out_dir / 'flower'})", err=True)
             raise typer.Exit(code=1) from err
+        except FlowerInterrupted as stop:  # every Flower process is already stopped
+            import shlex
+            import sys
+
+            again = ["pdpfl", *sys.argv[1:]] + ([] if resume else ["--resume"])
+            typer.echo(
+                f"interrupted after {stop.rounds_done} round(s); every Flower process was "
+                f"stopped. Resume with:\n  {shlex.join(again)}",
+                err=True,
+            )
+            raise typer.Exit(code=130) from None
     else:
         summary = _simulate(config, out_dir, resume, progress=not (quiet or as_json))
     for warning in summary.get("warnings", []):

@@ -25,6 +25,22 @@ DATA_DIR = "data-dir"
 STATE_DIR = "state-dir"
 #: Node-config key naming a non-default hooks spec this silo agrees to load (tests, extensions).
 HOOKS_KEY = "hooks"
+#: Node-config key pinning the experiment a silo agrees to run (:func:`config_digest`).
+CONFIG_HASH_KEY = "config-hash"
+
+
+def config_digest(config_dict: dict[str, Any]) -> str:
+    """SHA-256 (16 hex digits) of a config's canonical JSON, ``output_dir`` excluded.
+
+    Equal to :func:`pdpfl.config.config_hash` for pdpfl configs.
+    """
+    import hashlib
+    import json
+
+    data = dict(config_dict)
+    data.pop("output_dir", None)
+    text = json.dumps(data, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 DEFAULT_HOOKS = "pdpfl.runtime.flower.hooks:PDPFL_HOOKS"
 

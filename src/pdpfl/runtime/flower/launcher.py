@@ -448,8 +448,8 @@ class LocalFederation:
                 on_tick()
             return int(proc.returncode)
         finally:
-            if proc.poll() is None:
-                stop_processes([proc], grace_s=1.0)
+            if proc.poll() is None:  # interrupted or timed out: stop() collects it
+                _signal(proc.pid, signal.SIGTERM, group=True)
 
     def kill_supernode(self, index: int, sig: int = signal.SIGKILL) -> None:
         """Kill one silo's SuperNode (and what it started): failure drills."""

@@ -39,11 +39,13 @@ import numpy as np
 from pdpfl.fl.api import ClientAlgorithm, PrivacyBoundaryError
 from pdpfl.io import decode_state, encode_state, write_bytes, write_json
 from pdpfl.runtime.flower.hooks import (
+    CONFIG_HASH_KEY,
     DEFAULT_HOOKS,
     HOOKS_KEY,
     PARTITION_ID,
     STATE_DIR,
     AppHooks,
+    config_digest,
     load_hooks,
 )
 from pdpfl.runtime.flower.worker import WARM_ENV
@@ -231,6 +233,14 @@ class SiloHost:
         from pdpfl.runtime.flower.apps import decode_config
 
         config = hooks.config_from_dict(decode_config(str(run_config["pdpfl-config"])))
+        expected = node_config.get(CONFIG_HASH_KEY)
+        if expected:
+            got = config_digest(hooks.config_to_dict(config))
+            if got != str(expected):
+                raise PermissionError(
+                    f"silo {index} only runs the experiment it was started for "
+                    f"({CONFIG_HASH_KEY}={expected}); this run's config hashes to {got}"
+                )
         folder.mkdir(parents=True, exist_ok=True)
         silo = Silo(hooks, config, index, node_config, run_key, folder)
         self._silos[key] = silo

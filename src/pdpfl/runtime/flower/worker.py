@@ -43,8 +43,13 @@ from typing import Any
 
 #: The only ClientApp a worker runs (the component a pdpfl Flower app names).
 CLIENTAPP_REF = "pdpfl.runtime.flower.apps:client_app"
-#: Seconds between two ``AcquireTask`` polls of an idle SuperNode.
-DEFAULT_POLL_INTERVAL_S = 0.05
+#: Seconds between two ``AcquireTask`` polls of a SuperNode that was busy in the last
+#: :data:`BUSY_WINDOW_S` seconds (a round's next message is due), and of an idle one.
+#: (Each poll is an HTTP request the SuperNode answers: ≈ 0.05 CPU-seconds per second per
+#: SuperNode at 20 polls/s, so a worker serving ten silos polls at most 10/s each.)
+DEFAULT_POLL_INTERVAL_S = 0.1
+IDLE_POLL_INTERVAL_S = 0.5
+BUSY_WINDOW_S = 6.0
 #: Seconds between task heartbeats while a message is being handled.
 HEARTBEAT_INTERVAL_S = 10.0
 #: Environment variable set in a worker process (the ClientApp keeps silos in memory).
@@ -124,7 +129,7 @@ class Worker:
         self.poll_interval_s = float(poll_interval_s)
         self._stop = threading.Event()
         #: One message at a time in this process (silo objects, torch and Flower's task
-        #: identity are process-wide).
+        #: identity are process-wide); held from claiming a task to pushing its reply.
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
         self.handled = 0
@@ -157,15 +162,24 @@ class Worker:
     # -------------------------------------------------------------------------- task loop
 
     def _client(self, address: str, interceptors: list[Any]) -> Any:
-        from flwr.supercore.retry import make_simple_http_retry_invoker
+        import httpx
+        from flwr.supercore.retry.retry_invoker import RetryInvoker, exponential
         from flwr.supercore.runtime import RuntimeHttpClient
 
+        # Not Flower's default HTTP retry policy, which signals SIGINT to its own process on
+        # an HTTP 401 (a task token that expired): one failed task must not stop the worker.
+        retry = RetryInvoker(
+            wait_gen_factory=lambda: exponential(max_delay=2.0),
+            recoverable_exceptions=httpx.TransportError,
+            max_tries=5,
+            max_time=15.0,
+        )
         return RuntimeHttpClient.from_server_address(
             server_address=address,
             insecure=True,  # loopback only (checked), as Flower's own SuperExec connects
             root_certificates=None,
             interceptors=interceptors,
-            retry_invoker=make_simple_http_retry_invoker(),
+            retry_invoker=retry,
         )
 
     def _serve(self, link: NodeLink) -> None:
@@ -186,24 +200,33 @@ class Worker:
                 )
             )
         client = None
+        last_task = -BUSY_WINDOW_S
         while not self._stop.is_set():
             try:
                 if client is None:
                     client = self._client(link.address, interceptors)
-                res = client.AcquireTask(
-                    AcquireTaskRequest(supported_task_types=[TaskType.CLIENT_APP])
-                )
+                # Claim and handle under the process lock: a task is claimed only when this
+                # process can start it at once (its token cannot expire while it waits).
+                with self._lock:
+                    res = client.AcquireTask(
+                        AcquireTaskRequest(supported_task_types=[TaskType.CLIENT_APP])
+                    )
+                    claimed = bool(res.HasField("task") and res.token)
+                    if claimed:
+                        self._run_task(link.address, res.token)
             except Exception as err:  # SuperNode not up yet, or gone: retry until stopped
-                _log(f"waiting for the SuperNode at {link.address} ({type(err).__name__})")
+                _log(f"waiting for the SuperNode at {link.address} ({type(err).__name__}: {err})")
                 if client is not None:
                     client.close()
                     client = None
                 self._stop.wait(1.0)
                 continue
-            if res.HasField("task") and res.token:
-                self._run_task(link.address, res.token)
-            else:
-                self._stop.wait(self.poll_interval_s)
+            now = time.monotonic()
+            if claimed:
+                last_task = now
+                continue
+            busy = now - last_task < BUSY_WINDOW_S
+            self._stop.wait(self.poll_interval_s if busy else IDLE_POLL_INTERVAL_S)
         if client is not None:
             client.close()
 
@@ -244,17 +267,16 @@ class Worker:
         message = context = reply = None
         status, details = SubStatus.FAILED, "ClientApp task failed"
         try:
-            with self._lock:
-                message, context, _run, fab = pull_task_input(client)
-                beat.start()
-                component = _component(fab.content)
-                if component != CLIENTAPP_REF:
-                    raise PermissionError(
-                        f"this pdpfl worker only runs {CLIENTAPP_REF}, the app names {component!r}"
-                    )
-                reply = client_app(message=message, context=context)
-                status, details = SubStatus.COMPLETED, ""
-                self.handled += 1
+            beat.start()
+            message, context, _run, fab = pull_task_input(client)
+            component = _component(fab.content)
+            if component != CLIENTAPP_REF:
+                raise PermissionError(
+                    f"this pdpfl worker only runs {CLIENTAPP_REF}, the app names {component!r}"
+                )
+            reply = client_app(message=message, context=context)
+            status, details = SubStatus.COMPLETED, ""
+            self.handled += 1
         except Exception as ex:
             reason = f"{type(ex)}:<'{ex}'>"
             _log(f"ClientApp raised {reason}")
