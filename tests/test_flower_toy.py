@@ -726,6 +726,52 @@ def test_resume_requires_every_silo_to_hold_its_state(
 
 
 @pytest.mark.parametrize("mode", ["warm", "per-message"])
+def test_resumed_run_replays_releases_instead_of_charging_twice(
+    tmp_path: Path, task_identity: None, monkeypatch: Any, mode: str
+) -> None:
+    """Interrupted after round 1 was released *and* round 2 was announced (and trained), the
+    resumed run asks again; the silos answer with the very same releases (nothing charged
+    twice, no new noise), so the result equals an uninterrupted run."""
+    from pdpfl.runtime.flower.silo import HOST
+
+    config = toy_config(num_silos=3, rounds=4)
+    ref = toy_simulation(config, tmp_path / "sim")
+    out = tmp_path / "flower"
+    first = FakeGrid(toy_run_config(config, out), out / "silo-state", 3, mode=mode,
+                     monkeypatch=monkeypatch)  # fmt: skip
+    original_push = first.push_messages
+
+    def push(messages: Any) -> list[str]:  # the server dies before evaluating round 2
+        if sum(t == "evaluate" for _, t in first.sent) >= 6 and any(
+            m.metadata.message_type == "evaluate" for m in messages
+        ):
+            raise KeyboardInterrupt
+        return original_push(messages)
+
+    first.push_messages = push  # type: ignore[method-assign]
+    with pytest.raises(KeyboardInterrupt):
+        serve(first, out)
+    assert [m["round"] for m in _lines(out / "metrics.jsonl")] == [0, 1]
+    run_key = (out / "flower" / "run_key").read_text().strip()
+    # Round 2 (the interrupted one) and round 3 (announced with it) were trained... or not yet:
+    # whatever was released is in the silo's ledger.
+    trained = _silo_state(out, 0, run_key)["fits"]
+    assert trained in (3, 4)
+    HOST.clear()  # the workers restart with the run
+    resume = toy_run_config(config, out, **{"pdpfl-resume": True})
+    result = serve(FakeGrid(resume, out / "silo-state", 3, mode=mode, monkeypatch=monkeypatch), out)
+    assert result["status"] == "ok" and result["run_key"] == run_key
+    np.testing.assert_array_equal(np.load(out / "model.npz")["p000"], ref["params"][0])
+    for silo in range(3):
+        state = _silo_state(out, silo, run_key)
+        assert state["fits"] == 4 and state["fit_rounds"].tolist() == [0, 1, 2, 3]
+        timings = _lines(out / "silo-state" / f"silo-{silo}" / f"run-{run_key}" /
+                         f"timings-silo-{silo}.jsonl")  # fmt: skip
+        replays = [t["round"] for t in timings if t["action"] == "fit-replay"]
+        assert replays == list(range(2, trained))
+
+
+@pytest.mark.parametrize("mode", ["warm", "per-message"])
 def test_multi_stage_protocol_on_flower(
     tmp_path: Path, task_identity: None, monkeypatch: Any, mode: str
 ) -> None:

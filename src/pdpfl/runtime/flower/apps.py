@@ -114,6 +114,12 @@ def _reply(msg: Message, records: dict[str, Any]) -> Message:
     return Message(RecordDict(records), reply_to=msg)
 
 
+def release_key(round_index: int, params: Any, config: Any) -> str:
+    from pdpfl.runtime.flower.silo import release_key as key
+
+    return key(round_index, params, config)
+
+
 def _silo(msg: Message, context: Context) -> tuple[Any, int, str]:
     from pdpfl.runtime.flower.silo import HOST
 
@@ -148,17 +154,23 @@ def _train(msg: Message, context: Context) -> Message:
     client = silo.ensure_client(public)
     params = record_to_params(msg.content.array_records["params"])
     config = config_to_scalars(msg.content.config_records["config"])
+    key = release_key(round_index, params, config)
     t0 = time.perf_counter()
-    with silo.threads():
-        contribution = client.fit(params, round_index, config)
+    contribution = silo.cached_release(key)
+    action = "fit-replay"
+    if contribution is None:  # a new request (not a resumed run asking again)
+        action = "fit"
+        with silo.threads():
+            contribution = client.fit(params, round_index, config)
+        if type(contribution) is not Contribution:
+            raise PrivacyBoundaryError(
+                f"the silo's algorithm returned a {type(contribution).__name__}, not a Contribution"
+            )
+        silo.remember_release(key, contribution)
     compute_s = time.perf_counter() - t0
-    if type(contribution) is not Contribution:
-        raise PrivacyBoundaryError(
-            f"the silo's algorithm returned a {type(contribution).__name__}, not a Contribution"
-        )
     records = contribution_to_records(contribution)
     # Write-ahead: the round's charge is on the silo's disk before the update leaves it.
-    silo.save("fit", round_index, compute_s, age)
+    silo.save(action, round_index, compute_s, age)
     return _reply(msg, records)
 
 

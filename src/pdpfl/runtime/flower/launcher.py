@@ -467,11 +467,11 @@ class LocalFederation:
         return pids + descendants(pids)
 
     def stop(self) -> None:
-        """Stop every process of the federation (see :func:`stop_processes`): ≤ 3 s."""
+        """Stop every process of the federation (see :func:`stop_processes`): ≤ 2.5 s."""
         procs = [*self.others, *self.workers, *self.supernodes]
         if self.superlink is not None:
             procs.append(self.superlink)
-        stop_processes([p for p in procs if p is not None], grace_s=2.0)
+        stop_processes([p for p in procs if p is not None], grace_s=1.5)
         for log in self._logs:
             log.close()
         self._logs.clear()

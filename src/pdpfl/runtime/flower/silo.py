@@ -54,6 +54,22 @@ __all__ = ["HOST", "Silo", "SiloHost", "decode_memory", "encode_memory", "silo_f
 
 #: Silos kept in memory by one worker (the oldest run's silos are dropped first).
 MAX_SILOS = 64
+#: Releases a silo remembers (a resumed run re-asks at most the rounds after its checkpoint:
+#: the interrupted round and the one announced with it).
+MAX_RELEASES = 3
+
+
+def release_key(round_index: int, params: list[np.ndarray], config: Mapping[str, Any]) -> str:
+    """What identifies a training request: round, global parameters (bytes), round config."""
+    import hashlib
+
+    h = hashlib.sha256(f"{int(round_index)}|".encode())
+    for p in params:
+        a = np.ascontiguousarray(p)
+        h.update(f"{a.dtype.str}{a.shape}|".encode())
+        h.update(a.tobytes())
+    h.update(json.dumps(dict(config), sort_keys=True, default=str).encode())
+    return h.hexdigest()
 
 
 def is_warm() -> bool:
@@ -121,6 +137,8 @@ class Silo:
     client: ClientAlgorithm | None = None
     public_json: str | None = None
     memory: dict[str, Any] = field(default_factory=dict)
+    #: The last releases (key, update, weight, metrics): a repeated request gets the same answer.
+    releases: list[dict[str, Any]] = field(default_factory=list)
     messages: int = 0
     build_s: float = 0.0
 
@@ -131,6 +149,41 @@ class Silo:
     @property
     def memory_path(self) -> Path:
         return self.folder / f"protocol-memory-silo-{self.silo}.npz"
+
+    @property
+    def releases_path(self) -> Path:
+        return self.folder / f"releases-silo-{self.silo}.npz"
+
+    def cached_release(self, key: str) -> Any:
+        """The contribution this silo already released for the same request, or None.
+
+        A resumed run asks again for the rounds after its checkpoint. Answering with the very
+        same release is post-processing of an output already charged to the silo's ledger: no
+        new noise is drawn, nothing is charged twice, and the resumed run equals an
+        uninterrupted one.
+        """
+        from pdpfl.fl.api import Contribution
+
+        for entry in self.releases:
+            if entry["key"] == key:
+                return Contribution(
+                    update=[np.asarray(u) for u in entry["update"]],
+                    weight=float(entry["weight"]),
+                    metrics={str(k): float(v) for k, v in entry["metrics"].items()},
+                )
+        return None
+
+    def remember_release(self, key: str, contribution: Any) -> None:
+        """Keep ``contribution`` (written to disk with the state, before the reply leaves)."""
+        self.releases.append(
+            {
+                "key": key,
+                "update": [np.asarray(u) for u in contribution.update],
+                "weight": float(contribution.weight),
+                "metrics": {str(k): float(v) for k, v in contribution.metrics.items()},
+            }
+        )
+        del self.releases[:-MAX_RELEASES]
 
     def has_state(self) -> bool:
         return self.state_path.exists()
@@ -160,6 +213,8 @@ class Silo:
             client.load_state_dict(decode_state(self.state_path.read_bytes()))
         if not is_warm() and self.memory_path.exists():
             self.memory = decode_memory(self.memory_path.read_bytes())
+        if self.releases_path.exists():
+            self.releases = list(decode_state(self.releases_path.read_bytes()))
         self.client, self.public_json = client, public_json
         self.build_s = time.perf_counter() - t0
         return client
@@ -186,6 +241,8 @@ class Silo:
         )
         if not is_warm() and self.memory:
             write_bytes(self.memory_path, encode_memory(self.memory))
+        if self.releases:
+            write_bytes(self.releases_path, encode_state(self.releases))
         self.messages += 1
         timing = {
             "action": action,
