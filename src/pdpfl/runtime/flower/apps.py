@@ -9,7 +9,8 @@
 Run config keys (``[tool.flwr.app.config]``, written by :func:`write_app`):
 ``pdpfl-config`` (the experiment config as base64 JSON), ``pdpfl-hooks`` (an
 :class:`~pdpfl.runtime.flower.hooks.AppHooks` import spec), ``pdpfl-out-dir`` (server-side output
-folder), ``pdpfl-resume``, ``pdpfl-round-timeout``, ``pdpfl-startup-timeout``, ``pdpfl-min-silos``.
+folder), ``pdpfl-resume``, ``pdpfl-round-timeout``, ``pdpfl-startup-timeout``, ``pdpfl-min-silos``,
+``pdpfl-prefetch`` (announce each round's training behind the previous evaluation; default true).
 
 Node config keys (``flower-supernode --node-config``): ``partition-id`` (the silo index),
 ``num-partitions``, and optionally ``data-dir`` (the silo's data), ``state-dir`` (where the
@@ -416,6 +417,7 @@ def _main(grid: Grid, context: Context) -> None:
             round_timeout_s=float(run_config.get("pdpfl-round-timeout", 120.0)),
             min_silos=int(run_config.get("pdpfl-min-silos", 1)),
             log_path=flower_dir / EVENTS_FILE,
+            prefetch=bool(run_config.get("pdpfl-prefetch", True)),
         )
         rounds = int(getattr(getattr(config, "training", None), "rounds", 0))
         reporter = RoundReporter(status, rounds, transport)

@@ -642,6 +642,7 @@ def run_flower(
     mode: str = "warm",
     workers: str = "shared",
     progress: bool = False,
+    prefetch: bool = True,
 ) -> dict[str, Any]:
     """Run ``config`` as a Flower federation on loopback and return the run's summary.
 
@@ -677,6 +678,9 @@ def run_flower(
         ``warm`` (default) or ``per-message``; ``shared`` (default) or ``per-silo`` workers.
     progress
         Show the coordinator's progress on stderr.
+    prefetch
+        Announce each round's training request behind the previous evaluation (one Flower
+        polling wait per round instead of two; see :class:`FlowerTransport`).
 
     Raises
     ------
@@ -717,6 +721,7 @@ def run_flower(
         "pdpfl-round-timeout": float(round_timeout_s),
         "pdpfl-startup-timeout": float(startup_timeout_s),
         "pdpfl-min-silos": int(min_silos),
+        "pdpfl-prefetch": bool(prefetch),
     }
     app_dir = write_app(flower_dir / "app", run_config)
     node_configs = []

@@ -134,6 +134,9 @@ class FlowerTransport:
         Abort when fewer silos than this remain reachable.
     log_path
         Optional JSON-lines file with one event per exchange (who was asked, who replied).
+    prefetch
+        Announce each round's training request behind the previous evaluation
+        (:meth:`prefetch_fit`; default). False: two polling waits per round.
     """
 
     def __init__(
@@ -146,6 +149,7 @@ class FlowerTransport:
         round_timeout_s: float = 120.0,
         min_silos: int = 1,
         log_path: str | Path | None = None,
+        prefetch: bool = True,
     ) -> None:
         if round_timeout_s <= 0:
             raise ValueError(f"round_timeout_s: must be > 0, got {round_timeout_s}")
@@ -160,6 +164,8 @@ class FlowerTransport:
         self.lost: dict[int, str] = {}
         self._message_log = os.environ.get(MESSAGE_LOG_ENV)
         self._prefetch: _Prefetch | None = None
+        if not prefetch:  # the round loop then never announces rounds ahead
+            self.prefetch_fit = None  # type: ignore[assignment,method-assign]
 
     # ------------------------------------------------------------------ messaging
 
