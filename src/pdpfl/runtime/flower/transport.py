@@ -56,8 +56,9 @@ ACTION_EVALUATE = "evaluate"
 MESSAGE_LOG_ENV = "PDPFL_MESSAGE_LOG"
 
 
-#: Seconds between two pulls for replies (``Grid.send_and_receive`` waits 3 s between pulls).
-POLL_INTERVAL_S = 0.1
+#: Seconds between two pulls for replies (``Grid.send_and_receive`` waits 3 s between pulls;
+#: a SuperNode pushes a reply at most every 0.5 s).
+POLL_INTERVAL_S = 0.2
 
 
 @dataclass

@@ -43,13 +43,23 @@ from typing import Any
 
 #: The only ClientApp a worker runs (the component a pdpfl Flower app names).
 CLIENTAPP_REF = "pdpfl.runtime.flower.apps:client_app"
-#: Seconds between two ``AcquireTask`` polls of a SuperNode that was busy in the last
-#: :data:`BUSY_WINDOW_S` seconds (a round's next message is due), and of an idle one.
-#: (Each poll is an HTTP request the SuperNode answers: ≈ 0.05 CPU-seconds per second per
-#: SuperNode at 20 polls/s, so a worker serving ten silos polls at most 10/s each.)
-DEFAULT_POLL_INTERVAL_S = 0.1
+#: How often the worker asks a SuperNode for a task (``AcquireTask``), by seconds since that
+#: SuperNode's last task: often right after one (a queued message follows within a second),
+#: then less, then rarely (an idle SuperNode pulls from its SuperLink every 3 s anyway). Each
+#: poll is an HTTP request that the SuperNode answers: polling ten SuperNodes at 20/s each
+#: costs about a CPU core.
+POLL_SCHEDULE: tuple[tuple[float, float], ...] = ((1.5, 0.05), (8.0, 0.2))
 IDLE_POLL_INTERVAL_S = 0.5
-BUSY_WINDOW_S = 6.0
+
+
+def poll_interval(since_last_task_s: float) -> float:
+    """Seconds to wait before the next ``AcquireTask`` (see :data:`POLL_SCHEDULE`)."""
+    for window, interval in POLL_SCHEDULE:
+        if since_last_task_s < window:
+            return interval
+    return IDLE_POLL_INTERVAL_S
+
+
 #: Seconds between task heartbeats while a message is being handled.
 HEARTBEAT_INTERVAL_S = 10.0
 #: Environment variable set in a worker process (the ClientApp keeps silos in memory).
@@ -118,15 +128,12 @@ def _component(fab_content: bytes) -> str | None:
 class Worker:
     """Serve the ClientApp tasks of one or more SuperNodes until :meth:`stop` is called."""
 
-    def __init__(
-        self, links: Sequence[NodeLink], *, poll_interval_s: float = DEFAULT_POLL_INTERVAL_S
-    ) -> None:
+    def __init__(self, links: Sequence[NodeLink]) -> None:
         if not links:
             raise ValueError("--runtime-api: give at least one SuperNode Runtime API address")
         for link in links:
             check_loopback(link.address)
         self.links = list(links)
-        self.poll_interval_s = float(poll_interval_s)
         self._stop = threading.Event()
         #: One message at a time in this process (silo objects, torch and Flower's task
         #: identity are process-wide); held from claiming a task to pushing its reply.
@@ -200,7 +207,7 @@ class Worker:
                 )
             )
         client = None
-        last_task = -BUSY_WINDOW_S
+        last_task = -1e9
         while not self._stop.is_set():
             try:
                 if client is None:
@@ -225,8 +232,7 @@ class Worker:
             if claimed:
                 last_task = now
                 continue
-            busy = now - last_task < BUSY_WINDOW_S
-            self._stop.wait(self.poll_interval_s if busy else IDLE_POLL_INTERVAL_S)
+            self._stop.wait(poll_interval(now - last_task))
         if client is not None:
             client.close()
 
@@ -336,7 +342,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="the SuperNode's --superexec-auth-secret-file (one per --runtime-api, same order)",
     )
     parser.add_argument("--parent-pid", type=int, default=None, help="exit when it exits")
-    parser.add_argument("--poll-interval", type=float, default=DEFAULT_POLL_INTERVAL_S)
     parser.add_argument("--ready-file", default=None, help="touched once the worker is warm")
     args = parser.parse_args(argv)
     if args.auth_secret_file and len(args.auth_secret_file) != len(args.runtime_api):
@@ -351,7 +356,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ]
     except (OSError, ValueError) as err:
         parser.error(str(err))
-    worker = Worker(links, poll_interval_s=args.poll_interval)
+    worker = Worker(links)
 
     def on_signal(signum: int, frame: Any) -> None:
         worker._stop.set()
