@@ -824,3 +824,22 @@ def test_exchange_loses_a_failing_silo(tmp_path: Path, task_identity: None, monk
     assert list(replies) == [0] and "error boom" in transport.lost[1]
     with pytest.raises(ValueError, match="unknown silo 5"):
         transport.exchange("toy-sum-sq", "commit", {5: {}}, 0)
+
+
+def test_a_pinned_silo_refuses_any_other_experiment(
+    tmp_path: Path, task_identity: None, monkeypatch: Any
+) -> None:
+    from pdpfl.runtime.flower.hooks import config_digest
+    from pdpfl.runtime.flower.transport import FlowerRunError
+
+    agreed = toy_config(num_silos=2, rounds=1)
+    for config, ok in ((agreed, True), (toy_config(num_silos=2, rounds=1, seed=8), False)):
+        out = tmp_path / f"run-{ok}"
+        grid = FakeGrid(toy_run_config(config, out), out / "s", 2, monkeypatch=monkeypatch)
+        for node_config in grid.node_configs.values():
+            node_config["config-hash"] = config_digest(_to_dict(agreed))
+        if ok:
+            assert serve(grid, out)["status"] == "ok"
+        else:
+            with pytest.raises(FlowerRunError, match="only runs the experiment it was started"):
+                serve(grid, out)
