@@ -3,7 +3,8 @@
 Requires the optional Flower extra (``pip install pdpfl[flower]``, flwr 1.41). The ServerApp
 runs the very same :func:`pdpfl.runtime.loop.run_federation` as the in-process simulator over a
 :class:`FlowerTransport`; each ClientApp builds its algorithm from its own silo's data and keeps
-its records' ledger at the silo. See ``docs/flower.md``.
+its records' ledger at the silo. A warm silo worker (:mod:`pdpfl.runtime.flower.worker`) keeps
+each silo in memory between messages. See ``docs/flower.md``.
 """
 
 from __future__ import annotations

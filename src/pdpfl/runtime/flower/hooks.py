@@ -183,8 +183,9 @@ def _build_server(
 def _silo_data(config: Any, silo: int, node_config: Mapping[str, Any]) -> Any:
     """This silo's :class:`~pdpfl.data.federation.ClientData`, cached in its own state folder.
 
-    A SuperNode starts one ClientApp process per message; the cache (``.npz``, no pickle,
-    keyed by the data config, seed and silo) saves re-reading and re-partitioning the data set.
+    In the per-message mode a SuperNode starts one ClientApp process per message; the cache
+    (``.npz``, no pickle, keyed by the data config, seed and silo) saves re-reading and
+    re-partitioning the data set. A warm worker builds each silo once.
     """
     import dataclasses
     import hashlib
