@@ -386,12 +386,19 @@ class LocalFederation:
                 groups = [list(range(len(apis)))]
             else:
                 groups = [[i] for i in range(len(apis))]
+            warming: list[tuple[Path, subprocess.Popen[bytes], str]] = []
             for g, members in enumerate(groups):
+                name = "worker" if len(groups) == 1 else f"worker-{g}"
+                ready = self.work_dir / f"{name}.ready"
+                ready.unlink(missing_ok=True)
                 cmd = worker_command(
                     [apis[i] for i in members], [str(secrets[i]) for i in members], os.getpid()
                 )
-                name = "worker.log" if len(groups) == 1 else f"worker-{g}.log"
-                self.workers.append(self._spawn(cmd, name))
+                proc = self._spawn([*cmd, "--ready-file", str(ready)], f"{name}.log")
+                self.workers.append(proc)
+                warming.append((ready, proc, f"{name}.log"))
+                if len(warming) >= self.start_concurrency:  # bounded: torch imports are heavy
+                    self._wait_for_file(*warming.pop(0))
         self.started_s["workers"] = time.perf_counter() - t0
 
     def _wait_for_port(self, port: int, proc: subprocess.Popen[bytes], log_name: str) -> None:
@@ -409,6 +416,18 @@ class LocalFederation:
             f"{log_name.split('.')[0]} did not listen on port {port} within "
             f"{self.startup_timeout_s:g} s; see {self.work_dir / log_name}"
         )
+
+    def _wait_for_file(self, path: Path, proc: subprocess.Popen[bytes], log_name: str) -> None:
+        deadline = time.monotonic() + self.startup_timeout_s
+        while not path.exists():
+            if proc.poll() is not None:
+                raise FlowerRunError(
+                    f"{log_name.split('.')[0]} exited with code {proc.returncode}; "
+                    f"see {self.work_dir / log_name}"
+                )
+            if time.monotonic() > deadline:
+                raise FlowerRunError(f"{log_name.split('.')[0]} did not start in time")
+            time.sleep(0.1)
 
     def run_app(
         self,
