@@ -7,7 +7,8 @@ requested variant, in the same process run, and reports for each:
   the simulator's, and ``overhead_s_per_round`` = Flower − simulation;
 * ``startup_s`` -- launcher start (SuperLink, SuperNodes, workers) and silo discovery;
 * per message exchange (medians over the steady rounds and silos, from ``transport.jsonl`` and the
-  silos' ``timings-silo-i.jsonl``): ``exchange_s`` (push → last reply at the server),
+  silos' ``timings-silo-i.jsonl``): ``exchange_s`` (push → last reply at the server; for a
+  prefetched training request, from the end of the evaluation it was queued behind),
   ``process_start_s`` (a per-message ClientApp process: interpreter start, imports, pulling the
   message; 0 for a warm worker), ``silo_build_s`` (silo rebuilt from its data and state file),
   ``compute_s`` (training or evaluation), ``save_s`` (state + ledger written before replying),
@@ -70,7 +71,13 @@ def breakdown(out: Path) -> dict[str, Any]:
     ]
     result: dict[str, Any] = {}
     for action in ("fit", "evaluate"):
-        ex = [e["seconds"] for e in events if e["action"] == action]
+        # A prefetched training request was pushed with the previous evaluation: count only
+        # the wait after that evaluation's replies (the round's share).
+        ex = [
+            e["wait_seconds"] if e.get("prefetched") else e["seconds"]
+            for e in events
+            if e["action"] == action
+        ]
         tm = [t for t in timings if t["action"] in (action, f"{action}-replay")]
         start = [0.0 if t["warm"] else float(t["process_age_s"] or 0.0) for t in tm]
         inside = [
