@@ -61,7 +61,7 @@ def poll_interval(since_last_task_s: float) -> float:
 
 
 #: Seconds between task heartbeats while a message is being handled.
-HEARTBEAT_INTERVAL_S = 10.0
+HEARTBEAT_INTERVAL_S = 5.0
 #: Environment variable set in a worker process (the ClientApp keeps silos in memory).
 WARM_ENV = "PDPFL_WARM_WORKER"
 
@@ -135,8 +135,8 @@ class Worker:
             check_loopback(link.address)
         self.links = list(links)
         self._stop = threading.Event()
-        #: One message at a time in this process (silo objects, torch and Flower's task
-        #: identity are process-wide); held from claiming a task to pushing its reply.
+        #: One ClientApp call at a time in this process (silo objects and torch are
+        #: process-wide); pulling messages and pushing replies overlap across SuperNodes.
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
         self.handled = 0
@@ -212,15 +212,12 @@ class Worker:
             try:
                 if client is None:
                     client = self._client(link.address, interceptors)
-                # Claim and handle under the process lock: a task is claimed only when this
-                # process can start it at once (its token cannot expire while it waits).
-                with self._lock:
-                    res = client.AcquireTask(
-                        AcquireTaskRequest(supported_task_types=[TaskType.CLIENT_APP])
-                    )
-                    claimed = bool(res.HasField("task") and res.token)
-                    if claimed:
-                        self._run_task(link.address, res.token)
+                res = client.AcquireTask(
+                    AcquireTaskRequest(supported_task_types=[TaskType.CLIENT_APP])
+                )
+                claimed = bool(res.HasField("task") and res.token)
+                if claimed:
+                    self._run_task(link.address, res.token)
             except Exception as err:  # SuperNode not up yet, or gone: retry until stopped
                 _log(f"waiting for the SuperNode at {link.address} ({type(err).__name__}: {err})")
                 if client is not None:
@@ -273,16 +270,17 @@ class Worker:
         message = context = reply = None
         status, details = SubStatus.FAILED, "ClientApp task failed"
         try:
-            beat.start()
+            beat.start()  # keeps the task's token alive while it waits for the lock
             message, context, _run, fab = pull_task_input(client)
             component = _component(fab.content)
             if component != CLIENTAPP_REF:
                 raise PermissionError(
                     f"this pdpfl worker only runs {CLIENTAPP_REF}, the app names {component!r}"
                 )
-            reply = client_app(message=message, context=context)
+            with self._lock:  # the silo's computation, one message at a time
+                reply = client_app(message=message, context=context)
+                self.handled += 1
             status, details = SubStatus.COMPLETED, ""
-            self.handled += 1
         except Exception as ex:
             reason = f"{type(ex)}:<'{ex}'>"
             _log(f"ClientApp raised {reason}")
