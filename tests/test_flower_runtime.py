@@ -1,5 +1,5 @@
 """Multi-process Flower federations on loopback: ten silos equal to the simulator, the privacy
-boundary on the wire, a killed silo, Ctrl-C and ``--resume``.
+boundary on the wire, protocol stages and a killed silo, Ctrl-C and ``--resume``.
 
 Each test starts a SuperLink, one SuperNode per silo and the silo worker as child processes
 (stopped by PID at the end, descendants included); every wait is bounded. Skipped only when the
@@ -107,14 +107,17 @@ def test_ten_silos_match_the_simulation_and_only_contributions_leave(tmp_path: P
     assert not any(_alive(pid) for pid in fed.all_processes())
 
 
-def test_killed_supernode_round_completes_and_ledger_never_undercounts(tmp_path: Path) -> None:
-    """Kill silo 1's SuperNode mid-round (after its update was released, before evaluation)."""
+def test_protocol_stages_then_a_killed_supernode(tmp_path: Path) -> None:
+    """Separate processes: a two-stage toy protocol (``FlowerTransport.exchange``) runs before
+    training; then silo 1's SuperNode is killed after its update was released, before the
+    evaluation: the round completes without it and its ledger holds the release."""
     from pdpfl.runtime.flower import run_flower
     from pdpfl.runtime.flower.codec import decode_state
     from test_flower_toy import TOY_SPEC, toy_config
 
     out = tmp_path / "run"
     events_file = out / "flower" / "transport.jsonl"
+    log = tmp_path / "messages.jsonl"
     killed = threading.Event()
     started: list[LocalFederation] = []
 
@@ -133,10 +136,10 @@ def test_killed_supernode_round_completes_and_ledger_never_undercounts(tmp_path:
         threading.Thread(target=kill_after_the_fit_exchange, daemon=True).start()
 
     summary = run_flower(
-        toy_config(num_silos=2, rounds=1),
+        toy_config(num_silos=2, rounds=1, aggregation="toy-sum-sq"),
         out,
         hooks=TOY_SPEC,
-        env=_env(),
+        env={**_env(), "PDPFL_MESSAGE_LOG": str(log)},
         round_timeout_s=15,
         on_started=drill,
     )
@@ -144,9 +147,14 @@ def test_killed_supernode_round_completes_and_ledger_never_undercounts(tmp_path:
     assert summary["rounds_completed"] == 1  # the round completed without silo 1
     result = json.loads((out / "flower" / "server_result.json").read_text())
     assert list(result["lost"]) == ["1"] and "no reply within 15 s" in result["lost"]["1"]
-    fit, evaluate = _lines(events_file)
+    commit, reveal, fit, evaluate = _lines(events_file)
+    assert commit["action"] == "stage:toy-sum-sq/commit" and commit["replied"] == [0, 1]
+    assert reveal["action"] == "stage:toy-sum-sq/reveal" and reveal["replied"] == [0, 1]
     assert fit["action"] == "fit" and fit["replied"] == [0, 1]
     assert evaluate["action"] == "evaluate" and evaluate["replied"] == [0]
+    stages = {e["action"]: e["records"] for e in _lines(log) if e["action"].startswith("stage")}
+    assert stages["stage:toy-sum-sq/reveal"] == {
+        "payload.arrays": ["echo"], "payload.values": ["nonce", "rounds", "value"]}  # fmt: skip
     line = _lines(out / "metrics.jsonl")[0]
     assert line["selected"] == [0, 1]  # the Type I view counts silo 1 (over-counts only)
     assert list(line["clients"]) == ["0"]
@@ -158,6 +166,8 @@ def test_killed_supernode_round_completes_and_ledger_never_undercounts(tmp_path:
     # Silo 1's own ledger (its state file) holds the update it released before dying.
     assert silo_state(1)["fits"] >= 1
     assert silo_state(0)["fits"] == 1 and silo_state(0)["evaluated_until"] == 0
+    # The warm worker kept the protocol memory in memory only.
+    assert not list((out / "flower").rglob("protocol-memory-silo-*.npz"))
     assert not any(_alive(pid) for pid in started[0].all_processes())
 
 
