@@ -843,3 +843,57 @@ def test_a_pinned_silo_refuses_any_other_experiment(
         else:
             with pytest.raises(FlowerRunError, match="only runs the experiment it was started"):
                 serve(grid, out)
+
+
+def test_round_loop_announces_each_next_round_once(tmp_path: Path) -> None:
+    """The loop computes each round's selection once, announces round t + 1 right after
+    aggregating round t (never past the last round, never under a multi-stage protocol), and
+    then trains exactly what it announced."""
+    from pdpfl.runtime.simulation import InProcessTransport
+
+    class Recording(InProcessTransport):
+        def __init__(self, clients: dict[int, ToyClient]) -> None:
+            super().__init__(clients)
+            self.events: list[tuple] = []
+
+        def prefetch_fit(self, selected, params, round_index, config) -> None:
+            self.events.append(("announce", round_index, list(selected), params[0].copy()))
+
+        def fit(self, selected, params, round_index, config):
+            self.events.append(("fit", round_index, list(selected), params[0].copy()))
+            return super().fit(selected, params, round_index, config)
+
+        def evaluate(self, client_ids, params, round_index, config):
+            self.events.append(("evaluate", round_index))
+            return super().evaluate(client_ids, params, round_index, config)
+
+    class CountingServer(ToyServer):
+        calls: list[int] = []
+
+        def select_clients(self, round_index: int, client_ids: list[int]) -> list[int]:
+            self.calls.append(round_index)
+            return super().select_clients(round_index, client_ids)
+
+    config = toy_config(num_silos=4, rounds=4, client_rate=0.6)
+    ref = toy_simulation(config, tmp_path / "ref")
+    clients = {i: ToyClient(i, config.seed) for i in range(4)}
+    transport, server = Recording(clients), CountingServer(config.seed, config.client_rate)
+    result = _run(config, server, transport, tmp_path / "run", False)
+    np.testing.assert_array_equal(result["params"][0], ref["params"][0])
+    assert server.calls == [0, 1, 2, 3]  # once per round
+    kinds = [e[0] for e in transport.events]
+    assert kinds.count("evaluate") == 4 and "announce" in kinds
+    for i, event in enumerate(transport.events):
+        if event[0] == "announce":
+            t = event[1]
+            assert transport.events[i + 1] == ("evaluate", t - 1)  # before round t - 1's eval
+            fit = next(e for e in transport.events if e[0] == "fit" and e[1] == t)
+            assert fit[2] == event[2]
+            np.testing.assert_array_equal(fit[3], event[3])
+    assert all(e[1] < 4 for e in transport.events if e[0] == "announce")
+    # A multi-stage protocol is never announced ahead.
+    ToySumOfSquares.totals = []
+    transport = Recording({i: ToyClient(i, config.seed) for i in range(4)})
+    _run(toy_config(num_silos=4, rounds=2, aggregation="toy-sum-sq"), ToyServer(7), transport,
+         tmp_path / "stages", False)  # fmt: skip
+    assert not any(e[0] == "announce" for e in transport.events)
