@@ -1,134 +1,174 @@
 """Per-round time of the Flower runtime vs the in-process simulator, and where it goes.
 
-Runs the same config twice (simulation, then Flower on loopback with one SuperNode per silo)
-and reports seconds per round, the Flower startup cost, the per-exchange wall time from
-``flower/transport.jsonl`` and, from the silos' timing files, how much of an exchange is
-spent starting the ClientApp process (interpreter + imports: ``clientapp_process_age_s``),
-inside the ClientApp (``build_s``: silo from its data + state; ``compute_s``: training or
-evaluation; ``save_s``: state) and in Flower's transport (SuperNode polling every 3 s, message
-routing: ``flower_transport_s``).
+Runs one config in the simulator and then on Flower (loopback, one SuperNode per silo) in each
+requested variant, in the same process run, and reports for each:
 
-    .venv/bin/python benchmarks/flower.py --json [--config examples/heart_disease.yaml]
-        [--rounds 3] [--data-dir ../shared/data] [--set key=value ...]
+* ``s_per_round`` -- median seconds per round after the first (from ``metrics.jsonl``), next to
+  the simulator's, and ``overhead_s_per_round`` = Flower − simulation;
+* ``startup_s`` -- launcher start (SuperLink, SuperNodes, workers) and silo discovery;
+* per message exchange (medians over the steady rounds and silos, from ``transport.jsonl`` and the
+  silos' ``timings-silo-i.jsonl``): ``exchange_s`` (push → last reply at the server; for a
+  prefetched training request, from the end of the evaluation it was queued behind),
+  ``process_start_s`` (a per-message ClientApp process: interpreter start, imports, pulling the
+  message; 0 for a warm worker), ``silo_build_s`` (silo rebuilt from its data and state file),
+  ``compute_s`` (training or evaluation), ``save_s`` (state + ledger written before replying),
+  and ``transport_polling_s`` = exchange − the silo's own time (SuperLink/SuperNode transport,
+  the SuperNode's 3 s polling, the SuperExec's polling);
+* ``max_abs_param_diff`` to the simulator's model (``randomness: reproducible``: 0).
+
+Variants: ``per-message`` -- Flower's stock one-process-per-message ClientApp, no prefetch (the
+"before"); ``warm`` -- the pdpfl silo worker + the next round's training announced behind each
+evaluation (the "after"); ``warm-no-prefetch`` -- the worker alone.
+
+    PYTHONPATH=src .venv/bin/python benchmarks/flower.py --json \\
+        [--config examples/heart_disease.yaml] [--rounds 4] [--data-dir ../shared/data] \\
+        [--variants per-message,warm] [--set key=value ...]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+
+VARIANTS = {
+    "per-message": {"mode": "per-message", "prefetch": False},
+    "warm": {"mode": "warm", "prefetch": True},
+    "warm-no-prefetch": {"mode": "warm", "prefetch": False},
+}
 
 
 def _median(xs: list[float]) -> float | None:
     return float(statistics.median(xs)) if xs else None
 
 
-def _import_seconds() -> float:
-    """Wall time of a fresh Python that imports what a ClientApp process imports."""
-    code = "import flwr.clientapp, torch, pdpfl.runtime.flower.apps, pdpfl.fl.factory"
-    t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-c", code], check=True)
-    return time.perf_counter() - t0
+def _lines(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+def per_round(lines: list[dict[str, Any]]) -> list[float]:
+    secs = [m["seconds"] for m in lines]
+    return [b - a for a, b in zip(secs, secs[1:], strict=False)]
+
+
+def breakdown(out: Path) -> dict[str, Any]:
+    """Medians per exchange type over the rounds after the first."""
+    flower = out / "flower"
+    events = [e for e in _lines(flower / "transport.jsonl") if "seconds" in e and e["round"] > 0]
+    timings = [
+        t
+        for path in flower.glob("silo-*/run-*/timings-silo-*.jsonl")
+        for t in _lines(path)
+        if t["round"] > 0
+    ]
+    result: dict[str, Any] = {}
+    for action in ("fit", "evaluate"):
+        # A prefetched training request was pushed with the previous evaluation: count only
+        # the wait after that evaluation's replies (the round's share).
+        ex = [
+            e["wait_seconds"] if e.get("prefetched") else e["seconds"]
+            for e in events
+            if e["action"] == action
+        ]
+        tm = [t for t in timings if t["action"] in (action, f"{action}-replay")]
+        start = [0.0 if t["warm"] else float(t["process_age_s"] or 0.0) for t in tm]
+        inside = [
+            s + t["build_s"] + t["compute_s"] + t["save_s"] for s, t in zip(start, tm, strict=True)
+        ]
+        row = {
+            "exchange_s": _median(ex),
+            "process_start_s": _median(start),
+            "silo_build_s": _median([t["build_s"] for t in tm]),
+            "compute_s": _median([t["compute_s"] for t in tm]),
+            "save_s": _median([t["save_s"] for t in tm]),
+        }
+        row["transport_polling_s"] = (
+            None if row["exchange_s"] is None else row["exchange_s"] - (_median(inside) or 0.0)
+        )
+        result[action] = row
+    return result
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default=str(ROOT / "examples" / "heart_disease.yaml"))
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "data"))
+    parser.add_argument("--variants", default="per-message,warm")
     parser.add_argument("--set", dest="overrides", action="append", default=[])
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
+    variants = [v for v in args.variants.split(",") if v]
+    for v in variants:
+        if v not in VARIANTS:
+            parser.error(f"--variants: unknown {v!r}; choose from {', '.join(VARIANTS)}")
+
+    import numpy as np
 
     from pdpfl.config import load_config
     from pdpfl.runtime.flower import run_flower
     from pdpfl.runtime.simulation import run_simulation
 
     config = load_config(
-        args.config, [f"rounds={args.rounds}", *args.overrides], data_dir=args.data_dir
+        args.config,
+        [f"rounds={args.rounds}", "randomness=reproducible", *args.overrides],
+        data_dir=args.data_dir,
     )
+    results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
         t0 = time.perf_counter()
         sim = run_simulation(config, out / "sim", progress=False)
         sim_total = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        run_flower(config, out / "flower", round_timeout_s=300, startup_timeout_s=300)
-        flower_total = time.perf_counter() - t0
-
-        sim_lines = [
-            json.loads(x) for x in (out / "sim" / "metrics.jsonl").read_text().splitlines()
-        ]
-        fl_lines = [
-            json.loads(x) for x in (out / "flower" / "metrics.jsonl").read_text().splitlines()
-        ]
-        server = json.loads((out / "flower" / "flower" / "server_result.json").read_text())
-        events = [
-            json.loads(x)
-            for x in (out / "flower" / "flower" / "transport.jsonl").read_text().splitlines()
-        ]
-        timings = [
-            json.loads(line)
-            for path in (out / "flower" / "flower").glob("silo-*/run-*/timings-silo-*.jsonl")
-            for line in path.read_text().splitlines()
-        ]
-        import numpy as np
-
-        a = np.load(out / "sim" / "model.npz")
-        b = np.load(out / "flower" / "model.npz")
-        max_diff = max(float(np.max(np.abs(a[k] - b[k]))) for k in a.files)
-
-    def per_round(lines: list[dict]) -> list[float]:
-        secs = [m["seconds"] for m in lines]
-        return [secs[0], *[b - a for a, b in zip(secs, secs[1:], strict=False)]]
-
-    by_action: dict[str, dict[str, float | None]] = {}
-    for action in ("fit", "evaluate"):
-        ex = [e["seconds"] for e in events if e["action"] == action]
-        tm = [t for t in timings if t["action"] == action]
-        by_action[action] = {
-            "exchange_s": _median(ex),
-            "clientapp_build_s": _median([t["build_s"] for t in tm]),
-            "clientapp_compute_s": _median([t["compute_s"] for t in tm]),
-            "clientapp_save_s": _median([t["save_s"] for t in tm]),
-            "clientapp_process_age_s": _median(
-                [t["process_age_s"] for t in tm if t.get("process_age_s") is not None]
-            ),
-        }
-        inside = sum(v or 0.0 for k, v in by_action[action].items() if k.startswith("clientapp"))
-        by_action[action]["flower_transport_s"] = (
-            None
-            if by_action[action]["exchange_s"] is None
-            else by_action[action]["exchange_s"] - inside
-        )
-    result = {
+        sim_round = _median(per_round(_lines(out / "sim" / "metrics.jsonl")))
+        reference = np.load(out / "sim" / "model.npz")
+        for name in variants:
+            run_dir = out / name
+            t0 = time.perf_counter()
+            run_flower(config, run_dir, round_timeout_s=300, **VARIANTS[name])
+            total = time.perf_counter() - t0
+            server = json.loads((run_dir / "flower" / "server_result.json").read_text())
+            model = np.load(run_dir / "model.npz")
+            s_round = _median(per_round(_lines(run_dir / "metrics.jsonl")))
+            results[name] = {
+                **VARIANTS[name],
+                "s_per_round": s_round,
+                "overhead_s_per_round": None if s_round is None else s_round - (sim_round or 0.0),
+                "total_s": total,
+                "startup_s": server["startup_seconds"],
+                "per_exchange": breakdown(run_dir),
+                "max_abs_param_diff": max(
+                    float(np.max(np.abs(reference[k] - model[k]))) for k in reference.files
+                ),
+            }
+    before, after = results.get("per-message"), results.get("warm")
+    report = {
         "benchmark": "flower-vs-simulation",
-        "config": str(Path(args.config).name),
+        "config": Path(args.config).name,
         "silos": len(server["silo_nodes"]),
         "rounds": args.rounds,
-        "simulation_s_per_round": _median(per_round(sim_lines)),
-        "flower_s_per_round": _median(per_round(fl_lines)),
+        "simulation_s_per_round": sim_round,
         "simulation_total_s": sim_total,
-        "flower_total_s": flower_total,
-        "flower_startup_s": server["startup_seconds"],
-        "per_exchange": by_action,
-        "clientapp_process_import_s": _import_seconds(),
-        "max_abs_param_diff": max_diff,
         "final_accuracy": sim["final_accuracy"],
-        "machine": f"{platform.machine()} {platform.python_version()}",
+        "variants": results,
+        "speedup_per_round": (
+            before["s_per_round"] / after["s_per_round"]
+            if before and after and after["s_per_round"]
+            else None
+        ),
+        "target_s_per_round": None if sim_round is None else sim_round + 3.0 + 2.0,
+        "machine": f"{platform.machine()} {os.cpu_count()} cpu, Python "
+        f"{platform.python_version()}, load {os.getloadavg()[0]:.1f}",
     }
-    if args.json:
-        print(json.dumps(result))
-    else:
-        print(json.dumps(result, indent=2))
+    print(json.dumps(report, indent=None if args.json else 2))
 
 
 if __name__ == "__main__":

@@ -1,19 +1,22 @@
 """`pdpfl flower ...`: run the pdpfl Flower app across institutions (one process per host).
 
-``superlink`` and ``supernode`` start the Flower services with pdpfl's conventions (silo index as
-``partition-id``, no runtime dependency installation); ``app`` writes the Flower app folder
-for a config; ``submit`` sends it to a SuperLink with ``flwr run``. For a whole federation on one
-machine use ``pdpfl run CONFIG --set runtime=flower``. Every command accepts ``--dry-run`` to
-print the underlying Flower command instead of running it.
+``superlink`` starts the coordinator's Flower SuperLink; ``supernode`` starts one institution's
+SuperNode *and* its warm pdpfl silo worker (silo index as ``partition-id``, no runtime
+dependency installation); ``keygen`` and ``register`` set up Flower's SuperNode authentication;
+``app`` writes the Flower app folder for a config; ``submit`` sends it to a SuperLink with
+``flwr run``. For a whole federation on one machine use ``pdpfl run CONFIG --runtime flower``.
+Every command that starts something accepts ``--dry-run`` to print the underlying commands.
 """
 
 from __future__ import annotations
 
 import os
 import shlex
+import signal
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -23,6 +26,18 @@ flower_app = typer.Typer(
     help="Run pdpfl as a Flower federation across hosts (SuperLink, SuperNodes, app).",
     no_args_is_help=True,
 )
+
+_ENV = {"FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1"}
+
+
+def _environment(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """This environment + Flower's quiet settings, with this Python's scripts first on PATH
+    (the SuperLink starts ``flower-superexec`` by name)."""
+    import sys
+
+    env = {**os.environ, **_ENV, **(extra or {})}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    return env
 
 
 def _tls_args(
@@ -47,17 +62,25 @@ def _tls_args(
     return args
 
 
+def _client_tls(insecure: bool, root_certificates: Path | None) -> None:
+    if insecure == (root_certificates is not None):
+        fail("give exactly one of --root-certificates (TLS) and --insecure")
+    if root_certificates is not None and not root_certificates.is_file():
+        fail(f"--root-certificates: file not found: {root_certificates}")
+
+
+def _address(value: str, option: str = "--superlink") -> str:
+    if ":" not in value or not value.rsplit(":", 1)[1].isdigit():
+        fail(f"{option}: expected host:port, got {value!r}")
+    return value
+
+
 def _exec(cmd: list[str], dry_run: bool, env: dict[str, str] | None = None) -> None:
+    """Print ``cmd`` (dry run) or replace this process with it (signals reach it directly)."""
     if dry_run:
         typer.echo(shlex.join(cmd))
         raise typer.Exit()
-    full_env = {**os.environ, "FLWR_TELEMETRY_ENABLED": "0", "FLWR_DISABLE_UPDATE_CHECK": "1"}
-    full_env.update(env or {})
-    try:
-        code = subprocess.call(cmd, env=full_env)
-    except KeyboardInterrupt:
-        code = 130
-    raise typer.Exit(code)
+    os.execve(cmd[0], cmd, _environment(env))
 
 
 def _binary(name: str) -> str:
@@ -78,17 +101,100 @@ def superlink(
     certfile: Path | None = typer.Option(None, "--ssl-certfile", help="Server certificate (PEM)."),
     keyfile: Path | None = typer.Option(None, "--ssl-keyfile", help="Server private key (PEM)."),
     ca_certfile: Path | None = typer.Option(None, "--ssl-ca-certfile", help="CA certificate."),
+    supernode_auth: bool = typer.Option(
+        False,
+        "--enable-supernode-auth",
+        help="Accept only SuperNodes whose public key was registered (pdpfl flower register).",
+    ),
     database: Path | None = typer.Option(
         None, "--database", help="State database (default: memory)."
     ),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the Flower command only."),
 ) -> None:
     """Start the federation's SuperLink (the coordinating server; runs the ServerApp)."""
+    if supernode_auth and insecure:
+        fail("--enable-supernode-auth: SuperNode authentication needs TLS (drop --insecure)")
     cmd = [_binary("flower-superlink"), *_tls_args(insecure, certfile, keyfile, ca_certfile)]
     cmd += ["--host", host, "--port", str(port), "--disable-runtime-dependency-installation"]
+    if supernode_auth:
+        cmd += ["--enable-supernode-auth"]
     if database is not None:
         cmd += ["--database", str(database)]
     _exec(cmd, dry_run)
+
+
+@flower_app.command("keygen")
+def keygen(
+    out: Path = typer.Option(..., "--out", help="Folder for supernode.key and supernode.pub."),
+    name: str = typer.Option("supernode", "--name", help="File name stem."),
+) -> None:
+    """Create a SuperNode key pair (ECDSA P-384, OpenSSH format) for SuperNode authentication.
+
+    The private key (mode 600) stays on the silo's host; send the ``.pub`` file to the
+    coordinator, who registers it with ``pdpfl flower register``.
+    """
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    private, public = out / f"{name}.key", out / f"{name}.pub"
+    for path in (private, public):
+        if path.exists():
+            fail(f"--out: {path} already exists (not overwritten)")
+    out.mkdir(parents=True, exist_ok=True)
+    key = ec.generate_private_key(ec.SECP384R1())
+    fd = os.open(private, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(
+            key.private_bytes(
+                serialization.Encoding.PEM,
+                serialization.PrivateFormat.OpenSSH,
+                serialization.NoEncryption(),
+            )
+        )
+    public.write_bytes(
+        key.public_key().public_bytes(
+            serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
+        )
+        + b"\n"
+    )
+    typer.echo(f"{private}\n{public}")
+
+
+def _connection_home(
+    superlink_address: str, insecure: bool, root_certificates: Path | None
+) -> Path:
+    from pdpfl.runtime.flower.launcher import write_connection
+
+    home = Path(tempfile.mkdtemp(prefix="pdpfl-flwr-home-"))
+    write_connection(
+        home,
+        superlink_address,
+        root_certificates=str(root_certificates) if root_certificates else None,
+    )
+    return home
+
+
+@flower_app.command("register")
+def register_key(
+    public_key: Path = typer.Argument(..., help="A SuperNode's public key (from keygen)."),
+    superlink_address: str = typer.Option(..., "--superlink", help="SuperLink host:port."),
+    insecure: bool = typer.Option(False, "--insecure", help="No TLS (loopback/testing only)."),
+    root_certificates: Path | None = typer.Option(
+        None, "--root-certificates", help="CA certificate (PEM) that signed the SuperLink's."
+    ),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the Flower command only."),
+) -> None:
+    """Allow the SuperNode holding PUBLIC_KEY's private key to join (``flwr supernode register``).
+
+    Run by the coordinator, against a SuperLink started with ``--enable-supernode-auth``.
+    """
+    _address(superlink_address)
+    _client_tls(insecure, root_certificates)
+    if not public_key.is_file():
+        fail(f"PUBLIC_KEY: file not found: {public_key}")
+    home = _connection_home(superlink_address, insecure, root_certificates)
+    cmd = [_binary("flwr"), "supernode", "register", str(public_key.resolve()), "local"]
+    _exec(cmd, dry_run, env={"FLWR_HOME": str(home)})
 
 
 @flower_app.command("supernode")
@@ -100,62 +206,159 @@ def supernode(
     state_dir: Path = typer.Option(
         Path("~/.pdpfl/silo-state"), "--state-dir", help="Where the silo keeps its ledger."
     ),
-    port: int = typer.Option(9094, "--port", min=1, max=65535, help="Local ClientAppIo port."),
+    port: int = typer.Option(
+        9094, "--port", min=1, max=65535, help="Local Runtime API port (127.0.0.1 only)."
+    ),
     insecure: bool = typer.Option(False, "--insecure", help="No TLS (loopback/testing only)."),
     root_certificates: Path | None = typer.Option(
         None, "--root-certificates", help="CA certificate (PEM) that signed the SuperLink's."
     ),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Print the Flower command only."),
+    auth_key: Path | None = typer.Option(
+        None,
+        "--auth-supernode-private-key",
+        help="This SuperNode's private key (pdpfl flower keygen), registered by the coordinator.",
+    ),
+    expect_config: Path | None = typer.Option(
+        None,
+        "--expect-config",
+        help="Only run this experiment (YAML, with --set overrides): runs with any other "
+        "configuration are refused at the silo.",
+    ),
+    overrides: list[str] | None = typer.Option(
+        None, "--set", help="key=value override of --expect-config (repeatable)."
+    ),
+    mode: str = typer.Option(
+        "warm",
+        "--mode",
+        help="warm: a pdpfl worker keeps the silo in memory; per-message: Flower starts one "
+        "ClientApp process per message.",
+    ),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the commands only."),
 ) -> None:
-    """Start one institution's SuperNode (runs the pdpfl ClientApp next to the silo's data)."""
+    """Start one institution's SuperNode and its silo worker (the silo's data stays here).
+
+    Runs in the foreground until Ctrl-C / SIGTERM, which stops both processes.
+    """
     from pdpfl.runtime.flower.hooks import DATA_DIR, NUM_PARTITIONS, PARTITION_ID, STATE_DIR
-    from pdpfl.runtime.flower.launcher import node_config_arg
+    from pdpfl.runtime.flower.launcher import MODES, SECRET_NAME, node_config_arg, worker_command
 
     if silo >= num_silos:
         fail(f"--silo: must be in [0, {num_silos - 1}] for --num-silos {num_silos}, got {silo}")
-    if ":" not in superlink_address:
-        fail(f"--superlink: expected host:port, got {superlink_address!r}")
-    if insecure == (root_certificates is not None):
-        fail("give exactly one of --root-certificates (TLS) and --insecure")
-    if root_certificates is not None and not root_certificates.is_file():
-        fail(f"--root-certificates: file not found: {root_certificates}")
+    _address(superlink_address)
+    _client_tls(insecure, root_certificates)
+    if mode not in MODES:
+        fail(f"--mode: must be one of {', '.join(MODES)}, got {mode!r}")
+    if auth_key is not None:
+        if insecure:
+            fail("--auth-supernode-private-key: SuperNode authentication needs TLS")
+        if not auth_key.is_file():
+            fail(f"--auth-supernode-private-key: file not found: {auth_key}")
     if data_dir is not None and not data_dir.expanduser().is_dir():
         fail(f"--data-dir: not a folder: {data_dir}")
+    state = state_dir.expanduser().resolve()
     node_config: dict[str, object] = {
         PARTITION_ID: silo,
         NUM_PARTITIONS: num_silos,
-        STATE_DIR: str(state_dir.expanduser().resolve()),
+        STATE_DIR: str(state),
     }
     if data_dir is not None:
         node_config[DATA_DIR] = str(data_dir.expanduser().resolve())
+    if expect_config is not None:
+        from pdpfl.config import ConfigError, config_hash, load_config
+        from pdpfl.runtime.flower.hooks import CONFIG_HASH_KEY
+
+        try:
+            node_config[CONFIG_HASH_KEY] = config_hash(load_config(expect_config, overrides or []))
+        except ConfigError as err:
+            fail("--expect-config: " + "; ".join(err.problems))
+    elif overrides:
+        fail("--set: only meaningful with --expect-config")
     cmd = [_binary("flower-supernode")]
     cmd += ["--insecure"] if insecure else ["--root-certificates", str(root_certificates)]
-    cmd += ["--superlink", superlink_address, "--port", str(port)]
+    if auth_key is not None:
+        cmd += ["--auth-supernode-private-key", str(auth_key.resolve())]
+    cmd += ["--superlink", superlink_address, "--host", "127.0.0.1", "--port", str(port)]
     cmd += ["--node-config", node_config_arg(node_config)]
-    _exec(cmd, dry_run)
+    secret = state / SECRET_NAME
+    worker = None
+    if mode == "warm":
+        cmd += ["--isolation", "process", "--superexec-auth-secret-file", str(secret)]
+        worker = worker_command([f"127.0.0.1:{port}"], [str(secret)])
+    if dry_run:
+        typer.echo(shlex.join(cmd))
+        if worker is not None:
+            typer.echo(shlex.join(worker))
+        raise typer.Exit()
+    if worker is not None:
+        from pdpfl.runtime.flower.worker import write_secret
+
+        write_secret(secret)  # fresh per start; only this user can read it
+    raise typer.Exit(_run_services([cmd] + ([worker] if worker else [])))
+
+
+def _run_services(commands: list[list[str]]) -> int:
+    """Start ``commands`` (each in its own process group) and wait; stop all when one ends or on
+    Ctrl-C/SIGTERM. Returns the first exit code (130 on interruption)."""
+    import time
+
+    from pdpfl.runtime.flower.launcher import stop_processes
+
+    env = _environment()
+    procs: list[subprocess.Popen[Any]] = []
+
+    def on_term(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    code = 0
+    try:
+        for cmd in commands:
+            procs.append(subprocess.Popen(cmd, env=env, start_new_session=True))
+        while True:
+            ended = [p for p in procs if p.poll() is not None]
+            if ended:
+                code = int(ended[0].returncode)
+                break
+            time.sleep(0.2)
+    except KeyboardInterrupt:
+        code = 130
+    finally:
+        stop_processes(procs, grace_s=2.0)
+        signal.signal(signal.SIGTERM, previous)
+    return code
 
 
 def _app_for(
-    config_path: Path, overrides: list[str] | None, out: Path, app_dir: Path, **timeouts: float
+    config_path: Path,
+    overrides: list[str] | None,
+    out: Path,
+    app_dir: Path,
+    *,
+    resume: bool = False,
+    **timeouts: float | None,
 ) -> Path:
     from pdpfl.config import ConfigError, config_to_dict, load_config
     from pdpfl.runtime.flower.apps import encode_config
     from pdpfl.runtime.flower.hooks import DEFAULT_HOOKS
-    from pdpfl.runtime.flower.launcher import write_app
+    from pdpfl.runtime.flower.launcher import default_startup_timeout, write_app
 
     try:
         config = load_config(config_path, overrides or [])
     except ConfigError as err:
         fail("; ".join(err.problems))
+    startup = timeouts.get("startup_timeout")
+    if startup is None:
+        n = config.data.num_clients
+        startup = default_startup_timeout(int(n)) if n is not None else 600.0
     return write_app(
         app_dir,
         {
             "pdpfl-config": encode_config(config_to_dict(config)),
             "pdpfl-hooks": DEFAULT_HOOKS,
             "pdpfl-out-dir": str(out.expanduser().resolve()),
-            "pdpfl-resume": False,
-            "pdpfl-round-timeout": float(timeouts["round_timeout"]),
-            "pdpfl-startup-timeout": float(timeouts["startup_timeout"]),
+            "pdpfl-resume": bool(resume),
+            "pdpfl-round-timeout": float(timeouts["round_timeout"] or 300.0),
+            "pdpfl-startup-timeout": float(startup),
             "pdpfl-min-silos": 1,
         },
     )
@@ -165,7 +368,9 @@ _CONFIG = typer.Argument(..., help="Experiment YAML.")
 _SET = typer.Option(None, "--set", help="key=value override (repeatable).")
 _OUT = typer.Option(..., "--out", help="Output folder ON THE SUPERLINK HOST (ServerApp writes).")
 _ROUND_TIMEOUT = typer.Option(300.0, "--round-timeout", min=1.0, help="Seconds per exchange.")
-_STARTUP_TIMEOUT = typer.Option(600.0, "--startup-timeout", min=1.0, help="Wait for silos.")
+_STARTUP_TIMEOUT = typer.Option(
+    None, "--startup-timeout", min=1.0, help="Wait for silos (default: 60 s + 10 s per silo)."
+)
 
 
 @flower_app.command("app")
@@ -175,7 +380,7 @@ def app_command(
     app_dir: Path = typer.Option(Path("pdpfl-flower-app"), "--app-dir", help="Folder to write."),
     overrides: list[str] | None = _SET,
     round_timeout: float = _ROUND_TIMEOUT,
-    startup_timeout: float = _STARTUP_TIMEOUT,
+    startup_timeout: float | None = _STARTUP_TIMEOUT,
 ) -> None:
     """Write the Flower app folder for CONFIG (then: flwr run APP_DIR <connection>)."""
     path = _app_for(
@@ -199,35 +404,29 @@ def submit(
     root_certificates: Path | None = typer.Option(
         None, "--root-certificates", help="CA certificate (PEM) that signed the SuperLink's."
     ),
+    resume: bool = typer.Option(
+        False, "--resume", help="Continue the run whose checkpoint is in --out."
+    ),
     round_timeout: float = _ROUND_TIMEOUT,
-    startup_timeout: float = _STARTUP_TIMEOUT,
+    startup_timeout: float | None = _STARTUP_TIMEOUT,
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the Flower command only."),
 ) -> None:
     """Submit CONFIG to a running SuperLink (``flwr run --stream``) and follow its logs."""
-    from pdpfl.runtime.flower.launcher import write_connection
-
-    if ":" not in superlink_address:
-        fail(f"--superlink: expected host:port, got {superlink_address!r}")
-    if insecure == (root_certificates is not None):
-        fail("give exactly one of --root-certificates (TLS) and --insecure")
-    if root_certificates is not None and not root_certificates.is_file():
-        fail(f"--root-certificates: file not found: {root_certificates}")
+    _address(superlink_address)
+    _client_tls(insecure, root_certificates)
     work = Path(tempfile.mkdtemp(prefix="pdpfl-flower-"))
     app_dir = _app_for(
         config_path,
         overrides,
         out,
         work / "app",
+        resume=resume,
         round_timeout=round_timeout,
         startup_timeout=startup_timeout,
     )
-    write_connection(
-        work / "home",
-        superlink_address,
-        root_certificates=str(root_certificates) if root_certificates else None,
-    )
+    home = _connection_home(superlink_address, insecure, root_certificates)
     cmd = [_binary("flwr"), "run", str(app_dir), "local", "--stream"]
-    _exec(cmd, dry_run, env={"FLWR_HOME": str(work / "home")})
+    _exec(cmd, dry_run, env={"FLWR_HOME": str(home)})
 
 
 def register(app: typer.Typer) -> None:

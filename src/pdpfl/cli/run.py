@@ -29,6 +29,7 @@ from pdpfl.cli._common import fail, import_plugins, print_json
 EXIT_INTERRUPTED = 130
 
 
+
 def _load(config_path: Path, overrides: list[str] | None, data_dir: str | None):
     from pdpfl.config import ConfigError, load_config
 
@@ -270,7 +271,7 @@ def run_command(
                         list(plugins or []))
     try:
         if config.runtime == "flower":
-            summary = _flower(config, out_dir, resume)
+            summary = _flower(config, out_dir, resume, progress=not (quiet or as_json), hint=hint)
         else:
             summary = _simulate(config, out_dir, resume, progress=not (quiet or as_json),
                                 created=not existed)
@@ -286,15 +287,26 @@ def run_command(
                    f"  plots: {out_dir / 'accuracy.png'}, {out_dir / 'epsilon.png'}")
 
 
-def _flower(config: Any, out_dir: Path, resume: bool) -> dict[str, Any]:
-    from pdpfl.runtime.flower import FlowerRunError, run_flower  # lazy: flwr is optional
+def _flower(config: Any, out_dir: Path, resume: bool, *, progress: bool,
+            hint: str) -> dict[str, Any]:
+    from pdpfl.runtime.flower import (  # lazy: flwr is optional
+        FlowerInterrupted,
+        FlowerRunError,
+        run_flower,
+    )
 
     try:
-        return run_flower(config, out_dir, resume)
+        return run_flower(config, out_dir, resume, progress=progress)
     except FlowerRunError as err:  # a runtime failure, not bad input: exit 1, no traceback
         typer.echo(f"error: Flower federation failed: {err} (logs in {out_dir / 'flower'})",
                    err=True)
         raise typer.Exit(code=1) from err
+    except FlowerInterrupted as stop:  # every Flower process is already stopped
+        typer.echo(
+            f"\ninterrupted after {stop.rounds_done} round(s); every Flower process was "
+            f"stopped. Resume with:\n  {hint}", err=True,
+        )
+        raise typer.Exit(code=EXIT_INTERRUPTED) from None
 
 
 def _simulate(

@@ -278,12 +278,29 @@ def run_federation(
     bar = _ProgressBar(rounds, start, enabled=progress)
     t0 = time.perf_counter()
     try:
+        # A transport that can announce the next round's training request early (Flower:
+        # one polling wait per round instead of two) gets it right after aggregation, under
+        # plain summation only. The selection is computed once either way, so the order of
+        # events at every silo and the results are the same as without the announcement.
+        prefetch = getattr(transport, "prefetch_fit", None) if protocol.name == "plain" else None
+        planned: tuple[list[int], dict[str, Any]] | None = None
         for t in range(start, last_round):
-            selected = list(server.select_clients(t, list(transport.client_ids)))
-            round_config = dict(server.round_config(t))
+            if planned is not None:
+                selected, round_config = planned
+            else:
+                selected = list(server.select_clients(t, list(transport.client_ids)))
+                round_config = dict(server.round_config(t))
+            planned = None
             aggregate = protocol.collect(transport, selected, params, t, round_config, server)
             params = server.aggregate(t, params, aggregate)
             server.record_round(t, selected)
+            if prefetch is not None and t + 1 < last_round:
+                planned = (
+                    list(server.select_clients(t + 1, list(transport.client_ids))),
+                    dict(server.round_config(t + 1)),
+                )
+                if planned[0]:
+                    prefetch(planned[0], params, t + 1, planned[1])
             evals = transport.evaluate(list(transport.client_ids), params, t, round_config)
             for e in evals.values():
                 check_evaluation(e)

@@ -3,7 +3,8 @@
 Requires the optional Flower extra (``pip install pdpfl[flower]``, flwr 1.41). The ServerApp
 runs the very same :func:`pdpfl.runtime.loop.run_federation` as the in-process simulator over a
 :class:`FlowerTransport`; each ClientApp builds its algorithm from its own silo's data and keeps
-its records' ledger at the silo. See ``docs/flower.md``.
+its records' ledger at the silo. A warm silo worker (:mod:`pdpfl.runtime.flower.worker`) keeps
+each silo in memory between messages. See ``docs/flower.md``.
 """
 
 from __future__ import annotations
@@ -11,14 +12,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from pdpfl.runtime.flower.launcher import LocalFederation, run_flower
+    from pdpfl.runtime.flower.launcher import FlowerInterrupted, LocalFederation, run_flower
     from pdpfl.runtime.flower.transport import FlowerRunError, FlowerTransport
 
-__all__ = ["FlowerRunError", "FlowerTransport", "LocalFederation", "run_flower"]
+__all__ = ["FlowerInterrupted", "FlowerRunError", "FlowerTransport", "LocalFederation", "run_flower"]
 
 _LAZY = {
     "run_flower": "pdpfl.runtime.flower.launcher",
     "LocalFederation": "pdpfl.runtime.flower.launcher",
+    "FlowerInterrupted": "pdpfl.runtime.flower.launcher",
     "FlowerTransport": "pdpfl.runtime.flower.transport",
     "FlowerRunError": "pdpfl.runtime.flower.transport",
 }

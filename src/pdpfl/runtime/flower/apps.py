@@ -9,22 +9,31 @@
 Run config keys (``[tool.flwr.app.config]``, written by :func:`write_app`):
 ``pdpfl-config`` (the experiment config as base64 JSON), ``pdpfl-hooks`` (an
 :class:`~pdpfl.runtime.flower.hooks.AppHooks` import spec), ``pdpfl-out-dir`` (server-side output
-folder), ``pdpfl-resume``, ``pdpfl-round-timeout``, ``pdpfl-startup-timeout``, ``pdpfl-min-silos``.
+folder), ``pdpfl-resume``, ``pdpfl-round-timeout``, ``pdpfl-startup-timeout``, ``pdpfl-min-silos``,
+``pdpfl-prefetch`` (announce each round's training behind the previous evaluation; default true).
 
 Node config keys (``flower-supernode --node-config``): ``partition-id`` (the silo index),
-``num-partitions``, and optionally ``data-dir`` (the silo's data) and ``state-dir`` (where the
-silo keeps its records' ledger and counters between messages).
+``num-partitions``, and optionally ``data-dir`` (the silo's data), ``state-dir`` (where the
+silo keeps its records' ledger and counters) and ``hooks`` (a non-default hooks spec the silo
+agrees to load).
 
-A SuperNode starts a fresh ClientApp process for every message, so a silo's algorithm state
-lives in a state file under its ``state-dir``: loaded before, and written (atomically) after
-each message, *before* the reply -- an update never leaves a silo before its charge is on disk.
-The silo's secret randomness is *not* state: each message's process draws a fresh key.
+Messages (``message_type``) and what a silo replies -- nothing else:
 
-What a silo sends (and nothing else): a train reply carries exactly its
-:class:`~pdpfl.fl.api.Contribution` (``update`` arrays; ``contribution`` = weight and declared
-public metrics); an evaluate reply carries ``loss``, ``accuracy``, ``n`` of its test split.
-Its privacy summary is written to ``<state-dir>/run-<key>/privacy-summary-silo-<i>.json`` on the
-silo's own disk.
+=================  ============================================================================
+``query.hello``    ``hello`` (partition id, number of partitions, whether it holds state for the
+                   run) and ``info`` (public facts: shapes, class count, name; its size only when
+                   the config declares sizes public)
+``train``          exactly its :class:`~pdpfl.fl.api.Contribution`: ``update`` (arrays) and
+                   ``contribution`` (public weight, declared-public metrics)
+``evaluate``       ``metrics``: ``loss``, ``accuracy``, ``n`` of its test split
+``query.stage``    one stage of a multi-stage summation protocol: the protocol's own payload
+                   (``payload.arrays``, ``payload.values``; see :mod:`pdpfl.fl.aggregation`)
+=================  ============================================================================
+
+The silo side (:mod:`pdpfl.runtime.flower.silo`) keeps the silo's algorithm in memory in a warm
+worker, or rebuilds it from its state file in a per-message process; either way its state and
+ledger are on its disk before a reply leaves, and its privacy summary stays there
+(``<state-dir>/run-<key>/privacy-summary-silo-<i>.json``).
 """
 
 from __future__ import annotations
@@ -39,41 +48,38 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
+from flwr.app import ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
-from pdpfl.fl.api import ClientAlgorithm, Contribution, PrivacyBoundaryError, check_evaluation
-from pdpfl.io import decode_state, encode_state, write_bytes, write_json, write_text
+from pdpfl.fl.api import Contribution, PrivacyBoundaryError, check_evaluation
+from pdpfl.io import write_json, write_text
 from pdpfl.runtime.flower.codec import (
     config_to_scalars,
     contribution_to_records,
+    payload_to_records,
     record_to_params,
+    records_to_payload,
     scalars_to_config,
-    scalars_to_records,
 )
-from pdpfl.runtime.flower.hooks import (
-    DEFAULT_HOOKS,
-    NUM_PARTITIONS,
-    PARTITION_ID,
-    STATE_DIR,
-    AppHooks,
-    load_hooks,
-)
+from pdpfl.runtime.flower.hooks import DEFAULT_HOOKS, NUM_PARTITIONS, AppHooks, load_hooks
 from pdpfl.runtime.flower.transport import (
     ACTION_HELLO,
     CONTROL,
+    MESSAGE_LOG_ENV,
+    STAGE,
     FlowerRunError,
     FlowerTransport,
     control_record,
-    send_and_receive,
+    log_message,
 )
-from pdpfl.runtime.loop import _finite
 
 #: Files the ServerApp writes under ``<out-dir>/flower/``.
 RESULT_FILE = "server_result.json"
 RUN_KEY_FILE = "run_key"
 EVENTS_FILE = "transport.jsonl"
+#: The ServerApp's progress (phase, silos connected, last round), rewritten atomically.
+STATUS_FILE = "status.json"
 
 server_app = ServerApp()
 client_app = ClientApp()
@@ -95,62 +101,6 @@ def _experiment(run_config: Mapping[str, Any]) -> tuple[AppHooks, Any]:
 # =============================================================================== ClientApp
 
 
-class _Silo:
-    """One message's view of the silo: its algorithm, rebuilt from config + state file."""
-
-    def __init__(self, msg: Message, context: Context) -> None:
-        self.process_age_s = _process_age()
-        self.hooks, self.config = _experiment(context.run_config)
-        node_config = dict(context.node_config)
-        if PARTITION_ID not in node_config:
-            raise ValueError(f"SuperNode started without --node-config '{PARTITION_ID}=<silo>'")
-        self.silo = int(node_config[PARTITION_ID])
-        self.node_config = node_config
-        control = msg.content.config_records[CONTROL]
-        self.run_key = str(control["run_key"])
-        self.round = int(control["round"])
-        self.public = json.loads(str(control.get("public", "{}")))
-        state_root = node_config.get(STATE_DIR) or Path.home() / ".pdpfl" / "silo-state"
-        self.state_path = (
-            Path(str(state_root)).expanduser() / f"run-{self.run_key}" / f"silo-{self.silo}.npz"
-        )
-
-    def client(self) -> ClientAlgorithm:
-        t0 = time.perf_counter()
-        client = self.hooks.build_client(self.config, self.silo, self.node_config, self.public)
-        if self.state_path.exists():
-            client.load_state_dict(decode_state(self.state_path.read_bytes()))
-        self._t_built = time.perf_counter()
-        self._build_s = self._t_built - t0
-        return client
-
-    def save(self, client: ClientAlgorithm, action: str) -> None:
-        """Persist the silo's state (and, if the algorithm has one, its records' ledger).
-
-        Also appends this message's timings (build, compute, save) to a silo-local file.
-        """
-        t0 = time.perf_counter()
-        write_bytes(self.state_path, encode_state(client.state_dict()))
-        ledger = getattr(client, "ledger", None)
-        if ledger is not None and hasattr(ledger, "save"):
-            ledger.save(self.state_path.with_name(f"ledger-silo-{self.silo}.npz"))
-        # The silo's own privacy report: stays on this disk (never in a reply).
-        write_json(
-            self.state_path.with_name(f"privacy-summary-silo-{self.silo}.json"),
-            _finite(client.privacy_summary()),
-        )
-        timing = {
-            "action": action,
-            "round": self.round,
-            "process_age_s": self.process_age_s,
-            "build_s": round(self._build_s, 4),
-            "compute_s": round(t0 - self._t_built, 4),
-            "save_s": round(time.perf_counter() - t0, 4),
-        }
-        with self.state_path.with_name(f"timings-silo-{self.silo}.jsonl").open("a") as fh:
-            fh.write(json.dumps(timing) + "\n")
-
-
 def _process_age() -> float | None:
     """Seconds since this process started (Linux; None elsewhere): start-up + imports."""
     try:
@@ -165,91 +115,196 @@ def _reply(msg: Message, records: dict[str, Any]) -> Message:
     return Message(RecordDict(records), reply_to=msg)
 
 
+def release_key(round_index: int, params: Any, config: Any) -> str:
+    from pdpfl.runtime.flower.silo import release_key as key
+
+    return key(round_index, params, config)
+
+
+def _silo(msg: Message, context: Context) -> tuple[Any, int, str]:
+    from pdpfl.runtime.flower.silo import HOST
+
+    control = msg.content.config_records[CONTROL]
+    silo = HOST.silo(context.run_config, context.node_config, str(control["run_key"]))
+    return silo, int(control["round"]), str(control.get("public", "{}"))
+
+
+@client_app.query(ACTION_HELLO)
+def _hello(msg: Message, context: Context) -> Message:
+    silo, _, _ = _silo(msg, context)
+    info = silo.hooks.silo_info(silo.config, silo.silo, silo.node_config)
+    return _reply(
+        msg,
+        {
+            "hello": ConfigRecord(
+                {
+                    "partition-id": silo.silo,
+                    "num-partitions": int(silo.node_config.get(NUM_PARTITIONS, -1)),
+                    "has-state": silo.has_state(),
+                }
+            ),
+            "info": scalars_to_config(info),
+        },
+    )
+
+
 @client_app.train()
 def _train(msg: Message, context: Context) -> Message:
-    silo = _Silo(msg, context)
-    client = silo.client()
+    age = _process_age()
+    silo, round_index, public = _silo(msg, context)
+    client = silo.ensure_client(public)
     params = record_to_params(msg.content.array_records["params"])
     config = config_to_scalars(msg.content.config_records["config"])
-    contribution = client.fit(params, silo.round, config)
-    if type(contribution) is not Contribution:
-        raise PrivacyBoundaryError(
-            f"the silo's algorithm returned a {type(contribution).__name__}, not a Contribution"
-        )
+    key = release_key(round_index, params, config)
+    t0 = time.perf_counter()
+    contribution = silo.cached_release(key)
+    action = "fit-replay"
+    if contribution is None:  # a new request (not a resumed run asking again)
+        action = "fit"
+        with silo.threads():
+            contribution = client.fit(params, round_index, config)
+        if type(contribution) is not Contribution:
+            raise PrivacyBoundaryError(
+                f"the silo's algorithm returned a {type(contribution).__name__}, not a Contribution"
+            )
+        silo.remember_release(key, contribution)
+    compute_s = time.perf_counter() - t0
+    records = contribution_to_records(contribution)
     # Write-ahead: the round's charge is on the silo's disk before the update leaves it.
-    silo.save(client, "fit")
-    return _reply(msg, contribution_to_records(contribution))
+    silo.save(action, round_index, compute_s, age)
+    return _reply(msg, records)
 
 
 @client_app.evaluate()
 def _evaluate(msg: Message, context: Context) -> Message:
-    silo = _Silo(msg, context)
-    client = silo.client()
+    age = _process_age()
+    silo, round_index, public = _silo(msg, context)
+    client = silo.ensure_client(public)
     params = record_to_params(msg.content.array_records["params"])
     config = config_to_scalars(msg.content.config_records["config"])
-    result = check_evaluation(client.evaluate(params, silo.round, config))
+    t0 = time.perf_counter()
+    with silo.threads():
+        result = check_evaluation(client.evaluate(params, round_index, config))
+    compute_s = time.perf_counter() - t0
+    metrics = MetricRecord(
+        {
+            "loss": float(result["loss"]),
+            "accuracy": float(result["accuracy"]),
+            "n": int(result["n"]),
+        }
+    )
     # Evaluation also catches up the silo's Type II accounting for the round: persist it.
-    silo.save(client, "evaluate")
-    metrics, rest = scalars_to_records(result)
-    return _reply(msg, {"metrics": metrics, "metrics.extra": rest})
+    silo.save("evaluate", round_index, compute_s, age)
+    return _reply(msg, {"metrics": metrics})
 
 
-@client_app.query()
-def _query(msg: Message, context: Context) -> Message:
-    silo = _Silo(msg, context)
-    action = str(msg.content.config_records[CONTROL]["action"])
-    if action == ACTION_HELLO:
-        info = silo.hooks.silo_info(silo.config, silo.silo, silo.node_config)
-        return _reply(
-            msg,
-            {
-                "hello": ConfigRecord(
-                    {
-                        "partition-id": silo.silo,
-                        "num-partitions": int(silo.node_config.get(NUM_PARTITIONS, -1)),
-                        "has-state": silo.state_path.exists(),
-                    }
-                ),
-                "info": scalars_to_config(info),
-            },
+@client_app.query(STAGE)
+def _stage(msg: Message, context: Context) -> Message:
+    from pdpfl.fl.aggregation import SiloContext, handle_silo_stage
+
+    age = _process_age()
+    silo, round_index, public = _silo(msg, context)
+    client = silo.ensure_client(public)
+    stage = msg.content.config_records[STAGE]
+    protocol, name = str(stage["protocol"]), str(stage["stage"])
+    names = set(msg.content.keys()) - {CONTROL, STAGE}
+    payload = records_to_payload(names, msg.content)
+    t0 = time.perf_counter()
+    with silo.threads():
+        out = handle_silo_stage(
+            protocol, name, payload, round_index, SiloContext(client, silo.silo, silo.memory)
         )
-    raise ValueError(f"unknown pdpfl query action {action!r}")
+    compute_s = time.perf_counter() - t0
+    if not isinstance(out, dict):
+        raise TypeError(f"protocol {protocol!r} stage {name!r}: the silo handler must return a dict")
+    records = payload_to_records(out)
+    # A stage may release the silo's contribution: its charge is on disk first.
+    silo.save(f"stage:{protocol}/{name}", round_index, compute_s, age)
+    return _reply(msg, records)
 
 
 # =============================================================================== ServerApp
 
 
+class Status:
+    """``<out>/flower/status.json``: what the ServerApp is doing (read by the launcher)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.state: dict[str, Any] = {}
+
+    def update(self, **fields: Any) -> None:
+        self.state.update(fields, time=time.time())
+        try:
+            write_json(self.path, self.state)
+        except OSError:  # progress only: never fail the run for it
+            pass
+
+
+def _log(text: str) -> None:
+    """A line in the ServerApp's log (``flwr run --stream`` shows it to the submitter)."""
+    from logging import INFO
+
+    from flwr.common.logger import log
+
+    log(INFO, "[pdpfl] %s", text)
+
+
 def discover_silos(
-    grid: Grid, num_silos: int, run_key: str, timeout_s: float
+    grid: Grid,
+    num_silos: int,
+    run_key: str,
+    timeout_s: float,
+    *,
+    status: Status | None = None,
+    require_state: bool = False,
+    poll_s: float = 0.2,
 ) -> tuple[dict[int, int], dict[int, dict[str, Any]]]:
     """Wait for ``num_silos`` SuperNodes and map silo index → node id via their partition-id.
 
-    Raises :class:`FlowerRunError` (after at most ``timeout_s`` seconds) when the silos do not
-    all answer, or when their ``partition-id`` values are not exactly ``0 .. num_silos-1``.
+    Each SuperNode is asked (once, as soon as it connects) for its ``partition-id`` and public
+    facts; answers are collected while other nodes are still connecting. Raises
+    :class:`FlowerRunError` when ``timeout_s`` has passed -- naming the silos that did not
+    answer and the connected nodes that stayed silent -- when ``partition-id`` values are not
+    exactly ``0 .. num_silos-1``, or, with ``require_state`` (resume), when a silo has no state
+    for the run (its ledger would restart from zero).
     """
-    deadline = time.monotonic() + timeout_s
+    t_start = time.monotonic()
+    deadline = t_start + timeout_s
     silo_nodes: dict[int, int] = {}
     infos: dict[int, dict[str, Any]] = {}
     problems: list[str] = []
-    asked: set[int] = set()
-    while time.monotonic() < deadline:
-        nodes = [n for n in grid.get_node_ids() if n not in asked]
-        if nodes:
-            messages = []
-            for node in nodes:
-                content = RecordDict({CONTROL: control_record(ACTION_HELLO, run_key)})
-                messages.append(
-                    Message(content, dst_node_id=node, message_type=MessageType.QUERY, ttl=60.0)
+    asked: dict[int, float] = {}  # node -> when it was asked
+    pending: dict[str, int] = {}  # message id -> node
+    connected: list[int] = []
+    last_report = -1.0
+    while True:
+        now = time.monotonic()
+        connected = list(grid.get_node_ids())
+        new = [n for n in connected if n not in asked]
+        if new:
+            messages = [
+                Message(
+                    RecordDict({CONTROL: control_record(ACTION_HELLO, run_key)}),
+                    dst_node_id=node,
+                    message_type=f"{MessageType.QUERY}.{ACTION_HELLO}",
+                    ttl=max(30.0, deadline - now + 30.0),
                 )
-            wait = max(1.0, min(30.0, deadline - time.monotonic()))
-            for reply in send_and_receive(grid, messages, wait):
-                node = reply.metadata.src_node_id
-                asked.add(node)
+                for node in new
+            ]
+            for node, mid in zip(new, grid.push_messages(messages), strict=True):
+                asked[node] = now
+                pending[mid] = node
+        if pending:
+            for reply in grid.pull_messages(list(pending)):
+                node = pending.pop(reply.metadata.reply_to_message_id, reply.metadata.src_node_id)
                 if reply.has_error():
                     problems.append(f"node {node}: {reply.error.reason}")
                     continue
                 hello = reply.content.config_records["hello"]
                 silo = int(hello["partition-id"])
+                if os.environ.get(MESSAGE_LOG_ENV):
+                    log_message(os.environ[MESSAGE_LOG_ENV], ACTION_HELLO, silo, reply.content)
                 declared = int(hello["num-partitions"])
                 if not 0 <= silo < num_silos:
                     problems.append(f"node {node}: partition-id={silo} not in [0, {num_silos})")
@@ -259,31 +314,77 @@ def discover_silos(
                     )
                 elif silo in silo_nodes:
                     problems.append(f"node {node}: partition-id={silo} already taken")
+                elif require_state and not bool(hello["has-state"]):
+                    problems.append(
+                        f"silo {silo} (node {node}) has no state for run {run_key}: its ledger "
+                        "would restart from zero; start its SuperNode with the same --state-dir"
+                    )
                 else:
                     silo_nodes[silo] = node
                     infos[silo] = config_to_scalars(reply.content.config_records["info"])
         if problems:
             raise FlowerRunError("bad SuperNode configuration: " + "; ".join(problems))
-        if len(silo_nodes) == num_silos:
+        missing = sorted(set(range(num_silos)) - set(silo_nodes))
+        if now - last_report >= 2.0 or not missing:
+            last_report = now
+            if status is not None:
+                status.update(
+                    phase="discovery",
+                    silos=num_silos,
+                    connected=len(connected),
+                    ready=sorted(silo_nodes),
+                    missing=missing,
+                    waited_s=round(now - t_start, 1),
+                )
+        if not missing:
             return silo_nodes, infos
-        time.sleep(0.5)
-    missing = sorted(set(range(num_silos)) - set(silo_nodes))
-    raise FlowerRunError(
-        f"silos {missing} did not connect within {timeout_s:g} s "
-        f"(start one SuperNode per silo with --node-config 'partition-id=i num-partitions=N')"
-    )
+        if now >= deadline:
+            silent = sorted(n for n in asked if n not in silo_nodes.values())
+            raise FlowerRunError(
+                f"silos {missing} did not connect within {timeout_s:g} s "
+                f"({len(connected)} SuperNode(s) connected"
+                + (f", {len(silent)} of them did not answer" if silent else "")
+                + "; start one SuperNode per silo with --node-config "
+                "'partition-id=i num-partitions=N')"
+            )
+        time.sleep(poll_s)
 
 
-def _run_key(flower_dir: Path, resume: bool) -> str:
-    """Reuse the run's key when resuming from a checkpoint; otherwise a fresh random one."""
+def _run_key(flower_dir: Path, resume: bool) -> tuple[str, bool]:
+    """(key, resumed): the run's key is reused when resuming from a checkpoint."""
     from pdpfl.runtime.loop import CHECKPOINT_NAME
 
     path = flower_dir / RUN_KEY_FILE
     if resume and path.exists() and (flower_dir.parent / CHECKPOINT_NAME).exists():
-        return path.read_text().strip()
+        return path.read_text().strip(), True
     key = secrets.token_hex(8)
     write_text(path, key + "\n")
-    return key
+    return key, False
+
+
+class RoundReporter:
+    """After each round: one log line and the status file (round, sampled silos, accuracy)."""
+
+    def __init__(self, status: Status, rounds: int, transport: FlowerTransport) -> None:
+        self.status, self.rounds, self.transport = status, rounds, transport
+
+    def __call__(self, t: int, line: dict[str, Any]) -> None:
+        acc = line.get("accuracy")
+        acc_text = f"{acc:.4f}" if isinstance(acc, float) and acc == acc else "-"
+        lost = sorted(self.transport.lost)
+        _log(
+            f"round {t + 1}/{self.rounds}: sampled silos {line.get('selected')} "
+            f"({line.get('contributions')} contributions), accuracy {acc_text}"
+            + (f", lost silos {lost}" if lost else "")
+        )
+        self.status.update(
+            phase="rounds",
+            round=t + 1,
+            rounds=self.rounds,
+            selected=line.get("selected"),
+            accuracy=acc,
+            lost=lost,
+        )
 
 
 @server_app.main()
@@ -292,16 +393,21 @@ def _main(grid: Grid, context: Context) -> None:
     out_dir = Path(str(run_config["pdpfl-out-dir"]))
     flower_dir = out_dir / "flower"
     flower_dir.mkdir(parents=True, exist_ok=True)
+    status = Status(flower_dir / STATUS_FILE)
     t0 = time.perf_counter()
     try:
+        status.update(phase="starting", pid=os.getpid())
         hooks, config = _experiment(run_config)
         resume = bool(run_config.get("pdpfl-resume", False))
-        run_key = _run_key(flower_dir, resume)
+        run_key, resumed = _run_key(flower_dir, resume)
         num_silos = hooks.num_silos(config)
+        timeout = float(run_config.get("pdpfl-startup-timeout", 60.0 + 10.0 * num_silos))
+        _log(f"waiting for {num_silos} silos (up to {timeout:g} s)")
         silo_nodes, infos = discover_silos(
-            grid, num_silos, run_key, float(run_config.get("pdpfl-startup-timeout", 120.0))
+            grid, num_silos, run_key, timeout, status=status, require_state=resumed
         )
         startup_s = time.perf_counter() - t0
+        _log(f"all {num_silos} silos ready after {startup_s:.1f} s")
         server, public = hooks.build_server(config, infos)
         transport = FlowerTransport(
             grid,
@@ -311,8 +417,11 @@ def _main(grid: Grid, context: Context) -> None:
             round_timeout_s=float(run_config.get("pdpfl-round-timeout", 120.0)),
             min_silos=int(run_config.get("pdpfl-min-silos", 1)),
             log_path=flower_dir / EVENTS_FILE,
+            prefetch=bool(run_config.get("pdpfl-prefetch", True)),
         )
-        result = hooks.run(config, server, transport, out_dir, resume)
+        rounds = int(getattr(getattr(config, "training", None), "rounds", 0))
+        reporter = RoundReporter(status, rounds, transport)
+        result = hooks.run(config, server, transport, out_dir, resume, on_round=reporter)
         summary = hooks.finish(config, result, out_dir)
         write_json(
             flower_dir / RESULT_FILE,
@@ -327,6 +436,7 @@ def _main(grid: Grid, context: Context) -> None:
                 "summary": _finite(summary),
             },
         )
+        status.update(phase="done")
     except BaseException as err:  # report every failure to the launcher, then let Flower see it
         write_json(
             flower_dir / RESULT_FILE,
@@ -336,7 +446,14 @@ def _main(grid: Grid, context: Context) -> None:
                 "traceback": traceback.format_exc(),
             },
         )
+        status.update(phase="error", error=f"{type(err).__name__}: {err}")
         raise
+
+
+def _finite(obj: Any) -> Any:
+    from pdpfl.runtime.loop import _finite as finite
+
+    return finite(obj)
 
 
 __all__ = ["client_app", "discover_silos", "server_app"]

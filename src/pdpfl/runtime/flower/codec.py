@@ -33,8 +33,8 @@ def record_to_params(record: ArrayRecord) -> Params:
 
 #: The record names of a train reply: exactly the fields of a Contribution.
 CONTRIBUTION_RECORDS = frozenset({"update", "contribution"})
-#: The record names of an evaluate reply.
-EVALUATION_RECORDS = frozenset({"metrics", "metrics.extra"})
+#: The record names of an evaluate reply (a MetricRecord with ``loss``, ``accuracy``, ``n``).
+EVALUATION_RECORDS = frozenset({"metrics"})
 _WEIGHT = "weight"
 _METRIC_PREFIX = "metric."
 
@@ -126,6 +126,65 @@ def json_default(obj: Any) -> Any:
     if isinstance(obj, float):  # non-finite floats: JSON has no literal for them
         return repr(obj)
     raise TypeError(f"cannot encode {type(obj).__name__} in a Flower record")
+
+
+# ------------------------------------------------------------- multi-stage protocol payloads
+
+#: Record names of a protocol-stage message (request and reply alike).
+PAYLOAD_ARRAYS = "payload.arrays"
+PAYLOAD_VALUES = "payload.values"
+PAYLOAD_RECORDS = frozenset({PAYLOAD_ARRAYS, PAYLOAD_VALUES})
+
+
+def payload_to_records(payload: dict[str, Any]) -> dict[str, Any]:
+    """Encode a protocol stage's payload exactly (see :mod:`pdpfl.fl.aggregation`).
+
+    NumPy arrays (any numeric or boolean dtype, any shape) go into one ``ArrayRecord`` by name;
+    ``bytes``, ``str``, ``int``, ``float`` and ``bool`` into one ``ConfigRecord``. Anything else
+    is a ``TypeError`` naming the key: a payload cannot smuggle other objects.
+    """
+    from flwr.app import Array
+
+    arrays: dict[str, Any] = {}
+    values: dict[str, Any] = {}
+    for key, raw in payload.items():
+        if not isinstance(key, str):
+            raise TypeError(f"payload key {key!r}: expected a str")
+        if isinstance(raw, np.ndarray):
+            if raw.dtype.kind not in "biuf":
+                raise TypeError(f"payload[{key!r}]: arrays must be numeric, got dtype {raw.dtype}")
+            arrays[key] = Array(np.ascontiguousarray(raw))
+            continue
+        value = raw.item() if isinstance(raw, np.generic) else raw
+        if isinstance(value, bytearray):
+            value = bytes(value)
+        if not isinstance(value, bool | int | float | str | bytes):
+            raise TypeError(
+                f"payload[{key!r}]: a {type(raw).__name__} cannot travel in a protocol message "
+                "(allowed: numpy arrays, bytes, str, int, float, bool)"
+            )
+        values[key] = value
+    return {PAYLOAD_ARRAYS: ArrayRecord(arrays), PAYLOAD_VALUES: ConfigRecord(values)}
+
+
+def records_to_payload(names: set[str] | frozenset[str], record_dict: Any) -> dict[str, Any]:
+    """Decode a protocol-stage message; :class:`PrivacyBoundaryError` on any other record."""
+    extra = set(names) - PAYLOAD_RECORDS
+    if extra:
+        raise PrivacyBoundaryError(
+            f"a protocol-stage message must carry only {sorted(PAYLOAD_RECORDS)}, "
+            f"got {sorted(names)}"
+        )
+    out: dict[str, Any] = {}
+    if PAYLOAD_ARRAYS in names:
+        for key, array in record_dict.array_records[PAYLOAD_ARRAYS].items():
+            out[key] = array.numpy()
+    if PAYLOAD_VALUES in names:
+        for key, value in record_dict.config_records[PAYLOAD_VALUES].items():
+            if key in out:
+                raise PrivacyBoundaryError(f"payload key {key!r} appears twice")
+            out[key] = value
+    return out
 
 
 # --------------------------------------------------------------------------- state files

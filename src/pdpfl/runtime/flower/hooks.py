@@ -23,6 +23,24 @@ PARTITION_ID = "partition-id"
 NUM_PARTITIONS = "num-partitions"
 DATA_DIR = "data-dir"
 STATE_DIR = "state-dir"
+#: Node-config key naming a non-default hooks spec this silo agrees to load (tests, extensions).
+HOOKS_KEY = "hooks"
+#: Node-config key pinning the experiment a silo agrees to run (:func:`config_digest`).
+CONFIG_HASH_KEY = "config-hash"
+
+
+def config_digest(config_dict: dict[str, Any]) -> str:
+    """SHA-256 (16 hex digits) of a config's canonical JSON, ``output_dir`` excluded.
+
+    Equal to :func:`pdpfl.config.config_hash` for pdpfl configs.
+    """
+    import hashlib
+    import json
+
+    data = dict(config_dict)
+    data.pop("output_dir", None)
+    text = json.dumps(data, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 DEFAULT_HOOKS = "pdpfl.runtime.flower.hooks:PDPFL_HOOKS"
 
@@ -48,7 +66,8 @@ class AppHooks:
         At a silo, ``(config, silo, node_config, public) -> ClientAlgorithm`` from that silo's
         data only.
     run
-        The round loop ``(config, server, transport, out_dir, resume) -> result``.
+        The round loop ``(config, server, transport, out_dir, resume, on_round=None) -> result``
+        (``on_round(round_index, metrics_line)`` is called after every round).
     finish
         At the server, ``(config, result, out_dir) -> summary``: writes the run's outputs.
     """
@@ -89,8 +108,16 @@ def _config_to_dict(config: Any) -> dict[str, Any]:
     return config_to_dict(config)
 
 
+#: Federations loaded by this process, by (data section, seed, data folder): a warm worker
+#: serving several local silos loads a data set once.
+_FEDERATIONS: dict[str, Any] = {}
+_MAX_FEDERATIONS = 4
+
+
 def _load_silo_federation(config: Any, node_config: Mapping[str, Any]) -> Any:
     """The federation as seen from one silo (its ``data-dir`` overrides ``data.data_dir``)."""
+    import json
+
     from pdpfl.runtime.simulation import load_federation_for
 
     data_dir = node_config.get(DATA_DIR)
@@ -98,7 +125,12 @@ def _load_silo_federation(config: Any, node_config: Mapping[str, Any]) -> Any:
         from pdpfl.config import with_updates
 
         config = with_updates(config, [f"data.data_dir={Path(str(data_dir)).expanduser()}"])
-    return load_federation_for(config)
+    key = json.dumps([config.data.model_dump(mode="json"), config.seed], sort_keys=True)
+    if key not in _FEDERATIONS:
+        while len(_FEDERATIONS) >= _MAX_FEDERATIONS:
+            _FEDERATIONS.pop(next(iter(_FEDERATIONS)))
+        _FEDERATIONS[key] = load_federation_for(config)
+    return _FEDERATIONS[key]
 
 
 def _num_silos(config: Any) -> int:
@@ -151,8 +183,9 @@ def _build_server(
 def _silo_data(config: Any, silo: int, node_config: Mapping[str, Any]) -> Any:
     """This silo's :class:`~pdpfl.data.federation.ClientData`, cached in its own state folder.
 
-    A SuperNode starts one ClientApp process per message; the cache (``.npz``, no pickle,
-    keyed by the data config, seed and silo) saves re-reading and re-partitioning the data set.
+    In the per-message mode a SuperNode starts one ClientApp process per message; the cache
+    (``.npz``, no pickle, keyed by the data config, seed and silo) saves re-reading and
+    re-partitioning the data set. A warm worker builds each silo once.
     """
     import dataclasses
     import hashlib
@@ -197,10 +230,27 @@ def _build_client(
     return build_client(config, silo, _silo_data(config, silo, node_config), info, public["setup"])
 
 
-def _run(config: Any, server: ServerAlgorithm, transport: Any, out_dir: Path, resume: bool):
+def _run(
+    config: Any,
+    server: ServerAlgorithm,
+    transport: Any,
+    out_dir: Path,
+    resume: bool,
+    on_round: Any = None,
+):
+    from pdpfl.fl.aggregation import get_protocol
     from pdpfl.runtime.loop import run_federation
 
-    return run_federation(config, server, transport, out_dir, resume=resume, progress=False)
+    return run_federation(
+        config,
+        server,
+        transport,
+        out_dir,
+        resume=resume,
+        progress=False,
+        on_round=on_round,
+        protocol=get_protocol(getattr(config, "aggregation", "plain")),
+    )
 
 
 def _finish(config: Any, result: dict[str, Any], out_dir: Path) -> dict[str, Any]:

@@ -1,11 +1,27 @@
 """Run a whole Flower federation on this machine: SuperLink + one SuperNode per silo.
 
-:func:`run_flower` is what ``pdpfl run CONFIG`` does when ``runtime: flower``: it writes the
-pdpfl Flower app (a folder with a ``pyproject.toml``) under ``<out>/flower/app``, starts
-``flower-superlink`` and N × ``flower-supernode`` as child processes on 127.0.0.1 (free ports,
-logs in ``<out>/flower/``), submits the app with ``flwr run`` (connection in
-``$FLWR_HOME/config.toml``), waits with bounded timeouts, and stops every child by PID (its
-process group) at the end, on Ctrl-C/SIGTERM or on failure.
+:func:`run_flower` is what ``pdpfl run CONFIG --runtime flower`` does: it writes the pdpfl Flower
+app (a folder with a ``pyproject.toml``) under ``<out>/flower/app``, starts ``flower-superlink``,
+N × ``flower-supernode`` and the silo worker(s) as child processes on 127.0.0.1 (free ports, logs
+in ``<out>/flower/``), submits the app with ``flwr run`` (connection in
+``$FLWR_HOME/config.toml``), shows the coordinator's progress, waits with bounded timeouts, and
+stops every process it started -- and every process those started -- by PID at the end, on
+Ctrl-C/SIGTERM or on failure.
+
+Modes (``mode=``)
+-----------------
+``warm`` (default)
+    Each SuperNode runs with ``--isolation process`` and a SuperExec secret (mode 600, in the
+    silo's state folder); the pdpfl silo worker (:mod:`pdpfl.runtime.flower.worker`) claims its
+    tasks and keeps the silo in memory. ``workers="shared"`` (default) hosts every local silo in
+    one worker process, as the simulator hosts every silo object in one process;
+    ``workers="per-silo"`` starts one worker per SuperNode, like a deployment.
+``per-message``
+    Flower's stock ``subprocess`` isolation: one ``flwr-clientapp`` process per message, which
+    rebuilds the silo from its data and state file (the "before" of ``benchmarks/flower.py``).
+
+SuperNodes (and per-silo workers) are started a few at a time: at most ``start_concurrency``
+are starting at once; the next ones start when their Runtime API listens.
 """
 
 from __future__ import annotations
@@ -23,10 +39,11 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
-from pdpfl.runtime.flower.apps import RESULT_FILE, encode_config
+from pdpfl.runtime.flower.apps import RESULT_FILE, STATUS_FILE, encode_config
 from pdpfl.runtime.flower.hooks import (
     DATA_DIR,
     DEFAULT_HOOKS,
+    HOOKS_KEY,
     NUM_PARTITIONS,
     PARTITION_ID,
     STATE_DIR,
@@ -41,6 +58,18 @@ FLOWER_ENV = {
     "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.1",
 }
 APP_NAME = "pdpfl-federation"
+MODES = ("warm", "per-message")
+WORKERS = ("shared", "per-silo")
+SECRET_NAME = "superexec.secret"
+
+
+class FlowerInterrupted(KeyboardInterrupt):
+    """A Flower run stopped by Ctrl-C/SIGTERM; its checkpoint (if any) can be resumed."""
+
+    def __init__(self, out_dir: Path, rounds_done: int) -> None:
+        super().__init__(f"interrupted after {rounds_done} round(s); outputs in {out_dir}")
+        self.out_dir = out_dir
+        self.rounds_done = rounds_done
 
 
 def flower_binary(name: str) -> str:
@@ -127,11 +156,120 @@ def write_connection(flwr_home: str | Path, address: str, *, root_certificates: 
     return home / "config.toml"
 
 
-class LocalFederation:
-    """SuperLink + SuperNodes as child processes on loopback (a context manager).
+def worker_command(
+    runtime_apis: list[str], secret_files: list[str], parent_pid: int | None = None
+) -> list[str]:
+    """``python -m pdpfl.runtime.flower.worker ...`` serving the given SuperNodes."""
+    cmd = [sys.executable, "-m", "pdpfl.runtime.flower.worker"]
+    for address in runtime_apis:
+        cmd += ["--runtime-api", address]
+    for path in secret_files:
+        cmd += ["--auth-secret-file", str(path)]
+    if parent_pid is not None:
+        cmd += ["--parent-pid", str(parent_pid)]
+    return cmd
 
-    Each child runs in its own process group, so stopping it by PID also stops the
-    ``flwr-serverapp``/``flwr-clientapp`` processes it spawned.
+
+# ------------------------------------------------------------------------ process handling
+
+
+def _children_map() -> dict[int, list[int]]:
+    """Parent PID → child PIDs, for every process visible in /proc (Linux)."""
+    out: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        out.setdefault(ppid, []).append(int(entry))
+    return out
+
+
+def descendants(pids: list[int]) -> list[int]:
+    """Every process started (directly or not) by ``pids``, found through /proc."""
+    children = _children_map()
+    seen: list[int] = []
+    stack = list(pids)
+    while stack:
+        pid = stack.pop()
+        for child in children.get(pid, []):
+            if child not in seen:
+                seen.append(child)
+                stack.append(child)
+    return seen
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    try:  # a zombie (exited, not yet reaped) counts as stopped
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _signal(pid: int, sig: int, *, group: bool) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        if group:
+            os.killpg(pid, sig)
+        else:
+            os.kill(pid, sig)
+
+
+def stop_processes(procs: list[subprocess.Popen[bytes]], grace_s: float = 2.0) -> None:
+    """SIGTERM ``procs`` (each the leader of its own process group) and everything they started,
+    then SIGKILL whatever is still alive after ``grace_s``; reap the children.
+
+    Flower's SuperLink starts its SuperExec (and so the ``flwr-serverapp``) in a new session, so
+    a process group is not enough: the descendants are found through /proc *before* signalling.
+    """
+    leaders = [p.pid for p in procs if p.poll() is None]
+    extra = descendants([p.pid for p in procs])
+    for pid in leaders:
+        _signal(pid, signal.SIGTERM, group=True)
+    for pid in extra:
+        _signal(pid, signal.SIGTERM, group=False)
+    deadline = time.monotonic() + grace_s
+    everyone = leaders + extra
+    while time.monotonic() < deadline and any(_alive(pid) for pid in everyone):
+        for proc in procs:
+            proc.poll()
+        time.sleep(0.05)
+    for pid in leaders:
+        _signal(pid, signal.SIGKILL, group=True)
+    for pid in extra:
+        if _alive(pid):
+            _signal(pid, signal.SIGKILL, group=False)
+    for proc in procs:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=1.0)
+
+
+class LocalFederation:
+    """SuperLink + SuperNodes (+ silo workers) as child processes on loopback (a context manager).
+
+    Parameters
+    ----------
+    work_dir
+        Where logs, the Flower home and (by default) the silos' state folders go.
+    node_configs
+        One ``--node-config`` dictionary per SuperNode.
+    env
+        Extra environment variables for every child.
+    startup_timeout_s
+        Longest wait for the SuperLink, and for each SuperNode's Runtime API.
+    mode, workers
+        See the module docstring.
+    start_concurrency
+        At most this many SuperNodes/workers starting at once (default: CPU count, at least 2).
+    superlink_args, supernode_args
+        Extra command-line arguments (TLS, authentication) for the Flower services; TLS needs
+        ``root_certificates`` for ``flwr run``.
     """
 
     def __init__(
@@ -141,10 +279,25 @@ class LocalFederation:
         *,
         env: Mapping[str, str] | None = None,
         startup_timeout_s: float = 60.0,
+        mode: str = "warm",
+        workers: str = "shared",
+        start_concurrency: int | None = None,
+        superlink_args: list[str] | None = None,
+        supernode_args: list[list[str]] | None = None,
+        root_certificates: str | None = None,
     ) -> None:
+        if mode not in MODES:
+            raise ValueError(f"mode: must be one of {MODES}, got {mode!r}")
+        if workers not in WORKERS:
+            raise ValueError(f"workers: must be one of {WORKERS}, got {workers!r}")
         self.work_dir = Path(work_dir).resolve()
         self.node_configs = node_configs
         self.startup_timeout_s = float(startup_timeout_s)
+        self.mode, self.workers_mode = mode, workers
+        self.start_concurrency = int(start_concurrency or max(2, os.cpu_count() or 2))
+        self.superlink_args = list(superlink_args or [])
+        self.supernode_args = supernode_args
+        self.root_certificates = root_certificates
         self.flwr_home = self.work_dir / "home"
         self.env = dict(os.environ)
         self.env.update(FLOWER_ENV)
@@ -153,8 +306,16 @@ class LocalFederation:
         self.env.update(env or {})
         self.superlink: subprocess.Popen[bytes] | None = None
         self.supernodes: list[subprocess.Popen[bytes]] = []
+        self.workers: list[subprocess.Popen[bytes]] = []
+        self.others: list[subprocess.Popen[bytes]] = []
+        self.runtime_ports: list[int] = []
         self._logs: list[TextIO] = []
         self.port = 0
+        self.started_s: dict[str, float] = {}
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
 
     def _spawn(self, args: list[str], log_name: str) -> subprocess.Popen[bytes]:
         log = (self.work_dir / log_name).open("ab")
@@ -168,14 +329,23 @@ class LocalFederation:
             start_new_session=True,  # own process group: stopped (with its children) by PID
         )
 
+    def _secret_file(self, i: int) -> Path:
+        from pdpfl.runtime.flower.worker import write_secret
+
+        state = self.node_configs[i].get(STATE_DIR)
+        folder = Path(str(state)) if state else self.work_dir / f"silo-{i}"
+        return write_secret(folder / SECRET_NAME)
+
     def start(self) -> None:
+        t0 = time.perf_counter()
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
-        write_connection(self.flwr_home, f"127.0.0.1:{self.port}")
+        write_connection(self.flwr_home, self.address, root_certificates=self.root_certificates)
+        tls = self.superlink_args or ["--insecure"]
         self.superlink = self._spawn(
             [
                 flower_binary("flower-superlink"),
-                "--insecure",
+                *tls,
                 "--host",
                 "127.0.0.1",
                 "--port",
@@ -185,72 +355,142 @@ class LocalFederation:
             "superlink.log",
         )
         self._wait_for_port(self.port, self.superlink, "superlink.log")
+        self.started_s["superlink"] = time.perf_counter() - t0
+        secrets: list[Path] = []
+        starting: list[tuple[int, subprocess.Popen[bytes], str]] = []
         for i, node_config in enumerate(self.node_configs):
-            self.supernodes.append(
-                self._spawn(
-                    [
-                        flower_binary("flower-supernode"),
-                        "--insecure",
-                        "--superlink",
-                        f"127.0.0.1:{self.port}",
-                        "--port",
-                        str(free_port()),
-                        "--node-config",
-                        node_config_arg(node_config),
-                    ],
-                    f"supernode-{i}.log",
+            port = free_port()
+            self.runtime_ports.append(port)
+            args = [flower_binary("flower-supernode")]
+            if self.supernode_args is not None:
+                args += self.supernode_args[i]
+            else:
+                args += ["--insecure"]
+            args += ["--superlink", self.address, "--host", "127.0.0.1", "--port", str(port)]
+            args += ["--node-config", node_config_arg(node_config)]
+            if self.mode == "warm":
+                secret = self._secret_file(i)
+                secrets.append(secret)
+                args += ["--isolation", "process", "--superexec-auth-secret-file", str(secret)]
+            proc = self._spawn(args, f"supernode-{i}.log")
+            self.supernodes.append(proc)
+            starting.append((port, proc, f"supernode-{i}.log"))
+            if len(starting) >= self.start_concurrency:
+                self._wait_for_port(*starting.pop(0))
+        for item in starting:
+            self._wait_for_port(*item)
+        self.started_s["supernodes"] = time.perf_counter() - t0
+        if self.mode == "warm":
+            apis = [f"127.0.0.1:{p}" for p in self.runtime_ports]
+            if self.workers_mode == "shared":
+                groups = [list(range(len(apis)))]
+            else:
+                groups = [[i] for i in range(len(apis))]
+            warming: list[tuple[Path, subprocess.Popen[bytes], str]] = []
+            for g, members in enumerate(groups):
+                name = "worker" if len(groups) == 1 else f"worker-{g}"
+                ready = self.work_dir / f"{name}.ready"
+                ready.unlink(missing_ok=True)
+                cmd = worker_command(
+                    [apis[i] for i in members], [str(secrets[i]) for i in members], os.getpid()
                 )
-            )
+                proc = self._spawn([*cmd, "--ready-file", str(ready)], f"{name}.log")
+                self.workers.append(proc)
+                warming.append((ready, proc, f"{name}.log"))
+                if len(warming) >= self.start_concurrency:  # bounded: torch imports are heavy
+                    self._wait_for_file(*warming.pop(0))
+        self.started_s["workers"] = time.perf_counter() - t0
 
     def _wait_for_port(self, port: int, proc: subprocess.Popen[bytes], log_name: str) -> None:
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:
             if proc.poll() is not None:
                 raise FlowerRunError(
-                    f"flower-superlink exited with code {proc.returncode}; "
+                    f"{log_name.split('.')[0]} exited with code {proc.returncode}; "
                     f"see {self.work_dir / log_name}"
                 )
             with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.5):
                 return
-            time.sleep(0.2)
-        raise FlowerRunError(f"flower-superlink did not listen on port {port} in time")
+            time.sleep(0.1)
+        raise FlowerRunError(
+            f"{log_name.split('.')[0]} did not listen on port {port} within "
+            f"{self.startup_timeout_s:g} s; see {self.work_dir / log_name}"
+        )
 
-    def run_app(self, app_dir: str | Path, timeout_s: float) -> int:
-        """``flwr run APP local --stream``; returns its exit code (bounded by ``timeout_s``)."""
+    def _wait_for_file(self, path: Path, proc: subprocess.Popen[bytes], log_name: str) -> None:
+        deadline = time.monotonic() + self.startup_timeout_s
+        while not path.exists():
+            if proc.poll() is not None:
+                raise FlowerRunError(
+                    f"{log_name.split('.')[0]} exited with code {proc.returncode}; "
+                    f"see {self.work_dir / log_name}"
+                )
+            if time.monotonic() > deadline:
+                raise FlowerRunError(f"{log_name.split('.')[0]} did not start in time")
+            time.sleep(0.1)
+
+    def run_app(
+        self,
+        app_dir: str | Path,
+        timeout_s: float,
+        *,
+        on_tick: Callable[[], None] | None = None,
+        log_name: str = "flwr-run.log",
+    ) -> int:
+        """``flwr run APP local --stream``; returns its exit code (bounded by ``timeout_s``).
+
+        ``on_tick`` is called about twice a second while the run is going (progress display).
+        """
         proc = self._spawn(
             [flower_binary("flwr"), "run", str(Path(app_dir).resolve()), "local", "--stream"],
-            "flwr-run.log",
+            log_name,
         )
+        self.others.append(proc)
+        deadline = time.monotonic() + timeout_s
         try:
-            return proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            raise FlowerRunError(
-                f"the Flower run did not finish within {timeout_s:g} s; logs in {self.work_dir}"
-            ) from None
+            while proc.poll() is None:
+                if time.monotonic() > deadline:
+                    raise FlowerRunError(
+                        f"the Flower run did not finish within {timeout_s:g} s; "
+                        f"logs in {self.work_dir}"
+                    )
+                for worker in self.workers:
+                    if worker.poll() is not None:
+                        raise FlowerRunError(
+                            f"a silo worker exited with code {worker.returncode}; "
+                            f"see {self.work_dir}/worker*.log"
+                        )
+                if on_tick is not None:
+                    on_tick()
+                time.sleep(0.25 if on_tick is None else 0.5)
+            if on_tick is not None:
+                on_tick()
+            return int(proc.returncode)
         finally:
-            _stop(proc)
+            if proc.poll() is None:  # interrupted or timed out: stop() collects it
+                _signal(proc.pid, signal.SIGTERM, group=True)
 
     def kill_supernode(self, index: int, sig: int = signal.SIGKILL) -> None:
-        """Kill one silo's SuperNode (and the ClientApp it may be running): failure drills."""
+        """Kill one silo's SuperNode (and what it started): failure drills."""
         proc = self.supernodes[index]
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, sig)
+        _signal(proc.pid, sig, group=True)
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=10)
 
+    def all_processes(self) -> list[int]:
+        """PIDs of every process of this federation (children and their descendants)."""
+        procs = [*self.others, *self.workers, *self.supernodes]
+        if self.superlink is not None:
+            procs.append(self.superlink)
+        pids = [p.pid for p in procs]
+        return pids + descendants(pids)
+
     def stop(self) -> None:
-        """Stop every child (SIGTERM to all process groups at once, then SIGKILL stragglers)."""
-        procs = [p for p in [*self.supernodes, self.superlink] if p is not None]
-        for proc in procs:
-            if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(proc.pid, signal.SIGTERM)
-        deadline = time.monotonic() + 5.0
-        for proc in procs:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-        for proc in procs:
-            _stop(proc, grace_s=1.0)
+        """Stop every process of the federation (see :func:`stop_processes`): ≤ 2.5 s."""
+        procs = [*self.others, *self.workers, *self.supernodes]
+        if self.superlink is not None:
+            procs.append(self.superlink)
+        stop_processes([p for p in procs if p is not None], grace_s=1.5)
         for log in self._logs:
             log.close()
         self._logs.clear()
@@ -265,22 +505,6 @@ class LocalFederation:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-def _stop(proc: subprocess.Popen[bytes], grace_s: float = 5.0) -> None:
-    """SIGTERM the child's process group, then SIGKILL it after ``grace_s``."""
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            pass
-    # The group may outlive its leader (spawned flwr-clientapp / flwr-serverapp processes).
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=grace_s)
 
 
 @contextlib.contextmanager
@@ -302,6 +526,125 @@ def _sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+# ------------------------------------------------------------------------------ progress
+
+
+class CoordinatorProgress:
+    """The coordinator's progress on stderr, read from the ServerApp's files (rich).
+
+    Discovery: silos ready / connected. Rounds: the round bar with the sampled silos, the pooled
+    accuracy and -- on loopback, where one operator owns every silo -- the ε headline collected
+    from the local silos' own summaries (``eps≤`` third party / server).
+    """
+
+    def __init__(self, out: Path, rounds: int, num_silos: int, *, enabled: bool) -> None:
+        self.out, self.rounds, self.num_silos = out, rounds, num_silos
+        self.enabled = enabled
+        self._progress: Any = None
+        self._task: Any = None
+        self._seen = 0
+        self._status_mtime = 0.0
+        self._run_key: str | None = None
+
+    def _start(self, completed: int) -> None:
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+        )
+
+        self._progress = Progress(
+            TextColumn("{task.description}"),
+            MofNCompleteColumn(),
+            BarColumn(),
+            TextColumn("{task.fields[info]}"),
+            TimeElapsedColumn(),
+            console=Console(stderr=True),
+            transient=False,
+        )
+        self._progress.start()
+        self._task = self._progress.add_task(
+            "silos", total=self.num_silos, completed=0, info="starting the federation"
+        )
+        self._seen = completed
+
+    def _epsilon(self) -> str:
+        if self._run_key is None:
+            path = self.out / "flower" / "run_key"
+            if path.exists():
+                self._run_key = path.read_text().strip()
+        if not self._run_key:
+            return ""
+        from pdpfl.runtime.loop import privacy_overview
+
+        summaries = {}
+        for i in range(self.num_silos):
+            p = self.out / "flower" / f"silo-{i}" / f"run-{self._run_key}"
+            p = p / f"privacy-summary-silo-{i}.json"
+            with contextlib.suppress(OSError, ValueError):
+                summaries[i] = json.loads(p.read_text())
+        overview = privacy_overview(summaries)
+        tp, sv = overview.get("eps_third_party_max"), overview.get("eps_server_max")
+        if tp is None and sv is None:
+            return ""
+        fmt = lambda x: "-" if x is None else f"{x:.3g}"  # noqa: E731
+        return f" | ε max {fmt(tp)} (3rd) / {fmt(sv)} (server)"
+
+    def tick(self) -> None:
+        if not self.enabled:
+            return
+        if self._progress is None:
+            self._start(0)
+        status_path = self.out / "flower" / STATUS_FILE
+        with contextlib.suppress(OSError, ValueError):
+            mtime = status_path.stat().st_mtime
+            if mtime != self._status_mtime:
+                self._status_mtime = mtime
+                status = json.loads(status_path.read_text())
+                if status.get("phase") == "discovery":
+                    missing = status.get("missing", [])
+                    info = f"{status.get('connected', 0)} connected"
+                    if missing:
+                        shown = ", ".join(map(str, missing[:8])) + (" …" if len(missing) > 8 else "")
+                        info += f"; waiting for silo(s) {shown}"
+                    self._progress.update(
+                        self._task, completed=len(status.get("ready", [])), info=info
+                    )
+        from pdpfl.runtime.loop import read_metrics
+
+        with contextlib.suppress(OSError, ValueError):
+            lines = read_metrics(self.out)
+            if lines and self._progress.tasks[0].description != "round":
+                self._progress.update(
+                    self._task, description="round", total=self.rounds, completed=0
+                )
+            if len(lines) > self._seen or (lines and self._seen == 0):
+                last = lines[-1]
+                acc = last.get("accuracy")
+                info = f"sampled {last.get('selected')}"
+                if isinstance(acc, float):
+                    info += f" | acc {acc:.3f}"
+                info += self._epsilon()
+                self._progress.update(self._task, completed=len(lines), info=info)
+                self._seen = len(lines)
+
+    def close(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+
+
+# ------------------------------------------------------------------------------ run_flower
+
+
+def default_startup_timeout(num_silos: int) -> float:
+    """Seconds to wait for all silos: grows with their number (start-up is CPU-bound)."""
+    return 60.0 + 10.0 * num_silos
+
+
 def run_flower(
     config: Any,
     out_dir: str | Path,
@@ -309,12 +652,16 @@ def run_flower(
     *,
     hooks: str = DEFAULT_HOOKS,
     round_timeout_s: float = 120.0,
-    startup_timeout_s: float = 120.0,
+    startup_timeout_s: float | None = None,
     run_timeout_s: float | None = None,
     min_silos: int = 1,
     data_dirs: Mapping[int, str] | None = None,
     env: Mapping[str, str] | None = None,
     on_started: Callable[[LocalFederation], None] | None = None,
+    mode: str = "warm",
+    workers: str = "shared",
+    progress: bool = False,
+    prefetch: bool = True,
 ) -> dict[str, Any]:
     """Run ``config`` as a Flower federation on loopback and return the run's summary.
 
@@ -334,7 +681,8 @@ def run_flower(
         Longest wait for the replies of one message round (see the failure rule in
         :mod:`pdpfl.runtime.flower.transport`).
     startup_timeout_s
-        Longest wait for the SuperLink and for all SuperNodes to connect.
+        Longest wait for the SuperLink and for all SuperNodes to answer (default
+        :func:`default_startup_timeout`: 60 s + 10 s per silo).
     run_timeout_s
         Bound on the whole run (default: startup + 2 × rounds × round timeout + 60 s).
     min_silos
@@ -345,6 +693,18 @@ def run_flower(
         Extra environment variables for the Flower processes.
     on_started
         Called with the running :class:`LocalFederation` once it is up (failure drills).
+    mode, workers
+        ``warm`` (default) or ``per-message``; ``shared`` (default) or ``per-silo`` workers.
+    progress
+        Show the coordinator's progress on stderr.
+    prefetch
+        Announce each round's training request behind the previous evaluation (one Flower
+        polling wait per round instead of two; see :class:`FlowerTransport`).
+
+    Raises
+    ------
+    FlowerInterrupted
+        On Ctrl-C/SIGTERM, after every process was stopped; resume with ``resume=True``.
     """
     algorithm = getattr(getattr(config, "algorithm", None), "name", None)
     if algorithm is not None and hooks == DEFAULT_HOOKS:
@@ -354,18 +714,21 @@ def run_flower(
             raise ValueError(
                 f"algorithm.name: {algorithm!r} runs only in the simulator; use runtime: simulation"
             )
+    spec = load_hooks(hooks)
+    num_silos = spec.num_silos(config)
+    if startup_timeout_s is None:
+        startup_timeout_s = default_startup_timeout(num_silos)
     for name, value in (
         ("round_timeout_s", round_timeout_s),
         ("startup_timeout_s", startup_timeout_s),
     ):
         if not value > 0:
             raise ValueError(f"{name}: must be > 0, got {value}")
-    spec = load_hooks(hooks)
     out = Path(out_dir).resolve()
     flower_dir = out / "flower"
     flower_dir.mkdir(parents=True, exist_ok=True)
-    (flower_dir / RESULT_FILE).unlink(missing_ok=True)
-    num_silos = spec.num_silos(config)
+    for name in (RESULT_FILE, STATUS_FILE):
+        (flower_dir / name).unlink(missing_ok=True)
     rounds = int(getattr(getattr(config, "training", None), "rounds", 1))
     if run_timeout_s is None:
         run_timeout_s = startup_timeout_s + 2 * rounds * round_timeout_s + 60.0
@@ -377,6 +740,7 @@ def run_flower(
         "pdpfl-round-timeout": float(round_timeout_s),
         "pdpfl-startup-timeout": float(startup_timeout_s),
         "pdpfl-min-silos": int(min_silos),
+        "pdpfl-prefetch": bool(prefetch),
     }
     app_dir = write_app(flower_dir / "app", run_config)
     node_configs = []
@@ -388,16 +752,32 @@ def run_flower(
         }
         if data_dirs and i in data_dirs:
             node_config[DATA_DIR] = str(Path(data_dirs[i]).resolve())
+        if hooks != DEFAULT_HOOKS:
+            node_config[HOOKS_KEY] = hooks
         node_configs.append(node_config)
-    with (
-        _sigterm_as_interrupt(),
-        LocalFederation(
-            flower_dir, node_configs, env=env, startup_timeout_s=startup_timeout_s
-        ) as federation,
-    ):
-        if on_started is not None:
-            on_started(federation)
-        code = federation.run_app(app_dir, run_timeout_s)
+    display = CoordinatorProgress(out, rounds, num_silos, enabled=progress)
+    try:
+        with (
+            _sigterm_as_interrupt(),
+            LocalFederation(
+                flower_dir,
+                node_configs,
+                env=env,
+                startup_timeout_s=startup_timeout_s,
+                mode=mode,
+                workers=workers,
+            ) as federation,
+        ):
+            if on_started is not None:
+                on_started(federation)
+            code = federation.run_app(app_dir, run_timeout_s, on_tick=display.tick)
+    except KeyboardInterrupt:
+        display.close()
+        from pdpfl.runtime.loop import read_metrics
+
+        raise FlowerInterrupted(out, len(read_metrics(out))) from None
+    finally:
+        display.close()
     result_path = flower_dir / RESULT_FILE
     if not result_path.exists():
         raise FlowerRunError(

@@ -25,9 +25,11 @@ import json
 import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 
 from pdpfl.fl.api import Contribution, Params, PrivacyBoundaryError, Scalars
@@ -35,13 +37,16 @@ from pdpfl.runtime.flower.codec import (
     EVALUATION_RECORDS,
     json_default,
     params_to_record,
+    payload_to_records,
     records_to_contribution,
-    records_to_scalars,
+    records_to_payload,
     scalars_to_config,
 )
 
 #: Control fields of every pdpfl message (a ConfigRecord under this key).
 CONTROL = "pdpfl"
+#: The (protocol, stage) names of a protocol-stage message (a ConfigRecord under this key).
+STAGE = "stage"
 ACTION_HELLO = "hello"
 ACTION_FIT = "fit"
 ACTION_EVALUATE = "evaluate"
@@ -51,23 +56,51 @@ ACTION_EVALUATE = "evaluate"
 MESSAGE_LOG_ENV = "PDPFL_MESSAGE_LOG"
 
 
-#: Seconds between two pulls for replies (``Grid.send_and_receive`` waits 3 s between pulls).
-POLL_INTERVAL_S = 0.1
+#: Seconds between two pulls for replies (``Grid.send_and_receive`` waits 3 s between pulls;
+#: a SuperNode pushes a reply at most every 0.5 s).
+POLL_INTERVAL_S = 0.2
 
 
-def send_and_receive(grid: Any, messages: list[Message], timeout_s: float) -> list[Message]:
-    """Push ``messages`` and pull their replies until all arrived or ``timeout_s`` passed."""
-    pending = set(grid.push_messages(messages))
-    deadline = time.monotonic() + timeout_s
-    replies: list[Message] = []
-    while pending:
-        got = list(grid.pull_messages(pending))
-        replies.extend(got)
-        pending.difference_update(m.metadata.reply_to_message_id for m in got)
-        if not pending or time.monotonic() >= deadline:
-            break
-        time.sleep(POLL_INTERVAL_S)
-    return replies
+@dataclass
+class _Pending:
+    """Messages pushed for one exchange: message id → silo."""
+
+    action: str
+    round: int
+    targets: list[int]
+    pushed_at: float
+    ids: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class _Prefetch:
+    """The next round's announced training request (see :meth:`FlowerTransport.prefetch_fit`)."""
+
+    selected: list[int]
+    params: Params
+    round: int
+    config: Scalars
+    pending: _Pending | None = None
+
+    def matches(self, selected: list[int], params: Params, round_index: int, config: Scalars):
+        return (
+            list(selected) == self.selected
+            and int(round_index) == self.round
+            and dict(config) == self.config
+            and len(params) == len(self.params)
+            and all(
+                np.array_equal(np.asarray(a), b) for a, b in zip(params, self.params, strict=True)
+            )
+        )
+
+
+def log_message(path: str | Path, action: str, silo: int, content: RecordDict) -> None:
+    """Append one reply's record names and keys (never values) to ``path`` (JSON lines)."""
+    records = {}
+    for name, rec in content.items():
+        records[name] = sorted(str(k) for k in rec.keys())
+    with open(path, "a") as fh:
+        fh.write(json.dumps({"action": action, "silo": silo, "records": records}) + "\n")
 
 
 class FlowerRunError(RuntimeError):
@@ -102,6 +135,9 @@ class FlowerTransport:
         Abort when fewer silos than this remain reachable.
     log_path
         Optional JSON-lines file with one event per exchange (who was asked, who replied).
+    prefetch
+        Announce each round's training request behind the previous evaluation
+        (:meth:`prefetch_fit`; default). False: two polling waits per round.
     """
 
     def __init__(
@@ -114,6 +150,7 @@ class FlowerTransport:
         round_timeout_s: float = 120.0,
         min_silos: int = 1,
         log_path: str | Path | None = None,
+        prefetch: bool = True,
     ) -> None:
         if round_timeout_s <= 0:
             raise ValueError(f"round_timeout_s: must be > 0, got {round_timeout_s}")
@@ -127,22 +164,25 @@ class FlowerTransport:
         self.log_path = Path(log_path) if log_path is not None else None
         self.lost: dict[int, str] = {}
         self._message_log = os.environ.get(MESSAGE_LOG_ENV)
+        self._prefetch: _Prefetch | None = None
+        if not prefetch:  # the round loop then never announces rounds ahead
+            self.prefetch_fit = None  # type: ignore[assignment,method-assign]
 
     # ------------------------------------------------------------------ messaging
 
-    def _exchange(
+    def _push(
         self,
         action: str,
         message_type: str,
         silos: list[int],
         round_index: int,
         content: Callable[[int], RecordDict],
-    ) -> dict[int, RecordDict]:
-        """Send one message per reachable silo and wait (bounded) for the replies."""
+    ) -> _Pending:
+        """Send one message per reachable silo (no waiting)."""
         targets = [s for s in silos if s not in self.lost]
+        pending = _Pending(action, round_index, targets, time.perf_counter())
         if not targets:
-            return {}
-        node_to_silo = {self.silo_nodes[s]: s for s in targets}
+            return pending
         messages = []
         for silo in targets:
             records = content(silo)
@@ -155,35 +195,51 @@ class FlowerTransport:
                     dst_node_id=self.silo_nodes[silo],
                     message_type=message_type,
                     group_id=str(round_index),
-                    ttl=self.round_timeout_s + 30.0,
+                    ttl=self.round_timeout_s + 60.0,
                 )
             )
-        t0 = time.perf_counter()
-        replies = send_and_receive(self.grid, messages, self.round_timeout_s)
-        seconds = time.perf_counter() - t0
+        for silo, mid in zip(targets, self.grid.push_messages(messages), strict=True):
+            pending.ids[mid] = silo
+        return pending
+
+    def _collect(self, pending: _Pending, **event: Any) -> dict[int, RecordDict]:
+        """Wait (bounded by ``round_timeout_s`` from now) for the replies of ``pending``."""
+        t_wait = time.perf_counter()
+        deadline = time.monotonic() + self.round_timeout_s
         received: dict[int, RecordDict] = {}
-        for reply in replies:
-            silo = node_to_silo.get(reply.metadata.src_node_id)
-            if silo is None:
-                continue
-            if reply.has_error():
-                self.lost[silo] = f"round {round_index} {action}: error {reply.error.reason}"
-            else:
-                received[silo] = reply.content
-                self._record_message(action, silo, reply.content)
-        for silo in targets:
+        waiting = {mid: silo for mid, silo in pending.ids.items() if silo not in self.lost}
+        while waiting:
+            for reply in self.grid.pull_messages(list(waiting)):
+                silo = waiting.pop(reply.metadata.reply_to_message_id, None)
+                if silo is None:
+                    continue
+                if reply.has_error():
+                    self.lost[silo] = (
+                        f"round {pending.round} {pending.action}: error {reply.error.reason}"
+                    )
+                else:
+                    received[silo] = reply.content
+                    self._record_message(pending.action, silo, reply.content)
+            if not waiting or time.monotonic() >= deadline:
+                break
+            time.sleep(POLL_INTERVAL_S)
+        now = time.perf_counter()
+        for silo in pending.targets:
             if silo not in received and silo not in self.lost:
                 self.lost[silo] = (
-                    f"round {round_index} {action}: no reply within {self.round_timeout_s:g} s"
+                    f"round {pending.round} {pending.action}: no reply within "
+                    f"{self.round_timeout_s:g} s"
                 )
         self._log(
             {
-                "round": round_index,
-                "action": action,
-                "sent": targets,
+                "round": pending.round,
+                "action": pending.action,
+                "sent": pending.targets,
                 "replied": sorted(received),
                 "lost": sorted(self.lost),
-                "seconds": round(seconds, 4),
+                "seconds": round(now - pending.pushed_at, 4),
+                "wait_seconds": round(now - t_wait, 4),
+                **event,
             }
         )
         reachable = len(self.client_ids) - len(self.lost)
@@ -194,15 +250,22 @@ class FlowerTransport:
             )
         return received
 
+    def _exchange(
+        self,
+        action: str,
+        message_type: str,
+        silos: list[int],
+        round_index: int,
+        content: Callable[[int], RecordDict],
+    ) -> dict[int, RecordDict]:
+        """Send one message per reachable silo and wait (bounded) for the replies."""
+        return self._collect(self._push(action, message_type, silos, round_index, content))
+
     def _record_message(self, action: str, silo: int, content: RecordDict) -> None:
+        """With ``PDPFL_MESSAGE_LOG`` set: one line per reply, every record name and key."""
         if not self._message_log:
             return
-        records = {}
-        for name, rec in content.items():
-            if isinstance(rec, ConfigRecord) or hasattr(rec, "keys"):
-                records[name] = sorted(str(k) for k in rec.keys())
-        with open(self._message_log, "a") as fh:
-            fh.write(json.dumps({"action": action, "silo": silo, "records": records}) + "\n")
+        log_message(self._message_log, action, silo, content)
 
     def _log(self, event: dict[str, Any]) -> None:
         if self.log_path is None:
@@ -213,45 +276,117 @@ class FlowerTransport:
 
     # ------------------------------------------------------------------ Transport
 
-    def fit(
-        self, selected: list[int], params: Params, round_index: int, config: Scalars
-    ) -> list[Contribution]:
+    @staticmethod
+    def _fit_content(params: Params, config: Scalars) -> Callable[[int], RecordDict]:
         def content(silo: int) -> RecordDict:
             return RecordDict(
                 {"params": params_to_record(params), "config": scalars_to_config(config)}
             )
 
-        replies = self._exchange(ACTION_FIT, MessageType.TRAIN, selected, round_index, content)
+        return content
+
+    def prefetch_fit(
+        self, selected: list[int], params: Params, round_index: int, config: Scalars
+    ) -> None:
+        """Announce the next round's training request (the round loop calls this with plain
+        summation only, right after aggregating the previous round).
+
+        The train messages are pushed right *after* the next :meth:`evaluate`'s messages, so a
+        SuperNode that has just answered its evaluation finds its training request waiting
+        instead of sleeping through Flower's 3 s polling interval: one polling wait per round
+        instead of two. :meth:`fit` then only collects the replies -- if it is called with the
+        same silos, parameters, round and configuration; otherwise the announced request is
+        dropped and a fresh one sent.
+        """
+        self._prefetch = _Prefetch(
+            list(selected), [np.asarray(p).copy() for p in params], int(round_index), dict(config)
+        )
+
+    def fit(
+        self, selected: list[int], params: Params, round_index: int, config: Scalars
+    ) -> list[Contribution]:
+        prefetch, self._prefetch = self._prefetch, None
+        if prefetch is not None and prefetch.pending is not None:
+            if prefetch.matches(selected, params, round_index, config):
+                replies = self._collect(prefetch.pending, prefetched=True)
+            else:
+                self._log({"round": round_index, "action": ACTION_FIT, "prefetch": "dropped"})
+                prefetch = None
+        if prefetch is None or prefetch.pending is None:
+            replies = self._exchange(
+                ACTION_FIT,
+                MessageType.TRAIN,
+                selected,
+                round_index,
+                self._fit_content(params, config),
+            )
         contributions = []
         for silo in selected:  # the order of `selected`, as in the simulator
             if silo in replies:
-                contributions.append(records_to_contribution(set(replies[silo].keys()), replies[silo]))
+                rd = replies[silo]
+                contributions.append(records_to_contribution(set(rd.keys()), rd))
         return contributions
 
     def evaluate(
         self, client_ids: list[int], params: Params, round_index: int, config: Scalars
     ) -> dict[int, Scalars]:
-        def content(silo: int) -> RecordDict:
-            return RecordDict(
-                {"params": params_to_record(params), "config": scalars_to_config(config)}
-            )
-
-        replies = self._exchange(
-            ACTION_EVALUATE, MessageType.EVALUATE, client_ids, round_index, content
+        pending = self._push(
+            ACTION_EVALUATE,
+            MessageType.EVALUATE,
+            client_ids,
+            round_index,
+            self._fit_content(params, config),
         )
+        prefetch = self._prefetch
+        if prefetch is not None and prefetch.pending is None:
+            # Created and pushed after the evaluate messages: each SuperNode handles its
+            # evaluation of this round first, then the next round's training.
+            prefetch.pending = self._push(
+                ACTION_FIT,
+                MessageType.TRAIN,
+                prefetch.selected,
+                prefetch.round,
+                self._fit_content(prefetch.params, prefetch.config),
+            )
+        replies = self._collect(pending)
         out: dict[int, Scalars] = {}
         for silo in client_ids:
             if silo in replies:
                 rd = replies[silo]
-                if not set(rd.keys()) <= EVALUATION_RECORDS:
+                if set(rd.keys()) != EVALUATION_RECORDS:
                     raise PrivacyBoundaryError(
                         f"silo {silo}'s evaluate reply carries {sorted(rd.keys())}; allowed: "
                         f"{sorted(EVALUATION_RECORDS)}"
                     )
-                out[silo] = records_to_scalars(
-                    rd.metric_records["metrics"], rd.config_records.get("metrics.extra")
-                )
+                out[silo] = dict(rd.metric_records["metrics"].items())
         return out
+
+    def exchange(
+        self, protocol: str, stage: str, requests: dict[int, dict[str, Any]], round_index: int
+    ) -> dict[int, dict[str, Any]]:
+        """One stage of a multi-stage protocol: one ``query.stage`` message per silo.
+
+        Each request payload travels exactly (:func:`~pdpfl.runtime.flower.codec.
+        payload_to_records`); each reply is decoded the same way. Silos that do not answer (or
+        answer with an error) are lost, as for training; the protocol sees only the replies.
+        """
+        for silo in requests:
+            if silo not in self.silo_nodes:
+                raise ValueError(f"exchange: unknown silo {silo}")
+
+        def content(silo: int) -> RecordDict:
+            records = RecordDict(payload_to_records(requests[silo]))
+            records.config_records[STAGE] = ConfigRecord({"protocol": protocol, "stage": stage})
+            return records
+
+        replies = self._exchange(
+            f"stage:{protocol}/{stage}",
+            f"{MessageType.QUERY}.{STAGE}",
+            sorted(requests),
+            round_index,
+            content,
+        )
+        return {silo: records_to_payload(set(rd.keys()), rd) for silo, rd in replies.items()}
 
     def privacy_summaries(self) -> dict[int, Scalars]:
         """Nothing: in a deployment each silo's privacy summary stays at the silo."""

@@ -1,0 +1,145 @@
+"""Every registered algorithm on Flower (toy size), and the Flower half of the privacy boundary.
+
+Each algorithm that is not simulation-only runs through pdpfl's real ServerApp and ClientApp
+(:data:`pdpfl.runtime.flower.hooks.PDPFL_HOOKS`: config, data, registry, round loop) over an
+in-memory grid whose messages are deflated and inflated as on the wire
+(:class:`test_flower_toy.FakeGrid`), and must produce the simulator's model exactly under
+``randomness: reproducible``. Algorithms registered later are picked up automatically from
+:func:`pdpfl.fl.registry.algorithm_specs`; one that needs config fields beyond ``name`` adds
+them to :data:`EXTRA`.
+
+With ``PDPFL_MESSAGE_LOG`` set, the ServerApp logs the record names and keys of every reply; the
+test fails on any record or key other than: a train reply's :class:`~pdpfl.fl.api.Contribution`
+(``update``; ``contribution``: ``weight`` and the server's declared public metrics), an evaluate
+reply's ``loss``/``accuracy``/``n``, and a discovery reply's public facts. The multi-process
+version of this check runs in ``tests/test_flower_runtime.py``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytest.importorskip("flwr")
+
+from test_flower_toy import FakeGrid, serve, task_identity  # noqa: E402,F401
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+#: Config overrides an algorithm needs beyond ``algorithm.name`` (toy values).
+EXTRA: dict[str, list[str]] = {"uniform": ["algorithm.epsilon=1.0"]}
+
+#: Public facts a silo may tell the server when it is discovered (size only if declared public).
+HELLO_KEYS = {"partition-id", "num-partitions", "has-state"}
+INFO_KEYS = {"input_shape", "num_classes", "name"}
+
+
+def _flower_algorithms() -> list[str]:
+    from pdpfl.fl.registry import algorithm_specs
+
+    return [s.name for s in algorithm_specs() if not s.simulation_only]
+
+
+def toy_digits(name: str, *extra: str):
+    from pdpfl.config import load_config
+
+    return load_config(
+        EXAMPLES / "digits_demo.yaml",
+        [
+            "rounds=2",
+            "data.num_clients=3",
+            "training.local_steps=2",
+            "training.batch_size=12",
+            "randomness=reproducible",
+            f"algorithm.name={name}",
+            *EXTRA.get(name, []),
+            *extra,
+        ],
+    )
+
+
+def check_message_log(path: Path, public_metrics: frozenset[str], sizes_public: bool) -> dict:
+    """Every reply in the log carries only what the privacy boundary allows; counts by action."""
+    counts: dict[str, int] = {}
+    for line in path.read_text().splitlines():
+        entry = json.loads(line)
+        action, records = entry["action"], entry["records"]
+        counts[action] = counts.get(action, 0) + 1
+        if action == "fit":
+            assert set(records) == {"update", "contribution"}, entry
+            allowed = {"weight"} | {f"metric.{k}" for k in public_metrics}
+            assert "weight" in records["contribution"], entry
+            assert set(records["contribution"]) <= allowed, entry
+        elif action == "evaluate":
+            assert records == {"metrics": ["accuracy", "loss", "n"]}, entry
+        elif action == "hello":
+            assert set(records) == {"hello", "info"}, entry
+            assert set(records["hello"]) == HELLO_KEYS, entry
+            allowed = INFO_KEYS | ({"num_examples"} if sizes_public else set())
+            assert set(records["info"]) <= allowed, entry
+        else:
+            raise AssertionError(f"unexpected reply {entry}")
+    return counts
+
+
+@pytest.mark.usefixtures("task_identity")
+@pytest.mark.parametrize("name", _flower_algorithms())
+def test_every_algorithm_runs_on_flower_like_the_simulator(
+    name: str, tmp_path: Path, monkeypatch: Any
+) -> None:
+    from pdpfl.config import config_to_dict
+    from pdpfl.fl.factory import build_federation_algorithms
+    from pdpfl.runtime.flower.apps import encode_config
+    from pdpfl.runtime.simulation import load_federation_for, run_simulation
+
+    config = toy_digits(name)
+    sim = run_simulation(config, tmp_path / "sim", progress=False)
+    log = tmp_path / "messages.jsonl"
+    monkeypatch.setenv("PDPFL_MESSAGE_LOG", str(log))
+    out = tmp_path / "flower"
+    run_config = {
+        "pdpfl-config": encode_config(config_to_dict(config)),
+        "pdpfl-hooks": "pdpfl.runtime.flower.hooks:PDPFL_HOOKS",
+        "pdpfl-out-dir": str(out),
+        "pdpfl-resume": False,
+        "pdpfl-round-timeout": 30.0,
+        "pdpfl-startup-timeout": 30.0,
+        "pdpfl-min-silos": 3,
+    }
+    result = serve(FakeGrid(run_config, out / "silos", 3, hooks=None, monkeypatch=monkeypatch), out)
+    assert result["status"] == "ok", result.get("error")
+    a, b = np.load(tmp_path / "sim" / "model.npz"), np.load(out / "model.npz")
+    assert a.files == b.files
+    for key in a.files:
+        np.testing.assert_array_equal(a[key], b[key])
+    assert result["summary"]["rounds_completed"] == sim["rounds_completed"] == 2
+    server, _ = build_federation_algorithms(config, load_federation_for(config))
+    counts = check_message_log(log, server.public_metrics, config.data.public_silo_sizes)
+    assert counts == {"hello": 3, "fit": 6, "evaluate": 6}
+    # The coordinator's summary holds no per-silo privacy numbers.
+    assert result["summary"]["privacy_view"].startswith("coordinator")
+
+
+def test_boundary_check_fails_on_an_extra_field(tmp_path: Path) -> None:
+    """The message-log check is not vacuous: a reply with any other key fails it."""
+    log = tmp_path / "log.jsonl"
+    good = {"action": "fit", "silo": 0, "records": {"update": ["0"], "contribution": ["weight"]}}
+    log.write_text(json.dumps(good) + "\n")
+    check_message_log(log, frozenset(), False)
+    for bad in (
+        {"update": ["0"], "contribution": ["weight", "num_examples"]},
+        {"update": ["0"], "contribution": ["weight"], "metrics": ["mean_loss"]},
+    ):
+        log.write_text(json.dumps({**good, "records": bad}) + "\n")
+        with pytest.raises(AssertionError):
+            check_message_log(log, frozenset(), False)
+    sized = {"action": "hello", "silo": 0, "records": {
+        "hello": sorted(HELLO_KEYS), "info": ["input_shape", "num_examples"]}}  # fmt: skip
+    log.write_text(json.dumps(sized) + "\n")
+    with pytest.raises(AssertionError):
+        check_message_log(log, frozenset(), False)
+    check_message_log(log, frozenset(), True)
