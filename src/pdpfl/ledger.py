@@ -10,7 +10,10 @@ round's cost. Accounting per round (RDP composes additively, Mironov 2017 Prop. 
   the client sampling;
 * server adversary (Type I): a unit adds τ·ρ_SGM(α, q) only in rounds where its client
   participated (and the unit was active);
-* an inactive (sat-out) unit adds nothing: its rate is 0 that round.
+* an inactive (sat-out) unit adds nothing: its rate is 0 that round;
+* with hidden participation (``server_sees_participation=False``: secure summation where every
+  silo sends a masked contribution every round and draws its own λ-coin) the server's view
+  equals a third party's, so the server observer is charged exactly like the third-party one.
 
 For a centralized plan (``rounds=None``) one recorded round is the plan's ``steps`` SGM steps
 for both adversaries.
@@ -72,6 +75,8 @@ class PrivacyLedger:
     orders : RDP orders α used for accounting and conversion.
     groups : optional (n,) group label per unit for :meth:`summary` (e.g. budget level,
         client id). Default: the budget value when there are few distinct budgets.
+    server_sees_participation : False under hidden participation: the server observer is then
+        accounted like the third party (λ-amplified), see the module docstring.
     """
 
     def __init__(
@@ -81,8 +86,10 @@ class PrivacyLedger:
         plan: TrainingPlan | SampledGaussianPlan,
         orders: np.ndarray = DEFAULT_ORDERS,
         groups: np.ndarray | None = None,
+        server_sees_participation: bool = True,
     ) -> None:
         self.mechanism = plan
+        self.server_sees_participation = bool(server_sees_participation)
         if isinstance(plan, SampledGaussianPlan):
             plan = plan.as_training_plan()
         self.budgets = validate_budgets(budgets)
@@ -165,7 +172,10 @@ class PrivacyLedger:
         if "third-party" in wanted and "third-party" in self.observers:
             tp = self._epsilon(self.rate_index, self.third_party_rounds + extra, self._tp_row)
         if "server" in wanted and "server" in self.observers:
-            srv = self._epsilon(self.rate_index, self.server_rounds + extra, self._server_row)
+            if self.server_sees_participation:
+                srv = self._epsilon(self.rate_index, self.server_rounds + extra, self._server_row)
+            else:  # hidden participation: the server sees what a third party sees
+                srv = self._epsilon(self.rate_index, self.third_party_rounds + extra, self._tp_row)
         if tp is None:
             return srv
         if srv is None:
@@ -289,6 +299,7 @@ class PrivacyLedger:
                 else {"kind": "training-plan"}
             ),
             "rounds_recorded": self.rounds_recorded,
+            "server_sees_participation": self.server_sees_participation,
         }
         arrays: dict[str, np.ndarray] = {
             "meta": np.array(json.dumps(meta)),
@@ -316,6 +327,7 @@ class PrivacyLedger:
                 _mechanism_from_meta(meta),
                 orders=z["orders"],
                 groups=z["groups"] if "groups" in z.files else None,
+                server_sees_participation=bool(meta.get("server_sees_participation", True)),
             )
             ledger.third_party_rounds = z["third_party_rounds"].astype(np.int64)
             ledger.server_rounds = z["server_rounds"].astype(np.int64)
