@@ -629,8 +629,9 @@ def _encode_updates(state: _SiloState, upd: UserUpdates, d: int, silos: int) -> 
         )
     P = float(state.params.precision)
     exps = np.zeros((state.users.size, d), dtype=np.int64)
-    scaled = np.rint(deltas / P)
-    z = np.rint(noise / P)
+    with np.errstate(over="ignore", invalid="ignore"):
+        scaled = np.rint(deltas / P)
+        z = np.rint(noise / P)
     # No-wrap share: Σ_u |v| + |round(z/P)| must fit this silo's 1/|S| of the room.
     room = 2.0 ** state.params.value_bits(state.pk.bits) / silos
     worst = float(np.max(np.sum(np.abs(scaled), axis=0) + np.abs(z))) if d else 0.0
