@@ -13,7 +13,7 @@ import gmpy2
 import numpy as np
 import pytest
 from gmpy2 import mpz
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pdpfl.crypto import IntegrityError, RingOverflowError
@@ -29,7 +29,7 @@ from pdpfl.crypto.keys import (
     public_bytes,
     seal,
 )
-from pdpfl.crypto.multiexp import FixedBaseExp, MultiExp, choose_window
+from pdpfl.crypto.multiexp import FixedBaseExp, MultiExp, choose_window, plan_multiexp
 from pdpfl.crypto.paillier import PaillierPublicKey, generate_keypair
 
 
@@ -143,6 +143,7 @@ def test_key_generation_gives_an_exact_size_and_refuses_weak_keys(keypair) -> No
     assert pk.fingerprint() != generate_keypair(1024, allow_weak=True)[0].fingerprint()
 
 
+@settings(max_examples=30)
 @given(st.integers(-(2**200), 2**200), st.integers(-(2**200), 2**200), st.integers(-(2**40), 2**40))
 def test_paillier_is_additively_homomorphic(keypair, a: int, b: int, k: int) -> None:
     pk, sk = keypair
@@ -184,14 +185,17 @@ def test_ciphertexts_are_fixed_width_and_validated(keypair) -> None:
 # ------------------------------------------------------------------------------ arithmetic
 
 
-@given(st.integers(1, 6), st.integers(1, 5), st.integers(1, 9), st.integers(0, 2**40))
-def test_multiexp_equals_the_naive_products(u: int, d: int, window: int, seed: int) -> None:
+@given(st.integers(1, 6), st.integers(1, 5), st.integers(1, 9), st.booleans(),
+       st.integers(0, 2**40))
+def test_multiexp_equals_the_naive_products(
+    u: int, d: int, window: int, signed: bool, seed: int
+) -> None:
     mod = mpz((1 << 127) - 1) * mpz((1 << 89) - 1)
     rng = np.random.default_rng(seed)
     bases = [mpz(int(x)) for x in rng.integers(2, 2**62, size=u)]
     exps = rng.integers(-(2**36), 2**36, size=(u, d))
     exps[rng.uniform(size=(u, d)) < 0.2] = 0
-    got = MultiExp(bases, mod, window).products(exps)
+    got = MultiExp(bases, mod, window, signed).products(exps)
     for j in range(d):
         want = mpz(1)
         for i in range(u):
@@ -210,9 +214,12 @@ def test_fixed_base_exponentiation_and_window_choice() -> None:
         assert fb.pow(k) == gmpy2.powmod(3, k, mod)
     with pytest.raises(ValueError):
         fb.pow(1 << 256)
-    # bigger jobs get bigger windows; memory is capped
+    # bigger jobs get bigger windows (and signed tables); memory is capped
+    assert plan_multiexp(100, 14, 37, 6144)[1] is False
+    assert plan_multiexp(10, 10**5, 37, 6144, reuse=100)[1] is True
     assert choose_window(10, 16, 35, 6144) <= choose_window(10, 20000, 35, 6144, reuse=10)
-    assert choose_window(100, 10**6, 35, 6144, memory_cap=2**20) <= 2
+    w, signed = plan_multiexp(100, 10**6, 35, 6144, memory_cap=2**20)
+    assert 100 * (2 if signed else 1) * (1 << w) * (6144 // 8 + 32) <= 2**20
 
 
 def _square_chunk(shared: int, chunk: range) -> list[int]:

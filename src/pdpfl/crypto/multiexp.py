@@ -3,15 +3,17 @@
 :class:`MultiExp` -- many products Π_u b_u^{e_{u,j}}, j = 1..d, over the *same* bases b_u with
 short signed exponents (Straus' simultaneous exponentiation with fixed windows of ``w`` bits):
 
-* per base, once: the tables b_u^i and b_u^{-i} for i < 2^w (2^(w+1) multiplications and one
-  inversion per base);
+* per base, once: the table b_u^i for i < 2^w, and b_u^{-i} too for "signed" tables
+  (2^w multiplications per table and one inversion per base);
 * per product: ⌈k/w⌉·w squarings shared by all bases plus at most one table multiplication per
   base and window (k = bit length of the largest |exponent|); zero exponents cost nothing.
+  Without the b^{-i} tables, negative exponents go to a second accumulator (its own squarings)
+  that is inverted once per product.
 
 Compared with one exponentiation per base and coordinate this shares every squaring, and a
 negative exponent costs no more than a positive one (no full-size "n - |e|" exponent, spec D28).
-:func:`choose_window` picks ``w`` from the number of bases, products and rounds the tables serve,
-under a memory cap.
+:func:`plan_multiexp` picks ``w`` and the table kind from the number of bases, products and
+rounds the tables serve, under a memory cap.
 
 :class:`FixedBaseExp` -- g^k for many exponents k with a fixed base g (Brickell-Gordon-McCurley-
 Wilson comb): tables g^{i·2^{w·t}}; each power then costs ⌈k/w⌉ multiplications and no squaring.
@@ -26,40 +28,62 @@ import gmpy2
 import numpy as np
 from gmpy2 import mpz
 
-__all__ = ["FixedBaseExp", "MultiExp", "choose_window"]
+__all__ = ["FixedBaseExp", "MultiExp", "choose_window", "plan_multiexp"]
 
 #: Default cap on the memory of one set of tables (bytes).
 TABLE_MEMORY_CAP = 256 * 2**20
+
+
+def plan_multiexp(
+    bases: int, products: int, exponent_bits: int, modulus_bits: int, *, reuse: int = 1,
+    memory_cap: int = TABLE_MEMORY_CAP,
+) -> tuple[int, bool]:
+    """``(window, signed)`` minimising table cost / ``reuse`` + ``products`` × per-product cost.
+
+    ``signed`` tables hold b^i and b^-i (twice the tables, one squaring chain); unsigned ones
+    hold b^i only and keep two accumulators (positive and negative exponents) that are divided
+    once per product (twice the squarings, one inversion ≈ 6 multiplications).
+    """
+    best, best_cost = (1, False), math.inf
+    entry = (modulus_bits + 7) // 8 + 32
+    for signed in (False, True):
+        tables = 2 if signed else 1
+        for w in range(1, 17):
+            memory = bases * tables * (1 << w) * entry
+            if w > 1 and memory > memory_cap:
+                break
+            windows = math.ceil(max(exponent_bits, 1) / w)
+            table = bases * tables * (1 << w) / max(reuse, 1)
+            chains = 1 if signed else 2
+            per_product = chains * windows * w + bases * windows + (0 if signed else 6)
+            cost = table + products * per_product
+            if cost < best_cost:
+                best, best_cost = (w, signed), cost
+    return best
 
 
 def choose_window(
     bases: int, products: int, exponent_bits: int, modulus_bits: int, *, reuse: int = 1,
     memory_cap: int = TABLE_MEMORY_CAP,
 ) -> int:
-    """The window ``w`` minimising table cost / ``reuse`` + per-product cost (memory capped)."""
-    best, best_cost = 1, math.inf
-    entry = (modulus_bits + 7) // 8 + 32
-    for w in range(1, 17):
-        memory = bases * 2 * (1 << w) * entry
-        if w > 1 and memory > memory_cap:
-            break
-        windows = math.ceil(max(exponent_bits, 1) / w)
-        table = bases * 2 * (1 << w) / max(reuse, 1)
-        per_product = windows * w + bases * windows
-        cost = table + products * per_product
-        if cost < best_cost:
-            best, best_cost = w, cost
-    return best
+    """The window of :func:`plan_multiexp`."""
+    return plan_multiexp(bases, products, exponent_bits, modulus_bits, reuse=reuse,
+                         memory_cap=memory_cap)[0]
 
 
 class MultiExp:
-    """Π_u base_u^{e_u} modulo ``modulus`` for many exponent vectors (Straus, signed windows)."""
+    """Π_u base_u^{e_u} modulo ``modulus`` for many exponent vectors (Straus, fixed windows).
 
-    def __init__(self, bases: list[mpz], modulus: mpz, window: int) -> None:
+    ``signed``: tables of b^-i as well (negative exponents use them); otherwise negative
+    exponents go to a second accumulator divided out at the end.
+    """
+
+    def __init__(self, bases: list[mpz], modulus: mpz, window: int, signed: bool = True) -> None:
         if not 1 <= int(window) <= 16:
             raise ValueError(f"window: expected 1..16, got {window}")
         self.modulus = mpz(modulus)
         self.window = int(window)
+        self.signed = bool(signed)
         self.count = len(bases)
         size = 1 << self.window
         mod = self.modulus
@@ -70,12 +94,13 @@ class MultiExp:
             pos = [mpz(1), b]
             for _ in range(2, size):
                 pos.append(pos[-1] * b % mod)
-            inv = gmpy2.invert(b, mod)
-            neg = [mpz(1), inv]
-            for _ in range(2, size):
-                neg.append(neg[-1] * inv % mod)
             self.positive.append(pos)
-            self.negative.append(neg)
+            if self.signed:
+                inv = gmpy2.invert(b, mod)
+                neg = [mpz(1), inv]
+                for _ in range(2, size):
+                    neg.append(neg[-1] * inv % mod)
+                self.negative.append(neg)
 
     def products(self, exponents: np.ndarray) -> list[mpz]:
         """Π_u base_u^{exponents[u, j]} for each column j (exponents: int64, shape (U, d),
@@ -99,23 +124,43 @@ class MultiExp:
         ).astype(np.int64)
         sign = e < 0
         mod = self.modulus
-        pos, neg = self.positive, self.negative
+        pos = self.positive
         out: list[mpz] = []
         for j in range(e.shape[1]):
             dj = digits[:, :, j].tolist()
-            tables = [neg[u] if s else pos[u] for u, s in enumerate(sign[:, j].tolist())]
-            acc = mpz(1)
-            started = False
+            negs = sign[:, j].tolist()
+            if self.signed:
+                tables = [self.negative[u] if s else pos[u] for u, s in enumerate(negs)]
+                acc = mpz(1)
+                started = False
+                for t in range(windows):
+                    if started:
+                        for _ in range(w):
+                            acc = acc * acc % mod
+                    for u, dgt in enumerate(dj[t]):
+                        if dgt:
+                            acc = acc * tables[u][dgt] % mod
+                            started = True
+                out.append(acc)
+                continue
+            acc_p, acc_n = mpz(1), mpz(1)
+            p_started = n_started = False
             for t in range(windows):
-                if started:
+                if p_started:
                     for _ in range(w):
-                        acc = acc * acc % mod
-                row = dj[t]
-                for u, dgt in enumerate(row):
+                        acc_p = acc_p * acc_p % mod
+                if n_started:
+                    for _ in range(w):
+                        acc_n = acc_n * acc_n % mod
+                for u, dgt in enumerate(dj[t]):
                     if dgt:
-                        acc = acc * tables[u][dgt] % mod
-                        started = True
-            out.append(acc)
+                        if negs[u]:
+                            acc_n = acc_n * pos[u][dgt] % mod
+                            n_started = True
+                        else:
+                            acc_p = acc_p * pos[u][dgt] % mod
+                            p_started = True
+            out.append(acc_p * gmpy2.invert(acc_n, mod) % mod if n_started else acc_p)
         return out
 
 

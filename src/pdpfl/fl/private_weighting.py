@@ -101,7 +101,7 @@ from pdpfl.crypto.keys import (
     public_bytes,
     seal,
 )
-from pdpfl.crypto.multiexp import FixedBaseExp, MultiExp, choose_window
+from pdpfl.crypto.multiexp import FixedBaseExp, MultiExp, plan_multiexp
 from pdpfl.crypto.paillier import (
     MIN_SECURE_BITS,
     PaillierPrivateKey,
@@ -539,8 +539,8 @@ def _install(ctx: SiloContext, payload: Payload) -> Payload:
     d = int(payload.get("coordinates", 1))
     reuse = int(payload.get("reuse", 1))
     bits = int(math.ceil(math.log2(4.0 / state.params.precision))) + 1
-    window = choose_window(len(bases), d, bits, 2 * state.pk.bits, reuse=reuse)
-    state.multiexp = MultiExp(bases, n2, window)
+    window, signed = plan_multiexp(len(bases), d, bits, 2 * state.pk.bits, reuse=reuse)
+    state.multiexp = MultiExp(bases, n2, window, signed)
     state.users = users
     if state.rerandomizer is None:
         h = gmpy2.powmod(mpz(secrets.randbelow(int(state.pk.n) - 2) + 2), state.pk.n, n2)
