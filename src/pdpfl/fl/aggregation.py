@@ -203,12 +203,13 @@ def protocol_from_config(config: Any) -> SumProtocol:
     """
     secure = getattr(config, "secure", None)
     options: dict[str, Any] = {} if secure is None else dict(secure.model_dump())
+    training = getattr(config, "training", None)
     if getattr(getattr(config, "algorithm", None), "weights", None) == "private":
-        return get_protocol("private-weighting", **options)
+        rounds = getattr(training, "rounds", 1)
+        return get_protocol("private-weighting", expected_rounds=rounds, **options)
     name = getattr(config, "aggregation", "plain")
     if name == "plain":
         return get_protocol("plain")
-    training = getattr(config, "training", None)
     return get_protocol(
         name,
         participation=getattr(config, "participation", "visible"),

@@ -52,6 +52,8 @@ import secrets
 from typing import Any
 
 import numpy as np
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
 
 from pdpfl.crypto import IntegrityError
 from pdpfl.crypto.fixedpoint import FixedPointRing
@@ -302,9 +304,11 @@ def silo_handler(stage: str, payload: Payload, round_index: int, ctx: SiloContex
         if ctx.silo_id not in participants:
             raise IntegrityError(f"secure summation: silo {ctx.silo_id} is not a participant")
         key = new_private_key()
-        mem["private_key"] = key
+        # Plain data only (bytes, arrays, ints): a runtime may keep this memory in the silo's own
+        # process or state folder. It never leaves the silo and is dropped at the next round.
+        mem["private_key"] = key.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
         mem["session"] = _bytes(payload, "session")
-        mem["attempts"] = set()
+        mem["attempts"] = []
         return {"public_key": public_bytes(key)}
     if stage != "upload":
         raise ValueError(f"secure summation: unknown stage {stage!r}")
@@ -321,7 +325,7 @@ def silo_handler(stage: str, payload: Payload, round_index: int, ctx: SiloContex
         raise IntegrityError(f"secure summation: silo {ctx.silo_id} is not a participant")
     blob = _bytes(payload, "public_keys", PUBLIC_KEY_BYTES * len(participants))
     publics = {c: blob[i * PUBLIC_KEY_BYTES : (i + 1) * PUBLIC_KEY_BYTES] for i, c in enumerate(participants)}
-    own = mem["private_key"]
+    own = X25519PrivateKey.from_private_bytes(mem["private_key"])
     if publics[ctx.silo_id] != public_bytes(own):
         raise IntegrityError("secure summation: the relayed key list does not hold this silo's key")
     ring = FixedPointRing(int(payload["fractional_bits"]), int(payload["guard_bits"]))
@@ -330,7 +334,7 @@ def silo_handler(stage: str, payload: Payload, round_index: int, ctx: SiloContex
     names = [n for n in str(payload.get("metrics", "")).split(",") if n]
     if "vector" not in mem:
         mem["vector"], mem["weight"] = _contribution_vector(ctx, payload, t, shapes, names)
-    mem["attempts"].add(attempt)
+    mem["attempts"] = [*mem["attempts"], attempt]
     encoded = ring.encode(
         mem["vector"], len(participants), what=f"silo {ctx.silo_id}: update of round {t}"
     )
