@@ -319,8 +319,16 @@ def _encrypt_chunk(sk: PaillierPrivateKey, values: list[int]) -> list[mpz]:
     return [sk.encrypt(v) for v in values]
 
 
-def _decrypt_chunk(sk: PaillierPrivateKey, cts: list[mpz]) -> list[mpz]:
-    return [sk.decrypt(c) for c in cts]
+def _decrypt_chunk(sk: PaillierPrivateKey, per_silo: list[list[mpz]]) -> list[mpz]:
+    """⊕ of the silos' ciphertexts, coordinate by coordinate, then CRT decryption."""
+    n2 = sk.public_key.n2
+    out = []
+    for cts in zip(*per_silo, strict=True):
+        c = cts[0]
+        for other in cts[1:]:
+            c = c * other % n2
+        out.append(sk.decrypt(c))
+    return out
 
 
 def _power_chunk(n2: mpz, job: tuple[list[mpz], list[mpz]]) -> list[mpz]:
@@ -927,15 +935,14 @@ class PrivateWeightedSum:
         assert self._pk is not None and self.__sk is not None
         pk, sk = self._pk, self.__sk
         started, cpu = time.perf_counter(), _cpu()
-        product = [mpz(1)] * d
+        per_silo = []
         for c in participants:
             if replies[c].get("pk_fingerprint") != pk.fingerprint():
                 raise IntegrityError(f"private weighting: silo {c} encrypted under another key")
-            cts = pk.ciphertexts_from_bytes(replies[c].get("ciphertexts", b""), d,
-                                            what=f"ciphertexts of silo {c}")
-            product = [pk.add(a, b) for a, b in zip(product, cts, strict=True)]
+            per_silo.append(pk.ciphertexts_from_bytes(replies[c].get("ciphertexts", b""), d,
+                                                      what=f"ciphertexts of silo {c}"))
         workers = par.worth_parallel(d * 1.2 * pk.bits, self.params.workers)
-        chunks = [product[r.start : r.stop] for r in par.split(d, workers)]
+        chunks = [[cts[r.start : r.stop] for cts in per_silo] for r in par.split(d, workers)]
         plain = [m for part in par.run_chunks(_decrypt_chunk, sk, chunks, workers) for m in part]
         n = pk.n
         half = n >> 1
