@@ -4,7 +4,8 @@ MNIST CNN (26,010 parameters), 10 silos (``examples/mnist10k_iid.yaml``), reprod
 that both runs select the same silos. Two measurements in the same run:
 
 * ``rounds``: full rPDP-FL rounds (local DP-SGD, summation, evaluation) with ``aggregation:
-  plain`` and ``aggregation: secure`` -- median seconds per round and the relative overhead;
+  plain`` and ``aggregation: secure`` -- median wall and CPU seconds per round (CPU time of
+  this process, robust on a shared machine) and the relative overhead;
 * ``protocol``: the summation alone, with every silo's contribution precomputed (``fit``
   returns a cached update), so training noise does not hide it: median seconds of
   ``PlainSum.collect`` and ``SecureSum.collect`` (key agreement, masking, unmasking) for all
@@ -74,10 +75,16 @@ def main() -> None:
                           data_dir=args.data_dir)
         fed = fed or load_federation_for(cfg)
         server, clients = build_federation_algorithms(cfg, fed)
+        marks = [(time.perf_counter(), time.process_time())]
+
+        def on_round(t, line, marks=marks):
+            marks.append((time.perf_counter(), time.process_time()))
+
         with tempfile.TemporaryDirectory() as out:
-            result = run_federation(cfg, server, InProcessTransport(clients), out, progress=False)
-        secs = [m["seconds"] for m in result["metrics"]]
-        rounds[agg] = list(np.diff([0.0, *secs]))
+            run_federation(cfg, server, InProcessTransport(clients), out, progress=False,
+                           on_round=on_round)
+        rounds[agg] = [b[0] - a[0] for a, b in zip(marks[:-1], marks[1:], strict=True)]
+        rounds[agg + "_cpu"] = [b[1] - a[1] for a, b in zip(marks[:-1], marks[1:], strict=True)]
     n_params = sum(int(p.size) for p in get_params(next(iter(clients.values())).model))
 
     # The protocol alone, on cached contributions of all silos.
@@ -87,15 +94,20 @@ def main() -> None:
     params = server.initial_params()
     ids = list(cached)
     PlainSum().collect(transport, ids, params, 0, {}, server)  # trains once, fills the caches
-    timings: dict[str, list[float]] = {"plain": [], "secure": []}
+    timings: dict[str, list[float]] = {"plain": [], "secure": [], "plain_cpu": [],
+                                       "secure_cpu": []}
     for r in range(args.repeats):
         for name, proto in (("plain", PlainSum()), ("secure", SecureSum())):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             proto.collect(transport, ids, params, r + 1, {}, server)
             timings[name].append(time.perf_counter() - t0)
+            timings[name + "_cpu"].append(time.process_time() - c0)
     plain_round = float(np.median(rounds["plain"]))
     secure_round = float(np.median(rounds["secure"]))
+    plain_cpu = float(np.median(rounds["plain_cpu"]))
+    secure_cpu = float(np.median(rounds["secure_cpu"]))
     protocol_extra = float(np.median(timings["secure"]) - np.median(timings["plain"]))
+    protocol_extra_cpu = float(np.median(timings["secure_cpu"]) - np.median(timings["plain_cpu"]))
     result = {
         "benchmark": "secure_sum",
         "model": "mnist-cnn",
@@ -105,14 +117,20 @@ def main() -> None:
                     "cpus": os.cpu_count(), "load_average": os.getloadavg()},
         "rounds": {
             "plain_s": rounds["plain"], "secure_s": rounds["secure"],
+            "plain_cpu_s": rounds["plain_cpu"], "secure_cpu_s": rounds["secure_cpu"],
             "median_plain_s": plain_round, "median_secure_s": secure_round,
-            "overhead": secure_round / plain_round - 1.0,
+            "overhead_wall": secure_round / plain_round - 1.0,
+            "overhead_cpu": secure_cpu / plain_cpu - 1.0,
         },
         "protocol": {
             "plain_collect_s": float(np.median(timings["plain"])),
             "secure_collect_s": float(np.median(timings["secure"])),
+            "plain_collect_cpu_s": float(np.median(timings["plain_cpu"])),
+            "secure_collect_cpu_s": float(np.median(timings["secure_cpu"])),
             "extra_s": protocol_extra,
-            "overhead_vs_plain_round": protocol_extra / plain_round,
+            "extra_cpu_s": protocol_extra_cpu,
+            "overhead_vs_plain_round_wall": protocol_extra / plain_round,
+            "overhead_vs_plain_round_cpu": protocol_extra_cpu / plain_cpu,
         },
     }
     print(json.dumps(result, indent=1))
