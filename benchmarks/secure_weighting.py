@@ -55,7 +55,7 @@ sys.path.insert(0, str(ROOT / "src"))
 from pdpfl.fl.private_weighting import (  # noqa: E402
     PrivateWeightedSum,
     UserUpdates,
-    _cpu,
+    cpu_seconds,
     divisor,
     plain_weighted_sum,
 )
@@ -134,13 +134,13 @@ def run_ours(d: int, users: int, silos: int, bits: int, workers: int, max_coords
     proto = PrivateWeightedSum(paillier_bits=bits, workers=workers, expected_rounds=10)
     server = BenchServer(users)
     params = [np.zeros(coords, dtype=np.float32)]
-    t0, c0 = time.perf_counter(), _cpu()
+    t0, c0 = time.perf_counter(), cpu_seconds()
     proto.collect(transport, list(range(silos)), params, 0, {}, server)
-    first, first_cpu = time.perf_counter() - t0, _cpu() - c0
+    first, first_cpu = time.perf_counter() - t0, cpu_seconds() - c0
     setup = dict(proto.timings)
-    t0, c0 = time.perf_counter(), _cpu()
+    t0, c0 = time.perf_counter(), cpu_seconds()
     agg = proto.collect(transport, list(range(silos)), params, 1, {}, server)
-    steady, steady_cpu = time.perf_counter() - t0, _cpu() - c0
+    steady, steady_cpu = time.perf_counter() - t0, cpu_seconds() - c0
     ref = plain_weighted_sum({s: hist[s] for s in range(silos)},
                              {s: clients[s].updates[1] for s in range(silos)})
     err = float(np.max(np.abs(agg.total[0] - ref)))

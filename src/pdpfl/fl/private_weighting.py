@@ -304,7 +304,7 @@ def plain_weighted_sum(
     return np.zeros(0) if out is None else out
 
 
-def _cpu() -> float:
+def cpu_seconds() -> float:
     """CPU seconds of this process and its reaped worker processes (robust under load)."""
     import resource
 
@@ -589,7 +589,7 @@ def _round(ctx: SiloContext, payload: Payload, t: int) -> Payload:
     state = _state(ctx, payload)
     if state.multiexp is None or state.epoch != int(payload["epoch"]):
         raise IntegrityError("private weighting: weights of this epoch are not installed")
-    started, cpu = time.perf_counter(), _cpu()
+    started, cpu = time.perf_counter(), cpu_seconds()
     attempt = int(payload["attempt"])
     participants = _ids(payload, "participants")
     if ctx.silo_id not in participants or not set(participants) <= set(state.participants):
@@ -620,7 +620,7 @@ def _round(ctx: SiloContext, payload: Payload, t: int) -> Payload:
               for r in par.split(d, workers)]
     blob = b"".join(par.run_chunks(_round_chunk, state, chunks, workers))
     state.timings["round"] = time.perf_counter() - started
-    state.timings["round_cpu"] = _cpu() - cpu
+    state.timings["round_cpu"] = cpu_seconds() - cpu
     return {"ciphertexts": blob, "pk_fingerprint": state.pk.fingerprint()}
 
 
@@ -934,7 +934,7 @@ class PrivateWeightedSum:
         """Step 2(c): ⊕ over silos, CRT decryption, no-wrap check, Decode (Algorithm 5)."""
         assert self._pk is not None and self.__sk is not None
         pk, sk = self._pk, self.__sk
-        started, cpu = time.perf_counter(), _cpu()
+        started, cpu = time.perf_counter(), cpu_seconds()
         per_silo = []
         for c in participants:
             if replies[c].get("pk_fingerprint") != pk.fingerprint():
@@ -960,7 +960,7 @@ class PrivateWeightedSum:
                 )
             out[j] = (y / div) * P
         self.timings["aggregate"] = time.perf_counter() - started
-        self.timings["aggregate_cpu"] = _cpu() - cpu
+        self.timings["aggregate_cpu"] = cpu_seconds() - cpu
         return out
 
 
