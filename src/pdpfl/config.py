@@ -150,6 +150,44 @@ class TrainingConfig(_Section):
         return None if b is None else float(b)
 
 
+class SecureConfig(_Section):
+    """Parameters of the cryptographic protocols (``aggregation: secure``, ``weights: private``).
+
+    See docs/secure_aggregation.md. None of these is a secret: keys and masks are drawn from the
+    operating system's CSPRNG by the party that owns them and never appear in a config.
+    """
+
+    fractional_bits: int = Field(
+        32, ge=0, le=52, description="secure summation: fixed-point fractional bits f of the "
+        "ring Z_2^64 (resolution 2^-f; each of m silos may send values up to 2^(55-f)/m)"
+    )
+    paillier_bits: int = Field(
+        3072, ge=3072, le=8192, description="private weighting: Paillier modulus size (bits)"
+    )
+    n_max: int = Field(
+        2000, ge=1, le=100_000, description="private weighting: N_max, the largest total "
+        "record count of a user (DIV = lcm(1..N_max) must leave room in the Paillier modulus)"
+    )
+    allowed_totals: list[int] | None = Field(
+        None, description="private weighting: the paper's remedy for large N_u -- the only "
+        "record totals a user may have (e.g. powers of two); DIV = lcm(allowed_totals)"
+    )
+    precision: float = Field(
+        1e-10, gt=0, lt=1, description="private weighting: fixed-point precision P of Encode"
+    )
+    workers: int | None = Field(
+        None, ge=1, le=64, description="processes for the Paillier arithmetic of each party "
+        "(default: min(2, CPUs))"
+    )
+
+    @field_validator("allowed_totals")
+    @classmethod
+    def _totals(cls, value: list[int] | None) -> list[int] | None:
+        if value is not None and (not value or any(v < 1 for v in value)):
+            raise ValueError("expected a non-empty list of positive record counts")
+        return value
+
+
 class ExperimentConfig(_Section):
     """A complete, validated experiment.
 
@@ -173,9 +211,16 @@ class ExperimentConfig(_Section):
         "party (default); reproducible: derived from the seed -- no guarantee against anyone "
         "who knows the seed (research and tests only)",
     )
-    aggregation: Literal["plain"] = Field(
-        "plain", description="how the silos' contributions are summed (see pdpfl.fl.aggregation)"
+    aggregation: Literal["plain", "secure"] = Field(
+        "plain", description="how the silos' contributions are summed: plain (the server sees "
+        "each update) or secure (pairwise-masked summation: the server learns only the sum)"
     )
+    participation: Literal["visible", "hidden"] = Field(
+        "visible", description="visible: the server samples the silos (it sees who took part); "
+        "hidden (needs aggregation: secure): every silo sends a masked contribution every "
+        "round, drawing its own λ-coin, so the server's view equals a third party's"
+    )
+    secure: SecureConfig = Field(default_factory=SecureConfig)
     output_dir: str = "runs/experiment"
     threads: int | None = Field(
         None, ge=1, le=256, description="torch intra-op threads while training (1 is fastest "
@@ -191,6 +236,17 @@ class ExperimentConfig(_Section):
     @model_validator(mode="after")
     def _cross_checks(self) -> ExperimentConfig:
         problems = list(self.algorithm.check(self))
+        if self.participation == "hidden":
+            if self.aggregation != "secure":
+                problems.append(
+                    "participation: hidden needs aggregation: secure (with plain summation the "
+                    "server sees which silos sent a non-zero update)"
+                )
+            if not getattr(type(self.algorithm), "supports_hidden_participation", False):
+                problems.append(
+                    f"participation: hidden is not supported by algorithm {self.algorithm.name!r} "
+                    "(its silos do not draw their own participation coin)"
+                )
         if problems:
             raise ValueError(_PROBLEM_SEPARATOR.join(problems))
         return self

@@ -9,7 +9,11 @@ incremented by :meth:`PrivacyLedger.record_round` according to ``mechanism.charg
 * ``active`` -- every round the unit was not stopped (third parties, who do not see the client
   sampling: rPDP-FL Theorem 1 / Lemma 6, every active unit adds ρ^{τ,λ}(α, q));
 * ``participated`` -- only rounds its silo took part in (the server, Type I: τ·ρ_SGM(α, q));
-* an inactive (sat-out) unit adds nothing: its rate is 0 that round.
+* an inactive (sat-out) unit adds nothing: its rate is 0 that round;
+* with hidden participation (``server_sees_participation=False``: secure summation where every
+  silo sends a masked contribution every round and draws its own λ-coin) the server's view
+  equals a third party's, so the server observer is charged and converted exactly like the
+  third-party one.
 
 A unit's ε against an observer is that of ``count`` charged rounds of the mechanism's round event
 at its rate, computed by :func:`pdpfl.privacy.accountant.mechanism_epsilon` -- the same function
@@ -86,6 +90,8 @@ class PrivacyLedger:
     groups : optional (n,) group label per unit for :meth:`summary` (e.g. budget level,
         client id). Default: the budget value when there are few distinct budgets.
     accountant : ``rdp`` (default) or ``pld``.
+    server_sees_participation : False under hidden participation: the server observer is then
+        accounted like the third party (λ-amplified), see the module docstring.
     """
 
     def __init__(
@@ -97,12 +103,14 @@ class PrivacyLedger:
         groups: np.ndarray | None = None,
         *,
         accountant: str = "rdp",
+        server_sees_participation: bool = True,
     ) -> None:
         if not isinstance(plan, UnitMechanism):
             raise ValueError(
                 f"plan: expected a TrainingPlan or a UnitMechanism, got {type(plan).__name__}"
             )
         self.mechanism = plan
+        self.server_sees_participation = bool(server_sees_participation)
         self.budgets = validate_budgets(budgets)
         n = self.budgets.size
         q = np.asarray(rates, dtype=np.float64)
@@ -127,7 +135,15 @@ class PrivacyLedger:
         unknown = set(self.observers) - set(_OBSERVER_ATTR)
         if unknown:
             raise ValueError(f"plan: unknown observers {sorted(unknown)}")
-        self.charge_rule = {obs: plan.charged_on(obs) for obs in self.observers}
+        #: The observer whose view (event and charge rule) accounts each observer: under hidden
+        #: participation the server sees only what a third party sees.
+        self.view = {
+            obs: "third-party"
+            if obs == "server" and not self.server_sees_participation
+            and "third-party" in self.observers else obs
+            for obs in self.observers
+        }
+        self.charge_rule = {obs: plan.charged_on(self.view[obs]) for obs in self.observers}
         self.sat_out_rounds = np.zeros(n, dtype=np.int64)
         self.rounds_recorded = 0
         self._cache: dict[str, dict[int, float]] = {obs: {} for obs in self.observers}
@@ -168,6 +184,7 @@ class PrivacyLedger:
         width = int(counts.max()) + 1
         keys = self.rate_index[live] * width + counts[live]
         uniq, inv = np.unique(keys, return_inverse=True)
+        observer = self.view[observer]
         cache = self._cache[observer]
         # the cache key must not depend on `width`: use (rate index, count) packed with a
         # fixed stride.
@@ -339,6 +356,7 @@ class PrivacyLedger:
             "mechanism": _mechanism_to_meta(self.mechanism),
             "accountant": self.accountant,
             "rounds_recorded": self.rounds_recorded,
+            "server_sees_participation": self.server_sees_participation,
         }
         if isinstance(self.mechanism, TrainingPlan):
             meta["plan"] = _plan_dict(self.mechanism)
@@ -369,6 +387,7 @@ class PrivacyLedger:
                 orders=z["orders"],
                 groups=z["groups"] if "groups" in z.files else None,
                 accountant=meta.get("accountant", "rdp"),
+                server_sees_participation=bool(meta.get("server_sees_participation", True)),
             )
             state = {k: z[k] for k in z.files if k.endswith("_rounds")}
         state["rounds_recorded"] = int(meta["rounds_recorded"])

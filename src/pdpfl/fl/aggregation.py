@@ -9,7 +9,12 @@ increase the sensitivity).
 
 * :class:`PlainSum` -- the server receives every contribution and adds them up (it *could* look
   at each one: the server's view is every silo's noisy update).
-* Secure summation (``aggregation: secure``) plugs in here: the server learns only the sum.
+* :class:`~pdpfl.fl.secure_sum.SecureSum` (``aggregation: secure``): pairwise-masked
+  summation, the server learns only the sum; optionally with hidden participation.
+* :class:`~pdpfl.fl.private_weighting.PrivateWeightedSum` (ULDP-FL ``weights: private``):
+  Protocol 1 of ULDP-FL, the server learns only Σ_s Σ_u w_{s,u}·Δ_{s,u} + noise.
+
+:func:`protocol_from_config` builds the protocol an experiment config asks for.
 
 A server algorithm that needs the individual contributions (e.g. central-DP FedAvg clipping
 each client update at the server) declares ``needs_individual_updates = True``;
@@ -55,6 +60,7 @@ __all__ = [
     "check_compatible",
     "empty_aggregate",
     "get_protocol",
+    "protocol_from_config",
     "register_protocol",
     "sum_contributions",
 ]
@@ -156,6 +162,19 @@ def check_compatible(server: ServerAlgorithm, protocol: SumProtocol) -> None:
 
 _PROTOCOLS: dict[str, Any] = {"plain": PlainSum}
 
+#: Modules that register pdpfl's own protocols (imported on first use).
+BUILTIN_PROTOCOL_MODULES: tuple[str, ...] = (
+    "pdpfl.fl.secure_sum",
+    "pdpfl.fl.private_weighting",
+)
+
+
+def _load_builtin_protocols() -> None:
+    import importlib
+
+    for module in BUILTIN_PROTOCOL_MODULES:
+        importlib.import_module(module)
+
 
 def register_protocol(name: str, factory: Any) -> None:
     """Register a summation protocol ``factory(**options) -> SumProtocol`` under ``name``."""
@@ -165,12 +184,38 @@ def register_protocol(name: str, factory: Any) -> None:
 
 
 def get_protocol(name: str, **options: Any) -> SumProtocol:
-    """Build the summation protocol ``name`` (``plain``; ``secure`` once registered)."""
+    """Build the summation protocol ``name`` (``plain``, ``secure``, ``private-weighting``)."""
+    if name not in _PROTOCOLS:
+        _load_builtin_protocols()
     if name not in _PROTOCOLS:
         raise ValueError(
             f"aggregation: unknown protocol {name!r}; available: {', '.join(sorted(_PROTOCOLS))}"
         )
     return _PROTOCOLS[name](**options)
+
+
+def protocol_from_config(config: Any) -> SumProtocol:
+    """The summation protocol of an experiment config.
+
+    ``algorithm.weights: private`` (ULDP-FL) -> Protocol 1 of ULDP-FL (``private-weighting``,
+    which includes secure summation); otherwise ``aggregation`` (``plain`` or ``secure``, the
+    latter with ``participation`` and the ``secure`` section's parameters).
+    """
+    secure = getattr(config, "secure", None)
+    options: dict[str, Any] = {} if secure is None else dict(secure.model_dump())
+    training = getattr(config, "training", None)
+    if getattr(getattr(config, "algorithm", None), "weights", None) == "private":
+        rounds = getattr(training, "rounds", 1)
+        return get_protocol("private-weighting", expected_rounds=rounds, **options)
+    name = getattr(config, "aggregation", "plain")
+    if name == "plain":
+        return get_protocol("plain")
+    return get_protocol(
+        name,
+        participation=getattr(config, "participation", "visible"),
+        client_rate=getattr(training, "client_rate", 1.0),
+        **options,
+    )
 
 
 # ----------------------------------------------------------------- silo side of multi-stage protocols
@@ -212,7 +257,7 @@ def handle_silo_stage(
     """Run one protocol stage at a silo (called by every runtime's silo side)."""
     handler = _SILO_HANDLERS.get(protocol)
     if handler is None:
-        get_protocol(protocol)  # importing/registering the protocol registers its silo handler
+        _load_builtin_protocols()  # importing a protocol module registers its silo handler
         handler = _SILO_HANDLERS.get(protocol)
     if handler is None:
         raise ValueError(f"aggregation: protocol {protocol!r} has no silo-side handler")

@@ -27,7 +27,7 @@ import numpy as np
 from pydantic import Field
 
 from pdpfl.fl.api import FederationInfo
-from pdpfl.fl.common import public_budget_statistics
+from pdpfl.fl.common import accounting_adversary, public_budget_statistics
 from pdpfl.fl.publication import Publication
 from pdpfl.fl.registry import (
     AlgorithmSpec,
@@ -136,7 +136,6 @@ def uniform_epsilon(config: ExperimentConfig) -> float:
 
 def uniform_setup(config: ExperimentConfig, info: FederationInfo) -> dict[str, Any]:
     """Uniform DP-FedAvg at the public ε (same σ and F as rPDP-FL, or a fixed q)."""
-    pv = config.privacy
     eps = uniform_epsilon(config)
     algo = config.algorithm
     if algo.sampling_rate is not None:
@@ -144,7 +143,8 @@ def uniform_setup(config: ExperimentConfig, info: FederationInfo) -> dict[str, A
 
         sigma = float(
             noise_for_uniform_rate(
-                eps, algo.sampling_rate, mechanism_plan(config, 1.0), adversary=pv.adversary
+                eps, algo.sampling_rate, mechanism_plan(config, 1.0),
+                adversary=accounting_adversary(config),
             )
         )
         pub = Publication(

@@ -24,6 +24,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from pdpfl.config import ExperimentConfig
 
 __all__ = [
+    "accounting_adversary",
     "budget_groups",
     "client_budgets",
     "federation_info",
@@ -132,6 +133,19 @@ def initial_params(config: ExperimentConfig, info: FederationInfo) -> Params:
     from pdpfl.models import get_params
 
     return get_params(silo_model(config, info))
+
+
+def accounting_adversary(config: ExperimentConfig) -> str:
+    """The observer a mechanism is calibrated against (σ from ε_max, the estimator F).
+
+    ``privacy.adversary``, except under ``participation: hidden`` (secure summation where every
+    silo sends a masked contribution every round and draws its own λ-coin): the server's view
+    then equals a third party's, so guaranteeing the third-party (λ-amplified) bound guarantees
+    every observer, and ``server``/``both`` reduce to ``third-party``.
+    """
+    if getattr(config, "participation", "visible") == "hidden":
+        return "third-party"
+    return str(config.privacy.adversary)
 
 
 def party_randomness(config: ExperimentConfig, party: str) -> Randomness:

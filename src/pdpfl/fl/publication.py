@@ -35,6 +35,9 @@ class Publication:
         mode without a fixed rate).
     uniform_epsilon, uniform_rate
         For the uniform mode: the guaranteed ε and the common record rate q.
+    participation
+        ``visible`` (the server samples the clients) or ``hidden`` (secure summation; each
+        client draws its own λ-coin and the server's view equals a third party's).
     """
 
     mode: Mode
@@ -49,6 +52,7 @@ class Publication:
     estimator: dict[str, Any] | None = None
     uniform_epsilon: float | None = None
     uniform_rate: float | None = None
+    participation: str = "visible"
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:

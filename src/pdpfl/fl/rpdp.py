@@ -42,6 +42,7 @@ from pydantic import Field
 from pdpfl.fl.aggregation import empty_aggregate  # noqa: F401 (re-export for algorithms)
 from pdpfl.fl.api import Aggregate, Contribution, FederationInfo, Params, Scalars
 from pdpfl.fl.common import (
+    accounting_adversary,
     budget_groups,
     client_budgets,
     initial_params,
@@ -88,6 +89,8 @@ class DpFedAvgConfig(AlgorithmConfig):
 
     #: Whether the algorithm adds DP noise (False only for the privacy-free baseline).
     private: ClassVar[bool] = True
+    #: Silos draw their own λ-coin under ``participation: hidden`` (see fl/secure_sum.py).
+    supports_hidden_participation: ClassVar[bool] = True
 
     def check(self, config: ExperimentConfig) -> list[str]:
         problems = []
@@ -146,7 +149,8 @@ def noise_multiplier(config: ExperimentConfig) -> float:
     if pv.epsilon_max is None:
         raise ValueError("privacy: set privacy.noise_multiplier or privacy.epsilon_max")
     return noise_for_max_budget_cached(
-        float(pv.epsilon_max), pv.delta, tr.local_steps, tr.rounds, tr.client_rate, pv.adversary
+        float(pv.epsilon_max), pv.delta, tr.local_steps, tr.rounds, tr.client_rate,
+        accounting_adversary(config),
     )
 
 
@@ -157,7 +161,7 @@ def fit_published_estimator(config: ExperimentConfig, sigma: float) -> Any:
     return fit_estimator(
         mechanism_plan(config, sigma),
         method=config.privacy.calibration,
-        adversary=config.privacy.adversary,
+        adversary=accounting_adversary(config),
         accountant=config.privacy.accountant,
     )
 
@@ -172,6 +176,7 @@ def _common(config: ExperimentConfig) -> dict[str, Any]:
         max_grad_norm=tr.max_grad_norm,
         adversary=pv.adversary,
         calibration=pv.calibration,
+        participation=getattr(config, "participation", "visible"),
     )
 
 
@@ -299,6 +304,7 @@ class DpFedAvgClient:
                 publication.plan(),
                 groups=self.groups,
                 accountant=(publication.estimator or {}).get("accountant", "rdp"),
+                server_sees_participation=publication.participation != "hidden",
             )
         else:
             self.normalizer = None
@@ -381,6 +387,19 @@ class DpFedAvgClient:
             for a, b in zip(new, global_params, strict=True)
         ]
         return Contribution(update=[d.astype(np.float32) for d in delta], weight=self.weight)
+
+    # -- hidden participation (aggregation: secure, participation: hidden) -----------------
+    def participation_coin(self, round_index: int) -> bool:
+        """This silo's own λ-coin for ``round_index`` (from its own randomness; never sent)."""
+        rate = float(self.publication.client_rate)
+        if rate >= 1.0:
+            return True
+        u = self.randomness.stream("hidden-participation", int(round_index), self.client_id)
+        return bool(u.uniform(1)[0] < rate)
+
+    def public_weight(self) -> float:
+        """The public weight of this silo's update (1, or its size when declared public)."""
+        return self.weight
 
     def evaluate(self, params: Params, round_index: int, config: Scalars) -> Scalars:
         from pdpfl.dp.engine import evaluate

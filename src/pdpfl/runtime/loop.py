@@ -33,7 +33,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from pdpfl.fl.aggregation import PlainSum, SumProtocol, check_compatible
+from pdpfl.fl.aggregation import SumProtocol, check_compatible, protocol_from_config
 from pdpfl.fl.api import Contribution, Params, Scalars, ServerAlgorithm, check_evaluation
 from pdpfl.io import decode_state, encode_state, write_bytes, write_text
 
@@ -234,7 +234,10 @@ def run_federation(
     stop_after
         Stop (as if interrupted) after this many rounds in total; for tests of ``resume``.
     protocol
-        The summation protocol (default :class:`~pdpfl.fl.aggregation.PlainSum`).
+        The summation protocol (default: the config's, :func:`~pdpfl.fl.aggregation.
+        protocol_from_config` -- ``aggregation: plain`` gives :class:`~pdpfl.fl.aggregation.
+        PlainSum`). A protocol with ``silo_side_sampling`` (hidden participation) asks every
+        silo every round instead of the server's sample.
 
     Returns
     -------
@@ -245,7 +248,7 @@ def run_federation(
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    protocol = protocol if protocol is not None else PlainSum()
+    protocol = protocol if protocol is not None else protocol_from_config(config)
     check_compatible(server, protocol)
     if getattr(config, "randomness", None) == "reproducible":
         from pdpfl.randomness import ReproducibleRandomnessWarning
@@ -287,6 +290,9 @@ def run_federation(
         for t in range(start, last_round):
             if planned is not None:
                 selected, round_config = planned
+            elif getattr(protocol, "silo_side_sampling", False):
+                selected = list(transport.client_ids)  # each silo flips its own λ-coin
+                round_config = dict(server.round_config(t))
             else:
                 selected = list(server.select_clients(t, list(transport.client_ids)))
                 round_config = dict(server.round_config(t))

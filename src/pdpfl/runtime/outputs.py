@@ -175,6 +175,26 @@ def privacy_warnings(config: ExperimentConfig, overview: dict[str, Any]) -> list
     return out
 
 
+def aggregation_fields(config: ExperimentConfig) -> dict[str, Any]:
+    """How updates were summed and what that means for the server observer."""
+    hidden = getattr(config, "participation", "visible") == "hidden"
+    private_weights = getattr(config.algorithm, "weights", None) == "private"
+    protocol = "private-weighting" if private_weights else config.aggregation
+    out: dict[str, Any] = {
+        "protocol": protocol,
+        "participation": "hidden" if hidden else "visible",
+        "server_sees": (
+            "every update" if protocol == "plain" else "only the sum of the updates"
+        ),
+    }
+    if hidden:
+        out["server_observer"] = (
+            "accounted like the third party (λ-amplified, rPDP-FL Theorem 1): every silo sends "
+            "a masked contribution every round, so the server cannot tell who took part"
+        )
+    return out
+
+
 def build_summary(
     config: ExperimentConfig, result: dict[str, Any], view: str = "operator"
 ) -> dict[str, Any]:
@@ -199,6 +219,7 @@ def build_summary(
         "privacy_unit": unit,
         "neighbouring": NEIGHBOURING.get(unit, unit),
         "adversary": config.privacy.adversary,
+        "aggregation": aggregation_fields(config),
         "rounds_completed": len(metrics),
         "completed": bool(result.get("completed", True)),
         "final_accuracy": accs[-1] if accs else None,
