@@ -168,9 +168,17 @@ def compare_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "final_accuracy_std": float(acc.std(ddof=1)) if len(acc) > 1 else 0.0,
             "last3_mean_accuracy": float(last3.mean()),
             "over_budget": int(sum(r["over_budget"] for r in mine)),
+            "epsilon": _max_epsilon([r.get("epsilon") for r in mine]),
             "seconds": float(sum(r["seconds"] for r in mine)),
         })
     return out
+
+
+def _max_epsilon(values: list[Any]) -> float | None:
+    """Largest headline ε over seeds (inf without DP; None if a run did not report one)."""
+    if not values or any(v is None for v in values):
+        return None
+    return float(max(float(v) for v in values))
 
 
 def _multi_values(args: list[str]) -> dict[str, list[str]]:
@@ -245,6 +253,7 @@ def compare_command(
                 "final_accuracy": summary["final_accuracy"],
                 "last3_mean_accuracy": summary["last3_mean_accuracy"],
                 "over_budget": summary["over_budget"],
+                "epsilon": summary.get("epsilon"),
                 "seconds": round(float(summary["seconds"]), 3),
             }
             rows.append(row)
@@ -266,22 +275,32 @@ def compare_command(
         writer.writerows(rows)
         write_text(csv_path, buf.getvalue())
     if as_json:
-        print_json({"methods": table, "runs": rows})
+        from pdpfl.runtime.loop import _finite
+
+        print_json(_finite({"methods": table, "runs": rows}))  # ε = ∞ (no DP) becomes null
         return
     from rich.console import Console
     from rich.table import Table
 
     t = Table(title=f"{base.name}: final test accuracy over seeds {', '.join(map(str, seeds))}")
-    for col in ("method", "runs", "final accuracy (mean ± std)", "last-3 mean", "over budget",
-                "seconds"):
+    for col in ("method", "runs", "final accuracy (mean ± std)", "last-3 mean", "ε",
+                "over budget", "seconds"):
         t.add_column(col, justify="right")
     for r in table:
         t.add_row(
             r["method"], str(r["runs"]),
             f"{r['final_accuracy_mean']:.4f} ± {r['final_accuracy_std']:.4f}",
-            f"{r['last3_mean_accuracy']:.4f}", _over_budget_cell(r), f"{r['seconds']:.1f}",
+            f"{r['last3_mean_accuracy']:.4f}", _epsilon_cell(r["epsilon"]), _over_budget_cell(r),
+            f"{r['seconds']:.1f}",
         )
     Console().print(t)
+
+
+def _epsilon_cell(eps: float | None) -> str:
+    """The headline ε (max over seeds; ∞ without DP; - when the view has none)."""
+    if eps is None:
+        return "-"
+    return "∞" if not np.isfinite(eps) else f"{eps:.4g}"
 
 
 def _over_budget_cell(row: dict[str, Any]) -> str:

@@ -123,12 +123,16 @@ def train_copies(
     stream: RandomStream | None = None,
     loss: LossFn = default_loss,
     group_size: int = 64,
+    physical_batch_size: int | None = None,
 ) -> list[Tensor]:
     """Train K copies of ``model`` (from its current parameters), copy k on ``datasets[k]``.
 
     Returns the deltas (trained − initial) per trainable parameter, stacked: a list with one
     tensor of shape ``(K, *param.shape)`` per parameter in ``model.parameters()`` order. A copy
     with no data has a zero delta. ``model`` itself is not modified.
+
+    Copies are processed in groups of at most ``group_size`` copies of similar schedule length;
+    ``physical_batch_size`` (optional) also caps copies × largest minibatch per group (memory).
     """
     from pdpfl.dp.validate import validate_model
 
@@ -150,15 +154,21 @@ def train_copies(
         return (per_sample(out, y) * w).sum()
 
     grad_fn = vmap(grad(copy_loss), in_dims=(0, 0, 0, 0), randomness="different")
+    # All records once, concatenated: every step gathers its minibatches with one index.
+    live = [k for k in range(K) if schedules[k]]
+    if not live:
+        return deltas
+    offsets = np.zeros(K + 1, dtype=np.int64)
+    offsets[1:] = np.cumsum(sizes)
+    x_all = torch.cat([datasets[k][0] for k in range(K)])
+    y_all = torch.cat([datasets[k][1] for k in range(K)])
     was_training = model.training
     model.train()
     try:
-        order = sorted(range(K), key=lambda k: len(schedules[k]))
-        for start in range(0, K, max(1, int(group_size))):
-            group = [k for k in order[start : start + group_size] if schedules[k]]
-            if not group:
-                continue
-            trained = _train_group(group, datasets, schedules, base, names, spec, grad_fn)
+        for group in _groups(live, schedules, int(group_size), physical_batch_size):
+            trained = _train_group(
+                group, x_all, y_all, offsets, schedules, base, names, spec, grad_fn
+            )
             for j, k in enumerate(group):
                 for i, n in enumerate(names):
                     deltas[i][k] = trained[n][j] - base[n]
@@ -167,9 +177,38 @@ def train_copies(
     return deltas
 
 
+def _groups(
+    live: list[int], schedules: list[list[np.ndarray]], group_size: int, cap: int | None
+) -> list[list[int]]:
+    """Copies sorted by (steps, largest minibatch), cut into groups of similar work."""
+
+    def width(k: int) -> int:
+        return max(len(b) for b in schedules[k])
+
+    order = sorted(live, key=lambda k: (len(schedules[k]), width(k)))
+    groups: list[list[int]] = []
+    current: list[int] = []
+    bmax = 0
+    for k in order:
+        w = max(bmax, width(k))
+        full = len(current) >= max(1, group_size) or (
+            cap is not None and current and (len(current) + 1) * w > cap
+        )
+        if full:
+            groups.append(current)
+            current, w = [], width(k)
+        current.append(k)
+        bmax = w
+    if current:
+        groups.append(current)
+    return groups
+
+
 def _train_group(
     group: list[int],
-    datasets: Sequence[tuple[Tensor, Tensor]],
+    x_all: Tensor,
+    y_all: Tensor,
+    offsets: np.ndarray,
     schedules: list[list[np.ndarray]],
     base: dict[str, Tensor],
     names: list[str],
@@ -179,6 +218,19 @@ def _train_group(
     G = len(group)
     steps = max(len(schedules[k]) for k in group)
     bmax = max(len(b) for k in group for b in schedules[k])
+    # (steps, G, bmax) gather indices into the concatenated data, per-record weights 1/|b|
+    # (0 on padding) and which copies still move at each step -- all built once.
+    index = np.zeros((steps, G, bmax), dtype=np.int64)
+    weight = np.zeros((steps, G, bmax), dtype=np.float64)
+    active_np = np.zeros((steps, G), dtype=bool)
+    for j, k in enumerate(group):
+        for s, b in enumerate(schedules[k]):
+            index[s, j, : len(b)] = offsets[k] + b
+            weight[s, j, : len(b)] = 1.0 / len(b)
+            active_np[s, j] = True
+    index_t = torch.from_numpy(index)
+    weight_t = torch.from_numpy(weight).to(x_all.dtype)
+    active_t = torch.from_numpy(active_np)
     params = {n: base[n].unsqueeze(0).repeat(G, *([1] * base[n].dim())) for n in names}
     state: dict[str, dict[str, Tensor]] = {}
     if spec.optimizer == "adam" or spec.momentum:
@@ -186,25 +238,10 @@ def _train_group(
         if spec.optimizer == "adam":
             state["v"] = {n: torch.zeros_like(p) for n, p in params.items()}
     t_count = torch.zeros(G, dtype=torch.float64)
-    x0, y0 = datasets[group[0]]
     for s in range(steps):
-        active = torch.tensor([s < len(schedules[k]) for k in group])
-        xs, ys, ws = [], [], []
-        for k in group:
-            x, y = datasets[k]
-            idx = schedules[k][s] if s < len(schedules[k]) else np.zeros(0, dtype=np.int64)
-            pad = bmax - len(idx)
-            sel = torch.as_tensor(idx, dtype=torch.long)
-            xb, yb = x[sel], y[sel]
-            w = torch.full((len(idx),), 1.0 / max(len(idx), 1), dtype=x0.dtype)
-            if pad:
-                xb = torch.cat([xb, torch.zeros((pad, *x0.shape[1:]), dtype=x0.dtype)])
-                yb = torch.cat([yb, torch.zeros((pad, *y0.shape[1:]), dtype=y0.dtype)])
-                w = torch.cat([w, torch.zeros(pad, dtype=x0.dtype)])
-            xs.append(xb)
-            ys.append(yb)
-            ws.append(w)
-        g = grad_fn(params, torch.stack(xs), torch.stack(ys), torch.stack(ws))
+        idx = index_t[s]
+        g = grad_fn(params, x_all[idx], y_all[idx], weight_t[s])
+        active = active_t[s]
         t_count += active.to(torch.float64)
         params = _update(params, g, state, active, t_count, spec)
     return params

@@ -53,6 +53,7 @@ PrivacyUnitName = Literal["record", "client", "user", "none"]
 BUILTIN_MODULES: tuple[str, ...] = (
     "pdpfl.fl.rpdp",
     "pdpfl.fl.baselines",
+    "pdpfl.fl.uldp",
 )
 
 
