@@ -6,7 +6,7 @@ ULDP-FL reference (spec A.5.2, ``dataset.py``):
 1. a 15 % stratified test split;
 2. a standard scaler fitted on the training split only (applied to both splits);
 3. the majority class (0) of the *training* split undersampled to 10 % (without replacement);
-   the test split is not undersampled. 284,807 records give 24,585 training records (the paper:
+   the test split is not undersampled. 284,807 records give 24,584 training records (the paper:
    "about 25K") and 42,722 test records.
 
 The training records are then linked to users and silos (:func:`pdpfl.data.users.assign_users`,

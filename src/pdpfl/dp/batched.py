@@ -86,12 +86,28 @@ def _batches_per_epoch(n: int, batch: int | None) -> int:
     return 1 if batch is None else math.ceil(n / batch)
 
 
+Streams = RandomStream | Sequence[RandomStream] | None
+
+
+def _stream_for(stream: Streams, k: int, count: int) -> RandomStream | None:
+    if stream is None or isinstance(stream, RandomStream):
+        return stream
+    if len(stream) != count:
+        raise ValueError(f"stream: expected one stream per copy ({count}), got {len(stream)}")
+    return stream[k]
+
+
 def _schedules(
-    sizes: Sequence[int], spec: LocalTrainingSpec, stream: RandomStream | None
+    sizes: Sequence[int], spec: LocalTrainingSpec, streams: Streams
 ) -> list[list[np.ndarray]]:
-    """Per copy, the list of minibatch index arrays in training order (epochs × batches)."""
+    """Per copy, the list of minibatch index arrays in training order (epochs × batches).
+
+    ``streams``: one stream shared by all copies (drawn in copy order), one stream per copy
+    (each copy's shuffles then depend on its own stream only), or None (no shuffling).
+    """
     out = []
-    for n in sizes:
+    for k, n in enumerate(sizes):
+        stream = _stream_for(streams, k, len(sizes))
         plan: list[np.ndarray] = []
         for _ in range(int(spec.epochs)):
             if n == 0:
@@ -120,7 +136,7 @@ def train_copies(
     datasets: Sequence[tuple[Tensor, Tensor]],
     spec: LocalTrainingSpec,
     *,
-    stream: RandomStream | None = None,
+    stream: Streams = None,
     loss: LossFn = default_loss,
     group_size: int = 64,
     physical_batch_size: int | None = None,
@@ -133,6 +149,7 @@ def train_copies(
 
     Copies are processed in groups of at most ``group_size`` copies of similar schedule length;
     ``physical_batch_size`` (optional) also caps copies × largest minibatch per group (memory).
+    ``stream`` shuffles each copy's data every epoch: one stream for all copies or one per copy.
     """
     from pdpfl.dp.validate import validate_model
 
@@ -288,7 +305,7 @@ def train_copies_loop(
     datasets: Sequence[tuple[Tensor, Tensor]],
     spec: LocalTrainingSpec,
     *,
-    stream: RandomStream | None = None,
+    stream: Streams = None,
     loss: LossFn = default_loss,
 ) -> list[Tensor]:
     """The same as :func:`train_copies`, one copy at a time with ``torch.optim`` (reference)."""

@@ -100,6 +100,10 @@ class AlgorithmSpec:
         the simulator only (e.g. pooling the silos for a centralized baseline).
     simulation_only
         True if the algorithm cannot run on a Flower deployment (e.g. centralized).
+    toy_overrides
+        ``--set`` overrides that turn :data:`pdpfl.testing.TOY_CONFIG` (a few digits silos, two
+        rounds) into a valid toy run of this algorithm: used by the conformance and Flower tests
+        that cover every registered algorithm.
     """
 
     name: str
@@ -116,6 +120,7 @@ class AlgorithmSpec:
         None
     )
     simulation_only: bool = False
+    toy_overrides: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

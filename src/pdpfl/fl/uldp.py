@@ -746,8 +746,13 @@ class UldpSilo:
             self.model,
             datasets,
             self.local_spec(sgd=sgd),
-            stream=self.randomness.stream("local-training", round_index, self.client_id),
-            physical_batch_size=self.physical_batch_size,
+            # One stream per user: a user's local training depends on its own coins only.
+            stream=[
+                self.randomness.stream("local-training", round_index, self.client_id, int(u))
+                for u in self.users[positions]
+            ],
+            # copies × minibatch per vectorized step (memory), at least 4096 records
+            physical_batch_size=max(4096, self.physical_batch_size),
         )
         return [-d for d in deltas] if sgd else deltas
 
@@ -1180,7 +1185,11 @@ def build_client(
     )
 
 
-_SPEC = dict(unit="user", setup=setup, server=build_server, client=build_client)
+#: Turn pdpfl.testing.TOY_CONFIG (3 digits silos, 2 rounds) into a user-level toy run.
+_TOY = ("data.options.num_users=12",)
+_SPEC = dict(
+    unit="user", setup=setup, server=build_server, client=build_client, toy_overrides=_TOY
+)
 register_algorithm(
     AlgorithmSpec(
         name="uldp-naive",
@@ -1194,7 +1203,13 @@ register_algorithm(
         name="uldp-group",
         config=UldpGroupConfig,
         summary="ULDP-GROUP-k: ≤ k records per user, silo DP-SGD, group privacy",
-        **_SPEC,
+        **{
+            **_SPEC,
+            "toy_overrides": (
+                *_TOY, "privacy.epsilon_max=null", "privacy.noise_multiplier=2.0",
+                "algorithm.record_rate=0.2",
+            ),
+        },
     )
 )
 register_algorithm(
@@ -1222,6 +1237,7 @@ register_algorithm(
         server=build_server,
         client=build_client,
         summary="DEFAULT (ULDP-FL): FedAvg with two-sided learning rates, no DP",
+        toy_overrides=_TOY,
     )
 )
 
