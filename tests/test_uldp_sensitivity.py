@@ -32,7 +32,7 @@ def _public(variant, S, U, weights="uniform", totals=None, epochs=2):
 def _federation(rng, S, U, d=5, classes=3):
     """Random silos; user 0 has records in every silo, other users in random silos."""
     silos = []
-    for s in range(S):
+    for _ in range(S):
         n = int(rng.integers(6, 14))
         users = rng.integers(0, U, size=n)
         users[0] = 0  # the user present everywhere

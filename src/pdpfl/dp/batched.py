@@ -90,7 +90,7 @@ Streams = RandomStream | Sequence[RandomStream] | None
 
 
 def _stream_for(stream: Streams, k: int, count: int) -> RandomStream | None:
-    if stream is None or isinstance(stream, RandomStream):
+    if not isinstance(stream, list | tuple):
         return stream
     if len(stream) != count:
         raise ValueError(f"stream: expected one stream per copy ({count}), got {len(stream)}")
@@ -273,6 +273,12 @@ def _update(
     spec: LocalTrainingSpec,
 ) -> dict[str, Tensor]:
     out = {}
+    if bool(active.all()) and spec.optimizer == "sgd" and not spec.momentum:
+        # Every copy moves (the common case): a plain SGD step, no masking.
+        for n, p in params.items():
+            g = grads[n] + spec.weight_decay * p if spec.weight_decay else grads[n]
+            out[n] = p - spec.lr * g
+        return out
     for n, p in params.items():
         mask = active.reshape(-1, *([1] * (p.dim() - 1)))
         g = grads[n]

@@ -751,7 +751,8 @@ class UldpSilo:
                 self.randomness.stream("local-training", round_index, self.client_id, int(u))
                 for u in self.users[positions]
             ],
-            # copies × minibatch per vectorized step (memory), at least 4096 records
+            # up to 256 users per vectorized step, copies × minibatch ≤ 4096 records (memory)
+            group_size=256,
             physical_batch_size=max(4096, self.physical_batch_size),
         )
         return [-d for d in deltas] if sgd else deltas
