@@ -57,7 +57,7 @@ def _round(trainer, model, silos, spec, clip, t):
     for s, users in enumerate(silos):
         streams = [SeededRandomness(0).stream("local-training", t, s, int(u)) for u, _, _ in users]
         data = [(x, y) for _, x, y in users]
-        kwargs = {"group_size": 256, "physical_batch_size": 4096} if trainer is train_copies else {}
+        kwargs = {"group_size": 256} if trainer is train_copies else {}  # as ULDP-AVG's silos
         deltas = trainer(model, data, spec, stream=streams, **kwargs)
         clipped, _ = clip_vectors(deltas, clip)
         out.append(clipped)

@@ -751,9 +751,9 @@ class UldpSilo:
                 self.randomness.stream("local-training", round_index, self.client_id, int(u))
                 for u in self.users[positions]
             ],
-            # up to 256 users per vectorized step, copies × minibatch ≤ 4096 records (memory)
+            # up to 256 users per vectorized step; records per step capped by the default
+            # (layer outputs near 16 MB: cache-friendly for convolutional models)
             group_size=256,
-            physical_batch_size=max(4096, self.physical_batch_size),
         )
         return [-d for d in deltas] if sgd else deltas
 
@@ -1066,9 +1066,15 @@ class UldpServer:
     # -- reporting ----------------------------------------------------------------------------
     def group_account(self, rounds: int | None = None) -> dict[str, float]:
         """ULDP-GROUP: user-level ε after ``rounds`` rounds (Theorem 4)."""
+        t = self.rounds_done if rounds is None else int(rounds)
+        cache = self.__dict__.setdefault("_group_cache", {})
+        if t not in cache:
+            cache[t] = self._group_account(t)
+        return dict(cache[t])
+
+    def _group_account(self, t: int) -> dict[str, float]:
         from pdpfl.privacy.rdp import poisson_gaussian_rdp
 
-        t = self.rounds_done if rounds is None else int(rounds)
         sigma, q = float(self.pub["noise_multiplier"]), float(self.pub["record_rate"])
         steps = t * int(self.pub["local_steps"])
         if steps == 0:
