@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
@@ -172,7 +173,9 @@ def train_copies(
         out = functional_call(model, ({**params, **frozen}, buffers), (x,))
         return (per_sample(out, y) * w).sum()
 
-    grad_fn = vmap(grad(copy_loss), in_dims=(0, 0, 0, 0), randomness="different")
+    grad_fn = _sequential_grad_fn(model, frozen) if loss is default_loss else None
+    if grad_fn is None:
+        grad_fn = vmap(grad(copy_loss), in_dims=(0, 0, 0, 0), randomness="different")
     # All records once, concatenated: every step gathers its minibatches with one index.
     live = [k for k in range(K) if schedules[k]]
     if not live:
@@ -196,6 +199,55 @@ def train_copies(
     finally:
         model.train(was_training)
     return deltas
+
+
+_ELEMENTWISE = {nn.ReLU: torch.relu, nn.Tanh: torch.tanh, nn.Sigmoid: torch.sigmoid}
+
+
+def _sequential_grad_fn(model: nn.Module, frozen: dict[str, Tensor]) -> Callable | None:
+    """A faster per-copy gradient for ``nn.Sequential`` models of Flatten / Linear / ReLU / Tanh
+    / Sigmoid / Dropout layers (logreg, MLP): batched matrix products and one ordinary backward
+    pass over Σ_k loss_k (copies are independent, so ∂/∂θ_k of the sum is copy k's gradient).
+    ``None`` for any other model (the generic ``vmap(grad)`` path is used)."""
+    if type(model) is not nn.Sequential or frozen:
+        return None
+    layers = list(model.children())
+    for m in layers:
+        if type(m) not in (nn.Flatten, nn.Linear, nn.Dropout, *_ELEMENTWISE):
+            return None
+        if type(m) is nn.Flatten and (m.start_dim, m.end_dim) != (1, -1):
+            return None
+
+    def forward(params: dict[str, Tensor], x: Tensor) -> Tensor:
+        h = x  # (G, b, *record shape)
+        for i, m in enumerate(layers):
+            if type(m) is nn.Flatten:
+                h = h.reshape(h.shape[0], h.shape[1], -1)
+            elif type(m) is nn.Linear:
+                w = params[f"{i}.weight"].transpose(1, 2)
+                bias = params.get(f"{i}.bias")
+                h = torch.bmm(h, w) if bias is None else torch.baddbmm(bias.unsqueeze(1), h, w)
+            elif type(m) is nn.Dropout:
+                h = F.dropout(h, m.p, training=True)
+            else:
+                h = _ELEMENTWISE[type(m)](h)
+        return h
+
+    def grad_fn(params: dict[str, Tensor], x: Tensor, y: Tensor, w: Tensor) -> dict[str, Tensor]:
+        leaves = {n: p.detach().requires_grad_(True) for n, p in params.items()}
+        out = forward(leaves, x)
+        if out.shape[-1] == 1:  # the conventions of pdpfl.models.loss_fn
+            per = F.binary_cross_entropy_with_logits(
+                out[..., 0], y.to(out.dtype), reduction="none"
+            )
+        else:
+            per = F.cross_entropy(
+                out.reshape(-1, out.shape[-1]), y.reshape(-1).long(), reduction="none"
+            ).reshape(y.shape)
+        grads = torch.autograd.grad((per * w).sum(), list(leaves.values()))
+        return dict(zip(leaves, grads, strict=True))
+
+    return grad_fn
 
 
 #: Layer-output floats per vectorized step targeted by the default group cap (16 MB).
