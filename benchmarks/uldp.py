@@ -38,6 +38,7 @@ MODELS = {
     "cnnmnist": dict(dropout=0.0),
     "logreg": {},
     "mlp": {},
+    "private-fraud-net": dict(dropout=0.0),
 }
 
 

@@ -146,3 +146,14 @@ def test_generic_vmap_path_follows_the_loop(optimizer):
     for x, y in zip(a, b, strict=True):
         # Adam's m/√v turns float rounding of near-zero gradients into ~1e-4 steps.
         torch.testing.assert_close(x, y, atol=1e-5 if optimizer == "sgd" else 2e-4, rtol=1e-4)
+
+
+def test_private_fraud_net_copies_follow_the_loop():
+    torch.manual_seed(8)
+    model = create_model("private-fraud-net", (30,), 2, dropout=0.0)
+    data = _data([5, 2, 9], shape=(30,), classes=2, seed=4)
+    spec = LocalTrainingSpec(epochs=2, batch_size=4, optimizer="sgd", lr=0.1)
+    a = train_copies(model, data, spec, stream=SeededRandomness(3).stream("s"))
+    b = train_copies_loop(model, data, spec, stream=SeededRandomness(3).stream("s"))
+    for x, y in zip(a, b, strict=True):
+        torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-4)

@@ -291,7 +291,7 @@ def _cnnmnist(input_shape: tuple[int, ...], num_classes: int, dropout: float = 0
     return CNNMnist(input_shape, num_classes, dropout)
 
 
-class PrivateFraudNet(nn.Module):
+class PrivateFraudNet(nn.Sequential):
     """ULDP-FL's Creditcard model (reference ``PrivateFraudNet(30, 30, 4)``; 5,012 parameters).
 
     [Linear(d, h), ReLU, GroupNorm(1, h)] + ``layers`` × [Linear(h, h), ReLU, GroupNorm(1, h),
@@ -307,7 +307,6 @@ class PrivateFraudNet(nn.Module):
         layers: int = 4,
         dropout: float = 0.5,
     ):
-        super().__init__()
         if int(hidden) < 1 or int(layers) < 0:
             raise ValueError(f"hidden/layers: must be >= 1 / >= 0, got {hidden!r}/{layers!r}")
         if not 0.0 <= float(dropout) < 1.0:
@@ -320,10 +319,7 @@ class PrivateFraudNet(nn.Module):
             if dropout:
                 blocks.append(nn.Dropout(float(dropout)))
         blocks.append(nn.Linear(hidden, num_classes))
-        self.net = nn.Sequential(*blocks)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.net(x)
+        super().__init__(*blocks)
 
 
 @register_model("private-fraud-net")

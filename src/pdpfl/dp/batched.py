@@ -206,14 +206,17 @@ _ELEMENTWISE = {nn.ReLU: torch.relu, nn.Tanh: torch.tanh, nn.Sigmoid: torch.sigm
 
 def _sequential_grad_fn(model: nn.Module, frozen: dict[str, Tensor]) -> Callable | None:
     """A faster per-copy gradient for ``nn.Sequential`` models of Flatten / Linear / ReLU / Tanh
-    / Sigmoid / Dropout layers (logreg, MLP): batched matrix products and one ordinary backward
+    / Sigmoid / Dropout / GroupNorm layers (logreg, MLP, PrivateFraudNet): batched matrix
+    products and one ordinary backward
     pass over Σ_k loss_k (copies are independent, so ∂/∂θ_k of the sum is copy k's gradient).
     ``None`` for any other model (the generic ``vmap(grad)`` path is used)."""
-    if type(model) is not nn.Sequential or frozen:
+    if not isinstance(model, nn.Sequential) or type(model).forward is not nn.Sequential.forward:
+        return None
+    if frozen:
         return None
     layers = list(model.children())
     for m in layers:
-        if type(m) not in (nn.Flatten, nn.Linear, nn.Dropout, *_ELEMENTWISE):
+        if type(m) not in (nn.Flatten, nn.Linear, nn.Dropout, nn.GroupNorm, *_ELEMENTWISE):
             return None
         if type(m) is nn.Flatten and (m.start_dim, m.end_dim) != (1, -1):
             return None
@@ -229,6 +232,15 @@ def _sequential_grad_fn(model: nn.Module, frozen: dict[str, Tensor]) -> Callable
                 h = torch.bmm(h, w) if bias is None else torch.baddbmm(bias.unsqueeze(1), h, w)
             elif type(m) is nn.Dropout:
                 h = F.dropout(h, m.p, training=True)
+            elif type(m) is nn.GroupNorm:  # on (G, b, channels): per record, per group
+                if h.dim() != 3:
+                    raise ValueError("GroupNorm: the fast path expects (records, channels)")
+                z = h.reshape(h.shape[0], h.shape[1], m.num_groups, -1)
+                mean = z.mean(-1, keepdim=True)
+                var = z.var(-1, unbiased=False, keepdim=True)
+                h = ((z - mean) / torch.sqrt(var + m.eps)).reshape(h.shape)
+                if m.affine:
+                    h = h * params[f"{i}.weight"].unsqueeze(1) + params[f"{i}.bias"].unsqueeze(1)
             else:
                 h = _ELEMENTWISE[type(m)](h)
         return h
