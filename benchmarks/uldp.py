@@ -52,17 +52,14 @@ def _silo_datasets(fed):
     return out
 
 
-def _round(trainer, model, silos, spec, clip, t):
-    """All silos' clipped per-user deltas for round ``t`` (one stream per user, as ULDP-AVG)."""
-    out = []
-    for s, users in enumerate(silos):
-        streams = [SeededRandomness(0).stream("local-training", t, s, int(u)) for u, _, _ in users]
-        data = [(x, y) for _, x, y in users]
-        kwargs = {"group_size": 256} if trainer is train_copies else {}  # as ULDP-AVG's silos
-        deltas = trainer(model, data, spec, stream=streams, **kwargs)
-        clipped, _ = clip_vectors(deltas, clip)
-        out.append(clipped)
-    return out
+def _silo(trainer, model, users, spec, clip, t, s):
+    """One silo's clipped per-user deltas for round ``t`` (one stream per user, as ULDP-AVG)."""
+    streams = [SeededRandomness(0).stream("local-training", t, s, int(u)) for u, _, _ in users]
+    data = [(x, y) for _, x, y in users]
+    kwargs = {"group_size": 256} if trainer is train_copies else {}  # as ULDP-AVG's silos
+    deltas = trainer(model, data, spec, stream=streams, **kwargs)
+    clipped, _ = clip_vectors(deltas, clip)
+    return clipped
 
 
 def run(args) -> dict:
@@ -84,14 +81,18 @@ def run(args) -> dict:
         times = {"batched": [], "loop": []}
         worst = 0.0
         for t in range(args.rounds):
-            results = {}
-            for label, trainer in (("batched", train_copies), ("loop", train_copies_loop)):
-                t0 = time.perf_counter()
-                results[label] = _round(trainer, model, silos, spec, args.clip, t)
-                times[label].append(time.perf_counter() - t0)
-            for a, b in zip(results["batched"], results["loop"], strict=True):
-                for x, y in zip(a, b, strict=True):
+            spent = {"batched": 0.0, "loop": 0.0}
+            # Interleaved silo by silo, so that the (shared) machine's load hits both alike.
+            for s, users in enumerate(silos):
+                results = {}
+                for label, trainer in (("batched", train_copies), ("loop", train_copies_loop)):
+                    t0 = time.perf_counter()
+                    results[label] = _silo(trainer, model, users, spec, args.clip, t, s)
+                    spent[label] += time.perf_counter() - t0
+                for x, y in zip(results["batched"], results["loop"], strict=True):
                     worst = max(worst, float((x - y).abs().max()))
+            for label in spent:
+                times[label].append(spent[label])
         b, loop = float(np.median(times["batched"])), float(np.median(times["loop"]))
         rows.append({
             "model": name,

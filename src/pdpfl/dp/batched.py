@@ -175,6 +175,8 @@ def train_copies(
 
     grad_fn = _sequential_grad_fn(model, frozen) if loss is default_loss else None
     if grad_fn is None:
+        if K == 1:  # one copy of a generic model: the plain loop is the same and cheaper
+            return train_copies_loop(model, datasets, spec, stream=stream, loss=loss)
         grad_fn = vmap(grad(copy_loss), in_dims=(0, 0, 0, 0), randomness="different")
     # All records once, concatenated: every step gathers its minibatches with one index.
     live = [k for k in range(K) if schedules[k]]

@@ -792,11 +792,11 @@ class UldpSilo:
 
     def _silo_delta(self, global_params: Params, t: int) -> list[torch.Tensor]:
         """NAIVE / DEFAULT: Q epochs of SGD(η_l) on all of the silo's records (Alg. 1 l. 8-12)."""
-        from pdpfl.dp.batched import train_copies_loop
+        from pdpfl.dp.batched import train_copies
         from pdpfl.models import set_params
 
         set_params(self.model, global_params)
-        deltas = train_copies_loop(
+        deltas = train_copies(
             self.model,
             [(self.x_train, self.y_train)],
             self.local_spec(),
