@@ -385,7 +385,10 @@ def resolve_group_k(k: int | str, totals: np.ndarray | None) -> int:
     """k as an integer: fixed, ``max`` N_u or ``median`` N_u (floor; at least 1)."""
     if isinstance(k, str):
         if totals is None:
-            raise ValueError(f"algorithm.group_k: {k} needs data.public_user_histograms: true")
+            raise ValueError(
+                f"algorithm.group_k: {k} needs the silos' per-user record counts "
+                "(data.public_user_histograms: true; not collected by the Flower runtime yet)"
+            )
         t = np.asarray(totals, dtype=np.float64)
         t = t[t > 0]
         if t.size == 0:
@@ -537,6 +540,16 @@ def user_budgets(config: ExperimentConfig) -> np.ndarray:
     return np.asarray(budgets_mod.assign_budgets(scenario, n, rng), dtype=float)
 
 
+def _need_histogram(hist: np.ndarray | None, what: str) -> np.ndarray:
+    if hist is None:
+        raise ValueError(
+            f"{what} need the silos' per-user record counts, which this runtime did not collect "
+            "(data.public_user_histograms: true in the simulator; the Flower runtime does not "
+            "collect them yet)"
+        )
+    return hist
+
+
 def setup(config: ExperimentConfig, info: FederationInfo) -> dict[str, Any]:
     """What the server publishes before round 1 (to every silo): the mechanism and, when the
     histograms are declared public, what the silos need from them (N_u, GROUP quotas)."""
@@ -580,8 +593,7 @@ def setup(config: ExperimentConfig, info: FederationInfo) -> dict[str, Any]:
     elif variant in ("avg", "sgd"):
         pub["noise_std"] = sigma * C / math.sqrt(S)  # Alg. 3 line 17
         if algo.weights == "enhanced":
-            assert hist is not None  # guaranteed by check()
-            enhanced_weights(hist)  # validates Σ_s w ≤ 1
+            enhanced_weights(_need_histogram(hist, "algorithm.weights: enhanced weights"))
             pub["user_totals"] = [int(v) for v in hist.sum(axis=0)]
     elif variant == "group":
         pub["noise_std"] = sigma * C  # per DP-SGD step, on the clipped sum
@@ -589,7 +601,7 @@ def setup(config: ExperimentConfig, info: FederationInfo) -> dict[str, Any]:
         k = resolve_group_k(algo.group_k, totals)
         pub["group_k"] = k
         if algo.group_flags == "fair":
-            assert hist is not None
+            hist = _need_histogram(hist, "algorithm.group_flags: fair flags")
             pub["group_quota"] = fair_group_quotas(hist, k).tolist()
         else:
             pub["group_quota"] = split_group_quotas(S, U, k).tolist()
