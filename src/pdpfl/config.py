@@ -57,6 +57,12 @@ class DataConfig(_Section):
         description="declare the silos' training-set sizes public (needed to weight updates "
         "by silo size under DP); by default sizes never leave a silo",
     )
+    public_user_histograms: bool = Field(
+        False,
+        description="declare every silo's per-user record counts n_{s,u} public (ULDP-FL "
+        "enhanced weights and GROUP-k flags under plain aggregation need them): they are then "
+        "disclosed to the server and, through the weights, to the silos",
+    )
 
 
 class ModelConfig(_Section):

@@ -382,3 +382,89 @@ def _idp_cnn(
     input_shape: tuple[int, ...], num_classes: int, dropout: float = 0.1, rescale: float = 1.0
 ) -> nn.Module:
     return IdpCNN(input_shape, num_classes, dropout=dropout, rescale=rescale)
+
+
+class CNNMnist(nn.Module):
+    """ULDP-FL's MNIST CNN (the reference code's ``CNNMnist``; 21,840 parameters).
+
+    Conv(1→10, k5) → max-pool 2 → ReLU → Conv(10→20, k5) → Dropout2d → max-pool 2 → ReLU →
+    Linear(320, 50) → ReLU → Dropout → Linear(50, 10) → log-softmax. ``dropout`` (0.5 as in the
+    reference) may be set to 0 for deterministic training (e.g. to compare two trainers).
+    """
+
+    def __init__(
+        self, input_shape: tuple[int, ...] = (1, 28, 28), num_classes: int = 10, dropout: float = 0.5
+    ):
+        super().__init__()
+        if len(input_shape) != 3:
+            raise ValueError(f"cnnmnist: input_shape must be (C, H, W), got {input_shape!r}")
+        if not 0.0 <= float(dropout) < 1.0:
+            raise ValueError(f"dropout: must be in [0, 1), got {dropout!r}")
+        self.dropout = float(dropout)
+        self.conv1 = nn.Conv2d(input_shape[0], 10, kernel_size=5)
+        self.conv2 = nn.Conv2d(10, 20, kernel_size=5)
+        with torch.no_grad():
+            flat = self._features(torch.zeros(1, *input_shape)).shape[1]
+        self.fc1 = nn.Linear(flat, 50)
+        self.fc2 = nn.Linear(50, num_classes)
+
+    def _features(self, x: Tensor) -> Tensor:
+        x = F.relu(F.max_pool2d(self.conv1(x), 2))
+        x = self.conv2(x)
+        if self.dropout:
+            x = F.dropout2d(x, self.dropout, self.training)
+        x = F.relu(F.max_pool2d(x, 2))
+        return x.flatten(1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = F.relu(self.fc1(self._features(x)))
+        if self.dropout:
+            x = F.dropout(x, self.dropout, self.training)
+        return F.log_softmax(self.fc2(x), dim=1)
+
+
+@register_model("cnnmnist")
+def _cnnmnist(input_shape: tuple[int, ...], num_classes: int, dropout: float = 0.5) -> nn.Module:
+    return CNNMnist(input_shape, num_classes, dropout)
+
+
+class PrivateFraudNet(nn.Sequential):
+    """ULDP-FL's Creditcard model (reference ``PrivateFraudNet(30, 30, 4)``; 5,012 parameters).
+
+    [Linear(d, h), ReLU, GroupNorm(1, h)] + ``layers`` × [Linear(h, h), ReLU, GroupNorm(1, h),
+    Dropout(``dropout``)] + Linear(h, classes). GroupNorm normalises each record on its own, so
+    per-record gradients stay well defined.
+    """
+
+    def __init__(
+        self,
+        input_dim: int = 30,
+        num_classes: int = 2,
+        hidden: int = 30,
+        layers: int = 4,
+        dropout: float = 0.5,
+    ):
+        if int(hidden) < 1 or int(layers) < 0:
+            raise ValueError(f"hidden/layers: must be >= 1 / >= 0, got {hidden!r}/{layers!r}")
+        if not 0.0 <= float(dropout) < 1.0:
+            raise ValueError(f"dropout: must be in [0, 1), got {dropout!r}")
+        blocks: list[nn.Module] = [
+            nn.Flatten(), nn.Linear(int(input_dim), int(hidden)), nn.ReLU(), nn.GroupNorm(1, hidden)
+        ]
+        for _ in range(int(layers)):
+            blocks += [nn.Linear(hidden, hidden), nn.ReLU(), nn.GroupNorm(1, hidden)]
+            if dropout:
+                blocks.append(nn.Dropout(float(dropout)))
+        blocks.append(nn.Linear(hidden, num_classes))
+        super().__init__(*blocks)
+
+
+@register_model("private-fraud-net")
+def _private_fraud_net(
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    hidden: int = 30,
+    layers: int = 4,
+    dropout: float = 0.5,
+) -> nn.Module:
+    return PrivateFraudNet(math.prod(input_shape), num_classes, hidden, layers, dropout)

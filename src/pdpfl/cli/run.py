@@ -155,6 +155,7 @@ def compare_table(title: str, table: list[dict[str, Any]]) -> Any:
     t.add_column("runs", justify="right")
     t.add_column("accuracy" + ("\nmean ± std" if several else ""), justify="right", no_wrap=True)
     t.add_column("last-3\nmean", justify="right")
+    t.add_column("ε", justify="right", no_wrap=True)
     t.add_column("over\nbudget", justify="right", no_wrap=True)
     t.add_column("seconds", justify="right")
     for r in table:
@@ -162,7 +163,7 @@ def compare_table(title: str, table: list[dict[str, Any]]) -> Any:
         if r["runs"] > 1:
             acc += f" ± {_fmt_acc(r['final_accuracy_std'])}"
         t.add_row(r["method"], str(r["runs"]), acc, _fmt_acc(r["last3_mean_accuracy"]),
-                  _over_budget_cell(r), f"{r['seconds']:.1f}")
+                  _epsilon_cell(r.get("epsilon")), _over_budget_cell(r), f"{r['seconds']:.1f}")
     t.caption = "accuracy: pooled test accuracy after the last round"
     return t
 
@@ -371,6 +372,7 @@ def compare_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "final_accuracy_std": float(acc.std(ddof=1)) if len(acc) > 1 else 0.0,
             "last3_mean_accuracy": float(last3.mean()),
             "over_budget": int(sum(r["over_budget"] or 0 for r in mine)),
+            "epsilon": _max_epsilon([r.get("epsilon") for r in mine]),
             "seconds": float(sum(r["seconds"] for r in mine)),
             # σ and the group rates of the last seed (with realized group fractions they vary
             # slightly between seeds; the CSV has every run's values).
@@ -393,6 +395,13 @@ def mechanism_columns(summary: dict[str, Any]) -> dict[str, Any]:
 
 def _nan(x: Any) -> float:
     return float("nan") if x is None else float(x)
+
+
+def _max_epsilon(values: list[Any]) -> float | None:
+    """Largest headline ε over seeds (inf without DP; None if a run did not report one)."""
+    if not values or any(v is None for v in values):
+        return None
+    return float(max(float(v) for v in values))
 
 
 def _multi_values(args: list[str]) -> dict[str, list[str]]:
@@ -520,6 +529,7 @@ def compare_command(
                 "final_accuracy": summary["final_accuracy"],
                 "last3_mean_accuracy": summary["last3_mean_accuracy"],
                 "over_budget": summary["over_budget"],
+                "epsilon": summary.get("epsilon"),
                 "seconds": round(float(summary["seconds"]), 3),
                 **mechanism_columns(summary),
             }
@@ -544,7 +554,9 @@ def compare_command(
     if keep:
         _write_compare_plot(Path(out) / "compare.png", base.name, curves)
     if as_json:
-        print_json({"methods": table, "runs": rows})
+        from pdpfl.runtime.loop import _finite
+
+        print_json(_finite({"methods": table, "runs": rows}))  # ε = ∞ (no DP) becomes null
         return
     title = f"{base.name}: final test accuracy, seed{'s' if len(seeds) > 1 else ''} " + ", ".join(
         map(str, seeds))
@@ -617,6 +629,14 @@ def _write_compare_plot(path: Path, name: str, curves: dict[str, list[list[float
     fig.tight_layout()
     _save_fig(fig, path)
     plt.close(fig)
+
+
+def _epsilon_cell(eps: float | None) -> str:
+    """The headline ε (max over seeds; ∞ without DP; - when the view has none)."""
+    if eps is None:
+        return "-"
+    return "∞" if not np.isfinite(eps) else f"{eps:.4g}"
+
 
 
 def register(app: typer.Typer) -> None:

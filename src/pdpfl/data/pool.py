@@ -45,6 +45,30 @@ def _zscore(train: np.ndarray, test: np.ndarray) -> tuple[np.ndarray, np.ndarray
     return (train - mean) / std, (test - mean) / std
 
 
+def _every_user_trains(splits: list[tuple[np.ndarray, np.ndarray]], user_ids: np.ndarray,
+                       num_users: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Move one test record of each user that has no training record into its silo's train
+    split (every user of a user-level federation has at least one training record)."""
+    trained = np.zeros(num_users, dtype=bool)
+    for tr, _ in splits:
+        trained[user_ids[tr]] = True
+    if trained.all():
+        return splits
+    out = []
+    for tr, te in splits:
+        move = []
+        for pos, rec in enumerate(te):
+            u = user_ids[rec]
+            if not trained[u]:
+                trained[u] = True
+                move.append(pos)
+        if move:
+            tr = np.sort(np.concatenate([tr, te[move]]))
+            te = np.delete(te, move)
+        out.append((tr, te))
+    return out
+
+
 def federate(
     pool: Pool,
     *,
@@ -81,8 +105,9 @@ def federate(
                              "the user allocation decides each record's silo")
         if isinstance(num_clients, bool) or not isinstance(num_clients, int) or num_clients < 1:
             raise ValueError(f"num_clients must be an integer >= 1, got {num_clients!r}")
+        extra = {"labels": pool.y} if users.get("labels_per_user") is not None else {}
         alloc = assign_users(len(pool.y), num_silos=num_clients,
-                             rng=numpy_generator(seed, f"users:{fed_name}"), **users)
+                             rng=numpy_generator(seed, f"users:{fed_name}"), **users, **extra)
         parts = [np.flatnonzero(alloc.silo_ids == k) for k in range(num_clients)]
         empty = [k for k, p in enumerate(parts) if len(p) < 2]
         if empty:
@@ -101,11 +126,15 @@ def federate(
     else:
         parts = partition_indices(pool.y, num_clients, partition, partition_params,
                                   rng=numpy_generator(seed, f"partition:{fed_name}"))
-    clients = []
+    splits = []
     for k, part in enumerate(parts):
         tr_pos, te_pos = stratified_split(pool.y[part], test_fraction,
                                           numpy_generator(seed, f"split:{fed_name}", k))
-        tr, te = part[tr_pos], part[te_pos]
+        splits.append((part[tr_pos], part[te_pos]))
+    if alloc is not None:
+        splits = _every_user_trains(splits, alloc.user_ids, alloc.num_users)
+    clients = []
+    for k, (tr, te) in enumerate(splits):
         x_tr = pool.x[tr].astype(np.float32)
         x_te = pool.x[te].astype(np.float32)
         if normalize == "zscore":

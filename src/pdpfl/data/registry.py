@@ -24,7 +24,7 @@ from pdpfl.data.users import USER_DISTRIBUTIONS, assign_users
 
 #: Options accepted by every dataset (besides the keyword arguments of load_federation).
 COMMON_OPTIONS = ("test_fraction", "num_users", "user_distribution", "alpha_user",
-                  "alpha_silo", "home_fraction")
+                  "alpha_silo", "home_fraction", "labels_per_user")
 
 
 @dataclass(frozen=True)
@@ -73,6 +73,9 @@ DATASETS: dict[str, DatasetInfo] = {
         DatasetInfo("breast-cancer", "scikit-learn Wisconsin breast cancer (offline): 569 "
                     "records, 30 z-scored features, 2 classes", 4, False, ("normalize",),
                     False),
+        DatasetInfo("creditcard", "ULB/Kaggle credit-card fraud: 284,807 x 30, 15 % stratified "
+                    "test, scaler fit on train, train majority undersampled to 10 % (ULDP-FL)", 5,
+                    False, ("download", "majority_fraction"), True),
         DatasetInfo("csv", "a user-supplied CSV file: label column, optional silo column "
                     "(else partitioned over clients), record ids and dropped columns, "
                     "per-client z-scoring fitted on train, optional undersampling", 5, False,
@@ -84,7 +87,7 @@ DATASETS: dict[str, DatasetInfo] = {
 
 def _users_option(options: dict[str, Any]) -> dict[str, Any] | None:
     num_users = options.pop("num_users", None)
-    keys = ("user_distribution", "alpha_user", "alpha_silo", "home_fraction")
+    keys = ("user_distribution", "alpha_user", "alpha_silo", "home_fraction", "labels_per_user")
     extra = {k: options.pop(k) for k in keys if k in options}
     if num_users is None:
         if extra:
@@ -163,6 +166,23 @@ def _many_clients(name: str, num_clients: int | None, partition: str,
     return load_cifar10_clients(num_clients=500 if num_clients is None else num_clients,
                                 partition=partition, partition_params=partition_params,
                                 seed=seed, data_dir=data_dir, download=download)
+
+
+def _creditcard(num_clients: int | None, partition: str,
+                partition_params: dict[str, Any] | None, seed: int, data_dir: Any,
+                options: dict[str, Any]) -> Federation:
+    from pdpfl.data.creditcard import load_creditcard
+
+    if partition != "iid" or partition_params:
+        raise ValueError("partition/partition_params cannot be set for creditcard: silos come "
+                         "from the user allocation (num_users) or a uniform split")
+    users = _users_option(options)
+    return load_creditcard(
+        num_clients=5 if num_clients is None else num_clients, seed=seed, data_dir=data_dir,
+        download=bool(options.pop("download", True)), users=users,
+        test_fraction=float(options.pop("test_fraction", 0.15)),
+        majority_fraction=float(options.pop("majority_fraction", 0.1)),
+    )
 
 
 def _pool_for(name: str, data_dir: Any, options: dict[str, Any]) -> tuple[Pool, str]:
@@ -270,6 +290,8 @@ def load_federation(
 
         return load_prifedsync(name, num_clients, partition, partition_params, int(seed),
                                data_dir, opts)
+    if name == "creditcard":
+        return _creditcard(num_clients, partition, partition_params, int(seed), data_dir, opts)
     users = _users_option(opts)
     opts["_seed"] = int(seed)
     pool, default_norm = _pool_for(name, data_dir, opts)
@@ -315,6 +337,11 @@ def file_specs(name: str) -> list:
         from pdpfl.data.svhn import spec as svhn_spec
 
         return [svhn_spec(f) for f in SVHN]
-    raise ValueError(f"dataset must be one of ['cifar10', 'cifar10-clients', 'femnist-digits', "
-                     f"'heart-disease', 'mnist', 'mnist-10k', 'prifedsync-cifar10', "
-                     f"'prifedsync-mnist', 'svhn'] (the others need no files), got {name!r}")
+    if name == "creditcard":
+        from pdpfl.data.creditcard import file_specs as creditcard_specs
+
+        return creditcard_specs()
+    raise ValueError(f"dataset must be one of ['cifar10', 'cifar10-clients', 'creditcard', "
+                     f"'femnist-digits', 'heart-disease', 'mnist', 'mnist-10k', "
+                     f"'prifedsync-cifar10', 'prifedsync-mnist', 'svhn'] (the others need no "
+                     f"files), got {name!r}")

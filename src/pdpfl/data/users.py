@@ -15,8 +15,15 @@ fixed silos (``silo_ids=`` given, e.g. Fed-Heart-Disease)
     probability proportional to silo size), the rest spread uniformly over the other
     silos; silo sizes are kept by moving surplus slots of full silos to silos with room.
 
+User-level non-IID labels (``labels_per_user=k`` with ``labels=``; ULDP-FL's MNIST
+"zipf-noniid", spec A.5.2): each user keeps its number of records (and their silos) but its
+records are drawn from k labels chosen at random; when a label runs out, the user is filled
+from the labels with the most records left, so every record is still used exactly once.
+
 In every case each record gets exactly one user, every user has at least one record
-(so ``num_users <= num_records``), and ``num_users`` need not divide ``num_records``.
+(so ``num_users <= num_records``), ``num_users`` need not divide ``num_records``, and no index
+past the data is ever produced (the reference's uniform allocation has ⌈n/|U|⌉·|U| > n
+entries: spec D13).
 """
 
 from __future__ import annotations
@@ -83,6 +90,8 @@ def assign_users(
     alpha_user: float = 0.5,
     alpha_silo: float = 2.0,
     home_fraction: float = 0.8,
+    labels: np.ndarray | None = None,
+    labels_per_user: int | None = None,
     rng: np.random.Generator,
 ) -> UserAllocation:
     """Assign each of ``num_records`` records a user (and a silo unless ``silo_ids`` is given).
@@ -99,6 +108,9 @@ def assign_users(
         fixed silo of each record (the fixed-silo variant); ``None`` to allocate silos too.
     alpha_user, alpha_silo, home_fraction:
         Zipf exponents (>= 0) and the home-silo share for fixed silos (in [0, 1]).
+    labels, labels_per_user:
+        with ``labels_per_user=k`` (requires ``labels``, one class per record): each user's
+        records come from k random labels (user-level non-IID); not for fixed silos.
     rng:
         the random stream (e.g. ``pdpfl.seeding.numpy_generator(seed, "users")``).
     """
@@ -117,6 +129,14 @@ def assign_users(
     if not 0.0 <= home_fraction <= 1.0:
         raise ValueError(f"home_fraction must be in [0, 1], got {home_fraction!r}")
     u = int(num_users)
+    if labels_per_user is not None:
+        if isinstance(labels_per_user, bool) or not isinstance(labels_per_user, int | np.integer) \
+                or labels_per_user < 1:
+            raise ValueError(f"labels_per_user must be an integer >= 1, got {labels_per_user!r}")
+        if labels is None or np.shape(labels) != (n,):
+            raise ValueError("labels_per_user needs labels: one class label per record")
+        if silo_ids is not None:
+            raise ValueError("labels_per_user: not available with fixed silos")
     if silo_ids is not None:
         silos = np.asarray(silo_ids, dtype=np.int64).reshape(-1)
         if len(silos) != n or (silos < 0).any():
@@ -130,7 +150,10 @@ def assign_users(
         raise ValueError(f"num_silos must be an integer >= 1, got {num_silos!r}")
     s = int(num_silos)
     if distribution == "uniform":
-        return UserAllocation(_uniform_users(n, u, rng), rng.integers(s, size=n), u, s)
+        alloc = UserAllocation(_uniform_users(n, u, rng), rng.integers(s, size=n), u, s)
+        if labels_per_user is None:
+            return alloc
+        return _relabel(alloc, np.asarray(labels), int(labels_per_user), rng)
     per_user = _zipf_counts(n, u, alpha_user, rng)
     p_silo = _zipf_probs(s, alpha_silo)
     blocks = np.stack([rng.multinomial(k, p_silo)[np.argsort(rng.permutation(s))]
@@ -143,7 +166,52 @@ def assign_users(
     out_silos = np.empty(n, dtype=np.int64)
     users[perm] = user_of
     out_silos[perm] = silo_of
-    return UserAllocation(users, out_silos, u, s)
+    alloc = UserAllocation(users, out_silos, u, s)
+    if labels_per_user is None:
+        return alloc
+    return _relabel(alloc, np.asarray(labels), int(labels_per_user), rng)
+
+
+def _relabel(alloc: UserAllocation, labels: np.ndarray, k: int,
+             rng: np.random.Generator) -> UserAllocation:
+    """Re-deal the records to the (user, silo) slots of ``alloc`` so that each user's records
+    come from ``k`` random labels (counts per user and per (user, silo) are kept)."""
+    n = len(labels)
+    classes, y = np.unique(labels, return_inverse=True)
+    pools = [rng.permutation(np.flatnonzero(y == c)) for c in range(len(classes))]
+    left = np.array([len(p) for p in pools])
+    used = np.zeros(len(classes), dtype=np.int64)
+    slots = np.argsort(alloc.user_ids, kind="stable")  # slot positions grouped by user
+    need = np.bincount(alloc.user_ids, minlength=alloc.num_users)
+    start = np.concatenate([[0], np.cumsum(need)])
+    record_of_slot = np.empty(n, dtype=np.int64)
+    for user in rng.permutation(alloc.num_users):
+        m = int(need[user])
+        live = np.flatnonzero(left > 0)
+        chosen = list(rng.choice(live, size=min(k, len(live)), replace=False))
+        got: list[np.ndarray] = []
+        while m > 0:
+            avail = [c for c in chosen if left[c] > 0]
+            if not avail:  # the user's labels ran out: take the label with most records left
+                c = int(np.argmax(left))
+                chosen.append(c)
+                avail = [c]
+            per = -(-m // len(avail))
+            for c in avail:
+                take = int(min(per, left[c], m))
+                got.append(pools[c][used[c]:used[c] + take])
+                used[c] += take
+                left[c] -= take
+                m -= take
+                if m == 0:
+                    break
+        mine = slots[start[user]:start[user + 1]]
+        record_of_slot[mine] = rng.permutation(np.concatenate(got)) if got else mine[:0]
+    users = np.empty(n, dtype=np.int64)
+    silos = np.empty(n, dtype=np.int64)
+    users[record_of_slot] = alloc.user_ids
+    silos[record_of_slot] = alloc.silo_ids
+    return UserAllocation(users, silos, alloc.num_users, alloc.num_silos)
 
 
 def _fixed_silo_zipf(silos: np.ndarray, s: int, u: int, alpha_user: float,

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
@@ -86,12 +87,28 @@ def _batches_per_epoch(n: int, batch: int | None) -> int:
     return 1 if batch is None else math.ceil(n / batch)
 
 
+Streams = RandomStream | Sequence[RandomStream] | None
+
+
+def _stream_for(stream: Streams, k: int, count: int) -> RandomStream | None:
+    if not isinstance(stream, list | tuple):
+        return stream
+    if len(stream) != count:
+        raise ValueError(f"stream: expected one stream per copy ({count}), got {len(stream)}")
+    return stream[k]
+
+
 def _schedules(
-    sizes: Sequence[int], spec: LocalTrainingSpec, stream: RandomStream | None
+    sizes: Sequence[int], spec: LocalTrainingSpec, streams: Streams
 ) -> list[list[np.ndarray]]:
-    """Per copy, the list of minibatch index arrays in training order (epochs × batches)."""
+    """Per copy, the list of minibatch index arrays in training order (epochs × batches).
+
+    ``streams``: one stream shared by all copies (drawn in copy order), one stream per copy
+    (each copy's shuffles then depend on its own stream only), or None (no shuffling).
+    """
     out = []
-    for n in sizes:
+    for k, n in enumerate(sizes):
+        stream = _stream_for(streams, k, len(sizes))
         plan: list[np.ndarray] = []
         for _ in range(int(spec.epochs)):
             if n == 0:
@@ -120,15 +137,22 @@ def train_copies(
     datasets: Sequence[tuple[Tensor, Tensor]],
     spec: LocalTrainingSpec,
     *,
-    stream: RandomStream | None = None,
+    stream: Streams = None,
     loss: LossFn = default_loss,
     group_size: int = 64,
+    physical_batch_size: int | None = None,
 ) -> list[Tensor]:
     """Train K copies of ``model`` (from its current parameters), copy k on ``datasets[k]``.
 
     Returns the deltas (trained − initial) per trainable parameter, stacked: a list with one
     tensor of shape ``(K, *param.shape)`` per parameter in ``model.parameters()`` order. A copy
     with no data has a zero delta. ``model`` itself is not modified.
+
+    Copies are processed in groups of at most ``group_size`` copies of similar schedule length;
+    ``physical_batch_size`` caps copies × largest minibatch per group. By default (None) the cap
+    keeps one vectorized step's layer outputs near 16 MB (measured on one record): CPU caches,
+    not arithmetic, limit large groups of convolutional copies.
+    ``stream`` shuffles each copy's data every epoch: one stream for all copies or one per copy.
     """
     from pdpfl.dp.validate import validate_model
 
@@ -149,16 +173,28 @@ def train_copies(
         out = functional_call(model, ({**params, **frozen}, buffers), (x,))
         return (per_sample(out, y) * w).sum()
 
-    grad_fn = vmap(grad(copy_loss), in_dims=(0, 0, 0, 0), randomness="different")
+    grad_fn = _sequential_grad_fn(model, frozen) if loss is default_loss else None
+    if grad_fn is None:
+        if K == 1:  # one copy of a generic model: the plain loop is the same and cheaper
+            return train_copies_loop(model, datasets, spec, stream=stream, loss=loss)
+        grad_fn = vmap(grad(copy_loss), in_dims=(0, 0, 0, 0), randomness="different")
+    # All records once, concatenated: every step gathers its minibatches with one index.
+    live = [k for k in range(K) if schedules[k]]
+    if not live:
+        return deltas
+    offsets = np.zeros(K + 1, dtype=np.int64)
+    offsets[1:] = np.cumsum(sizes)
+    x_all = torch.cat([datasets[k][0] for k in range(K)])
+    y_all = torch.cat([datasets[k][1] for k in range(K)])
+    if physical_batch_size is None:
+        physical_batch_size = _auto_cap(model, x_all[:1])
     was_training = model.training
     model.train()
     try:
-        order = sorted(range(K), key=lambda k: len(schedules[k]))
-        for start in range(0, K, max(1, int(group_size))):
-            group = [k for k in order[start : start + group_size] if schedules[k]]
-            if not group:
-                continue
-            trained = _train_group(group, datasets, schedules, base, names, spec, grad_fn)
+        for group in _groups(live, schedules, int(group_size), physical_batch_size):
+            trained = _train_group(
+                group, x_all, y_all, offsets, schedules, base, names, spec, grad_fn
+            )
             for j, k in enumerate(group):
                 for i, n in enumerate(names):
                     deltas[i][k] = trained[n][j] - base[n]
@@ -167,9 +203,124 @@ def train_copies(
     return deltas
 
 
+_ELEMENTWISE = {nn.ReLU: torch.relu, nn.Tanh: torch.tanh, nn.Sigmoid: torch.sigmoid}
+
+
+def _sequential_grad_fn(model: nn.Module, frozen: dict[str, Tensor]) -> Callable | None:
+    """A faster per-copy gradient for ``nn.Sequential`` models of Flatten / Linear / ReLU / Tanh
+    / Sigmoid / Dropout / GroupNorm layers (logreg, MLP, PrivateFraudNet): batched matrix
+    products and one ordinary backward
+    pass over Σ_k loss_k (copies are independent, so ∂/∂θ_k of the sum is copy k's gradient).
+    ``None`` for any other model (the generic ``vmap(grad)`` path is used)."""
+    if not isinstance(model, nn.Sequential) or type(model).forward is not nn.Sequential.forward:
+        return None
+    if frozen:
+        return None
+    layers = list(model.children())
+    for m in layers:
+        if type(m) not in (nn.Flatten, nn.Linear, nn.Dropout, nn.GroupNorm, *_ELEMENTWISE):
+            return None
+        if type(m) is nn.Flatten and (m.start_dim, m.end_dim) != (1, -1):
+            return None
+
+    def forward(params: dict[str, Tensor], x: Tensor) -> Tensor:
+        h = x  # (G, b, *record shape)
+        for i, m in enumerate(layers):
+            if type(m) is nn.Flatten:
+                h = h.reshape(h.shape[0], h.shape[1], -1)
+            elif type(m) is nn.Linear:
+                w = params[f"{i}.weight"].transpose(1, 2)
+                bias = params.get(f"{i}.bias")
+                h = torch.bmm(h, w) if bias is None else torch.baddbmm(bias.unsqueeze(1), h, w)
+            elif type(m) is nn.Dropout:
+                h = F.dropout(h, m.p, training=True)
+            elif type(m) is nn.GroupNorm:  # on (G, b, channels): per record, per group
+                if h.dim() != 3:
+                    raise ValueError("GroupNorm: the fast path expects (records, channels)")
+                z = h.reshape(h.shape[0], h.shape[1], m.num_groups, -1)
+                mean = z.mean(-1, keepdim=True)
+                var = z.var(-1, unbiased=False, keepdim=True)
+                h = ((z - mean) / torch.sqrt(var + m.eps)).reshape(h.shape)
+                if m.affine:
+                    h = h * params[f"{i}.weight"].unsqueeze(1) + params[f"{i}.bias"].unsqueeze(1)
+            else:
+                h = _ELEMENTWISE[type(m)](h)
+        return h
+
+    def grad_fn(params: dict[str, Tensor], x: Tensor, y: Tensor, w: Tensor) -> dict[str, Tensor]:
+        leaves = {n: p.detach().requires_grad_(True) for n, p in params.items()}
+        out = forward(leaves, x)
+        if out.shape[-1] == 1:  # the conventions of pdpfl.models.loss_fn
+            per = F.binary_cross_entropy_with_logits(
+                out[..., 0], y.to(out.dtype), reduction="none"
+            )
+        else:
+            per = F.cross_entropy(
+                out.reshape(-1, out.shape[-1]), y.reshape(-1).long(), reduction="none"
+            ).reshape(y.shape)
+        grads = torch.autograd.grad((per * w).sum(), list(leaves.values()))
+        return dict(zip(leaves, grads, strict=True))
+
+    return grad_fn
+
+
+#: Layer-output floats per vectorized step targeted by the default group cap (16 MB).
+_GROUP_ACTIVATIONS = 1 << 22
+
+
+def _auto_cap(model: nn.Module, one: Tensor) -> int:
+    """Records per vectorized step so that the layers' outputs stay near _GROUP_ACTIVATIONS."""
+    sizes: list[int] = []
+    hooks = [
+        m.register_forward_hook(lambda _m, _i, out: sizes.append(int(out.numel())))
+        for m in model.modules()
+        if not list(m.children())
+    ]
+    was_training = model.training
+    try:
+        model.eval()  # no dropout: the probe must not draw from any random generator
+        with torch.no_grad():
+            model(one)
+    finally:
+        model.train(was_training)
+        for h in hooks:
+            h.remove()
+    per_record = max(1, sum(sizes) + int(one[0].numel()))
+    return max(1, _GROUP_ACTIVATIONS // per_record)
+
+
+def _groups(
+    live: list[int], schedules: list[list[np.ndarray]], group_size: int, cap: int | None
+) -> list[list[int]]:
+    """Copies sorted by (steps, largest minibatch), cut into groups of similar work."""
+
+    def width(k: int) -> int:
+        return max(len(b) for b in schedules[k])
+
+    order = sorted(live, key=lambda k: (len(schedules[k]), width(k)))
+    groups: list[list[int]] = []
+    current: list[int] = []
+    bmax = 0
+    for k in order:
+        w = max(bmax, width(k))
+        full = len(current) >= max(1, group_size) or (
+            cap is not None and current and (len(current) + 1) * w > cap
+        )
+        if full:
+            groups.append(current)
+            current, w = [], width(k)
+        current.append(k)
+        bmax = w
+    if current:
+        groups.append(current)
+    return groups
+
+
 def _train_group(
     group: list[int],
-    datasets: Sequence[tuple[Tensor, Tensor]],
+    x_all: Tensor,
+    y_all: Tensor,
+    offsets: np.ndarray,
     schedules: list[list[np.ndarray]],
     base: dict[str, Tensor],
     names: list[str],
@@ -179,6 +330,19 @@ def _train_group(
     G = len(group)
     steps = max(len(schedules[k]) for k in group)
     bmax = max(len(b) for k in group for b in schedules[k])
+    # (steps, G, bmax) gather indices into the concatenated data, per-record weights 1/|b|
+    # (0 on padding) and which copies still move at each step -- all built once.
+    index = np.zeros((steps, G, bmax), dtype=np.int64)
+    weight = np.zeros((steps, G, bmax), dtype=np.float64)
+    active_np = np.zeros((steps, G), dtype=bool)
+    for j, k in enumerate(group):
+        for s, b in enumerate(schedules[k]):
+            index[s, j, : len(b)] = offsets[k] + b
+            weight[s, j, : len(b)] = 1.0 / len(b)
+            active_np[s, j] = True
+    index_t = torch.from_numpy(index)
+    weight_t = torch.from_numpy(weight).to(x_all.dtype)
+    active_t = torch.from_numpy(active_np)
     params = {n: base[n].unsqueeze(0).repeat(G, *([1] * base[n].dim())) for n in names}
     state: dict[str, dict[str, Tensor]] = {}
     if spec.optimizer == "adam" or spec.momentum:
@@ -186,25 +350,10 @@ def _train_group(
         if spec.optimizer == "adam":
             state["v"] = {n: torch.zeros_like(p) for n, p in params.items()}
     t_count = torch.zeros(G, dtype=torch.float64)
-    x0, y0 = datasets[group[0]]
     for s in range(steps):
-        active = torch.tensor([s < len(schedules[k]) for k in group])
-        xs, ys, ws = [], [], []
-        for k in group:
-            x, y = datasets[k]
-            idx = schedules[k][s] if s < len(schedules[k]) else np.zeros(0, dtype=np.int64)
-            pad = bmax - len(idx)
-            sel = torch.as_tensor(idx, dtype=torch.long)
-            xb, yb = x[sel], y[sel]
-            w = torch.full((len(idx),), 1.0 / max(len(idx), 1), dtype=x0.dtype)
-            if pad:
-                xb = torch.cat([xb, torch.zeros((pad, *x0.shape[1:]), dtype=x0.dtype)])
-                yb = torch.cat([yb, torch.zeros((pad, *y0.shape[1:]), dtype=y0.dtype)])
-                w = torch.cat([w, torch.zeros(pad, dtype=x0.dtype)])
-            xs.append(xb)
-            ys.append(yb)
-            ws.append(w)
-        g = grad_fn(params, torch.stack(xs), torch.stack(ys), torch.stack(ws))
+        idx = index_t[s]
+        g = grad_fn(params, x_all[idx], y_all[idx], weight_t[s])
+        active = active_t[s]
         t_count += active.to(torch.float64)
         params = _update(params, g, state, active, t_count, spec)
     return params
@@ -219,6 +368,12 @@ def _update(
     spec: LocalTrainingSpec,
 ) -> dict[str, Tensor]:
     out = {}
+    if bool(active.all()) and spec.optimizer == "sgd" and not spec.momentum:
+        # Every copy moves (the common case): a plain SGD step, no masking.
+        for n, p in params.items():
+            g = grads[n] + spec.weight_decay * p if spec.weight_decay else grads[n]
+            out[n] = p - spec.lr * g
+        return out
     for n, p in params.items():
         mask = active.reshape(-1, *([1] * (p.dim() - 1)))
         g = grads[n]
@@ -251,7 +406,7 @@ def train_copies_loop(
     datasets: Sequence[tuple[Tensor, Tensor]],
     spec: LocalTrainingSpec,
     *,
-    stream: RandomStream | None = None,
+    stream: Streams = None,
     loss: LossFn = default_loss,
 ) -> list[Tensor]:
     """The same as :func:`train_copies`, one copy at a time with ``torch.optim`` (reference)."""

@@ -110,6 +110,9 @@ class FederationInfo:
 
     ``silo_sizes`` (training records per silo) is present only when the configuration declares
     silo sizes public (``data.public_silo_sizes: true``); otherwise it is ``None``.
+    ``user_histogram`` (``user_histogram[s][u]`` = training records of user ``u`` in silo ``s``,
+    for user-level DP across silos) is present only when the configuration declares the per-user
+    counts public (``data.public_user_histograms: true``), which discloses them to the server.
     """
 
     input_shape: tuple[int, ...]
@@ -117,6 +120,7 @@ class FederationInfo:
     client_ids: tuple[int, ...]
     client_names: tuple[str, ...] = ()
     silo_sizes: tuple[int, ...] | None = None
+    user_histogram: tuple[tuple[int, ...], ...] | None = None
 
     @property
     def num_clients(self) -> int:
@@ -129,17 +133,24 @@ class FederationInfo:
             "client_ids": list(self.client_ids),
             "client_names": list(self.client_names),
             "silo_sizes": None if self.silo_sizes is None else list(self.silo_sizes),
+            "user_histogram": (
+                None if self.user_histogram is None else [list(r) for r in self.user_histogram]
+            ),
         }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> FederationInfo:
         sizes = d.get("silo_sizes")
+        hist = d.get("user_histogram")
         return cls(
             input_shape=tuple(int(s) for s in d["input_shape"]),
             num_classes=int(d["num_classes"]),
             client_ids=tuple(int(c) for c in d["client_ids"]),
             client_names=tuple(str(c) for c in d.get("client_names", ())),
             silo_sizes=None if sizes is None else tuple(int(s) for s in sizes),
+            user_histogram=(
+                None if hist is None else tuple(tuple(int(c) for c in r) for r in hist)
+            ),
         )
 
 

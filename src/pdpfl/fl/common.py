@@ -37,17 +37,40 @@ __all__ = [
 
 
 def federation_info(federation: Any, config: ExperimentConfig | None = None) -> FederationInfo:
-    """Public facts of ``federation``: shapes, ids, names (+ sizes only if declared public)."""
+    """Public facts of ``federation``: shapes, ids, names (+ sizes, per-user histograms only if
+    the config declares them public)."""
     sizes = None
     if config is not None and config.data.public_silo_sizes:
         sizes = tuple(int(len(c.y_train)) for c in federation.clients)
+    hist = None
+    if config is not None and getattr(config.data, "public_user_histograms", False):
+        hist = user_histogram(federation, config)
     return FederationInfo(
         input_shape=tuple(int(s) for s in federation.input_shape),
         num_classes=int(federation.num_classes),
         client_ids=tuple(range(len(federation.clients))),
         client_names=tuple(str(c.name) for c in federation.clients),
         silo_sizes=sizes,
+        user_histogram=hist,
     )
+
+
+def user_histogram(federation: Any, config: ExperimentConfig) -> tuple[tuple[int, ...], ...]:
+    """``n_{s,u}``: training records of user ``u`` in silo ``s`` (``data.options.num_users``
+    users). What silos disclose when ``data.public_user_histograms`` is true."""
+    num_users = int(dict(config.data.options).get("num_users") or 0)
+    rows = []
+    for c in federation.clients:
+        if c.user_ids is None:
+            raise ValueError(
+                "data.public_user_histograms: the federation has no user ids; set "
+                "data.options.num_users"
+            )
+        ids = np.asarray(c.user_ids, dtype=np.int64)
+        size = max(num_users, int(ids.max()) + 1 if ids.size else 0)
+        rows.append(tuple(int(v) for v in np.bincount(ids, minlength=size)))
+    width = max(len(r) for r in rows)
+    return tuple(r + (0,) * (width - len(r)) for r in rows)
 
 
 def client_budgets(config: ExperimentConfig, client_id: int, client_data: Any) -> np.ndarray:

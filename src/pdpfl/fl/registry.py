@@ -54,8 +54,8 @@ BUILTIN_MODULES: tuple[str, ...] = (
     "pdpfl.fl.rpdp",
     "pdpfl.fl.baselines",
     "pdpfl.fl.idp_fedavg",
-
     "pdpfl.fl.prifedsync",
+    "pdpfl.fl.uldp",
 )
 
 

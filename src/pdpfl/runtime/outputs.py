@@ -232,14 +232,35 @@ def build_summary(
         "config": config_to_dict(config),
         "config_hash": config_hash(config),
     }
-    summary.update(privacy_fields(config, result.get("privacy") or {}, view))
+    summary.update(
+        privacy_fields(
+            config, result.get("privacy") or {}, view, server=server_state.get("privacy")
+        )
+    )
+    summary["warnings"] = list(summary["warnings"]) + list(server_state.get("warnings") or [])
+    summary["epsilon"] = headline_epsilon(config, summary["eps_spent_max"])
     return summary
 
 
+def headline_epsilon(config: ExperimentConfig, eps_spent_max: dict[str, Any]) -> float | None:
+    """The run's headline ε: the largest ε spent by any unit against the configured
+    observer(s) (``inf`` without DP; ``None`` when not known in this view)."""
+    values = [eps_spent_max.get(t) for t in ADVERSARY_TAGS[config.privacy.adversary]]
+    if not values or any(v is None for v in values):
+        return None
+    return float(max(values))
+
+
 def privacy_fields(
-    config: ExperimentConfig, silo_summaries: dict[int, Any], view: str
+    config: ExperimentConfig,
+    silo_summaries: dict[int, Any],
+    view: str,
+    server: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The summary's privacy headline from silo summaries (empty in the coordinator's view).
+
+    ``server``: the server algorithm's own privacy view (e.g. ULDP-FL's user-level ledger,
+    which lives at the server), merged in every view.
 
     ``view``: ``operator`` (the simulator, which owns every silo), ``operator-collected`` (the
     loopback Flower launcher, which reads the local silos' state folders after the run) or
@@ -251,7 +272,9 @@ def privacy_fields(
         "after the run (loopback launcher)",
         "coordinator": "coordinator: per-record privacy summaries stay at the silos",
     }
-    if view == "coordinator":
+    if view == "coordinator" and server:
+        silo_summaries = {}
+    elif view == "coordinator":
         return {
             "privacy_view": labels[view],
             "over_budget": None,
@@ -264,7 +287,9 @@ def privacy_fields(
             "eps_spent_max": {"third_party": None, "server": None},
             "per_group": {},
         }
-    overview = privacy_overview(silo_summaries)
+    overview = privacy_overview(
+        {**silo_summaries, "server": server} if server else silo_summaries
+    )
     tags = ADVERSARY_TAGS[config.privacy.adversary]
     return {
         "privacy_view": labels.get(view, view),
