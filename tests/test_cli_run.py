@@ -90,7 +90,7 @@ def test_compare_table_and_csv(tmp_path: Path) -> None:
     assert [(r["method"], r["seed"]) for r in rows] == [
         ("rpdp", "1"), ("rpdp", "2"), ("privacy-free", "1"), ("privacy-free", "2")]
     assert list(rows[0]) == ["method", "seed", "final_accuracy", "last3_mean_accuracy",
-                             "over_budget", "seconds"]
+                             "over_budget", "seconds", "epsilon"]
     assert all(int(r["over_budget"]) == 0 for r in rows if r["method"] == "rpdp")
 
 

@@ -401,17 +401,30 @@ def resolve_group_k(k: int | str, totals: np.ndarray | None) -> int:
 
 
 def user_epsilon(
-    noise_multiplier: float, delta: float, rounds: int, rate: float = 1.0, orders=ORDERS
+    noise_multiplier: float, delta: float, rounds: int, rate: float = 1.0, orders=None
 ) -> float:
     """User-level ε of T rounds of the (Poisson-subsampled) Gaussian (Theorems 3, 5; Lemma 6).
 
     ε = min_α [T·ρ_SGM(α, q, σ) + log((α−1)/α) − (log δ + log α)/(α − 1)] (Lemma 4).
+
+    By default the minimum runs over :data:`ORDERS` with pdpfl's continuous refinement of the
+    optimal order -- the one conversion path the ledger uses, so a user charged T rounds spends
+    exactly this ε. ``orders=`` restricts α to that grid alone (e.g. ``OPACUS_ORDERS`` to
+    reproduce Opacus' numbers).
     """
     from pdpfl.privacy.conversion import rdp_to_epsilon
     from pdpfl.privacy.rdp import poisson_gaussian_rdp
 
     if int(rounds) <= 0:
         return 0.0
+    if orders is None:
+        from pdpfl.privacy.accountant import mechanism_epsilon
+        from pdpfl.privacy.unit import SampledGaussianPlan
+
+        plan = SampledGaussianPlan("user", float(noise_multiplier), float(delta), int(rounds))
+        eps, _ = mechanism_epsilon(plan, np.array([float(rate)]), "third-party", int(rounds),
+                                   orders=ORDERS)
+        return float(eps[0])
     rdp = np.asarray(poisson_gaussian_rdp(np.array([rate]), noise_multiplier, orders))
     return float(rdp_to_epsilon(int(rounds) * rdp, orders, delta)[0][0])
 
