@@ -1,7 +1,6 @@
 """Issue #17 items that live in other branches' files: the failing tests, written here.
 
-Each is a strict xfail on this branch (it fails until the owning branch's fix is merged; a pass
-then fails the suite so the marker gets removed). The owner is named in each reason.
+They were strict xfails until the owning branch's fix was merged; they now pass on main.
 """
 
 from __future__ import annotations
@@ -25,15 +24,11 @@ def _clean_exit_2(res, needle: str) -> None:
     assert "Traceback" not in res.output and "error: " in res.output and needle in res.output
 
 
-@pytest.mark.xfail(strict=True, reason="ZeroDivisionError in pdpfl account; fixed on branch "
-                   "privacy (cli/account.py)")
 def test_account_with_a_vanishing_sigma_exits_2() -> None:
     _clean_exit_2(_invoke("account", "--sigma", "1e-170", "--delta", "1e-5", "--q", "0.1"),
                   "--sigma")
 
 
-@pytest.mark.xfail(strict=True, reason="traceback when --out cannot be written; fixed on branch "
-                   "privacy (cli/calibrate.py)")
 def test_calibrate_out_into_an_unwritable_place_exits_2(tmp_path) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("")
@@ -47,8 +42,6 @@ _CALIBRATE = ("calibrate", "--scenario", "three-levels", "--n", "1000", "--delta
               "--client-rate", "1", "--json")
 
 
-@pytest.mark.xfail(strict=True, reason="no warning for a useless calibration; fixed on branch "
-                   "privacy (cli/calibrate.py)")
 def test_calibrate_warns_when_utilization_is_poor() -> None:
     # σ too small for these budgets: ε(q) jumps from 0 to more than 0.1 between two grid
     # points, so every record gets a rate that spends nothing (median utilization 0).
@@ -59,8 +52,6 @@ def test_calibrate_warns_when_utilization_is_poor() -> None:
     assert any("utilization" in w for w in out["warnings"])
 
 
-@pytest.mark.xfail(strict=True, reason="no warning when SCF puts every record over budget; fixed "
-                   "on branch privacy (cli/calibrate.py)")
 def test_calibrate_warns_when_records_are_over_budget() -> None:
     res = _invoke(*_CALIBRATE, "--sigma", "1", "--steps", "50", "--rounds", "15",
                   "--method", "scf")
@@ -87,18 +78,15 @@ def _quick_start():
     return eps, plan, result, spent
 
 
-@pytest.mark.xfail(strict=True, reason="report.min_epsilon is the smallest *achievable* ε (0.0) "
-                   "while every record spends >= 0.099; reword/rename on branch privacy "
-                   "(calibrate.py) -- adjust this test to the chosen name")
 def test_calibration_report_min_epsilon_describes_the_records() -> None:
     _, _, result, spent = _quick_start()
     assert spent.min() > 0.09
-    assert result.report.min_epsilon == pytest.approx(float(spent.min()), rel=1e-6)
+    assert result.report.min_spent_epsilon == pytest.approx(float(spent.min()), rel=1e-6)
+    assert result.report.max_spent_epsilon == pytest.approx(float(spent.max()), rel=1e-6)
+    # the plan's floor (smallest ε a positive rate can spend) is named as such
+    assert result.report.min_achievable_epsilon <= result.report.min_spent_epsilon
 
 
-@pytest.mark.xfail(strict=True, reason="ledger.summary() counts over_budget against the server's "
-                   "view although the pre-check ran for third parties, without saying so; fixed on "
-                   "branch privacy (ledger.py)")
 def test_ledger_summary_says_which_observer_is_over_budget() -> None:
     from pdpfl.ledger import PrivacyLedger
 

@@ -153,10 +153,17 @@ class CalibrationReport:
     min_utilization: float | None
     median_utilization: float | None
     sigma: float
-    min_epsilon: float | None
-    max_epsilon: float | None
+    #: The plan's range: smallest ε a positive rate can spend (certified grid's first point,
+    #: binary search's q_tol) and ε at q = 1 -- properties of the plan, not of the records.
+    min_achievable_epsilon: float | None
+    max_achievable_epsilon: float | None
+    #: What the calibrated records spend (exact accountant), over records with q > 0.
+    min_spent_epsilon: float | None = None
+    max_spent_epsilon: float | None = None
     expected_batch_size: dict[str, float] | None = None
     details: dict[str, Any] = field(default_factory=dict)
+    #: Plain-language problems with this calibration (over-budget records, budgets left unused).
+    warnings: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -177,6 +184,25 @@ def _spent(rates: np.ndarray, plan: TrainingPlan, adv: str, accountant: str) -> 
     if pos.any():
         eps[pos] = exact_epsilon(distinct[pos], plan, adv, accountant=accountant)
     return eps[inverse.reshape(-1)]
+
+
+#: Median utilization (spent ε / budget) below which a calibration is reported as poor.
+POOR_UTILIZATION = 0.5
+
+
+def _warnings(method: str, over: int, util: np.ndarray, n: int) -> list[str]:
+    out = []
+    if over:
+        hint = (" (this method's fit is a heuristic; method 'certified' never overspends)"
+                if method != "certified" else "")
+        out.append(f"{over} of {n} record(s) are over budget at their calibrated rates{hint}")
+    if util.size and float(np.median(util)) < POOR_UTILIZATION:
+        out.append(
+            f"median utilization is {float(np.median(util)):.2f}: most records spend less than "
+            f"{POOR_UTILIZATION:.0%} of their budget (the plan's ε(q) rises too steeply for "
+            "these budgets; more noise σ or fewer steps/rounds give them usable rates)"
+        )
+    return out
 
 
 def calibrate(
@@ -247,6 +273,7 @@ def calibrate(
         ids, inv = np.unique(client_ids, return_inverse=True)
         sums = np.bincount(inv.ravel(), weights=rates, minlength=ids.size)
         batch = {str(i): float(s) for i, s in zip(ids.tolist(), sums.tolist(), strict=True)}
+    warnings = _warnings(estimator.method, over, util, b.size)
     report = CalibrationReport(
         method=estimator.method,
         adversary=adv,
@@ -259,9 +286,12 @@ def calibrate(
         min_utilization=float(util.min()) if util.size else None,
         median_utilization=float(np.median(util)) if util.size else None,
         sigma=float(plan.noise_multiplier),
-        min_epsilon=min_eps,
-        max_epsilon=max_eps,
+        min_achievable_epsilon=min_eps,
+        max_achievable_epsilon=max_eps,
+        min_spent_epsilon=float(spent[used].min()) if used.any() else None,
+        max_spent_epsilon=float(spent[used].max()) if used.any() else None,
         expected_batch_size=batch,
         details=details,
+        warnings=warnings,
     )
     return CalibrationResult(rates=rates, report=report, estimator=estimator)

@@ -302,7 +302,11 @@ class PrivacyLedger:
             "observers": list(self.observers),
             "units": self.n,
             "rounds_recorded": self.rounds_recorded,
+            # against the stricter of the observers; then per observer (zero where the
+            # mechanism is not accounted against that observer)
             "over_budget": int(np.count_nonzero(worst > self.budgets)),
+            "over_budget_third_party": int(np.count_nonzero(tp > self.budgets)),
+            "over_budget_server": int(np.count_nonzero(srv > self.budgets)),
             "stopped": int(stopped.sum()),
             "utilization_quantiles": {
                 str(q): float(v) for q, v in zip(qs, np.quantile(util, qs), strict=True)

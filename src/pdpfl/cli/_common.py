@@ -119,3 +119,22 @@ def import_plugins(specs: list[str] | None, option: str = "--import") -> None:
             raise
         except Exception as err:  # noqa: BLE001 - any error in the user's module is bad input
             fail(f"{option}: importing {spec} failed: {type(err).__name__}: {err}")
+
+
+def check_writable(path: Any, option: str) -> None:
+    """Exit 2 naming ``option`` unless a file can be created at ``path`` (checked before any
+    work, so a bad output path never costs a computation or leaves a partial file)."""
+    import os
+    from pathlib import Path
+
+    p = Path(path)
+    parent = p.parent if str(p.parent) else Path(".")
+    if p.exists() and p.is_dir():
+        fail(f"{option}: {p} is a folder; give a file path")
+    probe = parent
+    while not probe.exists():  # the nearest existing ancestor must be a writable folder
+        probe = probe.parent
+    if not probe.is_dir():
+        fail(f"{option}: cannot write {p} ({probe} is not a folder)")
+    if not os.access(probe, os.W_OK):
+        fail(f"{option}: cannot write {p} ({probe} is not writable)")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import typer
 
-from pdpfl.cli._common import fail, plan_from_options, print_json
+from pdpfl.cli._common import check_writable, fail, plan_from_options, print_json
 
 
 def register(app: typer.Typer) -> None:
@@ -78,6 +78,8 @@ def calibrate_command(
         fail("give exactly one of --sigma S or --epsilon-max E")
     if out is not None and out.suffix.lower() != ".npy":
         fail(f"--out: rates are written as .npy, got {out.name!r}")
+    if out is not None:
+        check_writable(out, "--out")
     from pdpfl.privacy.accountant import as_accountant_name
     from pdpfl.privacy.unit import PrivacyUnit, SampledGaussianPlan, as_unit
 
@@ -144,8 +146,13 @@ def calibrate_command(
         fail(str(exc))
 
     if out is not None:
-        save_npy(out, result.rates)
+        try:
+            save_npy(out, result.rates)
+        except OSError as err:
+            fail(f"--out: cannot write {out} ({err.strerror or err})")
     report = result.report.to_dict()
+    for warning in report["warnings"]:
+        typer.echo(f"warning: {warning}", err=True)
     report["unit"] = unit_.value
     report["out"] = str(out) if out is not None else None
     if as_json:

@@ -15,6 +15,11 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["TrainingPlan"]
 
 
+#: Smallest noise multiplier a plan accepts: below it 1/σ² overflows float arithmetic (ε is
+#: astronomically large long before, e.g. 5.5e199 at σ = 1e-100).
+MIN_NOISE_MULTIPLIER = 1e-100
+
+
 @dataclass(frozen=True)
 class TrainingPlan:
     """The public privacy parameters of a run (rPDP-FL Alg. 3 inputs).
@@ -44,8 +49,11 @@ class TrainingPlan:
 
     def __post_init__(self) -> None:
         sigma = _real(self.noise_multiplier, "noise_multiplier")
-        if not (math.isfinite(sigma) and sigma > 0):
-            raise ValueError(f"noise_multiplier: must be a finite number > 0, got {sigma}")
+        if not (math.isfinite(sigma) and sigma >= MIN_NOISE_MULTIPLIER):
+            raise ValueError(
+                f"noise_multiplier: must be a finite number >= {MIN_NOISE_MULTIPLIER:g} (smaller "
+                f"noise overflows the accountant and protects nothing), got {sigma}"
+            )
         delta = _real(self.delta, "delta")
         if not (0.0 < delta < 1.0):
             raise ValueError(f"delta: must be in (0, 1), got {delta}")

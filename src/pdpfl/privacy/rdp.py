@@ -423,11 +423,14 @@ def _moments_upper(sigma: float, kmax: int) -> tuple[float, ...]:
                 a = 1 / (sig * sig)
                 total = decimal.Decimal(0)
                 size = decimal.Decimal(0)
-                for j in range(k + 1):
-                    arg = a * j * (j - 1) / 2
-                    term = math.comb(k, j) * arg.exp()
-                    total += term if (k - j) % 2 == 0 else -term
-                    size += term * (1 + arg)
+                try:
+                    for j in range(k + 1):
+                        arg = a * j * (j - 1) / 2
+                        term = math.comb(k, j) * arg.exp()
+                        total += term if (k - j) % 2 == 0 else -term
+                        size += term * (1 + arg)
+                except decimal.Overflow:  # exp beyond 10^(10^9): M_k is no float either
+                    break
                 err = size * decimal.Decimal(10) ** (2 - prec)
                 if total > 0 and err <= total * decimal.Decimal("1e-25"):
                     upper = total + err

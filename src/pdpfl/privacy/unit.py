@@ -33,7 +33,7 @@ from numpy.typing import ArrayLike
 
 from pdpfl.privacy.adversary import Adversary, as_adversary
 from pdpfl.privacy.mechanisms import Composed, GaussianMechanism, Mechanism, PoissonSampled
-from pdpfl.privacy.plan import TrainingPlan
+from pdpfl.privacy.plan import MIN_NOISE_MULTIPLIER, TrainingPlan
 from pdpfl.privacy.rdp import check_rates
 
 __all__ = [
@@ -138,8 +138,11 @@ class SampledGaussianPlan:
         if unit is PrivacyUnit.RECORD:
             raise ValueError("unit: record-level plans are TrainingPlan (rPDP-FL two-stage)")
         sigma = float(self.noise_multiplier)
-        if not (math.isfinite(sigma) and sigma > 0):
-            raise ValueError(f"noise_multiplier: must be a finite number > 0, got {sigma}")
+        if not (math.isfinite(sigma) and sigma >= MIN_NOISE_MULTIPLIER):
+            raise ValueError(
+                f"noise_multiplier: must be a finite number >= {MIN_NOISE_MULTIPLIER:g} (smaller "
+                f"noise overflows the accountant and protects nothing), got {sigma}"
+            )
         delta = float(self.delta)
         if not (0.0 < delta < 1.0):
             raise ValueError(f"delta: must be in (0, 1), got {delta}")
