@@ -78,9 +78,8 @@ def _rates(plan: TrainingPlan) -> dict[str, dict[str, float]]:
 
 
 def _scale(plan: TrainingPlan, n: int, seed: int) -> dict[str, float]:
-    from pdpfl.budgets import BoundedMixGauss
-
     import pdpfl.privacy.accountant as accountant_module
+    from pdpfl.budgets import BoundedMixGauss
 
     budgets = BoundedMixGauss().sample(n, np.random.default_rng(seed))
     _CACHE.clear()  # the certified grid's memo and the PLD accountants' caches: a cold fit
