@@ -5,8 +5,8 @@ Each algorithm that is not simulation-only runs through pdpfl's real ServerApp a
 in-memory grid whose messages are deflated and inflated as on the wire
 (:class:`test_flower_toy.FakeGrid`), and must produce the simulator's model exactly under
 ``randomness: reproducible``. Algorithms registered later are picked up automatically from
-:func:`pdpfl.fl.registry.algorithm_specs`; one that needs config fields beyond ``name`` adds
-them to :data:`EXTRA`.
+:func:`pdpfl.fl.registry.algorithm_specs`; the fields one needs beyond ``name`` come from its
+registered ``toy_overrides`` (or :data:`EXTRA`).
 
 With ``PDPFL_MESSAGE_LOG`` set, the ServerApp logs the record names and keys of every reply; the
 test fails on any record or key other than: a train reply's :class:`~pdpfl.fl.api.Contribution`
@@ -46,6 +46,7 @@ def _flower_algorithms() -> list[str]:
 
 def toy_digits(name: str, *extra: str):
     from pdpfl.config import load_config
+    from pdpfl.fl.registry import get_algorithm
 
     return load_config(
         EXAMPLES / "digits_demo.yaml",
@@ -56,6 +57,7 @@ def toy_digits(name: str, *extra: str):
             "training.batch_size=12",
             "randomness=reproducible",
             f"algorithm.name={name}",
+            *get_algorithm(name).toy_overrides,  # what the algorithm needs at toy size
             *EXTRA.get(name, []),
             *extra,
         ],
@@ -119,7 +121,12 @@ def test_every_algorithm_runs_on_flower_like_the_simulator(
     assert result["summary"]["rounds_completed"] == sim["rounds_completed"] == 2
     server, _ = build_federation_algorithms(config, load_federation_for(config))
     counts = check_message_log(log, server.public_metrics, config.data.public_silo_sizes)
-    assert counts == {"hello": 3, "fit": 6, "evaluate": 6}
+    # one fit per silo the server selected (as in the simulation), one evaluation per silo
+    from pdpfl.runtime.loop import read_metrics
+
+    fits = sum(len(m["selected"]) for m in read_metrics(tmp_path / "sim"))
+    assert fits > 0
+    assert counts == {"hello": 3, "fit": fits, "evaluate": 6}
     # The coordinator's summary holds no per-silo privacy numbers.
     assert result["summary"]["privacy_view"].startswith("coordinator")
 

@@ -103,7 +103,7 @@ def make_certificates(folder: Path, names: tuple[str, ...] = ("localhost",)) -> 
 def doc_blocks() -> dict[str, str]:
     """The bash blocks of docs/flower.md marked ``<!-- deploy:NAME -->``, by name."""
     text = DOCS.read_text()
-    found = re.findall(r"<!-- deploy:(\w+) -->\n<!-- no-run -->\n```bash\n(.*?)```", text, re.S)
+    found = re.findall(r"<!-- deploy:(\w+) -->\n<!-- no-run[^\n]*-->\n```bash\n(.*?)```", text, re.S)
     return dict(found)
 
 

@@ -30,14 +30,33 @@ def dp_accounting_epsilon(q: float, sigma: float, rounds: int = 420, delta: floa
     return float(acc.get_epsilon(delta))
 
 
+def dp_accounting_pld_epsilon(q: float, sigma: float, rounds: int = 420,
+                              delta: float = 1e-4) -> float:
+    """The same mechanism with dp-accounting's PLD accountant (tighter than any RDP bound)."""
+    import dp_accounting
+
+    acc = dp_accounting.pld.PLDAccountant()
+    acc.compose(dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)),
+                rounds)
+    return float(acc.get_epsilon(delta))
+
+
+#: pdpfl refines the RDP order continuously (issue #15), so its bound -- and the σ it calibrates
+#: -- can be slightly tighter than dp-accounting's fixed order grid: that grid may report up to
+#: this much more for pdpfl's σ, while the (tighter) PLD accountant stays within the budget.
+GRID_SLACK = 1e-3
+
+
 @pytest.mark.parametrize("epsilon, sigma_flidp", [(1.0, 1.0546077151806315),
                                                   (3.0, 0.7082464208237876)])
 def test_flidp_sigma_test_vectors_for_strict_and_relaxed(epsilon, sigma_flidp):
     """getNoise(ε, δ=1e-4, q=30/3383, I=420): EMNIST strict (ε=1) and relaxed (ε=3) runs."""
     sigma = idp.noise_for_rate(epsilon, EMNIST_Q, 1e-4, 420)
     assert abs(sigma - sigma_flidp) < 1e-3
-    # Our σ never spends more than ε under the reference accountant either.
-    assert dp_accounting_epsilon(EMNIST_Q, sigma) <= epsilon * (1 + 1e-6)
+    # Our σ spends at most ε under the reference accountant's tight PLD, and its RDP grid
+    # differs from our refined order only by the grid's looseness.
+    assert dp_accounting_pld_epsilon(EMNIST_Q, sigma) <= epsilon
+    assert dp_accounting_epsilon(EMNIST_Q, sigma) <= epsilon * (1 + GRID_SLACK)
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +74,8 @@ def test_sample_emnist_every_group_within_budget_and_mean_rate_on_target(emnist_
     assert res.mean_rate == pytest.approx(mean)
     for budget, q, eps in zip(res.budgets, res.rates, res.epsilons, strict=True):
         assert eps <= budget  # our exact accountant
-        assert dp_accounting_epsilon(q, res.noise_multiplier) <= budget * (1 + 1e-6)
+        assert dp_accounting_pld_epsilon(q, res.noise_multiplier) <= budget
+        assert dp_accounting_epsilon(q, res.noise_multiplier) <= budget * (1 + GRID_SLACK)
         assert eps >= 0.99 * budget  # and the rates use the budget (not a loose bound)
     # Spec B.1 (flidp returns σ_high with mean slightly above c/N; we return the side below).
     assert res.noise_multiplier == pytest.approx(0.90122, abs=5e-3)
