@@ -650,7 +650,8 @@ def _encode_updates(state: _SiloState, upd: UserUpdates, d: int, silos: int) -> 
         scaled = np.rint(deltas / P)
         z = np.rint(noise / P)
     # No-wrap share: Σ_u |v| + |round(z/P)| must fit this silo's 1/|S| of the room.
-    room = 2.0 ** state.params.value_bits(state.pk.bits) / silos
+    # (capped at 2^1000: a float; every |v| is below 2^62 anyway, checked below)
+    room = math.ldexp(1.0, min(state.params.value_bits(state.pk.bits), 1000)) / silos
     worst = float(np.max(np.sum(np.abs(scaled), axis=0) + np.abs(z))) if d else 0.0
     if worst >= room or (scaled.size and float(np.max(np.abs(scaled))) >= 2.0**62):
         raise RingOverflowError(

@@ -143,10 +143,12 @@ class UldpConfig(AlgorithmConfig):
         None, gt=0, description="η_g, the global learning rate; default: the paper's choice, "
         "10 for AVG/SGD (Remark 2: |S|-times larger than FedAvg's) and 1 otherwise"
     )
-    weights: Literal["uniform", "enhanced"] = Field(
+    weights: Literal["uniform", "enhanced", "private"] = Field(
         "uniform",
-        description="AVG/SGD user weights: uniform w = 1/|S|, or enhanced w = n_{s,u}/N_u "
-        "(Eq. 4; needs data.public_user_histograms: true -- discloses the histograms)",
+        description="AVG/SGD user weights: uniform w = 1/|S|; enhanced w = n_{s,u}/N_u "
+        "(Eq. 4; needs data.public_user_histograms: true -- discloses the histograms); or "
+        "private: the same n_{s,u}/N_u computed by the private weighting protocol (Protocol 1: "
+        "Paillier + masking; no histogram leaves a silo, the server sees only the sum)",
     )
     user_rate: float | None = Field(
         None, gt=0, le=1, description="q: user-level Poisson sub-sampling (Alg. 4, AVG/SGD); "
@@ -238,6 +240,8 @@ class UldpConfig(AlgorithmConfig):
                     "training.batch_size: required by uldp-group (the public expected batch size "
                     "B dividing each DP-SGD step's noisy sum)"
                 )
+        if self.weights == "private" and self.variant not in ("avg", "sgd"):
+            problems.append("algorithm.weights: private applies to uldp-avg and uldp-sgd only")
         if self.personal_budgets and self.variant not in ("avg", "sgd"):
             problems.append("algorithm.personal_budgets: applies to uldp-avg and uldp-sgd only")
         if self.personal_budgets and self.user_rate is not None:
@@ -499,7 +503,11 @@ def observer_noise(variant: Variant, sigma: float, num_silos: int, config: UldpC
         eff = sigma * kappa / 2.0
         return {"third-party": eff, "server": eff}
     if variant in ("avg", "sgd"):
-        server = sigma if config.weights == "uniform" else sigma / math.sqrt(num_silos)
+        # enhanced weights under plain aggregation: the server sees silo s's update, where one
+        # user can weigh w_{s,u} = 1 against noise σC/√|S|. Uniform weights (w = 1/|S|), or
+        # private weights (the protocol sums the silos' updates before the server sees them),
+        # leave it the sum's σ.
+        server = sigma / math.sqrt(num_silos) if config.weights == "enhanced" else sigma
         return {"third-party": sigma, "server": server}
     return {"third-party": sigma, "server": sigma}
 
@@ -713,9 +721,12 @@ class UldpSilo:
         self.user_index = [order[s : s + c] for s, c in zip(starts, self.counts, strict=True)]
 
     def _weights(self) -> np.ndarray:
-        """w_{s,u} for this silo's users (Eq. 4 or 1/|S|)."""
+        """w_{s,u} for this silo's users (Eq. 4 or 1/|S|; empty for private weights, which only
+        the protocol computes, encrypted)."""
         if self.pub["weights"] == "uniform":
             return np.full(len(self.users), 1.0 / self.num_silos)
+        if self.pub["weights"] == "private":
+            return np.zeros(0)
         totals = np.asarray(self.pub["user_totals"], dtype=np.float64)[self.users]
         if (self.counts > totals).any():
             raise ValueError(
@@ -802,6 +813,51 @@ class UldpSilo:
         out = noisy_normalised_sum([s.to(torch.float64) for s in sums], std, 1.0, stream)
         return [o.to(torch.float32).numpy() for o in out]
 
+    # -- ULDP-FL private weighting (Protocol 1): what the silo supplies, never sent itself -----
+    def user_histogram(self) -> np.ndarray:
+        """n_{s,u} for every user u = 0..|U|-1: this silo's training records per user."""
+        hist = np.zeros(self.num_users, dtype=np.int64)
+        hist[self.users] = self.counts
+        return hist
+
+    def user_updates(self, global_params: Params, round_index: int, config: Scalars):
+        """Clip(Δ_{s,u}, C) of this round's users, flattened, and the silo's noise z_s (Alg. 3
+        lines 10-17 without the weighting, which the protocol does under encryption)."""
+        from pdpfl.dp.steps import clip_vectors
+        from pdpfl.fl.private_weighting import UserUpdates
+
+        if self.variant not in ("avg", "sgd") or self.pub["weights"] != "private":
+            raise ValueError("weights: private applies to uldp-avg / uldp-sgd configured with "
+                             "algorithm.weights: private")
+        t = int(round_index)
+        if t < self.next_round:
+            raise ValueError(f"silo {self.client_id}: round {t} was already trained")
+        shapes = [tuple(np.shape(p)) for p in global_params]
+        d = int(sum(math.prod(s) for s in shapes))
+        positions = self.selected_users(config)
+        if len(positions):
+            vectors = self.user_vectors(global_params, positions, t)
+            clipped, _ = clip_vectors(vectors, float(self.pub["max_grad_norm"]))
+            deltas = torch.cat(
+                [c.to(torch.float64).reshape(len(positions), -1) for c in clipped], dim=1
+            ).numpy()
+        else:
+            deltas = np.zeros((0, d))
+        zeros = [torch.zeros(s, dtype=torch.float64) for s in shapes]
+        noise = np.concatenate([np.asarray(z, dtype=np.float64).ravel()
+                                for z in self._noise(zeros, t)])
+        self.next_round = t + 1
+        return UserUpdates(users=self.users[positions].astype(np.int64), deltas=deltas,
+                           noise=noise)
+
+    def _noise(self, zeros: list[torch.Tensor], round_index: int) -> list[torch.Tensor]:
+        """z_s ~ N(0, noise_std²) per coordinate in float64 from the silo's own stream."""
+        from pdpfl.dp.steps import noisy_normalised_sum
+
+        std = float(self.pub["noise_std"])
+        stream = self.randomness.stream("noise", round_index, self.client_id) if std > 0 else None
+        return noisy_normalised_sum(zeros, std, 1.0, stream)
+
     def _avg_release(self, global_params: Params, t: int, config: Scalars) -> list[np.ndarray]:
         from pdpfl.dp.steps import clip_vectors
 
@@ -872,6 +928,11 @@ class UldpSilo:
         t = int(round_index)
         if t < self.next_round:
             raise ValueError(f"silo {self.client_id}: round {t} was already trained")
+        if self.variant in ("avg", "sgd") and self.pub["weights"] == "private":
+            raise ValueError(
+                "algorithm.weights: private weights are computed only inside the private "
+                "weighting protocol (aggregation by Protocol 1); this runtime called fit()"
+            )
         if self.variant in ("avg", "sgd"):
             update = self._avg_release(global_params, t, config)
         elif self.variant == "group":
@@ -1058,6 +1119,13 @@ class UldpServer:
             taking = active.copy()
         self._pending = {t: (active, taking)}
         return active, taking
+
+    def sampled_users(self, round_index: int) -> np.ndarray | None:
+        """Algorithm 4's user mask of ``round_index`` for the private weighting protocol (users
+        not taking part get weight 0), or None without user sub-sampling."""
+        if not self.pub.get("user_sampling"):
+            return None
+        return self._round_users(int(round_index))[1]
 
     def round_config(self, round_index: int) -> Scalars:
         cfg: Scalars = {"round": int(round_index)}
