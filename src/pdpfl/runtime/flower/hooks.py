@@ -238,7 +238,7 @@ def _run(
     resume: bool,
     on_round: Any = None,
 ):
-    from pdpfl.fl.aggregation import get_protocol
+    from pdpfl.fl.aggregation import protocol_from_config
     from pdpfl.runtime.loop import run_federation
 
     return run_federation(
@@ -249,7 +249,9 @@ def _run(
         resume=resume,
         progress=False,
         on_round=on_round,
-        protocol=get_protocol(getattr(config, "aggregation", "plain")),
+        # the simulator's choice exactly: secure summation with its participation mode and
+        # parameters, or ULDP-FL's private weighting (algorithm.weights: private)
+        protocol=protocol_from_config(config),
     )
 
 
