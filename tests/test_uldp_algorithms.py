@@ -262,3 +262,33 @@ def test_a_silo_refuses_a_published_total_below_its_own_count() -> None:
     with pytest.raises(ValueError, match="N_u"):
         UldpSilo(0, silo.model, fed.clients[0], dict(silo.pub, user_totals=totals),
                  randomness=silo.randomness, batch_size=8, lr=0.1)
+
+
+@pytest.mark.parametrize("name", ["uldp-naive", "uldp-avg", "uldp-sgd"])
+def test_secure_summation_gives_the_plain_model(name, tmp_path) -> None:
+    """``aggregation: secure`` (pairwise masks) changes what the server sees, not the model."""
+    from pdpfl.runtime.simulation import run_simulation
+
+    models = {}
+    for agg in ("plain", "secure"):
+        config = _config(f"algorithm.name={name}", f"aggregation={agg}")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            summary = run_simulation(config, tmp_path / agg, progress=False)
+        assert summary["aggregation"]["protocol"] == agg
+        models[agg] = np.load(tmp_path / agg / "model.npz")
+    for key in models["plain"].files:
+        np.testing.assert_allclose(models["plain"][key], models["secure"][key], atol=1e-6)
+
+
+def test_secure_summation_charges_the_server_the_sum_with_enhanced_weights() -> None:
+    _, _, plain, _ = _build("algorithm.weights=enhanced", "data.public_user_histograms=true")
+    _, _, secure, _ = _build("algorithm.weights=enhanced", "data.public_user_histograms=true",
+                             "aggregation=secure")
+    assert plain.observer_noise["server"] == pytest.approx(2.0 / np.sqrt(3))
+    assert secure.observer_noise == {"third-party": 2.0, "server": 2.0}
+
+
+def test_private_weights_refuse_a_second_aggregation_protocol() -> None:
+    with pytest.raises(ConfigError, match="aggregation"):
+        _config("algorithm.weights=private", "aggregation=secure")

@@ -193,8 +193,11 @@ class UldpConfig(AlgorithmConfig):
                 "training.client_rate: ULDP-FL trains every silo every round (the server divides "
                 "by |S|); set 1.0"
             )
-        if config.aggregation != "plain":  # pragma: no cover - only 'plain' exists today
-            problems.append("aggregation: ULDP-FL runs with plain aggregation only (for now)")
+        if config.aggregation != "plain" and self.weights == "private":
+            problems.append(
+                "aggregation: algorithm.weights: private runs its own protocol (which includes "
+                "secure summation); leave aggregation: plain"
+            )
         num_users = dict(data.options).get("num_users")
         if self.variant != "default" and num_users is None:
             problems.append(
@@ -1035,6 +1038,8 @@ class UldpServer:
 
         sigma = float(self.pub["noise_multiplier"])
         noise = observer_noise(self.variant, sigma, self.num_silos, self.algo)
+        if config.aggregation == "secure":  # the server sees only the sum, like a third party
+            noise["server"] = noise["third-party"]
         self.observer_noise = noise
         U, T = self.num_users, self.rounds
         if self.variant in ("avg", "sgd") and self.algo.personal_budgets:
