@@ -182,3 +182,15 @@ def test_ledger_tiny_rate_spends_more_than_total_variation_allows() -> None:
     assert spent == plan_epsilon([q], flat)[0][0] or spent == plan_epsilon(
         [q], TrainingPlan(noise_multiplier=sigma, delta=delta, steps=1, rounds=3)
     )[0][0]
+
+
+def test_unsampled_gaussian_rdp_is_rounded_up() -> None:
+    """q = 1: α/(2σ²) in floats can land below the real value (found by hypothesis at
+    σ = 33.31332261157103, α = 2.25); the bound is rounded up."""
+    import mpmath
+
+    sigma, alpha = 33.31332261157103, 2.25
+    exact = mpmath.mpf(alpha) / (2 * mpmath.mpf(sigma) ** 2)
+    ours = poisson_gaussian_rdp(1.0, sigma, [alpha])[0, 0]
+    assert mpmath.mpf(float(ours)) >= exact
+    assert ours <= float(exact) * (1 + 1e-15)

@@ -108,7 +108,13 @@ def gaussian_rdp(noise_multiplier: float, orders: ArrayLike = DEFAULT_ORDERS) ->
     """
     sigma = check_noise_multiplier(noise_multiplier)
     a = check_orders(orders)
-    return a / (2.0 * sigma * sigma)
+    return gaussian_rdp_upper(a, sigma)
+
+
+def gaussian_rdp_upper(orders: np.ndarray, sigma: float) -> np.ndarray:
+    """α/(2σ²) rounded up: three correctly rounded float operations can land a couple of ulps
+    below the real value, so step two ulps up to keep an upper bound."""
+    return np.nextafter(np.nextafter(orders / (2.0 * sigma * sigma), np.inf), np.inf)
 
 
 def poisson_gaussian_rdp(
@@ -137,7 +143,7 @@ def poisson_gaussian_rdp(
     out = np.zeros((q.size, a.size), dtype=np.float64)
     full = q == 1.0
     if full.any():
-        out[full] = a / (2.0 * sigma * sigma)
+        out[full] = gaussian_rdp_upper(a, sigma)
     inner = (q > 0.0) & (q < 1.0)
     if inner.any():
         uq, inv = np.unique(q[inner], return_inverse=True)
@@ -160,7 +166,7 @@ def poisson_gaussian_rdp_pairs(
         raise ValueError(f"orders: expected one order per rate ({q.size}), got {a.size}")
     out = np.zeros(q.size, dtype=np.float64)
     full = q == 1.0
-    out[full] = a[full] / (2.0 * sigma * sigma)
+    out[full] = gaussian_rdp_upper(a[full], sigma)
     inner = np.flatnonzero((q > 0.0) & (q < 1.0))
     if inner.size:
         out[inner] = _subsampled_pairs(q[inner], sigma, a[inner])

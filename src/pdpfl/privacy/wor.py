@@ -58,6 +58,7 @@ from numpy.typing import ArrayLike
 from scipy import special
 
 from pdpfl.privacy.conversion import rdp_to_delta, rdp_to_epsilon
+from pdpfl.privacy.rdp import gaussian_rdp_upper
 
 __all__ = [
     "WOR_ORDERS",
@@ -155,7 +156,7 @@ def wor_gaussian_rdp(
     g = check_sampling_ratio(sampling_ratio)
     sigma = _check_sigma(noise_multiplier)
     a = _check_integer_orders(orders)
-    full = a / (2.0 * sigma * sigma)
+    full = gaussian_rdp_upper(a, sigma)
     if g == 0.0:
         return np.zeros_like(a)
     if g == 1.0:
