@@ -292,3 +292,24 @@ def test_secure_summation_charges_the_server_the_sum_with_enhanced_weights() -> 
 def test_private_weights_refuse_a_second_aggregation_protocol() -> None:
     with pytest.raises(ConfigError, match="aggregation"):
         _config("algorithm.weights=private", "aggregation=secure")
+
+
+def test_compare_methods_that_change_the_data_options(tmp_path) -> None:
+    """``uldp-avg`` then ``uldp-avg-w`` (which declares the histograms public) in one compare:
+    each method gets a federation built from its own data section."""
+    import csv
+
+    import yaml
+    from typer.testing import CliRunner
+
+    from pdpfl.cli import app
+
+    cfg = tmp_path / "u.yaml"
+    cfg.write_text(yaml.safe_dump({**BASE, "training": {**BASE["training"], "rounds": 1}}))
+    res = CliRunner().invoke(app, ["compare", str(cfg), "--methods", "uldp-avg", "uldp-avg-w",
+                                   "--csv", str(tmp_path / "rows.csv")])
+    assert res.exit_code == 0, res.output
+    rows = list(csv.DictReader((tmp_path / "rows.csv").open()))
+    assert [r["method"] for r in rows] == ["uldp-avg", "uldp-avg-w"]
+    # enhanced public weights cost more against the server: a larger headline ε
+    assert float(rows[1]["epsilon"]) > float(rows[0]["epsilon"])

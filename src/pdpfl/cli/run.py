@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import shlex
 import shutil
 import tempfile
@@ -516,12 +517,15 @@ def compare_command(
     rows: list[dict[str, Any]] = []
     curves: dict[str, list[list[float]]] = {}
     try:
-        federations: dict[int, Any] = {}
+        # one federation per seed and data section (methods may change the data options, e.g.
+        # declare the user histograms public)
+        federations: dict[tuple[int, str], Any] = {}
         for (method, seed), cfg in configs.items():
-            if seed not in federations:
-                federations[seed] = _load_federation(cfg)
+            key = (seed, json.dumps(cfg.data.model_dump(mode="json"), sort_keys=True))
+            if key not in federations:
+                federations[key] = _load_federation(cfg)
             run_dir = root / method.replace(":", "-") / f"seed{seed}"
-            summary = _simulate(cfg, run_dir, False, progress=False, federation=federations[seed],
+            summary = _simulate(cfg, run_dir, False, progress=False, federation=federations[key],
                                 created=True)
             row = {
                 "method": method,
