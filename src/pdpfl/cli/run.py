@@ -164,7 +164,8 @@ def compare_table(title: str, table: list[dict[str, Any]]) -> Any:
         if r["runs"] > 1:
             acc += f" ± {_fmt_acc(r['final_accuracy_std'])}"
         t.add_row(r["method"], str(r["runs"]), acc, _fmt_acc(r["last3_mean_accuracy"]),
-                  _epsilon_cell(r.get("epsilon")), _over_budget_cell(r), f"{r['seconds']:.1f}")
+                  "∞" if r["method"] == "privacy-free" else _epsilon_cell(r.get("epsilon")),
+                  _over_budget_cell(r), f"{r['seconds']:.1f}")
     t.caption = "accuracy: pooled test accuracy after the last round"
     return t
 
