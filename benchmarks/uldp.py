@@ -24,6 +24,7 @@ import os
 import platform
 import time
 import warnings
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -129,7 +130,8 @@ def run(args) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--dataset", default="mnist-10k")
-    p.add_argument("--data-dir", default=os.environ.get("PDPFL_DATA_DIR", "/work/shared/data/mnist"))
+    p.add_argument("--data-dir", default=os.environ.get(
+        "PDPFL_DATA_DIR", str(Path(__file__).resolve().parents[2] / "shared" / "data" / "mnist")))
     p.add_argument("--silos", type=int, default=5)
     p.add_argument("--users", type=int, default=100)
     p.add_argument("--distribution", default="uniform", choices=["uniform", "zipf"])
