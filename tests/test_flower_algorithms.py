@@ -88,17 +88,14 @@ def check_message_log(path: Path, public_metrics: frozenset[str], sizes_public: 
     return counts
 
 
-@pytest.mark.usefixtures("task_identity")
-@pytest.mark.parametrize("name", _flower_algorithms())
-def test_every_algorithm_runs_on_flower_like_the_simulator(
-    name: str, tmp_path: Path, monkeypatch: Any
-) -> None:
+def run_like_the_simulator(config: Any, tmp_path: Path, monkeypatch: Any,
+                           round_timeout: float = 30.0) -> tuple[dict, dict, Path]:
+    """The simulator's run and the same config through pdpfl's Flower apps (message log on);
+    asserts both give the same model after the same rounds. Returns (sim, flower result, log)."""
     from pdpfl.config import config_to_dict
-    from pdpfl.fl.factory import build_federation_algorithms
     from pdpfl.runtime.flower.apps import encode_config
-    from pdpfl.runtime.simulation import load_federation_for, run_simulation
+    from pdpfl.runtime.simulation import run_simulation
 
-    config = toy_digits(name)
     sim = run_simulation(config, tmp_path / "sim", progress=False)
     log = tmp_path / "messages.jsonl"
     monkeypatch.setenv("PDPFL_MESSAGE_LOG", str(log))
@@ -108,7 +105,7 @@ def test_every_algorithm_runs_on_flower_like_the_simulator(
         "pdpfl-hooks": "pdpfl.runtime.flower.hooks:PDPFL_HOOKS",
         "pdpfl-out-dir": str(out),
         "pdpfl-resume": False,
-        "pdpfl-round-timeout": 30.0,
+        "pdpfl-round-timeout": round_timeout,
         "pdpfl-startup-timeout": 30.0,
         "pdpfl-min-silos": 3,
     }
@@ -119,6 +116,19 @@ def test_every_algorithm_runs_on_flower_like_the_simulator(
     for key in a.files:
         np.testing.assert_array_equal(a[key], b[key])
     assert result["summary"]["rounds_completed"] == sim["rounds_completed"] == 2
+    return sim, result, log
+
+
+@pytest.mark.usefixtures("task_identity")
+@pytest.mark.parametrize("name", _flower_algorithms())
+def test_every_algorithm_runs_on_flower_like_the_simulator(
+    name: str, tmp_path: Path, monkeypatch: Any
+) -> None:
+    from pdpfl.fl.factory import build_federation_algorithms
+    from pdpfl.runtime.simulation import load_federation_for
+
+    config = toy_digits(name)
+    _, result, log = run_like_the_simulator(config, tmp_path, monkeypatch)
     server, _ = build_federation_algorithms(config, load_federation_for(config))
     counts = check_message_log(log, server.public_metrics, config.data.public_silo_sizes)
     # one fit per silo the server selected (as in the simulation), one evaluation per silo
@@ -169,31 +179,9 @@ PROTOCOL_CASES = {
 def test_aggregation_protocols_run_on_flower_like_the_simulator(
     case: str, tmp_path: Path, monkeypatch: Any
 ) -> None:
-    from pdpfl.config import config_to_dict
-    from pdpfl.runtime.flower.apps import encode_config
-    from pdpfl.runtime.simulation import run_simulation
-
     name, extra = PROTOCOL_CASES[case]
-    config = toy_digits(name, *extra)
-    sim = run_simulation(config, tmp_path / "sim", progress=False)
-    log = tmp_path / "messages.jsonl"
-    monkeypatch.setenv("PDPFL_MESSAGE_LOG", str(log))
-    out = tmp_path / "flower"
-    run_config = {
-        "pdpfl-config": encode_config(config_to_dict(config)),
-        "pdpfl-hooks": "pdpfl.runtime.flower.hooks:PDPFL_HOOKS",
-        "pdpfl-out-dir": str(out),
-        "pdpfl-resume": False,
-        "pdpfl-round-timeout": 120.0,
-        "pdpfl-startup-timeout": 30.0,
-        "pdpfl-min-silos": 3,
-    }
-    result = serve(FakeGrid(run_config, out / "silos", 3, hooks=None, monkeypatch=monkeypatch), out)
-    assert result["status"] == "ok", result.get("error")
-    a, b = np.load(tmp_path / "sim" / "model.npz"), np.load(out / "model.npz")
-    for key in a.files:
-        np.testing.assert_array_equal(a[key], b[key])
-    assert result["summary"]["rounds_completed"] == sim["rounds_completed"] == 2
+    _, _, log = run_like_the_simulator(toy_digits(name, *extra), tmp_path, monkeypatch,
+                                       round_timeout=120.0)
     actions = [json.loads(line)["action"] for line in log.read_text().splitlines()]
     # no plain training reply: every update left its silo masked or encrypted
     assert "fit" not in actions, sorted(set(actions))
