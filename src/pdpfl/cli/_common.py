@@ -94,6 +94,34 @@ def plan_from_options(
         fail(f"{_PLAN_OPTIONS.get(field, field)}:{rest}")
 
 
+def unit_plan_from_options(unit: Any, *, sigma: float, delta: float, rounds: int) -> Any:
+    """The client/user-level :class:`~pdpfl.privacy.unit.SampledGaussianPlan` from CLI options;
+    its error is re-worded with the option's name (exit 2), as :func:`plan_from_options`."""
+    from pdpfl.privacy.unit import SampledGaussianPlan
+
+    try:
+        return SampledGaussianPlan(unit, sigma, delta, rounds)
+    except ValueError as exc:
+        field, _, rest = str(exc).partition(":")
+        fail(f"{_PLAN_OPTIONS.get(field, field)}:{rest}")
+
+
+def parse_unit_and_accountant(unit: str, accountant: str) -> tuple[Any, str]:
+    """``--unit`` and ``--accountant`` validated (exit 2 naming the option)."""
+    from pdpfl.privacy.accountant import as_accountant_name
+    from pdpfl.privacy.unit import as_unit
+
+    try:
+        unit_ = as_unit(unit)
+    except ValueError:
+        fail(f"--unit: expected record, client or user, got {unit!r}")
+    try:
+        acc = as_accountant_name(accountant)
+    except ValueError:
+        fail(f"--accountant: expected rdp or pld, got {accountant!r}")
+    return unit_, acc
+
+
 def import_plugins(specs: list[str] | None, option: str = "--import") -> None:
     """Import user modules (``my_models.py`` or ``package.module``) before a config is loaded,
     so that their ``@register_model`` / ``register_algorithm`` calls take effect."""

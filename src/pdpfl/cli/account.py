@@ -15,7 +15,14 @@ from pathlib import Path
 
 import typer
 
-from pdpfl.cli._common import fail, multi_value_command, plan_from_options, print_json
+from pdpfl.cli._common import (
+    fail,
+    multi_value_command,
+    parse_unit_and_accountant,
+    plan_from_options,
+    print_json,
+    unit_plan_from_options,
+)
 
 
 def _floats(values: list[str], name: str) -> list[float]:
@@ -59,19 +66,12 @@ def account(
     """ε for each sampling rate q of the unit's mechanism (rPDP-FL two-stage bound for records)."""
     import numpy as np
 
-    from pdpfl.privacy.accountant import as_accountant_name, mechanism_epsilon
+    from pdpfl.privacy.accountant import mechanism_epsilon
     from pdpfl.privacy.adversary import as_adversary
     from pdpfl.privacy.orders import DEFAULT_ORDERS, check_orders
-    from pdpfl.privacy.unit import PrivacyUnit, SampledGaussianPlan, as_unit
+    from pdpfl.privacy.unit import PrivacyUnit
 
-    try:
-        unit_ = as_unit(unit)
-    except ValueError:
-        fail(f"--unit: expected record, client or user, got {unit!r}")
-    try:
-        acc = as_accountant_name(accountant)
-    except ValueError:
-        fail(f"--accountant: expected rdp or pld, got {accountant!r}")
+    unit_, acc = parse_unit_and_accountant(unit, accountant)
     try:
         adv = as_adversary(adversary)
     except ValueError:
@@ -102,12 +102,7 @@ def account(
             fail(f"--adversary: {name}-level DP (central noise at the aggregator) is stated "
                  "against third parties; the aggregator sees the clipped updates and is trusted "
                  "— use --adversary third-party")
-        try:
-            mech = SampledGaussianPlan(unit_, sigma, delta, rounds)
-        except ValueError as exc:
-            field, _, rest = str(exc).partition(":")
-            option = {"noise_multiplier": "--sigma", "delta": "--delta", "rounds": "--rounds"}
-            fail(f"{option.get(field, field)}:{rest}")
+        mech = unit_plan_from_options(unit_, sigma=sigma, delta=delta, rounds=rounds)
 
     if bool(q) == (q_file is not None):
         fail("--q / --q-file: give exactly one of them")

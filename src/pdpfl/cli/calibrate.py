@@ -16,7 +16,14 @@ from pathlib import Path
 
 import typer
 
-from pdpfl.cli._common import check_writable, fail, plan_from_options, print_json
+from pdpfl.cli._common import (
+    check_writable,
+    fail,
+    parse_unit_and_accountant,
+    plan_from_options,
+    print_json,
+    unit_plan_from_options,
+)
 
 
 def register(app: typer.Typer) -> None:
@@ -80,17 +87,9 @@ def calibrate_command(
         fail(f"--out: rates are written as .npy, got {out.name!r}")
     if out is not None:
         check_writable(out, "--out")
-    from pdpfl.privacy.accountant import as_accountant_name
-    from pdpfl.privacy.unit import PrivacyUnit, SampledGaussianPlan, as_unit
+    from pdpfl.privacy.unit import PrivacyUnit
 
-    try:
-        unit_ = as_unit(unit)
-    except ValueError:
-        fail(f"--unit: expected record, client or user, got {unit!r}")
-    try:
-        accountant = as_accountant_name(accountant)
-    except ValueError:
-        fail(f"--accountant: expected rdp or pld, got {accountant!r}")
+    unit_, accountant = parse_unit_and_accountant(unit, accountant)
     # σ is searched when --epsilon-max is given: validate the rest of the plan with σ = 1.
     if unit_ is PrivacyUnit.RECORD:
         if steps is None:
@@ -116,12 +115,9 @@ def calibrate_command(
         if adversary != "third-party":
             fail(f"--adversary: {name}-level DP is stated against third parties (the central "
                  "aggregator is trusted) — use --adversary third-party")
-        try:
-            mech = SampledGaussianPlan(unit_, 1.0 if sigma is None else sigma, delta, rounds)
-        except ValueError as exc:
-            field, _, rest = str(exc).partition(":")
-            option = {"noise_multiplier": "--sigma", "delta": "--delta", "rounds": "--rounds"}
-            fail(f"{option.get(field, field)}:{rest}")
+        mech = unit_plan_from_options(
+            unit_, sigma=1.0 if sigma is None else sigma, delta=delta, rounds=rounds
+        )
         plan = mech.as_training_plan()
     if epsilon_max is not None and not (np.isfinite(epsilon_max) and epsilon_max > 0):
         fail(f"--epsilon-max: must be a finite ε > 0, got {epsilon_max}")

@@ -158,6 +158,17 @@ def initial_params(config: ExperimentConfig, info: FederationInfo) -> Params:
     return get_params(silo_model(config, info))
 
 
+def noise_source_problems(config: ExperimentConfig, meaning: str) -> list[str]:
+    """Exactly one of ``privacy.noise_multiplier`` and ``privacy.epsilon_max`` must be set;
+    ``meaning`` says what ε_max calibrates σ to (it differs per algorithm)."""
+    pv = config.privacy
+    if pv.noise_multiplier is None and pv.epsilon_max is None:
+        return [f"privacy: set privacy.noise_multiplier (σ) or privacy.epsilon_max ({meaning})"]
+    if pv.noise_multiplier is not None and pv.epsilon_max is not None:
+        return ["privacy: set only one of privacy.noise_multiplier and privacy.epsilon_max"]
+    return []
+
+
 def accounting_adversary(config: ExperimentConfig) -> str:
     """The observer a mechanism is calibrated against (σ from ε_max, the estimator F).
 

@@ -47,6 +47,7 @@ from pdpfl.fl.common import (
     client_budgets,
     initial_params,
     noise_for_max_budget_cached,
+    noise_source_problems,
     public_budget_statistics,
     silo_model,
 )
@@ -105,16 +106,7 @@ class DpFedAvgConfig(AlgorithmConfig):
                     "training.batch_size: required under DP -- the public expected batch size B "
                     "that divides each step's noisy sum (e.g. 32; one value or one per silo)"
                 )
-            pv = config.privacy
-            if pv.noise_multiplier is None and pv.epsilon_max is None:
-                problems.append(
-                    "privacy: set privacy.noise_multiplier (σ) or privacy.epsilon_max "
-                    "(σ such that q = 1 spends ε_max)"
-                )
-            if pv.noise_multiplier is not None and pv.epsilon_max is not None:
-                problems.append(
-                    "privacy: set only one of privacy.noise_multiplier and privacy.epsilon_max"
-                )
+            problems += noise_source_problems(config, "σ such that q = 1 spends ε_max")
         return problems
 
 

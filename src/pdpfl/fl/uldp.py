@@ -78,7 +78,7 @@ import torch
 from pydantic import Field
 
 from pdpfl.fl.api import Aggregate, Contribution, FederationInfo, Params, Scalars
-from pdpfl.fl.common import initial_params, silo_model
+from pdpfl.fl.common import initial_params, noise_source_problems, silo_model
 from pdpfl.fl.registry import (
     AlgorithmConfig,
     AlgorithmSpec,
@@ -221,15 +221,7 @@ class UldpConfig(AlgorithmConfig):
             )
         if not self.private:
             return problems
-        if pv.noise_multiplier is None and pv.epsilon_max is None:
-            problems.append(
-                "privacy: set privacy.noise_multiplier (σ) or privacy.epsilon_max (σ such that "
-                "the planned user-level ε is ε_max)"
-            )
-        if pv.noise_multiplier is not None and pv.epsilon_max is not None:
-            problems.append(
-                "privacy: set only one of privacy.noise_multiplier and privacy.epsilon_max"
-            )
+        problems += noise_source_problems(config, "σ such that the planned user-level ε is ε_max")
         if self.variant == "group":
             if pv.noise_multiplier is None:
                 problems.append("privacy.noise_multiplier: required by uldp-group")
