@@ -17,8 +17,9 @@ requested variant, in the same process run, and reports for each:
 * ``max_abs_param_diff`` to the simulator's model (``randomness: reproducible``: 0).
 
 Variants: ``per-message`` -- Flower's stock one-process-per-message ClientApp, no prefetch (the
-"before"); ``warm`` -- the pdpfl silo worker + the next round's training announced behind each
-evaluation (the "after"); ``warm-no-prefetch`` -- the worker alone.
+"before"); ``warm`` -- the pdpfl silo worker + each round's training request sent with the
+evaluation of the model it starts from, one message per silo and round (the "after");
+``warm-no-prefetch`` -- the worker alone (an evaluation and a training exchange per round).
 
     PYTHONPATH=src .venv/bin/python benchmarks/flower.py --json \\
         [--config examples/heart_disease.yaml] [--rounds 4] [--data-dir ../shared/data] \\
@@ -59,6 +60,11 @@ def per_round(lines: list[dict[str, Any]]) -> list[float]:
     return [b - a for a, b in zip(secs, secs[1:], strict=False)]
 
 
+#: Exchange types and the silo-side work of each: a training request that carries the
+#: evaluation of the model it starts from runs both at the silo.
+EXCHANGES = {"fit": ("fit",), "evaluate": ("evaluate",), "fit+evaluate": ("evaluate", "fit")}
+
+
 def breakdown(out: Path) -> dict[str, Any]:
     """Medians per exchange type over the rounds after the first."""
     flower = out / "flower"
@@ -69,30 +75,36 @@ def breakdown(out: Path) -> dict[str, Any]:
         for t in _lines(path)
         if t["round"] > 0
     ]
-    result: dict[str, Any] = {}
-    for action in ("fit", "evaluate"):
-        # A prefetched training request was pushed with the previous evaluation: count only
-        # the wait after that evaluation's replies (the round's share).
-        ex = [
-            e["wait_seconds"] if e.get("prefetched") else e["seconds"]
-            for e in events
-            if e["action"] == action
-        ]
+
+    def silo_side(action: str) -> dict[str, float]:
         tm = [t for t in timings if t["action"] in (action, f"{action}-replay")]
         start = [0.0 if t["warm"] else float(t["process_age_s"] or 0.0) for t in tm]
         inside = [
             s + t["build_s"] + t["compute_s"] + t["save_s"] for s, t in zip(start, tm, strict=True)
         ]
-        row = {
-            "exchange_s": _median(ex),
-            "process_start_s": _median(start),
-            "silo_build_s": _median([t["build_s"] for t in tm]),
-            "compute_s": _median([t["compute_s"] for t in tm]),
-            "save_s": _median([t["save_s"] for t in tm]),
+        return {
+            "process_start_s": _median(start) or 0.0,
+            "silo_build_s": _median([t["build_s"] for t in tm]) or 0.0,
+            "compute_s": _median([t["compute_s"] for t in tm]) or 0.0,
+            "save_s": _median([t["save_s"] for t in tm]) or 0.0,
+            "inside_s": _median(inside) or 0.0,
         }
-        row["transport_polling_s"] = (
-            None if row["exchange_s"] is None else row["exchange_s"] - (_median(inside) or 0.0)
-        )
+
+    result: dict[str, Any] = {}
+    for action, parts in EXCHANGES.items():
+        # A training request queued behind an exchange counts only the wait after it.
+        ex = [
+            e["wait_seconds"] if e.get("prefetched") else e["seconds"]
+            for e in events
+            if e["action"] == action
+        ]
+        if not ex:
+            continue
+        sides = [silo_side(p) for p in parts]
+        row: dict[str, Any] = {"exchange_s": _median(ex)}
+        for key in ("process_start_s", "silo_build_s", "compute_s", "save_s"):
+            row[key] = sum(side[key] for side in sides)
+        row["transport_polling_s"] = row["exchange_s"] - sum(side["inside_s"] for side in sides)
         result[action] = row
     return result
 

@@ -5,7 +5,10 @@ user's records (Q epochs, minibatches of B) and clips each user's delta to C. Th
 times that work for all silos of a federation twice in the same run -- with
 :func:`pdpfl.dp.batched.train_copies` (``torch.func`` + ``vmap``, users of similar size grouped)
 and with the obvious per-user loop :func:`pdpfl.dp.batched.train_copies_loop` -- on identical
-inputs and per-user shuffling streams, and checks that both give the same clipped deltas.
+inputs and per-user shuffling streams, and checks that both give the same clipped deltas. It also
+times the compute floor: the same record passes through one model in minibatches of 256 (what the
+round's arithmetic costs at its cheapest on this machine; ``max_speedup_at_floor`` = loop / floor
+bounds what any per-user trainer can gain here).
 
 Default setting (issue #12): mnist-10k, 100 users over 5 silos (uniform), CNNMnist (dropout 0,
 so that both trainers draw the same computation), Q = 2, B = 64, C = 0.1, 1 torch thread.
@@ -63,6 +66,28 @@ def _silo(trainer, model, users, spec, clip, t, s):
     return clipped
 
 
+def _floor(model, silos, spec, batch: int = 256) -> float:
+    """Seconds for the same record passes (every user's records, Q epochs) through *one* model
+    copy in large minibatches: the arithmetic of a round at its cheapest on this machine, a
+    floor that no per-user trainer (batched or looped) can beat without changing the math."""
+    import copy
+
+    m = copy.deepcopy(model)
+    m.train()
+    x = torch.cat([x for users in silos for _, x, _ in users])
+    y = torch.cat([y for users in silos for _, _, y in users])
+    opt = torch.optim.SGD(m.parameters(), lr=spec.lr)
+    from pdpfl.models import loss_fn
+
+    t0 = time.perf_counter()
+    for _ in range(int(spec.epochs)):
+        for i in range(0, len(y), batch):
+            opt.zero_grad(set_to_none=True)
+            loss_fn(m(x[i : i + batch]), y[i : i + batch]).backward()
+            opt.step()
+    return time.perf_counter() - t0
+
+
 def run(args) -> dict:
     torch.set_num_threads(args.threads)
     with warnings.catch_warnings():
@@ -95,12 +120,16 @@ def run(args) -> dict:
             for label in spent:
                 times[label].append(spent[label])
         b, loop = float(np.median(times["batched"])), float(np.median(times["loop"]))
+        floor = float(np.median([_floor(model, silos, spec) for _ in range(args.rounds)]))
         rows.append({
             "model": name,
             "parameters": sum(p.numel() for p in model.parameters()),
             "seconds_per_round_batched": round(b, 4),
             "seconds_per_round_loop": round(loop, 4),
             "speedup": round(loop / b, 2),
+            # One model, minibatches of 256, the same record passes: the compute floor.
+            "seconds_per_round_floor": round(floor, 4),
+            "max_speedup_at_floor": round(loop / floor, 2),
             "max_abs_diff_clipped_deltas": worst,
             "identical_within_1e-5": worst <= 1e-5,
         })
@@ -153,7 +182,9 @@ def main() -> None:
     for r in out["rows"]:
         print(f"  {r['model']:>9}: batched {r['seconds_per_round_batched']:.3f} s/round, "
               f"loop {r['seconds_per_round_loop']:.3f} s/round, speed-up {r['speedup']}x, "
-              f"max |Δ| {r['max_abs_diff_clipped_deltas']:.2e}")
+              f"max |Δ| {r['max_abs_diff_clipped_deltas']:.2e}; floor (one model, batch 256) "
+              f"{r['seconds_per_round_floor']:.3f} s/round = at most "
+              f"{r['max_speedup_at_floor']}x over the loop")
 
 
 if __name__ == "__main__":

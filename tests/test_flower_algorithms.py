@@ -71,8 +71,11 @@ def check_message_log(path: Path, public_metrics: frozenset[str], sizes_public: 
         entry = json.loads(line)
         action, records = entry["action"], entry["records"]
         counts[action] = counts.get(action, 0) + 1
-        if action == "fit":
-            assert set(records) == {"update", "contribution"}, entry
+        if action in ("fit", "fit+evaluate"):
+            # A training reply; with the evaluation of the model it started from, if asked.
+            evaluation = {"metrics": ["accuracy", "loss", "n"]} if action != "fit" else {}
+            assert set(records) == {"update", "contribution", *evaluation}, entry
+            assert {k: records[k] for k in evaluation} == evaluation, entry
             allowed = {"weight"} | {f"metric.{k}" for k in public_metrics}
             assert "weight" in records["contribution"], entry
             assert set(records["contribution"]) <= allowed, entry
@@ -131,12 +134,15 @@ def test_every_algorithm_runs_on_flower_like_the_simulator(
     _, result, log = run_like_the_simulator(config, tmp_path, monkeypatch)
     server, _ = build_federation_algorithms(config, load_federation_for(config))
     counts = check_message_log(log, server.public_metrics, config.data.public_silo_sizes)
-    # one fit per silo the server selected (as in the simulation), one evaluation per silo
+    # one training request per silo the server selected (as in the simulation), one evaluation
+    # per silo and round; round 0's evaluation travels with round 1's training requests
     from pdpfl.runtime.loop import read_metrics
 
-    fits = sum(len(m["selected"]) for m in read_metrics(tmp_path / "sim"))
-    assert fits > 0
-    assert counts == {"hello": 3, "fit": fits, "evaluate": 6}
+    first, second = (m["selected"] for m in read_metrics(tmp_path / "sim"))
+    assert first or second
+    expected = {"hello": 3, "fit": len(first), "fit+evaluate": len(second),
+                "evaluate": 6 - len(second)}  # fmt: skip
+    assert counts == {k: n for k, n in expected.items() if n}
     # The coordinator's summary holds no per-silo privacy numbers.
     assert result["summary"]["privacy_view"].startswith("coordinator")
 
@@ -152,6 +158,17 @@ def test_boundary_check_fails_on_an_extra_field(tmp_path: Path) -> None:
         {"update": ["0"], "contribution": ["weight"], "metrics": ["mean_loss"]},
     ):
         log.write_text(json.dumps({**good, "records": bad}) + "\n")
+        with pytest.raises(AssertionError):
+            check_message_log(log, frozenset(), False)
+    both = {"update": ["0"], "contribution": ["weight"], "metrics": ["accuracy", "loss", "n"]}
+    log.write_text(json.dumps({**good, "action": "fit+evaluate", "records": both}) + "\n")
+    check_message_log(log, frozenset(), False)
+    for bad in (
+        {**both, "metrics": ["accuracy", "loss", "n", "n_train"]},
+        {**both, "info": ["num_examples"]},
+        {"update": ["0"], "contribution": ["weight"]},
+    ):
+        log.write_text(json.dumps({**good, "action": "fit+evaluate", "records": bad}) + "\n")
         with pytest.raises(AssertionError):
             check_message_log(log, frozenset(), False)
     sized = {"action": "hello", "silo": 0, "records": {

@@ -567,19 +567,24 @@ def test_apps_reproduce_the_simulation_exactly(
         assert state["evaluated_until"] == 3
     # The coordinator's summary holds no silo privacy summary: they stay at the silos.
     assert result["summary"]["privacy"] == {}
-    # Each silo got its training request right behind its evaluation (one message each).
+    # The same evaluations as in the simulator, round by round.
+    assert [m["accuracy"] for m in flw_lines] == [m["accuracy"] for m in sim_lines]
+    assert [m["loss"] for m in flw_lines] == [m["loss"] for m in sim_lines]
+    # Round t's evaluation travelled with round t + 1's training request (one message per
+    # selected silo): a separate training exchange only in the first round.
     events = _lines(out / "flower" / "transport.jsonl")
-    fits = [e for e in events if e["action"] == "fit" and "sent" in e]
-    assert [bool(e.get("prefetched")) for e in fits] == [
-        m["round"] > 0 for m in sim_lines if m["selected"]
+    sent = [e for e in events if "sent" in e]
+    assert [e["round"] for e in sent if e["action"] == "fit"] == [0] * bool(sim_lines[0]["selected"])
+    assert [(e["round"], e["sent"]) for e in sent if e["action"] == "fit+evaluate"] == [
+        (m["round"], m["selected"]) for m in sim_lines[1:] if m["selected"]
     ]
-    # At every silo: its evaluation of round t comes before its training of round t + 1.
+    # At every silo: its evaluation of round t comes before (or with) its training of t + 1.
     for silo in range(3):
         types = [t for node, t in grid.sent if node == grid.node_of(silo)]
         rounds = [m["round"] for m in sim_lines if silo in m["selected"]]
-        expected = ["query.hello"]
+        expected = ["query.hello"] + ["train"] * (0 in rounds)
         for t in range(4):
-            expected += ["train"] * (t in rounds) + ["evaluate"]
+            expected += ["train" if t + 1 in rounds else "evaluate"]
         assert types == expected
 
 
@@ -605,11 +610,12 @@ def test_failing_silo_is_dropped_and_its_charges_kept(
     result = serve(grid, out)
     assert result["status"] == "ok"
     assert sorted(result["lost"]) == ["1", "2"]
-    # Lost silos are not contacted again after the exchange in which they failed (the next
-    # round's training requests were already queued behind that exchange's messages).
-    n_evaluate_0 = [i for i, (_, t) in enumerate(grid.sent) if t == "evaluate"][0]
-    assert [t for _, t in grid.sent[n_evaluate_0 + 3 : n_evaluate_0 + 6]] == ["train"] * 3
-    later = [node for node, _ in grid.sent[n_evaluate_0 + 6 :]]
+    # Lost silos are not contacted again after the exchange in which they failed: round 0's
+    # evaluation, which travelled with round 1's training request.
+    trains = [i for i, (_, t) in enumerate(grid.sent) if t == "train"]
+    assert len(trains) >= 6 and trains[3:6] == list(range(trains[3], trains[3] + 3))
+    assert {node for node, _ in grid.sent[trains[3] : trains[3] + 3]} == set(grid.node_configs)
+    later = [node for node, _ in grid.sent[trains[3] + 3 :]]
     assert later and dead not in later and failing not in later
     # Their ledgers hold every update they released (round 0), never less.
     assert _silo_state(out, 1, result["run_key"])["fits"] >= 1
@@ -694,6 +700,13 @@ def test_missing_silo_is_named_after_the_startup_timeout(
     assert status["phase"] == "error" and status["ready"] == [0] and status["missing"] == [1, 2]
 
 
+def _asks_evaluation(msg: Any) -> bool:
+    """An evaluation request: its own message, or within the next round's training request."""
+    from pdpfl.runtime.flower.transport import EVALUATE_FIRST
+
+    return msg.metadata.message_type == "evaluate" or EVALUATE_FIRST in msg.content.config_records
+
+
 def test_resume_requires_every_silo_to_hold_its_state(
     tmp_path: Path, task_identity: None, monkeypatch: Any
 ) -> None:
@@ -707,11 +720,13 @@ def test_resume_requires_every_silo_to_hold_its_state(
     first = FakeGrid(toy_run_config(config, out), out / "silo-state", 2, monkeypatch=monkeypatch)
     original_push = first.push_messages
 
+    evaluations = []
+
     def push(messages: Any) -> list[str]:  # the server dies in round 2 (before evaluating)
-        if sum(t == "evaluate" for _, t in first.sent) >= 2 and any(
-            m.metadata.message_type == "evaluate" for m in messages
-        ):
-            raise KeyboardInterrupt
+        if any(_asks_evaluation(m) for m in messages):
+            evaluations.append(1)
+            if len(evaluations) == 2:
+                raise KeyboardInterrupt
         return original_push(messages)
 
     first.push_messages = push  # type: ignore[method-assign]
@@ -729,8 +744,8 @@ def test_resume_requires_every_silo_to_hold_its_state(
 def test_resumed_run_replays_releases_instead_of_charging_twice(
     tmp_path: Path, task_identity: None, monkeypatch: Any, mode: str
 ) -> None:
-    """Interrupted after round 1 was released *and* round 2 was announced (and trained), the
-    resumed run asks again; the silos answer with the very same releases (nothing charged
+    """Interrupted after round 2 was trained (its request travelled with round 1's evaluation)
+    but before it was evaluated, the resumed run asks again; the silos answer with the very same releases (nothing charged
     twice, no new noise), so the result equals an uninterrupted run."""
     from pdpfl.runtime.flower.silo import HOST
 
@@ -741,11 +756,13 @@ def test_resumed_run_replays_releases_instead_of_charging_twice(
                      monkeypatch=monkeypatch)  # fmt: skip
     original_push = first.push_messages
 
+    evaluations = []
+
     def push(messages: Any) -> list[str]:  # the server dies before evaluating round 2
-        if sum(t == "evaluate" for _, t in first.sent) >= 6 and any(
-            m.metadata.message_type == "evaluate" for m in messages
-        ):
-            raise KeyboardInterrupt
+        if any(_asks_evaluation(m) for m in messages):
+            evaluations.append(1)
+            if len(evaluations) == 3:
+                raise KeyboardInterrupt
         return original_push(messages)
 
     first.push_messages = push  # type: ignore[method-assign]

@@ -10,7 +10,8 @@ Run config keys (``[tool.flwr.app.config]``, written by :func:`write_app`):
 ``pdpfl-config`` (the experiment config as base64 JSON), ``pdpfl-hooks`` (an
 :class:`~pdpfl.runtime.flower.hooks.AppHooks` import spec), ``pdpfl-out-dir`` (server-side output
 folder), ``pdpfl-resume``, ``pdpfl-round-timeout``, ``pdpfl-startup-timeout``, ``pdpfl-min-silos``,
-``pdpfl-prefetch`` (announce each round's training behind the previous evaluation; default true).
+``pdpfl-prefetch`` (send each round's training request together with the evaluation of the model
+it starts from, in one message per silo; default true).
 
 Node config keys (``flower-supernode --node-config``): ``partition-id`` (the silo index),
 ``num-partitions``, and optionally ``data-dir`` (the silo's data), ``state-dir`` (where the
@@ -24,7 +25,9 @@ Messages (``message_type``) and what a silo replies -- nothing else:
                    run) and ``info`` (public facts: shapes, class count, name; its size only when
                    the config declares sizes public)
 ``train``          exactly its :class:`~pdpfl.fl.api.Contribution`: ``update`` (arrays) and
-                   ``contribution`` (public weight, declared-public metrics)
+                   ``contribution`` (public weight, declared-public metrics); a training request
+                   that also asks for the evaluation of the model it starts from (records
+                   ``evaluate`` and ``evaluate.config``) gets ``metrics`` as well (see below)
 ``evaluate``       ``metrics``: ``loss``, ``accuracy``, ``n`` of its test split
 ``query.stage``    one stage of a multi-stage summation protocol: the protocol's own payload
                    (``payload.arrays``, ``payload.values``; see :mod:`pdpfl.fl.aggregation`)
@@ -66,6 +69,7 @@ from pdpfl.runtime.flower.hooks import DEFAULT_HOOKS, NUM_PARTITIONS, AppHooks, 
 from pdpfl.runtime.flower.transport import (
     ACTION_HELLO,
     CONTROL,
+    EVALUATE_FIRST,
     MESSAGE_LOG_ENV,
     STAGE,
     FlowerRunError,
@@ -148,6 +152,24 @@ def _hello(msg: Message, context: Context) -> Message:
     )
 
 
+def _evaluation(client: Any, silo: Any, params: Any, round_index: int, config: Any,
+                age: Any) -> MetricRecord:
+    """Evaluate ``params`` on the silo's test split: ``loss``, ``accuracy``, ``n`` only."""
+    t0 = time.perf_counter()
+    with silo.threads():
+        result = check_evaluation(client.evaluate(params, round_index, config))
+    compute_s = time.perf_counter() - t0
+    # Evaluation also catches up the silo's Type II accounting for the round: persist it.
+    silo.save("evaluate", round_index, compute_s, age)
+    return MetricRecord(
+        {
+            "loss": float(result["loss"]),
+            "accuracy": float(result["accuracy"]),
+            "n": int(result["n"]),
+        }
+    )
+
+
 @client_app.train()
 def _train(msg: Message, context: Context) -> Message:
     age = _process_age()
@@ -155,6 +177,16 @@ def _train(msg: Message, context: Context) -> Message:
     client = silo.ensure_client(public)
     params = record_to_params(msg.content.array_records["params"])
     config = config_to_scalars(msg.content.config_records["config"])
+    evaluation = None
+    if EVALUATE_FIRST in msg.content.config_records:
+        # A training request that also carries the evaluation of the model it starts from
+        # (the previous round's global model): evaluate first, as the simulator does.
+        first = msg.content.config_records[EVALUATE_FIRST]
+        evaluation = _evaluation(
+            client, silo, params, int(first["round"]), config_to_scalars(
+                msg.content.config_records[EVALUATE_FIRST + ".config"]), age
+        )
+        age = None
     key = release_key(round_index, params, config)
     t0 = time.perf_counter()
     contribution = silo.cached_release(key)
@@ -170,6 +202,8 @@ def _train(msg: Message, context: Context) -> Message:
         silo.remember_release(key, contribution)
     compute_s = time.perf_counter() - t0
     records = contribution_to_records(contribution)
+    if evaluation is not None:
+        records["metrics"] = evaluation
     # Write-ahead: the round's charge is on the silo's disk before the update leaves it.
     silo.save(action, round_index, compute_s, age)
     return _reply(msg, records)
@@ -182,20 +216,7 @@ def _evaluate(msg: Message, context: Context) -> Message:
     client = silo.ensure_client(public)
     params = record_to_params(msg.content.array_records["params"])
     config = config_to_scalars(msg.content.config_records["config"])
-    t0 = time.perf_counter()
-    with silo.threads():
-        result = check_evaluation(client.evaluate(params, round_index, config))
-    compute_s = time.perf_counter() - t0
-    metrics = MetricRecord(
-        {
-            "loss": float(result["loss"]),
-            "accuracy": float(result["accuracy"]),
-            "n": int(result["n"]),
-        }
-    )
-    # Evaluation also catches up the silo's Type II accounting for the round: persist it.
-    silo.save("evaluate", round_index, compute_s, age)
-    return _reply(msg, {"metrics": metrics})
+    return _reply(msg, {"metrics": _evaluation(client, silo, params, round_index, config, age)})
 
 
 @client_app.query(STAGE)

@@ -698,8 +698,9 @@ def run_flower(
     progress
         Show the coordinator's progress on stderr.
     prefetch
-        Announce each round's training request behind the previous evaluation (one Flower
-        polling wait per round instead of two; see :class:`FlowerTransport`).
+        Send each round's training request with the evaluation of the model it starts from, in
+        one message per silo (one Flower message exchange and polling wait per round instead of
+        two; see :class:`FlowerTransport`).
 
     Raises
     ------

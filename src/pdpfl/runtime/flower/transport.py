@@ -34,6 +34,7 @@ from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 
 from pdpfl.fl.api import Contribution, Params, PrivacyBoundaryError, Scalars
 from pdpfl.runtime.flower.codec import (
+    CONTRIBUTION_RECORDS,
     EVALUATION_RECORDS,
     json_default,
     params_to_record,
@@ -50,6 +51,11 @@ STAGE = "stage"
 ACTION_HELLO = "hello"
 ACTION_FIT = "fit"
 ACTION_EVALUATE = "evaluate"
+#: A training request that carries the evaluation of the model it starts from.
+ACTION_FIT_EVALUATE = "fit+evaluate"
+#: Record names of that evaluation request in a training message: a ConfigRecord ``{"round": t}``
+#: and the round's configuration (``EVALUATE_FIRST + ".config"``).
+EVALUATE_FIRST = "evaluate"
 
 #: If set, the ServerApp appends one JSON line per received reply to this file: the action and
 #: every record name and key the reply carried (tests use it to check the privacy boundary).
@@ -80,7 +86,12 @@ class _Prefetch:
     params: Params
     round: int
     config: Scalars
-    pending: _Pending | None = None
+    #: True once the request has been sent (with the evaluation of ``params``).
+    sent: bool = False
+    #: The training messages whose replies :meth:`FlowerTransport.fit` still has to collect.
+    pending: list[_Pending] = field(default_factory=list)
+    #: Training replies already collected (with the evaluation they travelled with).
+    replies: dict[int, RecordDict] = field(default_factory=dict)
 
     def matches(self, selected: list[int], params: Params, round_index: int, config: Scalars):
         return (
@@ -136,8 +147,9 @@ class FlowerTransport:
     log_path
         Optional JSON-lines file with one event per exchange (who was asked, who replied).
     prefetch
-        Announce each round's training request behind the previous evaluation
-        (:meth:`prefetch_fit`; default). False: two polling waits per round.
+        Send each round's training request with the evaluation of the model it starts from, in
+        one message per silo (:meth:`prefetch_fit`; default). False: two message exchanges
+        (two polling waits) per round.
     """
 
     def __init__(
@@ -289,14 +301,18 @@ class FlowerTransport:
         self, selected: list[int], params: Params, round_index: int, config: Scalars
     ) -> None:
         """Announce the next round's training request (the round loop calls this with plain
-        summation only, right after aggregating the previous round).
+        summation only, right after aggregating the previous round, and then evaluates the same
+        ``params``).
 
-        The train messages are pushed right *after* the next :meth:`evaluate`'s messages, so a
-        SuperNode that has just answered its evaluation finds its training request waiting
-        instead of sleeping through Flower's 3 s polling interval: one polling wait per round
-        instead of two. :meth:`fit` then only collects the replies -- if it is called with the
-        same silos, parameters, round and configuration; otherwise the announced request is
-        dropped and a fresh one sent.
+        :meth:`evaluate` then sends each selected silo *one* message: the training request of
+        round ``round_index`` that also asks for the evaluation of ``params`` (the model it starts
+        from) first. The silo evaluates, trains, and replies with both; each round costs one
+        message exchange (one wait through Flower's 3 s SuperNode polling) instead of two. The
+        events at every silo happen in the simulator's order (evaluation of round t, then
+        training of round t + 1). :meth:`fit` then only hands over the replies -- if it is
+        called with the same silos, parameters, round and configuration; otherwise the
+        announced request's replies are dropped and a fresh request is sent (a silo answers a
+        repeated request from its release cache: nothing is charged twice).
         """
         self._prefetch = _Prefetch(
             list(selected), [np.asarray(p).copy() for p in params], int(round_index), dict(config)
@@ -306,13 +322,15 @@ class FlowerTransport:
         self, selected: list[int], params: Params, round_index: int, config: Scalars
     ) -> list[Contribution]:
         prefetch, self._prefetch = self._prefetch, None
-        if prefetch is not None and prefetch.pending is not None:
+        replies: dict[int, RecordDict] | None = None
+        if prefetch is not None and prefetch.sent:
             if prefetch.matches(selected, params, round_index, config):
-                replies = self._collect(prefetch.pending, prefetched=True)
+                replies = dict(prefetch.replies)
+                for pending in prefetch.pending:
+                    replies.update(self._collect(pending, prefetched=True))
             else:
                 self._log({"round": round_index, "action": ACTION_FIT, "prefetch": "dropped"})
-                prefetch = None
-        if prefetch is None or prefetch.pending is None:
+        if replies is None:
             replies = self._exchange(
                 ACTION_FIT,
                 MessageType.TRAIN,
@@ -322,44 +340,100 @@ class FlowerTransport:
             )
         contributions = []
         for silo in selected:  # the order of `selected`, as in the simulator
-            if silo in replies:
+            if silo in replies and silo not in self.lost:
                 rd = replies[silo]
                 contributions.append(records_to_contribution(set(rd.keys()), rd))
         return contributions
 
+    @staticmethod
+    def _evaluation_metrics(silo: int, rd: RecordDict) -> Scalars:
+        if "metrics" not in rd.metric_records:
+            raise PrivacyBoundaryError(f"silo {silo}'s evaluation reply carries no metrics")
+        metrics = dict(rd.metric_records["metrics"].items())
+        if set(metrics) != {"loss", "accuracy", "n"}:
+            raise PrivacyBoundaryError(
+                f"silo {silo}'s evaluation carries {sorted(metrics)}; allowed: "
+                "['accuracy', 'loss', 'n']"
+            )
+        return metrics
+
     def evaluate(
         self, client_ids: list[int], params: Params, round_index: int, config: Scalars
     ) -> dict[int, Scalars]:
-        pending = self._push(
-            ACTION_EVALUATE,
-            MessageType.EVALUATE,
-            client_ids,
-            round_index,
-            self._fit_content(params, config),
-        )
         prefetch = self._prefetch
-        if prefetch is not None and prefetch.pending is None:
-            # Created and pushed after the evaluate messages: each SuperNode handles its
-            # evaluation of this round first, then the next round's training.
-            prefetch.pending = self._push(
-                ACTION_FIT,
-                MessageType.TRAIN,
-                prefetch.selected,
-                prefetch.round,
-                self._fit_content(prefetch.params, prefetch.config),
+        folded: list[int] = []
+        if prefetch is not None and not prefetch.sent:
+            prefetch.sent = True
+            if len(prefetch.params) == len(params) and all(
+                np.array_equal(np.asarray(a), b)
+                for a, b in zip(params, prefetch.params, strict=True)
+            ):
+                folded = [s for s in prefetch.selected if s in set(client_ids)]
+        train_content = (
+            self._fit_content(prefetch.params, prefetch.config) if prefetch is not None else None
+        )
+
+        def folded_content(silo: int) -> RecordDict:
+            records = train_content(silo)  # type: ignore[misc]
+            records.config_records[EVALUATE_FIRST] = ConfigRecord({"round": int(round_index)})
+            records.config_records[EVALUATE_FIRST + ".config"] = scalars_to_config(config)
+            return records
+
+        pushed = []
+        rest = [s for s in client_ids if s not in folded]
+        if rest:
+            pushed.append(
+                self._push(
+                    ACTION_EVALUATE,
+                    MessageType.EVALUATE,
+                    rest,
+                    round_index,
+                    self._fit_content(params, config),
+                )
             )
-        replies = self._collect(pending)
-        out: dict[int, Scalars] = {}
-        for silo in client_ids:
-            if silo in replies:
-                rd = replies[silo]
-                if set(rd.keys()) != EVALUATION_RECORDS:
-                    raise PrivacyBoundaryError(
-                        f"silo {silo}'s evaluate reply carries {sorted(rd.keys())}; allowed: "
-                        f"{sorted(EVALUATION_RECORDS)}"
+        if folded:
+            assert prefetch is not None
+            pushed.append(
+                self._push(
+                    ACTION_FIT_EVALUATE, MessageType.TRAIN, folded, prefetch.round, folded_content
+                )
+            )
+            only_fit = [s for s in prefetch.selected if s not in set(folded)]
+            if only_fit:
+                prefetch.pending.append(
+                    self._push(
+                        ACTION_FIT, MessageType.TRAIN, only_fit, prefetch.round, train_content
                     )
-                out[silo] = dict(rd.metric_records["metrics"].items())
-        return out
+                )
+        elif prefetch is not None:  # announced for other parameters: train separately
+            prefetch.pending.append(
+                self._push(
+                    ACTION_FIT, MessageType.TRAIN, prefetch.selected, prefetch.round, train_content
+                )
+            )
+        out: dict[int, Scalars] = {}
+        for pending in pushed:
+            replies = self._collect(pending)
+            for silo, rd in replies.items():
+                names = set(rd.keys())
+                if pending.action == ACTION_EVALUATE:
+                    if names != EVALUATION_RECORDS:
+                        raise PrivacyBoundaryError(
+                            f"silo {silo}'s evaluate reply carries {sorted(names)}; allowed: "
+                            f"{sorted(EVALUATION_RECORDS)}"
+                        )
+                else:
+                    if names != EVALUATION_RECORDS | CONTRIBUTION_RECORDS:
+                        raise PrivacyBoundaryError(
+                            f"silo {silo}'s training + evaluation reply carries {sorted(names)}; "
+                            f"allowed: {sorted(EVALUATION_RECORDS | CONTRIBUTION_RECORDS)}"
+                        )
+                    contribution = RecordDict(
+                        {name: rd[name] for name in sorted(CONTRIBUTION_RECORDS)}
+                    )
+                    prefetch.replies[silo] = contribution  # type: ignore[union-attr]
+                out[silo] = self._evaluation_metrics(silo, rd)
+        return {silo: out[silo] for silo in client_ids if silo in out}
 
     def exchange(
         self, protocol: str, stage: str, requests: dict[int, dict[str, Any]], round_index: int
