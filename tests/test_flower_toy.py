@@ -588,6 +588,45 @@ def test_apps_reproduce_the_simulation_exactly(
         assert types == expected
 
 
+@pytest.mark.parametrize("tamper", ["extra-metric", "extra-record", "no-metrics"])
+def test_a_combined_reply_with_anything_else_is_refused(
+    tmp_path: Path, task_identity: None, monkeypatch: Any, tamper: str
+) -> None:
+    """A silo whose training + evaluation reply carries a field beyond its Contribution and the
+    three test metrics (here: its training-set size) stops the run at the server."""
+    from flwr.app import ConfigRecord, MetricRecord
+
+    from pdpfl.fl.api import PrivacyBoundaryError
+
+    config = toy_config(num_silos=2, rounds=3)
+    out = tmp_path / "flower"
+    grid = FakeGrid(toy_run_config(config, out), out / "silo-state", 2, monkeypatch=monkeypatch)
+    original_pull = grid.pull_messages
+
+    def pull(message_ids: Any) -> list[Any]:
+        replies = original_pull(message_ids)
+        for reply in replies:
+            content = reply.content
+            if "metrics" not in content or "update" not in content:
+                continue
+            if tamper == "extra-metric":
+                values = dict(content.metric_records["metrics"].items())
+                content["metrics"] = MetricRecord({**values, "n_train": 123})
+            elif tamper == "extra-record":
+                content["info"] = ConfigRecord({"num_examples": 123})
+            else:
+                del content["metrics"]
+        return replies
+
+    grid.pull_messages = pull  # type: ignore[method-assign]
+    with pytest.raises(PrivacyBoundaryError, match="silo"):
+        serve(grid, out)
+    # Round 0's evaluation travelled with round 1's training: no round was recorded.
+    assert not (out / "metrics.jsonl").exists()
+    result = json.loads((out / "flower" / "server_result.json").read_text())
+    assert result["status"] == "error" and "PrivacyBoundaryError" in result["error"]
+
+
 def test_failing_silo_is_dropped_and_its_charges_kept(
     tmp_path: Path, task_identity: None, monkeypatch: Any
 ) -> None:

@@ -35,6 +35,8 @@ def record_to_params(record: ArrayRecord) -> Params:
 CONTRIBUTION_RECORDS = frozenset({"update", "contribution"})
 #: The record names of an evaluate reply (a MetricRecord with ``loss``, ``accuracy``, ``n``).
 EVALUATION_RECORDS = frozenset({"metrics"})
+#: The keys of that MetricRecord: aggregate test metrics only.
+EVALUATION_METRICS = frozenset({"loss", "accuracy", "n"})
 _WEIGHT = "weight"
 _METRIC_PREFIX = "metric."
 

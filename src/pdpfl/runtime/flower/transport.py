@@ -35,6 +35,7 @@ from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from pdpfl.fl.api import Contribution, Params, PrivacyBoundaryError, Scalars
 from pdpfl.runtime.flower.codec import (
     CONTRIBUTION_RECORDS,
+    EVALUATION_METRICS,
     EVALUATION_RECORDS,
     json_default,
     params_to_record,
@@ -93,15 +94,18 @@ class _Prefetch:
     #: Training replies already collected (with the evaluation they travelled with).
     replies: dict[int, RecordDict] = field(default_factory=dict)
 
+    def starts_from(self, params: Params) -> bool:
+        """True if the announced request trains from exactly ``params``."""
+        return len(params) == len(self.params) and all(
+            np.array_equal(np.asarray(a), b) for a, b in zip(params, self.params, strict=True)
+        )
+
     def matches(self, selected: list[int], params: Params, round_index: int, config: Scalars):
         return (
             list(selected) == self.selected
             and int(round_index) == self.round
             and dict(config) == self.config
-            and len(params) == len(self.params)
-            and all(
-                np.array_equal(np.asarray(a), b) for a, b in zip(params, self.params, strict=True)
-            )
+            and self.starts_from(params)
         )
 
 
@@ -350,10 +354,10 @@ class FlowerTransport:
         if "metrics" not in rd.metric_records:
             raise PrivacyBoundaryError(f"silo {silo}'s evaluation reply carries no metrics")
         metrics = dict(rd.metric_records["metrics"].items())
-        if set(metrics) != {"loss", "accuracy", "n"}:
+        if set(metrics) != EVALUATION_METRICS:
             raise PrivacyBoundaryError(
                 f"silo {silo}'s evaluation carries {sorted(metrics)}; allowed: "
-                "['accuracy', 'loss', 'n']"
+                f"{sorted(EVALUATION_METRICS)}"
             )
         return metrics
 
@@ -364,10 +368,7 @@ class FlowerTransport:
         folded: list[int] = []
         if prefetch is not None and not prefetch.sent:
             prefetch.sent = True
-            if len(prefetch.params) == len(params) and all(
-                np.array_equal(np.asarray(a), b)
-                for a, b in zip(params, prefetch.params, strict=True)
-            ):
+            if prefetch.starts_from(params):
                 folded = [s for s in prefetch.selected if s in set(client_ids)]
         train_content = (
             self._fit_content(prefetch.params, prefetch.config) if prefetch is not None else None
