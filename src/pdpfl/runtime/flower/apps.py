@@ -153,14 +153,15 @@ def _hello(msg: Message, context: Context) -> Message:
 
 
 def _evaluation(client: Any, silo: Any, params: Any, round_index: int, config: Any,
-                age: Any) -> MetricRecord:
+                age: Any, *, persist: bool = True) -> MetricRecord:
     """Evaluate ``params`` on the silo's test split: ``loss``, ``accuracy``, ``n`` only."""
     t0 = time.perf_counter()
     with silo.threads():
         result = check_evaluation(client.evaluate(params, round_index, config))
     compute_s = time.perf_counter() - t0
-    # Evaluation also catches up the silo's Type II accounting for the round: persist it.
-    silo.save("evaluate", round_index, compute_s, age)
+    # Evaluation also catches up the silo's Type II accounting for the round: persisted here,
+    # or (inside a training request) by the training's save before the reply leaves.
+    silo.save("evaluate", round_index, compute_s, age, persist=persist)
     return MetricRecord(
         {
             "loss": float(result["loss"]),
@@ -184,7 +185,7 @@ def _train(msg: Message, context: Context) -> Message:
         first = msg.content.config_records[EVALUATE_FIRST]
         evaluation = _evaluation(
             client, silo, params, int(first["round"]), config_to_scalars(
-                msg.content.config_records[EVALUATE_FIRST + ".config"]), age
+                msg.content.config_records[EVALUATE_FIRST + ".config"]), age, persist=False
         )
         age = None
     key = release_key(round_index, params, config)

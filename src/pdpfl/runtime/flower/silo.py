@@ -219,30 +219,27 @@ class Silo:
         self.build_s = time.perf_counter() - t0
         return client
 
-    def save(self, action: str, round_index: int, compute_s: float, process_age_s: Any) -> None:
+    def save(
+        self,
+        action: str,
+        round_index: int,
+        compute_s: float,
+        process_age_s: Any,
+        *,
+        persist: bool = True,
+    ) -> None:
         """Write the silo's state, ledger and own privacy summary (before the reply leaves).
 
         Also appends this message's timings to ``timings-silo-<i>.jsonl`` (silo-local).
+        ``persist=False`` records the timings only: for a part of a message whose reply is
+        preceded by another ``save`` (the evaluation inside a training request).
         """
-        from pdpfl.runtime.loop import _finite
-
         client = self.client
         if client is None:
             return
         t0 = time.perf_counter()
-        write_bytes(self.state_path, encode_state(client.state_dict()))
-        ledger = getattr(client, "ledger", None)
-        if ledger is not None and hasattr(ledger, "save"):
-            ledger.save(self.folder / f"ledger-silo-{self.silo}.npz")
-        # The silo's own privacy report: stays on this disk (never in a reply).
-        write_json(
-            self.folder / f"privacy-summary-silo-{self.silo}.json",
-            _finite(client.privacy_summary()),
-        )
-        if not is_warm() and self.memory:
-            write_bytes(self.memory_path, encode_memory(self.memory))
-        if self.releases:
-            write_bytes(self.releases_path, encode_state(self.releases))
+        if persist:
+            self._persist(client)
         self.messages += 1
         timing = {
             "action": action,
@@ -256,6 +253,23 @@ class Silo:
         }
         with (self.folder / f"timings-silo-{self.silo}.jsonl").open("a") as fh:
             fh.write(json.dumps(timing) + "\n")
+
+    def _persist(self, client: Any) -> None:
+        from pdpfl.runtime.loop import _finite
+
+        write_bytes(self.state_path, encode_state(client.state_dict()))
+        ledger = getattr(client, "ledger", None)
+        if ledger is not None and hasattr(ledger, "save"):
+            ledger.save(self.folder / f"ledger-silo-{self.silo}.npz")
+        # The silo's own privacy report: stays on this disk (never in a reply).
+        write_json(
+            self.folder / f"privacy-summary-silo-{self.silo}.json",
+            _finite(client.privacy_summary()),
+        )
+        if not is_warm() and self.memory:
+            write_bytes(self.memory_path, encode_memory(self.memory))
+        if self.releases:
+            write_bytes(self.releases_path, encode_state(self.releases))
 
 
 class SiloHost:
