@@ -7,7 +7,7 @@ import logging
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from pdpfl.privacy import TrainingPlan, plan_epsilon, round_rdp
@@ -49,6 +49,9 @@ def test_issue_example_beats_both_grids() -> None:
     steps=st.integers(1, 3000),
     delta=st.sampled_from([1e-8, 1e-6, 1e-5, 1e-3]),
 )
+# Found by CI: a sharp, asymmetric minimum at α ≈ 4.702, where the refinement stopped after a
+# short parabolic step at 4.6992 (5e-6 above Opacus' α = 4.7).
+@example(q=1e-4, sigma=0.5, steps=2996, delta=1e-8)
 def test_flat_dp_sgd_never_looser_than_dp_accounting_or_opacus(q, sigma, steps, delta) -> None:
     logging.disable(logging.WARNING)  # dp-accounting logs dropped fractional orders
     try:
