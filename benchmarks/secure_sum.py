@@ -62,7 +62,7 @@ def main() -> None:
     from pdpfl.config import load_config
     from pdpfl.fl.aggregation import PlainSum
     from pdpfl.fl.factory import build_federation_algorithms
-    from pdpfl.fl.secure_sum import SecureSum
+    from pdpfl.fl.aggregation.secure import SecureSum
     from pdpfl.models import get_params
     from pdpfl.runtime.loop import run_federation
     from pdpfl.runtime.simulation import InProcessTransport, load_federation_for

@@ -3,7 +3,7 @@
 For every (d parameters, |U| users, |S| silos) of the grid, with Paillier keys of ``--bits``
 bits (3072 by default), it measures in the same run:
 
-* **pdpfl** (``pdpfl.fl.private_weighting``: gmpy2, per-setup work done once, shared X_u,
+* **pdpfl** (``pdpfl.fl.aggregation.private_weighting``: gmpy2, per-setup work done once, shared X_u,
   Straus multi-exponentiation with short signed exponents, CRT, ``--workers`` processes);
 * **straightforward**: the same protocol steps written directly on python-paillier (``phe``,
   which itself uses gmpy2 when installed, as here): finite-field DH (RFC 3526 group 15,
@@ -52,7 +52,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from pdpfl.fl.private_weighting import (  # noqa: E402
+from pdpfl.fl.aggregation.private_weighting import (  # noqa: E402
     PrivateWeightedSum,
     UserUpdates,
     cpu_seconds,

@@ -14,7 +14,7 @@ import pytest
 
 from pdpfl.crypto import IntegrityError, RingOverflowError
 from pdpfl.fl.aggregation import protocol_from_config
-from pdpfl.fl.private_weighting import (
+from pdpfl.fl.aggregation.private_weighting import (
     PrivateWeightedSum,
     UserUpdates,
     WeightingParams,
@@ -281,7 +281,7 @@ def test_wrong_keys_fail_loudly() -> None:
 
 
 def test_a_silo_refuses_a_weaker_paillier_key_than_configured(monkeypatch) -> None:
-    import pdpfl.fl.private_weighting as pw
+    import pdpfl.fl.aggregation.private_weighting as pw
     from pdpfl.crypto.paillier import generate_keypair
 
     weak = generate_keypair(1024, allow_weak=True)

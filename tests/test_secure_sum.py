@@ -17,7 +17,7 @@ from pdpfl.crypto import IntegrityError, RingOverflowError
 from pdpfl.fl.aggregation import PlainSum, get_protocol, protocol_from_config
 from pdpfl.fl.api import Contribution
 from pdpfl.fl.factory import build_federation_algorithms
-from pdpfl.fl.secure_sum import SecureSum
+from pdpfl.fl.aggregation.secure import SecureSum
 from pdpfl.runtime.loop import run_federation
 from pdpfl.runtime.simulation import InProcessTransport, load_federation_for
 
@@ -275,7 +275,7 @@ def test_an_upload_whose_masks_do_not_cancel_is_rejected() -> None:
 
 
 def test_silos_refuse_a_reused_attempt_and_a_foreign_key_list() -> None:
-    from pdpfl.fl.secure_sum import silo_handler
+    from pdpfl.fl.aggregation.secure import silo_handler
 
     clients = {c: ScriptedClient(c, SHAPES) for c in range(2)}
     transport = InProcessTransport(clients)

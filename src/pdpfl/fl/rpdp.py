@@ -90,7 +90,7 @@ class DpFedAvgConfig(AlgorithmConfig):
 
     #: Whether the algorithm adds DP noise (False only for the privacy-free baseline).
     private: ClassVar[bool] = True
-    #: Silos draw their own λ-coin under ``participation: hidden`` (see fl/secure_sum.py).
+    #: Silos draw their own λ-coin under ``participation: hidden`` (see fl/aggregation/secure.py).
     supports_hidden_participation: ClassVar[bool] = True
 
     def check(self, config: ExperimentConfig) -> list[str]:

@@ -819,7 +819,7 @@ class UldpSilo:
         """Clip(Δ_{s,u}, C) of this round's users, flattened, and the silo's noise z_s (Alg. 3
         lines 10-17 without the weighting, which the protocol does under encryption)."""
         from pdpfl.dp.steps import clip_vectors
-        from pdpfl.fl.private_weighting import UserUpdates
+        from pdpfl.fl.aggregation.private_weighting import UserUpdates
 
         if self.variant not in ("avg", "sgd") or self.pub["weights"] != "private":
             raise ValueError("weights: private applies to uldp-avg / uldp-sgd configured with "

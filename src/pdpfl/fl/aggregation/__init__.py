@@ -9,9 +9,9 @@ increase the sensitivity).
 
 * :class:`PlainSum` -- the server receives every contribution and adds them up (it *could* look
   at each one: the server's view is every silo's noisy update).
-* :class:`~pdpfl.fl.secure_sum.SecureSum` (``aggregation: secure``): pairwise-masked
+* :class:`~pdpfl.fl.aggregation.secure.SecureSum` (``aggregation: secure``): pairwise-masked
   summation, the server learns only the sum; optionally with hidden participation.
-* :class:`~pdpfl.fl.private_weighting.PrivateWeightedSum` (ULDP-FL ``weights: private``):
+* :class:`~pdpfl.fl.aggregation.private_weighting.PrivateWeightedSum` (ULDP-FL ``weights: private``):
   Protocol 1 of ULDP-FL, the server learns only Σ_s Σ_u w_{s,u}·Δ_{s,u} + noise.
 
 :func:`protocol_from_config` builds the protocol an experiment config asks for.
@@ -164,8 +164,8 @@ _PROTOCOLS: dict[str, Any] = {"plain": PlainSum}
 
 #: Modules that register pdpfl's own protocols (imported on first use).
 BUILTIN_PROTOCOL_MODULES: tuple[str, ...] = (
-    "pdpfl.fl.secure_sum",
-    "pdpfl.fl.private_weighting",
+    "pdpfl.fl.aggregation.secure",
+    "pdpfl.fl.aggregation.private_weighting",
 )
 
 
