@@ -3,7 +3,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test demo bench lint clean
+.PHONY: install test demo bench lint typecheck clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -22,6 +22,9 @@ test: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
 
 demo: $(STAMP)
 	$(BIN)/pdpfl compare examples/digits_demo.yaml --methods rpdp minimum dropout privacy-free --seeds 42 \
