@@ -144,7 +144,7 @@ def speed(repeats: int = 3) -> dict:
 
 def train(seeds: list[int], rounds: int, data_dir: str | None, config_path: str) -> dict:
     from pdpfl.config import load_config
-    from pdpfl.fl.factory import build_federation_algorithms
+    from pdpfl.fl.algorithm import build_federation_algorithms
     from pdpfl.fl.prifedsync import evaluate_models, federation_report
     from pdpfl.runtime.loop import run_federation
     from pdpfl.runtime.simulation import InProcessTransport, load_federation_for, torch_threads

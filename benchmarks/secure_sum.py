@@ -61,8 +61,8 @@ def main() -> None:
     torch.set_num_threads(2)
     from pdpfl.config import load_config
     from pdpfl.fl.aggregation import PlainSum
-    from pdpfl.fl.factory import build_federation_algorithms
     from pdpfl.fl.aggregation.secure import SecureSum
+    from pdpfl.fl.algorithm import build_federation_algorithms
     from pdpfl.models import get_params
     from pdpfl.runtime.loop import run_federation
     from pdpfl.runtime.simulation import InProcessTransport, load_federation_for

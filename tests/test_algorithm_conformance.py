@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from pdpfl.fl.registry import algorithm_names
+from pdpfl.config import ALGORITHMS
 from pdpfl.testing import check_algorithm
 
 
-@pytest.mark.parametrize("name", algorithm_names())
+@pytest.mark.parametrize("name", ALGORITHMS.names())
 def test_registered_algorithm_conforms(name: str) -> None:
     check_algorithm(name)

@@ -89,8 +89,9 @@ def test_compare_table_and_csv(tmp_path: Path) -> None:
         rows = list(csv.DictReader(fh))
     assert [(r["method"], r["seed"]) for r in rows] == [
         ("rpdp", "1"), ("rpdp", "2"), ("privacy-free", "1"), ("privacy-free", "2")]
+    # the privacy unit of each run's ε and over-budget count is a column since the typed summary
     assert list(rows[0]) == ["method", "seed", "final_accuracy", "last3_mean_accuracy",
-                             "over_budget", "seconds", "epsilon"]
+                             "over_budget", "seconds", "unit", "epsilon", "private"]
     assert all(int(r["over_budget"]) == 0 for r in rows if r["method"] == "rpdp")
 
 

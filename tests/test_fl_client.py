@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from pdpfl.fl.api import ClientAlgorithm, Contribution, check_contribution
-from pdpfl.fl.publication import Publication
 from pdpfl.fl.rpdp import DpFedAvgClient
+from pdpfl.fl.rpdp import DpFedAvgSetup as Publication
 from pdpfl.models import create_model, get_params
 from pdpfl.randomness import SecureRandomness, SeededRandomness
 
@@ -60,7 +60,7 @@ def test_records_that_would_exceed_sit_out_and_never_overspend() -> None:
         for adv in ("third-party", "server"):
             assert np.all(c.spent(adv) <= budgets)
     summary = c.privacy_summary()
-    assert summary["stopped"] > 0 and summary["over_budget_third_party"] == 0
+    assert summary.stopped > 0 and summary.over_budget("third-party") == 0
     # the small budgets stop first; the largest never has to
     assert c.sat_out[budgets == 2.0].all() and not c.sat_out[budgets == 1000.0].any()
     assert stopped[0] == 0 and 0 < stopped[-1] <= 20
@@ -117,7 +117,11 @@ def test_state_holds_no_secret_randomness() -> None:
     c = _client(np.full(10, 1.0), 0.3, randomness=SecureRandomness())
     c.fit(get_params(c.model), 0, {})
     state = decode_state(encode_state(c.state_dict()))  # must encode without pickle
-    assert set(state) == {"next_round", "participations", "sat_out", "selection_counts", "ledger"}
+    # the silo template's state: counters, the ledger's integer counters, the algorithm's own
+    assert set(state) == {"next_round", "participations", "ledger", "extra"}
+    assert set(state["extra"]) == {"selection_counts"}
+    assert set(state["ledger"]) == {
+        "third_party_rounds", "server_rounds", "sat_out_rounds", "rounds_recorded"}
 
 
 def test_public_weight_scales_the_released_update() -> None:
@@ -147,7 +151,7 @@ def test_personalized_silo_refuses_infeasible_budgets_unless_excluded() -> None:
         DpFedAvgClient(0, model, _data(4), budgets, pub, **kw)
     c = DpFedAvgClient(0, model, _data(4), budgets, pub, allow_exclusion=True, **kw)
     assert est.min_epsilon > 1.0
-    assert c.privacy_summary()["excluded"] == 2
+    assert c.privacy_summary().excluded == 2
     assert c.rates[:2].tolist() == [0.0, 0.0] and np.all(c.rates[2:] > 0)
 
 

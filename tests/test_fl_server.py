@@ -10,8 +10,9 @@ from hypothesis import strategies as st
 
 from pdpfl.fl.aggregation import PlainSum, check_compatible, sum_contributions
 from pdpfl.fl.api import Contribution, PrivacyBoundaryError, ServerAlgorithm, check_contribution
-from pdpfl.fl.publication import Publication
-from pdpfl.fl.rpdp import FedAvgServer, budget_groups
+from pdpfl.fl.rpdp import DpFedAvgSetup as Publication
+from pdpfl.fl.rpdp import FedAvgServer
+from pdpfl.ledger import budget_groups
 from pdpfl.randomness import SecureRandomness, SeededRandomness
 
 

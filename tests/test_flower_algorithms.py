@@ -5,7 +5,7 @@ Each algorithm that is not simulation-only runs through pdpfl's real ServerApp a
 in-memory grid whose messages are deflated and inflated as on the wire
 (:class:`test_flower_toy.FakeGrid`), and must produce the simulator's model exactly under
 ``randomness: reproducible``. Algorithms registered later are picked up automatically from
-:func:`pdpfl.fl.registry.algorithm_specs`; the fields one needs beyond ``name`` come from its
+:data:`pdpfl.config.ALGORITHMS`; the fields one needs beyond ``name`` come from its
 registered ``toy_overrides`` (or :data:`EXTRA`).
 
 With ``PDPFL_MESSAGE_LOG`` set, the ServerApp logs the record names and keys of every reply; the
@@ -39,14 +39,13 @@ INFO_KEYS = {"input_shape", "num_classes", "name"}
 
 
 def _flower_algorithms() -> list[str]:
-    from pdpfl.fl.registry import algorithm_specs
+    from pdpfl.config import ALGORITHMS
 
-    return [s.name for s in algorithm_specs() if not s.simulation_only]
+    return [name for name in ALGORITHMS.names() if not ALGORITHMS.get(name).simulation_only]
 
 
 def toy_digits(name: str, *extra: str):
-    from pdpfl.config import load_config
-    from pdpfl.fl.registry import get_algorithm
+    from pdpfl.config import ALGORITHMS, load_config
 
     return load_config(
         EXAMPLES / "digits_demo.yaml",
@@ -57,7 +56,7 @@ def toy_digits(name: str, *extra: str):
             "training.batch_size=12",
             "randomness=reproducible",
             f"algorithm.name={name}",
-            *get_algorithm(name).toy_overrides,  # what the algorithm needs at toy size
+            *ALGORITHMS.get(name).toy_overrides,  # what the algorithm needs at toy size
             *EXTRA.get(name, []),
             *extra,
         ],
@@ -127,7 +126,7 @@ def run_like_the_simulator(config: Any, tmp_path: Path, monkeypatch: Any,
 def test_every_algorithm_runs_on_flower_like_the_simulator(
     name: str, tmp_path: Path, monkeypatch: Any
 ) -> None:
-    from pdpfl.fl.factory import build_federation_algorithms
+    from pdpfl.fl.algorithm import build_federation_algorithms
     from pdpfl.runtime.simulation import load_federation_for
 
     config = toy_digits(name)

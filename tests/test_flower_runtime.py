@@ -61,7 +61,7 @@ def test_ten_silos_match_the_simulation_and_only_contributions_leave(tmp_path: P
     """The digits demo's ten silos on this machine: the simulator's model, every reply on the
     wire within the privacy boundary, every process stopped at the end."""
     from pdpfl.config import load_config
-    from pdpfl.fl.factory import build_federation_algorithms
+    from pdpfl.fl.algorithm import build_federation_algorithms
     from pdpfl.runtime.flower import run_flower
     from pdpfl.runtime.simulation import load_federation_for, run_simulation
     from test_flower_algorithms import check_message_log

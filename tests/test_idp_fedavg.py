@@ -361,7 +361,7 @@ def toy_run(tmp_path_factory):
 def test_end_to_end_no_client_over_budget(toy_run):
     summary, out = toy_run
     assert summary["completed"] and summary["privacy_unit"] == "client"
-    assert summary["over_budget"] == 0 and summary["records"] == 100
+    assert summary["over_budget"] == 0 and summary["units"] == 100  # 100 clients
     groups = summary["per_group"]
     assert set(groups) == {"1", "2", "3"}
     assert [groups[k]["count"] for k in ("1", "2", "3")] == [54, 37, 9]

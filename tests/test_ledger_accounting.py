@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pdpfl.ledger import PrivacyLedger
+from pdpfl.ledger import PrivacyLedger, load_ledger, save_ledger
 from pdpfl.privacy.plan import TrainingPlan
 from pdpfl.privacy.two_stage import plan_epsilon
 
@@ -93,7 +93,7 @@ def test_pre_check_stops_units_before_they_overspend() -> None:
     assert stopped_at == 2
     assert np.all(ledger.spent_epsilon("both") <= budgets)
     s = ledger.summary()
-    assert s["stopped"] == 1 and s["over_budget"] == 0 and s["rounds_recorded"] == 6
+    assert s.stopped == 1 and s.over_budget_any("both") == 0 and ledger.rounds_recorded == 6
     masked = ledger.would_exceed(np.array([False, True, True]))
     assert not masked[0]
 
@@ -104,15 +104,16 @@ def test_resume_equals_an_uninterrupted_run(tmp_path) -> None:
     q = rng.choice([0.0, 0.02, 0.1, 0.4, 1.0], size=n)
     budgets = rng.uniform(0.5, 6.0, size=n)
     clients = rng.integers(0, 5, size=n)
-    full = PrivacyLedger(budgets, q, PLAN, groups=clients)
+    full = PrivacyLedger(budgets, q, PLAN, ids=np.arange(n) * 7 + 3)
     simulate(full, 12, clients, seed=7)
 
-    part = PrivacyLedger(budgets, q, PLAN, groups=clients)
+    part = PrivacyLedger(budgets, q, PLAN, ids=np.arange(n) * 7 + 3)
     rng_state = np.random.default_rng(7)
     for t in range(12):
         if t == 5:
-            part.save(tmp_path / "ledger.npz")
-            part = PrivacyLedger.load(tmp_path / "ledger.npz")
+            save_ledger(part, tmp_path / "ledger.npz")
+            part = load_ledger(tmp_path / "ledger.npz")
+            np.testing.assert_array_equal(part.ids, np.arange(n) * 7 + 3)
         sampled = rng_state.random(clients.max() + 1) < PLAN.client_rate
         active = ~part.would_exceed(adversary="both")
         part.record_round(participated=active & sampled[clients], active=active)
@@ -129,7 +130,7 @@ def test_state_is_per_distinct_rate_not_per_unit() -> None:
     n = 200_000
     q = np.random.default_rng(0).choice([0.01, 0.1, 0.5], size=n)
     ledger = PrivacyLedger(np.full(n, 5.0), q, PLAN)
-    assert ledger.distinct_rates.size == 3
+    assert ledger.distinct_rows == 3
     ledger.record_round(participated=np.ones(n, bool), active=np.ones(n, bool))
     assert ledger.spent_epsilon("both").shape == (n,)
     # one conversion per distinct (rate, count) pair and observer, cached
@@ -144,8 +145,9 @@ def test_summary_groups_and_validation() -> None:
     ledger = PrivacyLedger(budgets, np.array([0.01, 0.02, 0.1, 0.2]), PLAN)
     ledger.record_round(participated=np.ones(4, bool), active=np.ones(4, bool))
     s = ledger.summary()
-    assert [g["group"] for g in s["groups"]] == [0.5, 2.0]
-    assert s["groups"][1]["max_spent_server"] == pytest.approx(ledger.spent_epsilon("server")[3])
+    assert [g.label for g in s.groups] == ["0.5", "2"]
+    assert s.groups[1].spent_max["server"] == pytest.approx(ledger.spent_epsilon("server")[3])
+    assert s.unit == "record" and s.units == 4
     with pytest.raises(ValueError, match="rates"):
         PrivacyLedger(budgets, np.array([0.1, 0.2, 1.5, 0.0]), PLAN)
     with pytest.raises(ValueError, match="active"):

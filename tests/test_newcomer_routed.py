@@ -96,6 +96,6 @@ def test_ledger_summary_says_which_observer_is_over_budget() -> None:
         active = ~ledger.would_exceed(adversary="third-party")
         ledger.record_round(participated=active, active=active)
     summary = ledger.summary()
-    assert summary["over_budget_third_party"] == 0
-    assert summary["over_budget_server"] == int(np.count_nonzero(
+    assert summary.over_budget("third-party") == 0
+    assert summary.over_budget("server") == int(np.count_nonzero(
         ledger.spent_epsilon("server") > eps))

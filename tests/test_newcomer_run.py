@@ -12,8 +12,10 @@ import pytest
 import pdpfl
 from pdpfl.config import ConfigError, config_from_dict
 from pdpfl.data.user import federation_from_silos
+from pdpfl.ledger import GroupSummary, PrivacySummary
 from pdpfl.runtime.loop import read_metrics
-from pdpfl.runtime.outputs import OutputDirError, accuracy_figure, epsilon_figure
+from pdpfl.runtime.outputs import OutputDirError
+from pdpfl.runtime.plots import accuracy_figure, epsilon_figure
 from pdpfl.runtime.simulation import SetupWarning, check_federation, run_simulation
 
 BASE = {
@@ -170,16 +172,19 @@ def test_many_tiny_silos_cannot_fake_the_budget_mix() -> None:
 # ------------------------------------------------------------------------------------ plots
 
 
-def _summary(per_group: dict, name: str = "s") -> dict:
-    return {"name": name, "algorithm": "rpdp", "per_group": per_group,
+def _summary(groups: dict, name: str = "s") -> dict:
+    # the plots read the run's typed privacy summary (summary["privacy"])
+    privacy = PrivacySummary(unit="record", units=10 * len(groups), groups=tuple(groups.values()))
+    return {"name": name, "algorithm": "rpdp", "privacy": privacy.to_dict() if groups else None,
             "privacy_view": "operator: merged"}
 
 
-def _group(budget: float, tp: float, sv: float, over=(0, 0), excluded: int = 0) -> dict:
-    return {"count": 10, "budget": budget, "excluded": excluded, "max_spent_third_party": tp,
-            "max_spent_server": sv, "over_budget_third_party": over[0],
-            "over_budget_server": over[1], "mean_utilization_third_party": tp / budget,
-            "mean_utilization_server": sv / budget}
+def _group(budget: float, tp: float, sv: float, over=(0, 0), excluded: int = 0) -> GroupSummary:
+    return GroupSummary(
+        label=f"{budget:g}", units=10, budget_min=budget, budget_max=budget, excluded=excluded,
+        spent_max={"third-party": tp, "server": sv},
+        utilization_sum={"third-party": 10 * tp / budget, "server": 10 * sv / budget},
+        over_budget={"third-party": over[0], "server": over[1]})
 
 
 def test_epsilon_plot_is_log_scale_and_marks_groups() -> None:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from pdpfl.config import config_from_dict
-from pdpfl.fl.factory import build_federation_algorithms
+from pdpfl.fl.algorithm import build_federation_algorithms
 from pdpfl.fl.prifedsync import evaluate_models, federation_report
 from pdpfl.runtime.loop import run_federation
 from pdpfl.runtime.simulation import InProcessTransport, load_federation_for

@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 
 from pdpfl.config import config_from_dict
+from pdpfl.fl.algorithm import build_federation_algorithms
 from pdpfl.fl.api import EVALUATION_METRICS, Contribution
-from pdpfl.fl.factory import build_federation_algorithms
-from pdpfl.fl.publication import Publication
 from pdpfl.fl.rpdp import DpFedAvgClient
+from pdpfl.fl.rpdp import DpFedAvgSetup as Publication
 from pdpfl.models import create_model, get_params
 from pdpfl.randomness import SecureRandomness, SeededRandomness
 from pdpfl.runtime.loop import run_federation

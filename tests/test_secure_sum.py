@@ -15,9 +15,9 @@ import pytest
 from pdpfl.config import ConfigError, config_from_dict
 from pdpfl.crypto import IntegrityError, RingOverflowError
 from pdpfl.fl.aggregation import PlainSum, get_protocol, protocol_from_config
-from pdpfl.fl.api import Contribution
-from pdpfl.fl.factory import build_federation_algorithms
 from pdpfl.fl.aggregation.secure import SecureSum
+from pdpfl.fl.algorithm import build_federation_algorithms
+from pdpfl.fl.api import Contribution
 from pdpfl.runtime.loop import run_federation
 from pdpfl.runtime.simulation import InProcessTransport, load_federation_for
 

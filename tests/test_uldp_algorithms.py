@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pdpfl.config import ConfigError, config_from_dict
+from pdpfl.fl.algorithm import build_federation_algorithms
 from pdpfl.fl.api import Aggregate
-from pdpfl.fl.factory import build_federation_algorithms
 from pdpfl.fl.uldp import (
     check_weights,
     decode_mask,

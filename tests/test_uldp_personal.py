@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from pdpfl.config import config_from_dict
-from pdpfl.fl.common import federation_info
-from pdpfl.fl.factory import build_server, public_setup
+from pdpfl.fl.algorithm import as_algorithm
+from pdpfl.fl.common import federation_info, party_randomness
 from pdpfl.fl.uldp import ORDERS, user_budgets
 from pdpfl.runtime.simulation import load_federation_for
 
@@ -32,7 +32,9 @@ def _server(*overrides: str):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         info = federation_info(load_federation_for(config), config)
-        return config, build_server(config, info, public_setup(config, info))
+        algo = as_algorithm(config.algorithm)
+        setup = algo.setup(config, info)
+        return config, algo.server(config, info, setup, party_randomness(config, "server"))
 
 
 def _run_rounds(server, rounds):

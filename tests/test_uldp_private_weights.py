@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 from pdpfl.config import ConfigError, config_from_dict
-from pdpfl.fl.api import Aggregate
-from pdpfl.fl.factory import build_federation_algorithms
 from pdpfl.fl.aggregation.private_weighting import PrivateWeightedSum
+from pdpfl.fl.algorithm import build_federation_algorithms
+from pdpfl.fl.api import Aggregate
 from pdpfl.runtime.simulation import InProcessTransport, load_federation_for
 
 WEAK = {"paillier_bits": 1024, "n_max": 600, "allow_weak_keys": True, "workers": 1}

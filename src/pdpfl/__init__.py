@@ -8,7 +8,7 @@ matched by record id. These names are imported on first use, so ``import pdpfl``
 
 from typing import Any
 
-__version__ = "0.1.0"
+from pdpfl._version import __version__
 
 #: Public names re-exported from :mod:`pdpfl.api` (imported lazily).
 _API = (
@@ -16,6 +16,7 @@ _API = (
     "federation_from_arrays",
     "federation_from_dataframe",
     "federation_from_silos",
+    "privacy_table",
     "register_module",
     "train",
 )

@@ -46,6 +46,7 @@ __all__ = [
     "federation_from_arrays",
     "federation_from_dataframe",
     "federation_from_silos",
+    "privacy_table",
     "register_module",
     "train",
 ]
@@ -285,3 +286,28 @@ def train(
             if len(params) == len(get_params(model)):
                 set_params(model, params)
     return summary
+
+
+def privacy_table(run_dir: str | Path, *, unit_id: object = None, as_frame: bool = True) -> Any:
+    """Each person's ε by id, from a run's ledgers (what ``pdpfl privacy RUN_DIR`` writes).
+
+    One row per unit (record, client or user): ``id``, ``unit``, ``holder`` (which ledger),
+    ``budget``, ``group``, ``rate``, ``noise_multiplier``, ``rounds_<observer>`` and
+    ``epsilon_<observer>`` for the third party and the server, ``stopped``, ``excluded``. A
+    pandas DataFrame when pandas is installed and ``as_frame`` (else a dict of numpy columns);
+    ``unit_id`` keeps the rows of one person. Works on a run folder (``ledgers/``) and on a Flower
+    silo's state folder.
+    """
+    from pdpfl.ledger.table import privacy_table as table_of
+    from pdpfl.ledger.table import select_id
+
+    table = table_of(run_dir)
+    if unit_id is not None:
+        table = select_id(table, str(unit_id))
+    if as_frame:
+        try:
+            import pandas as pd
+        except ImportError:  # pragma: no cover - pandas is optional
+            return table
+        return pd.DataFrame(table)
+    return table

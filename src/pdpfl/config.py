@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, ClassVar, Literal, Union
 
 import yaml
 from pydantic import (
@@ -28,7 +30,7 @@ from pydantic import (
     model_validator,
 )
 
-from pdpfl.fl.registry import AlgorithmConfig, algorithm_specs
+from pdpfl.registry import Registry
 
 
 class ConfigError(ValueError):
@@ -41,6 +43,100 @@ class ConfigError(ValueError):
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+#: What one budget protects: the unit the neighbouring relation adds or removes.
+PrivacyUnitName = Literal["record", "client", "user", "none"]
+
+#: Modules that register pdpfl's own algorithms and ``compare`` methods (imported on first use).
+BUILTIN_ALGORITHMS: tuple[str, ...] = (
+    "pdpfl.fl.rpdp",
+    "pdpfl.fl.rpdp.baselines",
+    "pdpfl.fl.idp_fedavg",
+    "pdpfl.fl.prifedsync",
+    "pdpfl.fl.uldp",
+)
+
+
+class AlgorithmConfig(_Section):
+    """Base of every algorithm's config section (``algorithm:`` in the YAML).
+
+    A concrete algorithm subclasses :class:`pdpfl.fl.algorithm.Algorithm` (which adds how the
+    parsed section builds its server and silos), declares ``name: Literal["..."]`` and is
+    registered once (:func:`pdpfl.fl.algorithm.register_algorithm`); the experiment config's
+    ``algorithm`` section is then a discriminated union on ``name`` over every registered class.
+    """
+
+    name: str
+
+    #: The privacy unit of the algorithm's guarantee.
+    unit: ClassVar[PrivacyUnitName] = "record"
+    #: One line for ``pdpfl --help``, the docs and ``pdpfl compare``.
+    summary: ClassVar[str] = ""
+    #: Whether the algorithm adds DP noise (False for the privacy-free baselines).
+    private: ClassVar[bool] = True
+    #: Silos draw their own participation coin under ``participation: hidden``.
+    supports_hidden_participation: ClassVar[bool] = False
+    #: True if the algorithm cannot run on a Flower deployment (e.g. centralized).
+    simulation_only: ClassVar[bool] = False
+    #: ``--set`` overrides turning :data:`pdpfl.testing.TOY_CONFIG` into a toy run of it.
+    toy_overrides: ClassVar[tuple[str, ...]] = ()
+
+    def check(self, config: ExperimentConfig) -> list[str]:
+        """Cross-section checks; one ``dotted.field: message`` per problem (empty: all well)."""
+        return []
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """A ``pdpfl compare`` method: config overrides, optionally parameterised (``name:ARG``)."""
+
+    name: str
+    overrides: Callable[[str | None], list[str]]
+    help: str = ""
+    takes_argument: bool = False
+
+
+#: Every registered algorithm's config class, by ``algorithm.name``.
+ALGORITHMS: Registry[type[AlgorithmConfig]] = Registry("algorithm.name", BUILTIN_ALGORITHMS)
+#: ``pdpfl compare --methods``: an algorithm plus overrides (``uniform:0.5``, ``strict``, ...).
+METHODS: Registry[MethodSpec] = Registry("--methods", BUILTIN_ALGORITHMS)
+
+
+def register_algorithm_config(cls: type[AlgorithmConfig], *, replace: bool = False
+                              ) -> type[AlgorithmConfig]:
+    """Register an algorithm's config class (and a ``compare`` method of the same name)."""
+    field = cls.model_fields.get("name")
+    name = getattr(field.annotation, "__args__", (None,))[0] if field is not None else None
+    if field is None or getattr(field.annotation, "__args__", None) != (name,) or not name:
+        raise ValueError(
+            f"algorithm: the config class {cls.__name__} must declare name: Literal['<name>']"
+        )
+    ALGORITHMS.register(str(name), cls, replace=replace)
+    if not METHODS.registered(str(name)) or replace:
+        METHODS.register(
+            str(name),
+            MethodSpec(str(name), lambda _arg, n=str(name): [f"algorithm.name={n}"], cls.summary),
+            replace=True,
+        )
+    return cls
+
+
+def get_method(text: str) -> tuple[MethodSpec, list[str]]:
+    """Resolve ``name`` or ``name:ARG`` to its spec and config overrides (ValueError if unknown)."""
+    name, sep, arg = text.partition(":")
+    if name not in METHODS:
+        raise ValueError(f"unknown method {text!r}; choose from {', '.join(method_names())}")
+    spec = METHODS.get(name)
+    if sep and not spec.takes_argument:
+        raise ValueError(f"method {name!r} takes no argument (got {text!r})")
+    if spec.takes_argument and not sep and name not in ALGORITHMS:
+        raise ValueError(f"method {name!r} needs an argument: {name}:VALUE")
+    return spec, spec.overrides(arg if sep else None)
+
+
+def method_names() -> list[str]:
+    return [f"{m.name}:ARG" if m.takes_argument else m.name for m in METHODS.values()]
 
 
 class DataConfig(_Section):
@@ -92,7 +188,7 @@ class BudgetsConfig(_Section):
 
 
 class PrivacyConfig(_Section):
-    """The DP mechanism: σ (or ε_max from which σ is derived at q = 1), δ, adversary, calibration."""
+    """The DP mechanism: σ (or ε_max giving σ at q = 1), δ, adversary, calibration."""
 
     noise_multiplier: float | None = Field(None, gt=0)
     epsilon_max: float | None = Field(None, gt=0)
@@ -268,20 +364,18 @@ _PROBLEM_SEPARATOR = "\n"
 
 
 def _default_algorithm() -> AlgorithmConfig:
-    from pdpfl.fl.registry import get_algorithm
-
-    return get_algorithm("rpdp").config()
+    return ALGORITHMS.get("rpdp")(name="rpdp")
 
 
-#: The experiment-config model built over the registered algorithms (rebuilt on registration).
-_MODEL_CACHE: dict[str, type[ExperimentConfig]] = {}
+#: The experiment-config model built over the registered algorithms, per registry version.
+_MODEL_CACHE: dict[int, type[ExperimentConfig]] = {}
 
 
 def experiment_model() -> type[ExperimentConfig]:
     """:class:`ExperimentConfig` whose ``algorithm`` is a discriminated union on ``name``."""
-    model = _MODEL_CACHE.get("model")
+    classes = tuple(ALGORITHMS.values())  # loads the built-in algorithms first
+    model = _MODEL_CACHE.get(ALGORITHMS.version)
     if model is None:
-        classes = tuple(spec.config for spec in algorithm_specs())
         union = classes[0] if len(classes) == 1 else Union[classes]  # noqa: UP007
         model = create_model(
             "ExperimentConfig",
@@ -291,13 +385,14 @@ def experiment_model() -> type[ExperimentConfig]:
                 Field(default_factory=_default_algorithm),
             ),
         )
-        _MODEL_CACHE["model"] = model
+        _MODEL_CACHE.clear()
+        _MODEL_CACHE[ALGORITHMS.version] = model
     return model
 
 
 def _format_errors(err: ValidationError) -> list[str]:
     problems = []
-    names = {spec.name for spec in algorithm_specs()}
+    names = set(ALGORITHMS.names())
     for e in err.errors():
         parts = [str(p) for p in e["loc"]]
         if len(parts) >= 2 and parts[0] == "algorithm" and parts[1] in names:
@@ -327,7 +422,7 @@ def _leaf_index() -> dict[str, list[str]]:
     for section, field in ExperimentConfig.model_fields.items():
         ann = field.annotation
         if section == "algorithm":
-            leaves = dict.fromkeys(f for spec in algorithm_specs() for f in spec.config.model_fields)
+            leaves = dict.fromkeys(f for cls in ALGORITHMS.values() for f in cls.model_fields)
             for leaf in leaves:
                 index.setdefault(leaf, []).append(f"algorithm.{leaf}")
         elif isinstance(ann, type) and issubclass(ann, BaseModel):

@@ -11,7 +11,11 @@ exactly.
 * a silo's ``state_dict`` encodes without pickle and a silo rebuilt from it produces the same
   next contribution (exact resume);
 * catching up unsampled rounds is idempotent (evaluating a round twice changes nothing);
-* ``privacy_summary`` holds scalars only (no per-record arrays);
+* ``privacy_summary`` is a typed :class:`~pdpfl.ledger.PrivacySummary` in the algorithm's unit
+  (or None for a silo that accounts nothing itself);
+* a template silo's ledger is charged *before* its step runs (nothing can be released before
+  its charge), and a silo resumed from its state refuses a round it already accounted and
+  charges the next one exactly once;
 * the server's ``aggregate`` accepts the sum of the contributions and returns a model of the same
   shapes, and its ``state_dict`` round-trips.
 """
@@ -43,22 +47,21 @@ TOY_CONFIG: dict[str, Any] = {
 
 def toy_config(name: str, extra: list[str] | None = None) -> Any:
     """The validated toy config of the registered algorithm ``name``."""
-    from pdpfl.config import config_from_dict
-    from pdpfl.fl.registry import get_algorithm
+    from pdpfl.config import ALGORITHMS, config_from_dict
 
-    spec = get_algorithm(name)
     return config_from_dict(
         copy.deepcopy(TOY_CONFIG),
-        [f"algorithm.name={name}", *spec.toy_overrides, *(extra or [])],
+        [f"algorithm.name={name}", *ALGORITHMS.get(name).toy_overrides, *(extra or [])],
     )
 
 
 def _build(config: Any) -> tuple[Any, dict[int, Any], Any]:
-    from pdpfl.fl.factory import build_federation_algorithms, prepare
+    from pdpfl.fl.algorithm import as_algorithm
     from pdpfl.runtime.simulation import load_federation_for
 
-    config, federation = prepare(config, load_federation_for(config))
-    server, clients = build_federation_algorithms(config, federation)
+    algorithm = as_algorithm(config.algorithm)
+    config, federation = algorithm.prepare(config, load_federation_for(config))
+    server, clients = algorithm.build(config, federation)
     return server, clients, config
 
 
@@ -79,6 +82,7 @@ def check_algorithm(name: str, extra: list[str] | None = None) -> None:
         public = getattr(server, "public_metrics", frozenset())
         contributions = []
         for c in selected:
+            _watch_charge(name, clients[c])
             out = clients[c].fit(params, 0, round_config)
             assert type(out) is Contribution, f"{name}: fit returned {type(out).__name__}"
             check_contribution(out, public, len(params))
@@ -97,11 +101,7 @@ def check_algorithm(name: str, extra: list[str] | None = None) -> None:
         for c in ids:
             e = clients[c].evaluate(new, 0, round_config)
             assert set(e) <= EVALUATION_METRICS, f"{name}: evaluate released {sorted(e)}"
-            summary = clients[c].privacy_summary()
-            for key, value in summary.items():
-                assert not isinstance(value, np.ndarray | list | tuple | dict), (
-                    f"{name}: privacy_summary[{key!r}] is not a scalar"
-                )
+            _check_summary(name, clients[c].privacy_summary(), config.algorithm.unit)
         # Catch-up is idempotent: evaluating the same round again changes no state.
         c0 = ids[0]
         before = encode_state(clients[c0].state_dict())
@@ -116,3 +116,52 @@ def check_algorithm(name: str, extra: list[str] | None = None) -> None:
         for x, y in zip(a.update, b.update, strict=True):
             np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-7, err_msg=f"{name}: resume")
         assert a.weight == b.weight and a.metrics == b.metrics
+        # A resumed silo never charges twice: the round it already accounted is refused, and
+        # its ledger holds exactly what the uninterrupted silo's does.
+        try:
+            rebuilt[c0].fit(new, 1, server.round_config(1))
+        except ValueError:
+            pass
+        else:
+            raise AssertionError(f"{name}: a resumed silo accepted round 1 twice")
+        ledger_a = getattr(clients[c0], "ledger", None)
+        ledger_b = getattr(rebuilt[c0], "ledger", None)
+        if ledger_a is not None and ledger_b is not None:
+            for key, value in ledger_a.state_dict().items():
+                np.testing.assert_array_equal(
+                    value, ledger_b.state_dict()[key], err_msg=f"{name}: resume charged twice"
+                )
+
+
+def _watch_charge(name: str, client: Any) -> None:
+    """Make a template silo's step assert that its round is already charged when it runs."""
+    from pdpfl.fl.template import Silo
+
+    if not isinstance(client, Silo):
+        return
+    step = client.step
+    before = client.next_round
+
+    def checked(global_params: Any, plan: Any) -> Any:
+        assert client.next_round == plan.round_index + 1 > before, (
+            f"{name}: the step of round {plan.round_index} ran before the round was charged"
+        )
+        if client.ledger is not None:
+            assert client.ledger.rounds_recorded == client.next_round, (
+                f"{name}: the ledger was not charged before the step"
+            )
+        return step(global_params, plan)
+
+    client.step = checked  # type: ignore[method-assign]
+
+
+def _check_summary(name: str, summary: Any, unit: str) -> None:
+    from pdpfl.ledger import PrivacySummary
+
+    if summary is None or isinstance(summary, dict):  # None: nothing accounted at this silo
+        return  # (dict: a first-release algorithm, read through pdpfl.runtime._legacy)
+    assert isinstance(summary, PrivacySummary), (
+        f"{name}: privacy_summary returned {type(summary).__name__}, not a PrivacySummary"
+    )
+    expected = "record" if unit == "none" else unit
+    assert summary.unit == expected, f"{name}: summary unit {summary.unit}, expected {expected}"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import typer
 
-from pdpfl.cli import account, calibrate, data, flower, run
+from pdpfl.cli import account, calibrate, compare, data, flower, privacy, run
 
 app = typer.Typer(
     help="pdpfl: cross-silo federated learning with personalized differential privacy.",
@@ -27,7 +27,7 @@ def _root(
 ) -> None:
     """pdpfl: cross-silo federated learning with personalized differential privacy."""
     if version:
-        from pdpfl import __version__
+        from pdpfl._version import __version__
 
         typer.echo(__version__)
         raise typer.Exit()
@@ -36,7 +36,7 @@ def _root(
         raise typer.Exit(code=2)
 
 
-for _module in (account, calibrate, data, run, flower):
+for _module in (account, calibrate, data, run, compare, privacy, flower):
     _module.register(app)
 
 

@@ -2,13 +2,17 @@
 
 * :mod:`pdpfl.fl.api` -- the ``ClientAlgorithm`` / ``ServerAlgorithm`` contract, the
   ``Contribution`` a silo releases and the ``Aggregate`` the server receives.
-* :mod:`pdpfl.fl.aggregation` -- summation protocols (plain; secure summation plugs in here).
-* :mod:`pdpfl.fl.registry` -- one registration per algorithm (config section + builders).
-* :mod:`pdpfl.fl.rpdp` -- rPDP-FL (paper §6.2, Algorithm 3): ``DpFedAvgClient``, ``FedAvgServer``.
-* :mod:`pdpfl.fl.baselines` -- Minimum, Dropout, Uniform, PrivacyFree, centralized (§7.2).
-* :mod:`pdpfl.fl.factory` -- build the server and silos of a config through the registry.
+* :mod:`pdpfl.fl.algorithm` -- an algorithm is its parsed config section: ``setup``,
+  ``server``, ``client``; :func:`~pdpfl.fl.algorithm.register_algorithm` registers one.
+* :mod:`pdpfl.fl.template` -- the silo template that owns the round duties (catch-up, pre-check,
+  charge before release, resume); algorithms override one step.
+* :mod:`pdpfl.fl.aggregation` -- summation protocols: plain, secure, private weighting.
+* One package (or module) per algorithm: :mod:`pdpfl.fl.rpdp` (rPDP-FL and the baselines of its
+  paper), :mod:`pdpfl.fl.idp_fedavg`, :mod:`pdpfl.fl.uldp`, :mod:`pdpfl.fl.prifedsync`.
 """
 
+from pdpfl.config import AlgorithmConfig, MethodSpec
+from pdpfl.fl.algorithm import Algorithm, PublicSetup, as_algorithm, register_algorithm
 from pdpfl.fl.api import (
     Aggregate,
     ClientAlgorithm,
@@ -19,30 +23,24 @@ from pdpfl.fl.api import (
     Scalars,
     ServerAlgorithm,
 )
-from pdpfl.fl.publication import Publication
-from pdpfl.fl.registry import (
-    AlgorithmConfig,
-    AlgorithmSpec,
-    MethodSpec,
-    get_algorithm,
-    register_algorithm,
-    register_method,
-)
+from pdpfl.fl.template import BatchedSilo, RoundPlan, Silo
 
 __all__ = [
     "Aggregate",
+    "Algorithm",
     "AlgorithmConfig",
-    "AlgorithmSpec",
+    "BatchedSilo",
     "ClientAlgorithm",
     "Contribution",
     "FederationInfo",
     "MethodSpec",
     "Params",
     "PrivacyBoundaryError",
-    "Publication",
+    "PublicSetup",
+    "RoundPlan",
     "Scalars",
     "ServerAlgorithm",
-    "get_algorithm",
+    "Silo",
+    "as_algorithm",
     "register_algorithm",
-    "register_method",
 ]

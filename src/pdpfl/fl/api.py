@@ -34,6 +34,8 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 
+from pdpfl.ledger import PrivacySummary
+
 __all__ = [
     "Aggregate",
     "ClientAlgorithm",
@@ -174,8 +176,8 @@ class ClientAlgorithm(Protocol):
         """
         ...
 
-    def privacy_summary(self) -> Scalars:
-        """Aggregate privacy state of this silo's units. Stays at the silo (never sent)."""
+    def privacy_summary(self) -> PrivacySummary | None:
+        """Per-group privacy of this silo's units (None: it accounts none). Never sent."""
         ...
 
     def state_dict(self) -> dict[str, Any]:

@@ -25,7 +25,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "accounting_adversary",
-    "budget_groups",
     "client_budgets",
     "federation_info",
     "initial_params",
@@ -119,23 +118,6 @@ def public_budget_statistics(config: ExperimentConfig) -> tuple[float | None, fl
         return None, None
     scenario = budgets_mod.make_scenario(config.budgets.scenario, **config.budgets.params)
     return budgets_mod.public_statistics(scenario)
-
-
-def budget_groups(budgets: np.ndarray, max_levels: int = 8) -> tuple[np.ndarray, list[str]]:
-    """Group records by budget for reporting: one group per level, or fixed public bins.
-
-    Returns ``(group index per record, group labels)``. Discrete scenarios (at most
-    ``max_levels`` distinct budgets) get one group per level; continuous ones the public bins
-    (0, 0.2], (0.2, 0.5], (0.5, 1], (1, 2], (2, 5], (5, 10], (10, ∞).
-    """
-    budgets = np.asarray(budgets, dtype=float)
-    levels = np.unique(budgets)
-    if len(levels) <= max_levels:
-        return np.searchsorted(levels, budgets), [f"{v:g}" for v in levels]
-    edges = np.array([0.2, 0.5, 1.0, 2.0, 5.0, 10.0])
-    labels_all = ["(0,0.2]", "(0.2,0.5]", "(0.5,1]", "(1,2]", "(2,5]", "(5,10]", "(10,inf)"]
-    idx = np.searchsorted(edges, budgets, side="left")
-    return idx, labels_all
 
 
 def silo_model(config: ExperimentConfig, info: FederationInfo) -> torch.nn.Module:

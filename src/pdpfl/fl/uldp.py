@@ -1204,7 +1204,7 @@ class UldpServer:
             mean_user_rate=float(self.rates.mean()) if self.rates.size else 0.0,
         )
         if self.budgets is not None:
-            from pdpfl.fl.common import budget_groups
+            from pdpfl.ledger import budget_groups
 
             over_tp = tp > self.budgets * (1 + _EPS_TOL) + _EPS_TOL
             over_sv = sv > self.budgets * (1 + _EPS_TOL) + _EPS_TOL

@@ -36,6 +36,7 @@ import numpy as np
 from pdpfl.fl.aggregation import SumProtocol, check_compatible, protocol_from_config
 from pdpfl.fl.api import Contribution, Params, Scalars, ServerAlgorithm, check_evaluation
 from pdpfl.io import decode_state, encode_state, write_bytes, write_text
+from pdpfl.ledger import PrivacySummary
 
 CHECKPOINT_NAME = "checkpoint.npz"
 #: The first release's pickle checkpoint: never loaded (it could run code).
@@ -112,37 +113,22 @@ def pooled_evaluation(evals: dict[int, Scalars]) -> dict[str, float]:
     }
 
 
-#: Summary keys (last dotted component) that are merged across silos by summing; the rest by max.
-_SUMMED = (
-    "count",
-    "n_records",
-    "active",
-    "stopped",
-    "excluded",
-    "over_budget_third_party",
-    "over_budget_server",
-)
+def collect_privacy(
+    summaries: dict[int, Any], server: ServerAlgorithm, unit: str
+) -> PrivacySummary | None:
+    """One typed summary of every unit this view can see: the silos' own summaries (the
+    operator's view; empty in a deployment) merged with the server's (e.g. ULDP-FL's users,
+    whose ledger lives at the server). None when nothing is accounted in this view."""
+    from pdpfl.runtime._legacy import as_summary
 
-
-def privacy_overview(summaries: dict[int, Scalars]) -> dict[str, float]:
-    """Federation-wide privacy numbers merged from the silos' aggregate summaries.
-
-    Counts (keys ending in ``count``, ``n_records``, ``active``, ``stopped``, ``over_budget_*``)
-    and keys starting with ``sum_`` (after the last dot) are summed over silos; every other numeric
-    key (maxima, quantiles, budgets) is merged with ``max`` -- quantiles therefore become the
-    largest per-silo quantile, which never hides a silo.
-    """
-    out: dict[str, float] = {}
-    for summary in summaries.values():
-        for key, value in summary.items():
-            if isinstance(value, bool) or not isinstance(value, int | float | np.number):
-                continue
-            last = key.rsplit(".", 1)[-1]
-            if last.startswith("sum_") or last.endswith(_SUMMED):
-                out[key] = out.get(key, 0) + value
-            else:
-                out[key] = max(out.get(key, -np.inf), float(value))
-    return {k: out[k] for k in sorted(out)}
+    parts = [as_summary(s, unit) for s in summaries.values()]
+    own = getattr(server, "privacy_summary", None)
+    if callable(own):
+        parts.append(as_summary(own(), unit))
+    else:  # first-release servers report inside their state
+        parts.append(as_summary(server.state_dict().get("privacy"), unit))
+    present = [p for p in parts if p is not None]
+    return PrivacySummary.merge(present) if present else None
 
 
 def _finite(obj: Any) -> Any:
@@ -243,7 +229,7 @@ def run_federation(
     -------
     dict
         ``params`` (final global model), ``metrics`` (all lines), ``seconds`` (training wall time
-        over all sessions), ``privacy`` (final per-silo summaries), ``server_state``,
+        over all sessions), ``privacy`` (the final typed :class:`~pdpfl.ledger.PrivacySummary` of this view, or None), ``server_state``,
         ``completed`` (whether all T rounds ran).
     """
     out = Path(out_dir)
@@ -260,6 +246,7 @@ def run_federation(
             stacklevel=2,
         )
     rounds = int(config.training.rounds)
+    unit = str(getattr(getattr(config, "algorithm", None), "unit", "record"))
     params: Params = [np.asarray(p).copy() for p in server.initial_params()]
     start, seconds_before = 0, 0.0
     metrics: list[dict[str, Any]] = []
@@ -310,8 +297,8 @@ def run_federation(
             evals = transport.evaluate(list(transport.client_ids), params, t, round_config)
             for e in evals.values():
                 check_evaluation(e)
-            summaries = transport.privacy_summaries()
-            line = _metrics_line(t, selected, aggregate.count, evals, summaries)
+            privacy = collect_privacy(transport.privacy_summaries(), server, unit)
+            line = _metrics_line(t, selected, aggregate.count, evals, privacy)
             line["seconds"] = seconds_before + time.perf_counter() - t0
             metrics.append(line)
             write_text(
@@ -339,7 +326,7 @@ def run_federation(
         "params": params,
         "metrics": metrics,
         "seconds": seconds,
-        "privacy": transport.privacy_summaries(),
+        "privacy": collect_privacy(transport.privacy_summaries(), server, unit),
         "server_state": server.state_dict(),
         "completed": last_round == rounds,
     }
@@ -359,7 +346,7 @@ def _metrics_line(
     selected: list[int],
     contributions: int,
     evals: dict[int, Scalars],
-    summaries: dict[int, Scalars],
+    privacy: PrivacySummary | None,
 ) -> dict[str, Any]:
     pooled = pooled_evaluation(evals)
     return {
@@ -373,7 +360,7 @@ def _metrics_line(
             str(cid): {"accuracy": float(e["accuracy"]), "loss": float(e["loss"]), "n": int(e["n"])}
             for cid, e in sorted(evals.items())
         },
-        "privacy": privacy_overview(summaries),
+        "privacy": None if privacy is None else privacy.to_dict(),
     }
 
 

@@ -1,12 +1,14 @@
-"""Run outputs: ``summary.json``, the final model, the silos' ledgers and PNG plots.
+"""Run outputs: ``summary.json``, the final model, the ledgers and PNG plots.
 
 Every file is written atomically (:mod:`pdpfl.io`). ``metrics.jsonl`` and the checkpoint are
-written every round by :func:`pdpfl.runtime.loop.run_federation`.
+written every round by :func:`pdpfl.runtime.loop.run_federation`. Every privacy number of the
+summary, the terminal headline, ``epsilon.png`` and ``pdpfl compare`` comes from one typed
+:class:`~pdpfl.ledger.PrivacySummary` (``summary["privacy"]``, versioned by its ``schema``), in
+the unit of the run's algorithm.
 """
 
 from __future__ import annotations
 
-import io
 import os
 import shutil
 import tempfile
@@ -16,14 +18,14 @@ from typing import Any
 import numpy as np
 
 from pdpfl.config import ExperimentConfig, config_hash, config_to_dict
-from pdpfl.io import save_npz, write_bytes, write_json
+from pdpfl.io import save_npz, write_json
+from pdpfl.ledger import PrivacyLedger, PrivacySummary, observers_of, save_ledger
 from pdpfl.runtime.loop import (
     CHECKPOINT_NAME,
     LEGACY_CHECKPOINT_NAME,
     METRICS_NAME,
     _finite,
     has_checkpoint,
-    privacy_overview,
 )
 
 #: What a run writes into its output folder; ``overwrite=True`` removes exactly these.
@@ -105,79 +107,79 @@ def prepare_output_dir(
     )
 
 
-ADVERSARY_TAGS = {"third-party": ("third_party",), "server": ("server",),
-                  "both": ("third_party", "server")}
+#: Version of ``summary.json``; bump on any incompatible change.
+SUMMARY_SCHEMA = "pdpfl.summary/2"
 
-
-def per_group(overview: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Per budget group: count, budget, excluded records (q = 0), max ε spent and mean
-    utilization for both adversaries."""
-    groups: dict[str, dict[str, Any]] = {}
-    for key, value in overview.items():
-        if not key.startswith("group."):
-            continue
-        label, stat = key[len("group."):].rsplit(".", 1)
-        groups.setdefault(label, {})[stat] = value
-    out: dict[str, dict[str, Any]] = {}
-    for label, stats in groups.items():
-        count = int(stats.get("count", 0))
-        row: dict[str, Any] = {
-            "count": count,
-            "budget": stats.get("budget"),
-            "excluded": int(stats.get("excluded", 0)),
-        }
-        for tag in ("third_party", "server"):
-            row[f"max_spent_{tag}"] = stats.get(f"max_spent_{tag}")
-            s = stats.get(f"sum_utilization_{tag}")
-            row[f"mean_utilization_{tag}"] = (s / count) if (s is not None and count) else None
-            row[f"over_budget_{tag}"] = int(stats.get(f"over_budget_{tag}", 0))
-        for extra in ("rate", "noise_multiplier"):  # client-level algorithms (IDP-FedAvg)
-            if extra in stats:
-                row[extra] = stats[extra]
-        out[label] = row
-    return dict(sorted(out.items(), key=lambda kv: (kv[1]["budget"] or 0.0)))
-
-
-#: What one unit's neighbouring relation is, per privacy unit of the algorithm registry.
+#: What one unit's neighbouring relation is, per privacy unit.
 NEIGHBOURING = {
-    "record": "add/remove one record (rPDP-FL: record-level, per-record ε)",
+    "record": "add/remove one record (record-level, per-record ε)",
     "client": "add/remove one client (all of its data)",
     "user": "add/remove one user (all of their records in every silo)",
     "none": "none (no differential privacy)",
 }
 
+#: How each view of a run came to its privacy numbers.
+VIEWS = {
+    "operator": "operator: merged from every silo's own summary (simulator)",
+    "operator-collected": "operator: collected from the local silos' state folders after the "
+    "run (loopback launcher)",
+    "coordinator": "coordinator: per-unit privacy summaries stay at the silos",
+}
 
-def privacy_warnings(config: ExperimentConfig, overview: dict[str, Any]) -> list[str]:
-    """Warnings a run must show: observers whose view exceeds budgets that were not enforced."""
+
+def _tag(observer: str) -> str:
+    return observer.replace("-", "_")
+
+
+def per_group(privacy: PrivacySummary) -> dict[str, dict[str, Any]]:
+    """``summary["per_group"]``: one flat row per budget group (derived from the typed summary)."""
+    out: dict[str, dict[str, Any]] = {}
+    for g in privacy.groups:
+        row: dict[str, Any] = {
+            "count": g.units,
+            "budget": g.budget_max,
+            "budget_min": g.budget_min,
+            "excluded": g.excluded,
+            "stopped": g.stopped,
+        }
+        for obs in ("third-party", "server"):
+            spent = g.spent_max.get(obs) if privacy.private else float("inf")
+            row[f"max_spent_{_tag(obs)}"] = spent
+            row[f"mean_utilization_{_tag(obs)}"] = g.mean_utilization(obs)
+            row[f"over_budget_{_tag(obs)}"] = int(g.over_budget.get(obs, 0))
+        row.update(g.info)
+        out[g.label] = row
+    return out
+
+
+def privacy_warnings(config: ExperimentConfig, privacy: PrivacySummary) -> list[str]:
+    """Warnings a run must show: observers whose view exceeds budgets that were not enforced,
+    and units that were never used."""
     out = []
-    over_sv = int(overview.get("over_budget_server", 0))
-    over_tp = int(overview.get("over_budget_third_party", 0))
-    private = bool(overview.get("n_records")) and overview.get("eps_third_party_max") not in (
-        None,
-        float("inf"),
-    )
-    if private and config.privacy.adversary == "third-party" and over_sv:
+    unit = privacy.unit
+    views = {"server": "the coordinating server's view", "third-party": "third parties' view"}
+    if privacy.private:
+        for enforced, other in (("third-party", "server"), ("server", "third-party")):
+            over = privacy.over_budget(other)
+            if config.privacy.adversary == enforced and over:
+                why = " (it sees which silos took part)" if other == "server" else ""
+                out.append(
+                    f"privacy.adversary is {enforced}: {views[other]} exceeds the budget of "
+                    f"{over} {unit}(s){why}; use adversary: both to enforce budgets against "
+                    "every observer"
+                )
+    if privacy.excluded:
         out.append(
-            f"privacy.adversary is third-party: the coordinating server's view exceeds the budget "
-            f"of {over_sv} record(s) (it sees which silos took part); use adversary: both to "
-            "enforce budgets against the server too"
-        )
-    if private and config.privacy.adversary == "server" and over_tp:
-        out.append(
-            f"privacy.adversary is server: third parties' view exceeds the budget of {over_tp} "
-            "record(s); use adversary: both"
-        )
-    if int(overview.get("excluded", 0)):
-        out.append(
-            f"{int(overview['excluded'])} record(s) were excluded (q = 0: budget below the "
-            "smallest achievable ε; privacy.allow_exclusion is on)"
+            f"{privacy.excluded} {unit}(s) were never used (sampling rate 0: a budget below "
+            "the smallest achievable ε with privacy.allow_exclusion on, or below the baseline's "
+            "uniform ε)"
         )
     return out
 
 
 def aggregation_fields(config: ExperimentConfig) -> dict[str, Any]:
     """How updates were summed and what that means for the server observer."""
-    hidden = getattr(config, "participation", "visible") == "hidden"
+    hidden = config.participation == "hidden"
     private_weights = getattr(config.algorithm, "weights", None) == "private"
     protocol = "private-weighting" if private_weights else config.aggregation
     out: dict[str, Any] = {
@@ -195,6 +197,45 @@ def aggregation_fields(config: ExperimentConfig) -> dict[str, Any]:
     return out
 
 
+def privacy_fields(
+    config: ExperimentConfig, privacy: PrivacySummary | None, view: str
+) -> dict[str, Any]:
+    """The summary's privacy section, all read from the typed ``privacy`` summary of this view
+    (None: nothing is accounted in this view, e.g. a coordinator whose silos keep theirs)."""
+    if privacy is None:
+        return {
+            "privacy_view": VIEWS.get(view, view),
+            "privacy": None,
+            "units": None,
+            "units_stopped": None,
+            "units_excluded": None,
+            "over_budget": None,
+            "over_budget_third_party": None,
+            "over_budget_server": None,
+            "eps_spent_max": {"third_party": None, "server": None},
+            "epsilon": None,
+            "per_group": {},
+            "warnings": [],
+        }
+    enforced = observers_of(config.privacy.adversary)
+    return {
+        "privacy_view": VIEWS.get(view, view),
+        "privacy": privacy.to_dict(),
+        "units": privacy.units,
+        "units_stopped": privacy.stopped,
+        "units_excluded": privacy.excluded,
+        "over_budget": max(privacy.over_budget(o) for o in enforced),
+        "over_budget_third_party": privacy.over_budget("third-party"),
+        "over_budget_server": privacy.over_budget("server"),
+        "eps_spent_max": {_tag(o): privacy.spent_max(o) for o in ("third-party", "server")},
+        "epsilon": privacy.headline_epsilon(config.privacy.adversary),
+        "per_group": per_group(privacy),
+        **({"noise_multiplier": privacy.info["noise_multiplier"]}
+           if "noise_multiplier" in privacy.info else {}),
+        "warnings": privacy_warnings(config, privacy),
+    }
+
+
 def build_summary(
     config: ExperimentConfig, result: dict[str, Any], view: str = "operator"
 ) -> dict[str, Any]:
@@ -204,14 +245,14 @@ def build_summary(
     only an operator who owns all silos can see. ``view="coordinator"`` (a deployment): the
     silos' summaries stay at the silos; the privacy fields say so.
     """
-    from pdpfl.fl.registry import get_algorithm
     from pdpfl.randomness import REPRODUCIBLE_LABEL, SECURE_LABEL
 
     metrics = result["metrics"]
     accs = [m["accuracy"] for m in metrics if m.get("accuracy") is not None]
     server_state = result.get("server_state") or {}
-    unit = get_algorithm(config.algorithm.name).unit
-    summary = {
+    unit = config.algorithm.unit
+    summary: dict[str, Any] = {
+        "schema": SUMMARY_SCHEMA,
         "name": config.name,
         "algorithm": config.algorithm.name,
         "seed": config.seed,
@@ -232,85 +273,9 @@ def build_summary(
         "config": config_to_dict(config),
         "config_hash": config_hash(config),
     }
-    summary.update(
-        privacy_fields(
-            config, result.get("privacy") or {}, view, server=server_state.get("privacy")
-        )
-    )
+    summary.update(privacy_fields(config, result.get("privacy"), view))
     summary["warnings"] = list(summary["warnings"]) + list(server_state.get("warnings") or [])
-    summary["epsilon"] = headline_epsilon(config, summary["eps_spent_max"])
     return summary
-
-
-def headline_epsilon(config: ExperimentConfig, eps_spent_max: dict[str, Any]) -> float | None:
-    """The run's headline ε: the largest ε spent by any unit against the configured
-    observer(s) (``inf`` without DP; ``None`` when not known in this view)."""
-    values = [eps_spent_max.get(t) for t in ADVERSARY_TAGS[config.privacy.adversary]]
-    if not values or any(v is None for v in values):
-        return None
-    return float(max(values))
-
-
-def privacy_fields(
-    config: ExperimentConfig,
-    silo_summaries: dict[int, Any],
-    view: str,
-    server: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """The summary's privacy headline from silo summaries (empty in the coordinator's view).
-
-    ``server``: the server algorithm's own privacy view (e.g. ULDP-FL's user-level ledger,
-    which lives at the server), merged in every view.
-
-    ``view``: ``operator`` (the simulator, which owns every silo), ``operator-collected`` (the
-    loopback Flower launcher, which reads the local silos' state folders after the run) or
-    ``coordinator`` (a deployment: silo summaries stay at the silos).
-    """
-    labels = {
-        "operator": "operator: merged from every silo's own summary (simulator)",
-        "operator-collected": "operator: collected from the local silos' state folders "
-        "after the run (loopback launcher)",
-        "coordinator": "coordinator: per-record privacy summaries stay at the silos",
-    }
-    if view == "coordinator" and server:
-        silo_summaries = {}
-    elif view == "coordinator":
-        return {
-            "privacy_view": labels[view],
-            "over_budget": None,
-            "over_budget_third_party": None,
-            "over_budget_server": None,
-            "records": None,
-            "records_stopped": None,
-            "records_excluded": None,
-            "warnings": [],
-            "eps_spent_max": {"third_party": None, "server": None},
-            "per_group": {},
-        }
-    overview = privacy_overview(
-        {**silo_summaries, "server": server} if server else silo_summaries
-    )
-    tags = ADVERSARY_TAGS[config.privacy.adversary]
-    return {
-        "privacy_view": labels.get(view, view),
-        "over_budget": max(int(overview.get(f"over_budget_{t}", 0)) for t in tags),
-        "over_budget_third_party": int(overview.get("over_budget_third_party", 0)),
-        "over_budget_server": int(overview.get("over_budget_server", 0)),
-        "records": int(overview.get("n_records", 0)),
-        "records_stopped": int(overview.get("stopped", 0)),
-        "records_excluded": int(overview.get("excluded", 0)),
-        "warnings": privacy_warnings(config, overview),
-        "eps_spent_max": {
-            "third_party": overview.get("eps_third_party_max"),
-            "server": overview.get("eps_server_max"),
-        },
-        "per_group": per_group(overview),
-        **(
-            {"noise_multiplier": overview["noise_multiplier"]}
-            if "noise_multiplier" in overview
-            else {}
-        ),
-    }
 
 
 def write_outputs(
@@ -323,14 +288,18 @@ def write_outputs(
     view: str = "operator",
     warnings: list[str] | None = None,
     data: dict[str, Any] | None = None,
+    server: Any = None,
 ) -> dict[str, Any]:
     """Write ``summary.json``, ``model.npz``, ``ledgers/`` and plots; return the summary (as
     written: values that are not finite numbers, such as ε = ∞ without DP, are None).
 
     ``warnings`` (problems found before training, e.g. silos without test records) are
     listed first in the summary's ``warnings``; ``data`` describes the federation trained on
-    (``summary["data"]``).
+    (``summary["data"]``). Each silo's ledger (and the server's, where the unit's ledger lives
+    there) is written to ``ledgers/`` for ``pdpfl privacy``.
     """
+    from pdpfl.runtime.plots import write_plots
+
     out = Path(out_dir)
     summary = build_summary(config, result, view=view)
     if warnings:
@@ -338,137 +307,16 @@ def write_outputs(
     if data is not None:
         summary["data"] = data
     save_npz(out / "model.npz", **{f"p{i:03d}": p for i, p in enumerate(result["params"])})
-    for cid, client in (clients or {}).items():
-        ledger = getattr(client, "ledger", None)
-        if ledger is not None:
-            ledger.save(out / "ledgers" / f"client_{cid}.npz")
+    holders = [(f"client_{cid}", c) for cid, c in (clients or {}).items()]
+    holders.append(("server", server))
+    for name, holder in holders:
+        ledger = getattr(holder, "ledger", None)
+        if isinstance(ledger, PrivacyLedger):
+            save_ledger(ledger, out / "ledgers" / f"{name}.npz")
+        elif ledger is not None and callable(getattr(ledger, "save", None)):
+            ledger.save(out / "ledgers" / f"{name}.npz")  # a first-release algorithm's own
     summary = _finite(summary)  # what is returned is what is on disk: NaN/inf become None
     if plots:
         write_plots(result["metrics"], summary, out)
     write_json(out / "summary.json", summary)
     return summary
-
-
-def write_plots(metrics: list[dict[str, Any]], summary: dict[str, Any], out: Path) -> None:
-    """``accuracy.png`` (pooled test accuracy per round) and ``epsilon.png`` (ε spent vs budget)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    for name, fig in (("accuracy.png", accuracy_figure(metrics, summary)),
-                      ("epsilon.png", epsilon_figure(summary))):
-        _save_fig(fig, out / name)
-        plt.close(fig)
-
-
-def _nothing_to_draw(ax: Any, why: str) -> None:
-    """Say in the plot itself why it is empty (instead of drawing empty axes)."""
-    ax.text(0.5, 0.5, f"nothing to draw:\n{why}", ha="center", va="center", wrap=True,
-            transform=ax.transAxes, fontsize=9)
-    ax.set_xticks([])
-    ax.set_yticks([])
-
-
-def accuracy_figure(metrics: list[dict[str, Any]], summary: dict[str, Any]) -> Any:
-    """Pooled and client-mean test accuracy per round (a note when nothing was measured)."""
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(5, 3.2))
-    ax.set_title(f"{summary['name']} ({summary['algorithm']})")
-    rounds = [m["round"] + 1 for m in metrics]
-    pooled = [_num(m.get("accuracy"), None) for m in metrics]
-    if not metrics:
-        _nothing_to_draw(ax, "no round completed")
-    elif all(v is None for v in pooled):
-        _nothing_to_draw(ax, "no silo has test records, so no accuracy was measured")
-    else:
-        ax.plot(rounds, [np.nan if v is None else v for v in pooled], marker="o", ms=3,
-                label="pooled")
-        ax.plot(rounds, [_num(m.get("mean_client_accuracy"), np.nan) for m in metrics],
-                ls="--", label="client mean")
-        ax.set_xlabel("round")
-        ax.set_ylabel("test accuracy")
-        ax.xaxis.get_major_locator().set_params(integer=True)
-        ax.legend()
-    fig.tight_layout()
-    return fig
-
-
-def epsilon_figure(summary: dict[str, Any]) -> Any:
-    """Max ε spent per budget group against its budget, on a log scale.
-
-    The budget of each group is a black line; the bars are the largest ε any record of the group
-    spent against third parties and against the server. Groups with excluded records (q = 0)
-    and groups with records over budget are marked above their bars.
-    """
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(5.5, 3.4))
-    groups = summary.get("per_group") or {}
-    ax.set_title("ε spent vs budget per budget group")
-    if not groups:
-        why = ("the per-record privacy summaries stay at the silos"
-               if str(summary.get("privacy_view", "")).startswith("coordinator")
-               else "no privacy accounting in this run")
-        _nothing_to_draw(ax, why)
-        fig.tight_layout()
-        return fig
-    labels = list(groups)
-    x = np.arange(len(labels))
-    rows = list(groups.values())
-    budget = [_num(g.get("budget"), None) for g in rows]
-    tp = [_num(g.get("max_spent_third_party"), None) for g in rows]
-    sv = [_num(g.get("max_spent_server"), None) for g in rows]
-    positive = [v for v in (*budget, *tp, *sv) if v is not None and v > 0]
-    if not positive:
-        _nothing_to_draw(ax, "no finite ε was spent or budgeted")
-        fig.tight_layout()
-        return fig
-    ax.set_yscale("log")
-    lo, hi = min(positive) / 4, max(positive) * 6
-    w = 0.36
-    infinite = any(g.get("max_spent_third_party") is None
-                   or not np.isfinite(float(g["max_spent_third_party"])) for g in rows)
-    if not infinite:
-        ax.bar(x - w / 2, [v or 0.0 for v in tp], w, bottom=0, label="max spent (third party)",
-               color="tab:blue")
-        ax.bar(x + w / 2, [v or 0.0 for v in sv], w, bottom=0, label="max spent (server)",
-               color="tab:orange")
-    ax.hlines([b if b is not None else np.nan for b in budget], x - 0.45, x + 0.45,
-              colors="black", linewidth=2, label="budget")
-    for k, g in enumerate(rows):
-        notes = []
-        over = (int(g.get("over_budget_third_party") or 0), int(g.get("over_budget_server") or 0))
-        if any(over) and not infinite:
-            notes.append(f"over budget {over[0]}/{over[1]}")
-        if int(g.get("excluded") or 0):
-            notes.append(f"excluded {int(g['excluded'])}")
-        if notes:
-            top = max(v for v in (budget[k], tp[k], sv[k], lo) if v is not None)
-            ax.text(x[k], top * 1.4, "\n".join(notes), ha="center", va="bottom", fontsize=7,
-                    color="tab:red")
-    ax.set_ylim(lo, hi)
-    ax.set_xticks(x, labels)
-    ax.set_xlabel("budget group (ε)")
-    ax.set_ylabel("ε (log scale)")
-    if infinite:
-        ax.set_title("ε spent vs budget (no DP: ε = ∞, not drawn)")
-    ax.legend(fontsize=7, loc="upper left")
-    fig.tight_layout()
-    return fig
-
-
-def _num(x: Any, missing: Any = 0.0) -> Any:
-    """A finite float, or ``missing`` for None/NaN/inf (nothing drawn)."""
-    try:
-        v = float(x)
-    except (TypeError, ValueError):
-        return missing
-    return v if np.isfinite(v) else missing
-
-
-def _save_fig(fig: Any, path: Path) -> None:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    write_bytes(path, buf.getvalue())

@@ -47,15 +47,60 @@ class InProcessTransport:
             for c, payload in requests.items()
         }
 
+    def _batches(self, ids: list[int]) -> list[list[int]]:
+        """Consecutive silos that can share one batched call (same ``batch_key``)."""
+        from pdpfl.fl.template import BatchedSilo
+
+        groups: list[list[int]] = []
+        last: Any = None
+        for c in ids:
+            silo = self.clients[c]
+            key = silo.batch_key() if isinstance(silo, BatchedSilo) else None
+            if key is not None and groups and key == last:
+                groups[-1].append(c)
+            else:
+                groups.append([c])
+            last = key
+        return groups
+
     def fit(
         self, selected: list[int], params: Params, round_index: int, config: Scalars
     ) -> list[Contribution]:
-        return [self.clients[c].fit(params, round_index, config) for c in selected]
+        """Each selected silo's contribution; silos of a :class:`~pdpfl.fl.template.BatchedSilo`
+        algorithm are charged one by one, then trained together in one batch."""
+        from pdpfl.fl.template import BatchedSilo
+
+        out: dict[int, Contribution] = {}
+        for group in self._batches(list(selected)):
+            silos = [self.clients[c] for c in group]
+            if len(group) == 1 or not isinstance(silos[0], BatchedSilo):
+                out[group[0]] = silos[0].fit(params, round_index, config)
+                continue
+            batched = [s for s in silos if isinstance(s, BatchedSilo)]
+            jobs = [s.prepare(params, s.begin_round(round_index, config)) for s in batched]
+            results = type(batched[0]).train_batch(jobs)
+            for c, s, job, res in zip(group, batched, jobs, results, strict=True):
+                out[c] = s.release(s.finish(job, res))
+        return [out[c] for c in selected]
 
     def evaluate(
         self, client_ids: list[int], params: Params, round_index: int, config: Scalars
     ) -> dict[int, Scalars]:
-        return {c: self.clients[c].evaluate(params, round_index, config) for c in client_ids}
+        from pdpfl.fl.template import BatchedSilo
+
+        out: dict[int, Scalars] = {}
+        for group in self._batches(list(client_ids)):
+            silos = [self.clients[c] for c in group]
+            if len(group) == 1 or not isinstance(silos[0], BatchedSilo):
+                out[group[0]] = silos[0].evaluate(params, round_index, config)
+                continue
+            batched = [s for s in silos if isinstance(s, BatchedSilo)]
+            for s in batched:
+                s.catch_up(int(round_index) + 1)
+            for c, metrics in zip(group, type(batched[0]).test_batch(batched, params),
+                                  strict=True):
+                out[c] = metrics
+        return out
 
     def privacy_summaries(self) -> dict[int, Scalars]:
         return {c: client.privacy_summary() for c, client in self.clients.items()}
@@ -213,10 +258,9 @@ def _check_budget_mix(config: ExperimentConfig, clients: list[Any]) -> None:
 
     from pdpfl import budgets as budgets_mod
     from pdpfl.fl.common import client_budgets
-    from pdpfl.fl.registry import get_algorithm
     from pdpfl.seeding import numpy_generator
 
-    if config.budgets.file is not None or get_algorithm(config.algorithm.name).unit != "record":
+    if config.budgets.file is not None or config.algorithm.unit != "record":
         return  # per-record budgets from a file, or budgets that are not per record
     scenario = budgets_mod.make_scenario(config.budgets.scenario, **config.budgets.params)
     if isinstance(scenario, budgets_mod.PerLabel):
@@ -315,7 +359,7 @@ def simulate_into(
     import time
     import warnings
 
-    from pdpfl.fl.factory import build_federation_algorithms, prepare
+    from pdpfl.fl.algorithm import as_algorithm
     from pdpfl.runtime.outputs import write_outputs
 
     started = time.perf_counter()
@@ -326,18 +370,19 @@ def simulate_into(
     if str(config.output_dir) != str(out_dir):  # the summary records where outputs really are
         config = config.model_copy(update={"output_dir": str(out_dir)})
     original = config
-    config, federation = prepare(config, federation)
+    algorithm = as_algorithm(config.algorithm)
+    config, federation = algorithm.prepare(config, federation)
     setup_warnings = check_federation(config, federation)
     for message in setup_warnings:
         warnings.warn(message, SetupWarning, stacklevel=3)
     with torch_threads(config.threads):
-        server, clients = build_federation_algorithms(config, federation)
+        server, clients = algorithm.build(config, federation)
         transport = InProcessTransport(clients)
         result = run_federation(
             config, server, transport, out_dir, resume=resume, progress=progress,
             stop_after=stop_after,
         )
     result["setup_seconds"] = time.perf_counter() - started - result["seconds"]
-    summary = write_outputs(original, result, out_dir, clients=clients, view="operator",
-                            warnings=setup_warnings, data=data)
+    summary = write_outputs(original, result, out_dir, clients=clients, server=server,
+                            view="operator", warnings=setup_warnings, data=data)
     return summary

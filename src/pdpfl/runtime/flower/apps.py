@@ -41,8 +41,6 @@ ledger are on its disk before a reply leaves, and its privacy summary stays ther
 
 from __future__ import annotations
 
-import base64
-import json
 import os
 import secrets
 import time
@@ -60,6 +58,7 @@ from pdpfl.io import write_json, write_text
 from pdpfl.runtime.flower.codec import (
     config_to_scalars,
     contribution_to_records,
+    decode_config,
     payload_to_records,
     record_to_params,
     records_to_payload,
@@ -87,14 +86,6 @@ STATUS_FILE = "status.json"
 
 server_app = ServerApp()
 client_app = ClientApp()
-
-
-def encode_config(config_dict: dict[str, Any]) -> str:
-    return base64.b64encode(json.dumps(config_dict).encode("utf-8")).decode("ascii")
-
-
-def decode_config(text: str) -> dict[str, Any]:
-    return json.loads(base64.b64decode(text.encode("ascii")).decode("utf-8"))
 
 
 def _experiment(run_config: Mapping[str, Any]) -> tuple[AppHooks, Any]:

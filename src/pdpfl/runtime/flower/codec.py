@@ -9,6 +9,7 @@ written to its own disk as a ``.npz`` archive without pickle (:func:`encode_stat
 
 from __future__ import annotations
 
+import base64
 import json
 import math
 from typing import Any
@@ -192,3 +193,13 @@ def records_to_payload(names: set[str] | frozenset[str], record_dict: Any) -> di
 # --------------------------------------------------------------------------- state files
 # (kept here for compatibility: the implementation lives in pdpfl.io)
 from pdpfl.io import decode_state, encode_state  # noqa: E402,F401
+
+
+def encode_config(config_dict: dict[str, Any]) -> str:
+    """The experiment config as it travels in Flower's run config (base64 JSON)."""
+    return base64.b64encode(json.dumps(config_dict).encode("utf-8")).decode("ascii")
+
+
+def decode_config(text: str) -> dict[str, Any]:
+    """Inverse of :func:`encode_config`."""
+    return dict(json.loads(base64.b64decode(text.encode("ascii")).decode("utf-8")))

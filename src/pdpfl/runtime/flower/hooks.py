@@ -18,6 +18,8 @@ from typing import Any
 
 from pdpfl.fl.api import ClientAlgorithm, Scalars, ServerAlgorithm
 
+#: Set (to "1") in a warm worker process: silos stay in memory between messages.
+WARM_ENV = "PDPFL_WARM_WORKER"
 #: Node-config keys a SuperNode is started with (``--node-config "partition-id=0 ..."``).
 PARTITION_ID = "partition-id"
 NUM_PARTITIONS = "num-partitions"
@@ -160,8 +162,9 @@ def _build_server(
     """The server, from the silos' public facts; the public setup is computed once, here."""
     import json
 
+    from pdpfl.fl.algorithm import as_algorithm
     from pdpfl.fl.api import FederationInfo
-    from pdpfl.fl.factory import build_server, public_setup
+    from pdpfl.fl.common import party_randomness
 
     first = silo_infos[min(silo_infos)]
     ids = sorted(silo_infos)
@@ -176,8 +179,10 @@ def _build_server(
             else None
         ),
     )
-    setup = public_setup(config, info)
-    return build_server(config, info, setup), {"info": info.to_dict(), "setup": setup}
+    algorithm = as_algorithm(config.algorithm)
+    setup = algorithm.setup(config, info)
+    server = algorithm.server(config, info, setup, party_randomness(config, "server"))
+    return server, {"info": info.to_dict(), "setup": setup.to_dict()}
 
 
 def _silo_data(config: Any, silo: int, node_config: Mapping[str, Any]) -> Any:
@@ -223,11 +228,15 @@ def _silo_data(config: Any, silo: int, node_config: Mapping[str, Any]) -> Any:
 def _build_client(
     config: Any, silo: int, node_config: Mapping[str, Any], public: dict[str, Any]
 ) -> ClientAlgorithm:
+    from pdpfl.fl.algorithm import as_algorithm
     from pdpfl.fl.api import FederationInfo
-    from pdpfl.fl.factory import build_client
+    from pdpfl.fl.common import party_randomness
 
+    algorithm = as_algorithm(config.algorithm)
     info = FederationInfo.from_dict(public["info"])
-    return build_client(config, silo, _silo_data(config, silo, node_config), info, public["setup"])
+    setup = algorithm.setup_type.from_dict(public["setup"])
+    return algorithm.client(config, silo, _silo_data(config, silo, node_config), info, setup,
+                            party_randomness(config, f"silo-{silo}"))
 
 
 def _run(

@@ -110,7 +110,7 @@ def write_app(app_dir: str | Path, run_config: Mapping[str, Any]) -> Path:
     """Write the pdpfl Flower app (``pyproject.toml`` only) with ``run_config`` as its defaults."""
     import tomli_w
 
-    from pdpfl import __version__
+    from pdpfl._version import __version__
 
     project = {
         "build-system": {"requires": ["hatchling"], "build-backend": "hatchling.build"},
@@ -578,16 +578,10 @@ class CoordinatorProgress:
                 self._run_key = path.read_text().strip()
         if not self._run_key:
             return ""
-        from pdpfl.runtime.loop import privacy_overview
-
-        summaries = {}
-        for i in range(self.num_silos):
-            p = self.out / "flower" / f"silo-{i}" / f"run-{self._run_key}"
-            p = p / f"privacy-summary-silo-{i}.json"
-            with contextlib.suppress(OSError, ValueError):
-                summaries[i] = json.loads(p.read_text())
-        overview = privacy_overview(summaries)
-        tp, sv = overview.get("eps_third_party_max"), overview.get("eps_server_max")
+        merged = _silo_summaries(self.out / "flower", self._run_key, self.num_silos)
+        if merged is None:
+            return ""
+        tp, sv = merged.spent_max("third-party"), merged.spent_max("server")
         if tp is None and sv is None:
             return ""
         fmt = lambda x: "-" if x is None else f"{x:.3g}"  # noqa: E731
@@ -707,14 +701,11 @@ def run_flower(
     FlowerInterrupted
         On Ctrl-C/SIGTERM, after every process was stopped; resume with ``resume=True``.
     """
-    algorithm = getattr(getattr(config, "algorithm", None), "name", None)
-    if algorithm is not None and hooks == DEFAULT_HOOKS:
-        from pdpfl.fl.registry import get_algorithm
-
-        if get_algorithm(algorithm).simulation_only:
-            raise ValueError(
-                f"algorithm.name: {algorithm!r} runs only in the simulator; use runtime: simulation"
-            )
+    algorithm = getattr(config, "algorithm", None)
+    if algorithm is not None and hooks == DEFAULT_HOOKS and algorithm.simulation_only:
+        raise ValueError(
+            f"algorithm.name: {algorithm.name!r} runs only in the simulator; use runtime: simulation"
+        )
     spec = load_hooks(hooks)
     num_silos = spec.num_silos(config)
     if startup_timeout_s is None:
@@ -793,24 +784,38 @@ def run_flower(
     return _operator_summary(config, summary, flower_dir, out, result.get("run_key", ""), num_silos)
 
 
+def _silo_summaries(flower_dir: Path, run_key: str, n: int) -> Any:
+    """The typed merge of the local silos' own privacy summaries (None if none is written)."""
+    from pdpfl.ledger import PrivacySummary
+
+    parts = []
+    for i in range(n):
+        path = flower_dir / f"silo-{i}" / f"run-{run_key}" / f"privacy-summary-silo-{i}.json"
+        with contextlib.suppress(OSError, ValueError):
+            parts.append(PrivacySummary.from_dict(json.loads(path.read_text())))
+    return PrivacySummary.merge(parts) if parts else None
+
+
 def _operator_summary(
     config: Any, summary: dict[str, Any], flower_dir: Path, out: Path, run_key: str, n: int
 ) -> dict[str, Any]:
     """On loopback one operator owns every silo: merge the silos' own privacy summaries (read
-    from their state folders after the run) into the coordinator's summary, labelled as such."""
-    summaries = {}
-    for i in range(n):
-        path = flower_dir / f"silo-{i}" / f"run-{run_key}" / f"privacy-summary-silo-{i}.json"
-        if path.exists():
-            summaries[i] = json.loads(path.read_text())
-    if not summaries or not hasattr(config, "privacy"):
+    from their state folders after the run) with the coordinator's (e.g. a server-side user
+    ledger) into the summary, labelled as such."""
+    silos = _silo_summaries(flower_dir, run_key, n)
+    if silos is None or not hasattr(config, "privacy"):
         return summary
     from pdpfl.io import write_json
+    from pdpfl.ledger import PrivacySummary
     from pdpfl.runtime.loop import _finite
     from pdpfl.runtime.outputs import privacy_fields
 
+    own = summary.get("privacy")
+    parts = [silos] + ([PrivacySummary.from_dict(own)] if isinstance(own, dict) else [])
     merged = dict(summary)
-    merged.update(privacy_fields(config, summaries, "operator-collected"))
+    warnings = [w for w in summary.get("warnings", []) if not w.startswith("privacy.adversary")]
+    merged.update(privacy_fields(config, PrivacySummary.merge(parts), "operator-collected"))
+    merged["warnings"] = warnings + [w for w in merged["warnings"] if w not in warnings]
     merged = _finite(merged)
     write_json(out / "summary.json", merged)
     return merged

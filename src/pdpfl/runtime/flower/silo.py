@@ -38,17 +38,18 @@ import numpy as np
 
 from pdpfl.fl.api import ClientAlgorithm, PrivacyBoundaryError
 from pdpfl.io import decode_state, encode_state, write_bytes, write_json
+from pdpfl.runtime.flower.codec import decode_config
 from pdpfl.runtime.flower.hooks import (
     CONFIG_HASH_KEY,
     DEFAULT_HOOKS,
     HOOKS_KEY,
     PARTITION_ID,
     STATE_DIR,
+    WARM_ENV,
     AppHooks,
     config_digest,
     load_hooks,
 )
-from pdpfl.runtime.flower.worker import WARM_ENV
 
 __all__ = ["HOST", "Silo", "SiloHost", "decode_memory", "encode_memory", "silo_folder"]
 
@@ -255,17 +256,19 @@ class Silo:
             fh.write(json.dumps(timing) + "\n")
 
     def _persist(self, client: Any) -> None:
+        from pdpfl.ledger import PrivacyLedger, PrivacySummary, save_ledger
         from pdpfl.runtime.loop import _finite
 
         write_bytes(self.state_path, encode_state(client.state_dict()))
         ledger = getattr(client, "ledger", None)
-        if ledger is not None and hasattr(ledger, "save"):
-            ledger.save(self.folder / f"ledger-silo-{self.silo}.npz")
+        if isinstance(ledger, PrivacyLedger):
+            save_ledger(ledger, self.folder / f"ledger-silo-{self.silo}.npz")
         # The silo's own privacy report: stays on this disk (never in a reply).
-        write_json(
-            self.folder / f"privacy-summary-silo-{self.silo}.json",
-            _finite(client.privacy_summary()),
-        )
+        report = client.privacy_summary()
+        if isinstance(report, PrivacySummary):
+            report = report.to_dict()
+        if report is not None:
+            write_json(self.folder / f"privacy-summary-silo-{self.silo}.json", _finite(report))
         if not is_warm() and self.memory:
             write_bytes(self.memory_path, encode_memory(self.memory))
         if self.releases:
@@ -301,7 +304,6 @@ class SiloHost:
                 f"hooks unless its SuperNode was started with --node-config '{HOOKS_KEY}=\"...\"'"
             )
         hooks = load_hooks(spec)
-        from pdpfl.runtime.flower.apps import decode_config
 
         config = hooks.config_from_dict(decode_config(str(run_config["pdpfl-config"])))
         expected = node_config.get(CONFIG_HASH_KEY)

@@ -41,6 +41,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pdpfl.runtime.flower.hooks import WARM_ENV
+
 #: The only ClientApp a worker runs (the component a pdpfl Flower app names).
 CLIENTAPP_REF = "pdpfl.runtime.flower.apps:client_app"
 #: How often the worker asks a SuperNode for a task (``AcquireTask``), by seconds since that
@@ -62,8 +64,6 @@ def poll_interval(since_last_task_s: float) -> float:
 
 #: Seconds between task heartbeats while a message is being handled.
 HEARTBEAT_INTERVAL_S = 5.0
-#: Environment variable set in a worker process (the ClientApp keeps silos in memory).
-WARM_ENV = "PDPFL_WARM_WORKER"
 
 
 @dataclass(frozen=True)

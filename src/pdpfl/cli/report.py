@@ -1,0 +1,197 @@
+"""Terminal tables of ``pdpfl run``, ``pdpfl compare`` and ``pdpfl privacy`` (≤ 80 columns).
+
+Every privacy number comes from the run's typed :class:`~pdpfl.ledger.PrivacySummary`
+(``summary["privacy"]``) and is labelled with the run's unit: records, clients or users.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from pdpfl.ledger import PrivacySummary
+
+__all__ = [
+    "compare_table",
+    "fmt",
+    "fmt_acc",
+    "group_table",
+    "mechanism_table",
+    "plural",
+    "run_tables",
+    "typed_privacy",
+]
+
+
+def fmt(x: Any, digits: int = 4) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        if not np.isfinite(x):
+            return "∞" if x > 0 else "-"
+        return f"{x:.{digits}g}"
+    return str(x)
+
+
+def fmt_acc(x: Any) -> str:
+    return "-" if x is None or not np.isfinite(x) else f"{x:.4f}"
+
+
+def _fmt_use(x: Any) -> str:
+    return "-" if x is None or not np.isfinite(x) else f"{x:.2f}"
+
+
+def plural(unit: str, count: int | None = None) -> str:
+    """``record`` → ``records`` (``none`` → ``units``)."""
+    word = "unit" if unit == "none" else unit
+    return word if count == 1 else f"{word}s"
+
+
+def typed_privacy(summary: dict[str, Any]) -> PrivacySummary | None:
+    """The run's typed privacy summary (None in a view that has none)."""
+    data = summary.get("privacy")
+    return PrivacySummary.from_dict(data) if isinstance(data, dict) else None
+
+
+def group_table(privacy: PrivacySummary, title: str) -> Any:
+    """ε spent vs budget per budget group and observer (the rich table)."""
+    from rich import box
+    from rich.table import Table
+
+    obs = privacy.observers
+    short = {"third-party": "3rd", "server": "srv"}
+    t = Table(title=title, box=box.SIMPLE_HEAD, title_justify="left")
+    for col in ("budget ε", plural(privacy.unit),
+                *(f"max ε\n{'third party' if o == 'third-party' else o}" for o in obs),
+                "mean use\n" + " / ".join(short[o] for o in obs),
+                "over budget\n" + " / ".join(short[o] for o in obs)):
+        t.add_column(col, justify="right", no_wrap=True)
+    for g in privacy.groups:
+        over = [int(g.over_budget.get(o, 0)) for o in obs]
+        t.add_row(
+            g.label, str(g.units),
+            *(fmt(g.spent_max.get(o)) for o in obs),
+            " / ".join(_fmt_use(g.mean_utilization(o)) for o in obs),
+            " / ".join(str(v) for v in over),
+            style="red" if any(over) else None,
+        )
+    notes = []
+    excluded = {g.label: g.excluded for g in privacy.groups if g.excluded}
+    if excluded:
+        notes.append("excluded (q = 0): " + ", ".join(
+            f"{n} in group {k}" for k, n in excluded.items()))
+    notes.append(f"mean use = mean of ε spent / budget over the group's {plural(privacy.unit)}")
+    for key, value in privacy.approximate.items():
+        notes.append(f"approximate (not a guarantee): {key} = {fmt(value)}")
+    t.caption = "\n".join(notes)
+    return t
+
+
+def run_tables(summary: dict[str, Any]) -> list[Any]:
+    """The run's headline and its per-budget-group table (rich renderables)."""
+    from rich import box
+    from rich.table import Table
+
+    title = f"{summary['name']} · {summary['algorithm']} · seed {summary['seed']}"
+    head = Table(title=title, show_header=False, box=box.SIMPLE, title_justify="left")
+    head.add_column("quantity", style="bold")
+    head.add_column("value")
+    privacy = typed_privacy(summary)
+    unit = str(summary.get("privacy_unit", "record"))
+    head.add_row("final test accuracy", fmt(summary.get("final_accuracy")))
+    head.add_row("mean of the last 3 rounds", fmt(summary.get("last3_mean_accuracy")))
+    head.add_row("final test loss", fmt(summary.get("final_loss")))
+    aggregation = summary.get("aggregation") or {}
+    if aggregation.get("protocol", "plain") != "plain":
+        head.add_row("aggregation", f"{aggregation['protocol']} (server sees "
+                     f"{aggregation.get('server_sees', 'the sum')})")
+    if privacy is None:
+        head.add_row(f"{plural(unit)} over budget", "kept at the silos (deployment)")
+    elif not privacy.private:
+        head.add_row(f"{plural(privacy.unit)} over budget",
+                     f"all {privacy.units} (no DP: ε = ∞)")
+    else:
+        u = plural(privacy.unit)
+        head.add_row(f"{u} over budget",
+                     f"{summary['over_budget']} of {privacy.units} "
+                     f"(adversary: {summary['adversary']})")
+        for obs in privacy.observers:
+            head.add_row(f"max ε ({obs})", fmt(privacy.spent_max(obs)))
+        head.add_row(f"{u} stopped early", str(privacy.stopped))
+        if privacy.excluded:
+            head.add_row(f"{u} excluded (q = 0)", str(privacy.excluded))
+    head.add_row("rounds", f"{summary['rounds_completed']}"
+                 + ("" if summary.get("completed", True) else " (interrupted)"))
+    head.add_row("training seconds", f"{summary['seconds']:.1f}")
+    out = [head]
+    if privacy is not None and privacy.private and privacy.groups:
+        out.append(group_table(
+            privacy, f"ε spent vs budget, per budget group ({plural(privacy.unit)})"
+        ))
+    return out
+
+
+def compare_table(title: str, table: list[dict[str, Any]]) -> Any:
+    """The ``pdpfl compare`` table (± std only when there are several seeds)."""
+    from rich import box
+    from rich.table import Table
+
+    several = any(r["runs"] > 1 for r in table)
+    t = Table(title=title, box=box.SIMPLE_HEAD, title_justify="left")
+    t.add_column("method", no_wrap=True)
+    t.add_column("runs", justify="right")
+    t.add_column("accuracy" + ("\nmean ± std" if several else ""), justify="right", no_wrap=True)
+    t.add_column("last-3\nmean", justify="right")
+    t.add_column("ε", justify="right", no_wrap=True)
+    t.add_column("over\nbudget", justify="right", no_wrap=True)
+    t.add_column("seconds", justify="right")
+    for r in table:
+        acc = fmt_acc(r["final_accuracy_mean"])
+        if r["runs"] > 1:
+            acc += f" ± {fmt_acc(r['final_accuracy_std'])}"
+        t.add_row(r["method"], str(r["runs"]), acc, fmt_acc(r["last3_mean_accuracy"]),
+                  _epsilon_cell(r), _over_budget_cell(r), f"{r['seconds']:.1f}")
+    units = dict.fromkeys(r.get("unit", "record") for r in table if r.get("private", True))
+    t.caption = "accuracy: pooled test accuracy after the last round; ε and over budget per " + (
+        ", ".join(plural(u, 1) for u in units) if units else "record")
+    if len(units) > 1:
+        t.caption += " (" + ", ".join(f"{r['method']}: {r.get('unit')}" for r in table) + ")"
+    return t
+
+
+def mechanism_table(table: list[dict[str, Any]]) -> Any:
+    """σ and each privacy group's sampling rate of client-level algorithms (IDP-FedAvg), as a
+    second table so the main one stays within 80 columns; ``None`` when no method has them."""
+    from rich import box
+    from rich.table import Table
+
+    extra = list(dict.fromkeys(
+        k for r in table for k in r if k == "sigma" or k.startswith("rate_")
+    ))
+    if not extra:
+        return None
+    t = Table(title="mechanism (last seed)", box=box.SIMPLE_HEAD, title_justify="left")
+    t.add_column("method", no_wrap=True)
+    for k in extra:
+        t.add_column("σ" if k == "sigma" else f"q[{k[5:]}]", justify="right", no_wrap=True)
+    for r in table:
+        t.add_row(r["method"], *[fmt(r.get(k)) for k in extra])
+    return t
+
+
+def _over_budget_cell(row: dict[str, Any]) -> str:
+    """A run without DP (ε = ∞): say so instead of a bare count."""
+    if not row.get("private", True):
+        return "all (no DP)"
+    return str(row["over_budget"])
+
+
+def _epsilon_cell(row: dict[str, Any]) -> str:
+    """The headline ε (max over seeds; ∞ without DP; - when the view has none)."""
+    if not row.get("private", True):
+        return "∞"
+    eps = row.get("epsilon")
+    if eps is None:
+        return "-"
+    return "∞" if not np.isfinite(eps) else f"{eps:.4g}"

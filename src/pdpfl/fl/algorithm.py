@@ -1,0 +1,142 @@
+"""A parsed ``algorithm:`` section builds its algorithm: setup, server and silos.
+
+Every algorithm is one config class (a pydantic section with ``name: Literal[...]``) that
+subclasses :class:`Algorithm` and is registered once with :func:`register_algorithm`. Once the
+experiment config is parsed, ``config.algorithm`` *is* the algorithm: the runtimes call its
+methods directly and never look a name up again (in the manner of jax_privacy's configs, which
+own their DP event and calibration):
+
+1. :meth:`Algorithm.setup` -- at the server, once: what the algorithm publishes before round 1
+   (σ, the calibration, ...) as a frozen :class:`PublicSetup`, from the config and the
+   federation's public facts only;
+2. :meth:`Algorithm.server` -- the server part, with the server's own randomness;
+3. :meth:`Algorithm.client` -- at each silo, from that silo's own data, the published setup and
+   the silo's own randomness.
+
+The in-process simulator runs all three in one process (:meth:`Algorithm.build`); the Flower
+ServerApp runs 1-2 and each ClientApp runs 3 after decoding the setup with
+``setup_type.from_dict``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from abc import abstractmethod
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+
+from pdpfl.config import AlgorithmConfig, ExperimentConfig, register_algorithm_config
+from pdpfl.fl.api import ClientAlgorithm, FederationInfo, ServerAlgorithm
+from pdpfl.fl.common import federation_info, party_randomness
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pdpfl.data.federation import ClientData, Federation
+    from pdpfl.randomness import Randomness
+
+__all__ = [
+    "Algorithm",
+    "PublicSetup",
+    "as_algorithm",
+    "build_federation_algorithms",
+    "register_algorithm",
+]
+
+S = TypeVar("S", bound="PublicSetup")
+A = TypeVar("A", bound="type[Algorithm]")
+
+
+@dataclasses.dataclass(frozen=True)
+class PublicSetup:
+    """What the server publishes before round 1: public, data-independent, JSON-able.
+
+    Subclasses are frozen dataclasses of JSON-able fields (numbers, strings, lists, dicts,
+    nested :class:`PublicSetup`); :meth:`to_dict`/:meth:`from_dict` carry them to every silo.
+    """
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls: type[S], data: dict[str, Any]) -> S:
+        names = {f.name for f in dataclasses.fields(cls) if f.init}
+        unknown = set(data) - names
+        if unknown:
+            raise ValueError(f"{cls.__name__}: unknown fields {sorted(unknown)}")
+        return cls(**data)
+
+
+class Algorithm(AlgorithmConfig):
+    """An algorithm's config section that knows how to build the algorithm (see module doc)."""
+
+    #: The type :meth:`setup` returns (silos decode the published setup with it).
+    setup_type: ClassVar[type[PublicSetup]] = PublicSetup
+
+    @abstractmethod
+    def setup(self, config: ExperimentConfig, info: FederationInfo) -> PublicSetup:
+        """At the server, once: the published mechanism (never reads silo data)."""
+
+    @abstractmethod
+    def server(
+        self,
+        config: ExperimentConfig,
+        info: FederationInfo,
+        setup: PublicSetup,
+        randomness: Randomness,
+    ) -> ServerAlgorithm:
+        """The server part, with the server's own randomness."""
+
+    @abstractmethod
+    def client(
+        self,
+        config: ExperimentConfig,
+        client_id: int,
+        data: ClientData,
+        info: FederationInfo,
+        setup: PublicSetup,
+        randomness: Randomness,
+    ) -> ClientAlgorithm:
+        """One silo, built at the silo from its own data only."""
+
+    def prepare(
+        self, config: ExperimentConfig, federation: Federation
+    ) -> tuple[ExperimentConfig, Federation]:
+        """Simulation-only preparation before building (e.g. pooling for ``centralized``)."""
+        return config, federation
+
+    def build(
+        self, config: ExperimentConfig, federation: Federation
+    ) -> tuple[ServerAlgorithm, dict[int, ClientAlgorithm]]:
+        """The server and every silo of an in-process federation (setup computed once)."""
+        info = federation_info(federation, config)
+        setup = self.setup(config, info)
+        server = self.server(config, info, setup, party_randomness(config, "server"))
+        clients = {
+            i: self.client(config, i, c, info, setup, party_randomness(config, f"silo-{i}"))
+            for i, c in enumerate(federation.clients)
+        }
+        return server, clients
+
+
+def as_algorithm(section: AlgorithmConfig) -> Algorithm:
+    """``config.algorithm`` as the :class:`Algorithm` it is (TypeError for a config class
+    that was registered without subclassing :class:`Algorithm`)."""
+    if not isinstance(section, Algorithm):
+        raise TypeError(
+            f"algorithm {section.name!r}: its config class {type(section).__name__} must "
+            "subclass pdpfl.fl.algorithm.Algorithm"
+        )
+    return section
+
+
+def register_algorithm(cls: A, *, replace: bool = False) -> A:
+    """Register an :class:`Algorithm` subclass (usable as a class decorator)."""
+    if not (isinstance(cls, type) and issubclass(cls, Algorithm)):
+        raise TypeError(f"register_algorithm: expected an Algorithm subclass, got {cls!r}")
+    register_algorithm_config(cls, replace=replace)
+    return cls
+
+
+def build_federation_algorithms(
+    config: ExperimentConfig, federation: Federation
+) -> tuple[ServerAlgorithm, dict[int, ClientAlgorithm]]:
+    """The server and every silo of ``config`` on an in-process federation."""
+    return as_algorithm(config.algorithm).build(config, federation)

@@ -1,0 +1,202 @@
+"""rPDP-FL's published mechanism (Algorithm 3, lines 1-4): σ, the estimator F, and the plan.
+
+The server fixes (σ, δ, T, τ, λ, C) -- σ from ``privacy.noise_multiplier`` or as the σ at which
+q = 1 spends ``privacy.epsilon_max`` -- computes the sampling-probability estimator F
+(Algorithm 2; ``certified`` by default, ``scf`` or ``binary-search``) for the configured
+observer(s), and sends both to every silo, which maps its own records' budgets to q_ij = F(ε_ij)
+locally (budgets never leave the silo). The same :class:`DpFedAvgSetup` describes the uniform
+baselines (one q for every kept record) and the privacy-free baseline.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+
+from pdpfl.fl.algorithm import PublicSetup
+from pdpfl.fl.common import (
+    accounting_adversary,
+    noise_for_max_budget_cached,
+    public_budget_statistics,
+)
+from pdpfl.privacy.plan import TrainingPlan
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pdpfl.calibrate import RateEstimator
+    from pdpfl.config import ExperimentConfig
+
+__all__ = [
+    "DpFedAvgSetup",
+    "Mode",
+    "check_feasible",
+    "fit_published_estimator",
+    "mechanism_plan",
+    "noise_multiplier",
+    "personalized_setup",
+    "setup_fields",
+]
+
+Mode = Literal["personalized", "uniform", "non-private"]
+
+
+@dataclass(frozen=True)
+class DpFedAvgSetup(PublicSetup):
+    """Public, data-independent parameters shared by the server with every silo.
+
+    Attributes
+    ----------
+    mode
+        ``personalized`` (rPDP-FL: q_ij = F(ε_ij)), ``uniform`` (DP-FedAvg: every record with
+        ε_ij ≥ ``uniform_epsilon`` gets the same q, the others are dropped) or ``non-private``.
+    noise_multiplier, delta, local_steps, rounds, client_rate, max_grad_norm
+        σ, δ, τ, T, λ and C of the Gaussian mechanism.
+    adversary
+        The observer(s) the budgets are enforced against (``third-party``, ``server``, ``both``).
+    calibration, accountant
+        How F was fitted and which accountant the silos' ledgers use.
+    estimator
+        ``RateEstimator.to_dict()`` of F (personalized mode; uniform mode without a fixed rate).
+    uniform_epsilon, uniform_rate
+        Uniform mode: the guaranteed ε and the common record rate q.
+    participation
+        ``visible`` (the server samples the silos) or ``hidden`` (each silo draws its own λ-coin
+        under secure summation; the server's view is accounted like a third party's).
+    """
+
+    mode: Mode
+    noise_multiplier: float
+    delta: float
+    local_steps: int
+    rounds: int
+    client_rate: float
+    max_grad_norm: float
+    adversary: str = "third-party"
+    calibration: str = "certified"
+    accountant: str = "rdp"
+    estimator: dict[str, Any] | None = None
+    uniform_epsilon: float | None = None
+    uniform_rate: float | None = None
+    participation: str = "visible"
+
+    @property
+    def private(self) -> bool:
+        return self.mode != "non-private"
+
+    def plan(self) -> TrainingPlan:
+        """The :class:`~pdpfl.privacy.plan.TrainingPlan` (σ, δ, τ, T, λ) of this mechanism."""
+        return TrainingPlan(
+            noise_multiplier=self.noise_multiplier,
+            delta=self.delta,
+            steps=self.local_steps,
+            rounds=self.rounds,
+            client_rate=self.client_rate,
+        )
+
+    def estimator_object(self) -> RateEstimator:
+        if self.estimator is None:
+            raise ValueError("this setup carries no rate estimator")
+        from pdpfl.calibrate import estimator_from_dict
+
+        return estimator_from_dict(self.estimator)
+
+    def record_rates(self, budgets: np.ndarray) -> np.ndarray:
+        """q_ij for a silo's own budgets (run on the silo; Algorithm 3 line 4)."""
+        budgets = np.asarray(budgets, dtype=float)
+        if self.mode == "non-private":
+            raise ValueError("the non-private mode has no privacy-driven sampling rates")
+        if self.mode == "personalized":
+            return np.clip(self.estimator_object().rates(budgets), 0.0, 1.0)
+        if self.uniform_epsilon is None:
+            raise ValueError("uniform mode: uniform_epsilon is missing from the setup")
+        q = self.uniform_rate
+        if q is None:
+            rate = self.estimator_object().rates(np.array([self.uniform_epsilon]))[0]
+            q = float(np.clip(rate, 0.0, 1.0))
+        # Records whose budget is below the uniform guarantee are dropped (q = 0).
+        keep = budgets >= self.uniform_epsilon * (1 - 1e-12)
+        return np.where(keep, q, 0.0)
+
+
+def mechanism_plan(config: ExperimentConfig, sigma: float) -> TrainingPlan:
+    """The public :class:`~pdpfl.privacy.plan.TrainingPlan` (σ, δ, τ, T, λ) of a config."""
+    tr = config.training
+    return TrainingPlan(
+        noise_multiplier=float(sigma),
+        delta=config.privacy.delta,
+        steps=tr.local_steps,
+        rounds=tr.rounds,
+        client_rate=tr.client_rate,
+    )
+
+
+def noise_multiplier(config: ExperimentConfig) -> float:
+    """σ: ``privacy.noise_multiplier``, or the σ at which q = 1 spends exactly ε_max."""
+    pv, tr = config.privacy, config.training
+    if pv.noise_multiplier is not None:
+        return float(pv.noise_multiplier)
+    if pv.epsilon_max is None:
+        raise ValueError("privacy: set privacy.noise_multiplier or privacy.epsilon_max")
+    return noise_for_max_budget_cached(
+        float(pv.epsilon_max), pv.delta, tr.local_steps, tr.rounds, tr.client_rate,
+        accounting_adversary(config),
+    )
+
+
+def fit_published_estimator(config: ExperimentConfig, sigma: float) -> RateEstimator:
+    """F for the config's mechanism and observer (memoized inside the calibrators)."""
+    from pdpfl.calibrate import fit_estimator
+
+    return fit_estimator(
+        mechanism_plan(config, sigma),
+        method=config.privacy.calibration,
+        adversary=accounting_adversary(config),
+        accountant=config.privacy.accountant,
+    )
+
+
+def setup_fields(config: ExperimentConfig) -> dict[str, Any]:
+    """The fields every DP-FedAvg setup shares (δ, τ, T, λ, C, observer, ...)."""
+    tr, pv = config.training, config.privacy
+    return dict(
+        delta=pv.delta,
+        local_steps=tr.local_steps,
+        rounds=tr.rounds,
+        client_rate=tr.client_rate,
+        max_grad_norm=tr.max_grad_norm,
+        adversary=pv.adversary,
+        calibration=pv.calibration,
+        accountant=pv.accountant,
+        participation=config.participation,
+    )
+
+
+def check_feasible(config: ExperimentConfig, estimator: RateEstimator) -> None:
+    """Refuse, before training, a public budget scenario with budgets F cannot honour.
+
+    Uses only the scenario's public minimum (never a silo's budgets); silos check their own
+    budgets again when they are built.
+    """
+    if config.privacy.allow_exclusion:
+        return
+    minimum, _ = public_budget_statistics(config)
+    floor = getattr(estimator, "min_epsilon", None)
+    if minimum is not None and floor is not None and minimum < float(floor) * (1 - 1e-12):
+        raise ValueError(
+            f"budgets: the scenario allows budgets down to ε = {minimum:g}, below the smallest "
+            f"ε this mechanism can give a positive sampling rate ({float(floor):.4g}); lower σ "
+            "(privacy.noise_multiplier / raise privacy.epsilon_max), or set "
+            "privacy.allow_exclusion: true to train without those records (q = 0)"
+        )
+
+
+def personalized_setup(config: ExperimentConfig) -> DpFedAvgSetup:
+    """Algorithm 3, lines 1-4: σ and the estimator F, published to every silo (public)."""
+    sigma = noise_multiplier(config)
+    est = fit_published_estimator(config, sigma)
+    check_feasible(config, est)
+    return DpFedAvgSetup(
+        mode="personalized", noise_multiplier=sigma, estimator=est.to_dict(),
+        **setup_fields(config),
+    )

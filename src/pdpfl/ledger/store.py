@@ -1,0 +1,124 @@
+"""Ledger files: one ``.npz`` per ledger, no pickle, written atomically.
+
+A ledger file holds every row (id, budget, rate, σ, counters per observer, sat-out rounds) and
+the mechanism description as JSON, so that :func:`load_ledger` rebuilds a ledger that reports
+exactly what the original did (``pdpfl privacy RUN_DIR``). Mechanism descriptions are frozen
+dataclasses of :mod:`pdpfl.privacy`; only classes from that package are ever rebuilt.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import importlib
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pdpfl.io import save_npz
+from pdpfl.ledger.core import PrivacyLedger, counter_key
+from pdpfl.privacy.unit import UnitMechanism
+
+__all__ = ["FORMAT", "load_ledger", "mechanism_from_dict", "mechanism_to_dict", "save_ledger"]
+
+FORMAT = "pdpfl-ledger-v2"
+_ALLOWED_PREFIX = "pdpfl.privacy."
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, tuple | list):
+        return [_plain(v) for v in value]
+    if isinstance(value, np.generic):
+        return value.item()
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return mechanism_to_dict(value)
+    return value
+
+
+def mechanism_to_dict(mechanism: Any) -> dict[str, Any]:
+    """A JSON description of a mechanism dataclass of :mod:`pdpfl.privacy`."""
+    cls = type(mechanism)
+    if not (dataclasses.is_dataclass(mechanism) and cls.__module__.startswith(_ALLOWED_PREFIX)):
+        raise ValueError(
+            f"mechanism: cannot save {cls.__name__}: only dataclasses of pdpfl.privacy are stored"
+        )
+    fields = {f.name: _plain(getattr(mechanism, f.name))
+              for f in dataclasses.fields(mechanism) if f.init}
+    return {"type": f"{cls.__module__}:{cls.__qualname__}", "fields": fields}
+
+
+def _rebuild(value: Any) -> Any:
+    if isinstance(value, dict) and set(value) == {"type", "fields"}:
+        return mechanism_from_dict(value)
+    return value
+
+
+def mechanism_from_dict(data: dict[str, Any]) -> Any:
+    """Inverse of :func:`mechanism_to_dict` (refuses classes outside :mod:`pdpfl.privacy`)."""
+    target = str(data.get("type", ""))
+    module, _, name = target.partition(":")
+    if not module.startswith(_ALLOWED_PREFIX) or not name or "." in name:
+        raise ValueError(f"ledger file: mechanism type {target!r} is not a pdpfl.privacy class")
+    cls = getattr(importlib.import_module(module), name, None)
+    if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
+        raise ValueError(f"ledger file: unknown mechanism type {target!r}")
+    fields = {k: _rebuild(v) for k, v in dict(data.get("fields", {})).items()}
+    return cls(**fields)
+
+
+def save_ledger(ledger: PrivacyLedger, path: str | Path) -> None:
+    """Write ``ledger`` atomically as ``.npz`` (every row and the mechanism)."""
+    meta = {
+        "format": FORMAT,
+        "unit": ledger.unit,
+        "mechanism": mechanism_to_dict(ledger.mechanism),
+        "accountant": ledger.accountant,
+        "rounds_recorded": ledger.rounds_recorded,
+        "server_sees_participation": ledger.server_sees_participation,
+    }
+    arrays: dict[str, np.ndarray] = {
+        "meta": np.array(json.dumps(meta)),
+        "ids": ledger.ids,
+        "budgets": ledger.budgets,
+        "rates": ledger.rates,
+        "noise_multipliers": ledger.noise_multipliers,
+        "orders": ledger.orders,
+        "sat_out_rounds": ledger.sat_out_rounds,
+    }
+    for obs, counts in ledger.counts.items():
+        arrays[counter_key(obs)] = counts
+    save_npz(path, **arrays)
+
+
+def load_ledger(path: str | Path) -> PrivacyLedger:
+    """Rebuild a ledger written by :func:`save_ledger` (ValueError for anything else)."""
+    p = Path(path)
+    try:
+        with np.load(p, allow_pickle=False) as z:
+            meta = json.loads(str(z["meta"]))
+            if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+                found = meta.get("format") if isinstance(meta, dict) else None
+                raise ValueError(f"not a {FORMAT} ledger file (format {found!r})")
+            mechanism = mechanism_from_dict(meta["mechanism"])
+            if not isinstance(mechanism, UnitMechanism):
+                raise ValueError("the stored mechanism is not a UnitMechanism")
+            ledger = PrivacyLedger(
+                z["budgets"], z["rates"], mechanism,
+                ids=z["ids"],
+                noise_multipliers=z["noise_multipliers"],
+                orders=z["orders"],
+                accountant=str(meta.get("accountant", "rdp")),
+                server_sees_participation=bool(meta.get("server_sees_participation", True)),
+            )
+            state: dict[str, Any] = {k: z[k] for k in z.files if k.endswith("_rounds")}
+    except (OSError, KeyError, TypeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{p}: not a readable pdpfl ledger file ({exc})") from None
+    except ValueError as exc:
+        raise ValueError(f"{p}: {exc}") from None
+    state["rounds_recorded"] = int(meta["rounds_recorded"])
+    ledger.load_state_dict(state)
+    return ledger

@@ -1,0 +1,148 @@
+"""The run's plots: ``accuracy.png`` (test accuracy per round) and ``epsilon.png`` (ε spent vs
+budget per budget group and observer, in the run's unit). Both read the run's ``summary.json``
+record; ``epsilon.png`` reads its typed privacy summary (``summary["privacy"]``).
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pdpfl.io import write_bytes
+from pdpfl.ledger import PrivacySummary
+
+__all__ = ["accuracy_figure", "epsilon_figure", "write_plots"]
+
+
+def write_plots(metrics: list[dict[str, Any]], summary: dict[str, Any], out: Path) -> None:
+    """``accuracy.png`` (pooled test accuracy per round) and ``epsilon.png`` (ε spent vs budget)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    for name, fig in (("accuracy.png", accuracy_figure(metrics, summary)),
+                      ("epsilon.png", epsilon_figure(summary))):
+        _save_fig(fig, out / name)
+        plt.close(fig)
+
+
+def _nothing_to_draw(ax: Any, why: str) -> None:
+    """Say in the plot itself why it is empty (instead of drawing empty axes)."""
+    ax.text(0.5, 0.5, f"nothing to draw:\n{why}", ha="center", va="center", wrap=True,
+            transform=ax.transAxes, fontsize=9)
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+def accuracy_figure(metrics: list[dict[str, Any]], summary: dict[str, Any]) -> Any:
+    """Pooled and client-mean test accuracy per round (a note when nothing was measured)."""
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    ax.set_title(f"{summary['name']} ({summary['algorithm']})")
+    rounds = [m["round"] + 1 for m in metrics]
+    pooled = [_num(m.get("accuracy"), None) for m in metrics]
+    if not metrics:
+        _nothing_to_draw(ax, "no round completed")
+    elif all(v is None for v in pooled):
+        _nothing_to_draw(ax, "no silo has test records, so no accuracy was measured")
+    else:
+        ax.plot(rounds, [np.nan if v is None else v for v in pooled], marker="o", ms=3,
+                label="pooled")
+        ax.plot(rounds, [_num(m.get("mean_client_accuracy"), np.nan) for m in metrics],
+                ls="--", label="client mean")
+        ax.set_xlabel("round")
+        ax.set_ylabel("test accuracy")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.legend()
+    fig.tight_layout()
+    return fig
+
+
+def _typed(summary: dict[str, Any]) -> PrivacySummary | None:
+    data = summary.get("privacy")
+    return PrivacySummary.from_dict(data) if isinstance(data, dict) else None
+
+
+def epsilon_figure(summary: dict[str, Any]) -> Any:
+    """Max ε spent per budget group against its budget, per observer, on a log scale.
+
+    The budget of each group is a black line; the bars are the largest ε any unit of the group
+    (record, client or user: the run's unit) spent against third parties and against the
+    server. Groups with excluded units (q = 0) and groups with units over budget are marked.
+    """
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 3.4))
+    privacy = _typed(summary)
+    unit = privacy.unit if privacy is not None else str(summary.get("privacy_unit", "unit"))
+    ax.set_title(f"ε spent vs budget per budget group ({unit} level)")
+    if privacy is None or not privacy.groups:
+        why = (f"the per-{unit} privacy summaries stay at the silos"
+               if str(summary.get("privacy_view", "")).startswith("coordinator")
+               else "no privacy accounting in this run")
+        _nothing_to_draw(ax, why)
+        fig.tight_layout()
+        return fig
+    groups = privacy.groups
+    x = np.arange(len(groups))
+    budget = [_num(g.budget_max, None) for g in groups]
+    spent = {o: [_num(g.spent_max.get(o), None) for g in groups] for o in privacy.observers}
+    positive = [v for v in (*budget, *(v for vs in spent.values() for v in vs))
+                if v is not None and v > 0]
+    if not positive:
+        _nothing_to_draw(ax, "no finite ε was spent or budgeted")
+        fig.tight_layout()
+        return fig
+    ax.set_yscale("log")
+    lo, hi = min(positive) / 4, max(positive) * 6
+    w = 0.72 / max(len(spent), 1)
+    colors = {"third-party": "tab:blue", "server": "tab:orange"}
+    if privacy.private:
+        for k, (obs, values) in enumerate(spent.items()):
+            offset = (k - (len(spent) - 1) / 2) * w
+            ax.bar(x + offset, [v or 0.0 for v in values], w, bottom=0,
+                   label=f"max spent ({obs})", color=colors.get(obs))
+    ax.hlines([b if b is not None else np.nan for b in budget], x - 0.45, x + 0.45,
+              colors="black", linewidth=2, label="budget")
+    for k, g in enumerate(groups):
+        notes = []
+        over = [int(g.over_budget.get(o, 0)) for o in privacy.observers]
+        if any(over) and privacy.private:
+            notes.append("over budget " + "/".join(str(v) for v in over))
+        if g.excluded:
+            notes.append(f"excluded {g.excluded}")
+        if notes:
+            top = max(v for v in (budget[k], *(vs[k] for vs in spent.values()), lo)
+                      if v is not None)
+            ax.text(x[k], top * 1.4, "\n".join(notes), ha="center", va="bottom", fontsize=7,
+                    color="tab:red")
+    ax.set_ylim(lo, hi)
+    ax.set_xticks(x, [g.label for g in groups])
+    ax.set_xlabel(f"budget group (ε; {unit}s)")
+    ax.set_ylabel("ε (log scale)")
+    if not privacy.private:
+        ax.set_title(f"ε spent vs budget ({unit} level; no DP: ε = ∞, not drawn)")
+    ax.legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    return fig
+
+
+def _num(x: Any, missing: Any = 0.0) -> Any:
+    """A finite float, or ``missing`` for None/NaN/inf (nothing drawn)."""
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return missing
+    return v if np.isfinite(v) else missing
+
+
+def _save_fig(fig: Any, path: Path) -> None:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    write_bytes(path, buf.getvalue())
