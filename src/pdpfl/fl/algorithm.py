@@ -25,7 +25,9 @@ from abc import abstractmethod
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from pdpfl.config import AlgorithmConfig, ExperimentConfig, register_algorithm_config
+from pdpfl.fl.aggregation import SumProtocol, check_compatible, protocol_from_config
 from pdpfl.fl.api import ClientAlgorithm, FederationInfo, ServerAlgorithm
+from pdpfl.fl.checks import check_federation
 from pdpfl.fl.common import federation_info, party_randomness
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -34,6 +36,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "Algorithm",
+    "Assembly",
     "PublicSetup",
     "as_algorithm",
     "build_federation_algorithms",
@@ -62,6 +65,22 @@ class PublicSetup:
         if unknown:
             raise ValueError(f"{cls.__name__}: unknown fields {sorted(unknown)}")
         return cls(**data)
+
+
+@dataclasses.dataclass
+class Assembly:
+    """Everything the in-process runtime needs, built once from the parsed config.
+
+    ``config`` is the effective configuration (after :meth:`Algorithm.prepare`), ``warnings``
+    the problems :meth:`Algorithm.check_federation` found that do not stop the run.
+    """
+
+    config: ExperimentConfig
+    federation: Federation
+    server: ServerAlgorithm
+    clients: dict[int, ClientAlgorithm]
+    protocol: SumProtocol
+    warnings: list[str]
 
 
 class Algorithm(AlgorithmConfig):
@@ -101,6 +120,22 @@ class Algorithm(AlgorithmConfig):
     ) -> tuple[ExperimentConfig, Federation]:
         """Simulation-only preparation before building (e.g. pooling for ``centralized``)."""
         return config, federation
+
+    def check_federation(self, config: ExperimentConfig, federation: Federation) -> list[str]:
+        """Problems before training: errors raise (naming the silo and the remedy), warnings
+        are returned (they reach the run's headline and ``summary.json``)."""
+        return check_federation(config, federation)
+
+    def assemble(self, config: ExperimentConfig, federation: Federation) -> Assembly:
+        """In one call, for the in-process runtime: prepare, check, build, and the summation
+        protocol of the (prepared) config, checked against the server."""
+        config, federation = self.prepare(config, federation)
+        algorithm = as_algorithm(config.algorithm)
+        warnings = algorithm.check_federation(config, federation)
+        server, clients = algorithm.build(config, federation)
+        protocol = protocol_from_config(config)
+        check_compatible(server, protocol)
+        return Assembly(config, federation, server, clients, protocol, warnings)
 
     def build(
         self, config: ExperimentConfig, federation: Federation

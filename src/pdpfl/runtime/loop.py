@@ -28,6 +28,7 @@ import json
 import time
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -188,6 +189,30 @@ def has_checkpoint(out_dir: str | Path) -> bool:
     return (out / CHECKPOINT_NAME).exists() or (out / LEGACY_CHECKPOINT_NAME).exists()
 
 
+@dataclass(frozen=True)
+class LoopSettings:
+    """What the round loop needs to know of an experiment (public facts only).
+
+    ``fingerprint`` identifies the configuration a checkpoint belongs to (a resume with another
+    configuration is refused); ``unit`` names the privacy unit of the summaries.
+    """
+
+    rounds: int
+    fingerprint: str | None
+    unit: str = "record"
+    reproducible: bool = False
+
+    @classmethod
+    def of(cls, config: Any) -> LoopSettings:
+        """The settings of an :class:`~pdpfl.config.ExperimentConfig` (or a test stub)."""
+        return cls(
+            rounds=int(config.training.rounds),
+            fingerprint=_hash_of(config),
+            unit=str(getattr(getattr(config, "algorithm", None), "unit", "record")),
+            reproducible=getattr(config, "randomness", None) == "reproducible",
+        )
+
+
 def run_federation(
     config: Any,
     server: ServerAlgorithm,
@@ -200,16 +225,42 @@ def run_federation(
     stop_after: int | None = None,
     protocol: SumProtocol | None = None,
 ) -> dict[str, Any]:
-    """Run ``config.training.rounds`` rounds and return the run's record.
+    """:func:`run_rounds` for an experiment config (its settings and, by default, its
+    summation protocol, :func:`~pdpfl.fl.aggregation.protocol_from_config`)."""
+    protocol = protocol if protocol is not None else protocol_from_config(config)
+    check_compatible(server, protocol)
+    return run_rounds(
+        server, transport, out_dir, LoopSettings.of(config), protocol, resume=resume,
+        progress=progress, on_round=on_round, stop_after=stop_after,
+    )
+
+
+def run_rounds(
+    server: ServerAlgorithm,
+    transport: Transport,
+    out_dir: str | Path,
+    settings: LoopSettings,
+    protocol: SumProtocol,
+    *,
+    resume: bool = False,
+    progress: bool = True,
+    on_round: RoundCallback | None = None,
+    stop_after: int | None = None,
+) -> dict[str, Any]:
+    """Run ``settings.rounds`` rounds and return the run's record.
 
     Parameters
     ----------
-    config
-        The validated :class:`pdpfl.config.ExperimentConfig` (``training.rounds`` is T).
     server, transport
         The server algorithm and the way to reach the silos.
     out_dir
         Where ``metrics.jsonl`` and ``checkpoint.npz`` are written (atomically, every round).
+    settings
+        Rounds T, the configuration's fingerprint, the privacy unit, the randomness mode.
+    protocol
+        The summation protocol (:mod:`pdpfl.fl.aggregation`). A protocol with
+        ``silo_side_sampling`` (hidden participation) asks every silo every round instead of
+        the server's sample.
     resume
         Continue from ``out_dir/checkpoint.npz`` if present (with reproducible randomness, the
         same result as an uninterrupted run).
@@ -219,24 +270,17 @@ def run_federation(
         Optional callback ``(round_index, metrics_line)`` after each round.
     stop_after
         Stop (as if interrupted) after this many rounds in total; for tests of ``resume``.
-    protocol
-        The summation protocol (default: the config's, :func:`~pdpfl.fl.aggregation.
-        protocol_from_config` -- ``aggregation: plain`` gives :class:`~pdpfl.fl.aggregation.
-        PlainSum`). A protocol with ``silo_side_sampling`` (hidden participation) asks every
-        silo every round instead of the server's sample.
 
     Returns
     -------
     dict
         ``params`` (final global model), ``metrics`` (all lines), ``seconds`` (training wall time
-        over all sessions), ``privacy`` (the final typed :class:`~pdpfl.ledger.PrivacySummary` of this view, or None), ``server_state``,
-        ``completed`` (whether all T rounds ran).
+        over all sessions), ``privacy`` (the final typed :class:`~pdpfl.ledger.PrivacySummary`
+        of this view, or None), ``server_state``, ``completed`` (whether all T rounds ran).
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    protocol = protocol if protocol is not None else protocol_from_config(config)
-    check_compatible(server, protocol)
-    if getattr(config, "randomness", None) == "reproducible":
+    if settings.reproducible:
         from pdpfl.randomness import ReproducibleRandomnessWarning
 
         warnings.warn(
@@ -245,15 +289,14 @@ def run_federation(
             ReproducibleRandomnessWarning,
             stacklevel=2,
         )
-    rounds = int(config.training.rounds)
-    unit = str(getattr(getattr(config, "algorithm", None), "unit", "record"))
+    rounds, unit = settings.rounds, settings.unit
     params: Params = [np.asarray(p).copy() for p in server.initial_params()]
     start, seconds_before = 0, 0.0
     metrics: list[dict[str, Any]] = []
     if resume:
         ckpt = load_checkpoint(out)
         if ckpt is not None:
-            if ckpt.get("config_hash") != _hash_of(config):
+            if ckpt.get("config_hash") != settings.fingerprint:
                 raise ValueError(
                     f"cannot resume: the checkpoint in {out} was written by a different config"
                 )
@@ -313,7 +356,7 @@ def run_federation(
                     "server_state": server.state_dict(),
                     "client_states": transport.client_states(),
                     "seconds": line["seconds"],
-                    "config_hash": _hash_of(config),
+                    "config_hash": settings.fingerprint,
                 },
             )
             bar.advance(line)
@@ -329,6 +372,7 @@ def run_federation(
         "privacy": collect_privacy(transport.privacy_summaries(), server, unit),
         "server_state": server.state_dict(),
         "completed": last_round == rounds,
+        "fingerprint": settings.fingerprint,
     }
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from pdpfl.config import ExperimentConfig, config_hash, config_to_dict
+from pdpfl.config import ExperimentConfig, config_hash
 from pdpfl.io import save_npz, write_json
 from pdpfl.ledger import PrivacyLedger, PrivacySummary, observers_of, save_ledger
 from pdpfl.runtime.loop import (
@@ -270,8 +270,8 @@ def build_summary(
         "participation": {str(k): v for k, v in server_state.get("participation", {}).items()},
         "empty_rounds": server_state.get("empty_rounds"),
         "seconds": float(result["seconds"]),
-        "config": config_to_dict(config),
-        "config_hash": config_hash(config),
+        "config": config.model_dump(mode="json"),
+        "config_hash": result.get("fingerprint") or config_hash(config),
     }
     summary.update(privacy_fields(config, result.get("privacy"), view))
     summary["warnings"] = list(summary["warnings"]) + list(server_state.get("warnings") or [])

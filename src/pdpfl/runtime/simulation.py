@@ -19,7 +19,6 @@ from typing import Any
 
 from pdpfl.config import ExperimentConfig
 from pdpfl.fl.api import ClientAlgorithm, Contribution, Params, Scalars
-from pdpfl.runtime.loop import run_federation
 
 
 class InProcessTransport:
@@ -208,113 +207,11 @@ def config_for_federation(config: ExperimentConfig, federation: Any) -> Experime
 
 
 def check_federation(config: ExperimentConfig, federation: Any) -> list[str]:
-    """Problems that make a run meaningless (raised) and warnings (returned), before training.
+    """The algorithm's checks of ``federation`` before training (errors raise; warnings are
+    returned): :meth:`pdpfl.fl.algorithm.Algorithm.check_federation`."""
+    from pdpfl.fl.algorithm import as_algorithm
 
-    * a silo without training records is an error naming the silo;
-    * silos without test records are left out of the pooled metrics (one warning naming them;
-      when no silo has any, accuracy and loss are not measured at all);
-    * a scenario's budget mix that cannot be kept because silos are too small (each silo rounds
-      the shares to whole records) is an error naming the configured and realized mix;
-    * a public batch size B larger than a silo's training set is a warning.
-    """
-    clients = list(federation.clients)
-    empty = [f"{k} ({c.name!r})" for k, c in enumerate(clients) if len(c.y_train) == 0]
-    if empty:
-        raise ValueError(
-            f"data: silo(s) {_few(empty)} have no training records; use fewer silos "
-            "(data.num_clients), a partition that gives every silo records (e.g. dirichlet "
-            "min_size), or leave those silos out of the federation"
-        )
-    warnings: list[str] = []
-    no_test = [str(c.name) for c in clients if len(c.y_test) == 0]
-    if len(no_test) == len(clients):
-        warnings.append(
-            "data: no silo has test records, so test accuracy and loss are not measured "
-            "(they are reported as missing and the accuracy plot says so)"
-        )
-    elif no_test:
-        warnings.append(
-            f"data: {len(no_test)} silo(s) have no test records ({_few(no_test)}); pooled test "
-            f"metrics use the {sum(len(c.y_test) for c in clients)} test records of the "
-            f"other {len(clients) - len(no_test)} silo(s)"
-        )
-    _check_budget_mix(config, clients)
-    warnings.extend(_batch_size_warnings(config, clients))
-    return warnings
-
-
-def _few(items: list[str], limit: int = 5) -> str:
-    shown = ", ".join(items[:limit])
-    return shown + (f" and {len(items) - limit} more" if len(items) > limit else "")
-
-
-#: Largest tolerated gap between a level's configured and realized share of all records.
-MIX_TOLERANCE = 0.05
-
-
-def _check_budget_mix(config: ExperimentConfig, clients: list[Any]) -> None:
-    """Refuse a discrete budget scenario whose shares the silos are too small to keep."""
-    import numpy as np
-
-    from pdpfl import budgets as budgets_mod
-    from pdpfl.fl.common import client_budgets
-    from pdpfl.seeding import numpy_generator
-
-    if config.budgets.file is not None or config.algorithm.unit != "record":
-        return  # per-record budgets from a file, or budgets that are not per record
-    scenario = budgets_mod.make_scenario(config.budgets.scenario, **config.budgets.params)
-    if isinstance(scenario, budgets_mod.PerLabel):
-        return  # the labels decide: no configured shares to keep
-    total = sum(len(c.y_train) for c in clients)
-    reference = budgets_mod.assign_budgets(
-        scenario, total, numpy_generator(config.seed, "budget-mix-check")
-    )
-    levels, want = np.unique(reference, return_counts=True)
-    if len(levels) > 8:
-        return  # a continuous scenario: no exact shares
-    realized = np.concatenate(
-        [client_budgets(config, k, c) for k, c in enumerate(clients)]
-    )
-    got = np.array([np.sum(np.isclose(realized, v)) for v in levels], dtype=float)
-    want_share, got_share = want / total, got / max(len(realized), 1)
-    if np.max(np.abs(want_share - got_share)) <= MIX_TOLERANCE:
-        return
-    sizes = [len(c.y_train) for c in clients]
-    fmt = ", ".join
-    raise ValueError(
-        f"budgets: the {config.budgets.scenario} mix cannot be kept in silos this small: "
-        f"configured {fmt(f'ε={v:g}: {w:.0%}' for v, w in zip(levels, want_share, strict=True))}"
-        f", but the records got {fmt(f'ε={v:g}: {g:.0%}' for v, g in zip(levels, got_share, strict=True))}"
-        f" (each of the {len(clients)} silos, holding {min(sizes)}-{max(sizes)} training records, "
-        "rounds the shares to whole records); use fewer silos (data.num_clients), a continuous "
-        "scenario, or per-record budgets (budgets.file)"
-    )
-
-
-def _batch_size_warnings(config: ExperimentConfig, clients: list[Any]) -> list[str]:
-    """B larger than a silo's training set: no Poisson batch can reach it (operator view)."""
-    batch = config.training.batch_size
-    if batch is None:
-        return []
-    too_big = []
-    for k, c in enumerate(clients):
-        b = config.training.batch_size_for(k)
-        if b is not None and b > len(c.y_train):
-            too_big.append((k, b, len(c.y_train)))
-    if not too_big:
-        return []
-    k, b, n = max(too_big, key=lambda t: t[1] / max(t[2], 1))
-    private = bool(getattr(config.algorithm, "private", True))
-    effect = (
-        "each noisy sum is divided by B although at most n records can be sampled, so the "
-        f"updates shrink by at least B/n = {b / max(n, 1):.3g}x"
-        if private else "the privacy-free baseline samples at rate min(1, B/n) = 1 (full batches)"
-    )
-    return [
-        f"training.batch_size: B = {b:g} is larger than the training set of {len(too_big)} "
-        f"silo(s) (e.g. silo {k} has n = {n}): {effect}; set B near the expected number of "
-        "records sampled per step"
-    ]
+    return as_algorithm(config.algorithm).check_federation(config, federation)
 
 
 def run_simulation(
@@ -355,11 +252,16 @@ def simulate_into(
     stop_after: int | None = None,
 ) -> dict[str, Any]:
     """:func:`run_simulation` into a folder its caller has already checked with
-    :func:`~pdpfl.runtime.outputs.prepare_output_dir` (the output rule is not applied again)."""
+    :func:`~pdpfl.runtime.outputs.prepare_output_dir` (the output rule is not applied again).
+
+    The parsed ``config.algorithm`` assembles the run once (prepare, checks, server, silos,
+    summation protocol); the round loop then sees only those objects and public settings.
+    """
     import time
     import warnings
 
     from pdpfl.fl.algorithm import as_algorithm
+    from pdpfl.runtime.loop import LoopSettings, run_rounds
     from pdpfl.runtime.outputs import write_outputs
 
     started = time.perf_counter()
@@ -369,20 +271,14 @@ def simulate_into(
     config = config_for_federation(config, federation)
     if str(config.output_dir) != str(out_dir):  # the summary records where outputs really are
         config = config.model_copy(update={"output_dir": str(out_dir)})
-    original = config
-    algorithm = as_algorithm(config.algorithm)
-    config, federation = algorithm.prepare(config, federation)
-    setup_warnings = check_federation(config, federation)
-    for message in setup_warnings:
+    run = as_algorithm(config.algorithm).assemble(config, federation)
+    for message in run.warnings:
         warnings.warn(message, SetupWarning, stacklevel=3)
     with torch_threads(config.threads):
-        server, clients = algorithm.build(config, federation)
-        transport = InProcessTransport(clients)
-        result = run_federation(
-            config, server, transport, out_dir, resume=resume, progress=progress,
-            stop_after=stop_after,
+        result = run_rounds(
+            run.server, InProcessTransport(run.clients), out_dir, LoopSettings.of(run.config),
+            run.protocol, resume=resume, progress=progress, stop_after=stop_after,
         )
     result["setup_seconds"] = time.perf_counter() - started - result["seconds"]
-    summary = write_outputs(original, result, out_dir, clients=clients, server=server,
-                            view="operator", warnings=setup_warnings, data=data)
-    return summary
+    return write_outputs(config, result, out_dir, clients=run.clients, server=run.server,
+                         view="operator", warnings=run.warnings, data=data)
