@@ -12,7 +12,6 @@ from typing import Any
 import numpy as np
 
 from pdpfl.config import ExperimentConfig
-from pdpfl.fl.checks import few
 
 __all__ = ["MIX_TOLERANCE", "check_budget_mix"]
 
