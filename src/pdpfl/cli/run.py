@@ -23,6 +23,8 @@ from pdpfl.cli._common import fail, import_plugins, print_json
 
 #: Exit code after Ctrl-C (128 + SIGINT), as shells report it.
 EXIT_INTERRUPTED = 130
+#: Exit code of a run whose training diverged (non-finite model, update or loss).
+EXIT_DIVERGED = 3
 
 
 
@@ -180,6 +182,7 @@ def _simulate(
     """Run the simulator into an output folder already checked by :func:`_prepare_out`;
     configuration problems found while building exit 2, leaving nothing behind in a folder
     this command created."""
+    from pdpfl.errors import TrainingDiverged
     from pdpfl.runtime.simulation import SetupWarning, simulate_into
 
     try:
@@ -190,6 +193,10 @@ def _simulate(
             warnings.simplefilter("ignore", SetupWarning)
             return simulate_into(config, out_dir, resume, progress=progress,
                                  federation=federation)
+    except TrainingDiverged as err:  # outputs (completed: false) are written; exit 3
+        typer.echo(f"error: {err}\n  every finished round and every ledger charge is kept in "
+                   f"{out_dir} (summary.json says completed: false)", err=True)
+        raise typer.Exit(code=EXIT_DIVERGED) from None
     except ValueError as err:
         _discard(out_dir, created)
         fail(str(err))

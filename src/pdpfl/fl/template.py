@@ -35,7 +35,8 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 import numpy as np
 
-from pdpfl.fl.api import Contribution, Params, PrivacyBoundaryError, Scalars, check_contribution
+from pdpfl.errors import LIKELY_CAUSES, TrainingDiverged
+from pdpfl.fl.api import Contribution, Params, Scalars, check_contribution
 from pdpfl.ledger import PrivacyLedger, PrivacySummary
 
 __all__ = ["BatchedSilo", "NonFiniteError", "RoundPlan", "Silo"]
@@ -44,7 +45,7 @@ J = TypeVar("J")
 R = TypeVar("R")
 
 
-class NonFiniteError(PrivacyBoundaryError):
+class NonFiniteError(TrainingDiverged):
     """A silo's update or metric is not finite: nothing is released (the run stops)."""
 
 
@@ -147,9 +148,15 @@ class Silo(ABC):
         for k, u in enumerate(contribution.update):
             if not np.all(np.isfinite(np.asarray(u))):
                 raise NonFiniteError(
-                    f"silo {self.client_id}: the update of parameter {k} is not finite in round "
-                    f"{self.next_round - 1} (training diverged: lower training.lr, check the "
-                    "data for inf/nan features, or the model's forward); nothing was released"
+                    f"its update of parameter {k} is not finite, so nothing was released; "
+                    f"likely {LIKELY_CAUSES}",
+                    round_index=self.next_round - 1, silo=self.client_id,
+                )
+        for key, value in contribution.metrics.items():
+            if not np.isfinite(float(value)):
+                raise NonFiniteError(
+                    f"its metric {key!r} is not finite, so nothing was released",
+                    round_index=self.next_round - 1, silo=self.client_id,
                 )
         return contribution
 

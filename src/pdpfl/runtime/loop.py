@@ -34,6 +34,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from pdpfl.errors import LIKELY_CAUSES, TrainingDiverged
 from pdpfl.fl.aggregation import SumProtocol, check_compatible, protocol_from_config
 from pdpfl.fl.api import Contribution, Params, Scalars, ServerAlgorithm, check_evaluation
 from pdpfl.io import decode_state, encode_state, write_bytes, write_text
@@ -178,6 +179,8 @@ def load_checkpoint(out_dir: str | Path) -> dict[str, Any] | None:
         if not isinstance(state, dict) or "next_round" not in state or "params" not in state:
             raise ValueError("missing fields")
         state["params"] = [np.asarray(p, dtype=np.float32) for p in state["params"]]
+        if not all(np.all(np.isfinite(p)) for p in state["params"]):
+            raise ValueError("its model parameters are not finite")
         return state
     except ValueError as exc:
         raise ValueError(f"cannot resume: {path} is not a valid pdpfl checkpoint ({exc})") from None
@@ -328,8 +331,10 @@ def run_rounds(
                 round_config = dict(server.round_config(t))
             planned = None
             aggregate = protocol.collect(transport, selected, params, t, round_config, server)
-            params = server.aggregate(t, params, aggregate)
-            server.record_round(t, selected)
+            new_params = server.aggregate(t, params, aggregate)
+            server.record_round(t, selected)  # the round happened: the server's view counts it
+            _check_model(new_params, t)
+            params = new_params
             if prefetch is not None and t + 1 < last_round:
                 planned = (
                     list(server.select_clients(t + 1, list(transport.client_ids))),
@@ -338,8 +343,13 @@ def run_rounds(
                 if planned[0]:
                     prefetch(planned[0], params, t + 1, planned[1])
             evals = transport.evaluate(list(transport.client_ids), params, t, round_config)
-            for e in evals.values():
+            for c, e in evals.items():
                 check_evaluation(e)
+                if not np.isfinite(float(e.get("loss", 0.0))) and float(e.get("n", 0)) > 0:
+                    raise TrainingDiverged(
+                        f"the test loss of the new global model is not finite; likely "
+                        f"{LIKELY_CAUSES}", round_index=t, silo=int(c),
+                    )
             privacy = collect_privacy(transport.privacy_summaries(), server, unit)
             line = _metrics_line(t, selected, aggregate.count, evals, privacy)
             line["seconds"] = seconds_before + time.perf_counter() - t0
@@ -362,6 +372,34 @@ def run_rounds(
             bar.advance(line)
             if on_round is not None:
                 on_round(t, line)
+    except TrainingDiverged as err:
+        # Nothing non-finite was published. Keep what happened: the round is recorded (its
+        # charges stay -- other silos may have released), the model stays the last finite one.
+        seconds = seconds_before + time.perf_counter() - t0
+        line = {"round": err.round_index, "diverged": err.to_dict(), "seconds": seconds,
+                "selected": [], "contributions": 0, "accuracy": None, "loss": None}
+        metrics.append(line)
+        write_text(out / METRICS_NAME,
+                   "".join(json.dumps(_finite(m), allow_nan=False) + "\n" for m in metrics))
+        save_checkpoint(out, {
+            "next_round": err.round_index + 1,
+            "params": params,
+            "server_state": server.state_dict(),
+            "client_states": transport.client_states(),
+            "seconds": seconds,
+            "config_hash": settings.fingerprint,
+        })
+        err.result = {
+            "params": params,
+            "metrics": metrics,
+            "seconds": seconds,
+            "privacy": collect_privacy(transport.privacy_summaries(), server, unit),
+            "server_state": server.state_dict(),
+            "completed": False,
+            "fingerprint": settings.fingerprint,
+            "diverged": err.to_dict(),
+        }
+        raise
     finally:
         bar.close()
     seconds = seconds_before + time.perf_counter() - t0
@@ -374,6 +412,16 @@ def run_rounds(
         "completed": last_round == rounds,
         "fingerprint": settings.fingerprint,
     }
+
+
+def _check_model(params: Params, t: int) -> None:
+    """The aggregated global model must be finite (else nothing is published)."""
+    for k, p in enumerate(params):
+        if not np.all(np.isfinite(np.asarray(p))):
+            raise TrainingDiverged(
+                f"the aggregated global model (parameter {k}) is not finite; likely "
+                f"{LIKELY_CAUSES}", round_index=t,
+            )
 
 
 def _hash_of(config: Any) -> str | None:

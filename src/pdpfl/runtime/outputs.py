@@ -263,6 +263,7 @@ def build_summary(
         "aggregation": aggregation_fields(config),
         "rounds_completed": len(metrics),
         "completed": bool(result.get("completed", True)),
+        "diverged": result.get("diverged"),
         "final_accuracy": accs[-1] if accs else None,
         "last3_mean_accuracy": float(np.mean(accs[-3:])) if accs else None,
         "final_loss": metrics[-1]["loss"] if metrics else None,

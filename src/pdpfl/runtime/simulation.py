@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from pdpfl.config import ExperimentConfig
+from pdpfl.errors import TrainingDiverged
 from pdpfl.fl.api import ClientAlgorithm, Contribution, Params, Scalars
 
 
@@ -274,11 +275,21 @@ def simulate_into(
     run = as_algorithm(config.algorithm).assemble(config, federation)
     for message in run.warnings:
         warnings.warn(message, SetupWarning, stacklevel=3)
+    diverged: TrainingDiverged | None = None
     with torch_threads(config.threads):
-        result = run_rounds(
-            run.server, InProcessTransport(run.clients), out_dir, LoopSettings.of(run.config),
-            run.protocol, resume=resume, progress=progress, stop_after=stop_after,
-        )
+        try:
+            result = run_rounds(
+                run.server, InProcessTransport(run.clients), out_dir,
+                LoopSettings.of(run.config), run.protocol, resume=resume, progress=progress,
+                stop_after=stop_after,
+            )
+        except TrainingDiverged as err:
+            if err.result is None:
+                raise
+            diverged, result = err, err.result
     result["setup_seconds"] = time.perf_counter() - started - result["seconds"]
-    return write_outputs(config, result, out_dir, clients=run.clients, server=run.server,
-                         view="operator", warnings=run.warnings, data=data)
+    summary = write_outputs(config, result, out_dir, clients=run.clients, server=run.server,
+                            view="operator", warnings=run.warnings, data=data)
+    if diverged is not None:  # the outputs (completed: false) are written; now say it loudly
+        raise diverged
+    return summary
