@@ -46,6 +46,7 @@ __all__ = [
     "federation_from_arrays",
     "federation_from_dataframe",
     "federation_from_silos",
+    "load_model",
     "privacy_table",
     "register_module",
     "train",
@@ -311,3 +312,44 @@ def privacy_table(run_dir: str | Path, *, unit_id: object = None, as_frame: bool
             return table
         return pd.DataFrame(table)
     return table
+
+
+def load_model(
+    run: str | Path, module: nn.Module | None = None, *, round: int | None = None,
+) -> Any:
+    """The trained global model of a run: into ``module`` (returned), or as name → array.
+
+    ``run`` is a run folder (its ``model.safetensors``; ``round=N`` reads
+    ``models/round-NNNN.safetensors`` of a run with ``save_models: every-round``) or a model
+    file. With a ``module``, every trainable parameter is loaded by name; a missing, extra or
+    mis-shaped name is a ``ValueError`` naming it (buffers are not part of the release).
+    """
+    from pdpfl.runtime.model_file import MODEL_NAME, read_model
+
+    path = Path(run)
+    if path.is_dir():
+        path = path / (MODEL_NAME if round is None else f"models/round-{int(round):04d}.safetensors")
+    if not path.is_file():
+        raise ValueError(f"model: no model file at {path}")
+    tensors, _ = read_model(path)
+    if module is None:
+        return tensors
+    import torch
+
+    from pdpfl.models import trainable_parameters
+
+    named = dict(trainable_parameters(module))
+    missing, extra = set(named) - set(tensors), set(tensors) - set(named)
+    if missing or extra:
+        raise ValueError(
+            f"model: the module's trainable parameters do not match {path.name} "
+            f"(missing: {sorted(missing) or 'none'}; not in the module: {sorted(extra) or 'none'})"
+        )
+    with torch.no_grad():
+        for name, tensor in named.items():
+            value = tensors[name]
+            if tuple(value.shape) != tuple(tensor.shape):
+                raise ValueError(f"model: {name} has shape {tuple(value.shape)} in {path.name}, "
+                                 f"{tuple(tensor.shape)} in the module")
+            tensor.copy_(torch.as_tensor(value, dtype=tensor.dtype))
+    return module

@@ -324,6 +324,10 @@ class ExperimentConfig(_Section):
     )
     secure: SecureConfig = Field(default_factory=SecureConfig)
     output_dir: str = "runs/experiment"
+    save_models: Literal["final", "every-round"] = Field(
+        "final", description="final: model.safetensors only; every-round: also the global "
+        "model after each round, models/round-NNNN.safetensors"
+    )
     threads: int | None = Field(
         None, ge=1, le=256, description="torch intra-op threads while training (1 is fastest "
         "for small models such as logreg); None keeps torch's setting"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import typer
 
-from pdpfl.cli import account, calibrate, compare, data, flower, privacy, run
+from pdpfl.cli import account, calibrate, compare, data, export, flower, privacy, run
 
 app = typer.Typer(
     help="pdpfl: cross-silo federated learning with personalized differential privacy.",
@@ -24,8 +24,22 @@ app = typer.Typer(
 def _root(
     ctx: typer.Context,
     version: bool = typer.Option(False, "--version", help="Print the pdpfl version and exit."),
+    verbose: int = typer.Option(
+        0, "-v", "--verbose", count=True, help="More log output (-v info, -vv debug); runs "
+        "also write run.log in their output folder."
+    ),
+    log_level: str | None = typer.Option(
+        None, "--log-level", help="Log level: debug, info, warning (default) or error."
+    ),
 ) -> None:
     """pdpfl: cross-silo federated learning with personalized differential privacy."""
+    from pdpfl.cli._common import fail
+    from pdpfl.logs import configure, level_of
+
+    try:
+        configure(level_of(verbose, log_level))
+    except ValueError as err:
+        fail(str(err))
     if version:
         from pdpfl._version import __version__
 
@@ -36,10 +50,40 @@ def _root(
         raise typer.Exit(code=2)
 
 
-for _module in (account, calibrate, data, run, compare, privacy, flower):
+for _module in (account, calibrate, data, run, compare, privacy, export, flower):
     _module.register(app)
+
+
+#: Options of the root command that may be given anywhere on the command line.
+_GLOBAL_FLAGS = {"-v", "-vv", "-vvv", "--verbose"}
+
+
+def hoist_global_options(argv: list[str]) -> list[str]:
+    """Move ``-v``/``--verbose``/``--log-level X`` given after a sub-command to the front, so
+    that they work on every command (``pdpfl run cfg.yaml -v``)."""
+    front: list[str] = []
+    rest: list[str] = []
+    i = 0
+    while i < len(argv):
+        tok = argv[i]
+        if tok == "--":
+            rest.extend(argv[i:])
+            break
+        if tok in _GLOBAL_FLAGS:
+            front.append(tok)
+        elif tok == "--log-level" and i + 1 < len(argv):
+            front.extend(argv[i : i + 2])
+            i += 1
+        elif tok.startswith("--log-level="):
+            front.append(tok)
+        else:
+            rest.append(tok)
+        i += 1
+    return front + rest
 
 
 def main() -> None:
     """Console-script entry point."""
-    app()
+    import sys
+
+    app(args=hoist_global_options(sys.argv[1:]), prog_name="pdpfl")

@@ -28,7 +28,7 @@ from pdpfl.config import AlgorithmConfig, ExperimentConfig, register_algorithm_c
 from pdpfl.fl.aggregation import SumProtocol, check_compatible, protocol_from_config
 from pdpfl.fl.api import ClientAlgorithm, FederationInfo, ServerAlgorithm
 from pdpfl.fl.checks import check_federation
-from pdpfl.fl.common import federation_info, party_randomness
+from pdpfl.fl.common import federation_info, parameter_names, party_randomness
 
 if TYPE_CHECKING:  # pragma: no cover
     from pdpfl.data.federation import ClientData, Federation
@@ -81,6 +81,8 @@ class Assembly:
     clients: dict[int, ClientAlgorithm]
     protocol: SumProtocol
     warnings: list[str]
+    #: The torch names of the model's trainable parameters (the released model's keys).
+    parameter_names: list[str]
 
 
 class Algorithm(AlgorithmConfig):
@@ -135,7 +137,8 @@ class Algorithm(AlgorithmConfig):
         server, clients = algorithm.build(config, federation)
         protocol = protocol_from_config(config)
         check_compatible(server, protocol)
-        return Assembly(config, federation, server, clients, protocol, warnings)
+        names = parameter_names(config, federation_info(federation, config))
+        return Assembly(config, federation, server, clients, protocol, warnings, names)
 
     def build(
         self, config: ExperimentConfig, federation: Federation

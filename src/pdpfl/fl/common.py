@@ -29,6 +29,7 @@ __all__ = [
     "federation_info",
     "initial_params",
     "noise_for_max_budget_cached",
+    "parameter_names",
     "party_randomness",
     "public_budget_statistics",
     "silo_model",
@@ -131,6 +132,13 @@ def silo_model(config: ExperimentConfig, info: FederationInfo) -> torch.nn.Modul
         return create_model(
             config.model.name, info.input_shape, info.num_classes, **dict(config.model.options)
         )
+
+
+def parameter_names(config: ExperimentConfig, info: FederationInfo) -> list[str]:
+    """The torch names of the model's trainable parameters, in the order of :data:`Params`."""
+    from pdpfl.models import trainable_parameters
+
+    return [name for name, _ in trainable_parameters(silo_model(config, info))]
 
 
 def initial_params(config: ExperimentConfig, info: FederationInfo) -> Params:

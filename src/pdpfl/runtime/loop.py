@@ -25,6 +25,7 @@ skeleton (:func:`pdpfl.io.encode_state`); a truncated or tampered checkpoint is 
 from __future__ import annotations
 
 import json
+import logging
 import time
 import warnings
 from collections.abc import Callable
@@ -39,6 +40,8 @@ from pdpfl.fl.aggregation import SumProtocol, check_compatible, protocol_from_co
 from pdpfl.fl.api import Contribution, Params, Scalars, ServerAlgorithm, check_evaluation
 from pdpfl.io import decode_state, encode_state, write_bytes, write_text
 from pdpfl.ledger import PrivacySummary
+
+log = logging.getLogger(__name__)
 
 CHECKPOINT_NAME = "checkpoint.npz"
 #: The first release's pickle checkpoint: never loaded (it could run code).
@@ -249,6 +252,7 @@ def run_rounds(
     progress: bool = True,
     on_round: RoundCallback | None = None,
     stop_after: int | None = None,
+    save_model: Callable[[int, Params], None] | None = None,
 ) -> dict[str, Any]:
     """Run ``settings.rounds`` rounds and return the run's record.
 
@@ -273,6 +277,9 @@ def run_rounds(
         Optional callback ``(round_index, metrics_line)`` after each round.
     stop_after
         Stop (as if interrupted) after this many rounds in total; for tests of ``resume``.
+    save_model
+        Optional ``(round_index, params)`` called with each round's global model (before its
+        checkpoint is written).
 
     Returns
     -------
@@ -354,6 +361,8 @@ def run_rounds(
             line = _metrics_line(t, selected, aggregate.count, evals, privacy)
             line["seconds"] = seconds_before + time.perf_counter() - t0
             metrics.append(line)
+            if save_model is not None:
+                save_model(t, params)
             write_text(
                 out / METRICS_NAME,
                 "".join(json.dumps(_finite(m), allow_nan=False) + "\n" for m in metrics),
@@ -369,10 +378,15 @@ def run_rounds(
                     "config_hash": settings.fingerprint,
                 },
             )
+            log.info("round %d/%d: %d silo(s) selected, %d contribution(s), accuracy %s, "
+                     "max ε %s", t + 1, rounds, len(selected), aggregate.count,
+                     _short(line.get("accuracy")),
+                     "-" if privacy is None else _short(privacy.headline_epsilon("both")))
             bar.advance(line)
             if on_round is not None:
                 on_round(t, line)
     except TrainingDiverged as err:
+        log.error("%s", err)
         # Nothing non-finite was published. Keep what happened: the round is recorded (its
         # charges stay -- other silos may have released), the model stays the last finite one.
         seconds = seconds_before + time.perf_counter() - t0
@@ -412,6 +426,10 @@ def run_rounds(
         "completed": last_round == rounds,
         "fingerprint": settings.fingerprint,
     }
+
+
+def _short(x: Any) -> str:
+    return "-" if x is None else f"{float(x):.4g}"
 
 
 def _check_model(params: Params, t: int) -> None:

@@ -27,6 +27,7 @@ from pdpfl.runtime.loop import (
     _finite,
     has_checkpoint,
 )
+from pdpfl.runtime.model_file import MODEL_NAME, model_metadata, write_model
 
 #: What a run writes into its output folder; ``overwrite=True`` removes exactly these.
 RUN_OUTPUTS = (
@@ -35,6 +36,9 @@ RUN_OUTPUTS = (
     METRICS_NAME,
     "summary.json",
     "model.npz",
+    "model.safetensors",
+    "models",
+    "run.log",
     "accuracy.png",
     "epsilon.png",
     "ledgers",
@@ -290,6 +294,7 @@ def write_outputs(
     warnings: list[str] | None = None,
     data: dict[str, Any] | None = None,
     server: Any = None,
+    parameter_names: list[str] | None = None,
 ) -> dict[str, Any]:
     """Write ``summary.json``, ``model.npz``, ``ledgers/`` and plots; return the summary (as
     written: values that are not finite numbers, such as ε = ∞ without DP, are None).
@@ -317,6 +322,7 @@ def write_outputs(
         elif ledger is not None and callable(getattr(ledger, "save", None)):
             ledger.save(out / "ledgers" / f"{name}.npz")  # a first-release algorithm's own
     summary = _finite(summary)  # what is returned is what is on disk: NaN/inf become None
+    write_model(out / MODEL_NAME, result["params"], parameter_names, model_metadata(summary))
     if plots:
         write_plots(result["metrics"], summary, out)
     write_json(out / "summary.json", summary)

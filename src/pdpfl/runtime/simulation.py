@@ -12,7 +12,8 @@ those summaries stay at the silos.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import logging
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,8 @@ from typing import Any
 from pdpfl.config import ExperimentConfig
 from pdpfl.errors import TrainingDiverged
 from pdpfl.fl.api import ClientAlgorithm, Contribution, Params, Scalars
+
+log = logging.getLogger(__name__)
 
 
 class InProcessTransport:
@@ -243,6 +246,23 @@ def run_simulation(
                          stop_after=stop_after)
 
 
+def round_model_writer(
+    out_dir: Path, names: list[str], fingerprint: str | None, algorithm: str
+) -> Callable[[int, Params], None]:
+    """``save_models: every-round``: the global model of each round as
+    ``models/round-NNNN.safetensors`` (1-based round numbers)."""
+    from pdpfl._version import __version__
+    from pdpfl.runtime.model_file import FORMAT, write_model
+
+    def save(round_index: int, params: Params) -> None:
+        meta = {"format": FORMAT, "pdpfl_version": __version__, "config_hash": str(fingerprint),
+                "algorithm": algorithm, "rounds": str(round_index + 1)}
+        write_model(out_dir / "models" / f"round-{round_index + 1:04d}.safetensors", params,
+                    names, meta)
+
+    return save
+
+
 def simulate_into(
     config: ExperimentConfig,
     out_dir: str | Path,
@@ -258,6 +278,23 @@ def simulate_into(
     The parsed ``config.algorithm`` assembles the run once (prepare, checks, server, silos,
     summation protocol); the round loop then sees only those objects and public settings.
     """
+    from pdpfl.logs import log_to_file
+
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    with log_to_file(Path(out_dir) / "run.log"):
+        return _simulate(config, out_dir, resume, progress=progress, federation=federation,
+                         stop_after=stop_after)
+
+
+def _simulate(
+    config: ExperimentConfig,
+    out_dir: str | Path,
+    resume: bool,
+    *,
+    progress: bool,
+    federation: Any | None,
+    stop_after: int | None,
+) -> dict[str, Any]:
     import time
     import warnings
 
@@ -272,16 +309,25 @@ def simulate_into(
     config = config_for_federation(config, federation)
     if str(config.output_dir) != str(out_dir):  # the summary records where outputs really are
         config = config.model_copy(update={"output_dir": str(out_dir)})
+    log.info("federation %s: %d silos, %d training records", data["dataset"], data["clients"],
+             data["train_records"])
     run = as_algorithm(config.algorithm).assemble(config, federation)
+    log.info("algorithm %s (%s-level DP), %s summation, %d rounds", config.algorithm.name,
+             config.algorithm.unit, run.protocol.name, run.config.training.rounds)
     for message in run.warnings:
+        log.warning("%s", message)
         warnings.warn(message, SetupWarning, stacklevel=3)
     diverged: TrainingDiverged | None = None
+    save_model = None
+    if config.save_models == "every-round":
+        save_model = round_model_writer(Path(out_dir), run.parameter_names, LoopSettings.of(
+            run.config).fingerprint, config.algorithm.name)
     with torch_threads(config.threads):
         try:
             result = run_rounds(
                 run.server, InProcessTransport(run.clients), out_dir,
                 LoopSettings.of(run.config), run.protocol, resume=resume, progress=progress,
-                stop_after=stop_after,
+                stop_after=stop_after, save_model=save_model,
             )
         except TrainingDiverged as err:
             if err.result is None:
@@ -289,7 +335,8 @@ def simulate_into(
             diverged, result = err, err.result
     result["setup_seconds"] = time.perf_counter() - started - result["seconds"]
     summary = write_outputs(config, result, out_dir, clients=run.clients, server=run.server,
-                            view="operator", warnings=run.warnings, data=data)
+                            view="operator", warnings=run.warnings, data=data,
+                            parameter_names=run.parameter_names)
     if diverged is not None:  # the outputs (completed: false) are written; now say it loudly
         raise diverged
     return summary
