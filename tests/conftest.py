@@ -38,3 +38,12 @@ def _two_threads() -> None:
     except ImportError:  # pragma: no cover - torch is a hard dependency
         return
     torch.set_num_threads(2)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _key_dir(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """State files are sealed with a party key kept outside run folders (pdpfl.integrity):
+    the suite keeps its keys in a temporary folder (inherited by the processes it starts),
+    never in the developer's home."""
+    if "PDPFL_KEY_DIR" not in os.environ:
+        os.environ["PDPFL_KEY_DIR"] = str(tmp_path_factory.mktemp("pdpfl-keys"))

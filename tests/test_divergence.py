@@ -84,13 +84,16 @@ def test_a_model_that_produces_nan_raises_the_dedicated_exception(tmp_path) -> N
 
 
 def test_a_checkpoint_with_non_finite_parameters_is_refused_on_resume(tmp_path) -> None:
+    from pdpfl.integrity import seal, unseal
     from pdpfl.io import decode_state, encode_state
 
     cfg = config_from_dict(TINY)
     run_simulation(cfg, tmp_path, progress=False, stop_after=1)
     path = Path(tmp_path) / "checkpoint.npz"
-    state = decode_state(path.read_bytes())
+    # written with the key holder's own tools (the seal verifies): the finiteness check acts
+    payload, run_id = unseal(path.read_bytes(), purpose="checkpoint")
+    state = decode_state(payload)
     state["params"][0] = np.full_like(np.asarray(state["params"][0]), np.nan)
-    path.write_bytes(encode_state(state))
+    path.write_bytes(seal(encode_state(state), purpose="checkpoint", identity=run_id))
     with pytest.raises(ValueError, match="not finite"):
         run_simulation(cfg, tmp_path, resume=True, progress=False)

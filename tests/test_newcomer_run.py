@@ -12,7 +12,7 @@ import pytest
 import pdpfl
 from pdpfl.config import ConfigError, config_from_dict
 from pdpfl.data.user import federation_from_silos
-from pdpfl.ledger import GroupSummary, PrivacySummary
+from pdpfl.ledger import GroupSummary, PrivacySummary, load_ledger
 from pdpfl.runtime.loop import read_metrics
 from pdpfl.runtime.outputs import OutputDirError
 from pdpfl.runtime.plots import accuracy_figure, epsilon_figure
@@ -79,8 +79,9 @@ def test_train_with_a_torch_module_and_budgets_by_id(tmp_path: Path) -> None:
     assert summary["config"]["budgets"]["file"] == str(tmp_path / "run" / "budgets.csv")
     assert sorted(summary["per_group"]) == ["0.5", "4"]
     for k, c in enumerate(fed.clients):  # each silo's ledger holds the ε of its own record ids
-        with np.load(tmp_path / "run" / "ledgers" / f"client_{k}.npz") as z:
-            np.testing.assert_array_equal(z["budgets"], [by_id[int(i)] for i in c.record_ids])
+        ledger = load_ledger(tmp_path / "run" / "ledgers" / f"client_{k}.npz")  # sealed files
+        np.testing.assert_array_equal(ledger.budgets, [by_id[int(i)] for i in c.record_ids])
+        np.testing.assert_array_equal(ledger.ids, c.record_ids)
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
     with pytest.raises(OutputDirError, match="overwrite=True"):
         pdpfl.train(fed, model, budgets=by_id, rounds=1, local_steps=1, batch_size=8,

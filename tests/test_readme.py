@@ -12,6 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from pdpfl.ledger import load_ledger
+
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 
@@ -74,8 +76,8 @@ def test_readme_own_data_and_model_snippet(tmp_path, monkeypatch) -> None:
     # every silo's ledger holds exactly the ε its patients chose (matched by patient id)
     by_id = dict(zip(df.patient_id, df.epsilon, strict=True))
     for k, c in enumerate(fed.clients):
-        with np.load(out / "ledgers" / f"client_{k}.npz") as z:
-            np.testing.assert_array_equal(z["budgets"], [by_id[int(i)] for i in c.record_ids])
+        ledger = load_ledger(out / "ledgers" / f"client_{k}.npz")  # sealed ledger files
+        np.testing.assert_array_equal(ledger.budgets, [by_id[int(i)] for i in c.record_ids])
     # the module now holds the final global model written to model.npz
     with np.load(out / "model.npz") as z:
         final = [z[k] for k in sorted(z.files)]

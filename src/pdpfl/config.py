@@ -517,6 +517,23 @@ def config_hash(config: ExperimentConfig) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def run_fingerprint(config: ExperimentConfig) -> str:
+    """What a checkpoint must match to be resumed: :func:`config_hash` of the config with its
+    file paths resolved (``--data-dir data`` and ``--data-dir /abs/data`` are the same run),
+    the output folder, the number of rounds T (a finished run may be extended) and the
+    per-round model option left out."""
+    data = config_to_dict(config)
+    data.pop("output_dir", None)
+    data.pop("save_models", None)
+    data["training"].pop("rounds", None)
+    for section, key in (("data", "data_dir"), ("budgets", "file")):
+        value = data.get(section, {}).get(key)
+        if value:
+            data[section][key] = str(Path(value).expanduser().resolve())
+    text = json.dumps(data, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 def with_updates(config: ExperimentConfig, overrides: list[str]) -> ExperimentConfig:
     """A validated copy of ``config`` with ``key=value`` overrides applied."""
     return config_from_dict(config_to_dict(config), overrides)

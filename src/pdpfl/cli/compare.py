@@ -6,6 +6,7 @@ run's typed privacy summary (ε and over-budget counts in the run's own unit).
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
@@ -20,7 +21,14 @@ import typer
 
 from pdpfl.cli._common import fail, import_plugins, print_json
 from pdpfl.cli.report import compare_table, fmt_acc, mechanism_table, typed_privacy
-from pdpfl.cli.run import EXIT_INTERRUPTED, _load, _load_federation, _prepare_out, _simulate
+from pdpfl.cli.run import (
+    EXIT_INTERRUPTED,
+    _load,
+    _load_federation,
+    _prepare_out,
+    _simulate,
+    locked,
+)
 
 __all__ = ["compare_command", "compare_rows", "mechanism_columns", "register"]
 
@@ -202,80 +210,86 @@ def compare_command(
     keep = out is not None
     out_dir = Path(out) if out is not None else Path()
     created = keep and not out_dir.exists()
+    lock = contextlib.ExitStack()
     if keep:
-        own = (*{m.replace(":", "-") for m in methods}, *_previous_runs(out_dir),
-               "compare.csv", "compare.png")
-        _prepare_out(out_dir, resume=False, force=force, outputs=own)
-    sinks = []
-    try:  # every output is validated (written once) before any training
-        if csv_path is not None:
-            sinks.append(_CsvRows(Path(csv_path), force=force, option="--csv"))
-        if keep:
-            sinks.append(_CsvRows(out_dir / "compare.csv", force=True, option="--out"))
-    except typer.Exit:
-        if created:
-            shutil.rmtree(out_dir, ignore_errors=True)
-        raise
-    root = out_dir if keep else Path(tempfile.mkdtemp(prefix="pdpfl-compare-"))
-    rows: list[dict[str, Any]] = []
-    curves: dict[str, list[list[float]]] = {}
+        lock.enter_context(locked(out_dir, created=created))
     try:
-        # one federation per seed and data section (methods may change the data options, e.g.
-        # declare the user histograms public)
-        federations: dict[tuple[int, str], Any] = {}
-        for (method, seed), cfg in configs.items():
-            key = (seed, json.dumps(cfg.data.model_dump(mode="json"), sort_keys=True))
-            if key not in federations:
-                federations[key] = _load_federation(cfg)
-            run_dir = root / method.replace(":", "-") / f"seed{seed}"
-            summary = _simulate(cfg, run_dir, False, progress=False, federation=federations[key],
-                                created=True)
-            row = run_row(method, seed, summary, cfg.privacy.adversary)
-            rows.append(row)
-            for sink in sinks:
-                sink.write(rows)
-            curves.setdefault(method, []).append(_accuracy_curve(run_dir))
-            if not as_json:
-                typer.echo(
-                    f"{method:>14} seed {seed}: accuracy {fmt_acc(_nan(row['final_accuracy']))} "
-                    f"({row['seconds']:.1f}s)", err=True,
-                )
-    except KeyboardInterrupt:
-        where = ", ".join(str(s.path) for s in sinks)
-        typer.echo(f"\ninterrupted: {len(rows)} of {len(configs)} runs finished"
-                   + (f" (their rows are in {where})" if where else ""), err=True)
-        raise typer.Exit(code=EXIT_INTERRUPTED) from None
+        if keep:
+            own = (*{m.replace(":", "-") for m in methods}, *_previous_runs(out_dir),
+                   "compare.csv", "compare.png")
+            _prepare_out(out_dir, resume=False, force=force, outputs=own)
+        sinks = []
+        try:  # every output is validated (written once) before any training
+            if csv_path is not None:
+                sinks.append(_CsvRows(Path(csv_path), force=force, option="--csv"))
+            if keep:
+                sinks.append(_CsvRows(out_dir / "compare.csv", force=True, option="--out"))
+        except typer.Exit:
+            if created:
+                shutil.rmtree(out_dir, ignore_errors=True)
+            raise
+        root = out_dir if keep else Path(tempfile.mkdtemp(prefix="pdpfl-compare-"))
+        rows: list[dict[str, Any]] = []
+        curves: dict[str, list[list[float]]] = {}
+        try:
+            # one federation per seed and data section (methods may change the data options, e.g.
+            # declare the user histograms public)
+            federations: dict[tuple[int, str], Any] = {}
+            for (method, seed), cfg in configs.items():
+                key = (seed, json.dumps(cfg.data.model_dump(mode="json"), sort_keys=True))
+                if key not in federations:
+                    federations[key] = _load_federation(cfg)
+                run_dir = root / method.replace(":", "-") / f"seed{seed}"
+                summary = _simulate(cfg, run_dir, False, progress=False, federation=federations[key],
+                                    created=True)
+                row = run_row(method, seed, summary, cfg.privacy.adversary)
+                rows.append(row)
+                for sink in sinks:
+                    sink.write(rows)
+                curves.setdefault(method, []).append(_accuracy_curve(run_dir))
+                if not as_json:
+                    typer.echo(
+                        f"{method:>14} seed {seed}: accuracy {fmt_acc(_nan(row['final_accuracy']))} "
+                        f"({row['seconds']:.1f}s)", err=True,
+                    )
+        except KeyboardInterrupt:
+            where = ", ".join(str(s.path) for s in sinks)
+            typer.echo(f"\ninterrupted: {len(rows)} of {len(configs)} runs finished"
+                       + (f" (their rows are in {where})" if where else ""), err=True)
+            raise typer.Exit(code=EXIT_INTERRUPTED) from None
+        finally:
+            if not keep:
+                shutil.rmtree(root, ignore_errors=True)
+        table = compare_rows(rows)
+        if keep:
+            _write_compare_plot(out_dir / "compare.png", base.name, curves)
+        if as_json:
+            from pdpfl.runtime.loop import _finite
+
+            print_json(_finite({"methods": table, "runs": rows}))  # ε = ∞ (no DP) becomes null
+            return
+        title = f"{base.name}: final test accuracy, seed{'s' if len(seeds) > 1 else ''} " + ", ".join(
+            map(str, seeds))
+        from rich.console import Console
+
+        console = Console()
+        console.print(compare_table(title, table))
+        mech = mechanism_table(table)
+        if mech is not None:
+            console.print(mech)
+        if keep:
+            first = f"{methods[0].replace(':', '-')}/seed{seeds[0]}"
+            typer.echo(
+                f"outputs written to {out}:\n"
+                f"  plot:  {out_dir / 'compare.png'} (test accuracy per round)\n"
+                f"  table: {out_dir / 'compare.csv'} (one row per method and seed)\n"
+                f"  runs:  {out_dir / first}/ ... (summary.json, epsilon.png)"
+            )
+        if csv_path is not None:
+            typer.echo(f"rows written to {csv_path}")
+
     finally:
-        if not keep:
-            shutil.rmtree(root, ignore_errors=True)
-    table = compare_rows(rows)
-    if keep:
-        _write_compare_plot(out_dir / "compare.png", base.name, curves)
-    if as_json:
-        from pdpfl.runtime.loop import _finite
-
-        print_json(_finite({"methods": table, "runs": rows}))  # ε = ∞ (no DP) becomes null
-        return
-    title = f"{base.name}: final test accuracy, seed{'s' if len(seeds) > 1 else ''} " + ", ".join(
-        map(str, seeds))
-    from rich.console import Console
-
-    console = Console()
-    console.print(compare_table(title, table))
-    mech = mechanism_table(table)
-    if mech is not None:
-        console.print(mech)
-    if keep:
-        first = f"{methods[0].replace(':', '-')}/seed{seeds[0]}"
-        typer.echo(
-            f"outputs written to {out}:\n"
-            f"  plot:  {out_dir / 'compare.png'} (test accuracy per round)\n"
-            f"  table: {out_dir / 'compare.csv'} (one row per method and seed)\n"
-            f"  runs:  {out_dir / first}/ ... (summary.json, epsilon.png)"
-        )
-    if csv_path is not None:
-        typer.echo(f"rows written to {csv_path}")
-
+        lock.close()
 
 def _previous_runs(root: Path) -> list[str]:
     """Sub-folders of ``root`` laid out by an earlier ``pdpfl compare`` (``METHOD/seedN/``)."""

@@ -11,9 +11,11 @@ finished round and prints the command that continues the run (exit 130).
 
 from __future__ import annotations
 
+import contextlib
 import shlex
 import shutil
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +46,30 @@ def _load_federation(config: Any) -> Any:
         return load_federation_for(config)
     except (ValueError, FileNotFoundError, KeyError, TypeError) as err:
         fail(f"data: {err}")
+
+
+@contextlib.contextmanager
+def locked(out_dir: Path, *, created: bool, option: str = "--out") -> Iterator[None]:
+    """Hold ``out_dir``'s exclusive lock (one run per folder), or exit 2 naming its holder."""
+    from pdpfl.runtime.lock import FolderLocked, folder_lock
+
+    if out_dir.exists() and not out_dir.is_dir():
+        fail(f"{option}: {out_dir} exists and is not a folder")
+    lock = folder_lock(out_dir, option=option)
+    try:
+        lock.__enter__()
+    except FolderLocked as err:
+        fail(str(err))
+    except OSError as err:
+        fail(f"{option}: cannot write to {out_dir} ({err.strerror or err}); choose another folder")
+    try:
+        yield
+    finally:
+        lock.__exit__(None, None, None)
+        if created and out_dir.is_dir() and not any(
+            p.name != ".pdpfl.lock" for p in out_dir.iterdir()
+        ):
+            shutil.rmtree(out_dir, ignore_errors=True)  # nothing of ours was written
 
 
 def _prepare_out(out_dir: Path, *, resume: bool, force: bool, **kwargs: Any) -> None:
@@ -120,17 +146,19 @@ def run_command(
                 "(--runtime simulation)"
             )
     existed = out_dir.exists()
-    _prepare_out(out_dir, resume=resume, force=force)
     hint = _resume_hint(config_path, out_dir, list(overrides or []), data_dir, runtime,
                         list(plugins or []))
-    try:
-        if config.runtime == "flower":
-            summary = _flower(config, out_dir, resume, progress=not (quiet or as_json), hint=hint)
-        else:
-            summary = _simulate(config, out_dir, resume, progress=not (quiet or as_json),
-                                created=not existed)
-    except KeyboardInterrupt:
-        _interrupted(out_dir, config.training.rounds, hint)
+    with locked(out_dir, created=not existed):
+        _prepare_out(out_dir, resume=resume, force=force)
+        try:
+            if config.runtime == "flower":
+                summary = _flower(config, out_dir, resume, progress=not (quiet or as_json),
+                                  hint=hint)
+            else:
+                summary = _simulate(config, out_dir, resume, progress=not (quiet or as_json),
+                                    created=not existed)
+        except KeyboardInterrupt:
+            _interrupted(out_dir, config.training.rounds, hint)
     for warning in summary.get("warnings", []):
         typer.echo(f"warning: {warning}", err=True)
     if as_json:

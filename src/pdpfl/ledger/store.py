@@ -11,13 +11,15 @@ from __future__ import annotations
 import dataclasses
 import enum
 import importlib
+import io
 import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from pdpfl.io import save_npz
+from pdpfl.integrity import is_sealed, seal, unseal
+from pdpfl.io import write_bytes
 from pdpfl.ledger.core import PrivacyLedger, counter_key
 from pdpfl.privacy.unit import UnitMechanism
 
@@ -70,8 +72,15 @@ def mechanism_from_dict(data: dict[str, Any]) -> Any:
     return cls(**fields)
 
 
-def save_ledger(ledger: PrivacyLedger, path: str | Path) -> None:
-    """Write ``ledger`` atomically as ``.npz`` (every row and the mechanism)."""
+def save_ledger(
+    ledger: PrivacyLedger, path: str | Path, *, identity: str | None = None,
+    party: str = "operator",
+) -> None:
+    """Write ``ledger`` atomically as ``.npz`` (every row and the mechanism).
+
+    With ``identity`` (a run id) the file is sealed with ``party``'s key
+    (:mod:`pdpfl.integrity`): an edited copy no longer loads.
+    """
     meta = {
         "format": FORMAT,
         "unit": ledger.unit,
@@ -91,14 +100,23 @@ def save_ledger(ledger: PrivacyLedger, path: str | Path) -> None:
     }
     for obs, counts in ledger.counts.items():
         arrays[counter_key(obs)] = counts
-    save_npz(path, **arrays)
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    data = buf.getvalue()
+    if identity is not None:
+        data = seal(data, purpose="ledger", identity=identity, party=party)
+    write_bytes(path, data)
 
 
-def load_ledger(path: str | Path) -> PrivacyLedger:
-    """Rebuild a ledger written by :func:`save_ledger` (ValueError for anything else)."""
+def load_ledger(path: str | Path, *, party: str = "operator") -> PrivacyLedger:
+    """Rebuild a ledger written by :func:`save_ledger` (ValueError for anything else; a sealed
+    file must verify with ``party``'s key)."""
     p = Path(path)
+    data = p.read_bytes() if p.is_file() else b""
+    if is_sealed(data):
+        data, _ = unseal(data, purpose="ledger", party=party, what=str(p))
     try:
-        with np.load(p, allow_pickle=False) as z:
+        with np.load(io.BytesIO(data), allow_pickle=False) as z:
             meta = json.loads(str(z["meta"]))
             if not isinstance(meta, dict) or meta.get("format") != FORMAT:
                 found = meta.get("format") if isinstance(meta, dict) else None

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import logging
+import secrets
 import time
 import warnings
 from collections.abc import Callable
@@ -38,6 +39,7 @@ import numpy as np
 from pdpfl.errors import LIKELY_CAUSES, TrainingDiverged
 from pdpfl.fl.aggregation import SumProtocol, check_compatible, protocol_from_config
 from pdpfl.fl.api import Contribution, Params, Scalars, ServerAlgorithm, check_evaluation
+from pdpfl.integrity import IntegrityError, check_progress, record_progress, seal, unseal
 from pdpfl.io import decode_state, encode_state, write_bytes, write_text
 from pdpfl.ledger import PrivacySummary
 
@@ -158,8 +160,13 @@ def read_metrics(out_dir: str | Path) -> list[dict[str, Any]]:
 
 
 def save_checkpoint(out_dir: Path, state: dict[str, Any]) -> None:
-    """Write the round loop's state atomically as a pickle-free ``checkpoint.npz``."""
-    write_bytes(out_dir / CHECKPOINT_NAME, encode_state(state))
+    """Write the round loop's state atomically as a pickle-free, sealed ``checkpoint.npz``
+    (:mod:`pdpfl.integrity`: an HMAC under the operator's key over the run id and the bytes),
+    then raise the run's high-water mark to its ``next_round``."""
+    run_id = str(state["run_id"])
+    write_bytes(out_dir / CHECKPOINT_NAME,
+                seal(encode_state(state), purpose="checkpoint", identity=run_id))
+    record_progress(run_id, int(state["next_round"]))
 
 
 def load_checkpoint(out_dir: str | Path) -> dict[str, Any] | None:
@@ -178,13 +185,19 @@ def load_checkpoint(out_dir: str | Path) -> dict[str, Any] | None:
             )
         return None
     try:
-        state = decode_state(path.read_bytes())
+        payload, run_id = unseal(path.read_bytes(), purpose="checkpoint", what=str(path))
+        state = decode_state(payload)
         if not isinstance(state, dict) or "next_round" not in state or "params" not in state:
             raise ValueError("missing fields")
+        if state.get("run_id") != run_id:
+            raise IntegrityError("its run id does not match its seal")
+        check_progress(run_id, int(state["next_round"]))
         state["params"] = [np.asarray(p, dtype=np.float32) for p in state["params"]]
         if not all(np.all(np.isfinite(p)) for p in state["params"]):
             raise ValueError("its model parameters are not finite")
         return state
+    except IntegrityError as exc:
+        raise IntegrityError(f"cannot resume: {exc}") from None
     except ValueError as exc:
         raise ValueError(f"cannot resume: {path} is not a valid pdpfl checkpoint ({exc})") from None
 
@@ -207,13 +220,16 @@ class LoopSettings:
     fingerprint: str | None
     unit: str = "record"
     reproducible: bool = False
+    #: T the algorithm's mechanism was published for (less than ``rounds`` when a finished
+    #: run is extended; the ledgers charge every extra round).
+    planned_rounds: int | None = None
 
     @classmethod
     def of(cls, config: Any) -> LoopSettings:
         """The settings of an :class:`~pdpfl.config.ExperimentConfig` (or a test stub)."""
         return cls(
             rounds=int(config.training.rounds),
-            fingerprint=_hash_of(config),
+            fingerprint=_fingerprint(config),
             unit=str(getattr(getattr(config, "algorithm", None), "unit", "record")),
             reproducible=getattr(config, "randomness", None) == "reproducible",
         )
@@ -302,6 +318,7 @@ def run_rounds(
     rounds, unit = settings.rounds, settings.unit
     params: Params = [np.asarray(p).copy() for p in server.initial_params()]
     start, seconds_before = 0, 0.0
+    run_id = secrets.token_hex(16)  # this run's identity (its checkpoints and ledgers)
     metrics: list[dict[str, Any]] = []
     if resume:
         ckpt = load_checkpoint(out)
@@ -311,6 +328,12 @@ def run_rounds(
                     f"cannot resume: the checkpoint in {out} was written by a different config"
                 )
             start = int(ckpt["next_round"])
+            if start > rounds:
+                raise ValueError(
+                    f"cannot resume: the run in {out} already finished {start} rounds; "
+                    f"training.rounds = {rounds} would shorten it (give a larger T to extend it)"
+                )
+            run_id = str(ckpt["run_id"])
             params = ckpt["params"]
             server.load_state_dict(ckpt["server_state"])
             transport.load_client_states(ckpt["client_states"])
@@ -376,6 +399,8 @@ def run_rounds(
                     "client_states": transport.client_states(),
                     "seconds": line["seconds"],
                     "config_hash": settings.fingerprint,
+                    "run_id": run_id,
+                    "planned_rounds": settings.planned_rounds or rounds,
                 },
             )
             log.info("round %d/%d: %d silo(s) selected, %d contribution(s), accuracy %s, "
@@ -402,6 +427,8 @@ def run_rounds(
             "client_states": transport.client_states(),
             "seconds": seconds,
             "config_hash": settings.fingerprint,
+            "run_id": run_id,
+            "planned_rounds": settings.planned_rounds or rounds,
         })
         err.result = {
             "params": params,
@@ -411,6 +438,7 @@ def run_rounds(
             "server_state": server.state_dict(),
             "completed": False,
             "fingerprint": settings.fingerprint,
+            "run_id": run_id,
             "diverged": err.to_dict(),
         }
         raise
@@ -425,6 +453,7 @@ def run_rounds(
         "server_state": server.state_dict(),
         "completed": last_round == rounds,
         "fingerprint": settings.fingerprint,
+        "run_id": run_id,
     }
 
 
@@ -442,11 +471,11 @@ def _check_model(params: Params, t: int) -> None:
             )
 
 
-def _hash_of(config: Any) -> str | None:
+def _fingerprint(config: Any) -> str | None:
     try:
-        from pdpfl.config import config_hash
+        from pdpfl.config import run_fingerprint
 
-        return config_hash(config)
+        return run_fingerprint(config)
     except Exception:  # pragma: no cover - non-pdpfl configs (tests with stubs)
         return None
 

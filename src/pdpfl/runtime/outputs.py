@@ -20,6 +20,7 @@ import numpy as np
 from pdpfl.config import ExperimentConfig, config_hash
 from pdpfl.io import save_npz, write_json
 from pdpfl.ledger import PrivacyLedger, PrivacySummary, observers_of, save_ledger
+from pdpfl.runtime.lock import LOCK_NAME
 from pdpfl.runtime.loop import (
     CHECKPOINT_NAME,
     LEGACY_CHECKPOINT_NAME,
@@ -81,7 +82,7 @@ def prepare_output_dir(
         raise OutputDirError(
             f"{option}: cannot write to {out} ({err.strerror or err}); choose another folder"
         ) from None
-    entries = sorted(p.name for p in out.iterdir())
+    entries = sorted(p.name for p in out.iterdir() if p.name != LOCK_NAME)
     if not entries:
         return out
     shown = ", ".join(entries[:4]) + (", ..." if len(entries) > 4 else "")
@@ -318,7 +319,7 @@ def write_outputs(
     for name, holder in holders:
         ledger = getattr(holder, "ledger", None)
         if isinstance(ledger, PrivacyLedger):
-            save_ledger(ledger, out / "ledgers" / f"{name}.npz")
+            save_ledger(ledger, out / "ledgers" / f"{name}.npz", identity=result.get("run_id"))
         elif ledger is not None and callable(getattr(ledger, "save", None)):
             ledger.save(out / "ledgers" / f"{name}.npz")  # a first-release algorithm's own
     summary = _finite(summary)  # what is returned is what is on disk: NaN/inf become None

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -239,11 +240,27 @@ def run_simulation(
     The output rule: a folder that already holds files is refused unless ``overwrite=True``
     (pdpfl's previous outputs there are replaced) or ``resume=True`` (continue its checkpoint).
     """
-    from pdpfl.runtime.outputs import prepare_output_dir
+    from pdpfl.runtime.lock import FolderLocked, folder_lock
+    from pdpfl.runtime.outputs import OutputDirError, prepare_output_dir
 
-    prepare_output_dir(out_dir, resume=resume, overwrite=overwrite)
-    return simulate_into(config, out_dir, resume, progress=progress, federation=federation,
-                         stop_after=stop_after)
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise OutputDirError(f"out_dir: {out} exists and is not a folder")
+    lock = folder_lock(out, option="out_dir")
+    try:
+        lock.__enter__()
+    except FolderLocked as err:
+        raise OutputDirError(str(err)) from None
+    except OSError as err:
+        raise OutputDirError(
+            f"out_dir: cannot write to {out} ({err.strerror or err}); choose another folder"
+        ) from None
+    try:
+        prepare_output_dir(out_dir, resume=resume, overwrite=overwrite)
+        return simulate_into(config, out_dir, resume, progress=progress,
+                             federation=federation, stop_after=stop_after)
+    finally:
+        lock.__exit__(None, None, None)
 
 
 def round_model_writer(
@@ -261,6 +278,16 @@ def round_model_writer(
                     names, meta)
 
     return save
+
+
+def _planned_rounds(out_dir: Path, config: ExperimentConfig) -> int | None:
+    """T the checkpoint in ``out_dir`` was planned for (None without a checkpoint)."""
+    from pdpfl.runtime.loop import load_checkpoint
+
+    ckpt = load_checkpoint(out_dir)
+    if ckpt is None:
+        return None
+    return int(ckpt.get("planned_rounds", config.training.rounds))
 
 
 def simulate_into(
@@ -311,7 +338,26 @@ def _simulate(
         config = config.model_copy(update={"output_dir": str(out_dir)})
     log.info("federation %s: %d silos, %d training records", data["dataset"], data["clients"],
              data["train_records"])
-    run = as_algorithm(config.algorithm).assemble(config, federation)
+    planned = _planned_rounds(Path(out_dir), config) if resume else None
+    build = config
+    if planned is not None and planned != config.training.rounds:
+        # Extending a finished run: the mechanism stays the one published for T = planned
+        # rounds (σ, the calibration); the ledgers charge every extra round and the pre-check
+        # stops units before their budget.
+        from pdpfl.config import with_updates
+
+        build = with_updates(config, [f"training.rounds={planned}"])
+        log.warning("extending the run from %d to %d rounds", planned, config.training.rounds)
+    run = as_algorithm(build.algorithm).assemble(build, federation)
+    settings = replace(LoopSettings.of(run.config), rounds=config.training.rounds,
+                       planned_rounds=run.config.training.rounds)
+    if planned is not None and planned != config.training.rounds:
+        run.warnings.append(
+            f"training.rounds: the run was extended from T = {planned} to "
+            f"{config.training.rounds} rounds with the mechanism published for {planned} rounds; "
+            "every extra round is charged to the ledgers, and units whose budget would be "
+            "exceeded sit out"
+        )
     log.info("algorithm %s (%s-level DP), %s summation, %d rounds", config.algorithm.name,
              config.algorithm.unit, run.protocol.name, run.config.training.rounds)
     for message in run.warnings:
@@ -326,7 +372,7 @@ def _simulate(
         try:
             result = run_rounds(
                 run.server, InProcessTransport(run.clients), out_dir,
-                LoopSettings.of(run.config), run.protocol, resume=resume, progress=progress,
+                settings, run.protocol, resume=resume, progress=progress,
                 stop_after=stop_after, save_model=save_model,
             )
         except TrainingDiverged as err:

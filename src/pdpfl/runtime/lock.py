@@ -1,0 +1,75 @@
+"""One run per output folder: an exclusive lock held while a command writes into a folder.
+
+The lock is an advisory ``flock`` on ``<folder>/.pdpfl.lock``, which also records who holds it
+(pid, host, start time, command). The kernel releases it when the process ends however it ends,
+so a lock file left by a killed process is stale by construction: the next command takes it
+over (and logs that it did). A second command on a held folder stops at once with an error
+naming the process that holds it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import socket
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+__all__ = ["LOCK_NAME", "FolderLocked", "folder_lock"]
+
+LOCK_NAME = ".pdpfl.lock"
+log = logging.getLogger(__name__)
+
+
+class FolderLocked(ValueError):
+    """Another process is writing to this folder."""
+
+
+def _holder(path: Path) -> str:
+    try:
+        info = json.loads(path.read_text() or "{}")
+    except (OSError, ValueError):
+        return "another process"
+    since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(info.get("since", 0))))
+    return (f"pid {info.get('pid')} on {info.get('host')} since {since} "
+            f"({info.get('command', '?')})")
+
+
+@contextlib.contextmanager
+def folder_lock(folder: str | os.PathLike[str], option: str = "--out") -> Iterator[Path]:
+    """Hold the folder's exclusive lock for the block (creating the folder if needed).
+
+    Raises :class:`FolderLocked` naming ``option`` and the holder when another process has it.
+    """
+    path = Path(folder)
+    path.mkdir(parents=True, exist_ok=True)
+    lock_path = path / LOCK_NAME
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise FolderLocked(
+                f"{option}: {path} is in use by {_holder(lock_path)}; wait for it to finish or "
+                "choose another folder"
+            ) from None
+        stale = os.fstat(fd).st_size > 0
+        if stale:
+            log.info("took over a stale lock of %s (that process is no longer running)",
+                     _holder(lock_path))
+        info = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time(),
+                "command": " ".join(sys.argv[:4])[:200]}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(info).encode(), 0)
+        try:
+            yield path
+        finally:
+            os.ftruncate(fd, 0)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
