@@ -167,8 +167,8 @@ def prifedsync_mu(
     noise_multiplier: ArrayLike,
     batch_size: ArrayLike,
     n_records: ArrayLike,
-    local_steps: int,
-    rounds: int,
+    local_steps: int | ArrayLike,
+    rounds: int | ArrayLike,
 ) -> np.ndarray:
     """μ_j of PriFedSync with NoisySGD local training (PriFedSync Theorem 2), per client.
 

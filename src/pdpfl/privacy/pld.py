@@ -48,12 +48,12 @@ from __future__ import annotations
 import math
 import threading
 from collections import OrderedDict
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 from numpy.typing import ArrayLike
 
-from pdpfl.privacy.accountant import RdpAccountant, _counts
+from pdpfl.privacy.accountant import RdpAccountant
 from pdpfl.privacy.mechanisms import (
     Composed,
     GaussianMechanism,
@@ -64,6 +64,7 @@ from pdpfl.privacy.mechanisms import (
     outline,
 )
 from pdpfl.privacy.orders import DEFAULT_ORDERS
+from pdpfl.privacy.registry import Accountant, check_counts, register_accountant
 
 __all__ = ["PldAccountant", "rate_grid_up"]
 
@@ -132,6 +133,8 @@ class PldAccountant:
     """
 
     name = "pld"
+    #: Every ε is an upper bound (pessimistic discretization, FFT error subtracted from δ).
+    approximate: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -232,7 +235,7 @@ class PldAccountant:
             raise ValueError(f"delta: must be in (0, 1), got {delta!r}")
         rates = self._rates(event)
         n = 1 if rates is None else rates.size
-        k = _counts(counts, n)
+        k = check_counts(counts, n)
         eps_rdp, order = self.rdp.composed_epsilon(event, k, d)
         eps_pld = self.pld_epsilon(event, k, d)[0]
         take = eps_pld < eps_rdp
@@ -249,7 +252,7 @@ class PldAccountant:
             raise self._unsupported(event)
         rates = self._rates(event)
         n = 1 if rates is None else rates.size
-        k = _counts(counts, n)
+        k = check_counts(counts, n)
         q_up = (
             np.ones(n) if rates is None
             else rate_grid_up(rates, self.rate_grid_rel_step, self.rate_grid_min)
@@ -411,3 +414,10 @@ def _gdp_epsilon(mu: float, delta: float) -> float:
         else:
             hi = mid
     return hi
+
+
+def _pld_factory(**options: Any) -> Accountant:
+    return PldAccountant(**options)
+
+
+register_accountant("pld", _pld_factory)

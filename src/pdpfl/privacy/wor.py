@@ -68,6 +68,7 @@ __all__ = [
     "wor_gaussian_epsilon",
     "wor_gaussian_epsilon_lower_bound",
     "wor_gaussian_rdp",
+    "wor_gaussian_rdp_any_order",
 ]
 
 #: Integer Rényi orders for the WOR bound: 2…64, 72…256 (steps of 8), 320, 384, 512, 768, 1024.
@@ -177,6 +178,34 @@ def wor_gaussian_rdp(
         log_total = np.where(peak > 0, peak + np.log(np.exp(-peak) + rest), np.log1p(rest))
     out = log_total / (a - 1.0)
     return np.minimum(out, full)
+
+
+@lru_cache(maxsize=256)
+def _rdp_cached(sampling_ratio: float, noise_multiplier: float, orders: bytes) -> np.ndarray:
+    out = wor_gaussian_rdp(sampling_ratio, noise_multiplier, np.frombuffer(orders))
+    out.setflags(write=False)
+    return out
+
+
+def wor_gaussian_rdp_any_order(
+    sampling_ratio: float, noise_multiplier: float, orders: ArrayLike
+) -> np.ndarray:
+    """An upper bound on the RDP of one WOR-subsampled Gaussian step at *any* orders α > 1.
+
+    Theorem 9 is stated for integer α ≥ 2; Rényi divergence is non-decreasing in α, so
+    ρ(α) ≤ ρ(max(2, ⌈α⌉)), which is what is returned (exactly :func:`wor_gaussian_rdp` at
+    integer orders ≥ 2). Results are cached per (γ, σ, orders): the ledger asks for the same
+    few clients' ratios round after round.
+    """
+    g = check_sampling_ratio(sampling_ratio)
+    sigma = _check_sigma(noise_multiplier)
+    a = np.asarray(orders, dtype=np.float64).reshape(-1)
+    if a.size == 0 or np.any(~np.isfinite(a)) or np.any(a <= 1.0):
+        raise ValueError("orders: every Rényi order must be a finite number > 1")
+    up = np.maximum(np.ceil(a), 2.0)
+    uniq, inverse = np.unique(up, return_inverse=True)
+    rdp = _rdp_cached(g, sigma, uniq.tobytes())
+    return np.asarray(rdp[inverse.reshape(-1)], dtype=np.float64)
 
 
 def wor_gaussian_epsilon(
