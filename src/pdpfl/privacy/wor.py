@@ -376,7 +376,11 @@ def wor_gaussian_epsilon_lower_bound(
 ) -> float:
     """The largest ε (to ``xtol``, rounded down) at which the lower bound still exceeds δ.
 
-    Every accountant that reports an ε below this value at the same δ under-reports.
+    Every accountant that reports an ε below this value at the same δ under-reports. Never a
+    false 0: 0.0 is returned only when it is the truth (no sampling, no steps, or the rigorous
+    upper bound's δ(0) is already ≤ δ); when the discretization is too coarse to certify any
+    ε > 0 (rounding loses up to ``steps·bin_width`` nats), a ValueError naming ``bin_width``
+    says so.
     """
     d = float(delta)
     if not (0.0 < d < 1.0):
@@ -390,7 +394,18 @@ def wor_gaussian_epsilon_lower_bound(
         return float(gdp_epsilon(math.sqrt(t) / sigma, d))
     curves = _lower_bound_curves(g, sigma, t, float(bin_width), int(cells))
     if _hockey_stick(curves, 0.0) <= d:
-        return 0.0
+        # The discretized pairs certify no ε > 0. That is the truth only if the mechanism's
+        # δ(0) (its total variation) is at most δ, which the rigorous upper bound can show;
+        # otherwise the rounding (up to steps·bin_width nats of privacy loss) swallowed the
+        # bound, and 0 would be a false lower bound.
+        if wor_gaussian_delta(g, sigma, t, 0.0) <= d:
+            return 0.0
+        raise ValueError(
+            f"bin_width: the discretized lower bound certifies no ε > 0 here (rounding can lose "
+            f"up to steps·bin_width = {t * float(bin_width):.3g} nats of privacy loss over "
+            f"{t} steps, while the upper bound's δ(0) exceeds δ = {d:g}); use a smaller "
+            "bin_width or fewer steps"
+        )
     lo, hi = 0.0, max(float(c[1][-1]) for c in curves)
     while hi - lo > xtol:
         mid = 0.5 * (lo + hi)
