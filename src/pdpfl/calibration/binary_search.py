@@ -23,7 +23,6 @@ from pdpfl.calibration._accounting import (
     plan_to_dict,
 )
 from pdpfl.privacy.accountant import as_accountant_name
-from pdpfl.privacy.orders import DEFAULT_ORDERS
 from pdpfl.privacy.plan import TrainingPlan
 
 
@@ -88,7 +87,7 @@ class BinarySearchEstimator:
             accountant=as_accountant_name(accountant),
         )
 
-    def rates(self, budgets: np.ndarray, orders: np.ndarray = DEFAULT_ORDERS) -> np.ndarray:
+    def rates(self, budgets: np.ndarray, orders: np.ndarray | None = None) -> np.ndarray:
         b = np.asarray(budgets, dtype=np.float64)
         distinct, inverse = np.unique(b, return_inverse=True)
 

@@ -28,7 +28,6 @@ from pdpfl.calibration._accounting import (
     plan_to_dict,
 )
 from pdpfl.privacy.accountant import as_accountant_name
-from pdpfl.privacy.orders import DEFAULT_ORDERS
 from pdpfl.privacy.plan import TrainingPlan
 
 #: Default candidate list Π of sampling probabilities (Alg. 2 line 2).
@@ -60,7 +59,7 @@ class SCFEstimator:
         adversary: str = "third-party",
         *,
         q_candidates: np.ndarray | None = None,
-        orders: np.ndarray = DEFAULT_ORDERS,
+        orders: np.ndarray | None = None,
         accountant: str = "rdp",
     ) -> SCFEstimator:
         """Run Stage I (simulation) and Stage II (curve fitting)."""

@@ -6,6 +6,11 @@
   own rate q (IDP-FedAvg clients, ULDP-FL users), accounted against third parties.
 
 ``--accountant rdp`` (default) or ``pld`` (privacy-loss distributions; prints both bounds).
+
+Orders: without ``--orders`` ε is minimized over pdpfl's default orders with a continuous
+refinement of the best one; ``--orders 2 3 4`` are honoured exactly (the minimum over exactly
+those orders, so integer-order numbers of Opacus, dp-accounting or a paper's code are
+reproduced). ``--refine`` / ``--no-refine`` sets the refinement explicitly.
 """
 
 from __future__ import annotations
@@ -54,7 +59,13 @@ def account(
     participations: int | None = typer.Option(
         None, "--participations", help="k ≤ T rounds the client took part in (server)."
     ),
-    orders: list[str] = typer.Option(None, "--orders", help="Rényi orders > 1 (default grid)."),
+    orders: list[str] = typer.Option(
+        None, "--orders", help="Rényi orders > 1, used exactly (default: pdpfl's grid, refined)."
+    ),
+    refine: bool | None = typer.Option(
+        None, "--refine/--no-refine",
+        help="Refine the best order continuously (default: only without --orders).",
+    ),
     unit: str = typer.Option(
         "record", "--unit", help="record (rPDP-FL) | client (IDP-FedAvg) | user (ULDP-FL)."
     ),
@@ -121,6 +132,7 @@ def account(
         a = check_orders(_floats(orders, "--orders")) if orders else DEFAULT_ORDERS
     except ValueError:
         fail("--orders: every Rényi order must be a finite number > 1")
+    refined = (not orders) if refine is None else bool(refine)
 
     observers = ("third-party", "server") if adv.value == "both" else (adv.value,)
     n = rates.size
@@ -133,13 +145,17 @@ def account(
     if acc == "pld":
         from pdpfl.privacy.accountant import make_accountant
 
-        pld = make_accountant("pld", rate_grid_rel_step=0.0, rdp_orders=a)  # exact rates
+        pld = make_accountant(  # exact rates
+            "pld", rate_grid_rel_step=0.0, rdp_orders=a, rdp_refine=refined
+        )
     for obs in observers:
         if unit_ is PrivacyUnit.RECORD and obs == "server" and mech.rounds is not None:
             k = mech.rounds if participations is None else participations
         else:
             k = mech.planned_rounds
-        e_r, o_r = mechanism_epsilon(mech, rates, obs, k, accountant="rdp", orders=a)
+        e_r, o_r = mechanism_epsilon(
+            mech, rates, obs, k, accountant="rdp", orders=a, refine=refined
+        )
         e = e_r
         if pld is not None:
             raw, h = pld.pld_epsilon(mech.round_event(rates, obs), k, delta)
@@ -166,6 +182,7 @@ def account(
         "client_rate": client_rate,
         "participations": participations,
         "n_orders": int(np.size(a)),
+        "refine": refined,
     }
     if as_json:
         out = {
