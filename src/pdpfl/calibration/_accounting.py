@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike
 
-from pdpfl.privacy.accountant import as_accountant_name
+from pdpfl.privacy.registry import as_accountant_name
 from pdpfl.privacy.adversary import (
     Adversary,
     as_adversary,  # re-exported for the calibrators

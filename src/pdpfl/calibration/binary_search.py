@@ -22,7 +22,8 @@ from pdpfl.calibration._accounting import (
     plan_from_dict,
     plan_to_dict,
 )
-from pdpfl.privacy.accountant import as_accountant_name
+from pdpfl.calibration.estimator import EstimatorDetails
+from pdpfl.privacy.registry import as_accountant_name
 from pdpfl.privacy.plan import TrainingPlan
 
 
@@ -96,6 +97,18 @@ class BinarySearchEstimator:
 
         q = bisect_rates(distinct, eps_of, q_tol=self.q_tol, eps_tol=self.eps_tol)
         return q[inverse].reshape(b.shape)
+
+    def rates_and_spent(self, budgets: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """Rates (:meth:`rates`); the spent ε is evaluated by the caller (None)."""
+        return self.rates(budgets), None
+
+    def report_details(self) -> EstimatorDetails:
+        """ε at the search's resolution q_tol (the smallest positive rate it returns)."""
+        min_eps = float(
+            exact_epsilon(np.array([self.q_tol]), self.plan, self.adversary,
+                          accountant=self.accountant)[0]
+        )
+        return EstimatorDetails(min_eps, None, {"q_tol": self.q_tol, "eps_tol": self.eps_tol})
 
     def to_dict(self) -> dict[str, Any]:
         return {

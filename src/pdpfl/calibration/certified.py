@@ -40,7 +40,8 @@ from pdpfl.calibration._accounting import (
     plan_from_dict,
     plan_to_dict,
 )
-from pdpfl.privacy.accountant import as_accountant_name
+from pdpfl.calibration.estimator import EstimatorDetails
+from pdpfl.privacy.registry import as_accountant_name
 from pdpfl.privacy.plan import TrainingPlan
 
 _CACHE_SIZE = 16
@@ -163,6 +164,12 @@ class CertifiedEstimator:
         safe = np.maximum(idx, 0)
         chosen = idx >= 0
         return np.where(chosen, self.q_grid[safe], 0.0), np.where(chosen, self.eps_exact[safe], 0.0)
+
+    def report_details(self) -> EstimatorDetails:
+        """The plan's range on the grid and the grid size."""
+        return EstimatorDetails(
+            self.min_epsilon, self.max_epsilon, {"grid_points": int(self.q_grid.size)}
+        )
 
     def verify(self, orders: np.ndarray | None = None) -> bool:
         """Re-evaluate the exact ε on the grid: True if every certified value bounds it.

@@ -7,7 +7,7 @@ report R². Estimator (line 8): F(ε) = f⁻¹(ε) = (ln(ε − c) − b) / a cl
 0 < ε < ε*(1), and 1 for ε ≥ ε*(1).
 
 The fit is **not** checked against the exact bound: F can hand a record a rate whose exact ε is
-above its budget. :func:`pdpfl.calibrate.calibrate` measures and reports those records
+above its budget. :func:`pdpfl.calibration.calibrate` measures and reports those records
 (``over_budget``); prefer the ``certified`` method unless reproducing the paper.
 """
 
@@ -27,7 +27,8 @@ from pdpfl.calibration._accounting import (
     plan_from_dict,
     plan_to_dict,
 )
-from pdpfl.privacy.accountant import as_accountant_name
+from pdpfl.calibration.estimator import EstimatorDetails
+from pdpfl.privacy.registry import as_accountant_name
 from pdpfl.privacy.plan import TrainingPlan
 
 #: Default candidate list Π of sampling probabilities (Alg. 2 line 2).
@@ -93,6 +94,19 @@ class SCFEstimator:
         q = np.where(np.isfinite(q), q, 0.0)
         q = np.clip(q, 0.0, 1.0)
         return np.where(e >= self.eps_at_one, 1.0, q)
+
+    def rates_and_spent(self, budgets: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """Rates (:meth:`rates`); the spent ε is not known without the accountant (None)."""
+        return self.rates(budgets), None
+
+    def report_details(self) -> EstimatorDetails:
+        """ε at q = 1 and the fit (a, b, c, R²); F clips to [0, 1], so q = 0 is no error."""
+        return EstimatorDetails(
+            None,
+            self.eps_at_one,
+            {"a": self.a, "b": self.b, "c": self.c, "r2": self.r2},
+            zero_means_infeasible=False,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -75,7 +75,7 @@ def calibrate_command(
     import numpy as np
 
     from pdpfl.budgets import assign_budgets, load_budgets, make_scenario
-    from pdpfl.calibrate import calibrate, noise_for_max_budget
+    from pdpfl.calibration import calibrate, noise_for_max_budget
     from pdpfl.io import save_npy
     from pdpfl.seeding import numpy_generator
 
