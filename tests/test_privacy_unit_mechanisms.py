@@ -14,6 +14,8 @@ import math
 import numpy as np
 import pytest
 
+# the algorithm's own (to be retired) accounting, the reference these numbers must reproduce
+from pdpfl.fl.prifedsync import ClientMechanism  # noqa: E402  (fl/ import in a test only)
 from pdpfl.privacy import (
     Composed,
     GaussianMechanism,
@@ -36,9 +38,6 @@ from pdpfl.privacy.gdp_clt import GdpCltAccountant
 from pdpfl.privacy.group import group_epsilon_dp, group_epsilon_from_rdp
 from pdpfl.privacy.rdp import poisson_gaussian_rdp
 from pdpfl.privacy.wor import WOR_ORDERS, wor_gaussian_epsilon_lower_bound
-
-# the algorithm's own (to be retired) accounting, the reference these numbers must reproduce
-from pdpfl.fl.prifedsync import ClientMechanism  # noqa: E402  (fl/ import in a test only)
 
 GRID = [
     (sampler, b, n, sigma, k, rounds)

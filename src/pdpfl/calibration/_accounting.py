@@ -14,12 +14,12 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike
 
-from pdpfl.privacy.registry import as_accountant_name
 from pdpfl.privacy.adversary import (
     Adversary,
     as_adversary,  # re-exported for the calibrators
 )
 from pdpfl.privacy.plan import TrainingPlan
+from pdpfl.privacy.registry import as_accountant_name
 from pdpfl.privacy.two_stage import plan_epsilon
 
 #: Relative inflation applied to ε before comparing it with a budget, so that a rate accepted

@@ -23,8 +23,8 @@ from pdpfl.calibration._accounting import (
     plan_to_dict,
 )
 from pdpfl.calibration.estimator import EstimatorDetails
-from pdpfl.privacy.registry import as_accountant_name
 from pdpfl.privacy.plan import TrainingPlan
+from pdpfl.privacy.registry import as_accountant_name
 
 
 def bisect_rates(

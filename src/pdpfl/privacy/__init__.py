@@ -16,10 +16,10 @@ registry; imports point one way: no module of this package imports the package i
 
 from pdpfl.privacy import pld as _pld  # noqa: F401 (registers the "pld" accountant)
 from pdpfl.privacy.accountant import RdpAccountant, mechanism_epsilon
-from pdpfl.privacy.gdp_clt import GdpCltAccountant
 from pdpfl.privacy.adversary import Adversary
 from pdpfl.privacy.conversion import rdp_to_delta, rdp_to_epsilon
 from pdpfl.privacy.gdp import compose_gdp, gaussian_tradeoff, gdp_delta, gdp_epsilon
+from pdpfl.privacy.gdp_clt import GdpCltAccountant
 from pdpfl.privacy.mechanisms import (
     Composed,
     GaussianMechanism,

@@ -285,7 +285,8 @@ def plan_event(
     ``plan.total_event(rates, adversary, rounds=k)``, i.e. the plan's round event
     (:meth:`~pdpfl.privacy.plan.TrainingPlan.round_event`) composed over the charged rounds:
 
-    * centralized (``rounds is None``): ``Composed(Composed(PoissonSampled(q, Gaussian(σ)), τ), 1)``;
+    * centralized (``rounds is None``):
+      ``Composed(Composed(PoissonSampled(q, Gaussian(σ)), τ), 1)``;
     * third-party (rPDP-FL Theorem 1):
       ``Composed(TwoStageRound(λ, Composed(PoissonSampled(q, Gaussian(σ)), τ)), T)``;
     * server (Type I, no λ amplification):
@@ -315,7 +316,7 @@ def plan_event(
     k = int(rounds)
     if participations is not None:
         p: Any = participations
-        if isinstance(p, bool) or not isinstance(p, numbers.Integral) or not 0 <= p <= k:
+        if isinstance(p, bool) or not isinstance(p, numbers.Integral) or not 0 <= int(p) <= k:
             raise ValueError(f"participations: must be an integer in [0, rounds={rounds}]")
         if adv is not Adversary.THIRD_PARTY:
             k = int(p)

@@ -74,7 +74,9 @@ class TrainingPlan:
             raise ValueError(f"steps: must be an integer >= 1, got {steps}")
         rounds = None if self.rounds is None else _int(self.rounds, "rounds")
         if rounds is not None and rounds < 1:
-            raise ValueError(f"rounds: must be an integer >= 1 (none: centralized DP-SGD), got {rounds}")
+            raise ValueError(
+                f"rounds: must be an integer >= 1 (none: centralized DP-SGD), got {rounds}"
+            )
         lam = _real(self.client_rate, "client_rate")
         if not (0.0 < lam <= 1.0):
             raise ValueError(f"client_rate: must be in (0, 1], got {lam}")
@@ -150,5 +152,5 @@ def _int(value: object, name: str) -> int:
     if isinstance(value, numbers.Integral):
         return int(value)
     if isinstance(value, numbers.Real) and float(value).is_integer():
-        return int(value)
+        return int(float(value))
     raise ValueError(f"{name}: expected an integer, got {value!r}")

@@ -202,6 +202,10 @@ class PldAccountant:
         raise self._unsupported(event)
 
     def _unsupported(self, event: Mechanism) -> ValueError:
+        return self._unsupported_static(event)
+
+    @staticmethod
+    def _unsupported_static(event: Mechanism) -> ValueError:
         kind = "Sequence" if isinstance(event, Sequence) else outline(event, 1)
         return ValueError(
             f"PldAccountant cannot interpret {kind}: supported are GaussianMechanism, "
@@ -209,14 +213,16 @@ class PldAccountant:
         )
 
     @staticmethod
-    def _signature(event: Mechanism) -> tuple:
+    def _signature(event: Mechanism) -> tuple[Any, ...]:
         if isinstance(event, GaussianMechanism):
             return ("G", event.noise_multiplier)
         if isinstance(event, PoissonSampled):
             return ("P", PldAccountant._signature(event.inner))
         if isinstance(event, Composed):
             return ("C", event.count, PldAccountant._signature(event.inner))
-        return ("T", event.client_rate, PldAccountant._signature(event.local))
+        if isinstance(event, TwoStageRound):
+            return ("T", event.client_rate, PldAccountant._signature(event.local))
+        raise PldAccountant._unsupported_static(event)
 
     # -------------------------------------------------------------------------- ε
     def epsilon(self, event: Mechanism, delta: float) -> tuple[np.ndarray, np.ndarray]:
@@ -260,7 +266,7 @@ class PldAccountant:
         sig = self._signature(event)
         eps = np.zeros(n)
         interval = np.full(n, np.nan)
-        pairs = {}
+        pairs: dict[tuple[float, int], list[int]] = {}
         for i in range(n):
             if k[i] == 0 or q_up[i] == 0.0:
                 continue
@@ -318,9 +324,10 @@ class PldAccountant:
                 event.noise_multiplier, value_discretization_interval=interval
             ), 0.0
         if isinstance(event, PoissonSampled):
-            q = float(event.rate)
+            q = float(event.rate)  # a scalar-rate event here
             if q == 0.0:
                 return pldlib.identity(interval), 0.0
+            assert isinstance(event.inner, GaussianMechanism)
             return pldlib.from_gaussian_mechanism(
                 event.inner.noise_multiplier,
                 value_discretization_interval=interval,
@@ -379,6 +386,7 @@ def _mu2(event: Mechanism) -> float:
     if isinstance(event, GaussianMechanism):
         return 1.0 / event.noise_multiplier**2
     if isinstance(event, PoissonSampled):
+        assert isinstance(event.inner, GaussianMechanism)
         q, sigma = float(event.rate), event.inner.noise_multiplier
         if q == 1.0:
             return 1.0 / sigma**2

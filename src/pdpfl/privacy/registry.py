@@ -49,7 +49,11 @@ class Accountant(Protocol):
     """
 
     name: str
-    approximate: bool
+
+    @property
+    def approximate(self) -> bool:
+        """True if ε is an approximation (label it), False if every ε is an upper bound."""
+        ...
 
     def supports(self, event: Mechanism) -> bool:
         """True if :meth:`composed_epsilon` can interpret ``event``."""

@@ -37,7 +37,7 @@ from typing import ClassVar, Literal, Protocol, runtime_checkable
 import numpy as np
 from numpy.typing import ArrayLike
 
-from pdpfl.privacy.adversary import Adversary, as_adversary
+from pdpfl.privacy.adversary import as_adversary
 from pdpfl.privacy.mechanisms import (
     GROUP_CONVERSIONS,
     Composed,
@@ -89,8 +89,20 @@ def as_unit(value: PrivacyUnit | str) -> PrivacyUnit:
 class UnitMechanism(Protocol):
     """One algorithm's mechanism as seen by its privacy unit, round by round."""
 
-    unit: PrivacyUnit
-    delta: float
+    @property
+    def unit(self) -> str:
+        """The :class:`PrivacyUnit` (a ``str``: ``record``, ``client``, ``user``)."""
+        ...
+
+    @property
+    def delta(self) -> float:
+        """δ of every ε this mechanism is accounted at."""
+        ...
+
+    @property
+    def noise_multiplier(self) -> float:
+        """σ (what :meth:`with_noise` replaces)."""
+        ...
 
     @property
     def planned_rounds(self) -> int:

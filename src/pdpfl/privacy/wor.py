@@ -98,7 +98,9 @@ def _check_sigma(noise_multiplier: float) -> float:
     try:
         s = float(noise_multiplier)
     except (TypeError, ValueError):
-        raise ValueError(f"noise_multiplier: expected a number > 0, got {noise_multiplier!r}") from None
+        raise ValueError(
+            f"noise_multiplier: expected a number > 0, got {noise_multiplier!r}"
+        ) from None
     if not (math.isfinite(s) and s > 0):
         raise ValueError(f"noise_multiplier: must be a finite number > 0, got {noise_multiplier!r}")
     return s
