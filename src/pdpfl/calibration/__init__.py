@@ -6,7 +6,8 @@ The public API (re-exported here, as ``dp_accounting/__init__.py`` does; import 
 * budgets → rates (rPDP-FL §6): :func:`calibrate`, :func:`fit_estimator`,
   :func:`estimator_from_dict`, the :class:`RateEstimator` protocol and its methods
   :class:`CertifiedEstimator` (default; no record over budget), :class:`SCFEstimator`
-  (rPDP-FL Algorithm 2), :class:`BinarySearchEstimator` (Boenisch et al.), :data:`METHODS`,
+  (rPDP-FL Algorithm 2, pdpfl's variant), :class:`PaperSCFEstimator` (Algorithm 2 as the
+  reference code ran it), :class:`BinarySearchEstimator` (Boenisch et al.), :data:`METHODS`,
   :class:`CalibrationResult`, :class:`CalibrationReport`, :class:`InfeasibleBudgetError`;
 * parameters → ε: :func:`calibrate_parameter` (one entry point, continuous σ or integer
   steps), :func:`noise_for_epsilon`, :func:`steps_for_epsilon`, :class:`InfeasibleTargetError`;
@@ -41,7 +42,7 @@ from pdpfl.calibration.rates import (
     estimator_from_dict,
     fit_estimator,
 )
-from pdpfl.calibration.scf import SCFEstimator
+from pdpfl.calibration.scf import PaperSCFEstimator, SCFEstimator
 
 __all__ = [
     "METHODS",
@@ -52,6 +53,7 @@ __all__ = [
     "EstimatorDetails",
     "InfeasibleBudgetError",
     "InfeasibleTargetError",
+    "PaperSCFEstimator",
     "RateEstimator",
     "SCFEstimator",
     "calibrate",

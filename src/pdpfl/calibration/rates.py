@@ -8,7 +8,11 @@ most ε_i. The methods share one interface (:class:`~pdpfl.calibration.estimator
     Exact ε on a fine monotone rate grid, largest grid rate within budget. **No record can
     exceed its budget**; resolution documented in :mod:`pdpfl.calibration.certified`.
 ``scf``
-    rPDP-FL Algorithm 2 (exp(a·q+b)+c fit), faithful; can overspend -- the report counts it.
+    rPDP-FL Algorithm 2 (exp(a·q+b)+c fit), pdpfl's variant; can overspend -- the report counts
+    it.
+``scf-paper``
+    rPDP-FL Algorithm 2 exactly as the reference code ran it (integer orders 2…994, its
+    simulation grid and fit initialisation); can overspend.
 ``binary-search``
     Boenisch et al. "Sample": bisection per distinct budget with the exact accountant.
 
@@ -43,7 +47,7 @@ from pdpfl.calibration._accounting import as_adversary, as_training_plan, exact_
 from pdpfl.calibration.binary_search import BinarySearchEstimator
 from pdpfl.calibration.certified import CertifiedEstimator
 from pdpfl.calibration.estimator import RateEstimator
-from pdpfl.calibration.scf import SCFEstimator
+from pdpfl.calibration.scf import PaperSCFEstimator, SCFEstimator
 from pdpfl.privacy.plan import TrainingPlan
 from pdpfl.privacy.registry import as_accountant_name
 
@@ -62,6 +66,7 @@ __all__ = [
 METHODS: dict[str, Any] = {
     "certified": CertifiedEstimator,
     "scf": SCFEstimator,
+    "scf-paper": PaperSCFEstimator,
     "binary-search": BinarySearchEstimator,
 }
 

@@ -78,7 +78,7 @@ def calibrate_command(
     ] = "third-party",
     method: Annotated[
         str,
-        typer.Option("--method", help="certified | scf | binary-search."),
+        typer.Option("--method", help="certified | scf | scf-paper | binary-search."),
     ] = "certified",
     unit: Annotated[
         str,
