@@ -205,3 +205,9 @@ def test_group_plan_charges_users_through_mechanism_epsilon() -> None:
     assert plan.unit.value == "user" and plan.charged_on("server") == "active"
     with pytest.raises(ValueError, match="group_conversion"):
         GroupPlan(SIGMA, 20, DELTA, 100, group_size=5, conversion="lemma")  # type: ignore[arg-type]
+
+
+def test_gdp_clt_rejects_options_it_does_not_have() -> None:
+    plan = LocalStepsPlan("wor", 1.0, 5, 1e-5, 3)
+    with pytest.raises(ValueError, match="gdp-clt takes no options"):
+        mechanism_epsilon(plan, [0.1], "server", accountant="gdp-clt", orders=[2.0, 3.0])

@@ -127,4 +127,12 @@ def _rows(event: Mechanism) -> int:
     return 1
 
 
-register_accountant("gdp-clt", GdpCltAccountant)
+def _factory(**options: object) -> GdpCltAccountant:
+    if options:
+        raise ValueError(
+            f"accountant: gdp-clt takes no options (it has no orders), got {sorted(options)}"
+        )
+    return GdpCltAccountant()
+
+
+register_accountant("gdp-clt", _factory)
