@@ -22,7 +22,7 @@ import time
 import numpy as np
 
 from pdpfl.budgets import BoundedMixGauss
-from pdpfl.calibrate import calibrate, noise_for_max_budget
+from pdpfl.calibration import calibrate, noise_for_max_budget
 from pdpfl.calibration.certified import _CACHE, CertifiedEstimator
 from pdpfl.privacy.plan import TrainingPlan
 

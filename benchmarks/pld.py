@@ -35,7 +35,7 @@ import time
 
 import numpy as np
 
-from pdpfl.calibrate import noise_for_max_budget
+from pdpfl.calibration import noise_for_max_budget
 from pdpfl.calibration.certified import _CACHE, CertifiedEstimator
 from pdpfl.privacy.accountant import RdpAccountant, mechanism_epsilon
 from pdpfl.privacy.orders import DEFAULT_ORDERS

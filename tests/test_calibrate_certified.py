@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pdpfl.calibrate import (
+from pdpfl.calibration import (
     CertifiedEstimator,
     InfeasibleBudgetError,
     calibrate,

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from pdpfl.budgets import BoundedMixGauss
-from pdpfl.calibrate import (
+from pdpfl.calibration import (
     BinarySearchEstimator,
     CertifiedEstimator,
     SCFEstimator,

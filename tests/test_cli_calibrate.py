@@ -155,7 +155,7 @@ def test_bad_options_exit_2(extra: list[str], match: str) -> None:
 
 
 def test_client_unit_and_pld_accountant(tmp_path) -> None:
-    from pdpfl.calibrate import calibrate
+    from pdpfl.calibration import calibrate
     from pdpfl.privacy.unit import PrivacyUnit, SampledGaussianPlan
 
     budgets = tmp_path / "b.npy"

@@ -33,7 +33,7 @@ def test_rpdp_sgd_learns_and_reports_per_class_and_per_group():
 
     def calibrator(eps):
         calls.append(eps.copy())
-        return np.where(eps > 2, 0.3, 0.1)  # stand-in for pdpfl.calibrate.calibrate
+        return np.where(eps > 2, 0.3, 0.1)  # stand-in for pdpfl.calibration.calibrate
 
     torch.manual_seed(0)
     res = train_rpdp_sgd(
@@ -170,7 +170,7 @@ def test_squared_norm_budgets_formula_and_errors():
 
 def test_rpdp_sgd_with_the_certified_calibrator_honours_every_budget():
     """Centralized rPDP-SGD wired to the real calibrator: every record's exact ε ≤ its budget."""
-    from pdpfl.calibrate import calibrate
+    from pdpfl.calibration import calibrate
     from pdpfl.privacy import TrainingPlan, plan_epsilon
 
     x, y = _blobs(400, seed=4)

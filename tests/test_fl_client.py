@@ -136,7 +136,7 @@ def test_public_weight_scales_the_released_update() -> None:
 
 
 def test_personalized_silo_refuses_infeasible_budgets_unless_excluded() -> None:
-    from pdpfl.calibrate import fit_estimator
+    from pdpfl.calibration import fit_estimator
     from pdpfl.privacy.plan import TrainingPlan
 
     plan = TrainingPlan(noise_multiplier=0.5, delta=1e-5, steps=3, rounds=6, client_rate=1.0)

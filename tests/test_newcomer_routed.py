@@ -64,7 +64,7 @@ def test_calibrate_warns_when_records_are_over_budget() -> None:
 
 def _quick_start():
     from pdpfl.budgets import assign_budgets, make_scenario
-    from pdpfl.calibrate import calibrate, noise_for_max_budget
+    from pdpfl.calibration import calibrate, noise_for_max_budget
     from pdpfl.privacy import plan_epsilon
     from pdpfl.privacy.plan import TrainingPlan
     from pdpfl.seeding import numpy_generator

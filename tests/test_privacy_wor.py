@@ -157,3 +157,27 @@ def test_full_batch_lower_bound_is_exact_gdp() -> None:
 def test_bad_input_names_the_field(call, field) -> None:
     with pytest.raises(ValueError, match=field):
         call()
+
+
+@pytest.mark.slow
+def test_lower_bound_is_never_a_false_zero_issue_case() -> None:
+    # Issue #24 (5): n = 60000, B = 256, σ = 1.1, T = 2000 returned 0.0 where a valid lower
+    # bound is >= 0.85: rounding each step's privacy loss down by up to bin_width swallowed
+    # T·bin_width = 2 nats. The function now says so instead of reporting a false 0.
+    with pytest.raises(ValueError, match="bin_width"):
+        wor_gaussian_epsilon_lower_bound(256 / 60000, 1.1, 2000, 1e-5)
+
+
+def test_lower_bound_is_never_a_false_zero() -> None:
+    # The same failure, cheaper: 100 steps at bin_width 2e-2 return 0.0 on main, while a finer
+    # discretization certifies ε >= 0.16.
+    gamma = 256 / 60000
+    with pytest.raises(ValueError, match="bin_width"):
+        wor_gaussian_epsilon_lower_bound(gamma, 1.1, 100, 1e-5, bin_width=2e-2, cells=10_000)
+    fine = wor_gaussian_epsilon_lower_bound(gamma, 1.1, 100, 1e-5, bin_width=1e-3, cells=10_000)
+    assert fine > 0.16
+    # a true 0 stays 0: no sampling, no steps, or δ above the mechanism's δ(0)
+    assert wor_gaussian_epsilon_lower_bound(0.0, 1.1, 2000, 1e-5) == 0.0
+    assert wor_gaussian_epsilon_lower_bound(0.1, 1.1, 0, 1e-5) == 0.0
+    assert wor_gaussian_delta(0.01, 50.0, 1, 0.0) <= 0.5
+    assert wor_gaussian_epsilon_lower_bound(0.01, 50.0, 1, 0.5, cells=20_000) == 0.0

@@ -198,7 +198,10 @@ class PrivacyConfig(_Section):
         description="observer(s) the budgets are enforced against: the coordinating server "
         "(sees who took part), third parties (see the models), or both (default)",
     )
-    calibration: Literal["certified", "scf", "binary-search"] = "certified"
+    calibration: Literal["certified", "scf", "scf-paper", "binary-search"] = Field(
+        "certified", description="ε → q: certified (exact on a grid, default), scf (pdpfl's "
+        "curve fit), scf-paper (rPDP-FL's SCF as its reference code ran it), binary-search"
+    )
     accountant: Literal["rdp", "pld"] = Field(
         "rdp",
         description="accountant of the calibration and the silo ledgers: rdp (Rényi DP, optimal "

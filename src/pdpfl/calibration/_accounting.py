@@ -12,14 +12,14 @@ import dataclasses
 from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
-from pdpfl.privacy.accountant import as_accountant_name
 from pdpfl.privacy.adversary import (
     Adversary,
     as_adversary,  # re-exported for the calibrators
 )
-from pdpfl.privacy.orders import DEFAULT_ORDERS
 from pdpfl.privacy.plan import TrainingPlan
+from pdpfl.privacy.registry import as_accountant_name
 from pdpfl.privacy.two_stage import plan_epsilon
 
 #: Relative inflation applied to ε before comparing it with a budget, so that a rate accepted
@@ -35,10 +35,14 @@ def exact_epsilon(
     rates: np.ndarray,
     plan: TrainingPlan,
     adversary: str | Adversary = "third-party",
-    orders: np.ndarray = DEFAULT_ORDERS,
+    orders: ArrayLike | None = None,
     accountant: str = "rdp",
 ) -> np.ndarray:
-    """ε of the whole plan (before training, k = T participations) for each sampling rate."""
+    """ε of the whole plan (before training, k = T participations) for each sampling rate.
+
+    Without ``orders``: the default grid with the continuous refinement of the optimal order;
+    ``orders`` given are honoured exactly (the minimum over exactly those orders).
+    """
     q = np.asarray(rates, dtype=np.float64).ravel()
     adv = as_adversary(adversary)
     acc = as_accountant_name(accountant)

@@ -22,9 +22,9 @@ from pdpfl.calibration._accounting import (
     plan_from_dict,
     plan_to_dict,
 )
-from pdpfl.privacy.accountant import as_accountant_name
-from pdpfl.privacy.orders import DEFAULT_ORDERS
+from pdpfl.calibration.estimator import EstimatorDetails
 from pdpfl.privacy.plan import TrainingPlan
+from pdpfl.privacy.registry import as_accountant_name
 
 
 def bisect_rates(
@@ -88,7 +88,7 @@ class BinarySearchEstimator:
             accountant=as_accountant_name(accountant),
         )
 
-    def rates(self, budgets: np.ndarray, orders: np.ndarray = DEFAULT_ORDERS) -> np.ndarray:
+    def rates(self, budgets: np.ndarray, orders: np.ndarray | None = None) -> np.ndarray:
         b = np.asarray(budgets, dtype=np.float64)
         distinct, inverse = np.unique(b, return_inverse=True)
 
@@ -97,6 +97,18 @@ class BinarySearchEstimator:
 
         q = bisect_rates(distinct, eps_of, q_tol=self.q_tol, eps_tol=self.eps_tol)
         return q[inverse].reshape(b.shape)
+
+    def rates_and_spent(self, budgets: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """Rates (:meth:`rates`); the spent ε is evaluated by the caller (None)."""
+        return self.rates(budgets), None
+
+    def report_details(self) -> EstimatorDetails:
+        """ε at the search's resolution q_tol (the smallest positive rate it returns)."""
+        min_eps = float(
+            exact_epsilon(np.array([self.q_tol]), self.plan, self.adversary,
+                          accountant=self.accountant)[0]
+        )
+        return EstimatorDetails(min_eps, None, {"q_tol": self.q_tol, "eps_tol": self.eps_tol})
 
     def to_dict(self) -> dict[str, Any]:
         return {

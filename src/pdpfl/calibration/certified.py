@@ -40,9 +40,9 @@ from pdpfl.calibration._accounting import (
     plan_from_dict,
     plan_to_dict,
 )
-from pdpfl.privacy.accountant import as_accountant_name
-from pdpfl.privacy.orders import DEFAULT_ORDERS
+from pdpfl.calibration.estimator import EstimatorDetails
 from pdpfl.privacy.plan import TrainingPlan
+from pdpfl.privacy.registry import as_accountant_name
 
 _CACHE_SIZE = 16
 _CACHE: dict[tuple, CertifiedEstimator] = {}
@@ -96,7 +96,7 @@ class CertifiedEstimator:
         q_min: float = 1e-6,
         rel_step: float = 0.01,
         abs_step: float = 1e-3,
-        orders: np.ndarray = DEFAULT_ORDERS,
+        orders: np.ndarray | None = None,
         accountant: str = "rdp",
     ) -> CertifiedEstimator:
         """Evaluate the exact accountant once on the grid and build the estimator.
@@ -108,10 +108,9 @@ class CertifiedEstimator:
         """
         adv = as_adversary(adversary).value
         acc = as_accountant_name(accountant)
-        orders_arr = np.asarray(orders, dtype=np.float64)
-        key = (
-            plan, adv, float(q_min), float(rel_step), float(abs_step), orders_arr.tobytes(), acc
-        )
+        orders_arr = None if orders is None else np.asarray(orders, dtype=np.float64)
+        orders_key = None if orders_arr is None else orders_arr.tobytes()
+        key = (plan, adv, float(q_min), float(rel_step), float(abs_step), orders_key, acc)
         cached = _CACHE.get(key)
         if cached is not None:
             return cached
@@ -166,7 +165,13 @@ class CertifiedEstimator:
         chosen = idx >= 0
         return np.where(chosen, self.q_grid[safe], 0.0), np.where(chosen, self.eps_exact[safe], 0.0)
 
-    def verify(self, orders: np.ndarray = DEFAULT_ORDERS) -> bool:
+    def report_details(self) -> EstimatorDetails:
+        """The plan's range on the grid and the grid size."""
+        return EstimatorDetails(
+            self.min_epsilon, self.max_epsilon, {"grid_points": int(self.q_grid.size)}
+        )
+
+    def verify(self, orders: np.ndarray | None = None) -> bool:
         """Re-evaluate the exact ε on the grid: True if every certified value bounds it.
 
         A silo that does not trust the published estimator can call this once (it costs one

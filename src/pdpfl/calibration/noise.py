@@ -2,8 +2,8 @@
 
 All three take a *template* :class:`~pdpfl.privacy.plan.TrainingPlan` whose
 ``noise_multiplier`` is ignored (δ, τ, T, λ are used) and return σ such that the exact
-accountant's ε is at most the target (:func:`pdpfl.privacy.search.find_noise_multiplier`,
-verified here before returning).
+accountant's ε is at most the target (:func:`pdpfl.calibration.parameter.calibrate_parameter`,
+which re-checks its result before returning).
 
 (a) :func:`noise_for_max_budget` -- rPDP-FL: σ such that a record sampled with q = 1 spends
     exactly ε_max, so the least private record is used at every step.
@@ -22,8 +22,13 @@ import numpy as np
 
 from pdpfl.calibration._accounting import as_adversary, as_training_plan, exact_epsilon
 from pdpfl.calibration.binary_search import bisect_rates
+from pdpfl.calibration.parameter import (
+    NOISE_BRACKET,
+    NOISE_LIMITS,
+    NOISE_TOLERANCE,
+    calibrate_parameter,
+)
 from pdpfl.privacy.plan import TrainingPlan
-from pdpfl.privacy.search import find_noise_multiplier
 
 
 def _check_eps(value: float, name: str) -> float:
@@ -48,7 +53,11 @@ def noise_for_uniform_rate(
     *,
     accountant: str = "rdp",
 ) -> float:
-    """(b) Smallest σ (to the search's tolerance) with ε(plan, q = ``rate``) ≤ ``epsilon``."""
+    """(b) Smallest σ (to relative 1e-4, rounded up) with ε(plan, q = ``rate``) ≤ ``epsilon``.
+
+    :func:`pdpfl.calibration.parameter.calibrate_parameter` on σ (bracket [0.1, 100], widened
+    within [1e-3, 1e6]); the result always meets the target.
+    """
     eps_target = _check_eps(epsilon, "epsilon")
     q = np.array([_check_rate(rate, "rate")])
     adv = as_adversary(adversary).value
@@ -57,13 +66,10 @@ def noise_for_uniform_rate(
     def eps_of_sigma(sigma: float) -> float:
         return float(exact_epsilon(q, plan.with_noise(sigma), adv, accountant=accountant)[0])
 
-    sigma = float(find_noise_multiplier(eps_target, eps_of_sigma, tol=1e-4))
-    # Never return a σ that overspends, whatever the search's stopping rule.
-    for _ in range(200):
-        if eps_of_sigma(sigma) <= eps_target:
-            return sigma
-        sigma *= 1.0 + 1e-6
-    raise RuntimeError(f"no noise multiplier found for ε={eps_target} at q={rate}")
+    return calibrate_parameter(
+        eps_of_sigma, eps_target, bracket=NOISE_BRACKET, limits=NOISE_LIMITS,
+        tolerance=NOISE_TOLERANCE,
+    )
 
 
 def noise_for_max_budget(

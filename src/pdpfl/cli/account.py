@@ -6,12 +6,18 @@
   own rate q (IDP-FedAvg clients, ULDP-FL users), accounted against third parties.
 
 ``--accountant rdp`` (default) or ``pld`` (privacy-loss distributions; prints both bounds).
+
+Orders: without ``--orders`` ε is minimized over pdpfl's default orders with a continuous
+refinement of the best one; ``--orders 2 3 4`` are honoured exactly (the minimum over exactly
+those orders, so integer-order numbers of Opacus, dp-accounting or a paper's code are
+reproduced). ``--refine`` / ``--no-refine`` sets the refinement explicitly.
 """
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
@@ -41,27 +47,55 @@ def _num(x: float) -> float | None:
 
 
 def account(
-    sigma: float = typer.Option(..., "--sigma", help="Noise multiplier σ > 0."),
-    delta: float = typer.Option(..., "--delta", help="Target δ in (0, 1)."),
-    q: list[str] = typer.Option(
-        None, "--q", help="Sampling rate(s) in [0, 1]: --q 0.01 0.1, a comma list, or repeated --q."
-    ),
-    q_file: Path | None = typer.Option(None, "--q-file", help="A .npy file of sampling rates."),
-    steps: int = typer.Option(1, "--steps", help="τ: local steps per round (total if no --rounds)."),
-    rounds: int | None = typer.Option(None, "--rounds", help="T federated rounds."),
-    client_rate: float = typer.Option(1.0, "--client-rate", help="λ in (0, 1] (record unit)."),
-    adversary: str = typer.Option("third-party", "--adversary", help="third-party|server|both."),
-    participations: int | None = typer.Option(
-        None, "--participations", help="k ≤ T rounds the client took part in (server)."
-    ),
-    orders: list[str] = typer.Option(None, "--orders", help="Rényi orders > 1 (default grid)."),
-    unit: str = typer.Option(
-        "record", "--unit", help="record (rPDP-FL) | client (IDP-FedAvg) | user (ULDP-FL)."
-    ),
-    accountant: str = typer.Option(
-        "rdp", "--accountant", help="rdp | pld (privacy-loss distribution; prints both)."
-    ),
-    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    sigma: Annotated[float, typer.Option("--sigma", help="Noise multiplier σ > 0.")],
+    delta: Annotated[float, typer.Option("--delta", help="Target δ in (0, 1).")],
+    q: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--q", help="Sampling rate(s) in [0, 1]: --q 0.01 0.1, a comma list, or repeated --q."
+        ),
+    ] = None,
+    q_file: Annotated[
+        Path | None, typer.Option("--q-file", help="A .npy file of sampling rates.")
+    ] = None,
+    steps: Annotated[
+        int, typer.Option("--steps", help="τ: local steps per round (total if no --rounds).")
+    ] = 1,
+    rounds: Annotated[int | None, typer.Option("--rounds", help="T federated rounds.")] = None,
+    client_rate: Annotated[
+        float, typer.Option("--client-rate", help="λ in (0, 1] (record unit).")
+    ] = 1.0,
+    adversary: Annotated[
+        str, typer.Option("--adversary", help="third-party|server|both.")
+    ] = "third-party",
+    participations: Annotated[
+        int | None,
+        typer.Option("--participations", help="k ≤ T rounds the client took part in (server)."),
+    ] = None,
+    orders: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--orders", help="Rényi orders > 1, used exactly (default: pdpfl's grid, refined)."
+        ),
+    ] = None,
+    refine: Annotated[
+        bool | None,
+        typer.Option(
+            "--refine/--no-refine",
+            help="Refine the best order continuously (default: only without --orders).",
+        ),
+    ] = None,
+    unit: Annotated[
+        str,
+        typer.Option(
+            "--unit", help="record (rPDP-FL) | client (IDP-FedAvg) | user (ULDP-FL)."
+        ),
+    ] = "record",
+    accountant: Annotated[
+        str,
+        typer.Option("--accountant", help="rdp | pld (privacy-loss distribution; prints both)."),
+    ] = "rdp",
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """ε for each sampling rate q of the unit's mechanism (rPDP-FL two-stage bound for records)."""
     import numpy as np
@@ -110,6 +144,7 @@ def account(
         rates = np.asarray(_floats(q, "--q"), dtype=np.float64)
         qname = "--q"
     else:
+        assert q_file is not None  # exactly one of --q / --q-file (checked above)
         try:
             rates = np.asarray(np.load(q_file, allow_pickle=False), dtype=np.float64).reshape(-1)
         except (OSError, ValueError) as exc:
@@ -121,6 +156,7 @@ def account(
         a = check_orders(_floats(orders, "--orders")) if orders else DEFAULT_ORDERS
     except ValueError:
         fail("--orders: every Rényi order must be a finite number > 1")
+    refined = (not orders) if refine is None else bool(refine)
 
     observers = ("third-party", "server") if adv.value == "both" else (adv.value,)
     n = rates.size
@@ -131,15 +167,17 @@ def account(
     interval = np.full(n, np.nan)
     pld = None
     if acc == "pld":
-        from pdpfl.privacy.accountant import make_accountant
+        from pdpfl.privacy.pld import PldAccountant
 
-        pld = make_accountant("pld", rate_grid_rel_step=0.0, rdp_orders=a)  # exact rates
+        pld = PldAccountant(rate_grid_rel_step=0.0, rdp_orders=a, rdp_refine=refined)  # exact q
     for obs in observers:
         if unit_ is PrivacyUnit.RECORD and obs == "server" and mech.rounds is not None:
             k = mech.rounds if participations is None else participations
         else:
             k = mech.planned_rounds
-        e_r, o_r = mechanism_epsilon(mech, rates, obs, k, accountant="rdp", orders=a)
+        e_r, o_r = mechanism_epsilon(
+            mech, rates, obs, k, accountant="rdp", orders=a, refine=refined
+        )
         e = e_r
         if pld is not None:
             raw, h = pld.pld_epsilon(mech.round_event(rates, obs), k, delta)
@@ -166,6 +204,7 @@ def account(
         "client_rate": client_rate,
         "participations": participations,
         "n_orders": int(np.size(a)),
+        "refine": refined,
     }
     if as_json:
         out = {

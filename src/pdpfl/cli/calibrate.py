@@ -13,6 +13,7 @@ Example::
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
@@ -32,50 +33,83 @@ def register(app: typer.Typer) -> None:
 
 
 def calibrate_command(
-    budgets: Path | None = typer.Option(
-        None, "--budgets", help="Budget file: .npy (1-D) or .csv (one column, or see --column)."
-    ),
-    column: str | None = typer.Option(None, "--column", help="CSV column name holding ε."),
-    scenario: str | None = typer.Option(
-        None, "--scenario", help="Preference scenario instead of a file (e.g. bounded-mix-gauss)."
-    ),
-    n: int | None = typer.Option(None, "--n", help="Number of records for --scenario."),
-    seed: int = typer.Option(0, "--seed", help="Seed for --scenario budgets."),
-    sigma: float | None = typer.Option(None, "--sigma", help="Noise multiplier σ."),
-    epsilon_max: float | None = typer.Option(
-        None, "--epsilon-max", help="Choose σ so that q = 1 spends this ε (rPDP-FL rule)."
-    ),
-    delta: float = typer.Option(..., "--delta", help="Target δ, in (0, 1)."),
-    steps: int | None = typer.Option(
-        None, "--steps", help="Local steps per round τ (>= 1; record unit, required there)."
-    ),
-    rounds: int | None = typer.Option(
-        None, "--rounds", help="Rounds T (>= 1); omit for a centralized plan of --steps steps."
-    ),
-    client_rate: float = typer.Option(
-        1.0, "--client-rate", help="Client sampling rate λ in (0, 1]."
-    ),
-    adversary: str = typer.Option(
-        "third-party", "--adversary", help="third-party | server | both."
-    ),
-    method: str = typer.Option("certified", "--method", help="certified | scf | binary-search."),
-    unit: str = typer.Option(
-        "record", "--unit", help="record (rPDP-FL) | client (IDP-FedAvg) | user (ULDP-FL)."
-    ),
-    accountant: str = typer.Option(
-        "rdp", "--accountant", help="rdp | pld (tighter: larger rates at the same budgets)."
-    ),
-    allow_exclusion: bool = typer.Option(
-        False, "--allow-exclusion", help="Give q = 0 to budgets below the smallest achievable ε."
-    ),
-    out: Path | None = typer.Option(None, "--out", help="Write the rates here (.npy)."),
-    as_json: bool = typer.Option(False, "--json", help="Print the report as one JSON object."),
+    delta: Annotated[float, typer.Option("--delta", help="Target δ, in (0, 1).")],
+    budgets: Annotated[
+        Path | None,
+        typer.Option(
+            "--budgets", help="Budget file: .npy (1-D) or .csv (one column, or see --column)."
+        ),
+    ] = None,
+    column: Annotated[
+        str | None, typer.Option("--column", help="CSV column name holding ε.")
+    ] = None,
+    scenario: Annotated[
+        str | None,
+        typer.Option(
+            "--scenario", help="Preference scenario instead of a file (e.g. bounded-mix-gauss)."
+        ),
+    ] = None,
+    n: Annotated[int | None, typer.Option("--n", help="Number of records for --scenario.")] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Seed for --scenario budgets.")] = 0,
+    sigma: Annotated[float | None, typer.Option("--sigma", help="Noise multiplier σ.")] = None,
+    epsilon_max: Annotated[
+        float | None,
+        typer.Option(
+            "--epsilon-max", help="Choose σ so that q = 1 spends this ε (rPDP-FL rule)."
+        ),
+    ] = None,
+    steps: Annotated[
+        int | None,
+        typer.Option(
+            "--steps", help="Local steps per round τ (>= 1; record unit, required there)."
+        ),
+    ] = None,
+    rounds: Annotated[
+        int | None,
+        typer.Option(
+            "--rounds", help="Rounds T (>= 1); omit for a centralized plan of --steps steps."
+        ),
+    ] = None,
+    client_rate: Annotated[
+        float, typer.Option("--client-rate", help="Client sampling rate λ in (0, 1].")
+    ] = 1.0,
+    adversary: Annotated[
+        str, typer.Option("--adversary", help="third-party | server | both.")
+    ] = "third-party",
+    method: Annotated[
+        str,
+        typer.Option("--method", help="certified | scf | scf-paper | binary-search."),
+    ] = "certified",
+    unit: Annotated[
+        str,
+        typer.Option(
+            "--unit", help="record (rPDP-FL) | client (IDP-FedAvg) | user (ULDP-FL)."
+        ),
+    ] = "record",
+    accountant: Annotated[
+        str,
+        typer.Option(
+            "--accountant", help="rdp | pld (tighter: larger rates at the same budgets)."
+        ),
+    ] = "rdp",
+    allow_exclusion: Annotated[
+        bool,
+        typer.Option(
+            "--allow-exclusion", help="Give q = 0 to budgets below the smallest achievable ε."
+        ),
+    ] = False,
+    out: Annotated[
+        Path | None, typer.Option("--out", help="Write the rates here (.npy).")
+    ] = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the report as one JSON object.")
+    ] = False,
 ) -> None:
     """Map personal privacy budgets to Poisson sampling rates and report utilization."""
     import numpy as np
 
     from pdpfl.budgets import assign_budgets, load_budgets, make_scenario
-    from pdpfl.calibrate import calibrate, noise_for_max_budget
+    from pdpfl.calibration import calibrate, noise_for_max_budget
     from pdpfl.io import save_npy
     from pdpfl.seeding import numpy_generator
 
@@ -128,6 +162,7 @@ def calibrate_command(
         else:
             if n is None or n < 1:
                 fail("--n: number of records (>= 1) is required with --scenario")
+            assert scenario is not None  # exactly one of --budgets / --scenario (checked above)
             eps = assign_budgets(make_scenario(scenario), n, numpy_generator(seed, "budgets"))
     except (ValueError, FileNotFoundError) as exc:
         fail(f"--budgets: {exc}" if budgets is not None else f"--scenario: {exc}")

@@ -1,14 +1,14 @@
 """Centralized rPDP-SGD (rPDP-FL §7.1, Appendix A): personalized DP-SGD on one pooled data set.
 
 Each record *i* has a privacy budget ε_i; the calibrator (rPDP-FL §5, Alg. 2 —
-:func:`pdpfl.calibrate.calibrate`) maps budgets to per-record Poisson sampling rates q_i for the
+:func:`pdpfl.calibration.calibrate`) maps budgets to per-record Poisson sampling rates q_i for the
 mechanism (σ, C, τ = ``steps``). Training is then τ steps of :class:`PersonalizedDPSGD`.
 Uniform DP-SGD is the same call with equal rates.
 
 The calibration is *injected* (``rates=`` directly, or ``budgets=`` plus a ``calibrator``
 callable), so this module neither imports nor depends on a particular calibrator::
 
-    from pdpfl.calibrate import calibrate
+    from pdpfl.calibration import calibrate
     res = train_rpdp_sgd(model, (x, y), (x_test, y_test), budgets=eps,
                          calibrator=lambda eps: calibrate(eps, ...).rates, ...)
 

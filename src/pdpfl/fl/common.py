@@ -193,7 +193,7 @@ def noise_for_max_budget_cached(
 ) -> float:
     """σ at which q = 1 spends exactly ε_max (a pure function of public parameters; memoized
     because ``pdpfl compare`` builds several methods with the same mechanism)."""
-    from pdpfl.calibrate import noise_for_max_budget
+    from pdpfl.calibration import noise_for_max_budget
     from pdpfl.privacy.plan import TrainingPlan
 
     template = TrainingPlan(

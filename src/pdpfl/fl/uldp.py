@@ -448,15 +448,13 @@ def group_epsilon(
     * ``rdp`` -- Lemma 9 (Mironov 2017, Prop. 2): k rounded *up* to 2^c, orders α ≥ 2^{c+1},
       (α/2^c, 3^c ρ(α))-RDP, then Lemma 4. Never 0 for k that is not a power of two (D4), never
       an order below 2k (D5).
-    * ``dp`` -- Lemma 4 then Lemma 8: the record-level (ε_in, δ_in) for the δ_in on a fine grid
-      with k·e^{(k−1)ε_in}·δ_in ≤ δ, reporting the smallest k·ε_in (every grid point is a valid
-      bound, so the minimum is too).
+    * ``dp`` -- Lemma 4 then Lemma 8 with the optimal inner δ_in over the whole range that can
+      matter (:func:`pdpfl.privacy.group.group_epsilon_dp`, exact for the orders; any k).
     * ``best`` -- the smaller of the two.
 
     Returns ``{"rdp": ε, "dp": ε, "epsilon": reported, "k_rdp": 2^c}``.
     """
-    from pdpfl.privacy.conversion import rdp_to_epsilon
-    from pdpfl.privacy.group import group_epsilon_delta, group_epsilon_from_rdp
+    from pdpfl.privacy.group import group_epsilon_dp, group_epsilon_from_rdp
 
     k = _check_k(k)
     if route not in ("best", "rdp", "dp"):
@@ -466,15 +464,7 @@ def group_epsilon(
     eps_rdp = float(group_epsilon_from_rdp(rdp_fn(go), go, delta, k)[0].reshape(-1)[0])
     out["rdp"] = eps_rdp
     rec = np.asarray(rdp_fn(ORDERS), dtype=np.float64)
-    best_dp = math.inf
-    for log_inner in np.linspace(math.log(delta), math.log(delta) - 60.0, 601):
-        inner = math.exp(log_inner)
-        eps_in = float(rdp_to_epsilon(rec, ORDERS, inner)[0].reshape(-1)[0])
-        if not math.isfinite(eps_in):
-            continue
-        eps_g, delta_g = group_epsilon_delta(eps_in, inner, k)
-        if delta_g <= delta and eps_g < best_dp:
-            best_dp = eps_g
+    best_dp = float(group_epsilon_dp(rec, ORDERS, delta, k)[0].reshape(-1)[0])
     out["dp"] = best_dp
     out["epsilon"] = {"rdp": eps_rdp, "dp": best_dp, "best": min(eps_rdp, best_dp)}[route]
     return out

@@ -3,27 +3,29 @@
 Fast path (functions): :mod:`~pdpfl.privacy.rdp` (Gaussian / Poisson-subsampled Gaussian RDP),
 :mod:`~pdpfl.privacy.conversion` (RDP → (ε, δ)), :mod:`~pdpfl.privacy.two_stage` (rPDP-FL Lemma 6,
 Theorem 1), :mod:`~pdpfl.privacy.search` (σ for a target ε). Mechanisms as data:
-:mod:`~pdpfl.privacy.mechanisms` interpreted by the accountants of
-:mod:`~pdpfl.privacy.accountant` (registry: ``rdp``, ``pld`` — :mod:`~pdpfl.privacy.pld`), fed by
-one description per algorithm (:mod:`~pdpfl.privacy.unit`). Also f-DP /
-Gaussian DP (:mod:`~pdpfl.privacy.gdp`) and group privacy (:mod:`~pdpfl.privacy.group`).
+:mod:`~pdpfl.privacy.mechanisms` interpreted by the accountants registered in
+:mod:`~pdpfl.privacy.registry` (``rdp`` — :mod:`~pdpfl.privacy.accountant`; ``pld`` —
+:mod:`~pdpfl.privacy.pld`; ``gdp-clt``, an approximation — :mod:`~pdpfl.privacy.gdp_clt`), fed by
+one description per algorithm (:mod:`~pdpfl.privacy.unit`). Also f-DP / Gaussian DP
+(:mod:`~pdpfl.privacy.gdp`), sampling without replacement (:mod:`~pdpfl.privacy.wor`) and group
+privacy (:mod:`~pdpfl.privacy.group`).
+
+Importing this package registers every accountant (each module registers itself into the
+registry; imports point one way: no module of this package imports the package itself).
 """
 
-from pdpfl.privacy.accountant import (
-    Accountant,
-    RdpAccountant,
-    accountant_names,
-    make_accountant,
-    mechanism_epsilon,
-    register_accountant,
-)
+from pdpfl.privacy import pld as _pld  # noqa: F401 (registers the "pld" accountant)
+from pdpfl.privacy.accountant import RdpAccountant, mechanism_epsilon
 from pdpfl.privacy.adversary import Adversary
 from pdpfl.privacy.conversion import rdp_to_delta, rdp_to_epsilon
 from pdpfl.privacy.gdp import compose_gdp, gaussian_tradeoff, gdp_delta, gdp_epsilon
+from pdpfl.privacy.gdp_clt import GdpCltAccountant
 from pdpfl.privacy.mechanisms import (
     Composed,
     GaussianMechanism,
+    GroupPrivacy,
     PoissonSampled,
+    SampledWithoutReplacement,
     Sequence,
     TwoStageRound,
     plan_event,
@@ -31,8 +33,16 @@ from pdpfl.privacy.mechanisms import (
 from pdpfl.privacy.orders import DEFAULT_ORDERS
 from pdpfl.privacy.plan import TrainingPlan
 from pdpfl.privacy.rdp import gaussian_rdp, poisson_gaussian_rdp, poisson_gaussian_rdp_pairs
+from pdpfl.privacy.registry import (
+    Accountant,
+    UnsupportedEventError,
+    accountant_names,
+    make_accountant,
+    register_accountant,
+)
 from pdpfl.privacy.search import find_noise_multiplier
 from pdpfl.privacy.two_stage import plan_epsilon, plan_rdp, round_rdp
+from pdpfl.privacy.unit import GroupPlan, LocalStepsPlan, SampledGaussianPlan, UnitMechanism
 
 __all__ = [
     "DEFAULT_ORDERS",
@@ -63,4 +73,12 @@ __all__ = [
     "gdp_delta",
     "gdp_epsilon",
     "compose_gdp",
+    "GdpCltAccountant",
+    "GroupPrivacy",
+    "SampledWithoutReplacement",
+    "UnsupportedEventError",
+    "UnitMechanism",
+    "SampledGaussianPlan",
+    "LocalStepsPlan",
+    "GroupPlan",
 ]

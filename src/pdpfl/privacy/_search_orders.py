@@ -15,8 +15,8 @@ the best certified ε. The result equals the minimum of the exact per-order ε o
 
 Continuous refinement (``refine=True``, the default). Any order α > 1 gives a valid bound, so the
 best grid order a_c is then refined inside [a_{c−1}, a_{c+1}] by Brent's method, vectorized
-over rates (parabolic interpolation safeguarded by golden-section steps), evaluating ρ at each rate's
-own fractional order (:func:`~pdpfl.privacy.rdp.poisson_gaussian_rdp_pairs`, a proven upper
+over rates (parabolic interpolation safeguarded by golden-section steps), evaluating ρ at each
+rate's own fractional order (:func:`~pdpfl.privacy.rdp.poisson_gaussian_rdp_pairs`, a proven upper
 bound at every order). A candidate only replaces the best point when its ε is smaller, so the
 refined ε is never above the grid minimum; the order reported is the one that attains it.
 """

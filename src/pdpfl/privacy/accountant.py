@@ -1,27 +1,35 @@
-"""Accountants that interpret mechanisms-as-data (:mod:`pdpfl.privacy.mechanisms`), a registry.
+"""The Rényi-DP accountant and :func:`mechanism_epsilon`, the one ε path of pdpfl.
 
-An *accountant* turns an event into ε at a given δ. Like Opacus' and dp-accounting's accountants
-it declares which events it can interpret (:meth:`Accountant.supports`); every ε it returns is an
-upper bound. Registered accountants (:func:`make_accountant`, :func:`accountant_names`):
-
-* ``rdp`` -- :class:`RdpAccountant`, Rényi DP over a grid of orders with a certified
-  branch-and-bound and a continuous refinement of the optimal order (fast, vectorized);
-* ``pld`` -- :class:`pdpfl.privacy.pld.PldAccountant`, privacy-loss distributions (dp-accounting's
-  PLD machinery, pessimistic), including the rPDP-FL two-stage round that dp-accounting rejects;
-  tighter, slower (needs the optional ``dp-accounting`` package).
+Accountants interpret mechanisms described as data (:mod:`pdpfl.privacy.mechanisms`); they are
+registered in :mod:`pdpfl.privacy.registry` (``rdp`` here; ``pld`` in :mod:`pdpfl.privacy.pld`;
+``gdp-clt`` in :mod:`pdpfl.privacy.gdp_clt`, an approximation). Like Opacus' and dp-accounting's
+accountants each declares which events it can interpret (``supports``); every ε ``rdp`` returns
+is an upper bound.
 
 :class:`RdpAccountant` maps each event onto the fast vectorized functions:
 
 * ``GaussianMechanism(σ)`` → α/(2σ²) (Mironov 2017), one row;
 * ``PoissonSampled(q, GaussianMechanism(σ))`` → :func:`~pdpfl.privacy.rdp.poisson_gaussian_rdp`
   (rPDP-FL Lemma 4), one row per rate;
+* ``SampledWithoutReplacement(γ, GaussianMechanism(σ))`` → Wang, Balle & Kasiviswanathan
+  2019, Theorem 9 (:func:`~pdpfl.privacy.wor.wor_gaussian_rdp_any_order`), one row per ratio;
 * ``Composed(e, n)`` → n·ρ_e (RDP composition, Mironov 2017 Prop. 1);
 * ``TwoStageRound(λ, local)`` → :func:`~pdpfl.privacy.rdp.two_stage_rdp` (rPDP-FL Lemma 6;
   by joint convexity of exp((α−1)D_α) the bound holds for any local mechanism);
-* ``Sequence(e_1, …)`` → Σ ρ_{e_i} (rows broadcast: all rate arrays must have equal length).
+* ``Sequence(e_1, …)`` → Σ ρ_{e_i} (rows broadcast: all rate arrays must have equal length);
+* ``GroupPrivacy(e, k, conversion)`` (outermost, possibly inside ``Composed``) → the group
+  conversion of e's RDP curve: Lemma 9 (``rdp``), Lemma 4 + Lemma 8 with the optimal inner δ'
+  (``dp``) or the smaller (``best``) (:mod:`pdpfl.privacy.group`).
 
 Anything else (e.g. subsampling a composition) is not supported (``supports`` is False, and
 :meth:`RdpAccountant.rdp` raises a ValueError naming the structure).
+
+Orders. ``RdpAccountant()`` (no ``orders``) uses each event family's own grid: pdpfl's
+:data:`~pdpfl.privacy.orders.DEFAULT_ORDERS` for Poisson/Gaussian events, the integer
+:data:`~pdpfl.privacy.wor.WOR_ORDERS` for without-replacement events (Theorem 9 is stated for
+integer orders), and :func:`~pdpfl.privacy.group.group_orders` for group events. Orders that are
+given are used exactly as given (fractional orders of a without-replacement event are bounded by
+ρ(⌈α⌉)). ``refine`` (default True) refines the best order continuously for Poisson chains.
 
 One mechanism description feeds everything: :func:`mechanism_epsilon` charges ``counts_i`` rounds
 of a :class:`~pdpfl.privacy.unit.UnitMechanism`'s ``round_event`` to unit i; it is what
@@ -31,9 +39,8 @@ agree exactly.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -41,21 +48,38 @@ from numpy.typing import ArrayLike
 from pdpfl.privacy._search_orders import min_epsilon
 from pdpfl.privacy.adversary import Adversary, as_adversary
 from pdpfl.privacy.conversion import rdp_to_delta, rdp_to_epsilon
+from pdpfl.privacy.group import group_epsilon_dp, group_epsilon_from_rdp, group_orders
 from pdpfl.privacy.mechanisms import (
     Composed,
     GaussianMechanism,
+    GroupPrivacy,
     Mechanism,
     PoissonSampled,
+    SampledWithoutReplacement,
     Sequence,
     TwoStageRound,
     outline,
 )
 from pdpfl.privacy.orders import DEFAULT_ORDERS, check_orders
 from pdpfl.privacy.rdp import check_rates, poisson_gaussian_rdp, two_stage_rdp
+from pdpfl.privacy.registry import (
+    Accountant,
+    UnsupportedEventError,
+    accountant_names,
+    as_accountant_name,
+    check_counts,
+    make_accountant,
+    register_accountant,
+)
+from pdpfl.privacy.wor import WOR_ORDERS, wor_gaussian_rdp_any_order
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pdpfl.privacy.unit import UnitMechanism
 
 __all__ = [
     "Accountant",
     "RdpAccountant",
+    "UnsupportedEventError",
     "register_accountant",
     "make_accountant",
     "accountant_names",
@@ -67,88 +91,25 @@ __all__ = [
 _Compose = Callable[[np.ndarray, np.ndarray], np.ndarray]
 
 
-@runtime_checkable
-class Accountant(Protocol):
-    """What every registered accountant provides (all ε are upper bounds)."""
-
-    name: str
-
-    def supports(self, event: Mechanism) -> bool:
-        """True if :meth:`epsilon` can interpret ``event``."""
-        ...
-
-    def epsilon(self, event: Mechanism, delta: float) -> tuple[np.ndarray, np.ndarray]:
-        """ε per row (rate) of ``event`` at ``delta``, and a per-row detail (the RDP order)."""
-        ...
-
-    def composed_epsilon(
-        self, event: Mechanism, counts: ArrayLike, delta: float
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """ε of ``counts[i]`` adaptive repetitions of row i of ``event`` (0 repetitions: 0)."""
-        ...
+def _strip_composed(event: Mechanism) -> tuple[Mechanism, int]:
+    """(innermost non-Composed event, product of the Composed counts around it)."""
+    mult = 1
+    while isinstance(event, Composed):
+        mult *= event.count
+        event = event.inner
+    return event, mult
 
 
-# ---------------------------------------------------------------------------------- registry
-
-_REGISTRY: dict[str, Callable[..., Accountant]] = {}
-_LOCK = threading.Lock()
-_INSTANCES: dict[tuple, Accountant] = {}
-_MAX_INSTANCES = 16
-
-
-def register_accountant(name: str, factory: Callable[..., Accountant]) -> None:
-    """Register ``factory(**options) -> Accountant`` under ``name`` (lower case, unique)."""
-    key = str(name).strip().lower()
-    if not key or key in _REGISTRY:
-        raise ValueError(f"accountant: {name!r} is empty or already registered")
-    _REGISTRY[key] = factory
-
-
-def accountant_names() -> tuple[str, ...]:
-    """Names of the registered accountants (``rdp``, ``pld``, ...)."""
-    return tuple(_REGISTRY)
-
-
-def as_accountant_name(name: str) -> str:
-    """Validate an accountant name; ValueError names ``accountant`` and the allowed values."""
-    key = str(name).strip().lower()
-    if key not in _REGISTRY:
-        raise ValueError(
-            f"accountant: expected one of {', '.join(_REGISTRY)}, got {name!r}"
-        )
-    return key
-
-
-def make_accountant(name: str | Accountant = "rdp", **options: Any) -> Accountant:
-    """The accountant ``name`` built with ``options`` (shared instances: they cache results).
-
-    An :class:`Accountant` instance is returned unchanged.
-    """
-    if not isinstance(name, str):
-        if isinstance(name, Accountant):
-            return name
-        raise ValueError(f"accountant: expected a name or an Accountant, got {name!r}")
-    key = as_accountant_name(name)
-    norm = tuple(sorted((k, _freeze(v)) for k, v in options.items()))
-    with _LOCK:
-        inst = _INSTANCES.get((key, norm))
-        if inst is None:
-            inst = _REGISTRY[key](**options)
-            if len(_INSTANCES) >= _MAX_INSTANCES:
-                _INSTANCES.pop(next(iter(_INSTANCES)))
-            _INSTANCES[(key, norm)] = inst
-    return inst
-
-
-def _freeze(value: Any) -> Any:
-    if isinstance(value, np.ndarray):
-        return (value.dtype.str, value.shape, value.tobytes())
-    if isinstance(value, list | tuple):
-        return tuple(_freeze(v) for v in value)
-    return value
-
-
-# ---------------------------------------------------------------------------- RDP accountant
+def _contains(event: Mechanism, kind: type) -> bool:
+    if isinstance(event, kind):
+        return True
+    if isinstance(event, Composed | PoissonSampled | SampledWithoutReplacement | GroupPrivacy):
+        return _contains(event.inner, kind)
+    if isinstance(event, TwoStageRound):
+        return _contains(event.local, kind)
+    if isinstance(event, Sequence):
+        return any(_contains(e, kind) for e in event.events)
+    return False
 
 
 class RdpAccountant:
@@ -157,9 +118,11 @@ class RdpAccountant:
     Parameters
     ----------
     orders
-        Rényi orders α > 1 (default :data:`~pdpfl.privacy.orders.DEFAULT_ORDERS`).
+        Rényi orders α > 1; default (None): each event family's own grid (module docstring).
+        Given orders are used exactly.
     refine
-        Refine the best grid order continuously (never looser than the grid; default True).
+        Refine the best grid order of a Poisson chain continuously (never looser than the
+        grid; default True). An explicit option, independent of ``orders``.
 
     Examples
     --------
@@ -170,55 +133,83 @@ class RdpAccountant:
     """
 
     name = "rdp"
+    #: Every ε is an upper bound.
+    approximate: ClassVar[bool] = False
 
-    def __init__(self, orders: ArrayLike = DEFAULT_ORDERS, refine: bool = True) -> None:
-        a = check_orders(orders).copy()
+    def __init__(self, orders: ArrayLike | None = None, refine: bool = True) -> None:
+        a = check_orders(DEFAULT_ORDERS if orders is None else orders).copy()
         a.setflags(write=False)
         self.orders = a
+        #: True when ``orders`` was given (then every event uses exactly those orders).
+        self.explicit_orders = orders is not None
         self.refine = bool(refine)
 
     def __repr__(self) -> str:
         return f"RdpAccountant(n_orders={self.orders.size}, refine={self.refine})"
 
+    # ------------------------------------------------------------------ orders
+    def orders_for(self, event: Mechanism) -> np.ndarray:
+        """The orders used for ``event`` (the given ones, or its family's default grid)."""
+        if self.explicit_orders:
+            return self.orders
+        base, _ = _strip_composed(event)
+        if isinstance(base, GroupPrivacy):
+            return group_orders(base.group_size, self.orders)
+        if _contains(event, SampledWithoutReplacement):
+            if _only_wor_gaussians(event):
+                return np.asarray(WOR_ORDERS)
+            return np.union1d(self.orders, WOR_ORDERS)  # mixed: both families' grids
+        return self.orders
+
     # ------------------------------------------------------------------ RDP curves
     def supports(self, event: Mechanism) -> bool:
         """True if every node of ``event`` has an RDP rule here (see the module docstring)."""
+        base, _ = _strip_composed(event)
+        if isinstance(base, GroupPrivacy):
+            return self._supports_curve(base.inner)
+        return self._supports_curve(event)
+
+    def _supports_curve(self, event: Mechanism) -> bool:
         if isinstance(event, GaussianMechanism):
             return True
-        if isinstance(event, PoissonSampled):
+        if isinstance(event, PoissonSampled | SampledWithoutReplacement):
             return isinstance(event.inner, GaussianMechanism)
         if isinstance(event, Composed):
-            return self.supports(event.inner)
+            return self._supports_curve(event.inner)
         if isinstance(event, TwoStageRound):
-            return self.supports(event.local)
+            return self._supports_curve(event.local)
         if isinstance(event, Sequence):
-            return all(self.supports(e) for e in event.events)
+            return all(self._supports_curve(e) for e in event.events)
         return False
 
     def rdp(self, event: Mechanism) -> np.ndarray:
-        """RDP curve of ``event``: shape ``(n_rates, n_orders)`` (1 row without per-record rates)."""
-        return self._rdp(event)
+        """RDP curve of ``event`` at :meth:`orders_for` ``(event)``: shape ``(n_rates, n_orders)``
+        (1 row without per-record rates). Group events have no curve at these orders."""
+        return self._rdp(event, self.orders_for(event))
 
-    def _rdp(self, event: Mechanism) -> np.ndarray:
-        a = self.orders
+    def _rdp(self, event: Mechanism, a: np.ndarray) -> np.ndarray:
         if isinstance(event, GaussianMechanism):
             return (a / (2.0 * event.noise_multiplier**2))[None, :]
         if isinstance(event, PoissonSampled):
             if isinstance(event.inner, GaussianMechanism):
                 return poisson_gaussian_rdp(event.rates, event.inner.noise_multiplier, a)
             raise self._unsupported(event)
+        if isinstance(event, SampledWithoutReplacement):
+            if isinstance(event.inner, GaussianMechanism):
+                return _wor_rows(event.rates, event.inner.noise_multiplier, a)
+            raise self._unsupported(event)
         if isinstance(event, Composed):
-            return event.count * self._rdp(event.inner)
+            return event.count * self._rdp(event.inner, a)
         if isinstance(event, TwoStageRound):
             local = event.local
             if isinstance(local, Composed) and isinstance(local.inner, PoissonSampled):
-                step = self._rdp(local.inner)
+                step = self._rdp(local.inner, a)
                 if local.count == 0:
                     return np.zeros_like(step)
                 return two_stage_rdp(step, local.count, event.client_rate, a)
-            return two_stage_rdp(self._rdp(local), 1, event.client_rate, a)
+            return two_stage_rdp(self._rdp(local, a), 1, event.client_rate, a)
         if isinstance(event, Sequence):
-            parts = [self._rdp(e) for e in event.events]
+            parts = [self._rdp(e, a) for e in event.events]
             rows = {p.shape[0] for p in parts} - {1}
             if len(rows) > 1:
                 raise ValueError(
@@ -226,12 +217,17 @@ class RdpAccountant:
                     "cannot be composed"
                 )
             return np.sum(np.broadcast_arrays(*parts), axis=0)
+        if isinstance(event, GroupPrivacy):
+            raise ValueError(
+                "RdpAccountant cannot interpret GroupPrivacy inside another event: the group "
+                "conversion applies to the whole mechanism (use it outermost)"
+            )
         raise ValueError(f"event: expected a mechanism, got {type(event).__name__}")
 
     @staticmethod
     def _unsupported(event: Mechanism) -> ValueError:
         return ValueError(
-            f"RdpAccountant cannot interpret {outline(event, 1)}: Poisson sampling is supported "
+            f"RdpAccountant cannot interpret {outline(event, 1)}: sampling is supported "
             "only directly around a GaussianMechanism"
         )
 
@@ -241,7 +237,7 @@ class RdpAccountant:
 
         Chains of compositions around one Poisson-sampled Gaussian (every training plan) use the
         certified branch-and-bound over :attr:`orders` plus the continuous refinement; other
-        events the exact minimum over :attr:`orders` of the Balle et al. 2020 conversion.
+        events the exact minimum over their orders of the Balle et al. 2020 conversion.
         """
         return self.composed_epsilon(event, 1, delta)
 
@@ -249,14 +245,23 @@ class RdpAccountant:
         self, event: Mechanism, counts: ArrayLike, delta: float
     ) -> tuple[np.ndarray, np.ndarray]:
         """ε of ``counts[i]`` repetitions of row i of ``event`` (broadcast; 0 → ε = 0)."""
+        base, mult = _strip_composed(event)
+        if isinstance(base, GroupPrivacy):
+            return self._group_epsilon(base, mult, counts, delta)
         chain = self._chain(event)
         if chain is None:
-            rdp = self.rdp(event)
-            k = _counts(counts, rdp.shape[0])
-            eps, order = rdp_to_epsilon(k[:, None] * rdp, self.orders, delta)
+            a = self.orders_for(event)
+            if isinstance(base, SampledWithoutReplacement):
+                # n·(m·ρ) as (n·m)·ρ: the same float operations as "steps × per-step RDP"
+                rdp = self._rdp(base, a)
+                k = check_counts(counts, rdp.shape[0]) * mult
+            else:
+                rdp = self._rdp(event, a)
+                k = check_counts(counts, rdp.shape[0])
+            eps, order = rdp_to_epsilon(k[:, None] * rdp, a, delta)
             return np.where(k > 0, eps, 0.0), order
         q, sigma, f = chain
-        k = _counts(counts, q.size)
+        k = check_counts(counts, q.size)
         eps = np.zeros(q.size)
         order = np.full(q.size, np.nan)
         live = np.flatnonzero(k > 0)
@@ -265,8 +270,8 @@ class RdpAccountant:
         # distinct (q, k) pairs only; q in [0, 1] and k ≥ 1 integer map to distinct keys.
         key = q[live] + 2.0 * k[live]
         _, first, inv = np.unique(key, return_index=True, return_inverse=True)
-        uq = q[live][first]
         uk = k[live][first].astype(np.float64)
+        uq = q[live][first]
 
         def compose(rho: np.ndarray, rows: np.ndarray, alphas: np.ndarray) -> np.ndarray:
             return uk[rows, None] * f(rho, alphas)
@@ -277,9 +282,28 @@ class RdpAccountant:
         order[live] = o[inv]
         return eps, order
 
+    def _group_epsilon(
+        self, event: GroupPrivacy, mult: int, counts: ArrayLike, delta: float
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Group conversion of ``counts·mult`` repetitions of ``event.inner`` (per row)."""
+        a = self.orders_for(event)
+        curve = self._rdp(event.inner, a)
+        k = check_counts(counts, curve.shape[0]) * mult
+        total = k[:, None] * curve
+        route, size = event.conversion, event.group_size
+        eps = np.full(k.size, np.inf)
+        order = np.full(k.size, np.nan)
+        if route in ("rdp", "best"):
+            eps, order = group_epsilon_from_rdp(total, a, delta, size)
+        if route in ("dp", "best"):
+            e_dp, o_dp, _ = group_epsilon_dp(total, a, delta, size)
+            take = e_dp < eps
+            eps, order = np.where(take, e_dp, eps), np.where(take, o_dp, order)
+        return np.where(k > 0, eps, 0.0), np.where(k > 0, order, np.nan)
+
     def delta(self, event: Mechanism, epsilon: float) -> tuple[np.ndarray, np.ndarray]:
         """δ per rate at ``epsilon`` and the optimal grid order (shape ``(n_rates,)``)."""
-        return rdp_to_delta(self.rdp(event), self.orders, epsilon)
+        return rdp_to_delta(self.rdp(event), self.orders_for(event), epsilon)
 
     def _chain(self, event: Mechanism) -> tuple[np.ndarray, float, _Compose] | None:
         """(q, σ, f) if ``event`` wraps a single PoissonSampled(q, Gaussian(σ)) in monotone
@@ -318,35 +342,36 @@ class RdpAccountant:
         return None
 
 
-def _counts(counts: ArrayLike, n: int) -> np.ndarray:
-    k = np.asarray(counts, dtype=np.float64)
-    if np.any(np.isnan(k)) or np.any(k != np.floor(k)) or np.any(k < 0):
-        raise ValueError("counts: every repetition count must be an integer >= 0")
-    try:
-        return np.broadcast_to(k.astype(np.int64), (n,)).copy()
-    except ValueError:
-        raise ValueError(
-            f"counts: expected a scalar or {n} values, got shape {k.shape}"
-        ) from None
+def _only_wor_gaussians(event: Mechanism) -> bool:
+    """True if every Gaussian leaf of ``event`` sits inside a without-replacement sampler."""
+    if isinstance(event, SampledWithoutReplacement):
+        return True
+    if isinstance(event, GaussianMechanism | PoissonSampled):
+        return False
+    if isinstance(event, Composed | GroupPrivacy):
+        return _only_wor_gaussians(event.inner)
+    if isinstance(event, TwoStageRound):
+        return _only_wor_gaussians(event.local)
+    if isinstance(event, Sequence):
+        return all(_only_wor_gaussians(e) for e in event.events)
+    return False
+
+
+def _wor_rows(ratios: np.ndarray, sigma: float, a: np.ndarray) -> np.ndarray:
+    """One Theorem 9 curve per ratio (computed once per distinct ratio)."""
+    uniq, inverse = np.unique(ratios, return_inverse=True)
+    rows = np.stack([wor_gaussian_rdp_any_order(float(g), sigma, a) for g in uniq])
+    return rows[inverse.reshape(-1)]
 
 
 register_accountant("rdp", RdpAccountant)
-
-
-def _pld_factory(**options: Any) -> Accountant:
-    from pdpfl.privacy.pld import PldAccountant
-
-    return PldAccountant(**options)
-
-
-register_accountant("pld", _pld_factory)
 
 
 # ------------------------------------------------------------------ unit mechanisms → ε
 
 
 def mechanism_epsilon(
-    mechanism: Any,
+    mechanism: UnitMechanism,
     rates: ArrayLike,
     observer: Adversary | str,
     counts: ArrayLike | None = None,
@@ -362,22 +387,32 @@ def mechanism_epsilon(
     Parameters
     ----------
     mechanism
-        A :class:`~pdpfl.privacy.unit.UnitMechanism` (``TrainingPlan``, ``SampledGaussianPlan``).
+        A :class:`~pdpfl.privacy.unit.UnitMechanism` (``TrainingPlan``, ``SampledGaussianPlan``,
+        ``LocalStepsPlan``, ``GroupPlan``).
     rates
-        Sampling rate per unit, in [0, 1].
+        Sampling rate per unit, in [0, 1] (the without-replacement ratio B/n for
+        ``LocalStepsPlan(sampler="wor")``).
     observer
         ``third-party`` or ``server`` (must be one of ``mechanism.observers``).
     counts
         Charged rounds per unit (scalar or per rate); default the planned rounds T.
     accountant
-        A registered accountant name (``rdp``, ``pld``) or an :class:`Accountant`; ``options``
-        build it (e.g. ``orders=`` for ``rdp``).
+        A registered accountant name (``rdp``, ``pld``, ``gdp-clt``) or an :class:`Accountant`;
+        ``options`` build it (e.g. ``orders=`` for ``rdp``: leave it out for each event's
+        default grid). Check ``make_accountant(name).approximate`` before calling the result an
+        upper bound (``gdp-clt`` is a central-limit approximation).
 
     Returns
     -------
     (epsilon, detail)
         Shape ``(n_rates,)`` each; ε is 0 for q = 0 or 0 rounds. ``detail`` is the RDP order
-        (NaN for 0 rounds, and with ``pld`` where the PLD bound was the smaller one).
+        (``rdp``; NaN for 0 rounds, and with ``pld`` where the PLD bound was the smaller one),
+        or the CLT μ (``gdp-clt``).
+
+    Raises
+    ------
+    UnsupportedEventError
+        (a ValueError) if the accountant cannot interpret the mechanism's event.
     """
     adv = as_adversary(observer)
     if adv is Adversary.BOTH:
@@ -388,7 +423,7 @@ def mechanism_epsilon(
             f"is accounted against {', '.join(mechanism.observers)}, not {adv.value}"
         )
     q = check_rates(rates)
-    k = _counts(mechanism.planned_rounds if counts is None else counts, q.size)
+    k = check_counts(mechanism.planned_rounds if counts is None else counts, q.size)
     acc = make_accountant(accountant, **options)
     eps = np.zeros(q.size)
     detail = np.full(q.size, np.nan)
@@ -396,6 +431,12 @@ def mechanism_epsilon(
     if live.size == 0:
         return eps, detail
     event = mechanism.round_event(q[live], adv.value)
+    if not acc.supports(event):
+        raise UnsupportedEventError(
+            f"accountant: {acc.name} cannot interpret {outline(event)} (this "
+            f"{getattr(mechanism.unit, 'value', mechanism.unit)}-level mechanism); registered "
+            f"accountants: {', '.join(accountant_names())}"
+        )
     e, d = acc.composed_epsilon(event, k[live], mechanism.delta)
     eps[live] = e
     detail[live] = d

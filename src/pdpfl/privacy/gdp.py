@@ -160,15 +160,16 @@ def poisson_gaussian_mu_clt(
     sigma = check_noise_multiplier(noise_multiplier)
     q = check_rates(rates)
     t = _check_steps(steps, "steps")
-    return q * np.sqrt(t * np.expm1(1.0 / (sigma * sigma)))
+    with np.errstate(over="ignore"):  # tiny σ: μ = inf (no privacy), not a warning
+        return q * np.sqrt(t * np.expm1(1.0 / (sigma * sigma)))
 
 
 def prifedsync_mu(
     noise_multiplier: ArrayLike,
     batch_size: ArrayLike,
     n_records: ArrayLike,
-    local_steps: int,
-    rounds: int,
+    local_steps: int | ArrayLike,
+    rounds: int | ArrayLike,
 ) -> np.ndarray:
     """μ_j of PriFedSync with NoisySGD local training (PriFedSync Theorem 2), per client.
 

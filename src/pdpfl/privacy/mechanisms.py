@@ -1,18 +1,24 @@
 """Mechanisms described as data (like dp-accounting's ``DpEvent`` algebra), per-record rates.
 
 A training run is a small tree of frozen dataclasses that states every privacy parameter
-explicitly (σ, q, τ, λ, T); an accountant (:mod:`pdpfl.privacy.accountant`) interprets it.
+explicitly (σ, q, τ, λ, T, k); an accountant (:mod:`pdpfl.privacy.registry`) interprets it.
 
 * :class:`GaussianMechanism` — sensitivity-1 Gaussian noise, noise multiplier σ.
 * :class:`PoissonSampled` — each record enters independently with its own probability q
-  (a scalar, or one rate per record: rPDP-FL Lemma 4).
+  (a scalar, or one rate per record: rPDP-FL Lemma 4); add/remove neighbours.
+* :class:`SampledWithoutReplacement` — a uniformly random batch of exactly B of the n records,
+  ratio γ = B/n (a scalar or one ratio per record); replace-one neighbours, so the inner
+  Gaussian's σ is relative to the replace-one sensitivity 2C (PriFedSync Algorithm 2).
 * :class:`Composed` — ``count`` adaptive repetitions.
 * :class:`TwoStageRound` — one rPDP-FL round: the client takes part with probability λ and then
   runs ``local`` (rPDP-FL Lemma 6).
 * :class:`Sequence` — adaptive composition of different mechanisms.
+* :class:`GroupPrivacy` — the guarantee of ``inner`` for datasets that differ in ``group_size``
+  units (ULDP-FL GROUP-k: Lemma 8 / Lemma 9, conversion ``rdp``, ``dp`` or ``best``).
 
-:func:`plan_event` builds the event of a :class:`~pdpfl.privacy.plan.TrainingPlan` for an
-adversary (rPDP-FL Theorem 1 and the Type I server view).
+:func:`plan_event` builds the event of a training plan for an adversary (rPDP-FL Theorem 1 and
+the Type I server view). This module imports no plan: a plan builds its events from here
+(:meth:`pdpfl.privacy.plan.TrainingPlan.round_event`), never the other way round.
 """
 
 from __future__ import annotations
@@ -20,25 +26,32 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass
-from typing import Union
+from typing import Any, Literal, Union
 
 import numpy as np
 from numpy.typing import ArrayLike
 
 from pdpfl.privacy.adversary import Adversary, as_adversary
-from pdpfl.privacy.plan import TrainingPlan
 from pdpfl.privacy.rdp import check_noise_multiplier, check_rates
 
 __all__ = [
-    "Mechanism",
-    "GaussianMechanism",
-    "PoissonSampled",
+    "GROUP_CONVERSIONS",
     "Composed",
-    "TwoStageRound",
+    "GaussianMechanism",
+    "GroupConversion",
+    "GroupPrivacy",
+    "Mechanism",
+    "PoissonSampled",
+    "SampledWithoutReplacement",
     "Sequence",
-    "plan_event",
+    "TwoStageRound",
     "outline",
+    "plan_event",
 ]
+
+#: How a record-level guarantee becomes a group guarantee (:class:`GroupPrivacy`).
+GroupConversion = Literal["rdp", "dp", "best"]
+GROUP_CONVERSIONS: tuple[str, ...] = ("rdp", "dp", "best")
 
 
 def _check_inner(value: object, name: str) -> None:
@@ -60,12 +73,8 @@ class GaussianMechanism:
 
 
 @dataclass(frozen=True, eq=False)
-class PoissonSampled:
-    """Poisson sampling: each record is included independently with probability ``rate``.
-
-    ``rate`` is a float in [0, 1] or a 1-d array of per-record rates (stored read-only); the
-    accountant then returns one row per rate.
-    """
+class _Sampled:
+    """Shared by the two samplers: a rate (scalar or per record) around an inner mechanism."""
 
     rate: float | np.ndarray
     inner: Mechanism
@@ -96,8 +105,9 @@ class PoissonSampled:
         return np.atleast_1d(np.asarray(self.rate, dtype=np.float64))
 
     def __eq__(self, other: object) -> bool:
-        if not isinstance(other, PoissonSampled):
+        if type(other) is not type(self):
             return NotImplemented
+        assert isinstance(other, _Sampled)
         return (
             np.ndim(self.rate) == np.ndim(other.rate)
             and np.array_equal(self.rate, other.rate)
@@ -106,11 +116,31 @@ class PoissonSampled:
 
     def __hash__(self) -> int:
         key = self.rate if isinstance(self.rate, float) else self.rate.tobytes()
-        return hash((PoissonSampled, key, self.inner))
+        return hash((type(self), key, self.inner))
 
     def __repr__(self) -> str:
         r = self.rate if isinstance(self.rate, float) else f"array(n={self.rate.size})"
-        return f"PoissonSampled(rate={r}, inner={self.inner!r})"
+        return f"{type(self).__name__}(rate={r}, inner={self.inner!r})"
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class PoissonSampled(_Sampled):
+    """Poisson sampling: each record is included independently with probability ``rate``.
+
+    ``rate`` is a float in [0, 1] or a 1-d array of per-record rates (stored read-only); the
+    accountant then returns one row per rate. Neighbouring datasets: add/remove one record.
+    """
+
+
+@dataclass(frozen=True, eq=False, repr=False)
+class SampledWithoutReplacement(_Sampled):
+    """A uniformly random batch of exactly B of the n records, ``rate`` = γ = B/n.
+
+    Neighbouring datasets: replace one record (n is fixed). The inner Gaussian's noise
+    multiplier is relative to the replace-one sensitivity 2C: pdpfl's DP-SGD noise σ·C is
+    ``GaussianMechanism(σ/2)`` here (the paper's σ_j of PriFedSync Algorithm 2). Accounted by
+    Wang, Balle & Kasiviswanathan 2019, Theorem 9 (:mod:`pdpfl.privacy.wor`).
+    """
 
 
 @dataclass(frozen=True)
@@ -122,7 +152,7 @@ class Composed:
 
     def __post_init__(self) -> None:
         _check_inner(self.inner, "inner")
-        c = self.count
+        c: Any = self.count
         if isinstance(c, bool) or not isinstance(c, numbers.Integral | float):
             raise ValueError(f"count: expected an integer >= 0, got {c!r}")
         if isinstance(c, float) and not (math.isfinite(c) and c.is_integer()):
@@ -168,8 +198,63 @@ class Sequence:
         object.__setattr__(self, "events", events)
 
 
-Mechanism = Union[GaussianMechanism, PoissonSampled, Composed, TwoStageRound, Sequence]  # noqa: UP007
-_MECHANISM_TYPES = (GaussianMechanism, PoissonSampled, Composed, TwoStageRound, Sequence)
+@dataclass(frozen=True)
+class GroupPrivacy:
+    """``inner``'s guarantee for neighbouring datasets that differ in ``group_size`` records.
+
+    ULDP-FL's GROUP-k (Theorem 4 with Proposition 2): a record-level mechanism protects a user
+    who has at most k records. ``conversion`` selects the route:
+
+    * ``rdp`` -- Lemma 9 (Mironov 2017, Prop. 2): k rounded up to 2^c, orders α ≥ 2^{c+1}
+      become α/2^c with RDP 3^c·ρ(α) (:func:`pdpfl.privacy.group.group_epsilon_from_rdp`);
+    * ``dp`` -- Lemma 4 then Lemma 8 ((kε, k·e^{(k−1)ε}·δ')), with the inner δ' optimized over
+      the whole range that can matter (:func:`pdpfl.privacy.group.group_epsilon_dp`);
+    * ``best`` -- the smaller of the two (both are upper bounds).
+
+    ``Composed(GroupPrivacy(e, k), n)`` is the same mechanism as ``GroupPrivacy(Composed(e, n),
+    k)`` (n repetitions of e, seen by groups of k), and accountants treat it so.
+    """
+
+    inner: Mechanism
+    group_size: int
+    conversion: GroupConversion = "best"
+
+    def __post_init__(self) -> None:
+        _check_inner(self.inner, "inner")
+        k: Any = self.group_size
+        if isinstance(k, bool) or not isinstance(k, numbers.Integral) or int(k) < 1:
+            raise ValueError(f"group_size: must be an integer >= 1, got {k!r}")
+        if self.conversion not in GROUP_CONVERSIONS:
+            raise ValueError(
+                f"conversion: expected one of {', '.join(GROUP_CONVERSIONS)}, "
+                f"got {self.conversion!r}"
+            )
+        object.__setattr__(self, "group_size", int(k))
+
+
+Mechanism = Union[  # noqa: UP007
+    GaussianMechanism,
+    PoissonSampled,
+    SampledWithoutReplacement,
+    Composed,
+    TwoStageRound,
+    Sequence,
+    GroupPrivacy,
+]
+_MECHANISM_TYPES = (
+    GaussianMechanism,
+    PoissonSampled,
+    SampledWithoutReplacement,
+    Composed,
+    TwoStageRound,
+    Sequence,
+    GroupPrivacy,
+)
+
+
+def is_mechanism(value: object) -> bool:
+    """True if ``value`` is one of the event types of this module."""
+    return isinstance(value, _MECHANISM_TYPES)
 
 
 def outline(event: Mechanism, depth: int = 2) -> str:
@@ -179,7 +264,8 @@ def outline(event: Mechanism, depth: int = 2) -> str:
         return name
     if depth == 0:
         return f"{name}(...)"
-    if isinstance(event, PoissonSampled | Composed):
+    children: list[Mechanism]
+    if isinstance(event, _Sampled | Composed | GroupPrivacy):
         children = [event.inner]
     elif isinstance(event, TwoStageRound):
         children = [event.local]
@@ -190,7 +276,7 @@ def outline(event: Mechanism, depth: int = 2) -> str:
 
 def plan_event(
     rates: ArrayLike,
-    plan: TrainingPlan,
+    plan: Any,
     adversary: Adversary | str = "third-party",
     participations: int | None = None,
 ) -> Mechanism:
@@ -199,30 +285,40 @@ def plan_event(
     ``plan.total_event(rates, adversary, rounds=k)``, i.e. the plan's round event
     (:meth:`~pdpfl.privacy.plan.TrainingPlan.round_event`) composed over the charged rounds:
 
-    * centralized (``rounds is None``): ``Composed(Composed(PoissonSampled(q, Gaussian(σ)), τ), 1)``;
+    * centralized (``rounds is None``):
+      ``Composed(Composed(PoissonSampled(q, Gaussian(σ)), τ), 1)``;
     * third-party (rPDP-FL Theorem 1):
       ``Composed(TwoStageRound(λ, Composed(PoissonSampled(q, Gaussian(σ)), τ)), T)``;
     * server (Type I, no λ amplification):
       ``Composed(Composed(PoissonSampled(q, Gaussian(σ)), τ), k)``, k = ``participations``
       (default T).
 
-    ``adversary="both"`` has no single event (it is the max of two ε): ValueError.
+    ``plan`` is a :class:`~pdpfl.privacy.plan.TrainingPlan` or any other unit mechanism (an
+    object with ``total_event`` and ``planned_rounds``; read structurally, so that this module
+    needs no plan). ``adversary="both"`` has no single event (it is the max of two ε):
+    ValueError.
     """
     adv = as_adversary(adversary)
     if adv is Adversary.BOTH:
         raise ValueError("adversary: 'both' has no single event; account each adversary")
-    if not isinstance(plan, TrainingPlan):
-        raise ValueError(f"plan: expected a TrainingPlan, got {type(plan).__name__}")
+    total_event = getattr(plan, "total_event", None)
+    if not callable(total_event) or not hasattr(plan, "planned_rounds"):
+        raise ValueError(
+            f"plan: expected a TrainingPlan (a unit mechanism), got {type(plan).__name__}"
+        )
     check_rates(rates)
-    if plan.rounds is None:
+    rounds = getattr(plan, "rounds", None)
+    if rounds is None:
         if participations is not None:
             raise ValueError("participations: only meaningful for federated plans (rounds set)")
-        return plan.total_event(rates, adv.value)
-    k = plan.rounds
+        event: Mechanism = total_event(rates, adv.value)
+        return event
+    k = int(rounds)
     if participations is not None:
-        k = participations
-        if isinstance(k, bool) or not isinstance(k, numbers.Integral) or not 0 <= k <= plan.rounds:
-            raise ValueError(f"participations: must be an integer in [0, rounds={plan.rounds}]")
-    if adv is Adversary.THIRD_PARTY:
-        k = plan.rounds
-    return plan.total_event(rates, adv.value, rounds=int(k))
+        p: Any = participations
+        if isinstance(p, bool) or not isinstance(p, numbers.Integral) or not 0 <= int(p) <= k:
+            raise ValueError(f"participations: must be an integer in [0, rounds={rounds}]")
+        if adv is not Adversary.THIRD_PARTY:
+            k = int(p)
+    event = total_event(rates, adv.value, rounds=k)
+    return event

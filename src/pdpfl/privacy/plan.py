@@ -1,16 +1,28 @@
-"""The public privacy parameters of a training run (rPDP-FL Algorithm 3 inputs)."""
+"""The public privacy parameters of a training run (rPDP-FL Algorithm 3 inputs).
+
+A :class:`TrainingPlan` builds its events from :mod:`pdpfl.privacy.mechanisms` (one direction:
+the event algebra knows no plan).
+"""
 
 from __future__ import annotations
 
 import math
 import numbers
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, ClassVar, Literal
+from typing import ClassVar, Literal
 
-if TYPE_CHECKING:  # pragma: no cover
-    from numpy.typing import ArrayLike
+import numpy as np
+from numpy.typing import ArrayLike
 
-    from pdpfl.privacy.mechanisms import Mechanism
+from pdpfl.privacy.adversary import Adversary, as_adversary
+from pdpfl.privacy.mechanisms import (
+    Composed,
+    GaussianMechanism,
+    Mechanism,
+    PoissonSampled,
+    TwoStageRound,
+)
+from pdpfl.privacy.rdp import check_rates
 
 __all__ = ["TrainingPlan"]
 
@@ -62,7 +74,9 @@ class TrainingPlan:
             raise ValueError(f"steps: must be an integer >= 1, got {steps}")
         rounds = None if self.rounds is None else _int(self.rounds, "rounds")
         if rounds is not None and rounds < 1:
-            raise ValueError(f"rounds: must be an integer >= 1 (none: centralized DP-SGD), got {rounds}")
+            raise ValueError(
+                f"rounds: must be an integer >= 1 (none: centralized DP-SGD), got {rounds}"
+            )
         lam = _real(self.client_rate, "client_rate")
         if not (0.0 < lam <= 1.0):
             raise ValueError(f"client_rate: must be in (0, 1], got {lam}")
@@ -98,17 +112,6 @@ class TrainingPlan:
         server: ``Composed(PoissonSampled(q, Gaussian(σ)), τ)`` (no λ amplification). A
         centralized plan's round is ``Composed(PoissonSampled(q, Gaussian(σ)), steps)`` for both.
         """
-        import numpy as np
-
-        from pdpfl.privacy.adversary import Adversary, as_adversary
-        from pdpfl.privacy.mechanisms import (
-            Composed,
-            GaussianMechanism,
-            PoissonSampled,
-            TwoStageRound,
-        )
-        from pdpfl.privacy.rdp import check_rates
-
         adv = as_adversary(observer)
         if adv is Adversary.BOTH:
             raise ValueError("adversary: 'both' has no single event; account each observer")
@@ -123,8 +126,6 @@ class TrainingPlan:
 
     def charged_on(self, observer: str) -> Literal["active", "participated"]:
         """Third parties are charged every active round; the server only rounds the silo trained."""
-        from pdpfl.privacy.adversary import Adversary, as_adversary
-
         adv = as_adversary(observer)
         if adv is Adversary.BOTH:
             raise ValueError("adversary: 'both' has no single charge rule")
@@ -132,8 +133,6 @@ class TrainingPlan:
 
     def total_event(self, rates: ArrayLike, observer: str, rounds: int | None = None) -> Mechanism:
         """``rounds`` (default T) charged rounds composed (rPDP-FL Theorem 1 / Type I view)."""
-        from pdpfl.privacy.mechanisms import Composed
-
         k = self.planned_rounds if rounds is None else int(rounds)
         return Composed(self.round_event(rates, observer), k)
 
@@ -153,5 +152,5 @@ def _int(value: object, name: str) -> int:
     if isinstance(value, numbers.Integral):
         return int(value)
     if isinstance(value, numbers.Real) and float(value).is_integer():
-        return int(value)
+        return int(float(value))
     raise ValueError(f"{name}: expected an integer, got {value!r}")

@@ -48,12 +48,12 @@ from __future__ import annotations
 import math
 import threading
 from collections import OrderedDict
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 from numpy.typing import ArrayLike
 
-from pdpfl.privacy.accountant import RdpAccountant, _counts
+from pdpfl.privacy.accountant import RdpAccountant
 from pdpfl.privacy.mechanisms import (
     Composed,
     GaussianMechanism,
@@ -64,6 +64,7 @@ from pdpfl.privacy.mechanisms import (
     outline,
 )
 from pdpfl.privacy.orders import DEFAULT_ORDERS
+from pdpfl.privacy.registry import Accountant, check_counts, register_accountant
 
 __all__ = ["PldAccountant", "rate_grid_up"]
 
@@ -132,6 +133,8 @@ class PldAccountant:
     """
 
     name = "pld"
+    #: Every ε is an upper bound (pessimistic discretization, FFT error subtracted from δ).
+    approximate: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -199,6 +202,10 @@ class PldAccountant:
         raise self._unsupported(event)
 
     def _unsupported(self, event: Mechanism) -> ValueError:
+        return self._unsupported_static(event)
+
+    @staticmethod
+    def _unsupported_static(event: Mechanism) -> ValueError:
         kind = "Sequence" if isinstance(event, Sequence) else outline(event, 1)
         return ValueError(
             f"PldAccountant cannot interpret {kind}: supported are GaussianMechanism, "
@@ -206,14 +213,16 @@ class PldAccountant:
         )
 
     @staticmethod
-    def _signature(event: Mechanism) -> tuple:
+    def _signature(event: Mechanism) -> tuple[Any, ...]:
         if isinstance(event, GaussianMechanism):
             return ("G", event.noise_multiplier)
         if isinstance(event, PoissonSampled):
             return ("P", PldAccountant._signature(event.inner))
         if isinstance(event, Composed):
             return ("C", event.count, PldAccountant._signature(event.inner))
-        return ("T", event.client_rate, PldAccountant._signature(event.local))
+        if isinstance(event, TwoStageRound):
+            return ("T", event.client_rate, PldAccountant._signature(event.local))
+        raise PldAccountant._unsupported_static(event)
 
     # -------------------------------------------------------------------------- ε
     def epsilon(self, event: Mechanism, delta: float) -> tuple[np.ndarray, np.ndarray]:
@@ -232,7 +241,7 @@ class PldAccountant:
             raise ValueError(f"delta: must be in (0, 1), got {delta!r}")
         rates = self._rates(event)
         n = 1 if rates is None else rates.size
-        k = _counts(counts, n)
+        k = check_counts(counts, n)
         eps_rdp, order = self.rdp.composed_epsilon(event, k, d)
         eps_pld = self.pld_epsilon(event, k, d)[0]
         take = eps_pld < eps_rdp
@@ -249,7 +258,7 @@ class PldAccountant:
             raise self._unsupported(event)
         rates = self._rates(event)
         n = 1 if rates is None else rates.size
-        k = _counts(counts, n)
+        k = check_counts(counts, n)
         q_up = (
             np.ones(n) if rates is None
             else rate_grid_up(rates, self.rate_grid_rel_step, self.rate_grid_min)
@@ -257,7 +266,7 @@ class PldAccountant:
         sig = self._signature(event)
         eps = np.zeros(n)
         interval = np.full(n, np.nan)
-        pairs = {}
+        pairs: dict[tuple[float, int], list[int]] = {}
         for i in range(n):
             if k[i] == 0 or q_up[i] == 0.0:
                 continue
@@ -315,9 +324,10 @@ class PldAccountant:
                 event.noise_multiplier, value_discretization_interval=interval
             ), 0.0
         if isinstance(event, PoissonSampled):
-            q = float(event.rate)
+            q = float(event.rate)  # a scalar-rate event here
             if q == 0.0:
                 return pldlib.identity(interval), 0.0
+            assert isinstance(event.inner, GaussianMechanism)
             return pldlib.from_gaussian_mechanism(
                 event.inner.noise_multiplier,
                 value_discretization_interval=interval,
@@ -376,6 +386,7 @@ def _mu2(event: Mechanism) -> float:
     if isinstance(event, GaussianMechanism):
         return 1.0 / event.noise_multiplier**2
     if isinstance(event, PoissonSampled):
+        assert isinstance(event.inner, GaussianMechanism)
         q, sigma = float(event.rate), event.inner.noise_multiplier
         if q == 1.0:
             return 1.0 / sigma**2
@@ -411,3 +422,10 @@ def _gdp_epsilon(mu: float, delta: float) -> float:
         else:
             hi = mid
     return hi
+
+
+def _pld_factory(**options: Any) -> Accountant:
+    return PldAccountant(**options)
+
+
+register_accountant("pld", _pld_factory)

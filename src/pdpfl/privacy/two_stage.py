@@ -16,6 +16,8 @@ part in (the paper's λT is only an expectation; before training use k = T).
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 from numpy.typing import ArrayLike
 
@@ -128,17 +130,22 @@ def plan_epsilon(
     plan: TrainingPlan,
     adversary: Adversary | str = "third-party",
     participations: ArrayLike | int | None = None,
-    orders: ArrayLike = DEFAULT_ORDERS,
+    orders: ArrayLike | None = None,
     *,
     accountant: str = "rdp",
-    refine: bool = True,
-    **options,
+    refine: bool | None = None,
+    **options: Any,
 ) -> tuple[np.ndarray, np.ndarray]:
     """ε per record rate at the plan's δ, and the order that attains it (shapes ``(n_rates,)``).
 
     For ``adversary="both"`` the larger ε of the two adversaries (and its order). Computed by
     :func:`pdpfl.privacy.accountant.mechanism_epsilon` (the plan's round event charged T times,
     or k times for the server) — the same path as the ledger and the calibration.
+
+    Orders: without ``orders`` the minimum runs over :data:`DEFAULT_ORDERS` with the continuous
+    refinement of the optimal order; ``orders`` given are honoured exactly (the minimum over
+    exactly those orders, so integer-order numbers of Opacus, dp-accounting or a paper's code
+    are reproduced), unless ``refine=True`` asks for the refinement explicitly.
 
     ``accountant="pld"`` uses the privacy-loss-distribution accountant
     (:class:`pdpfl.privacy.pld.PldAccountant`; ``orders``/``refine`` then configure its RDP
@@ -159,7 +166,8 @@ def plan_epsilon(
         return np.where(take_sv, e_sv, e_tp), np.where(take_sv, o_sv, o_tp)
     q = check_rates(rates)
     k = _charged_rounds(plan, adv, participations, q.size)
-    a = check_orders(orders)
+    a = check_orders(DEFAULT_ORDERS if orders is None else orders)
+    refine = orders is None if refine is None else bool(refine)
     if accountant == "rdp":
         options = {"orders": a, "refine": refine, **options}
     else:

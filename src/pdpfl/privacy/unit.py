@@ -18,7 +18,13 @@ same description feeds
 
 :class:`~pdpfl.privacy.plan.TrainingPlan` is the record-level rPDP-FL description;
 :class:`SampledGaussianPlan` describes one Poisson-subsampled Gaussian per round (client-level
-IDP-FedAvg, user-level ULDP-FL with sub-sampling; q = 1 without sub-sampling).
+IDP-FedAvg, user-level ULDP-FL with sub-sampling; q = 1 without sub-sampling);
+:class:`LocalStepsPlan` is PriFedSync's record-level mechanism (K noisy local steps on batches
+drawn without replacement, or Poisson, per participation); :class:`GroupPlan` is ULDP-FL's
+GROUP-k (record-level DP-SGD seen by users with at most k records).
+
+Every description has ``with_noise(σ)``: the ledger calls it once per distinct σ when units are
+charged under different noise multipliers.
 """
 
 from __future__ import annotations
@@ -26,18 +32,29 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import dataclass
-from typing import Literal, Protocol, runtime_checkable
+from typing import ClassVar, Literal, Protocol, runtime_checkable
 
 import numpy as np
 from numpy.typing import ArrayLike
 
-from pdpfl.privacy.adversary import Adversary, as_adversary
-from pdpfl.privacy.mechanisms import Composed, GaussianMechanism, Mechanism, PoissonSampled
+from pdpfl.privacy.adversary import as_adversary
+from pdpfl.privacy.mechanisms import (
+    GROUP_CONVERSIONS,
+    Composed,
+    GaussianMechanism,
+    GroupConversion,
+    GroupPrivacy,
+    Mechanism,
+    PoissonSampled,
+    SampledWithoutReplacement,
+)
 from pdpfl.privacy.plan import MIN_NOISE_MULTIPLIER, TrainingPlan
 from pdpfl.privacy.rdp import check_rates
 
 __all__ = [
     "Charge",
+    "GroupPlan",
+    "LocalStepsPlan",
     "PrivacyUnit",
     "SampledGaussianPlan",
     "UnitMechanism",
@@ -72,8 +89,20 @@ def as_unit(value: PrivacyUnit | str) -> PrivacyUnit:
 class UnitMechanism(Protocol):
     """One algorithm's mechanism as seen by its privacy unit, round by round."""
 
-    unit: PrivacyUnit
-    delta: float
+    @property
+    def unit(self) -> str:
+        """The :class:`PrivacyUnit` (a ``str``: ``record``, ``client``, ``user``)."""
+        ...
+
+    @property
+    def delta(self) -> float:
+        """δ of every ε this mechanism is accounted at."""
+        ...
+
+    @property
+    def noise_multiplier(self) -> float:
+        """σ (what :meth:`with_noise` replaces)."""
+        ...
 
     @property
     def planned_rounds(self) -> int:
@@ -98,6 +127,11 @@ class UnitMechanism(Protocol):
         self, rates: ArrayLike, observer: str, rounds: int | None = None
     ) -> Mechanism:
         """``rounds`` (default T) charged rounds composed."""
+        ...
+
+    def with_noise(self, noise_multiplier: float) -> UnitMechanism:
+        """The same description with another noise multiplier σ (calibration; the ledger calls
+        it once per distinct σ of its units)."""
         ...
 
 
@@ -205,5 +239,220 @@ class SampledGaussianPlan:
         )
 
 
-def _adversary_value(observer: str | Adversary) -> str:
-    return as_adversary(observer).value
+def _check_sigma(value: float) -> float:
+    sigma = float(value)
+    if not (math.isfinite(sigma) and sigma >= MIN_NOISE_MULTIPLIER):
+        raise ValueError(
+            f"noise_multiplier: must be a finite number >= {MIN_NOISE_MULTIPLIER:g} (smaller "
+            f"noise overflows the accountant and protects nothing), got {sigma}"
+        )
+    return sigma
+
+
+def _check_int(value: object, name: str, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | float | np.integer):
+        raise ValueError(f"{name}: must be an integer >= {minimum}, got {value!r}")
+    if int(value) != value or int(value) < minimum:
+        raise ValueError(f"{name}: must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def _check_observers(observers: tuple[str, ...]) -> tuple[str, ...]:
+    obs = tuple(as_adversary(o).value for o in observers)
+    if not obs or "both" in obs:
+        raise ValueError("observers: expected a non-empty subset of third-party, server")
+    return obs
+
+
+def _observer_in(observer: str, observers: tuple[str, ...], unit: PrivacyUnit) -> str:
+    obs = as_adversary(observer).value
+    if obs not in observers:
+        raise ValueError(
+            f"adversary: this {unit.value}-level mechanism is accounted against "
+            f"{', '.join(observers)}, not {obs}"
+        )
+    return obs
+
+
+Sampler = Literal["wor", "poisson"]
+
+
+@dataclass(frozen=True)
+class LocalStepsPlan:
+    """PriFedSync's record-level mechanism: K noisy local steps per participation.
+
+    Federated f-DP (Zheng, Chen, Long & Su, AISTATS 2021), Algorithm 2 (NoisySGD local
+    training): a client that joins a round runs K DP-SGD steps on its n records, each on a batch
+    of exactly B records drawn uniformly **without replacement** (``sampler="wor"``: replace-one
+    neighbours, sensitivity 2C, so the event's noise multiplier is σ/2 -- the paper's σ_j -- at
+    ratio γ = B/n) or by **Poisson** sampling at rate q = B/n (``sampler="poisson"``:
+    add/remove neighbours, multiplier σ). σ is pdpfl's noise multiplier (noise std σ·C).
+
+    Every observer's view (each release, the global models, other clients, the server) is
+    post-processing of the client's noisy steps (Lemma 3.7), so the same composition is charged
+    to every observer, once per participation (``charged_on`` is ``participated``). The rate a
+    unit is accounted at is its client's B/n (``round_event(rates, …)``).
+
+    Events: ``Composed(SampledWithoutReplacement(γ, Gaussian(σ/2)), K)`` -- the ``rdp``
+    accountant bounds it rigorously (Wang et al. 2019, Theorem 9); the ``gdp-clt`` accountant
+    gives Theorem 2's CLT μ (an approximation). Poisson: ``Composed(PoissonSampled(q,
+    Gaussian(σ)), K)`` (``rdp``, ``pld``; ``gdp-clt`` gives Bu et al.'s μ).
+
+    Parameters
+    ----------
+    sampler
+        ``wor`` (the paper's) or ``poisson``.
+    noise_multiplier
+        σ: noise std σ·C per step.
+    local_steps
+        K ≥ 0 steps per participation.
+    delta
+        δ in (0, 1).
+    rounds
+        Planned participations R ≥ 1 (calibration and ``account``).
+    """
+
+    sampler: Sampler
+    noise_multiplier: float
+    local_steps: int
+    delta: float
+    rounds: int
+    observers_: tuple[str, ...] = ("third-party", "server")
+
+    unit: ClassVar[PrivacyUnit] = PrivacyUnit.RECORD
+
+    def __post_init__(self) -> None:
+        if self.sampler not in ("wor", "poisson"):
+            raise ValueError(f"sampler: expected 'wor' or 'poisson', got {self.sampler!r}")
+        delta = float(self.delta)
+        if not (0.0 < delta < 1.0):
+            raise ValueError(f"delta: must be in (0, 1), got {delta}")
+        object.__setattr__(self, "noise_multiplier", _check_sigma(self.noise_multiplier))
+        object.__setattr__(self, "local_steps", _check_int(self.local_steps, "local_steps", 0))
+        object.__setattr__(self, "delta", delta)
+        object.__setattr__(self, "rounds", _check_int(self.rounds, "rounds", 1))
+        object.__setattr__(self, "observers_", _check_observers(self.observers_))
+
+    @property
+    def planned_rounds(self) -> int:
+        return self.rounds
+
+    @property
+    def observers(self) -> tuple[str, ...]:
+        return self.observers_
+
+    @property
+    def event_noise_multiplier(self) -> float:
+        """Noise std over the neighbouring relation's sensitivity: σ/2 (WOR) or σ (Poisson)."""
+        return self.noise_multiplier / 2.0 if self.sampler == "wor" else self.noise_multiplier
+
+    @property
+    def neighbouring(self) -> str:
+        return (
+            "replace one record of one client (batches without replacement)"
+            if self.sampler == "wor"
+            else "add/remove one record of one client (Poisson batches)"
+        )
+
+    def round_event(self, rates: ArrayLike, observer: str) -> Mechanism:
+        """One participation: K steps at the unit's ratio B/n (module docstring)."""
+        _observer_in(observer, self.observers_, self.unit)
+        q = check_rates(rates)
+        rate = q if np.ndim(rates) else float(q[0])
+        inner = GaussianMechanism(self.event_noise_multiplier)
+        step: Mechanism = (
+            SampledWithoutReplacement(rate, inner)
+            if self.sampler == "wor"
+            else PoissonSampled(rate, inner)
+        )
+        return Composed(step, self.local_steps)
+
+    def charged_on(self, observer: str) -> Charge:
+        _observer_in(observer, self.observers_, self.unit)
+        return "participated"
+
+    def total_event(self, rates: ArrayLike, observer: str, rounds: int | None = None) -> Mechanism:
+        k = self.rounds if rounds is None else int(rounds)
+        return Composed(self.round_event(rates, observer), k)
+
+    def with_noise(self, noise_multiplier: float) -> LocalStepsPlan:
+        return LocalStepsPlan(
+            self.sampler, float(noise_multiplier), self.local_steps, self.delta, self.rounds,
+            self.observers_,
+        )
+
+    def with_steps(self, local_steps: int) -> LocalStepsPlan:
+        """The same plan with K = ``local_steps`` (calibration of the local steps)."""
+        return LocalStepsPlan(
+            self.sampler, self.noise_multiplier, int(local_steps), self.delta, self.rounds,
+            self.observers_,
+        )
+
+
+@dataclass(frozen=True)
+class GroupPlan:
+    """ULDP-FL GROUP-k: record-level DP-SGD seen by users with at most k records.
+
+    Every silo runs τ Poisson-sampled DP-SGD steps per round at record rate q (σ per step) on
+    records filtered so that each user has at most k of them across silos (ULDP-FL Theorem 4;
+    silos are disjoint: parallel composition). The user-level guarantee is the group conversion
+    of the record-level one (Proposition 2), event
+    ``GroupPrivacy(Composed(PoissonSampled(q, Gaussian(σ)), τ), k, conversion)`` per round;
+    T rounds are ``GroupPrivacy`` of the T·τ steps (accountant ``rdp``). Both observers see the
+    same releases; every round is charged (``active``). The rate is the record rate q.
+    """
+
+    noise_multiplier: float
+    local_steps: int
+    delta: float
+    rounds: int
+    group_size: int
+    conversion: GroupConversion = "best"
+    observers_: tuple[str, ...] = ("third-party", "server")
+
+    unit: ClassVar[PrivacyUnit] = PrivacyUnit.USER
+
+    def __post_init__(self) -> None:
+        delta = float(self.delta)
+        if not (0.0 < delta < 1.0):
+            raise ValueError(f"delta: must be in (0, 1), got {delta}")
+        if self.conversion not in GROUP_CONVERSIONS:
+            raise ValueError(
+                f"group_conversion: expected one of {', '.join(GROUP_CONVERSIONS)}, "
+                f"got {self.conversion!r}"
+            )
+        object.__setattr__(self, "noise_multiplier", _check_sigma(self.noise_multiplier))
+        object.__setattr__(self, "local_steps", _check_int(self.local_steps, "local_steps", 1))
+        object.__setattr__(self, "delta", delta)
+        object.__setattr__(self, "rounds", _check_int(self.rounds, "rounds", 1))
+        object.__setattr__(self, "group_size", _check_int(self.group_size, "group_k", 1))
+        object.__setattr__(self, "observers_", _check_observers(self.observers_))
+
+    @property
+    def planned_rounds(self) -> int:
+        return self.rounds
+
+    @property
+    def observers(self) -> tuple[str, ...]:
+        return self.observers_
+
+    def round_event(self, rates: ArrayLike, observer: str) -> Mechanism:
+        _observer_in(observer, self.observers_, self.unit)
+        q = check_rates(rates)
+        rate = q if np.ndim(rates) else float(q[0])
+        step = PoissonSampled(rate, GaussianMechanism(self.noise_multiplier))
+        return GroupPrivacy(Composed(step, self.local_steps), self.group_size, self.conversion)
+
+    def charged_on(self, observer: str) -> Charge:
+        _observer_in(observer, self.observers_, self.unit)
+        return "active"
+
+    def total_event(self, rates: ArrayLike, observer: str, rounds: int | None = None) -> Mechanism:
+        k = self.rounds if rounds is None else int(rounds)
+        return Composed(self.round_event(rates, observer), k)
+
+    def with_noise(self, noise_multiplier: float) -> GroupPlan:
+        return GroupPlan(
+            float(noise_multiplier), self.local_steps, self.delta, self.rounds, self.group_size,
+            self.conversion, self.observers_,
+        )

@@ -68,6 +68,7 @@ __all__ = [
     "wor_gaussian_epsilon",
     "wor_gaussian_epsilon_lower_bound",
     "wor_gaussian_rdp",
+    "wor_gaussian_rdp_any_order",
 ]
 
 #: Integer Rényi orders for the WOR bound: 2…64, 72…256 (steps of 8), 320, 384, 512, 768, 1024.
@@ -97,7 +98,9 @@ def _check_sigma(noise_multiplier: float) -> float:
     try:
         s = float(noise_multiplier)
     except (TypeError, ValueError):
-        raise ValueError(f"noise_multiplier: expected a number > 0, got {noise_multiplier!r}") from None
+        raise ValueError(
+            f"noise_multiplier: expected a number > 0, got {noise_multiplier!r}"
+        ) from None
     if not (math.isfinite(s) and s > 0):
         raise ValueError(f"noise_multiplier: must be a finite number > 0, got {noise_multiplier!r}")
     return s
@@ -177,6 +180,34 @@ def wor_gaussian_rdp(
         log_total = np.where(peak > 0, peak + np.log(np.exp(-peak) + rest), np.log1p(rest))
     out = log_total / (a - 1.0)
     return np.minimum(out, full)
+
+
+@lru_cache(maxsize=256)
+def _rdp_cached(sampling_ratio: float, noise_multiplier: float, orders: bytes) -> np.ndarray:
+    out = wor_gaussian_rdp(sampling_ratio, noise_multiplier, np.frombuffer(orders))
+    out.setflags(write=False)
+    return out
+
+
+def wor_gaussian_rdp_any_order(
+    sampling_ratio: float, noise_multiplier: float, orders: ArrayLike
+) -> np.ndarray:
+    """An upper bound on the RDP of one WOR-subsampled Gaussian step at *any* orders α > 1.
+
+    Theorem 9 is stated for integer α ≥ 2; Rényi divergence is non-decreasing in α, so
+    ρ(α) ≤ ρ(max(2, ⌈α⌉)), which is what is returned (exactly :func:`wor_gaussian_rdp` at
+    integer orders ≥ 2). Results are cached per (γ, σ, orders): the ledger asks for the same
+    few clients' ratios round after round.
+    """
+    g = check_sampling_ratio(sampling_ratio)
+    sigma = _check_sigma(noise_multiplier)
+    a = np.asarray(orders, dtype=np.float64).reshape(-1)
+    if a.size == 0 or np.any(~np.isfinite(a)) or np.any(a <= 1.0):
+        raise ValueError("orders: every Rényi order must be a finite number > 1")
+    up = np.maximum(np.ceil(a), 2.0)
+    uniq, inverse = np.unique(up, return_inverse=True)
+    rdp = _rdp_cached(g, sigma, uniq.tobytes())
+    return np.asarray(rdp[inverse.reshape(-1)], dtype=np.float64)
 
 
 def wor_gaussian_epsilon(
@@ -347,7 +378,11 @@ def wor_gaussian_epsilon_lower_bound(
 ) -> float:
     """The largest ε (to ``xtol``, rounded down) at which the lower bound still exceeds δ.
 
-    Every accountant that reports an ε below this value at the same δ under-reports.
+    Every accountant that reports an ε below this value at the same δ under-reports. Never a
+    false 0: 0.0 is returned only when it is the truth (no sampling, no steps, or the rigorous
+    upper bound's δ(0) is already ≤ δ); when the discretization is too coarse to certify any
+    ε > 0 (rounding loses up to ``steps·bin_width`` nats), a ValueError naming ``bin_width``
+    says so.
     """
     d = float(delta)
     if not (0.0 < d < 1.0):
@@ -361,7 +396,18 @@ def wor_gaussian_epsilon_lower_bound(
         return float(gdp_epsilon(math.sqrt(t) / sigma, d))
     curves = _lower_bound_curves(g, sigma, t, float(bin_width), int(cells))
     if _hockey_stick(curves, 0.0) <= d:
-        return 0.0
+        # The discretized pairs certify no ε > 0. That is the truth only if the mechanism's
+        # δ(0) (its total variation) is at most δ, which the rigorous upper bound can show;
+        # otherwise the rounding (up to steps·bin_width nats of privacy loss) swallowed the
+        # bound, and 0 would be a false lower bound.
+        if wor_gaussian_delta(g, sigma, t, 0.0) <= d:
+            return 0.0
+        raise ValueError(
+            f"bin_width: the discretized lower bound certifies no ε > 0 here (rounding can lose "
+            f"up to steps·bin_width = {t * float(bin_width):.3g} nats of privacy loss over "
+            f"{t} steps, while the upper bound's δ(0) exceeds δ = {d:g}); use a smaller "
+            "bin_width or fewer steps"
+        )
     lo, hi = 0.0, max(float(c[1][-1]) for c in curves)
     while hi - lo > xtol:
         mid = 0.5 * (lo + hi)

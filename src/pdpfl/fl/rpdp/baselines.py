@@ -16,7 +16,7 @@ Two calibrations for the uniform baselines:
 1. default -- *same σ as rPDP-FL*, every kept record gets q = F(ε) from the same estimator. This
    isolates the effect of personalization: the only difference to rPDP-FL is the rates;
 2. ``algorithm.sampling_rate = q`` -- the classic DP-FedAvg tuning: a fixed q and the σ for which
-   q spends exactly ε (:func:`pdpfl.calibrate.noise_for_uniform_rate`).
+   q spends exactly ε (:func:`pdpfl.calibration.noise_for_uniform_rate`).
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ class _UniformBase(DpFedAvgConfig):
         """Uniform DP-FedAvg at the public ε (same σ and F as rPDP-FL, or a fixed q)."""
         eps = self.uniform_epsilon(config)
         if self.sampling_rate is not None:
-            from pdpfl.calibrate import noise_for_uniform_rate
+            from pdpfl.calibration import noise_for_uniform_rate
 
             sigma = float(
                 noise_for_uniform_rate(

@@ -24,7 +24,7 @@ from pdpfl.fl.common import (
 from pdpfl.privacy.plan import TrainingPlan
 
 if TYPE_CHECKING:  # pragma: no cover
-    from pdpfl.calibrate import RateEstimator
+    from pdpfl.calibration import RateEstimator
     from pdpfl.config import ExperimentConfig
 
 __all__ = [
@@ -97,7 +97,7 @@ class DpFedAvgSetup(PublicSetup):
     def estimator_object(self) -> RateEstimator:
         if self.estimator is None:
             raise ValueError("this setup carries no rate estimator")
-        from pdpfl.calibrate import estimator_from_dict
+        from pdpfl.calibration import estimator_from_dict
 
         return estimator_from_dict(self.estimator)
 
@@ -146,7 +146,7 @@ def noise_multiplier(config: ExperimentConfig) -> float:
 
 def fit_published_estimator(config: ExperimentConfig, sigma: float) -> RateEstimator:
     """F for the config's mechanism and observer (memoized inside the calibrators)."""
-    from pdpfl.calibrate import fit_estimator
+    from pdpfl.calibration import fit_estimator
 
     return fit_estimator(
         mechanism_plan(config, sigma),
