@@ -95,7 +95,7 @@ def run_like_the_simulator(config: Any, tmp_path: Path, monkeypatch: Any,
     """The simulator's run and the same config through pdpfl's Flower apps (message log on);
     asserts both give the same model after the same rounds. Returns (sim, flower result, log)."""
     from pdpfl.config import config_to_dict
-    from pdpfl.runtime.flower.apps import encode_config
+    from pdpfl.runtime.flower.codec import encode_config
     from pdpfl.runtime.simulation import run_simulation
 
     sim = run_simulation(config, tmp_path / "sim", progress=False)

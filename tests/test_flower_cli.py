@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 pytest.importorskip("flwr")
 
 from pdpfl.cli import app  # noqa: E402
-from pdpfl.runtime.flower.apps import decode_config  # noqa: E402
+from pdpfl.runtime.flower.codec import decode_config  # noqa: E402
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 runner = CliRunner()

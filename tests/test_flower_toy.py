@@ -519,7 +519,7 @@ def serve(grid: FakeGrid, out: Path) -> dict[str, Any]:
 
 
 def toy_run_config(config: Any, out: Path, **extra: Any) -> dict[str, Any]:
-    from pdpfl.runtime.flower.apps import encode_config
+    from pdpfl.runtime.flower.codec import encode_config
 
     return {
         "pdpfl-config": encode_config(_to_dict(config)),

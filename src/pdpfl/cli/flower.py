@@ -338,7 +338,7 @@ def _app_for(
     **timeouts: float | None,
 ) -> Path:
     from pdpfl.config import ConfigError, config_to_dict, load_config
-    from pdpfl.runtime.flower.apps import encode_config
+    from pdpfl.runtime.flower.codec import encode_config
     from pdpfl.runtime.flower.hooks import DEFAULT_HOOKS
     from pdpfl.runtime.flower.launcher import default_startup_timeout, write_app
 

@@ -39,7 +39,8 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
-from pdpfl.runtime.flower.apps import RESULT_FILE, STATUS_FILE, encode_config
+from pdpfl.runtime.flower.apps import RESULT_FILE, STATUS_FILE
+from pdpfl.runtime.flower.codec import encode_config
 from pdpfl.runtime.flower.hooks import (
     DATA_DIR,
     DEFAULT_HOOKS,
