@@ -4,6 +4,7 @@ flags (fixed, ≤ k), weights, configuration checks and warnings."""
 from __future__ import annotations
 
 import warnings
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -126,7 +127,7 @@ def test_user_mask_trains_only_sampled_users_and_empty_rounds_still_add_noise() 
     assert silo.selected_users({"users": nobody}).size == 0
     out = silo.fit(params, 0, {"round": 0, "users": nobody})
     flat = np.concatenate([u.ravel() for u in out.update])
-    assert np.std(flat) == pytest.approx(silo.pub["noise_std"], rel=0.35)  # noise only
+    assert np.std(flat) == pytest.approx(silo.setup.noise_std, rel=0.35)  # noise only
     with pytest.raises(ValueError, match="mask"):
         silo.fit(params, 1, {"round": 1})  # a sub-sampled round without a mask is refused
     mask = np.zeros(15, dtype=bool)
@@ -137,7 +138,7 @@ def test_user_mask_trains_only_sampled_users_and_empty_rounds_still_add_noise() 
 
 def test_user_sampling_coins_follow_the_rate() -> None:
     _, _, server, _ = _build("algorithm.user_rate=0.3")
-    taken = np.array([server._round_users(t)[1] for t in range(200)])
+    taken = np.array([server.round_users(t)[1] for t in range(200)])
     assert taken.mean() == pytest.approx(0.3, abs=0.03)
 
 
@@ -186,8 +187,9 @@ def test_group_flags_are_fixed_and_bound_users_across_silos() -> None:
     for c in clients:
         np.testing.assert_array_equal(clients[c].kept, before[c])
         np.testing.assert_array_equal(again[c].kept, before[c])
-    report = server.privacy_report()
-    assert report["eps_third_party_max"] > report["record_level_eps"] > 0
+    report = server.privacy_summary()
+    assert report.unit == "user" and report.units == 15
+    assert report.spent_max("third-party") > report.info["record_epsilon"] > 0
     assert resolve_group_k("max", np.array([3, 9, 4])) == 9
     assert resolve_group_k("median", np.array([3, 9, 4, 0])) == 4
 
@@ -236,32 +238,29 @@ def test_plain_aggregation_with_enhanced_weights_is_charged_to_the_server() -> N
     for server, cl in ((uniform, clients), (enhanced, clients_w)):
         params = server.initial_params()
         _round(server, cl, params, 0)
-    assert enhanced.privacy_report()["eps_server_max"] > uniform.privacy_report()["eps_server_max"]
-    assert enhanced.privacy_report()["eps_third_party_max"] == pytest.approx(
-        uniform.privacy_report()["eps_third_party_max"]
+    assert (enhanced.privacy_summary().spent_max("server")
+            > uniform.privacy_summary().spent_max("server"))
+    assert enhanced.privacy_summary().spent_max("third-party") == pytest.approx(
+        uniform.privacy_summary().spent_max("third-party")
     )
 
 
 def test_user_ids_outside_the_declared_users_are_refused() -> None:
-    from pdpfl.fl.uldp import UldpSilo
-
     _, fed, _, clients = _build()
     silo = clients[0]
     with pytest.raises(ValueError, match="num_users"):
-        UldpSilo(0, silo.model, fed.clients[0], dict(silo.pub, num_users=2),
-                 randomness=silo.randomness, batch_size=8, lr=0.1)
+        type(silo)(0, silo.model, fed.clients[0], replace(silo.setup, num_users=2),
+                   randomness=silo.randomness, batch_size=8, lr=0.1)
 
 
 def test_a_silo_refuses_a_published_total_below_its_own_count() -> None:
-    from pdpfl.fl.uldp import UldpSilo
-
     _, fed, _, clients = _build("algorithm.weights=enhanced", "data.public_user_histograms=true")
     silo = clients[0]
-    totals = list(silo.pub["user_totals"])
+    totals = list(silo.setup.user_totals)
     totals[int(silo.users[0])] = 0  # a lying histogram would make Σ_s w exceed 1
     with pytest.raises(ValueError, match="N_u"):
-        UldpSilo(0, silo.model, fed.clients[0], dict(silo.pub, user_totals=totals),
-                 randomness=silo.randomness, batch_size=8, lr=0.1)
+        type(silo)(0, silo.model, fed.clients[0], replace(silo.setup, user_totals=totals),
+                   randomness=silo.randomness, batch_size=8, lr=0.1)
 
 
 @pytest.mark.parametrize("name", ["uldp-naive", "uldp-avg", "uldp-sgd"])

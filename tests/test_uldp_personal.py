@@ -41,7 +41,7 @@ def _run_rounds(server, rounds):
     taken = np.zeros(server.num_users, dtype=np.int64)
     for t in range(rounds):
         server.round_config(t)
-        taken += server._round_users(t)[1]
+        taken += server.round_users(t)[1]
         server.record_round(t, [0, 1, 2])
     return taken
 
@@ -59,7 +59,7 @@ def test_no_user_exceeds_its_budget_and_larger_budgets_sample_more() -> None:
     # ... so users with larger budgets take part in more rounds.
     means = [taken[budgets == b].mean() for b in (0.5, 2.0, 6.0)]
     assert means[0] < means[1] < means[2]
-    spent = server.ledgers["third-party"].spent_epsilon("third-party")
+    spent = server.ledger.spent_epsilon("third-party")
     assert (spent <= budgets * (1 + 1e-9)).all()
     # Independent accountant: T rounds of the Poisson-subsampled Gaussian at each user's rate,
     # in dp-accounting at the (fractional) order pdpfl's accountant chose -- and its PLD
@@ -81,19 +81,19 @@ def test_no_user_exceeds_its_budget_and_larger_budgets_sample_more() -> None:
         pld = dp_accounting.pld.PLDAccountant()
         pld.compose(event, config.training.rounds)
         assert pld.get_epsilon(1e-5) <= eps_u
-    report = server.privacy_report()
-    assert report["over_budget_third_party"] == 0
-    assert report["group.0.5.count"] == int((budgets == 0.5).sum())
+    report = server.privacy_summary()
+    assert report.unit == "user" and report.over_budget("third-party") == 0
+    assert {g.label: g.units for g in report.groups}["0.5"] == int((budgets == 0.5).sum())
 
 
 def test_budgets_are_enforced_against_the_server_when_asked() -> None:
     config, server = _server("privacy.adversary=both")
     _run_rounds(server, config.training.rounds)
     for name in ("third-party", "server"):
-        spent = server.ledgers[name].spent_epsilon(name)
+        spent = server.ledger.spent_epsilon(name)
         assert (spent <= server.budgets * (1 + 1e-9)).all()
     # The server drew the coins: against it there is no amplification, so users stop early.
-    assert server.privacy_report()["stopped"] > 0
+    assert server.privacy_summary().stopped > 0
 
 
 def test_tiny_budgets_get_tiny_rates_and_stay_within_budget() -> None:
@@ -101,5 +101,5 @@ def test_tiny_budgets_get_tiny_rates_and_stay_within_budget() -> None:
     tiny = server.budgets == 0.001
     assert 0 < server.rates[tiny].max() < 1e-3 < server.rates[~tiny].min()
     _run_rounds(server, config.training.rounds)
-    spent = server.ledgers["third-party"].spent_epsilon("third-party")
+    spent = server.ledger.spent_epsilon("third-party")
     assert (spent[tiny] <= 0.001).all()

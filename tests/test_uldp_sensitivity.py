@@ -13,20 +13,22 @@ import torch
 
 from pdpfl.data.federation import ClientData
 from pdpfl.dp.steps import clip_vectors
-from pdpfl.fl.uldp import UldpSilo
+from pdpfl.fl.uldp import AvgSilo, NaiveSilo, SgdSilo, UldpSetup, UserLevelSetup
 from pdpfl.models import create_model, get_params
 from pdpfl.randomness import SeededRandomness
 
 C = 0.5
 
 
+SILOS = {"avg": AvgSilo, "sgd": SgdSilo, "naive": NaiveSilo}
+
+
 def _public(variant, S, U, weights="uniform", totals=None, epochs=2):
-    return {
-        "variant": variant, "num_silos": S, "num_users": U, "noise_multiplier": 1.0,
-        "delta": 1e-5, "rounds": 1, "max_grad_norm": C, "local_epochs": epochs, "local_steps": 1,
-        "weights": weights, "user_totals": totals, "group_k": None, "group_quota": None,
-        "record_rate": None, "user_sampling": False, "noise_std": 0.0,
-    }
+    common = dict(num_silos=S, num_users=U, noise_multiplier=1.0, noise_std=0.0, delta=1e-5,
+                  rounds=1, max_grad_norm=C, local_epochs=epochs, local_steps=1)
+    if variant == "naive":
+        return UldpSetup(**common)
+    return UserLevelSetup(**common, weights=weights, user_totals=totals)
 
 
 def _federation(rng, S, U, d=5, classes=3):
@@ -53,8 +55,8 @@ def _silos(fed, variant, U, weights, drop=None, lr=2.0, model=None):
     for s, (x, y, u) in enumerate(keep):
         data = ClientData(name=f"s{s}", x_train=x, y_train=y, x_test=x[:1], y_test=y[:1],
                           record_ids=np.arange(len(y)) + 1000 * s, user_ids=u)
-        out.append(UldpSilo(s, model, data, pub, randomness=SeededRandomness(11),
-                            batch_size=4, lr=lr))
+        out.append(SILOS[variant](s, model, data, pub, randomness=SeededRandomness(11),
+                                  batch_size=4, lr=lr))
     return out
 
 
@@ -111,7 +113,7 @@ def test_user_weights_sum_to_one_per_user_across_silos() -> None:
 def _naive_pre_noise(silos, params):
     total = None
     for silo in silos:
-        delta = silo._silo_delta(params, 0)
+        delta = silo.local_delta(params, 0)
         clipped, _ = clip_vectors([d.unsqueeze(0) for d in delta], C)
         flat = torch.cat([c[0].flatten().double() for c in clipped])
         total = flat if total is None else total + flat

@@ -1,0 +1,498 @@
+"""ULDP-FL's config sections: one registered :class:`~pdpfl.fl.algorithm.Algorithm` per variant.
+
+``algorithm.name``: ``uldp-naive`` (Algorithm 1, Theorem 3), ``uldp-group`` (Algorithm 2,
+Theorem 4), ``uldp-avg`` / ``uldp-sgd`` (Algorithms 3-4, Theorem 5) and ``uldp-default``
+(FedAvg without DP). All share one set of fields (so that ``pdpfl compare`` can switch between
+them on one config); each variant uses the ones its docstring names and builds its own setup,
+server and silos. The ``compare`` methods of the paper's comparison (``uldp-avg-w``,
+``uldp-sgd-ws:Q``, ``puldp-avg``, ...) are registered here too. Formula and deviation numbers
+refer to ``docs/uldp_spec.md`` (Part A).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, TypeVar
+
+import numpy as np
+from pydantic import Field
+
+from pdpfl.config import METHODS, ExperimentConfig, MethodSpec, PrivacyUnitName
+from pdpfl.fl.algorithm import Algorithm, PublicSetup, register_algorithm
+from pdpfl.fl.api import FederationInfo
+from pdpfl.fl.common import initial_params, noise_source_problems, silo_model
+from pdpfl.fl.uldp.mechanism import (
+    GroupSetup,
+    UldpSetup,
+    UserLevelSetup,
+    need_histogram,
+    noise_multiplier,
+    num_users,
+    planned_budgets,
+    public_histogram,
+    setup_fields,
+    user_budgets,
+    user_plan,
+    user_rates,
+)
+from pdpfl.fl.uldp.server import (
+    AvgServer,
+    DefaultServer,
+    GroupServer,
+    NaiveServer,
+    SamplingServer,
+    SgdServer,
+    UldpServer,
+)
+from pdpfl.fl.uldp.silo import DefaultSilo, GroupSilo, NaiveSilo, UldpSilo
+from pdpfl.fl.uldp.users import AvgSilo, SgdSilo, UserLevelSilo
+from pdpfl.fl.uldp.weights import (
+    enhanced_weights,
+    fair_group_quotas,
+    resolve_group_k,
+    split_group_quotas,
+)
+from pdpfl.privacy.uldp import UserLevelPlan, user_epsilon
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pdpfl.data.federation import ClientData
+    from pdpfl.randomness import Randomness
+
+__all__ = [
+    "UldpAvgConfig",
+    "UldpConfig",
+    "UldpDefaultConfig",
+    "UldpGroupConfig",
+    "UldpNaiveConfig",
+    "UldpSgdConfig",
+    "UserLevelConfig",
+]
+
+SiloT = TypeVar("SiloT", bound=UldpSilo)
+
+#: Turn pdpfl.testing.TOY_CONFIG (3 digits silos, 2 rounds) into a user-level toy run.
+_TOY = ("data.options.num_users=12",)
+
+
+class UldpConfig(Algorithm):
+    """Fields shared by every ULDP-FL algorithm (each uses the ones its docstring names)."""
+
+    local_epochs: int = Field(
+        1, ge=1, le=100_000, description="Q: local epochs per user (AVG) or per silo (NAIVE, "
+        "DEFAULT); ULDP-SGD takes one mean gradient per user"
+    )
+    server_lr: float | None = Field(
+        None, gt=0, description="η_g, the global learning rate; default: the paper's choice, "
+        "10 for AVG/SGD (Remark 2: |S|-times larger than FedAvg's) and 1 otherwise"
+    )
+    weights: Literal["uniform", "enhanced", "private"] = Field(
+        "uniform",
+        description="AVG/SGD user weights: uniform w = 1/|S|; enhanced w = n_{s,u}/N_u "
+        "(Eq. 4; needs data.public_user_histograms: true -- discloses the histograms); or "
+        "private: the same n_{s,u}/N_u computed by the private weighting protocol (Protocol 1: "
+        "Paillier + masking; no histogram leaves a silo, the server sees only the sum)",
+    )
+    user_rate: float | None = Field(
+        None, gt=0, le=1, description="q: user-level Poisson sub-sampling (Alg. 4, AVG/SGD); "
+        "None = every user every round"
+    )
+    personal_budgets: bool = Field(
+        False, description="AVG/SGD: each user's own ε_u (the budgets section, drawn over "
+        "users) enforced through per-user sampling rates q_u and the server's user ledger"
+    )
+    sensitivity: Literal["rigorous", "paper"] = Field(
+        "rigorous", description="NAIVE: rigorous 2|S|C (default) or the paper's |S|C (the "
+        "honest ε is then reported, with a warning)"
+    )
+    group_k: Annotated[int, Field(ge=1)] | Literal["max", "median"] = Field(
+        8, description="GROUP: records kept per user across silos (an integer, max or median "
+        "of N_u; max/median need data.public_user_histograms)"
+    )
+    group_flags: Literal["fair", "split"] = Field(
+        "split", description="GROUP: fair = round-robin over the silos holding the user's "
+        "records (needs the histograms); split = data-independent share ⌈k/|S|⌉ per silo"
+    )
+    group_conversion: Literal["best", "rdp", "dp"] = Field(
+        "best", description="GROUP: Lemma 9 (rdp), Lemma 8 (dp) or the smaller (best)"
+    )
+    record_rate: float | None = Field(
+        None, gt=0, le=1, description="GROUP: public per-record Poisson rate of the silos' "
+        "DP-SGD (τ = training.local_steps steps per round)"
+    )
+
+    unit: ClassVar[PrivacyUnitName] = "user"
+    toy_overrides: ClassVar[tuple[str, ...]] = _TOY
+    setup_type: ClassVar[type[PublicSetup]] = UldpSetup
+    #: η_g when ``server_lr`` is not set (spec A.5.4).
+    default_server_lr: ClassVar[float] = 1.0
+
+    # -- checks ----------------------------------------------------------------------------
+    def check(self, config: ExperimentConfig) -> list[str]:
+        problems: list[str] = []
+        tr, data = config.training, config.data
+        if tr.client_rate != 1.0:
+            problems.append(
+                "training.client_rate: ULDP-FL trains every silo every round (the server divides "
+                "by |S|); set 1.0"
+            )
+        if config.aggregation != "plain" and self.weights == "private":
+            problems.append(
+                "aggregation: algorithm.weights: private runs its own protocol (which includes "
+                "secure summation); leave aggregation: plain"
+            )
+        if self.private and dict(data.options).get("num_users") is None:
+            problems.append(
+                "data.options.num_users: required by user-level DP (the public number of users "
+                "|U|, linked across silos)"
+            )
+        what = self.histogram_need()
+        if what is not None and not data.public_user_histograms:
+            problems.append(
+                f"{what} need every silo's per-user record counts, which plain aggregation "
+                "discloses to the server; set data.public_user_histograms: true to accept that "
+                "(or use uniform weights / group_flags: split with an integer group_k)"
+            )
+        if not self.private:
+            return problems
+        problems += noise_source_problems(config, "σ such that the planned user-level ε is ε_max")
+        return problems + self.variant_problems(config)
+
+    def histogram_need(self) -> str | None:
+        """What of this variant's configuration needs the disclosed histograms (None: nothing)."""
+        return None
+
+    def variant_problems(self, config: ExperimentConfig) -> list[str]:
+        """This variant's own checks (default: the AVG/SGD-only options are refused)."""
+        problems = []
+        if self.weights == "private":
+            problems.append("algorithm.weights: private applies to uldp-avg and uldp-sgd only")
+        if self.personal_budgets:
+            problems.append("algorithm.personal_budgets: applies to uldp-avg and uldp-sgd only")
+        return problems
+
+    # -- shared builders -------------------------------------------------------------------
+    def server_learning_rate(self) -> float:
+        """η_g: ``server_lr``, else the paper's per-method value (spec A.5.4)."""
+        return float(self.server_lr) if self.server_lr is not None else self.default_server_lr
+
+    def observer_noise(self, sigma: float, num_silos: int) -> tuple[float, float]:
+        """(σ_tp, σ_sv): the noise multipliers a third party and the server see per round under
+        plain aggregation (the sum's σ for both unless the variant says otherwise)."""
+        return sigma, sigma
+
+    def warnings(self, config: ExperimentConfig, setup: UldpSetup) -> list[str]:
+        """What every run summary of this configuration must say."""
+        if config.data.public_user_histograms and self.private:
+            return [
+                "data.public_user_histograms: every silo's per-user record counts n_(s,u) were "
+                "disclosed to the server (and N_u to every silo through the weights/flags); "
+                "they are not protected by the reported ε"
+            ]
+        return []
+
+    def _setup(self, setup: PublicSetup, kind: type[UldpSetup]) -> Any:
+        if not isinstance(setup, kind):
+            raise TypeError(f"{self.name}: expected a {kind.__name__}, got "
+                            f"{type(setup).__name__}")
+        return setup
+
+    def _server_kwargs(self, config: ExperimentConfig, info: FederationInfo, setup: UldpSetup,
+                       randomness: Randomness) -> dict[str, Any]:
+        return dict(initial_params=initial_params(config, info), setup=setup,
+                    server_lr=self.server_learning_rate(), randomness=randomness,
+                    warnings=self.warnings(config, setup))
+
+    def _ledger_plan(self, config: ExperimentConfig, setup: UldpSetup) -> UserLevelPlan:
+        """The server's :class:`UserLevelPlan`; under secure summation the server sees only
+        the sum, like a third party."""
+        tp, sv = self.observer_noise(setup.noise_multiplier, setup.num_silos)
+        if config.aggregation == "secure":
+            sv = tp
+        return user_plan(setup, tp, sv)
+
+    def _silo(self, cls: type[SiloT], config: ExperimentConfig, client_id: int,
+              data: ClientData, info: FederationInfo, setup: UldpSetup,
+              randomness: Randomness) -> SiloT:
+        tr = config.training
+        return cls(
+            client_id, silo_model(config, info), data, setup,
+            randomness=randomness, batch_size=tr.batch_size_for(client_id), lr=tr.lr,
+            momentum=tr.momentum, weight_decay=tr.weight_decay, optimizer=tr.optimizer,
+            physical_batch_size=tr.physical_batch_size,
+        )
+
+
+@register_algorithm
+class UldpNaiveConfig(UldpConfig):
+    """ULDP-NAIVE (Alg. 1): silo-level clipping and noise, σ·κC√|S| per silo (κ = 2: the
+    rigorous sensitivity 2|S|C of spec D29; ``sensitivity: paper`` κ = 1)."""
+
+    name: Literal["uldp-naive"] = "uldp-naive"
+    summary: ClassVar[str] = (
+        "ULDP-NAIVE: silo-level clipping and noise (rigorous 2|S|C sensitivity)"
+    )
+
+    @property
+    def kappa(self) -> float:
+        return 2.0 if self.sensitivity == "rigorous" else 1.0
+
+    def observer_noise(self, sigma: float, num_silos: int) -> tuple[float, float]:
+        eff = sigma * self.kappa / 2.0  # noise σκ|S|C over the rigorous sensitivity 2|S|C
+        return eff, eff
+
+    def warnings(self, config: ExperimentConfig, setup: UldpSetup) -> list[str]:
+        out = super().warnings(config, setup)
+        if self.sensitivity == "paper":
+            sigma = setup.noise_multiplier
+            claimed = user_epsilon(sigma, setup.delta, setup.rounds)
+            out.append(
+                "algorithm.sensitivity: paper -- noise scaled for the published sensitivity "
+                "|S|·C, but removing a user moves each clipped silo update by up to 2C (spec "
+                f"D29); the reported ε is that of noise multiplier σ/2 = {sigma / 2:g}, not the "
+                f"paper's claim ε = {claimed:.4g}"
+            )
+        return out
+
+    def setup(self, config: ExperimentConfig, info: FederationInfo) -> UldpSetup:
+        sigma = noise_multiplier(config)
+        std = sigma * self.kappa * config.training.max_grad_norm * math.sqrt(info.num_clients)
+        return UldpSetup(**setup_fields(config, info, num_users(config), sigma, std))
+
+    def server(self, config: ExperimentConfig, info: FederationInfo, setup: PublicSetup,
+               randomness: Randomness) -> NaiveServer:
+        s = self._setup(setup, UldpSetup)
+        plan = self._ledger_plan(config, s)
+        rates = np.ones(s.num_users)
+        return NaiveServer(**self._server_kwargs(config, info, s, randomness), plan=plan,
+                           budgets=planned_budgets(plan, rates), rates=rates,
+                           adversary=config.privacy.adversary)
+
+    def client(self, config: ExperimentConfig, client_id: int, data: ClientData,
+               info: FederationInfo, setup: PublicSetup, randomness: Randomness) -> NaiveSilo:
+        s = self._setup(setup, UldpSetup)
+        return self._silo(NaiveSilo, config, client_id, data, info, s, randomness)
+
+
+@register_algorithm
+class UldpGroupConfig(UldpConfig):
+    """ULDP-GROUP-k (Alg. 2): ≤ k records per user, silo DP-SGD, group privacy (Theorem 4)."""
+
+    name: Literal["uldp-group"] = "uldp-group"
+    summary: ClassVar[str] = "ULDP-GROUP-k: ≤ k records per user, silo DP-SGD, group privacy"
+    toy_overrides: ClassVar[tuple[str, ...]] = (
+        *_TOY, "privacy.epsilon_max=null", "privacy.noise_multiplier=2.0",
+        "algorithm.record_rate=0.2",
+    )
+    setup_type: ClassVar[type[PublicSetup]] = GroupSetup
+
+    def histogram_need(self) -> str | None:
+        if self.group_flags == "fair" or self.group_k in ("max", "median"):
+            return "algorithm.group_k/group_flags: max/median k and fair flags"
+        return None
+
+    def variant_problems(self, config: ExperimentConfig) -> list[str]:
+        problems = []
+        if config.privacy.noise_multiplier is None:
+            problems.append("privacy.noise_multiplier: required by uldp-group")
+        if self.record_rate is None:
+            problems.append(
+                "algorithm.record_rate: required by uldp-group (the public per-record Poisson "
+                "rate of the silos' DP-SGD, e.g. 0.1)"
+            )
+        if config.training.batch_size is None:
+            problems.append(
+                "training.batch_size: required by uldp-group (the public expected batch size "
+                "B dividing each DP-SGD step's noisy sum)"
+            )
+        return problems + super().variant_problems(config)
+
+    def setup(self, config: ExperimentConfig, info: FederationInfo) -> GroupSetup:
+        users = num_users(config)
+        hist = public_histogram(config, info, users)
+        sigma = noise_multiplier(config)
+        k = resolve_group_k(self.group_k, None if hist is None else hist.sum(axis=0))
+        if self.group_flags == "fair":
+            quota = fair_group_quotas(need_histogram(hist, "algorithm.group_flags: fair flags"),
+                                      k)
+        else:
+            quota = split_group_quotas(info.num_clients, users, k)
+        std = sigma * config.training.max_grad_norm  # per DP-SGD step, on the clipped sum
+        return GroupSetup(
+            **setup_fields(config, info, users, sigma, std), group_k=k,
+            group_quota=tuple(tuple(int(v) for v in row) for row in quota),
+            record_rate=float(self.record_rate or 0.0),
+        )
+
+    def server(self, config: ExperimentConfig, info: FederationInfo, setup: PublicSetup,
+               randomness: Randomness) -> GroupServer:
+        s = self._setup(setup, GroupSetup)
+        return GroupServer(**self._server_kwargs(config, info, s, randomness),
+                           conversion=self.group_conversion)
+
+    def client(self, config: ExperimentConfig, client_id: int, data: ClientData,
+               info: FederationInfo, setup: PublicSetup, randomness: Randomness) -> GroupSilo:
+        s = self._setup(setup, GroupSetup)
+        return self._silo(GroupSilo, config, client_id, data, info, s, randomness)
+
+
+class UserLevelConfig(UldpConfig):
+    """ULDP-AVG / ULDP-SGD (Alg. 3-4): per-user vectors, clipped to C, weighted, noised per
+    silo (σC/√|S|); uniform, enhanced or private weights; user sub-sampling; personal budgets."""
+
+    setup_type: ClassVar[type[PublicSetup]] = UserLevelSetup
+    default_server_lr: ClassVar[float] = 10.0
+    server_class: ClassVar[type[SamplingServer]] = AvgServer
+    silo_class: ClassVar[type[UserLevelSilo]] = AvgSilo
+
+    def histogram_need(self) -> str | None:
+        return "algorithm.weights: enhanced weights n_{s,u}/N_u" if (
+            self.weights == "enhanced") else None
+
+    def variant_problems(self, config: ExperimentConfig) -> list[str]:
+        if self.personal_budgets and self.user_rate is not None:
+            return [
+                "algorithm.user_rate: with personal_budgets each user's rate q_u comes from its "
+                "budget; leave user_rate unset"
+            ]
+        return []
+
+    def observer_noise(self, sigma: float, num_silos: int) -> tuple[float, float]:
+        # Enhanced weights under plain aggregation: the server sees silo s's update, where one
+        # user can weigh w_{s,u} = 1 against noise σC/√|S|. Uniform weights (w = 1/|S|), or
+        # private weights (the protocol sums the silos' updates before the server sees them),
+        # leave it the sum's σ.
+        return sigma, sigma / math.sqrt(num_silos) if self.weights == "enhanced" else sigma
+
+    @property
+    def samples_users(self) -> bool:
+        return self.personal_budgets or self.user_rate is not None
+
+    def setup(self, config: ExperimentConfig, info: FederationInfo) -> UserLevelSetup:
+        users = num_users(config)
+        rate = 1.0 if self.personal_budgets or self.user_rate is None else float(self.user_rate)
+        sigma = noise_multiplier(config, rate)
+        std = sigma * config.training.max_grad_norm / math.sqrt(info.num_clients)  # l. 17
+        totals = None
+        if self.weights == "enhanced":
+            hist = need_histogram(public_histogram(config, info, users),
+                                  "algorithm.weights: enhanced weights")
+            enhanced_weights(hist)  # validates Σ_s w_(s,u) ≤ 1
+            totals = tuple(int(v) for v in hist.sum(axis=0))
+        return UserLevelSetup(
+            **setup_fields(config, info, users, sigma, std), weights=self.weights,
+            user_totals=totals, user_sampling=self.samples_users,
+        )
+
+    def server(self, config: ExperimentConfig, info: FederationInfo, setup: PublicSetup,
+               randomness: Randomness) -> UldpServer:
+        s = self._setup(setup, UserLevelSetup)
+        plan = self._ledger_plan(config, s)
+        if self.personal_budgets:
+            budgets = user_budgets(config)
+            rates = user_rates(budgets, plan, allow_exclusion=config.privacy.allow_exclusion)
+        else:
+            rates = np.full(s.num_users, 1.0 if self.user_rate is None else self.user_rate)
+            budgets = planned_budgets(plan, rates)
+        return self.server_class(**self._server_kwargs(config, info, s, randomness), plan=plan,
+                                 budgets=budgets, rates=rates,
+                                 adversary=config.privacy.adversary,
+                                 personal=self.personal_budgets)
+
+    def client(self, config: ExperimentConfig, client_id: int, data: ClientData,
+               info: FederationInfo, setup: PublicSetup, randomness: Randomness
+               ) -> UserLevelSilo:
+        s = self._setup(setup, UserLevelSetup)
+        return self._silo(self.silo_class, config, client_id, data, info, s, randomness)
+
+
+@register_algorithm
+class UldpAvgConfig(UserLevelConfig):
+    """ULDP-AVG (Alg. 3): per-user local models (Q epochs), clipped, weighted, noised."""
+
+    name: Literal["uldp-avg"] = "uldp-avg"
+    summary: ClassVar[str] = "ULDP-AVG: per-user local models, clipped and weighted (user-level DP)"
+
+
+@register_algorithm
+class UldpSgdConfig(UserLevelConfig):
+    """ULDP-SGD (Alg. 3): per-user mean gradients, clipped, weighted, noised (x − η_g·…)."""
+
+    name: Literal["uldp-sgd"] = "uldp-sgd"
+    summary: ClassVar[str] = (
+        "ULDP-SGD: per-user mean gradients, clipped and weighted (user-level DP)"
+    )
+    server_class: ClassVar[type[SamplingServer]] = SgdServer
+    silo_class: ClassVar[type[UserLevelSilo]] = SgdSilo
+
+
+@register_algorithm
+class UldpDefaultConfig(UldpConfig):
+    """DEFAULT: FedAvg with two-sided learning rates (Q epochs of SGD(η_l) per silo,
+    x ← x + η_g·mean Δ_s), no DP: the utility ceiling (``pdpfl compare`` method ``default``)."""
+
+    name: Literal["uldp-default"] = "uldp-default"
+    summary: ClassVar[str] = "DEFAULT (ULDP-FL): FedAvg with two-sided learning rates, no DP"
+    private: ClassVar[bool] = False
+    unit: ClassVar[PrivacyUnitName] = "none"
+
+    def warnings(self, config: ExperimentConfig, setup: UldpSetup) -> list[str]:
+        return ["uldp-default is FedAvg without differential privacy (ε = ∞)"]
+
+    def setup(self, config: ExperimentConfig, info: FederationInfo) -> UldpSetup:
+        users = int(dict(config.data.options).get("num_users") or 0)
+        return UldpSetup(**setup_fields(config, info, users, 0.0, 0.0))
+
+    def server(self, config: ExperimentConfig, info: FederationInfo, setup: PublicSetup,
+               randomness: Randomness) -> DefaultServer:
+        s = self._setup(setup, UldpSetup)
+        budgets = user_budgets(config) if s.num_users else np.zeros(0)
+        return DefaultServer(**self._server_kwargs(config, info, s, randomness), budgets=budgets)
+
+    def client(self, config: ExperimentConfig, client_id: int, data: ClientData,
+               info: FederationInfo, setup: PublicSetup, randomness: Randomness) -> DefaultSilo:
+        s = self._setup(setup, UldpSetup)
+        return self._silo(DefaultSilo, config, client_id, data, info, s, randomness)
+
+
+# ----------------------------------------------------------------------- compare methods
+
+_ENHANCED = ["algorithm.weights=enhanced", "data.public_user_histograms=true"]
+
+
+def _rate(arg: str | None) -> list[str]:
+    return [] if arg is None else [f"algorithm.user_rate={arg}"]
+
+
+def _group(arg: str | None) -> list[str]:
+    out = ["algorithm.name=uldp-group"]
+    if arg is None:
+        return out
+    out.append(f"algorithm.group_k={arg}")
+    if arg in ("max", "median"):
+        out += ["algorithm.group_flags=fair", "data.public_user_histograms=true"]
+    return out
+
+
+for _name, _help, _over, _arg in (
+    ("default", "DEFAULT: FedAvg with two-sided learning rates, no DP", lambda a: [
+        "algorithm.name=uldp-default"], False),
+    ("uldp-group", "ULDP-GROUP-k (uldp-group:K with K an integer, max or median)", _group, True),
+    ("uldp-avg-w", "ULDP-AVG with enhanced weights (discloses the histograms to the server)",
+     lambda a: ["algorithm.name=uldp-avg", *_ENHANCED], False),
+    ("uldp-sgd-w", "ULDP-SGD with enhanced weights (discloses the histograms to the server)",
+     lambda a: ["algorithm.name=uldp-sgd", *_ENHANCED], False),
+    ("uldp-avg-s", "ULDP-AVG with user sub-sampling q = ARG",
+     lambda a: ["algorithm.name=uldp-avg", *_rate(a)], True),
+    ("uldp-avg-ws", "ULDP-AVG-w with user sub-sampling q = ARG",
+     lambda a: ["algorithm.name=uldp-avg", *_ENHANCED, *_rate(a)], True),
+    ("uldp-sgd-s", "ULDP-SGD with user sub-sampling q = ARG",
+     lambda a: ["algorithm.name=uldp-sgd", *_rate(a)], True),
+    ("uldp-sgd-ws", "ULDP-SGD-w with user sub-sampling q = ARG",
+     lambda a: ["algorithm.name=uldp-sgd", *_ENHANCED, *_rate(a)], True),
+    ("puldp-avg-w", "ULDP-AVG-w with personal budgets per user (budgets section; per-user "
+     "rates q_u from the certified calibrator)", lambda a: [
+         "algorithm.name=uldp-avg", *_ENHANCED, "algorithm.personal_budgets=true"], False),
+    ("puldp-avg", "ULDP-AVG (uniform weights) with personal budgets per user", lambda a: [
+        "algorithm.name=uldp-avg", "algorithm.personal_budgets=true"], False),
+):
+    METHODS.register(_name, MethodSpec(_name, _over, _help, takes_argument=_arg), replace=True)

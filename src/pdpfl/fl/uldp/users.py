@@ -1,0 +1,196 @@
+"""ULDP-AVG and ULDP-SGD silos (Algorithm 3, with Algorithm 4's user sub-sampling).
+
+Per round a silo computes its release in separable steps:
+
+1. :meth:`UserLevelSilo.user_vectors` -- for each of the round's users present here, Δ_{s,u}:
+   a fresh copy of the global model trained Q epochs on u's records only (AVG,
+   :class:`AvgSilo`), or u's *mean* gradient at x_t over its records (SGD, :class:`SgdSilo`;
+   one mean, no double division, spec D7);
+2. per-user clipping to C (float64 norms);
+3. :meth:`UserLevelSilo.weighted_user_sum` -- Σ_u w_{s,u}·Clip(Δ_{s,u}, C) (line 16), the one
+   step that needs the weights w_{s,u} (uniform 1/|S| or enhanced n_{s,u}/N_u, Eq. 4);
+4. :meth:`~pdpfl.fl.uldp.silo.UldpSilo.privatize` -- N(0, σ²C²/|S|) per coordinate (line 17).
+
+The round's users come from the server's mask in the round configuration (Algorithm 4);
+a silo none of whose users was sampled still releases noise of the same shape.
+
+With ``weights: private`` the private weighting protocol (Protocol 1,
+:mod:`pdpfl.fl.aggregation.private_weighting`) replaces steps 3-4 and the summation: the silo
+supplies :meth:`UserLevelSilo.user_histogram` (its own counts, which leave it only blinded and
+masked) and, each round, :meth:`UserLevelSilo.user_updates` (steps 1-2 and its noise); ``fit``
+is refused. The silo keeps no ledger (the users' is at the server).
+
+Spec references: ``docs/uldp_spec.md``, Part A.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from pdpfl.fl.api import Contribution, Params, Scalars
+from pdpfl.fl.template import RoundPlan
+from pdpfl.fl.uldp.mechanism import UserLevelSetup, decode_mask
+from pdpfl.fl.uldp.silo import UldpSilo
+from pdpfl.fl.uldp.weights import silo_weights
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pdpfl.fl.aggregation.private_weighting import UserUpdates
+
+__all__ = ["AvgSilo", "SgdSilo", "UserLevelSilo"]
+
+
+class UserLevelSilo(UldpSilo):
+    """The steps ULDP-AVG and ULDP-SGD share (see the module docstring)."""
+
+    needs_user_ids = True
+
+    def __init__(self, client_id: int, model: torch.nn.Module, data: Any,
+                 setup: UserLevelSetup, **kwargs: Any) -> None:
+        super().__init__(client_id, model, data, setup, **kwargs)
+        self.user_setup = setup
+        #: w_{s,u} of this silo's users (None for private weights: only the protocol has them).
+        self.user_weights = silo_weights(
+            setup.weights, self.counts, self.users, self.num_silos, setup.user_totals,
+            self.client_id,
+        )
+
+    # -- the round's users -------------------------------------------------------------------
+    def selected_users(self, config: Scalars) -> np.ndarray:
+        """Positions (into :attr:`users`) of this round's users: all, or the server's mask."""
+        if "users" not in config:
+            if self.user_setup.user_sampling:
+                raise ValueError(f"silo {self.client_id}: the round config lacks the user mask")
+            return np.arange(len(self.users))
+        mask = decode_mask(str(config["users"]), self.num_users)
+        return np.flatnonzero(mask[self.users])
+
+    def training_spec(self) -> Any:
+        """How one user's vector is trained (AVG: Q epochs; SGD: one full-batch gradient)."""
+        return self.local_spec()
+
+    def finish_vectors(self, deltas: list[torch.Tensor]) -> list[torch.Tensor]:
+        """The user's vector from its trained delta (AVG: the delta itself)."""
+        return deltas
+
+    def user_vectors(self, global_params: Params, positions: np.ndarray, round_index: int
+                     ) -> list[torch.Tensor]:
+        """Δ_{s,u} for the users at ``positions`` (step 1), stacked as one (K, *shape) tensor
+        per parameter."""
+        from pdpfl.dp.batched import train_copies
+        from pdpfl.models import set_params
+
+        set_params(self.model, global_params)
+        datasets = [
+            (self.x_train[self.user_index[p]], self.y_train[self.user_index[p]]) for p in positions
+        ]
+        deltas = train_copies(
+            self.model,
+            datasets,
+            self.training_spec(),
+            # One stream per user: a user's local training depends on its own coins only.
+            stream=[
+                self.randomness.stream("local-training", round_index, self.client_id, int(u))
+                for u in self.users[positions]
+            ],
+            # up to 256 users per vectorized step; records per step capped by the default
+            # (layer outputs near 16 MB: cache-friendly for convolutional models)
+            group_size=256,
+        )
+        return self.finish_vectors(deltas)
+
+    def clipped_vectors(self, global_params: Params, positions: np.ndarray, round_index: int
+                        ) -> list[torch.Tensor]:
+        """Steps 1-2: Clip(Δ_{s,u}, C) of the users at ``positions``."""
+        from pdpfl.dp.steps import clip_vectors
+
+        vectors = self.user_vectors(global_params, positions, round_index)
+        clipped, _ = clip_vectors(vectors, float(self.setup.max_grad_norm))
+        return list(clipped)
+
+    @staticmethod
+    def weighted_user_sum(clipped: list[torch.Tensor], weights: np.ndarray) -> list[torch.Tensor]:
+        """Σ_u w_{s,u}·Clip(Δ_{s,u}) (Alg. 3 line 16), in float64 (step 3).
+
+        The one step that needs the weights: the private weighting protocol (Paillier +
+        masking, Sec. 4) replaces it with an encrypted weighted sum whose inputs are
+        ``clipped``, this silo's counts n_{s,u} and the user mask.
+        """
+        w = torch.as_tensor(np.asarray(weights, dtype=np.float64))
+        return [torch.tensordot(w, c.to(torch.float64), dims=1) for c in clipped]
+
+    # -- the template's step -----------------------------------------------------------------
+    def fit(self, global_params: Params, round_index: int, config: Scalars) -> Contribution:
+        if self.user_weights is None:  # refused before anything is accounted or trained
+            raise ValueError(
+                "algorithm.weights: private weights are computed only inside the private "
+                "weighting protocol (aggregation by Protocol 1); this runtime called fit()"
+            )
+        return super().fit(global_params, round_index, config)
+
+    def step(self, global_params: Params, plan: RoundPlan) -> Contribution:
+        """Steps 1-4 for this round's users (noise only when none of them is here)."""
+        assert self.user_weights is not None
+        positions = self.selected_users(plan.config)
+        if len(positions):
+            clipped = self.clipped_vectors(global_params, positions, plan.round_index)
+            sums = self.weighted_user_sum(clipped, self.user_weights[positions])
+        else:  # nobody of this silo was sampled: a noise-only release of the same shape
+            sums = [torch.zeros(tuple(np.shape(p)), dtype=torch.float64) for p in global_params]
+        return Contribution(update=self.privatize(sums, plan.round_index))
+
+    # -- ULDP-FL private weighting (Protocol 1): what the silo supplies, never sent itself ---
+    def user_histogram(self) -> np.ndarray:
+        """n_{s,u} for every user u = 0..|U|-1: this silo's training records per user."""
+        hist = np.zeros(self.num_users, dtype=np.int64)
+        hist[self.users] = self.counts
+        return hist
+
+    def user_updates(self, global_params: Params, round_index: int, config: Scalars
+                     ) -> UserUpdates:
+        """Clip(Δ_{s,u}, C) of this round's users, flattened, and the silo's noise z_s
+        (Alg. 3 lines 10-17 without the weighting, which the protocol does encrypted).
+
+        The template's round duties run first (a round already done is refused)."""
+        from pdpfl.fl.aggregation.private_weighting import UserUpdates
+
+        if self.user_setup.weights != "private":
+            raise ValueError("weights: private applies to uldp-avg / uldp-sgd configured with "
+                             "algorithm.weights: private")
+        plan = self.begin_round(round_index, config)
+        t = plan.round_index
+        shapes = [tuple(np.shape(p)) for p in global_params]
+        d = int(sum(math.prod(s) for s in shapes))
+        positions = self.selected_users(plan.config)
+        if len(positions):
+            clipped = self.clipped_vectors(global_params, positions, t)
+            deltas = torch.cat(
+                [c.to(torch.float64).reshape(len(positions), -1) for c in clipped], dim=1
+            ).numpy()
+        else:
+            deltas = np.zeros((0, d))
+        zeros = [torch.zeros(s, dtype=torch.float64) for s in shapes]
+        noise = np.concatenate([np.asarray(z, dtype=np.float64).ravel()
+                                for z in self.noisy(zeros, t)])
+        return UserUpdates(users=self.users[positions].astype(np.int64), deltas=deltas,
+                           noise=noise)
+
+
+class AvgSilo(UserLevelSilo):
+    """ULDP-AVG: Δ_{s,u} = a fresh model trained Q epochs on user u's records, minus x_t."""
+
+
+class SgdSilo(UserLevelSilo):
+    """ULDP-SGD: Δ_{s,u} = g_{s,u}, user u's mean gradient at x_t (one mean, spec D7)."""
+
+    def training_spec(self) -> Any:
+        """One full-batch step with lr 1: the trained delta is −g_{s,u}."""
+        from pdpfl.dp.batched import LocalTrainingSpec
+
+        return LocalTrainingSpec(epochs=1, batch_size=None, optimizer="sgd", lr=1.0, steps=1)
+
+    def finish_vectors(self, deltas: list[torch.Tensor]) -> list[torch.Tensor]:
+        return [-d for d in deltas]
