@@ -182,7 +182,7 @@ def test_silos_hold_no_ledger_and_the_server_reports_users(name) -> None:
     summary = server.privacy_summary()
     assert isinstance(summary, PrivacySummary)
     assert summary.unit == "user" and summary.units == 15
-    if name in ("uldp-naive", "uldp-avg", "uldp-sgd"):
+    if name in ("uldp-naive", "uldp-avg", "uldp-sgd", "uldp-group"):  # GROUP: GroupPlan
         assert isinstance(server.ledger, PrivacyLedger) and server.ledger.unit == "user"
         np.testing.assert_array_equal(server.ledger.ids, np.arange(15))
     else:

@@ -31,13 +31,12 @@ import numpy as np
 from pdpfl.fl.api import Aggregate, Params, Scalars
 from pdpfl.fl.uldp.mechanism import GroupSetup, UldpSetup, encode_mask
 from pdpfl.ledger import (
-    GroupSummary,
     PrivacyLedger,
     PrivacySummary,
     nonprivate_summary,
-    over_budget,
 )
 from pdpfl.privacy.uldp import ORDERS, UserLevelPlan, group_epsilon, record_rdp, user_epsilon
+from pdpfl.privacy.unit import GroupPlan
 from pdpfl.randomness import Randomness
 
 __all__ = [
@@ -165,31 +164,45 @@ class GroupServer(UldpServer):
 
     Silos are disjoint, so the record-level RDP is that of one silo's T·τ Poisson-sampled
     Gaussian steps at the public record rate (parallel composition); Lemma 9 (RDP) or Lemma 8
-    ((ε, δ)) turns it into the ε of a user with at most k records
-    (:func:`~pdpfl.privacy.uldp.group_epsilon`; spec D4-D6). Both observers see the same
-    releases, so one ε holds for both. The summary has one budget group: every user, budget
-    the planned ε of T rounds. (Reported from the group conversion directly; the accountant
-    event for group privacy, and with it a user-level ledger for GROUP, is wired in by the
-    privacy core.)
+    ((ε, δ)) turns it into the ε of a user with at most k records (spec D4-D6). The users'
+    ledger is charged under :class:`~pdpfl.privacy.unit.GroupPlan` (the accountant's
+    ``GroupPrivacy`` event), every round for every user, when the server announces the round
+    (before any silo trains); both observers see the same releases. Every user's budget is the
+    planned ε of T rounds. The two routes' numbers and the record-level ε are reported beside
+    it (``info``).
     """
+
+    ledger: PrivacyLedger
 
     def __init__(self, initial_params: Params, setup: GroupSetup, *, conversion: str,
                  **kwargs: Any) -> None:
         super().__init__(initial_params, setup, **kwargs)
         self.group_setup = setup
         self.conversion = conversion
-        #: Rounds charged: decided by the server (write-ahead, before any silo trains).
-        self.rounds_charged = 0
         self._cache: dict[int, dict[str, float]] = {}
+        plan: Any = GroupPlan(setup.noise_multiplier, setup.local_steps, setup.delta,
+                              setup.rounds, setup.group_k, conversion)  # type: ignore[arg-type]
+        planned = self.group_account(setup.rounds)["epsilon"]
+        users = self.num_users
+        self.ledger = PrivacyLedger(
+            np.full(users, planned), np.full(users, setup.record_rate), plan,
+            ids=np.arange(users, dtype=np.int64), orders=None,  # the group event's own grid
+        )
+
+    @property
+    def rounds_charged(self) -> int:
+        return int(self.ledger.rounds_recorded)
 
     def round_config(self, round_index: int) -> Scalars:
-        self.rounds_charged = max(self.rounds_charged, int(round_index) + 1)
+        everyone = np.ones(self.num_users, dtype=bool)
+        while self.ledger.rounds_recorded <= int(round_index):  # write-ahead, once per round
+            self.ledger.record_round(participated=everyone, active=everyone)
         return super().round_config(round_index)
 
-    def group_account(self, rounds: int | None = None) -> dict[str, float]:
-        """User-level ε after ``rounds`` rounds (default: the rounds charged): ``epsilon``
-        (reported), ``rdp``/``dp`` (the two routes), ``record`` (record-level ε)."""
-        t = self.rounds_charged if rounds is None else int(rounds)
+    def group_account(self, rounds: int) -> dict[str, float]:
+        """The two routes after ``rounds`` rounds: ``epsilon`` (reported), ``rdp``/``dp`` and
+        the record-level ε (``record``)."""
+        t = int(rounds)
         if t not in self._cache:
             s = self.group_setup
             steps = t * int(s.local_steps)
@@ -203,35 +216,21 @@ class GroupServer(UldpServer):
         return dict(self._cache[t])
 
     def privacy_summary(self) -> PrivacySummary:
-        now = self.group_account()
-        planned = self.group_account(self.group_setup.rounds)["epsilon"]
-        spent = {o: now["epsilon"] for o in ("third-party", "server")}
-        over = int(over_budget(np.array([now["epsilon"]]), np.array([planned]))[0])
-        users = self.num_users
-        group = GroupSummary(
-            label=f"{planned:g}", units=users, budget_min=planned, budget_max=planned,
-            spent_max=spent,
-            utilization_sum={o: users * e / planned if planned > 0 else 0.0
-                             for o, e in spent.items()},
-            over_budget={o: users * over for o in spent},
-            info={"record_rate": self.group_setup.record_rate},
-        )
-        return PrivacySummary(
-            unit="user", units=users, accountant="rdp", groups=(group,),
-            info={
-                "noise_multiplier": self.group_setup.noise_multiplier,
-                "group_k": float(self.group_setup.group_k),
-                "group_epsilon_rdp": now["rdp"],
-                "group_epsilon_dp": now["dp"],
-                "record_epsilon": now["record"],
-            },
+        now = self.group_account(self.rounds_charged)
+        return self.ledger.summary().with_info(
+            noise_multiplier=self.group_setup.noise_multiplier,
+            group_k=float(self.group_setup.group_k),
+            group_epsilon_rdp=now["rdp"],
+            group_epsilon_dp=now["dp"],
+            record_epsilon=now["record"],
         )
 
     def extra_state(self) -> dict[str, Any]:
-        return {"rounds_charged": self.rounds_charged}
+        return {"ledger": self.ledger.state_dict()}
 
     def load_extra_state(self, state: dict[str, Any]) -> None:
-        self.rounds_charged = int(state.get("rounds_charged", self.rounds_done))
+        if "ledger" in state:
+            self.ledger.load_state_dict(state["ledger"])
 
 
 class LedgerServer(UldpServer):

@@ -250,7 +250,7 @@ def _run(
     from pdpfl.fl.aggregation import protocol_from_config
     from pdpfl.runtime.loop import run_federation
 
-    return run_federation(
+    result = run_federation(
         config,
         server,
         transport,
@@ -262,6 +262,8 @@ def _run(
         # parameters, or ULDP-FL's private weighting (algorithm.weights: private)
         protocol=protocol_from_config(config),
     )
+    result["server"] = server  # its own ledger (ULDP-FL's users) is written by _finish
+    return result
 
 
 def _finish(config: Any, result: dict[str, Any], out_dir: Path) -> dict[str, Any]:
@@ -269,7 +271,8 @@ def _finish(config: Any, result: dict[str, Any], out_dir: Path) -> dict[str, Any
     (the silos' privacy summaries stay at the silos)."""
     from pdpfl.runtime.outputs import write_outputs
 
-    return write_outputs(config, result, out_dir, view="coordinator")
+    server = result.pop("server", None)
+    return write_outputs(config, result, out_dir, view="coordinator", server=server)
 
 
 PDPFL_HOOKS = AppHooks(
