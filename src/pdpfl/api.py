@@ -126,7 +126,7 @@ def _check_module(model: Any, federation: Federation) -> None:
 
 
 def _raw_config(config: Any) -> dict[str, Any]:
-    from pdpfl.config import ConfigError, ExperimentConfig, config_to_dict
+    from pdpfl.config import ExperimentConfig, config_to_dict, read_config_file
 
     if config is None:
         return {}
@@ -135,12 +135,7 @@ def _raw_config(config: Any) -> dict[str, Any]:
     if isinstance(config, Mapping):
         return json.loads(json.dumps(dict(config), default=_plain))
     if isinstance(config, str | Path):
-        import yaml
-
-        p = Path(config)
-        if not p.is_file():
-            raise ConfigError([f"config: file not found: {p}"])
-        return yaml.safe_load(p.read_text()) or {}
+        return read_config_file(config)
     raise TypeError(f"config: expected an ExperimentConfig, a dict or a YAML path, got "
                     f"{type(config).__name__}")
 

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -29,6 +30,7 @@ from pydantic import (
 )
 
 from pdpfl.fl.registry import AlgorithmConfig, algorithm_specs
+from pdpfl.safe_yaml import YamlError, load_yaml_file, load_yaml_text
 
 
 class ConfigError(ValueError):
@@ -40,7 +42,7 @@ class ConfigError(ValueError):
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class DataConfig(_Section):
@@ -92,7 +94,7 @@ class BudgetsConfig(_Section):
 
 
 class PrivacyConfig(_Section):
-    """The DP mechanism: σ (or ε_max from which σ is derived at q = 1), δ, adversary, calibration."""
+    """The DP mechanism: σ (or ε_max, giving σ at q = 1), δ, adversary, calibration."""
 
     noise_multiplier: float | None = Field(None, gt=0)
     epsilon_max: float | None = Field(None, gt=0)
@@ -226,7 +228,7 @@ class ExperimentConfig(_Section):
         "hidden (needs aggregation: secure): every silo sends a masked contribution every "
         "round, drawing its own λ-coin, so the server's view equals a third party's"
     )
-    secure: SecureConfig = Field(default_factory=SecureConfig)
+    secure: SecureConfig = Field(default_factory=lambda: SecureConfig.model_validate({}))
     output_dir: str = "runs/experiment"
     threads: int | None = Field(
         None, ge=1, le=256, description="torch intra-op threads while training (1 is fastest "
@@ -236,7 +238,7 @@ class ExperimentConfig(_Section):
     model: ModelConfig = Field(default_factory=ModelConfig)
     algorithm: AlgorithmConfig = Field(default_factory=lambda: _default_algorithm())
     budgets: BudgetsConfig = Field(default_factory=BudgetsConfig)
-    privacy: PrivacyConfig = Field(default_factory=PrivacyConfig)
+    privacy: PrivacyConfig = Field(default_factory=lambda: PrivacyConfig.model_validate({}))
     training: TrainingConfig
 
     @model_validator(mode="after")
@@ -270,7 +272,7 @@ _PROBLEM_SEPARATOR = "\n"
 def _default_algorithm() -> AlgorithmConfig:
     from pdpfl.fl.registry import get_algorithm
 
-    return get_algorithm("rpdp").config()
+    return get_algorithm("rpdp").config.model_validate({})
 
 
 #: The experiment-config model built over the registered algorithms (rebuilt on registration).
@@ -283,20 +285,18 @@ def experiment_model() -> type[ExperimentConfig]:
     if model is None:
         classes = tuple(spec.config for spec in algorithm_specs())
         union = classes[0] if len(classes) == 1 else Union[classes]  # noqa: UP007
+        tagged: Any = Annotated[union, Field(discriminator="name")]
         model = create_model(
             "ExperimentConfig",
             __base__=ExperimentConfig,
-            algorithm=(
-                Annotated[union, Field(discriminator="name")],
-                Field(default_factory=_default_algorithm),
-            ),
+            algorithm=(tagged, Field(default_factory=_default_algorithm)),
         )
         _MODEL_CACHE["model"] = model
     return model
 
 
 def _format_errors(err: ValidationError) -> list[str]:
-    problems = []
+    problems: list[str] = []
     names = {spec.name for spec in algorithm_specs()}
     for e in err.errors():
         parts = [str(p) for p in e["loc"]]
@@ -312,6 +312,8 @@ def _format_errors(err: ValidationError) -> list[str]:
             loc = "algorithm.name"
         if e["type"] == "extra_forbidden":
             msg = "unknown key"
+        if e["type"] == "finite_number":
+            msg = f"must be a finite number, got {e.get('input')!r}"
         if msg.startswith("Value error, "):
             msg = msg[len("Value error, ") :]
             if not loc and ":" in msg:
@@ -327,7 +329,9 @@ def _leaf_index() -> dict[str, list[str]]:
     for section, field in ExperimentConfig.model_fields.items():
         ann = field.annotation
         if section == "algorithm":
-            leaves = dict.fromkeys(f for spec in algorithm_specs() for f in spec.config.model_fields)
+            leaves = dict.fromkeys(
+                f for spec in algorithm_specs() for f in spec.config.model_fields
+            )
             for leaf in leaves:
                 index.setdefault(leaf, []).append(f"algorithm.{leaf}")
         elif isinstance(ann, type) and issubclass(ann, BaseModel):
@@ -338,16 +342,18 @@ def _leaf_index() -> dict[str, list[str]]:
     return index
 
 
-def _parse_value(text: str) -> Any:
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError:
-        return text
+def _parse_value(key: str, text: str) -> Any:
+    """The YAML value of ``--set key=text`` (hardened loader: plain data, limits)."""
+    return load_yaml_text(text, source=f"--set {key}")
 
 
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """Apply ``key=value`` overrides (YAML-parsed values) to a raw config dictionary."""
-    data = json.loads(json.dumps(raw))  # deep copy of plain data
+    try:
+        data = json.loads(json.dumps(raw))  # deep copy of plain data
+    except (TypeError, ValueError, RecursionError) as err:
+        raise ConfigError([f"config: not plain data (mappings, lists, text, numbers): "
+                           f"{err}"]) from None
     index = _leaf_index()
     problems = []
     for item in overrides:
@@ -372,10 +378,60 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
                 break
             node = child
         else:
-            node[parts[-1]] = _parse_value(text)
+            try:
+                node[parts[-1]] = _parse_value(key, text)
+            except YamlError as err:
+                problems.append(str(err))
     if problems:
         raise ConfigError(problems)
     return data
+
+
+#: Text that pydantic would read as a non-finite float.
+_NON_FINITE_TEXT = re.compile(r"^\s*[-+]?(inf|infinity|nan)\s*$", re.IGNORECASE)
+
+
+def _non_finite_problems(raw: dict[str, Any]) -> list[str]:
+    """``field: must be a finite number`` for every NaN or infinite value, in any section.
+
+    Only a field that declares ``json_schema_extra={"allow_infinity": True}`` (e.g. IDP-FedAvg's
+    ``algorithm.group_budgets``, where ``.inf`` marks non-private clients) may hold +inf; NaN is
+    never accepted. In the ``algorithm`` section, text such as ``"inf"`` or ``"nan"`` (which
+    pydantic would convert to a float) is refused the same way.
+    """
+    problems: list[str] = []
+
+    def walk(value: Any, path: list[str], allow_inf: bool, text_too: bool) -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                walk(v, [*path, str(k)], allow_inf, text_too)
+        elif isinstance(value, list):
+            for i, v in enumerate(value):
+                walk(v, [*path, str(i)], allow_inf, text_too)
+        elif isinstance(value, float) and not math.isfinite(value):
+            if not (allow_inf and value > 0):
+                problems.append(f"{'.'.join(path)}: must be a finite number, got {value}")
+        elif text_too and isinstance(value, str) and _NON_FINITE_TEXT.match(value):
+            if not (allow_inf and value.strip().lstrip("+").lower().startswith("inf")):
+                problems.append(f"{'.'.join(path)}: must be a finite number, got {value!r}")
+
+    for section, value in raw.items():
+        if section == "algorithm" and isinstance(value, dict):
+            fields = _algorithm_fields(value.get("name"))
+            for key, v in value.items():
+                extra = getattr(fields.get(str(key)), "json_schema_extra", None)
+                allow = isinstance(extra, dict) and bool(extra.get("allow_infinity"))
+                walk(v, [section, str(key)], allow, True)
+        else:
+            walk(value, [str(section)], False, False)
+    return problems
+
+
+def _algorithm_fields(name: Any) -> dict[str, Any]:
+    """The pydantic fields of the registered algorithm ``name`` (default rpdp; {} if unknown)."""
+    specs = {spec.name: spec for spec in algorithm_specs()}
+    spec = specs.get(name if isinstance(name, str) else "rpdp")
+    return dict(spec.config.model_fields) if spec is not None else {}
 
 
 def config_from_dict(raw: Any, overrides: list[str] | None = None) -> ExperimentConfig:
@@ -383,23 +439,40 @@ def config_from_dict(raw: Any, overrides: list[str] | None = None) -> Experiment
     if not isinstance(raw, dict):
         raise ConfigError(["config: expected a mapping of sections (data, training, ...)"])
     raw = apply_overrides(raw, list(overrides or []))
+    problems = _non_finite_problems(raw)
+    if problems:
+        raise ConfigError(problems)
     try:
         return experiment_model().model_validate(raw)
     except ValidationError as err:
         raise ConfigError(_format_errors(err)) from None
 
 
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """The raw mapping of a YAML config file, read with :mod:`pdpfl.safe_yaml`'s limits
+    (plain data only, no duplicate keys); an empty file is ``{}``."""
+    try:
+        raw = load_yaml_file(path)
+    except YamlError as err:
+        raise ConfigError([f"config: {err}"]) from None
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ConfigError([f"config: {path} holds a {_kind(raw)}; expected a mapping of "
+                           "sections (data, training, ...)"])
+    return raw
+
+
+def _kind(value: Any) -> str:
+    return {list: "list", str: "text value", int: "number", float: "number",
+            bool: "boolean"}.get(type(value), type(value).__name__)
+
+
 def load_config(
     path: str | Path, overrides: list[str] | None = None, *, data_dir: str | None = None
 ) -> ExperimentConfig:
     """Read a YAML config file, apply overrides (and ``data_dir``), and validate it."""
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError([f"config: file not found: {p}"])
-    try:
-        raw = yaml.safe_load(p.read_text()) or {}
-    except yaml.YAMLError as err:
-        raise ConfigError([f"config: not valid YAML ({err})"]) from None
+    raw = read_config_file(path)
     extra = list(overrides or [])
     if data_dir is not None:
         extra.append(f"data.data_dir={data_dir}")
