@@ -256,3 +256,42 @@ def test_cli_run_refuses_hostile_configs_with_exit_2_and_no_output(
     assert expected in res.output and "Traceback" not in res.output
     assert res.exception is None or isinstance(res.exception, SystemExit)
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("override", "field"),
+    [
+        ("rounds=true", "training.rounds"),
+        ("training.lr=true", "training.lr"),
+        ("seed=false", "seed"),
+        ("threads=true", "threads"),
+        ("training.batch_size=[8, true]", "training.batch_size.1"),
+        ("algorithm.server_lr=true", "algorithm.server_lr"),
+    ],
+)
+def test_a_boolean_is_not_silently_a_number(override: str, field: str) -> None:
+    """pydantic's lax mode would read ``rounds: true`` as T = 1."""
+    with pytest.raises(ConfigError) as info:
+        config_from_dict(BASE, [override])
+    assert f"{field}: expected a number, got " in "\n".join(info.value.problems)
+
+
+def test_booleans_where_booleans_belong_and_in_free_form_options() -> None:
+    cfg = config_from_dict(BASE, ["privacy.allow_exclusion=true", "data.options={flat: false}"])
+    assert cfg.privacy.allow_exclusion is True and cfg.data.options == {"flat": False}
+
+
+@pytest.mark.parametrize("key", ["", "training..lr", "." * 3, "data.options." + "a." * 50 + "b"])
+def test_malformed_or_absurdly_deep_set_keys_are_refused(key: str) -> None:
+    with pytest.raises(ConfigError, match="expected a dotted key"):
+        config_from_dict(BASE, [f"{key}=1"])
+
+
+def test_absurdly_nested_python_config_is_a_config_error() -> None:
+    deep: dict = {}
+    node = deep
+    for _ in range(5000):
+        node["a"] = {}
+        node = node["a"]
+    with pytest.raises(ConfigError, match="config: "):
+        config_from_dict({**BASE, "data": {**BASE["data"], "options": deep}})

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
-import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
@@ -29,6 +27,7 @@ from pydantic import (
     model_validator,
 )
 
+from pdpfl.config_checks import raw_value_problems
 from pdpfl.fl.registry import AlgorithmConfig, algorithm_specs
 from pdpfl.safe_yaml import YamlError, load_yaml_file, load_yaml_text
 
@@ -86,11 +85,33 @@ class ModelConfig(_Section):
 
 
 class BudgetsConfig(_Section):
-    """Per-record privacy budgets (see :mod:`pdpfl.budgets`)."""
+    """Per-record privacy budgets (see :mod:`pdpfl.budgets`, :mod:`pdpfl.data.budget_table`)."""
 
     scenario: str = "three-levels"
     params: dict[str, Any] = Field(default_factory=dict)
-    file: str | None = None
+    file: str | None = Field(
+        None, min_length=1, description="budgets file: a .csv with the columns record_id and "
+        "epsilon (matched by id), or one ε per training record in order (.csv/.npy); "
+        "{client_id} and {client} are replaced per silo",
+    )
+    on_unmatched: Literal["error", "ignore"] = Field(
+        "error", description="budgets for record ids that are not in the data: an error "
+        "(default), or ignore them -- counted in the run's warnings",
+    )
+    cap_at_epsilon_max: bool = Field(
+        False, description="records whose budget is above the ε that sampling at q = 1 spends "
+        "(privacy.epsilon_max) are an error by default; true trains them at q = 1 (they spend "
+        "less than their budget), counted in the run's warnings",
+    )
+
+    @field_validator("file")
+    @classmethod
+    def _placeholders(cls, value: str | None) -> str | None:
+        if value is not None:
+            from pdpfl.data.budget_table import file_placeholders
+
+            file_placeholders(value)
+        return value
 
 
 class PrivacyConfig(_Section):
@@ -237,7 +258,7 @@ class ExperimentConfig(_Section):
     data: DataConfig
     model: ModelConfig = Field(default_factory=ModelConfig)
     algorithm: AlgorithmConfig = Field(default_factory=lambda: _default_algorithm())
-    budgets: BudgetsConfig = Field(default_factory=BudgetsConfig)
+    budgets: BudgetsConfig = Field(default_factory=lambda: BudgetsConfig.model_validate({}))
     privacy: PrivacyConfig = Field(default_factory=lambda: PrivacyConfig.model_validate({}))
     training: TrainingConfig
 
@@ -347,6 +368,10 @@ def _parse_value(key: str, text: str) -> Any:
     return load_yaml_text(text, source=f"--set {key}")
 
 
+#: Most parts of a dotted ``--set`` key (``data.options.x`` has 3).
+_MAX_KEY_PARTS = 8
+
+
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """Apply ``key=value`` overrides (YAML-parsed values) to a raw config dictionary."""
     try:
@@ -362,6 +387,10 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
             continue
         key, text = item.split("=", 1)
         key = key.strip()
+        if key.count(".") >= _MAX_KEY_PARTS or not all(key.split(".")):
+            problems.append(f"--set {key[:80]!r}: expected a dotted key such as training.lr "
+                            f"(at most {_MAX_KEY_PARTS} parts, none empty)")
+            continue
         if "." not in key:
             paths = index.get(key, [])
             if len(paths) != 1:
@@ -387,44 +416,17 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
     return data
 
 
-#: Text that pydantic would read as a non-finite float.
-_NON_FINITE_TEXT = re.compile(r"^\s*[-+]?(inf|infinity|nan)\s*$", re.IGNORECASE)
-
-
-def _non_finite_problems(raw: dict[str, Any]) -> list[str]:
-    """``field: must be a finite number`` for every NaN or infinite value, in any section.
-
-    Only a field that declares ``json_schema_extra={"allow_infinity": True}`` (e.g. IDP-FedAvg's
-    ``algorithm.group_budgets``, where ``.inf`` marks non-private clients) may hold +inf; NaN is
-    never accepted. In the ``algorithm`` section, text such as ``"inf"`` or ``"nan"`` (which
-    pydantic would convert to a float) is refused the same way.
-    """
-    problems: list[str] = []
-
-    def walk(value: Any, path: list[str], allow_inf: bool, text_too: bool) -> None:
-        if isinstance(value, dict):
-            for k, v in value.items():
-                walk(v, [*path, str(k)], allow_inf, text_too)
-        elif isinstance(value, list):
-            for i, v in enumerate(value):
-                walk(v, [*path, str(i)], allow_inf, text_too)
-        elif isinstance(value, float) and not math.isfinite(value):
-            if not (allow_inf and value > 0):
-                problems.append(f"{'.'.join(path)}: must be a finite number, got {value}")
-        elif text_too and isinstance(value, str) and _NON_FINITE_TEXT.match(value):
-            if not (allow_inf and value.strip().lstrip("+").lower().startswith("inf")):
-                problems.append(f"{'.'.join(path)}: must be a finite number, got {value!r}")
-
-    for section, value in raw.items():
-        if section == "algorithm" and isinstance(value, dict):
-            fields = _algorithm_fields(value.get("name"))
-            for key, v in value.items():
-                extra = getattr(fields.get(str(key)), "json_schema_extra", None)
-                allow = isinstance(extra, dict) and bool(extra.get("allow_infinity"))
-                walk(v, [section, str(key)], allow, True)
-        else:
-            walk(value, [str(section)], False, False)
-    return problems
+def _section_fields(raw: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Each section's pydantic fields ("" = top-level keys; the algorithm named in ``raw``)."""
+    fields: dict[str, dict[str, Any]] = {"": dict(ExperimentConfig.model_fields)}
+    for section, field in ExperimentConfig.model_fields.items():
+        ann = field.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            fields[section] = dict(ann.model_fields)
+    algorithm = raw.get("algorithm")
+    fields["algorithm"] = _algorithm_fields(
+        algorithm.get("name") if isinstance(algorithm, dict) else None)
+    return fields
 
 
 def _algorithm_fields(name: Any) -> dict[str, Any]:
@@ -439,7 +441,10 @@ def config_from_dict(raw: Any, overrides: list[str] | None = None) -> Experiment
     if not isinstance(raw, dict):
         raise ConfigError(["config: expected a mapping of sections (data, training, ...)"])
     raw = apply_overrides(raw, list(overrides or []))
-    problems = _non_finite_problems(raw)
+    try:
+        problems = raw_value_problems(raw, _section_fields(raw))
+    except RecursionError:
+        problems = ["config: nested too deeply"]
     if problems:
         raise ConfigError(problems)
     try:

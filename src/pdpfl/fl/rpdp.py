@@ -205,6 +205,28 @@ def setup(config: ExperimentConfig, info: FederationInfo) -> dict[str, Any]:
 # ------------------------------------------------------------------------------- silo side
 
 
+def _full_rate_epsilon(publication: Publication, epsilon_max: float | None) -> float | None:
+    """ε_max: ``privacy.epsilon_max`` when configured, else what the estimator spends at q = 1
+    (None when the estimator does not say, e.g. binary search)."""
+    if epsilon_max is not None:
+        return float(epsilon_max)
+    est = publication.estimator_object()
+    for attr in ("max_epsilon", "eps_at_one"):
+        value = getattr(est, attr, None)
+        if value is not None:
+            return float(value)
+    return None
+
+
+def _capped(budgets: np.ndarray, rates: np.ndarray, publication: Publication,
+            epsilon_max: float | None) -> np.ndarray:
+    """Records sampled at q = 1 whose budget is above ε_max: they spend less than allowed."""
+    cap = _full_rate_epsilon(publication, epsilon_max)
+    if cap is None:
+        return np.zeros(len(budgets), dtype=bool)
+    return (rates >= 1.0) & (budgets > cap * (1 + 1e-9))
+
+
 class DpFedAvgClient:
     """One silo of rPDP-FL (and, with other rates, of every DP-FedAvg baseline).
 
@@ -248,6 +270,8 @@ class DpFedAvgClient:
         normalizer: float | None,
         weight: float = 1.0,
         allow_exclusion: bool = False,
+        epsilon_cap: float | None = None,
+        cap_at_epsilon_max: bool = False,
         optimizer: str = "sgd",
         lr: float = 0.1,
         momentum: float = 0.0,
@@ -274,6 +298,7 @@ class DpFedAvgClient:
         self.groups, self.group_labels = budget_groups(self.budgets)
         n = len(self.budgets)
         self.excluded = np.zeros(n, dtype=bool)
+        self.capped = np.zeros(n, dtype=bool)
         if self.private:
             from pdpfl.dp.steps import check_normalizer
             from pdpfl.ledger import PrivacyLedger
@@ -289,6 +314,17 @@ class DpFedAvgClient:
                         f"budgets in [{low.min():g}, {low.max():g}], below the smallest ε this "
                         "mechanism can give a positive rate; set privacy.allow_exclusion: true to "
                         "exclude them, or lower σ"
+                    )
+                self.capped = _capped(self.budgets, self.rates, publication, epsilon_cap)
+                if self.capped.any() and not cap_at_epsilon_max:
+                    high = self.budgets[self.capped]
+                    raise ValueError(
+                        f"budgets: silo {client_id} has {int(self.capped.sum())} record(s) with "
+                        f"budgets in [{high.min():g}, {high.max():g}], above ε_max = "
+                        f"{_full_rate_epsilon(publication, epsilon_cap):.6g} (what sampling "
+                        "at q = 1 spends), so they would silently get less than their budget; "
+                        "lower those budgets, raise privacy.epsilon_max, or set "
+                        "budgets.cap_at_epsilon_max: true to train them at q = 1"
                     )
             self.ledger = PrivacyLedger(
                 self.budgets,
@@ -416,6 +452,7 @@ class DpFedAvgClient:
             "participations": self.participations,
             "stopped": int(self.sat_out.sum()),
             "excluded": int(self.excluded.sum()),
+            "capped": int(self.capped.sum()),
             "private": self.private,
         }
         for adv, tag in (("third-party", "third_party"), ("server", "server")):
@@ -602,6 +639,8 @@ def build_dp_client(
         normalizer=batch if pub.mode != "non-private" else None,
         weight=weight,
         allow_exclusion=config.privacy.allow_exclusion,
+        epsilon_cap=config.privacy.epsilon_max,
+        cap_at_epsilon_max=config.budgets.cap_at_epsilon_max,
         optimizer=tr.optimizer,
         lr=tr.lr,
         momentum=tr.momentum,

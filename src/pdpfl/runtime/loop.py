@@ -119,6 +119,7 @@ _SUMMED = (
     "active",
     "stopped",
     "excluded",
+    "capped",
     "over_budget_third_party",
     "over_budget_server",
 )

@@ -172,6 +172,11 @@ def privacy_warnings(config: ExperimentConfig, overview: dict[str, Any]) -> list
             f"{int(overview['excluded'])} record(s) were excluded (q = 0: budget below the "
             "smallest achievable ε; privacy.allow_exclusion is on)"
         )
+    if int(overview.get("capped", 0)):
+        out.append(
+            f"{int(overview['capped'])} record(s) have budgets above ε_max and were trained at "
+            "q = 1, spending less than their budget (budgets.cap_at_epsilon_max is on)"
+        )
     return out
 
 
@@ -283,6 +288,7 @@ def privacy_fields(
             "records": None,
             "records_stopped": None,
             "records_excluded": None,
+            "records_capped": None,
             "warnings": [],
             "eps_spent_max": {"third_party": None, "server": None},
             "per_group": {},
@@ -299,6 +305,7 @@ def privacy_fields(
         "records": int(overview.get("n_records", 0)),
         "records_stopped": int(overview.get("stopped", 0)),
         "records_excluded": int(overview.get("excluded", 0)),
+        "records_capped": int(overview.get("capped", 0)),
         "warnings": privacy_warnings(config, overview),
         "eps_spent_max": {
             "third_party": overview.get("eps_third_party_max"),
