@@ -146,3 +146,44 @@ def test_python_train_refuses_unknown_budget_ids_before_writing_anything(tmp_pat
                           **settings)
     assert summary["config"]["budgets"]["on_unmatched"] == "ignore"
     assert any("9999" in w and "were ignored" in w for w in summary["warnings"])
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--option", "undersample=NaN"], "--option undersample: must be a finite number"),
+        (["--option", "undersample=1e999"], "--option undersample: must be a finite number"),
+        (["--partition", "dirichlet", "--param", "beta=Infinity"],
+         "--param beta: must be a finite number"),
+    ],
+)
+def test_data_describe_refuses_non_finite_option_values(tmp_path: Path, args: list[str],
+                                                        expected: str) -> None:
+    csv = _csv(tmp_path)
+    res = CliRunner().invoke(app, ["data", "describe", "csv", "--option", f"path={csv}",
+                                   *args])
+    assert res.exit_code == 2 and expected in res.output, res.output
+
+
+def test_dirichlet_beta_must_be_finite() -> None:
+    from pdpfl.data import load_federation
+
+    with pytest.raises(ValueError, match="'beta' must be a finite number > 0"):
+        load_federation("digits", num_clients=3, partition="dirichlet",
+                        partition_params={"beta": float("inf")})
+
+
+def test_train_rechecks_a_federation_changed_after_it_was_built(tmp_path: Path) -> None:
+    import pdpfl
+    from pdpfl.data.validation import DataValidationError
+
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(40, 2))
+    fed = pdpfl.federation_from_arrays(x, (x[:, 0] > 0).astype(int), ["a", "b"] * 20)
+    fed.clients[1].x_train[2, 1] = np.nan
+    bad_id = int(fed.clients[1].record_ids[2])
+    with pytest.raises(DataValidationError, match=rf"silo 'b': 1 training record\(s\) have NaN "
+                       rf"or infinite features \(record ids e.g. \[{bad_id}\]\)"):
+        pdpfl.train(fed, rounds=1, local_steps=1, batch_size=8, epsilon_max=5.0,
+                    out=tmp_path / "run")
+    assert not (tmp_path / "run").exists()

@@ -455,3 +455,56 @@ def test_no_feature_columns_and_malformed_budget_containers() -> None:
     for bad in ("1.0", None):
         with pytest.raises(DataValidationError, match="budgets file is given as budgets.file"):
             align_budgets(fed, bad)
+
+
+def test_csv_numeric_labels_are_numbers(tmp_path: Path) -> None:
+    """'1' and '1.0' are one class (not two); 0.5 is continuous; 'inf' and 'nan' are refused."""
+    path = tmp_path / "num.csv"
+    path.write_text("f,label\n" + "".join(f"{i},{['0', '1', '1.0', '0.0'][i % 4]}\n"
+                                          for i in range(20)))
+    fed = load_federation("csv", path=str(path), num_clients=2)
+    assert fed.class_names == ["0", "1"]
+    for bad, expected in (("0.5", "is not a whole number"), ("inf", "too large"),
+                          ("nan", r"have no label \(nan\) at row 4")):
+        path.write_text("f,label\n" + "".join(
+            f"{i},{bad if i == 2 else i % 2}\n" for i in range(20)))
+        with pytest.raises(DataValidationError, match=expected):
+            load_federation("csv", path=str(path), num_clients=2)
+
+
+def test_budget_table_written_by_excel_with_a_bom_is_a_table(tmp_path: Path) -> None:
+    from pdpfl.data.budget_table import is_budget_table
+
+    p = tmp_path / "bom.csv"
+    p.write_text("\ufeffrecord_id,epsilon\n1,0.5\n2,1.0\n", encoding="utf-8")
+    assert is_budget_table(p) and read_table(p).lookup() == {1: 0.5, 2: 1.0}
+
+
+def test_positional_budget_file_with_a_gap_is_refused(tmp_path: Path) -> None:
+    from pdpfl.budgets import load_budgets
+
+    p = tmp_path / "eps.csv"
+    p.write_text("0.5\n1.0\n\n2.0\n\n")  # a gap would shift every later record's ε
+    with pytest.raises(ValueError, match="line 3 is empty"):
+        load_budgets(p)
+    p.write_text("0.5\nnan\n")
+    with pytest.raises(ValueError, match=r"line 2: ε 'nan' is NaN or infinite"):
+        load_budgets(p)
+    p.write_text("0.5\n1.0\n\n")
+    assert load_budgets(p).tolist() == [0.5, 1.0]
+
+
+def test_a_silos_own_budget_file_is_checked_at_the_silo(tmp_path: Path) -> None:
+    """Flower silos never see the other silos' ids: a per-silo file is checked where it is
+    read (a shared file is checked against the whole federation by check_budget_file)."""
+    from pdpfl.data.budget_table import silo_budgets
+
+    fed = _fed()
+    silo = fed.clients[0]
+    own = np.r_[silo.record_ids, silo.test_record_ids]
+    path = _table(tmp_path, [f"{i},1.0" for i in own] + ["555,2.0"])
+    with pytest.raises(DataValidationError, match=r"not in the data \(e.g. 555"):
+        silo_budgets(path, silo.record_ids, silo=silo)
+    values = silo_budgets(path, silo.record_ids, silo=silo, on_unmatched="ignore")
+    assert values.tolist() == [1.0] * silo.num_train
+    assert silo_budgets(path, silo.record_ids).tolist() == [1.0] * silo.num_train

@@ -36,6 +36,7 @@ from pdpfl.data.user import (
     federation_from_dataframe,
     federation_from_silos,
 )
+from pdpfl.data.validation import check_federation_data
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch import nn
@@ -255,6 +256,7 @@ def train(
     if not isinstance(federation, Federation):
         raise TypeError("federation: expected a pdpfl Federation (see "
                         "pdpfl.federation_from_dataframe / federation_from_arrays)")
+    check_federation_data(federation)
     _check_module(model, federation)
     table = None
     budgets_file = None

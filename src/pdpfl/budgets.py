@@ -514,7 +514,7 @@ def load_budgets(path: str | Path, column: str | int | None = None) -> np.ndarra
 
 def _read_csv_column(p: Path, column: str | int | None) -> list[float]:
     try:
-        with p.open(newline="", encoding="utf-8") as fh:
+        with p.open(newline="", encoding="utf-8-sig") as fh:
             reader = csv.reader(fh)
             numbered = [(reader.line_num, row) for row in reader]
     except (UnicodeDecodeError, csv.Error) as exc:

@@ -144,7 +144,7 @@ def is_budget_table(path: Any) -> bool:
     if p.suffix.lower() != ".csv" or not p.is_file():
         return False
     try:
-        with open(p, newline="", encoding="utf-8") as fh:
+        with open(p, newline="", encoding="utf-8-sig") as fh:
             header = next(csv.reader(fh), [])
     except (OSError, UnicodeDecodeError, csv.Error):
         return False
@@ -155,7 +155,7 @@ def read_table(path: Any) -> BudgetTable:
     """The validated ``record_id``/``epsilon`` table of a ``.csv`` (rows named by line)."""
     p = Path(path)
     try:
-        with open(p, newline="", encoding="utf-8") as fh:
+        with open(p, newline="", encoding="utf-8-sig") as fh:
             reader = csv.reader(fh)
             header = [h.strip() for h in next(reader, [])]
             rows = [(reader.line_num, r) for r in reader if any(c.strip() for c in r)]
@@ -252,9 +252,21 @@ def unmatched_budgets_warning(federation: Federation, budgets: Any) -> str | Non
     return _unmatched_message(table, pos, ignore=True) if pos.size else None
 
 
-def silo_budgets(path: Any, record_ids: np.ndarray) -> np.ndarray:
-    """One silo's budgets from a table keyed by record id, in the order of ``record_ids``."""
+def silo_budgets(path: Any, record_ids: np.ndarray, *, silo: Any = None,
+                 on_unmatched: str = "error") -> np.ndarray:
+    """One silo's budgets from a table keyed by record id, in the order of ``record_ids``.
+
+    With ``silo`` (its :class:`~pdpfl.data.federation.ClientData`; give it when the file is this
+    silo's own, e.g. ``budgets_{client_id}.csv``), rows for ids that are none of the silo's
+    training or test records are an error unless ``on_unmatched="ignore"`` (the run-level
+    :func:`check_budget_file` reports ignored rows; a file shared by all silos is checked
+    against the whole federation there).
+    """
     table = read_table(path)
+    if silo is not None and not _check_on_unmatched(on_unmatched):
+        pos = table.unmatched(_known_ids([silo]))
+        if pos.size:
+            raise DataValidationError(_unmatched_message(table, pos, ignore=False))
     lookup = table.lookup()
     values = np.array([lookup.get(int(i), np.nan) for i in record_ids], dtype=float)
     missing = np.asarray(record_ids)[np.isnan(values)]

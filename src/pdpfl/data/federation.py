@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from pdpfl.data.validation import DataValidationError, non_finite_records, record_ids_of
+
 
 def _as_float32(x: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(np.asarray(x, dtype=np.float32))
@@ -61,15 +63,12 @@ class ClientData:
         self.record_ids = _as_int64(self.record_ids).reshape(-1)
         for side, x, ids in (("training", self.x_train, self.record_ids),
                              ("test", self.x_test, self.test_record_ids)):
-            bad = ~np.isfinite(x.reshape(len(x), -1)).all(axis=1) if x.size else np.zeros(0, bool)
+            bad = non_finite_records(x)
             if bad.any():
-                which = (f"record ids e.g. {np.asarray(ids).reshape(-1)[bad][:5].tolist()}"
-                         if ids is not None and len(np.asarray(ids).reshape(-1)) == len(x)
-                         else f"positions e.g. {np.flatnonzero(bad)[:5].tolist()}")
-                raise ValueError(
+                raise DataValidationError(
                     f"client {self.name!r}: {int(bad.sum())} {side} record(s) have NaN or "
-                    f"infinite features as float32 ({which}); clean the data (values beyond "
-                    "±3.4e38 overflow float32)"
+                    f"infinite features as float32 ({record_ids_of(ids, bad)}); clean the data "
+                    "(values beyond ±3.4e38 overflow float32)"
                 )
         n, m = len(self.x_train), len(self.x_test)
         if len(self.y_train) != n or len(self.record_ids) != n:

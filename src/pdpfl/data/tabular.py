@@ -43,6 +43,15 @@ def _undersample(y: np.ndarray, ratio: float, rng: np.random.Generator) -> np.nd
     return np.sort(np.concatenate(keep))
 
 
+def _as_numbers(cells: np.ndarray) -> np.ndarray | None:
+    """The cells as floats when every one is written as a number (NaN/inf are then refused by
+    the label checks), else None (text labels)."""
+    try:
+        return np.array([float(c) for c in cells], dtype=np.float64)
+    except ValueError:
+        return None
+
+
 def _col(where: Where, column: str, option: str) -> Where:
     return Where(f"{where.source}, column {column!r} (option {option!r})", where.rows,
                  where.word)
@@ -121,7 +130,10 @@ def csv_pool(
                 raise ValueError(f"{p}: column {header[k]!r} row {lines[i]} is not numeric: "
                                  f"{r[k]!r} (leave it out with option 'drop_columns')") from None
     x = check_features(x, where=where, columns=features)
-    raw_labels = np.asarray([r[j].strip().strip('"') for r in body])
+    raw_labels: np.ndarray = np.asarray([r[j].strip().strip('"') for r in body])
+    numeric = _as_numbers(raw_labels)
+    if numeric is not None:  # "1" and "1.0" are one class; 0.5 is refused as continuous
+        raw_labels = numeric
     y, num_classes, class_names = check_labels(raw_labels, where=_col(where, label,
                                                                       "label_column"))
     ids = np.arange(len(y), dtype=np.int64)

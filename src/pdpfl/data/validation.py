@@ -28,6 +28,7 @@ __all__ = [
     "DataValidationError",
     "Where",
     "check_features",
+    "check_federation_data",
     "check_label_values",
     "check_labels",
     "check_lengths",
@@ -35,6 +36,7 @@ __all__ = [
     "check_silo_keys",
     "is_missing",
     "missing_mask",
+    "non_finite_records",
 ]
 
 #: Text cells read as "missing" (pandas' default NA strings): refused as labels, silos, ids.
@@ -423,3 +425,48 @@ def _as_int64(arr: np.ndarray, w: Where) -> np.ndarray:
             ) from None
         out[i] = value
     return out
+
+
+def check_federation_data(federation: Any) -> None:
+    """Re-check a federation's arrays before training (they may have been changed after it
+    was built): finite features and labels in ``[0, num_classes)``, naming the silo and the
+    record ids."""
+    k = int(federation.num_classes)
+    for c in federation.clients:
+        for side, x, y, ids in (("training", c.x_train, c.y_train, c.record_ids),
+                                ("test", c.x_test, c.y_test, c.test_record_ids)):
+            x = np.asarray(x)
+            y = np.asarray(y)
+            if x.size:
+                bad = non_finite_records(x)
+                if bad.any():
+                    raise DataValidationError(
+                        f"silo {c.name!r}: {int(bad.sum())} {side} record(s) have NaN or "
+                        f"infinite features ({_ids(ids, bad)}); clean the data before training"
+                    )
+            wrong = (y < 0) | (y >= k) if y.size else np.zeros(0, bool)
+            if wrong.any():
+                raise DataValidationError(
+                    f"silo {c.name!r}: {int(wrong.sum())} {side} label(s) outside [0, {k}) "
+                    f"({_ids(ids, wrong)})"
+                )
+
+
+def non_finite_records(x: np.ndarray) -> np.ndarray:
+    """Mask of the records (first axis) with any NaN or infinite feature."""
+    x = np.asarray(x)
+    if not x.size:
+        return np.zeros(len(x), dtype=bool)
+    return ~np.isfinite(x.reshape(len(x), -1)).all(axis=1)
+
+
+def record_ids_of(ids: Any, mask: np.ndarray) -> str:
+    """``record ids e.g. [...]`` of the masked records (positions when ids do not match)."""
+    return _ids(ids, mask)
+
+
+def _ids(ids: Any, mask: np.ndarray) -> str:
+    arr = None if ids is None else np.asarray(ids).reshape(-1)
+    if arr is not None and len(arr) == len(mask):
+        return f"record ids e.g. {arr[mask][:5].tolist()}"
+    return f"positions e.g. {np.flatnonzero(mask)[:5].tolist()}"
