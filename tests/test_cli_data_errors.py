@@ -187,3 +187,16 @@ def test_train_rechecks_a_federation_changed_after_it_was_built(tmp_path: Path) 
         pdpfl.train(fed, rounds=1, local_steps=1, batch_size=8, epsilon_max=5.0,
                     out=tmp_path / "run")
     assert not (tmp_path / "run").exists()
+
+
+def test_python_train_refused_for_capping_leaves_no_output(tmp_path: Path) -> None:
+    import pdpfl
+
+    rng = np.random.default_rng(6)
+    x = rng.normal(size=(40, 2))
+    fed = pdpfl.federation_from_arrays(x, (x[:, 0] > 0).astype(int), ["a", "b"] * 20)
+    eps = {i: 50.0 for i in range(40)}
+    with pytest.raises(ValueError, match=r"above ε_max = 5 .*budgets.cap_at_epsilon_max"):
+        pdpfl.train(fed, budgets=eps, rounds=1, local_steps=1, batch_size=8, epsilon_max=5.0,
+                    threads=1, out=tmp_path / "run")
+    assert not (tmp_path / "run").exists()

@@ -319,6 +319,9 @@ def test_silos_name_the_silo_and_side() -> None:
         federation_from_silos({"a": good, "b": (np.zeros((0, 2)), np.zeros(0))})
     with pytest.raises(DataValidationError, match="not unique as text"):
         federation_from_silos({1: good, "1": good})
+    flags = (good[0], good[1].astype(bool))  # True would silently be class 1
+    with pytest.raises(DataValidationError, match="labels mix booleans and numbers"):
+        federation_from_silos({"a": good, "b": flags})
     with pytest.raises(DataValidationError, match=r"record_ids\['b'\]: 9 ids for 10 records"):
         federation_from_silos({"a": good, "b": good}, record_ids=[np.arange(10),
                                                                   np.arange(10, 19)])

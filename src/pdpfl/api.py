@@ -273,13 +273,21 @@ def train(
         align_budgets(federation, budgets, on_unmatched=cfg.budgets.on_unmatched)
     else:
         check_budget_file(cfg, federation)
+    fresh = not out_dir.exists() or not any(out_dir.iterdir())
     prepare_output_dir(out_dir, resume=resume, overwrite=overwrite)
-    if table is not None:  # the budgets as given (the run reports ids it ignored)
-        lines = [",".join(BUDGET_TABLE_COLUMNS)]
-        lines.extend(f"{int(i)},{float(v)!r}" for i, v in zip(table.ids, table.values,
-                                                                strict=True))
-        write_text(out_dir / "budgets.csv", "\n".join(lines) + "\n")
-    summary = simulate_into(cfg, out_dir, resume, progress=progress, federation=federation)
+    try:
+        if table is not None:  # the budgets as given (the run reports ids it ignored)
+            lines = [",".join(BUDGET_TABLE_COLUMNS)]
+            lines.extend(f"{int(i)},{float(v)!r}" for i, v in zip(table.ids, table.values,
+                                                                    strict=True))
+            write_text(out_dir / "budgets.csv", "\n".join(lines) + "\n")
+        summary = simulate_into(cfg, out_dir, resume, progress=progress, federation=federation)
+    except ValueError:  # refused while building (e.g. budgets above ε_max): leave nothing
+        if fresh and not (out_dir / "metrics.jsonl").exists():
+            import shutil
+
+            shutil.rmtree(out_dir, ignore_errors=True)
+        raise
     if not isinstance(model, str):
         import torch
 

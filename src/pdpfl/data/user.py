@@ -339,9 +339,9 @@ def federation_from_silos(
     shapes = {a.shape[1:] for a in xs if len(a)}
     if len(shapes) > 1:
         raise ValueError(f"silos: every silo needs the same feature shape, got {sorted(shapes)}")
-    kinds = {a.dtype.kind for a in ys if len(a)}
-    if len(kinds & {"U"}) and len(kinds - {"U"}):
-        raise DataValidationError("silos: some silos' labels are text and others numbers; "
+    kinds = {{"U": "text", "b": "booleans"}.get(a.dtype.kind, "numbers") for a in ys if len(a)}
+    if len(kinds) > 1:
+        raise DataValidationError(f"silos: the silos' labels mix {' and '.join(sorted(kinds))}; "
                                   "convert them to one type")
     x = np.concatenate([a for a in xs if len(a)])
     y = np.concatenate([a for a in ys if len(a)])
