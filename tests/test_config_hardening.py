@@ -106,6 +106,27 @@ def test_yaml_11_guesses_are_not_applied() -> None:
                    "f": 1e-5, "g": True, "h": None, "i": float("inf"), "j": 16}
 
 
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("a: !!bool 'yes'", "'yes' is not a valid bool for tag '!!bool'"),
+        ("a: !!int '0x'", "'0x' is not a valid int"),
+        ("a: !!null 'x'", "'x' is not a valid null"),
+        ("a: !!float 'abc'", "'abc' is not a valid float"),
+        ("a: {<<: 5}", "expected a mapping or list of mappings for merging"),
+        ("a: *nope", "found undefined alias 'nope'"),
+        ("%TAG !p! tag:yaml.org,2002:python/\n---\na: !p!object:os.system {}",
+         "tag '!!python/object:os.system' is not allowed"),
+    ],
+)
+def test_explicit_tags_must_match_their_value(text: str, expected: str) -> None:
+    """``!!bool 'yes'`` was False and ``!!null 'x'`` None: silently chosen values."""
+    with pytest.raises(YamlError, match=expected):
+        load_yaml_text(text)
+    assert load_yaml_text("a: !!int '12'\nb: !!float '3'\nc: !!str yes") == {
+        "a": 12, "b": 3.0, "c": "yes"}
+
+
 def test_merge_keys_and_moderate_aliases_still_work(tmp_path: Path) -> None:
     text = ("defaults: &d {rounds: 1, local_steps: 1, batch_size: 8}\n"
             "data: {dataset: digits, num_clients: 3}\n"

@@ -71,19 +71,20 @@ class _CoreResolver(BaseResolver):
     """Implicit types of the YAML 1.2 core schema (plus ``<<`` merge keys)."""
 
 
-for _tag, _pattern, _first in (
-    ("bool", r"^(?:true|True|TRUE|false|False|FALSE)$", "tTfF"),
-    ("int", r"^(?:[-+]?[0-9]+|0x[0-9a-fA-F]+|0o[0-7]+)$", "-+0123456789"),
-    (
-        "float",
+#: The core schema's spelling of each plain type (also required under an explicit tag).
+_PATTERNS = {
+    "bool": re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+    "int": re.compile(r"^(?:[-+]?[0-9]+|0x[0-9a-fA-F]+|0o[0-7]+)$"),
+    "float": re.compile(
         r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?"
-        r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$",
-        "-+.0123456789",
+        r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"
     ),
-    ("null", r"^(?:~|null|Null|NULL|)$", ["~", "n", "N", ""]),
-    ("merge", r"^(?:<<)$", "<"),
-):
-    _CoreResolver.add_implicit_resolver(_TAG + _tag, re.compile(_pattern), list(_first))
+    "null": re.compile(r"^(?:~|null|Null|NULL|)$"),
+    "merge": re.compile(r"^(?:<<)$"),
+}
+for _tag, _first in (("bool", "tTfF"), ("int", "-+0123456789"), ("float", "-+.0123456789"),
+                     ("null", ["~", "n", "N", ""]), ("merge", "<")):
+    _CoreResolver.add_implicit_resolver(_TAG + _tag, _PATTERNS[_tag], list(_first))
 
 
 def _short(tag: str) -> str:
@@ -100,8 +101,19 @@ class _Constructor(SafeConstructor):
 
     yaml_constructors: ClassVar[dict[Any, Any]] = {}
 
-    def construct_core_int(self, node: ScalarNode) -> int:
+    def _text(self, node: ScalarNode, kind: str) -> str:
+        """The scalar's text, which must spell a ``kind`` (also under an explicit tag)."""
         text = str(self.construct_scalar(node))
+        if not _PATTERNS[kind].match(text):
+            raise YamlError(f"{_where(node)}: {text[:40]!r} is not a valid {kind} for tag "
+                            f"'!!{kind}'")
+        return text
+
+    def construct_core_null(self, node: ScalarNode) -> None:
+        self._text(node, "null")
+
+    def construct_core_int(self, node: ScalarNode) -> int:
+        text = self._text(node, "int")
         sign = -1 if text.startswith("-") else 1
         digits = text.lstrip("+-")
         if len(digits) > 40:
@@ -120,7 +132,7 @@ class _Constructor(SafeConstructor):
         return value
 
     def construct_core_float(self, node: ScalarNode) -> float:
-        text = str(self.construct_scalar(node))
+        text = self._text(node, "float")
         lowered = text.lower()
         if lowered.endswith(".inf"):
             return -math.inf if text.startswith("-") else math.inf
@@ -133,7 +145,7 @@ class _Constructor(SafeConstructor):
         return value
 
     def construct_core_bool(self, node: ScalarNode) -> bool:
-        return str(self.construct_scalar(node)).lower() == "true"
+        return self._text(node, "bool").lower() == "true"
 
     def construct_refused(self, node: Node) -> Any:
         raise YamlError(
@@ -165,7 +177,7 @@ class _Constructor(SafeConstructor):
 
 
 for _name, _method in (
-    ("null", SafeConstructor.construct_yaml_null),
+    ("null", _Constructor.construct_core_null),
     ("bool", _Constructor.construct_core_bool),
     ("int", _Constructor.construct_core_int),
     ("float", _Constructor.construct_core_float),

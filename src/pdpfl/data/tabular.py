@@ -115,7 +115,8 @@ def csv_pool(
     body = [r for _, r in rows[1:]]
     bad = [line for line, r in rows[1:] if len(r) != len(header)]
     if bad:
-        raise ValueError(f"{p}: rows {bad[:5]} do not have {len(header)} fields")
+        raise ValueError(f"{p}: rows {bad[:5]} do not have {len(header)} fields (the header's "
+                         f"count, split at {delimiter!r}; option 'delimiter' sets another)")
     cols = [k for k in range(len(header)) if k not in skip]
     if not cols:
         raise ValueError(f"{p}: no feature column left after the label and drop_columns")
