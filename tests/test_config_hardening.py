@@ -86,7 +86,7 @@ def test_hostile_yaml_is_refused_quickly_with_the_place(
     path = _file(tmp_path, content)
     start = time.perf_counter()
     message = _problem(path)
-    assert time.perf_counter() - start < 2.0
+    assert time.perf_counter() - start < 10.0  # a hang guard (speed: benchmarks/validation.py)
     assert message.startswith("config: ") and expected in message, message
     assert "Traceback" not in message
 
@@ -272,7 +272,7 @@ def test_cli_run_refuses_hostile_configs_with_exit_2_and_no_output(
     out = tmp_path / "out"
     start = time.perf_counter()
     res = CliRunner().invoke(app, ["run", str(cfg), "--out", str(out), *args])
-    assert time.perf_counter() - start < 5.0
+    assert time.perf_counter() - start < 30.0  # a hang guard, not a speed measurement
     assert res.exit_code == 2, res.output
     assert expected in res.output and "Traceback" not in res.output
     assert res.exception is None or isinstance(res.exception, SystemExit)

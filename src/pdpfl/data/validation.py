@@ -198,6 +198,8 @@ def check_features(
     if int(np.prod(out.shape[1:])) == 0:
         raise DataValidationError(f"{w.source}: no features (shape {out.shape})")
     flat = out.reshape(len(out), int(np.prod(out.shape[1:])))
+    if (np.abs(flat) <= FLOAT32_MAX).all():  # one pass: NaN, ±inf and overflow all fail it
+        return out
     bad = ~np.isfinite(flat)
     if bad.any():
         raise DataValidationError(
