@@ -31,7 +31,8 @@ demo: $(STAMP)
 		--out runs/digits_demo --force
 
 # Each script prints one JSON object; numbers, commands and the machine are in benchmarks/RESULTS.md.
-BENCHMARKS := accounting calibration gdp_mechanisms dpsgd data federated flower pld secure_sum uldp
+BENCHMARKS := accounting calibration gdp_mechanisms dpsgd data federated flower pld secure_sum uldp \
+	validation
 bench: $(STAMP)
 	@for b in $(BENCHMARKS); do echo "== benchmarks/$$b.py"; $(BIN)/python benchmarks/$$b.py --json || exit 1; done
 

@@ -54,7 +54,8 @@ def test_dataframe_problems_name_the_column() -> None:
         federation_from_dataframe(df.drop(columns=["eps"]), label="label", silo="site")
     with pytest.raises(ValueError, match="silo: 'hospital' is not a column"):
         federation_from_dataframe(df, label="label", silo="hospital")
-    with pytest.raises(ValueError, match="record_id: record ids must be unique"):
+    with pytest.raises(ValueError,
+                       match=r"record_id \(DataFrame column .pid.\): record ids must be unique"):
         federation_from_dataframe(df.assign(pid=1), label="label", silo="site",
                                   record_id="pid", drop=["eps", "note"])
 

@@ -30,7 +30,8 @@ TINY = {
     "randomness": "reproducible",
     "data": {"dataset": "digits", "num_clients": 4},
     "model": {"name": "logreg"},
-    "budgets": {"scenario": "three-levels",
+    # ε = 8 is above what q = 1 spends at σ = 2: those records train at q = 1 (opted in).
+    "budgets": {"scenario": "three-levels", "cap_at_epsilon_max": True,
                 "params": {"values": [0.5, 2.0, 8.0], "ratios": [0.5, 0.3, 0.2]}},
     "privacy": {"noise_multiplier": 2.0, "delta": 1e-3, "adversary": "both"},
     "training": {"rounds": 4, "local_steps": 2, "client_rate": 0.5, "lr": 0.5,

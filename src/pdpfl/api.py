@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from pdpfl.data.budget_table import budget_table, check_budget_file
 from pdpfl.data.federation import Federation
 from pdpfl.data.user import (
     BUDGET_TABLE_COLUMNS,
@@ -35,6 +36,7 @@ from pdpfl.data.user import (
     federation_from_dataframe,
     federation_from_silos,
 )
+from pdpfl.data.validation import check_federation_data
 
 if TYPE_CHECKING:  # pragma: no cover
     from torch import nn
@@ -128,7 +130,7 @@ def _check_module(model: Any, federation: Federation) -> None:
 
 
 def _raw_config(config: Any) -> dict[str, Any]:
-    from pdpfl.config import ConfigError, ExperimentConfig, config_to_dict
+    from pdpfl.config import ExperimentConfig, config_to_dict, read_config_file
 
     if config is None:
         return {}
@@ -137,12 +139,7 @@ def _raw_config(config: Any) -> dict[str, Any]:
     if isinstance(config, Mapping):
         return json.loads(json.dumps(dict(config), default=_plain))
     if isinstance(config, str | Path):
-        import yaml
-
-        p = Path(config)
-        if not p.is_file():
-            raise ConfigError([f"config: file not found: {p}"])
-        return yaml.safe_load(p.read_text()) or {}
+        return read_config_file(config)
     raise TypeError(f"config: expected an ExperimentConfig, a dict or a YAML path, got "
                     f"{type(config).__name__}")
 
@@ -230,6 +227,9 @@ def train(
         Each record's ε, matched by record id: a dict or pandas Series ``id -> ε``, a pair
         ``(ids, values)``, a 1-D array indexed by id, or a budgets file path (``budgets.file``).
         ``None``: the config's budget scenario (default ThreeLevels 0.1/1/5 at 70/20/10 %).
+        Budgets for ids that are not in the federation are an error unless
+        ``on_unmatched="ignore"`` (then a warning in the summary); budgets above
+        ``epsilon_max`` are an error unless ``cap_at_epsilon_max=True``.
     out
         Output folder (default ``runs/<name>``); refused when it holds files unless
         ``overwrite=True`` or ``resume=True``.
@@ -258,26 +258,38 @@ def train(
     if not isinstance(federation, Federation):
         raise TypeError("federation: expected a pdpfl Federation (see "
                         "pdpfl.federation_from_dataframe / federation_from_arrays)")
+    check_federation_data(federation)
     _check_module(model, federation)
-    per_silo = None
+    table = None
     budgets_file = None
     if isinstance(budgets, str | Path):
         budgets_file = str(budgets)
     elif budgets is not None:
-        per_silo = align_budgets(federation, budgets)
+        table = budget_table(budgets)
     name = settings.get("name") or (_raw_config(config).get("name") if config else None)
     out_dir = Path(out) if out is not None else Path("runs") / str(name or federation.name)
-    if per_silo is not None:
+    if table is not None:
         budgets_file = str(out_dir / "budgets.csv")
     cfg = make_config(federation, model, config=config, budgets_file=budgets_file, **settings)
+    if table is not None:  # every training record has a valid ε; unknown ids per the config
+        align_budgets(federation, budgets, on_unmatched=cfg.budgets.on_unmatched)
+    else:
+        check_budget_file(cfg, federation)
+    fresh = not out_dir.exists() or not any(out_dir.iterdir())
     prepare_output_dir(out_dir, resume=resume, overwrite=overwrite)
-    if per_silo is not None:
-        lines = [",".join(BUDGET_TABLE_COLUMNS)]
-        for client, values in zip(federation.clients, per_silo, strict=True):
-            lines.extend(f"{int(i)},{float(v)!r}" for i, v in zip(client.record_ids, values,
+    try:
+        if table is not None:  # the budgets as given (the run reports ids it ignored)
+            lines = [",".join(BUDGET_TABLE_COLUMNS)]
+            lines.extend(f"{int(i)},{float(v)!r}" for i, v in zip(table.ids, table.values,
                                                                     strict=True))
-        write_text(out_dir / "budgets.csv", "\n".join(lines) + "\n")
-    summary = simulate_into(cfg, out_dir, resume, progress=progress, federation=federation)
+            write_text(out_dir / "budgets.csv", "\n".join(lines) + "\n")
+        summary = simulate_into(cfg, out_dir, resume, progress=progress, federation=federation)
+    except ValueError:  # refused while building (e.g. budgets above ε_max): leave nothing
+        if fresh and not (out_dir / "metrics.jsonl").exists():
+            import shutil
+
+            shutil.rmtree(out_dir, ignore_errors=True)
+        raise
     if not isinstance(model, str):
         import torch
 

@@ -412,11 +412,11 @@ def public_statistics(scenario: BudgetScenario) -> tuple[float | None, float | N
     if isinstance(scenario, Uniform):
         return float(scenario.value), float(scenario.value)
     if isinstance(scenario, Strict):
-        v = float(_positive_values(scenario.values, "values").min())
-        return v, v
+        lowest = float(_positive_values(scenario.values, "values").min())
+        return lowest, lowest
     if isinstance(scenario, Relaxed):
-        v = float(_positive_values(scenario.values, "values").max())
-        return v, v
+        highest = float(_positive_values(scenario.values, "values").max())
+        return highest, highest
     if isinstance(scenario, BoundedPareto):
         lo, hi, a = float(scenario.lower), float(scenario.upper), float(scenario.shape)
         u = hi / lo - 1.0  # E[min(lower·(1+X), upper)] = lower·(1 + ∫_0^u (1+x)^-a dx)
@@ -513,8 +513,22 @@ def load_budgets(path: str | Path, column: str | int | None = None) -> np.ndarra
 
 
 def _read_csv_column(p: Path, column: str | int | None) -> list[float]:
-    with p.open(newline="", encoding="utf-8") as fh:
-        rows = [row for row in csv.reader(fh) if row and any(cell.strip() for cell in row)]
+    try:
+        with p.open(newline="", encoding="utf-8-sig") as fh:
+            reader = csv.reader(fh)
+            numbered = [(reader.line_num, row) for row in reader]
+    except (UnicodeDecodeError, csv.Error) as exc:
+        raise ValueError(f"budgets file {p.name}: not a readable UTF-8 CSV ({exc})") from None
+    blank = [n for n, row in numbered if not any(cell.strip() for cell in row)]
+    filled = [n for n, row in numbered if any(cell.strip() for cell in row)]
+    inside = [n for n in blank if filled and filled[0] < n < filled[-1]]
+    if inside:  # budgets are in record order: a gap would shift every later record's ε
+        raise ValueError(
+            f"budgets file {p.name}: line {inside[0]} is empty; every line between the first "
+            "and the last holds one record's ε (remove the empty line or fill it)"
+        )
+    lines = filled
+    rows = [row for _, row in numbered if any(cell.strip() for cell in row)]
     if not rows:
         raise ValueError(f"budgets file {p.name}: empty file")
 
@@ -541,15 +555,20 @@ def _read_csv_column(p: Path, column: str | int | None) -> list[float]:
             raise ValueError(f"column: {column!r} not in the header of {p.name} ({header})")
         idx = header.index(column)
     values: list[float] = []
-    for lineno, row in enumerate(body, start=2 if header is not None else 1):
+    for lineno, row in zip(lines[1:] if header is not None else lines, body, strict=True):
         if idx >= len(row):
             raise ValueError(f"budgets file {p.name}: line {lineno} has no column {idx}")
         try:
-            values.append(float(row[idx]))
+            value = float(row[idx])
         except ValueError:
             raise ValueError(
                 f"budgets file {p.name}: line {lineno}: {row[idx]!r} is not a number"
             ) from None
+        if not (math.isfinite(value) and value > 0):
+            what = "is NaN or infinite" if not math.isfinite(value) else "is <= 0"
+            raise ValueError(f"budgets file {p.name}: line {lineno}: ε {row[idx].strip()!r} "
+                             f"{what}; every ε must be a finite number > 0")
+        values.append(value)
     if not values:
         raise ValueError(f"budgets file {p.name}: no budget values (only a header)")
     return values

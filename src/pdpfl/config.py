@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, Union
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -30,7 +29,9 @@ from pydantic import (
     model_validator,
 )
 
+from pdpfl.config_checks import raw_value_problems
 from pdpfl.registry import Registry
+from pdpfl.safe_yaml import YamlError, load_yaml_file, load_yaml_text
 
 
 class ConfigError(ValueError):
@@ -42,7 +43,7 @@ class ConfigError(ValueError):
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 #: What one budget protects: the unit the neighbouring relation adds or removes.
@@ -180,15 +181,37 @@ class ModelConfig(_Section):
 
 
 class BudgetsConfig(_Section):
-    """Per-record privacy budgets (see :mod:`pdpfl.budgets`)."""
+    """Per-record privacy budgets (see :mod:`pdpfl.budgets`, :mod:`pdpfl.data.budget_table`)."""
 
     scenario: str = "three-levels"
     params: dict[str, Any] = Field(default_factory=dict)
-    file: str | None = None
+    file: str | None = Field(
+        None, min_length=1, description="budgets file: a .csv with the columns record_id and "
+        "epsilon (matched by id), or one ε per training record in order (.csv/.npy); "
+        "{client_id} and {client} are replaced per silo",
+    )
+    on_unmatched: Literal["error", "ignore"] = Field(
+        "error", description="budgets for record ids that are not in the data: an error "
+        "(default), or ignore them -- counted in the run's warnings",
+    )
+    cap_at_epsilon_max: bool = Field(
+        False, description="records whose budget is above the ε that sampling at q = 1 spends "
+        "(privacy.epsilon_max) are an error by default; true trains them at q = 1 (they spend "
+        "less than their budget), counted in the run's warnings",
+    )
+
+    @field_validator("file")
+    @classmethod
+    def _placeholders(cls, value: str | None) -> str | None:
+        if value is not None:
+            from pdpfl.data.budget_table import file_placeholders
+
+            file_placeholders(value)
+        return value
 
 
 class PrivacyConfig(_Section):
-    """The DP mechanism: σ (or ε_max giving σ at q = 1), δ, adversary, calibration."""
+    """The DP mechanism: σ (or ε_max, giving σ at q = 1), δ, adversary, calibration."""
 
     noise_multiplier: float | None = Field(None, gt=0)
     epsilon_max: float | None = Field(None, gt=0)
@@ -325,7 +348,7 @@ class ExperimentConfig(_Section):
         "hidden (needs aggregation: secure): every silo sends a masked contribution every "
         "round, drawing its own λ-coin, so the server's view equals a third party's"
     )
-    secure: SecureConfig = Field(default_factory=SecureConfig)
+    secure: SecureConfig = Field(default_factory=lambda: SecureConfig.model_validate({}))
     output_dir: str = "runs/experiment"
     save_models: Literal["final", "every-round"] = Field(
         "final", description="final: model.safetensors only; every-round: also the global "
@@ -338,8 +361,8 @@ class ExperimentConfig(_Section):
     data: DataConfig
     model: ModelConfig = Field(default_factory=ModelConfig)
     algorithm: AlgorithmConfig = Field(default_factory=lambda: _default_algorithm())
-    budgets: BudgetsConfig = Field(default_factory=BudgetsConfig)
-    privacy: PrivacyConfig = Field(default_factory=PrivacyConfig)
+    budgets: BudgetsConfig = Field(default_factory=lambda: BudgetsConfig.model_validate({}))
+    privacy: PrivacyConfig = Field(default_factory=lambda: PrivacyConfig.model_validate({}))
     training: TrainingConfig
 
     @model_validator(mode="after")
@@ -371,7 +394,7 @@ _PROBLEM_SEPARATOR = "\n"
 
 
 def _default_algorithm() -> AlgorithmConfig:
-    return ALGORITHMS.get("rpdp")(name="rpdp")
+    return ALGORITHMS.get("rpdp").model_validate({})
 
 
 #: The experiment-config model built over the registered algorithms, per registry version.
@@ -384,13 +407,11 @@ def experiment_model() -> type[ExperimentConfig]:
     model = _MODEL_CACHE.get(ALGORITHMS.version)
     if model is None:
         union = classes[0] if len(classes) == 1 else Union[classes]  # noqa: UP007
+        tagged: Any = Annotated[union, Field(discriminator="name")]
         model = create_model(
             "ExperimentConfig",
             __base__=ExperimentConfig,
-            algorithm=(
-                Annotated[union, Field(discriminator="name")],
-                Field(default_factory=_default_algorithm),
-            ),
+            algorithm=(tagged, Field(default_factory=_default_algorithm)),
         )
         _MODEL_CACHE.clear()
         _MODEL_CACHE[ALGORITHMS.version] = model
@@ -398,7 +419,7 @@ def experiment_model() -> type[ExperimentConfig]:
 
 
 def _format_errors(err: ValidationError) -> list[str]:
-    problems = []
+    problems: list[str] = []
     names = set(ALGORITHMS.names())
     for e in err.errors():
         parts = [str(p) for p in e["loc"]]
@@ -414,6 +435,8 @@ def _format_errors(err: ValidationError) -> list[str]:
             loc = "algorithm.name"
         if e["type"] == "extra_forbidden":
             msg = "unknown key"
+        if e["type"] == "finite_number":
+            msg = f"must be a finite number, got {e.get('input')!r}"
         if msg.startswith("Value error, "):
             msg = msg[len("Value error, ") :]
             if not loc and ":" in msg:
@@ -440,16 +463,22 @@ def _leaf_index() -> dict[str, list[str]]:
     return index
 
 
-def _parse_value(text: str) -> Any:
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError:
-        return text
+def _parse_value(key: str, text: str) -> Any:
+    """The YAML value of ``--set key=text`` (hardened loader: plain data, limits)."""
+    return load_yaml_text(text, source=f"--set {key}")
+
+
+#: Most parts of a dotted ``--set`` key (``data.options.x`` has 3).
+_MAX_KEY_PARTS = 8
 
 
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """Apply ``key=value`` overrides (YAML-parsed values) to a raw config dictionary."""
-    data = json.loads(json.dumps(raw))  # deep copy of plain data
+    try:
+        data = json.loads(json.dumps(raw))  # deep copy of plain data
+    except (TypeError, ValueError, RecursionError) as err:
+        raise ConfigError([f"config: not plain data (mappings, lists, text, numbers): "
+                           f"{err}"]) from None
     index = _leaf_index()
     problems = []
     for item in overrides:
@@ -458,6 +487,10 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
             continue
         key, text = item.split("=", 1)
         key = key.strip()
+        if key.count(".") >= _MAX_KEY_PARTS or not all(key.split(".")):
+            problems.append(f"--set {key[:80]!r}: expected a dotted key such as training.lr "
+                            f"(at most {_MAX_KEY_PARTS} parts, none empty)")
+            continue
         if "." not in key:
             paths = index.get(key, [])
             if len(paths) != 1:
@@ -474,10 +507,33 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
                 break
             node = child
         else:
-            node[parts[-1]] = _parse_value(text)
+            try:
+                node[parts[-1]] = _parse_value(key, text)
+            except YamlError as err:
+                problems.append(str(err))
     if problems:
         raise ConfigError(problems)
     return data
+
+
+def _section_fields(raw: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Each section's pydantic fields ("" = top-level keys; the algorithm named in ``raw``)."""
+    fields: dict[str, dict[str, Any]] = {"": dict(ExperimentConfig.model_fields)}
+    for section, field in ExperimentConfig.model_fields.items():
+        ann = field.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            fields[section] = dict(ann.model_fields)
+    algorithm = raw.get("algorithm")
+    fields["algorithm"] = _algorithm_fields(
+        algorithm.get("name") if isinstance(algorithm, dict) else None)
+    return fields
+
+
+def _algorithm_fields(name: Any) -> dict[str, Any]:
+    """The pydantic fields of the registered algorithm ``name`` (default rpdp; {} if unknown)."""
+    specs = {spec.name: spec for spec in algorithm_specs()}
+    spec = specs.get(name if isinstance(name, str) else "rpdp")
+    return dict(spec.config.model_fields) if spec is not None else {}
 
 
 def config_from_dict(raw: Any, overrides: list[str] | None = None) -> ExperimentConfig:
@@ -486,22 +542,42 @@ def config_from_dict(raw: Any, overrides: list[str] | None = None) -> Experiment
         raise ConfigError(["config: expected a mapping of sections (data, training, ...)"])
     raw = apply_overrides(raw, list(overrides or []))
     try:
+        problems = raw_value_problems(raw, _section_fields(raw))
+    except RecursionError:
+        problems = ["config: nested too deeply"]
+    if problems:
+        raise ConfigError(problems)
+    try:
         return experiment_model().model_validate(raw)
     except ValidationError as err:
         raise ConfigError(_format_errors(err)) from None
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """The raw mapping of a YAML config file, read with :mod:`pdpfl.safe_yaml`'s limits
+    (plain data only, no duplicate keys); an empty file is ``{}``."""
+    try:
+        raw = load_yaml_file(path)
+    except YamlError as err:
+        raise ConfigError([f"config: {err}"]) from None
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ConfigError([f"config: {path} holds a {_kind(raw)}; expected a mapping of "
+                           "sections (data, training, ...)"])
+    return raw
+
+
+def _kind(value: Any) -> str:
+    return {list: "list", str: "text value", int: "number", float: "number",
+            bool: "boolean"}.get(type(value), type(value).__name__)
 
 
 def load_config(
     path: str | Path, overrides: list[str] | None = None, *, data_dir: str | None = None
 ) -> ExperimentConfig:
     """Read a YAML config file, apply overrides (and ``data_dir``), and validate it."""
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError([f"config: file not found: {p}"])
-    try:
-        raw = yaml.safe_load(p.read_text()) or {}
-    except yaml.YAMLError as err:
-        raise ConfigError([f"config: not valid YAML ({err})"]) from None
+    raw = read_config_file(path)
     extra = list(overrides or [])
     if data_dir is not None:
         extra.append(f"data.data_dir={data_dir}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -15,16 +16,21 @@ data_app = typer.Typer(help="Benchmark federations: list, describe, fetch files.
 
 
 def _parse_pairs(pairs: list[str], option: str) -> dict[str, Any]:
-    """``["k=v", ...]`` → dict; values are parsed as JSON when possible (numbers, bools)."""
+    """``["k=v", ...]`` → dict; values are parsed as JSON when possible (numbers, bools).
+
+    NaN and ±inf (``NaN``, ``Infinity``, ``1e999``) are refused naming the key."""
     out: dict[str, Any] = {}
     for item in pairs:
         key, sep, raw = item.partition("=")
         if not sep or not key.strip():
             fail(f"{option} expects KEY=VALUE, got {item!r}")
         try:
-            out[key.strip()] = json.loads(raw)
+            value = json.loads(raw)
         except json.JSONDecodeError:
-            out[key.strip()] = raw
+            value = raw
+        if isinstance(value, float) and not math.isfinite(value):
+            fail(f"{option} {key.strip()}: must be a finite number, got {raw}")
+        out[key.strip()] = value
     return out
 
 

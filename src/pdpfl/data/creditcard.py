@@ -30,6 +30,7 @@ from pdpfl.data.federation import ClientData, Federation
 from pdpfl.data.sources import FileSpec, resolve_file
 from pdpfl.data.splits import stratified_split
 from pdpfl.data.users import assign_users
+from pdpfl.data.validation import Where, check_features
 
 #: The Kaggle CSV (mlg-ulb/creditcardfraud, version 3) as mirrored by TensorFlow's tutorials.
 URL = "https://storage.googleapis.com/download.tensorflow.org/data/creditcard.csv"
@@ -56,6 +57,8 @@ def read_csv(path: str | os.PathLike[str]) -> tuple[np.ndarray, np.ndarray]:
     data = np.loadtxt(path, delimiter=",", skiprows=1, quotechar='"', dtype=np.float64, ndmin=2)
     if data.shape[1] != 31:
         raise ValueError(f"{path}: expected 31 columns, got {data.shape[1]}")
+    rows = Where(str(path), rows=np.arange(2, len(data) + 2), word="row")
+    check_features(data, where=rows, columns=[*FEATURES, "Class"])
     y = data[:, 30]
     if not np.isin(y, (0.0, 1.0)).all():
         raise ValueError(f"{path}: Class must be 0 or 1")

@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from pdpfl.data.validation import DataValidationError, non_finite_records, record_ids_of
+
 
 def _as_float32(x: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(np.asarray(x, dtype=np.float32))
@@ -59,6 +61,15 @@ class ClientData:
         self.y_train = _as_int64(self.y_train).reshape(-1)
         self.y_test = _as_int64(self.y_test).reshape(-1)
         self.record_ids = _as_int64(self.record_ids).reshape(-1)
+        for side, x, ids in (("training", self.x_train, self.record_ids),
+                             ("test", self.x_test, self.test_record_ids)):
+            bad = non_finite_records(x)
+            if bad.any():
+                raise DataValidationError(
+                    f"client {self.name!r}: {int(bad.sum())} {side} record(s) have NaN or "
+                    f"infinite features as float32 ({record_ids_of(ids, bad)}); clean the data "
+                    "(values beyond ±3.4e38 overflow float32)"
+                )
         n, m = len(self.x_train), len(self.x_test)
         if len(self.y_train) != n or len(self.record_ids) != n:
             raise ValueError(
@@ -176,10 +187,11 @@ class Federation:
         cs = self.clients
         users = None
         if all(c.user_ids is not None for c in cs):
-            users = np.concatenate([c.user_ids for c in cs])  # type: ignore[misc]
+            users = np.concatenate([c.user_ids for c in cs if c.user_ids is not None])
         test_ids = None
         if all(c.test_record_ids is not None for c in cs):
-            test_ids = np.concatenate([c.test_record_ids for c in cs])  # type: ignore[misc]
+            test_ids = np.concatenate(
+                [c.test_record_ids for c in cs if c.test_record_ids is not None])
         return ClientData(
             name=f"{self.name}-pooled",
             x_train=np.concatenate([c.x_train for c in cs]),

@@ -26,6 +26,7 @@ from pdpfl.data._rng import numpy_generator
 from pdpfl.data.federation import ClientData, Federation
 from pdpfl.data.sources import FileSpec, resolve_file
 from pdpfl.data.splits import DEFAULT_TEST_FRACTION, stratified_split
+from pdpfl.data.validation import Where, check_features
 
 BASE_URL = "https://archive.ics.uci.edu/ml/machine-learning-databases/heart-disease/"
 
@@ -73,7 +74,11 @@ def parse_processed(text: str) -> np.ndarray:
         fields = line.split(",")
         if len(fields) != len(RAW_COLUMNS):
             raise ValueError(f"expected {len(RAW_COLUMNS)} comma-separated fields, got: {line!r}")
-        rows.append([np.nan if f.strip() == "?" else float(f) for f in fields])
+        try:
+            rows.append([np.nan if f.strip() == "?" else float(f) for f in fields])
+        except ValueError:
+            raise ValueError(f"line {len(rows) + 1}: a field is not a number or '?': "
+                             f"{line!r}") from None
     return np.asarray(rows, dtype=np.float64)
 
 
@@ -109,6 +114,9 @@ def load_centres(data_dir: str | os.PathLike[str] | None = None, *,
         path = resolve_file(spec, data_dir, download_missing=download)
         raw = parse_processed(path.read_text(encoding="ascii"))
         x, y, keep = encode(raw)
+        lines = np.flatnonzero(keep) + 1  # 1-based (non-empty) line of each kept record
+        check_features(x, where=Where(str(path), rows=lines, word="line"),
+                       columns=list(FEATURE_NAMES))
         ids = offset + np.flatnonzero(keep)
         centres.append(HeartCentre(name, x, y, ids.astype(np.int64)))
         offset += len(raw)

@@ -142,8 +142,10 @@ def _label_shards(y: np.ndarray, m: int, params: dict[str, Any],
 def _dirichlet(y: np.ndarray, m: int, params: dict[str, Any],
                rng: np.random.Generator) -> list[np.ndarray]:
     beta = params.get("beta", 0.5)
-    if isinstance(beta, bool) or not isinstance(beta, int | float) or not beta > 0:
-        raise ValueError(f"partition parameter 'beta' must be a number > 0, got {beta!r}")
+    if isinstance(beta, bool) or not isinstance(beta, int | float) or not (
+            0 < beta < float("inf")):
+        raise ValueError(f"partition parameter 'beta' must be a finite number > 0, got "
+                         f"{beta!r}")
     min_size = _int_param(params, "min_size", min(10, len(y) // m), 0, len(y) // m)
     tries = _int_param(params, "max_tries", 1000, 1)
     assert min_size is not None and tries is not None

@@ -5,6 +5,11 @@ indices in sorted order and kept as ``class_names``). Optional columns: ``silo_c
 silo of each record: the silos come from the file instead of a partition), ``record_id_column``
 (unique integer ids, default the 0-based data row), and ``drop_columns`` (ignored, e.g. free
 text or the budget column). Every other column is a feature and must be numeric.
+
+Nothing is guessed (see :mod:`pdpfl.data.validation`): an empty or ``nan`` label or silo cell,
+a non-numeric, NaN or infinite feature cell, a repeated or non-integer record id, a row with
+the wrong number of fields and a repeated column name are errors naming the file, row (line
+number) and column.
 Optional majority undersampling (``undersample=r``) keeps, for each class, at most
 ``r`` × (size of the smallest class) records, drawn at random before partitioning. Each silo is
 z-scored with its own train statistics (the scaler never sees test records).
@@ -19,6 +24,13 @@ from pathlib import Path
 import numpy as np
 
 from pdpfl.data.pool import Pool
+from pdpfl.data.validation import (
+    Where,
+    check_features,
+    check_labels,
+    check_record_ids,
+    check_silo_keys,
+)
 
 
 def _undersample(y: np.ndarray, ratio: float, rng: np.random.Generator) -> np.ndarray:
@@ -29,6 +41,20 @@ def _undersample(y: np.ndarray, ratio: float, rng: np.random.Generator) -> np.nd
         idx = np.flatnonzero(y == c)
         keep.append(idx if len(idx) <= cap else rng.choice(idx, size=cap, replace=False))
     return np.sort(np.concatenate(keep))
+
+
+def _as_numbers(cells: np.ndarray) -> np.ndarray | None:
+    """The cells as floats when every one is written as a number (NaN/inf are then refused by
+    the label checks), else None (text labels)."""
+    try:
+        return np.array([float(c) for c in cells], dtype=np.float64)
+    except ValueError:
+        return None
+
+
+def _col(where: Where, column: str, option: str) -> Where:
+    return Where(f"{where.source}, column {column!r} (option {option!r})", where.rows,
+                 where.word)
 
 
 def csv_pool(
@@ -51,11 +77,24 @@ def csv_pool(
     p = Path(path)
     if not p.is_file():
         raise ValueError(f"option 'path': CSV file {str(p)!r} does not exist")
-    with open(p, newline="", encoding="utf-8") as fh:
-        rows = list(csv.reader(fh, delimiter=delimiter))
+    if not isinstance(delimiter, str) or len(delimiter) != 1:
+        raise ValueError(f"option 'delimiter': expected one character, got {delimiter!r}")
+    try:
+        with open(p, newline="", encoding="utf-8-sig") as fh:
+            reader = csv.reader(fh, delimiter=delimiter)
+            rows = [(reader.line_num, r) for r in reader]
+    except UnicodeDecodeError as err:
+        raise ValueError(f"option 'path': {p} is not UTF-8 text ({err.reason} at byte "
+                         f"{err.start})") from None
+    except csv.Error as err:
+        raise ValueError(f"option 'path': {p} is not a readable CSV file ({err})") from None
+    rows = [(line, r) for line, r in rows if r]  # blank lines; a row of empty cells is checked
     if len(rows) < 2:
         raise ValueError(f"option 'path': {p} needs a header row and at least one record")
-    header = [h.strip() for h in rows[0]]
+    header = [h.strip() for h in rows[0][1]]
+    repeated = sorted({h for h in header if header.count(h) > 1})
+    if repeated:
+        raise ValueError(f"{p}: column names {repeated} appear more than once in the header")
     label = header[-1] if label_column is None else label_column
     if label not in header:
         raise ValueError(f"option 'label_column': {label!r} is not a column of {p}; "
@@ -72,48 +111,52 @@ def csv_pool(
         if col == label:
             raise ValueError(f"option {option!r}: {col!r} is the label column")
     skip = {j} | {header.index(c) for c in [*special.values(), *drop] if c is not None}
-    body = [r for r in rows[1:] if r]
-    bad = [k + 2 for k, r in enumerate(body) if len(r) != len(header)]
+    lines = [line for line, _ in rows[1:]]
+    body = [r for _, r in rows[1:]]
+    bad = [line for line, r in rows[1:] if len(r) != len(header)]
     if bad:
-        raise ValueError(f"{p}: rows {bad[:5]} do not have {len(header)} fields")
+        raise ValueError(f"{p}: rows {bad[:5]} do not have {len(header)} fields (the header's "
+                         f"count, split at {delimiter!r}; option 'delimiter' sets another)")
     cols = [k for k in range(len(header)) if k not in skip]
     if not cols:
         raise ValueError(f"{p}: no feature column left after the label and drop_columns")
     features = [header[k] for k in cols]
+    where = Where(str(p), rows=lines, word="row")
     x = np.empty((len(body), len(features)), dtype=np.float64)
     for i, r in enumerate(body):
         for out, k in enumerate(cols):
             try:
                 x[i, out] = float(r[k])
             except ValueError:
-                raise ValueError(f"{p}: column {header[k]!r} row {i + 2} is not numeric: "
+                raise ValueError(f"{p}: column {header[k]!r} row {lines[i]} is not numeric: "
                                  f"{r[k]!r} (leave it out with option 'drop_columns')") from None
-    raw_labels = np.asarray([r[j].strip().strip('"') for r in body])
-    class_names, y = np.unique(raw_labels, return_inverse=True)
+    x = check_features(x, where=where, columns=features)
+    raw_labels: np.ndarray = np.asarray([r[j].strip().strip('"') for r in body])
+    numeric = _as_numbers(raw_labels)
+    if numeric is not None:  # "1" and "1.0" are one class; 0.5 is refused as continuous
+        raw_labels = numeric
+    y, num_classes, class_names = check_labels(raw_labels, where=_col(where, label,
+                                                                      "label_column"))
     ids = np.arange(len(y), dtype=np.int64)
     if record_id_column is not None:
         k = header.index(record_id_column)
-        try:
-            ids = np.array([int(r[k]) for r in body], dtype=np.int64)
-        except ValueError:
-            raise ValueError(f"option 'record_id_column': {record_id_column!r} must hold "
-                             "integers") from None
-        if len(np.unique(ids)) != len(ids):
-            raise ValueError(f"option 'record_id_column': {record_id_column!r} has repeated "
-                             "ids")
+        ids = check_record_ids([r[k] for r in body],
+                               where=_col(where, record_id_column, "record_id_column"))
     silos = None
     if silo_column is not None:
         k = header.index(silo_column)
-        silos = np.asarray([r[k].strip().strip('"') for r in body])
+        silos = check_silo_keys(np.asarray([r[k].strip().strip('"') for r in body]),
+                                where=_col(where, silo_column, "silo_column"))
     if undersample not in (None, False):
         ratio = 1.0 if undersample is True else undersample
-        if isinstance(ratio, bool) or not isinstance(ratio, int | float) or ratio < 1:
+        if isinstance(ratio, bool) or not isinstance(ratio, int | float) or not (
+                1 <= ratio < float("inf")):
             raise ValueError(f"option 'undersample' must be True or a ratio >= 1, "
                              f"got {undersample!r}")
         keep = _undersample(y, float(ratio), rng)
         x, y, ids = x[keep], y[keep], ids[keep]
         silos = None if silos is None else silos[keep]
     return Pool(name="csv", x=x, y=y.astype(np.int64), record_ids=ids,
-                input_shape=(len(features),), num_classes=len(class_names),
-                feature_names=features, class_names=[str(c) for c in class_names],
+                input_shape=(len(features),), num_classes=num_classes,
+                feature_names=features, class_names=class_names,
                 silos=silos)

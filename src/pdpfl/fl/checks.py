@@ -19,7 +19,10 @@ def check_federation(config: ExperimentConfig, federation: Any) -> list[str]:
     * a silo without training records is an error naming the silo;
     * silos without test records are left out of the pooled metrics (one warning naming them;
       when no silo has any, accuracy and loss are not measured at all);
-    * a public batch size B larger than a silo's training set is a warning.
+    * a public batch size B larger than a silo's training set is a warning;
+    * a ``budgets.file`` table with budgets for record ids that are not in the data is an
+      error, or a warning under ``budgets.on_unmatched: ignore``
+      (:func:`pdpfl.data.budget_table.check_budget_file`).
     """
     clients = list(federation.clients)
     empty = [f"{k} ({c.name!r})" for k, c in enumerate(clients) if len(c.y_train) == 0]
@@ -42,6 +45,9 @@ def check_federation(config: ExperimentConfig, federation: Any) -> list[str]:
             f"metrics use the {sum(len(c.y_test) for c in clients)} test records of the "
             f"other {len(clients) - len(no_test)} silo(s)"
         )
+    from pdpfl.data.budget_table import check_budget_file
+
+    warnings.extend(check_budget_file(config, federation))
     warnings.extend(_batch_size_warnings(config, clients))
     return warnings
 

@@ -94,7 +94,10 @@ def client_budgets(config: ExperimentConfig, client_id: int, client_data: Any) -
     if config.budgets.file is not None:
         path = config.budgets.file.format(client_id=client_id, client=client_data.name)
         if is_budget_table(path):
-            return silo_budgets(path, client_data.record_ids)
+            own = path != config.budgets.file  # this silo's own file: check its ids here
+            return silo_budgets(path, client_data.record_ids,
+                                silo=client_data if own else None,
+                                on_unmatched=config.budgets.on_unmatched)
         try:
             values = np.asarray(budgets_mod.load_budgets(path), dtype=float)
         except FileNotFoundError:

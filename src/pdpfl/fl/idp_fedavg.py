@@ -144,6 +144,7 @@ class IdpFedAvgConfig(AlgorithmConfig):
     group_budgets: list[float] = Field(
         default_factory=lambda: [1.0, 2.0, 3.0],
         description="ε of each privacy group (.inf for non-private clients)",
+        json_schema_extra={"allow_infinity": True},
     )
     group_ratios: list[float] = Field(
         default_factory=lambda: [0.54, 0.37, 0.09], description="fraction of clients per group"

@@ -331,12 +331,18 @@ class PrivacyLedger:
         cols["excluded"] = self.excluded
         return cols
 
-    def summary(self, approximate: str | None = None) -> PrivacySummary:
+    def summary(
+        self, approximate: str | None = None, capped: np.ndarray | None = None
+    ) -> PrivacySummary:
         """The typed per-group, per-observer summary of this ledger's units.
 
         ``approximate`` names an (approximate) accountant whose largest ε per observer is
-        reported beside the rigorous numbers (``approximate["<accountant>_epsilon_max_<obs>"]``).
+        reported beside the rigorous numbers (``approximate["<accountant>_epsilon_max_<obs>"]``);
+        ``capped`` marks units whose budget is above what the mechanism can spend (counted per
+        group).
         """
+        capped_mask = np.zeros(self.n, dtype=bool) if capped is None else _mask(
+            capped, self.n, "capped")
         idx, labels = budget_groups(self.budgets)
         spent = {o: self.spent_epsilon(o) for o in self.observers}
         over = {o: over_budget(spent[o], self.budgets) for o in self.observers}
@@ -358,6 +364,7 @@ class PrivacyLedger:
                 budget_max=float(b.max()),
                 excluded=int(excluded[m].sum()),
                 stopped=int(stopped[m].sum()),
+                capped=int(capped_mask[m].sum()),
                 spent_max={o: float(spent[o][m].max()) for o in self.observers},
                 utilization_sum={o: float((spent[o][m] / b).sum()) for o in self.observers},
                 over_budget={o: int(over[o][m].sum()) for o in self.observers},

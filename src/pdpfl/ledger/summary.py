@@ -74,6 +74,9 @@ class GroupSummary:
     budget_max: float
     excluded: int = 0
     stopped: int = 0
+    #: Units whose budget is above what the mechanism spends at the largest rate (they were
+    #: trained at that rate and spend less than their budget; only with an explicit opt-in).
+    capped: int = 0
     spent_max: Mapping[str, float] = field(default_factory=dict)
     utilization_sum: Mapping[str, float] = field(default_factory=dict)
     over_budget: Mapping[str, int] = field(default_factory=dict)
@@ -97,6 +100,7 @@ class GroupSummary:
             budget_max=max(self.budget_max, other.budget_max),
             excluded=self.excluded + other.excluded,
             stopped=self.stopped + other.stopped,
+            capped=self.capped + other.capped,
             spent_max={o: float(_max(self.spent_max.get(o), other.spent_max.get(o)) or 0.0)
                        for o in obs},
             utilization_sum={o: self.utilization_sum.get(o, 0.0) + other.utilization_sum.get(o, 0.0)
@@ -113,6 +117,7 @@ class GroupSummary:
             "budget_max": self.budget_max,
             "excluded": self.excluded,
             "stopped": self.stopped,
+            "capped": self.capped,
             "spent_max": dict(self.spent_max),
             "mean_utilization": {o: self.mean_utilization(o) for o in self.spent_max},
             "utilization_sum": dict(self.utilization_sum),
@@ -130,6 +135,7 @@ class GroupSummary:
             budget_max=math.nan if d.get("budget_max") is None else float(d["budget_max"]),
             excluded=int(d.get("excluded", 0)),
             stopped=int(d.get("stopped", 0)),
+            capped=int(d.get("capped", 0)),
             spent_max={str(k): inf if v is None else float(v)
                        for k, v in dict(d.get("spent_max", {})).items()},
             utilization_sum={str(k): inf if v is None else float(v)
@@ -205,6 +211,10 @@ class PrivacySummary:
     def excluded(self) -> int:
         return sum(g.excluded for g in self.groups)
 
+    @property
+    def capped(self) -> int:
+        return sum(g.capped for g in self.groups)
+
     # -- combining ------------------------------------------------------------------------
     @classmethod
     def merge(cls, summaries: Iterable[PrivacySummary]) -> PrivacySummary:
@@ -257,6 +267,7 @@ class PrivacySummary:
             "over_budget": {o: self.over_budget(o) for o in self.observers},
             "stopped": self.stopped,
             "excluded": self.excluded,
+            "capped": self.capped,
             "groups": [g.to_dict() for g in self.groups],
             "approximate": dict(self.approximate),
             "info": dict(self.info),

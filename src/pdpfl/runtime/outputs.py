@@ -173,11 +173,21 @@ def privacy_warnings(config: ExperimentConfig, privacy: PrivacySummary) -> list[
                     f"{over} {unit}(s){why}; use adversary: both to enforce budgets against "
                     "every observer"
                 )
+    if privacy.capped:
+        out.append(
+            f"{privacy.capped} {unit}(s) have budgets above ε_max and were trained at q = 1, "
+            "spending less than their budget (budgets.cap_at_epsilon_max is on)"
+        )
     if privacy.excluded:
         out.append(
             f"{privacy.excluded} {unit}(s) were never used (sampling rate 0: a budget below "
             "the smallest achievable ε with privacy.allow_exclusion on, or below the baseline's "
             "uniform ε)"
+        )
+    if int(overview.get("capped", 0)):
+        out.append(
+            f"{int(overview['capped'])} record(s) have budgets above ε_max and were trained at "
+            "q = 1, spending less than their budget (budgets.cap_at_epsilon_max is on)"
         )
     return out
 
@@ -214,6 +224,7 @@ def privacy_fields(
             "units": None,
             "units_stopped": None,
             "units_excluded": None,
+            "units_capped": None,
             "over_budget": None,
             "over_budget_third_party": None,
             "over_budget_server": None,
@@ -229,6 +240,7 @@ def privacy_fields(
         "units": privacy.units,
         "units_stopped": privacy.stopped,
         "units_excluded": privacy.excluded,
+        "units_capped": privacy.capped,
         "over_budget": max(privacy.over_budget(o) for o in enforced),
         "over_budget_third_party": privacy.over_budget("third-party"),
         "over_budget_server": privacy.over_budget("server"),

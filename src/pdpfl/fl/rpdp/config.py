@@ -102,6 +102,8 @@ class DpFedAvgConfig(Algorithm):
             normalizer=batch if setup.private else None,
             weight=weight,
             allow_exclusion=config.privacy.allow_exclusion,
+            epsilon_cap=config.privacy.epsilon_max,
+            cap_at_epsilon_max=config.budgets.cap_at_epsilon_max,
             optimizer=tr.optimizer,
             lr=tr.lr,
             momentum=tr.momentum,

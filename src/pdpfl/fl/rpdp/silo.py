@@ -63,6 +63,9 @@ class DpFedAvgSilo(Silo):
         released update is ``weight · Δx``.
     allow_exclusion
         Allow records whose budget is below the smallest achievable ε (q = 0, excluded).
+    epsilon_cap, cap_at_epsilon_max
+        ε_max (``privacy.epsilon_max``; None: what F spends at q = 1) and whether records with
+        budgets above it may train at q = 1 (counted as capped); otherwise they are an error.
     optimizer, lr, momentum, weight_decay, physical_batch_size
         The local optimizer (:func:`pdpfl.dp.engine.make_optimizer`), recreated every round.
     nonprivate_rate
@@ -81,6 +84,8 @@ class DpFedAvgSilo(Silo):
         normalizer: float | None,
         weight: float = 1.0,
         allow_exclusion: bool = False,
+        epsilon_cap: float | None = None,
+        cap_at_epsilon_max: bool = False,
         optimizer: str = "sgd",
         lr: float = 0.1,
         momentum: float = 0.0,
@@ -103,6 +108,8 @@ class DpFedAvgSilo(Silo):
             raise ValueError(f"silo {client_id}: {self.budgets.shape[0]} budgets for {n} records")
         ids = getattr(data, "record_ids", None)
         ledger = None
+        #: Records trained at q = 1 with a budget above ε_max (they spend less than allowed).
+        self.capped = np.zeros(n, dtype=bool)
         if setup.private:
             from pdpfl.dp.steps import check_normalizer
 
@@ -110,6 +117,7 @@ class DpFedAvgSilo(Silo):
             self.rates = setup.record_rates(self.budgets)
             if setup.mode == "personalized":
                 self._refuse_unreachable(client_id, allow_exclusion)
+                self.capped = self._capped(client_id, epsilon_cap, cap_at_epsilon_max)
             ledger = PrivacyLedger(
                 self.budgets, self.rates, setup.plan(), ids=ids, accountant=setup.accountant,
                 server_sees_participation=setup.participation != "hidden",
@@ -134,6 +142,28 @@ class DpFedAvgSilo(Silo):
                 "positive rate; set privacy.allow_exclusion: true to exclude them, or lower σ"
             )
 
+    def _capped(self, client_id: int, epsilon_cap: float | None, allowed: bool) -> np.ndarray:
+        """Records sampled at q = 1 whose budget is above ε_max: an error unless allowed."""
+        cap = epsilon_cap
+        if cap is None:  # σ given: what the estimator spends at q = 1
+            est = self.setup.estimator_object()
+            cap = next((float(v) for v in (getattr(est, "max_epsilon", None),
+                                           getattr(est, "eps_at_one", None)) if v is not None),
+                       None)
+        if cap is None:
+            return np.zeros(len(self.budgets), dtype=bool)
+        capped = (self.rates >= 1.0) & (self.budgets > cap * (1 + 1e-9))
+        if capped.any() and not allowed:
+            high = self.budgets[capped]
+            raise ValueError(
+                f"budgets: silo {client_id} has {int(capped.sum())} record(s) with budgets in "
+                f"[{high.min():g}, {high.max():g}], above ε_max = {cap:.6g} (what sampling at "
+                "q = 1 spends), so they would silently get less than their budget; lower those "
+                "budgets, raise privacy.epsilon_max, or set budgets.cap_at_epsilon_max: true to "
+                "train them at q = 1"
+            )
+        return capped
+
     # -- reporting -------------------------------------------------------------------------
     @property
     def sat_out(self) -> np.ndarray:
@@ -157,7 +187,7 @@ class DpFedAvgSilo(Silo):
     def privacy_summary(self) -> PrivacySummary:
         if self.ledger is None:
             return nonprivate_summary("record", self.budgets)
-        return self.ledger.summary()
+        return self.ledger.summary(capped=self.capped)
 
     # -- the mechanism ---------------------------------------------------------------------
     def step(self, global_params: Params, plan: RoundPlan) -> Contribution:
