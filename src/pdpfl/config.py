@@ -68,6 +68,11 @@ class AlgorithmConfig(_Section):
     ``algorithm`` section is then a discriminated union on ``name`` over every registered class.
     """
 
+    # Non-finite numbers are refused before pydantic runs (pdpfl.config_checks), except in a
+    # field that declares json_schema_extra={"allow_infinity": True} (e.g. IDP-FedAvg's ∞ budget
+    # of non-private clients), so pydantic itself must let ∞ through here.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=True)
+
     name: str
 
     #: The privacy unit of the algorithm's guarantee.
@@ -531,9 +536,8 @@ def _section_fields(raw: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def _algorithm_fields(name: Any) -> dict[str, Any]:
     """The pydantic fields of the registered algorithm ``name`` (default rpdp; {} if unknown)."""
-    specs = {spec.name: spec for spec in algorithm_specs()}
-    spec = specs.get(name if isinstance(name, str) else "rpdp")
-    return dict(spec.config.model_fields) if spec is not None else {}
+    key = name if isinstance(name, str) else "rpdp"
+    return dict(ALGORITHMS.get(key).model_fields) if key in ALGORITHMS else {}
 
 
 def config_from_dict(raw: Any, overrides: list[str] | None = None) -> ExperimentConfig:

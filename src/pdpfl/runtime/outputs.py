@@ -184,11 +184,6 @@ def privacy_warnings(config: ExperimentConfig, privacy: PrivacySummary) -> list[
             "the smallest achievable ε with privacy.allow_exclusion on, or below the baseline's "
             "uniform ε)"
         )
-    if int(overview.get("capped", 0)):
-        out.append(
-            f"{int(overview['capped'])} record(s) have budgets above ε_max and were trained at "
-            "q = 1, spending less than their budget (budgets.cap_at_epsilon_max is on)"
-        )
     return out
 
 
