@@ -222,3 +222,34 @@ def test_cli_exits_1_on_a_violation(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert res.exit_code == 1, res.output
     assert "group 1: audited ε̂ = 3 > the accountant's ε = 1.4" in res.output
     assert json.loads((out / "audit.json").read_text())["verdict"] == "violation"
+
+
+def test_what_each_observer_scores() -> None:
+    """Third party: −(final − initial); server: −Σ own releases / weight, or −Σ round sums
+    when the summation protocol hides individual updates."""
+    from pdpfl.audit.observe import FlatIndex, ReleaseLog, observer_scores
+
+    shapes = [(2, 2), (3,)]
+    coords = np.array([1, 4, 6])  # one coordinate in each tensor, the last one in the bias
+    hosts = np.array([0, 1, 0])
+    log = ReleaseLog(FlatIndex(shapes, coords))
+
+    def update(value: float) -> list[np.ndarray]:
+        return [np.full((2, 2), value, np.float32), np.full(3, 10 * value, np.float32)]
+
+    log.record(0, 0, Contribution(update=update(1.0), weight=2.0))
+    log.record(0, 1, Contribution(update=update(-1.0)))
+    log.record(1, 1, Contribution(update=update(3.0)))
+    assert log.released(0, 2).tolist() == [True, False]
+    initial, final = update(0.0), update(0.5)
+    np.testing.assert_allclose(
+        observer_scores("third-party", hosts=hosts, log=log, initial=initial, final=final,
+                        hides_individual_updates=False), [-0.5, -5.0, -5.0])
+    np.testing.assert_allclose(
+        observer_scores("server", hosts=hosts, log=log, initial=initial, final=final,
+                        hides_individual_updates=False), [-0.5, -20.0, -5.0])
+    np.testing.assert_allclose(
+        observer_scores("server", hosts=hosts, log=log, initial=initial, final=final,
+                        hides_individual_updates=True), [-3.0, -30.0, -30.0])
+    with pytest.raises(ValueError, match="outside"):
+        FlatIndex(shapes, np.array([7]))

@@ -39,7 +39,7 @@ from pdpfl.audit.hooks import CanaryHook, canary_hook
 from pdpfl.audit.observe import FlatIndex, ReleaseLog, ReleaseTap, observer_scores
 from pdpfl.audit.space import Space, block_config, choose_space
 from pdpfl.fl.algorithm import Assembly, as_algorithm
-from pdpfl.ledger import OBSERVERS, PrivacySummary
+from pdpfl.ledger import OBSERVERS, GroupSummary, PrivacySummary
 from pdpfl.randomness import (
     Randomness,
     ReproducibleRandomnessWarning,
@@ -129,7 +129,7 @@ class AuditResult:
         }
 
 
-def _groups(run: Assembly) -> tuple[list[GroupSpec], dict[str, PrivacySummary | Any]]:
+def _groups(run: Assembly) -> tuple[list[GroupSpec], dict[str, GroupSummary]]:
     parts = [s.privacy_summary() for s in run.clients.values()]
     own = getattr(run.server, "privacy_summary", None)
     if callable(own):
@@ -151,7 +151,7 @@ class AuditSession:
 
     def __init__(self, config: Any, federation: Any, run: Assembly, hook: CanaryHook,
                  plan: CanaryPlan, settings: AuditSettings, meta: dict[str, Any],
-                 summary_groups: dict[str, Any]) -> None:
+                 summary_groups: dict[str, GroupSummary]) -> None:
         self.config = config
         self.federation = federation
         self.run = run
