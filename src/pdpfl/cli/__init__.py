@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import typer
 
-from pdpfl.cli import account, calibrate, compare, data, export, flower, privacy, run
+from pdpfl.cli import account, audit, calibrate, compare, data, export, flower, privacy, run
 
 app = typer.Typer(
     help="pdpfl: cross-silo federated learning with personalized differential privacy.",
@@ -50,7 +50,7 @@ def _root(
         raise typer.Exit(code=2)
 
 
-for _module in (account, calibrate, data, run, compare, privacy, export, flower):
+for _module in (account, calibrate, data, run, compare, privacy, export, audit, flower):
     _module.register(app)
 
 

@@ -42,6 +42,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from pdpfl.dp.extra_rows import ExtraRows
 from pdpfl.dp.grad_sample import ClippedSum, _clipped_grad_sum, resolve_method
 from pdpfl.dp.steps import check_normalizer, noisy_normalised_sum, poisson_sample
 from pdpfl.dp.validate import replace_batchnorm, validate_model
@@ -246,14 +247,19 @@ class PersonalizedDPSGD:
         yb: Tensor,
         normalizer: float,
         stream: RandomStream | torch.Generator,
+        extra: ExtraRows | None = None,
     ) -> tuple[list[Tensor], float]:
         """``(Σ_{i∈S} clip_C(g_i) + N(0, σ²C² I)) / normalizer`` for an already sampled batch.
 
         Returns the gradient per trainable parameter and Σ loss_i over the batch. The noise is
-        drawn from ``stream`` (parameter order) even when the batch is empty.
+        drawn from ``stream`` (parameter order) even when the batch is empty. ``extra`` (audit
+        canaries, :mod:`pdpfl.dp.extra_rows`): its rows are sampled, clipped and added to the
+        clipped sum before the noise.
         """
         normalizer = check_normalizer(normalizer)
         res = self.clipped_sum(xb, yb)
+        if extra is not None:
+            extra.add_sampled(res.sums, as_stream(stream), self.max_grad_norm)
         return self.noisy_gradient(res.sums, normalizer, stream), res.loss_sum
 
     def nonprivate_gradient(self, xb: Tensor, yb: Tensor) -> tuple[list[Tensor], float]:
@@ -286,22 +292,26 @@ class PersonalizedDPSGD:
         rates: np.ndarray | Tensor,
         stream: RandomStream | torch.Generator,
         normalizer: float | None = None,
+        extra: ExtraRows | None = None,
     ) -> StepResult:
         """One personalized DP-SGD step on the silo's full local data ``(x, y)``.
 
         Sample (coins from ``stream``), clip, add noise (from ``stream``), divide by the public
-        ``normalizer`` (required when private) and let the optimizer step.
+        ``normalizer`` (required when private) and let the optimizer step. ``extra``: audit
+        canaries added to the clipped sum (private steps only; see :mod:`pdpfl.dp.extra_rows`).
         """
         q = as_rates(rates, x.shape[0])
         stream = as_stream(stream)
         if self.private:
             normalizer = check_normalizer(normalizer)
+        elif extra is not None:
+            raise ValueError("extra rows (audit canaries) need a private step")
         idx = poisson_sample(q, stream)
         dev = self.device
         xb = x[idx.to(x.device)].to(dev)
         yb = y[idx.to(y.device)].to(dev)
         if self.private:
-            grads, loss_sum = self.privatized_gradient(xb, yb, normalizer, stream)
+            grads, loss_sum = self.privatized_gradient(xb, yb, normalizer, stream, extra)
         elif idx.numel() == 0:
             return StepResult(0, 0.0, idx)  # nothing to learn from; no privacy to protect
         else:
@@ -370,6 +380,7 @@ def train_steps(
     physical_batch_size: int = 512,
     loss: LossFn = loss_fn,
     grad_sampler: str = "auto",
+    extra: ExtraRows | None = None,
 ) -> LocalTrainingResult:
     """τ = ``steps`` steps of personalized DP-SGD on one silo's full local data.
 
@@ -379,7 +390,8 @@ def train_steps(
     coins and the noise (``SecureRandomness().stream(...)``; a seeded ``torch.Generator`` is
     accepted for reproducible research runs). ``rates`` and ``steps`` are the mechanism's
     public description; the caller accounts for them (``privacy/``). With ``private=False`` the
-    normaliser is not needed (plain minibatch SGD on the realized batch).
+    normaliser is not needed (plain minibatch SGD on the realized batch). ``extra`` (audit
+    canaries; :mod:`pdpfl.dp.extra_rows`) adds sampled, clipped rows to every step's clipped sum.
     """
     if int(steps) < 0:
         raise ValueError(f"steps must be >= 0, got {steps}")
@@ -409,7 +421,7 @@ def train_steps(
     loss_total = 0.0
     try:
         for _ in range(int(steps)):
-            res = engine.step(x, y, q, stream, normalizer)
+            res = engine.step(x, y, q, stream, normalizer, extra)
             counts[res.indices] += 1
             sizes.append(res.batch_size)
             loss_total += res.loss_sum

@@ -19,7 +19,7 @@ The same silo serves every DP-FedAvg baseline (other rates) and the privacy-free
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -29,6 +29,9 @@ from pdpfl.fl.rpdp.mechanism import DpFedAvgSetup
 from pdpfl.fl.template import RoundPlan, Silo
 from pdpfl.ledger import PrivacyLedger, PrivacySummary, nonprivate_summary
 from pdpfl.randomness import Randomness
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pdpfl.dp.extra_rows import ExtraRows
 
 __all__ = ["DpFedAvgClient", "DpFedAvgSilo"]
 
@@ -131,6 +134,9 @@ class DpFedAvgSilo(Silo):
         self.selection_counts = np.zeros(n, dtype=np.int64)
         #: Mean training loss of the silo's last round (stays on the silo: not DP-protected).
         self.last_train_loss: float | None = None
+        #: Audit canaries (:mod:`pdpfl.audit`): extra rows sampled, clipped and noised with the
+        #: records in every step (:mod:`pdpfl.dp.extra_rows`). None in every ordinary run.
+        self.extra_rows: ExtraRows | None = None
 
     def _refuse_unreachable(self, client_id: int, allow_exclusion: bool) -> None:
         low_mask = self.rates <= 0
@@ -212,6 +218,7 @@ class DpFedAvgSilo(Silo):
             normalizer=self.normalizer,
             private=self.setup.private,
             physical_batch_size=self.physical_batch_size,
+            extra=self.extra_rows,
         )
         self.selection_counts += np.asarray(result.selection_counts, dtype=np.int64)
         self.last_train_loss = float(result.mean_loss)

@@ -1,0 +1,74 @@
+"""Empirical privacy audits per budget group (``pdpfl audit CONFIG``).
+
+One-run auditing (Steinke, Nasr & Jagielski, NeurIPS 2023) in its federated form (Andrew et
+al., ICLR 2024): m white-box Dirac canaries per budget group, each included with probability ½,
+trained once through the real mechanism; every observer's view is turned into a lower bound ε̂
+on each group's ε at a stated confidence, beside the accountant's ε. ε̂ above the accountant's
+ε is a found privacy bug.
+
+* :mod:`~pdpfl.audit.bound` -- the hypothesis test (correct guesses → ε̂);
+* :mod:`~pdpfl.audit.canaries` -- the canary plan (coins, coordinates, hosts, control group);
+* :mod:`~pdpfl.audit.space` -- the model's coordinates or an audit-only block;
+* :mod:`~pdpfl.audit.hooks` -- the per-algorithm hook that plants canaries;
+* :mod:`~pdpfl.audit.observe` -- what each observer sees (the canaries' scores);
+* :mod:`~pdpfl.audit.session` -- one audit run; :mod:`~pdpfl.audit.report` -- its outputs.
+
+::
+
+    from pdpfl.audit import AuditSettings, run_audit
+    result = run_audit(config, AuditSettings(canaries=500), out_dir="runs/audit")
+    result.violations            # [] when every ε̂ is at most the accountant's ε
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pdpfl.audit.bound import AuditBound, audit_scores, epsilon_lower_bound, p_value
+from pdpfl.audit.hooks import (
+    AuditUnsupported,
+    CanaryHook,
+    RecordCanaries,
+    canary_hook,
+    register_canary_hook,
+)
+from pdpfl.audit.report import AUDIT_OUTPUTS, write_audit
+from pdpfl.audit.session import AuditResult, AuditSession, AuditSettings
+
+__all__ = [
+    "AUDIT_OUTPUTS",
+    "AuditBound",
+    "AuditResult",
+    "AuditSession",
+    "AuditSettings",
+    "AuditUnsupported",
+    "CanaryHook",
+    "RecordCanaries",
+    "audit_scores",
+    "canary_hook",
+    "epsilon_lower_bound",
+    "p_value",
+    "register_canary_hook",
+    "run_audit",
+]
+
+
+def run_audit(
+    config: Any,
+    settings: AuditSettings | None = None,
+    out_dir: str | Path | None = None,
+    *,
+    federation: Any | None = None,
+    progress: bool = False,
+) -> AuditResult:
+    """Audit ``config`` once; write ``audit.json``/``audit.png``/``AUDIT.md`` to ``out_dir``
+    (when given; the folder must be checked by the caller) and return the result."""
+    result = AuditSession.create(config, settings, federation=federation).execute(
+        progress=progress
+    )
+    if out_dir is not None:
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        write_audit(result.to_dict(), out)
+    return result

@@ -1,0 +1,117 @@
+"""What each observer sees, projected on the canaries' coordinates: the canaries' scores.
+
+Two observers, as the ledgers account them (rPDP-FL §4: Type II third party, Type I server):
+
+``third-party``
+    sees the final global model only: canary i scores ``−(x_T − x_0)[j_i]``;
+``server``
+    sees every released update: under plain summation each silo's own contribution, so canary
+    i scores ``−Σ_t Δ_{h_i,t}[j_i] / w_{h_i,t}`` over the rounds t its host h_i released in
+    (w: the contribution's public weight); under a summation protocol that hides individual
+    updates (secure summation, private weighting) the server sees only each round's sum, so
+    ``−Σ_t (Σ_h Δ_{h,t})[j_i]``.
+
+The sign: a Dirac canary's gradient ``+C·e_j`` moves coordinate j *down* under gradient
+descent, so a larger score means "more likely included". The releases are recorded by a thin
+proxy around each silo (:class:`ReleaseTap`) that the in-process transport calls instead of the
+silo; it forwards everything and keeps only the released values at the canaries' coordinates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from pdpfl.fl.api import Contribution, Params, Scalars
+
+__all__ = ["FlatIndex", "ReleaseLog", "ReleaseTap", "observer_scores"]
+
+
+class FlatIndex:
+    """Reads flat coordinates of the concatenated parameters without concatenating them."""
+
+    def __init__(self, shapes: Sequence[tuple[int, ...]], coords: np.ndarray) -> None:
+        sizes = [int(np.prod(s)) for s in shapes]
+        self.total = sum(sizes)
+        coords = np.asarray(coords, dtype=np.int64)
+        if coords.size and (coords.min() < 0 or coords.max() >= self.total):
+            raise ValueError(f"canary coordinates outside the {self.total} parameters")
+        starts = np.cumsum([0, *sizes])
+        self._parts: list[tuple[int, np.ndarray, np.ndarray]] = []
+        for k in range(len(sizes)):
+            where = np.flatnonzero((coords >= starts[k]) & (coords < starts[k + 1]))
+            if where.size:
+                self._parts.append((k, where, coords[where] - starts[k]))
+        self.size = int(coords.size)
+
+    def read(self, params: Sequence[Any]) -> np.ndarray:
+        out = np.zeros(self.size, dtype=np.float64)
+        for k, where, local in self._parts:
+            out[where] = np.asarray(params[k], dtype=np.float64).reshape(-1)[local]
+        return out
+
+
+@dataclass
+class ReleaseLog:
+    """Every release of every silo at the canaries' coordinates, by (round, silo)."""
+
+    index: FlatIndex
+    values: dict[tuple[int, int], np.ndarray] = field(default_factory=dict)
+    weights: dict[tuple[int, int], float] = field(default_factory=dict)
+
+    def record(self, round_index: int, silo: int, contribution: Contribution) -> None:
+        key = (int(round_index), int(silo))
+        self.values[key] = self.index.read(contribution.update)
+        self.weights[key] = float(contribution.weight)
+
+    def released(self, silo: int, rounds: int) -> np.ndarray:
+        """Per round: whether ``silo`` released an update (took part)."""
+        return np.array([(t, int(silo)) in self.values for t in range(rounds)], dtype=bool)
+
+
+class ReleaseTap:
+    """A silo as the transport sees it, recording what :meth:`fit` releases (forwards the
+    rest: evaluation, privacy summary, state, participation coins)."""
+
+    def __init__(self, silo: Any, client_id: int, log: ReleaseLog) -> None:
+        self._silo = silo
+        self._id = int(client_id)
+        self._log = log
+
+    def fit(self, global_params: Params, round_index: int, config: Scalars) -> Contribution:
+        contribution: Contribution = self._silo.fit(global_params, round_index, config)
+        self._log.record(round_index, self._id, contribution)
+        return contribution
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._silo, name)
+
+
+def observer_scores(
+    observer: str,
+    *,
+    hosts: np.ndarray,
+    log: ReleaseLog,
+    initial: Params,
+    final: Params,
+    hides_individual_updates: bool,
+) -> np.ndarray:
+    """Each canary's score for ``observer`` (higher = more likely included; module doc)."""
+    if observer == "third-party":
+        return -(log.index.read(final) - log.index.read(initial))
+    if observer != "server":
+        raise ValueError(f"observer: expected third-party or server, got {observer!r}")
+    total = np.zeros(log.index.size, dtype=np.float64)
+    if hides_individual_updates:  # the server sees each round's sum only
+        for values in log.values.values():
+            total += values
+        return -total
+    hosts = np.asarray(hosts, dtype=np.int64)
+    for key, values in log.values.items():
+        weight = log.weights[key]
+        mine = hosts == key[1]
+        total[mine] += values[mine] / (weight if weight > 0 else 1.0)
+    return -total

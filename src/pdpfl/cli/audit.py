@@ -1,0 +1,150 @@
+"""`pdpfl audit CONFIG`: an empirical lower bound ε̂ per budget group, beside the accountant's ε.
+
+Plants m white-box canaries per budget group (each included with probability ½), trains the
+configured federation once in-process through the real mechanism, and bounds each group's ε
+from what each observer sees (:mod:`pdpfl.audit`). Writes ``audit.json``, ``audit.png`` and
+``AUDIT.md`` to ``--out`` (default ``<output_dir>/audit``). Exit status: 0 when every ε̂ is at
+most the accountant's ε, 1 when one is above it (a found privacy bug: the outputs say which),
+2 for bad input (nothing written).
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from pdpfl.cli._common import fail, print_json
+
+__all__ = ["audit_command", "register"]
+
+#: Exit status of an audit that found ε̂ above the accountant's ε.
+EXIT_VIOLATION = 1
+
+_OBSERVERS = {"third-party": ("third-party",), "server": ("server",),
+              "both": ("third-party", "server")}
+
+
+def _session(config: Any, settings: Any) -> Any:
+    from pdpfl.audit import AuditSession, AuditUnsupported
+    from pdpfl.runtime.simulation import load_federation_for
+
+    try:
+        federation = load_federation_for(config)
+    except (ValueError, FileNotFoundError, KeyError, TypeError) as err:
+        fail(f"data: {err}")
+    try:
+        return AuditSession.create(config, settings, federation=federation)
+    except AuditUnsupported as err:
+        fail(str(err))
+    except ValueError as err:
+        fail(str(err))
+
+
+def _table(record: dict[str, Any], obs: str) -> Any:
+    from rich import box
+    from rich.table import Table
+
+    from pdpfl.audit.report import _OBSERVER_TITLE, _fmt
+
+    t = Table(title=f"audit: {_OBSERVER_TITLE[obs]}", box=box.SIMPLE_HEAD, title_justify="left")
+    d0, d1 = f"{record['delta']:.0e}", f"{record['audit_delta']:.0e}"
+    for col in ("group", "budget", "q", f"ε acct\nδ={d0}", f"ε acct\nδ={d1}", f"ε̂\nδ={d1}",
+                "right /\nguesses"):
+        t.add_column(col, justify="right", no_wrap=True, min_width=len(col.split()[0]))
+    for g in record["observers"][obs]:
+        t.add_row(g["label"], _fmt(g["budget"]), _fmt(g["canary_rate"]), _fmt(g["spent"], 4),
+                  _fmt(g["spent_at_audit_delta"], 4), _fmt(g["epsilon_lower"]),
+                  f"{g['correct']} / {g['guesses']}", style="red" if g["violated"] else None)
+    t.caption = (f"ε̂: lower bound, simultaneous {record['confidence']:.0%} confidence over all "
+                 f"{record['tests']} tests; control = canaries never trained (ε̂ must be 0)")
+    return t
+
+
+def audit_command(
+    config_path: Path = typer.Argument(..., help="Experiment YAML (see examples/)."),
+    canaries: int = typer.Option(
+        1000, "--canaries", min=2, help="Canaries per budget group (and in the control group)."
+    ),
+    observer: str = typer.Option(
+        "both", "--observer", help="third-party (final model), server (every release) or both."
+    ),
+    out: Path | None = typer.Option(
+        None, "--out", help="Output folder (default: <output_dir>/audit)."
+    ),
+    seed: int | None = typer.Option(
+        None, "--seed", help="Seed of the audit's own coins (canaries, coordinates, hosts); "
+        "default: a CSPRNG. The training's randomness is the config's (--set "
+        "randomness=reproducible makes the whole audit reproducible)."
+    ),
+    overrides: list[str] | None = typer.Option(
+        None, "--set", help="key=value override (dotted). Repeatable."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print audit.json instead of tables."),
+    data_dir: str | None = typer.Option(None, "--data-dir", help="Folder with the dataset files."),
+    space: str = typer.Option(
+        "auto", "--space", help="auto, model (the model's own coordinates) or block (an "
+        "audit-only block appended to the model; auto: block when the model is too small)."
+    ),
+    delta: float | None = typer.Option(
+        None, "--delta", help="δ of the audit (default: the config's δ or 1/(100·M) if "
+        "smaller); the accountant's ε is recomputed at it."
+    ),
+    force: bool = typer.Option(False, "--force", help="Overwrite a previous audit in --out."),
+    quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
+) -> None:
+    """Audit a config empirically: a lower bound ε̂ per budget group and observer."""
+    from pdpfl.audit import AUDIT_OUTPUTS, AuditSettings
+    from pdpfl.audit.report import write_audit
+    from pdpfl.cli.run import _load
+    from pdpfl.runtime.outputs import OutputDirError, prepare_output_dir
+
+    if observer not in _OBSERVERS:
+        fail(f"--observer: expected third-party, server or both, got {observer!r}")
+    if space not in ("auto", "model", "block"):
+        fail(f"--space: expected auto, model or block, got {space!r}")
+    if delta is not None and not 0 < delta < 1:
+        fail(f"--delta: must be in (0, 1), got {delta}")
+    config = _load(config_path, list(overrides or []), data_dir)
+    settings = AuditSettings(canaries=canaries, observers=_OBSERVERS[observer],
+                             space=space, seed=seed, delta=delta)  # type: ignore[arg-type]
+    session = _session(config, settings)
+    out_dir = Path(out) if out is not None else Path(config.output_dir) / "audit"
+    created = not out_dir.exists()
+    try:
+        prepare_output_dir(out_dir, overwrite=force, option="--out",
+                           flags=("--force", "--force"), outputs=AUDIT_OUTPUTS)
+    except OutputDirError as err:
+        fail(str(err))
+    try:
+        result = session.execute(progress=not (quiet or as_json))
+    except BaseException:
+        if created and out_dir.is_dir() and not any(out_dir.iterdir()):
+            shutil.rmtree(out_dir, ignore_errors=True)
+        raise
+    record = result.to_dict()
+    write_audit(record, out_dir)
+    for warning in record["warnings"]:
+        typer.echo(f"warning: {warning}", err=True)
+    if as_json:
+        print_json(record)
+    else:
+        from rich.console import Console
+
+        console = Console()
+        for obs in record["observers"]:
+            console.print(_table(record, obs))
+        typer.echo(f"audit written to {out_dir} (AUDIT.md, audit.json, audit.png)")
+    if result.violations:
+        typer.echo("error: the audit found ε̂ above the accountant's ε (a privacy bug, or "
+                   f"chance with probability at most {1 - settings.confidence:.0%}):", err=True)
+        for line in result.violations:
+            typer.echo(f"  {line}", err=True)
+        raise typer.Exit(code=EXIT_VIOLATION)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``audit`` to the main app."""
+    app.command("audit")(audit_command)
