@@ -5,9 +5,10 @@ size-weighted mean rate of the private groups is c/N (``clients_per_round`` over
 clients) and every group spends at most its ε_p in I rounds of the Poisson-subsampled Gaussian
 (spec B.1, docs/idp_fedavg.md):
 
-* the σ search is :func:`pdpfl.calibrate.group_sampling_rates` (σ ← s·σ from getNoise(ε_1, c/N),
-  then refined to the target mean rate) and getNoise is
-  :func:`pdpfl.calibration.noise.noise_for_uniform_rate`; nothing is bisected here;
+* the σ search is :func:`pdpfl.calibration.noise.group_sampling_rates` (σ ← s·σ from
+  getNoise(ε_1, c/N), then refined to the target mean rate) and getNoise is
+  :func:`pdpfl.calibration.noise.noise_for_uniform_rate`; rates are recomputed with the
+  calibration's :func:`~pdpfl.calibration.binary_search.bisect_rates` (no search of its own);
 * every q_p is then **recomputed at the returned σ** with the exact accountant unless the proposed
   rate is verified to be within budget and maximal (flidp keeps stale rates when a search step
   fails, spec B.7 I1/I2), and ``ε_p(σ, q_p) ≤ ε_p`` and the mean rate are checked;
@@ -102,8 +103,8 @@ def sample_group_rates(
     ``nonprivate_rate`` and do not constrain σ.
 
     The search (σ ← s·σ from getNoise(ε_1, c/N), refined to the target mean rate) is
-    :func:`pdpfl.calibrate.group_sampling_rates`. Then every rate is recomputed at the returned
-    σ with the exact accountant (never a value kept from an earlier σ), each group's ε at
+    :func:`pdpfl.calibration.noise.group_sampling_rates`. Then every rate is recomputed at the
+    returned σ with the exact accountant (never a value kept from an earlier σ), each group's ε at
     (σ, q_p) is evaluated and must be ≤ its budget, and the mean rate must lie within
     ``rate_tol`` (relative) below the target. Any failure raises ``RuntimeError``.
     """
@@ -139,7 +140,7 @@ def _sample_cached(
     rate_tol: float,
     q_tol: float,
 ) -> GroupRates:
-    import pdpfl.calibrate as calibrate
+    from pdpfl.calibration import noise as calibration
     from pdpfl.calibration.binary_search import bisect_rates
 
     eps = np.asarray(budgets, dtype=np.float64).reshape(-1)
@@ -172,7 +173,7 @@ def _sample_cached(
         sigma = noise_for_rate(float(p_eps[0]), target_rate, delta, rounds)
         proposed = np.where(eps[private] == p_eps[0], target_rate, np.nan)
     else:
-        found_sigma, found = calibrate.group_sampling_rates(
+        found_sigma, found = calibration.group_sampling_rates(
             p_eps, p_size, target_rate, client_plan(1.0, delta, rounds), rate_tol=rate_tol
         )
         sigma = float(found_sigma)
