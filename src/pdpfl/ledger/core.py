@@ -54,16 +54,17 @@ _OBSERVER_ATTR = {"third-party": "third_party_rounds", "server": "server_rounds"
 
 @lru_cache(maxsize=65_536)
 def _shared_epsilon(
-    mechanism: Any, rate: float, view: str, count: int, accountant: str, orders: bytes
+    mechanism: Any, rate: float, view: str, count: int, accountant: str, orders: bytes | None
 ) -> float:
     """ε of ``count`` charged rounds of ``mechanism`` at rate q = ``rate`` (a pure function of
     public numbers, memoized across ledgers: many one-unit ledgers of the same mechanism, e.g.
-    IDP-FedAvg's clients of one privacy group, convert each (q, σ, count) once per process)."""
-    grid = np.frombuffer(orders, dtype=np.float64)
-    options: dict[str, Any] = (
-        {"orders": grid} if accountant == "rdp" else {"rdp_orders": grid} if accountant == "pld"
-        else {}
-    )
+    IDP-FedAvg's clients of one privacy group, convert each (q, σ, count) once per process).
+    ``orders``: the RDP grid as float64 bytes (None: the accountant's own)."""
+    options: dict[str, Any] = {}
+    if orders is not None:
+        grid = np.frombuffer(orders, dtype=np.float64)
+        options = ({"orders": grid} if accountant == "rdp"
+                   else {"rdp_orders": grid} if accountant == "pld" else {})
     e, _ = mechanism_epsilon(
         mechanism, np.array([rate], dtype=np.float64), view, np.array([count], dtype=np.int64),
         accountant=accountant, **options,
@@ -166,7 +167,10 @@ class PrivacyLedger:
                 raise ValueError(f"noise_multipliers: expected ({n},) finite values > 0")
         self.noise_multipliers = sig
         self.orders = check_orders(orders).copy()
-        self._orders_key = np.ascontiguousarray(self.orders, dtype=np.float64).tobytes()
+        self._orders_key: bytes | None = (
+            None if self.orders is None
+            else np.ascontiguousarray(self.orders, dtype=np.float64).tobytes()
+        )
         self.accountant = as_accountant_name(accountant)
         unknown = set(self.observers) - set(_OBSERVER_ATTR)
         if unknown:
