@@ -973,4 +973,4 @@ def _pub(reply: Payload, silo: int) -> bytes:
 
 
 register_protocol(PROTOCOL, PrivateWeightedSum)
-register_silo_handler(PROTOCOL, silo_handler)
+register_silo_handler(PROTOCOL, silo_handler, secret_memory=True)
