@@ -480,7 +480,7 @@ def test_the_residue_attack_broke_the_papers_noise_grid_and_finds_nothing_now(
     import pdpfl.fl.aggregation.private_weighting_silo as silo_side
 
     with monkeypatch.context() as m:  # the published encoding
-        m.setattr(silo_side, "noise_plaintext", lambda div, z: int(div) * int(z))
+        m.setattr(silo_side, "noise_plaintext", lambda div, z, u=None: int(div) * int(z))
         hit, d, _ = _residue_attack(WITH_USER)
         miss, _, _ = _residue_attack(WITHOUT)
     assert hit >= 15 and miss == 0  # distinguishes the datasets every time
@@ -574,3 +574,19 @@ def test_values_at_the_edge_of_the_room_decode_exactly() -> None:
                              {s: c.updates[0] for s, c in clients.items()})
     np.testing.assert_allclose(agg.total[0], ref, rtol=1e-12)
     assert all(c.configs[-1][SURVIVORS_KEY] == 2 for c in clients.values())
+
+
+def test_dithers_cover_the_unit_grid_from_the_silos_own_randomness() -> None:
+    from pdpfl.fl.aggregation.private_weighting import dithers
+    from pdpfl.randomness import make_randomness
+
+    div = divisor(12)  # 27720
+    seeded = [dithers(div, 3000, make_randomness("reproducible", 3).stream("d", 0))
+              for _ in range(2)]
+    assert seeded[0] == seeded[1]  # reproducible mode replays them
+    for values in (seeded[0], dithers(div, 3000, make_randomness("secure").stream("d", 0)),
+                   dithers(div, 3000)):
+        assert all(-div // 2 <= u < div - div // 2 for u in values)
+        for m in (2, 3, 5, 7, 11):  # residues modulo every divisor of DIV: uniform
+            counts = np.bincount([u % m for u in values], minlength=m)
+            assert counts.min() > 3000 / m * 0.8

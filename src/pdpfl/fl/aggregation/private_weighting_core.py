@@ -39,9 +39,11 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from pdpfl.crypto.keys import context, derive, mask_integers
 from pdpfl.crypto.paillier import MIN_SECURE_BITS
 from pdpfl.fl.aggregation import Payload
 from pdpfl.fl.api import Params, Scalars
+from pdpfl.randomness import RandomStream
 
 __all__ = [
     "GUARD_BITS",
@@ -53,6 +55,7 @@ __all__ = [
     "UserUpdates",
     "WeightingParams",
     "cpu_seconds",
+    "dithers",
     "divisor",
     "no_wrap_bound",
     "noise_plaintext",
@@ -261,14 +264,36 @@ def cpu_seconds() -> float:
 # ------------------------------------------------------------------------------ encodings
 
 
-def noise_plaintext(div: int, z: int) -> int:
-    """η = DIV·z + u, u uniform on [-DIV/2, DIV/2) (CSPRNG): one coordinate's noise plaintext.
+def noise_plaintext(div: int, z: int, u: int | None = None) -> int:
+    """η = DIV·z + u, u uniform on [-DIV/2, DIV/2): one coordinate's noise plaintext.
 
-    ``z`` = round(z_s/P), the silo's Gaussian noise on the grid P. The dither u puts the noise on
-    the unit grid, so that Y mod DIV carries no residue of the signal (module docstring).
+    ``z`` = round(z_s/P), the silo's Gaussian noise on the grid P. The dither u (from
+    :func:`dithers`; drawn here from the operating system's CSPRNG when not given) puts the noise
+    on the unit grid, so that Y mod DIV carries no residue of the signal (module docstring).
     """
     div = int(div)
-    return div * int(z) + secrets.randbelow(div) - div // 2
+    if u is None:
+        u = secrets.randbelow(div) - div // 2
+    return div * int(z) + int(u)
+
+
+def dithers(div: int, count: int, stream: RandomStream | None = None) -> list[int]:
+    """``count`` dithers uniform on [-DIV/2, DIV/2) (statistical distance ≤ 2^-128 each).
+
+    ``stream``: the silo's own :class:`~pdpfl.randomness.RandomStream` (the dither is part of its
+    mechanism's randomness: a CSPRNG, or the seeded stream under ``randomness: reproducible``).
+    Eight of its uniforms (48 bits each) key a ChaCha20 stream whose integers are reduced
+    modulo DIV with 128 extra bits (:func:`~pdpfl.crypto.keys.mask_integers`). Without a
+    stream: 32 bytes from the operating system's CSPRNG.
+    """
+    div, count = int(div), int(count)
+    if stream is None:
+        seed = secrets.token_bytes(32)
+    else:
+        words = np.floor(np.asarray(stream.uniform(8), dtype=np.float64) * 2.0**48)
+        seed = b"".join(int(w).to_bytes(7, "little") for w in words.tolist())
+    key = derive(seed, context(_VERSION, "dither"))
+    return [v - div // 2 for v in mask_integers(key, count, div)] if div > 1 else [0] * count
 
 
 def no_wrap_bound(div: int, values: list[list[int]], noise: list[int]) -> int:

@@ -47,9 +47,11 @@ from pdpfl.fl.aggregation.private_weighting_core import (
     UserUpdates,
     WeightingParams,
     cpu_seconds,
+    dithers,
     noise_plaintext,
 )
 from pdpfl.fl.aggregation.threshold import SURVIVORS_KEY, check_round_threshold
+from pdpfl.randomness import Randomness
 
 __all__ = ["silo_handler"]
 
@@ -351,7 +353,12 @@ def _round(ctx: SiloContext, payload: Payload, t: int) -> Payload:
     n = state.pk.n
     div = int(state.divisor)
     masks = state.pair_masks(state.ctx("round", t, digest(*participants)), participants, d)
-    plain = [(noise_plaintext(div, z) + m) % n for z, m in zip(noise, masks, strict=True)]
+    randomness = getattr(client, "randomness", None)
+    stream = (randomness.stream("private-weighting-dither", t, ctx.silo_id)
+              if isinstance(randomness, Randomness) else None)
+    us = dithers(div, d, stream)
+    plain = [(noise_plaintext(div, z, u) + m) % n
+             for z, u, m in zip(noise, us, masks, strict=True)]
     assert state.rerandomizer is not None
     cost = d * (exponents.shape[0] * 5 + 40 + RERANDOMIZER_BITS / state.rerandomizer.window)
     workers = par.worth_parallel(cost, state.params.workers)
