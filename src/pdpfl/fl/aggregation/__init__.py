@@ -288,8 +288,10 @@ class SiloContext:
     """What a silo-side protocol handler may use at the silo.
 
     ``memory`` persists between the stages and rounds of this run at this silo (in-process: an
-    attribute of the transport; Flower: the silo's own process or state folder) and never
-    leaves the silo: protocol secrets (e.g. a round's X25519 private key) live here.
+    attribute of the transport; Flower: the silo worker's process, or -- for a protocol without
+    ``secret_memory`` in per-message mode -- the silo's state folder) and never leaves the silo:
+    protocol secrets (e.g. a round's X25519 private key) live here. ``memory["public"]``
+    (:func:`public_memory`) is persisted with the silo's state in every mode.
     """
 
     client: ClientAlgorithm
