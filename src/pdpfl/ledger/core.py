@@ -11,8 +11,8 @@ charged rounds per observer. The mechanism itself is described once, as a
   ``mechanism.charged_on(observer)``: ``active`` -- every round the unit was not stopped (third
   parties, who do not see client sampling: rPDP-FL Theorem 1 / Lemma 6); ``participated`` --
   only rounds its silo took part in (the server, Type I). A unit that sat out adds nothing.
-  With hidden participation (``server_sees_participation=False``) the server is accounted like a
-  third party.
+  The server is always accounted with participation revealed: on a real network it can tell
+  who took part (reply timing), whatever the messages say.
 * ε of a unit against an observer is that of ``count`` charged rounds of the mechanism's round
   event at its own (q, σ), computed by :func:`pdpfl.privacy.accountant.mechanism_epsilon` -- the
   same function the calibration calls, so a unit charged T rounds has exactly the ε the
@@ -127,8 +127,6 @@ class PrivacyLedger:
         α ≥ 2k, the without-replacement event's integer grid).
     accountant
         ``rdp`` (default), ``pld``, or another registered accountant.
-    server_sees_participation
-        False under hidden participation: the server is then accounted like a third party.
     """
 
     def __init__(
@@ -141,7 +139,6 @@ class PrivacyLedger:
         noise_multipliers: np.ndarray | None = None,
         orders: np.ndarray | None = DEFAULT_ORDERS,
         accountant: str = "rdp",
-        server_sees_participation: bool = True,
     ) -> None:
         if not isinstance(mechanism, UnitMechanism):
             raise ValueError(
@@ -150,7 +147,6 @@ class PrivacyLedger:
             )
         self.mechanism = mechanism
         self._observers = tuple(mechanism.observers)  # a frozen description: read it once
-        self.server_sees_participation = bool(server_sees_participation)
         self.budgets = validate_budgets(budgets)
         n = self.budgets.size
         q = np.asarray(rates, dtype=np.float64)
@@ -185,14 +181,7 @@ class PrivacyLedger:
         #: is not accounted against).
         self.third_party_rounds = np.zeros(n, dtype=np.int64)
         self.server_rounds = np.zeros(n, dtype=np.int64)
-        #: Under hidden participation the server sees only what a third party sees.
-        self.view = {
-            obs: "third-party"
-            if obs == "server" and not self.server_sees_participation
-            and "third-party" in self.observers else obs
-            for obs in self.observers
-        }
-        self.charge_rule = {obs: mechanism.charged_on(self.view[obs]) for obs in self.observers}
+        self.charge_rule = {obs: mechanism.charged_on(obs) for obs in self.observers}
         self.sat_out_rounds = np.zeros(n, dtype=np.int64)
         self.rounds_recorded = 0
         self._cache: dict[tuple[str, str], dict[int, float]] = {}
@@ -266,7 +255,7 @@ class PrivacyLedger:
 
     def _one_epsilon(self, observer: str, count: int, accountant: str) -> float:
         """ε of a one-unit ledger after ``count`` rounds (the fast path: no grouping)."""
-        view = self.view[observer]
+        view = observer
         cache = self._cache.setdefault((accountant, view), {})
         row = int(self._row[0])
         key = row * (1 << 32) + count
@@ -295,7 +284,7 @@ class PrivacyLedger:
         keys = self._row[live] * width + counts[live]
         uniq, inv = np.unique(keys, return_inverse=True)
         row, cnt = np.divmod(uniq, width)
-        view = self.view[observer]
+        view = observer
         cache = self._cache.setdefault((accountant, view), {})
         fixed = row * (1 << 32) + cnt  # a cache key independent of `width`
         eps = np.array([cache.get(int(k), np.nan) for k in fixed], dtype=np.float64)

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from pdpfl.config import ExperimentConfig, config_hash
+from pdpfl.fl.aggregation import summary_fields
 from pdpfl.io import save_npz, write_json
 from pdpfl.ledger import PrivacyLedger, PrivacySummary, observers_of, save_ledger
 from pdpfl.runtime.lock import LOCK_NAME
@@ -187,26 +188,6 @@ def privacy_warnings(config: ExperimentConfig, privacy: PrivacySummary) -> list[
     return out
 
 
-def aggregation_fields(config: ExperimentConfig) -> dict[str, Any]:
-    """How updates were summed and what that means for the server observer."""
-    hidden = config.participation == "hidden"
-    private_weights = getattr(config.algorithm, "weights", None) == "private"
-    protocol = "private-weighting" if private_weights else config.aggregation
-    out: dict[str, Any] = {
-        "protocol": protocol,
-        "participation": "hidden" if hidden else "visible",
-        "server_sees": (
-            "every update" if protocol == "plain" else "only the sum of the updates"
-        ),
-    }
-    if hidden:
-        out["server_observer"] = (
-            "accounted like the third party (λ-amplified, rPDP-FL Theorem 1): every silo sends "
-            "a masked contribution every round, so the server cannot tell who took part"
-        )
-    return out
-
-
 def privacy_fields(
     config: ExperimentConfig, privacy: PrivacySummary | None, view: str
 ) -> dict[str, Any]:
@@ -272,7 +253,7 @@ def build_summary(
         "privacy_unit": unit,
         "neighbouring": NEIGHBOURING.get(unit, unit),
         "adversary": config.privacy.adversary,
-        "aggregation": aggregation_fields(config),
+        "aggregation": summary_fields(config),
         "rounds_completed": len(metrics),
         "completed": bool(result.get("completed", True)),
         "diverged": result.get("diverged"),

@@ -30,7 +30,7 @@ from pdpfl.config import METHODS, ExperimentConfig, MethodSpec, PrivacyUnitName,
 from pdpfl.data.federation import Federation
 from pdpfl.fl.algorithm import register_algorithm
 from pdpfl.fl.api import FederationInfo
-from pdpfl.fl.common import accounting_adversary, public_budget_statistics
+from pdpfl.fl.common import public_budget_statistics
 from pdpfl.fl.rpdp.config import DpFedAvgConfig
 from pdpfl.fl.rpdp.mechanism import (
     DpFedAvgSetup,
@@ -98,7 +98,7 @@ class _UniformBase(DpFedAvgConfig):
             sigma = float(
                 noise_for_uniform_rate(
                     eps, self.sampling_rate, mechanism_plan(config, 1.0),
-                    adversary=accounting_adversary(config),
+                    adversary=config.privacy.adversary,
                 )
             )
             return DpFedAvgSetup(
