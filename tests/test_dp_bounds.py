@@ -249,10 +249,17 @@ def test_patch_gather_and_norm_bound_match_the_unfolded_matrix(k, d, p, s):
     out = torch.empty(u.shape, dtype=torch.float32)
     bookkeeping._patches_into(a, geometry, out)
     torch.testing.assert_close(out, u.float())
-    exact = torch.tensor(_exact_norms(u))
     for dtype in (torch.float64, torch.float32):
-        bound = bookkeeping._patch_norm_bounds(a.to(dtype), geometry)
-        exact_d = torch.tensor(_exact_norms(bookkeeping._unfold_rows(a.to(dtype), *geometry)))
-        assert bool((bound >= exact_d).all())
-        torch.testing.assert_close(bound, exact, rtol=1e-5 if dtype == torch.float32 else 1e-12,
-                                   atol=0)  # fmt: skip
+        ad = a.to(dtype)
+        bound = bookkeeping._patch_norm_bounds(ad, geometry)
+        per_channel = torch.linalg.vector_norm(ad.flatten(2), dim=2)
+        torch.testing.assert_close(
+            bookkeeping._patch_norm_bounds(ad, geometry, per_channel), bound, rtol=1e-5, atol=0
+        )
+        exact = torch.tensor(_exact_norms(bookkeeping._unfold_rows(a.to(dtype), *geometry)))
+        assert bool((bound >= exact).all())
+    # with every input element covered equally often the bound is tight
+    flat = torch.ones(2, 3, 8, 8, dtype=torch.float64)
+    g2 = ((2, 2), (1, 1), (0, 0), (2, 2))  # non-overlapping 2x2 patches: coverage 1
+    exact = torch.tensor(_exact_norms(bookkeeping._unfold_rows(flat, *g2)))
+    torch.testing.assert_close(bookkeeping._patch_norm_bounds(flat, g2), exact, rtol=1e-12, atol=0)

@@ -165,7 +165,7 @@ class _ChaChaStream:
             raise ValueError(f"n: must be >= 0, got {n}")
         if n == 0:
             return np.zeros(0, dtype=np.float64)
-        return self._uniform_tensor(n).numpy()
+        return (self._words_np(n).astype(np.float64) + 0.5) * _INV_2_53
 
     def _standard_normals(self, n: int, device: torch.device | None) -> torch.Tensor:
         """``n`` normals, each (N₁ + N₂ + N₃ + N₄)/2 from two Box–Muller pairs.

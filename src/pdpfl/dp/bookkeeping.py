@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from pdpfl.dp.bounds import SMALL, U64, gamma, norm_bounds, unit_roundoff
+from pdpfl.dp.bounds import SMALL, U64, block_norm_bounds, gamma, norm_bounds, unit_roundoff
 
 __all__ = ["Part", "Workspace", "layer_parts"]
 
@@ -103,41 +103,53 @@ class Part:
     def weighted_sum(self, c: Tensor, drop: Tensor | None = None) -> Tensor:
         """Σ_b c_b G_b in float64 (shape of the parameter); records in ``drop`` add nothing
         (their rows may hold inf/NaN)."""
-        keep = None
+        out = torch.zeros(self.param.shape, dtype=_F64, device=c.device)
+        self.accumulate(out, c, drop)
+        return out
+
+    def accumulate(self, out: Tensor, c: Tensor, drop: Tensor | None = None) -> None:
+        """``out += Σ_b c_b G_b`` in float64 (``out``: a contiguous float64 tensor of the
+        parameter's shape); records in ``drop`` add nothing (their rows may hold inf/NaN)."""
         if drop is not None and drop.numel():
             keep = torch.ones(c.shape[0], dtype=torch.bool, device=c.device)
             keep[drop] = False
+        else:
+            keep = None
+        flat = out.view(-1)
         if self.grads is not None:
             grads = self.grads
             if keep is not None:
-                grads = torch.where(keep[:, None], grads, torch.zeros((), dtype=grads.dtype,
-                                                                      device=grads.device))
-            return _rows_dot(c, grads).reshape(self.param.shape)
+                zero = torch.zeros((), dtype=grads.dtype, device=grads.device)
+                grads = torch.where(keep[:, None], grads, zero)
+            _rows_dot_into(flat, c, grads)
+            return
         assert self.outer is not None
         g, a = (t.to(_F64) for t in self.outer)
         if keep is not None:
             zero = torch.zeros((), dtype=_F64, device=g.device)
             g = torch.where(keep[:, None, None], g, zero)
             a = torch.where(keep[:, None, None], a, zero)
-        gc = g * c[:, None, None]
-        return (gc.reshape(-1, gc.shape[-1]).T @ a.reshape(-1, a.shape[-1])).reshape(
-            self.param.shape
-        )
+        dout, din = g.shape[-1], a.shape[-1]
+        if g.shape[1] == 1:  # Σ_b c_b g_b a_bᵀ = gᵀ (c·a)
+            out.view(dout, din).addmm_(g[:, 0].T, a[:, 0] * c[:, None])
+        else:
+            gc = (g * c[:, None, None]).reshape(-1, dout)
+            out.view(dout, din).addmm_(gc.T, a.reshape(-1, din))
 
 
-def _rows_dot(c: Tensor, rows: Tensor) -> Tensor:
-    """``c @ rows`` accumulated in float64; float32 rows are converted block by block."""
+def _rows_dot_into(out: Tensor, c: Tensor, rows: Tensor) -> None:
+    """``out += c @ rows`` accumulated in float64; float32 rows are converted block by block."""
     if rows.dtype == _F64:
-        return c @ rows
+        out.addmv_(rows.T, c)
+        return
     b, n = rows.shape
     step = max(1, min(b, _SUM_BLOCK // max(n, 1)))
-    acc = torch.zeros(1, n, dtype=_F64, device=rows.device)
     buf = torch.empty(step, n, dtype=_F64, device=rows.device)
+    acc = out.view(1, n)
     for i in range(0, b, step):
         blk = buf[: min(step, b - i)]
         blk.copy_(rows[i : i + step])
-        torch.addmm(acc, c[None, i : i + step], blk, out=acc)
-    return acc[0]
+        acc.addmm_(c[None, i : i + step], blk)
 
 
 def _share(b: int) -> float:
@@ -296,25 +308,28 @@ def _coverage(size: int, out: int, k: int, d: int, pad: int, stride: int) -> lis
 
 
 @functools.lru_cache(maxsize=64)
-def _coverage_sqrt(
-    hw: tuple[int, int], geometry: _Geometry, dtype: torch.dtype, device: torch.device
-) -> Tensor:
-    """√(n_h(h)·n_w(w)): input element (c, h, w) appears in that many columns of im2col."""
+def _max_coverage(hw: tuple[int, int], geometry: _Geometry) -> int:
+    """max over (h, w) of n_h(h)·n_w(w): how often one input element appears in im2col."""
     (kh, kw), (dh, dw), (ph, pw), (sh, sw) = geometry
     H, W = hw
     ho = (H + 2 * ph - dh * (kh - 1) - 1) // sh + 1
     wo = (W + 2 * pw - dw * (kw - 1) - 1) // sw + 1
-    nh = torch.tensor(_coverage(H, ho, kh, dh, ph, sh), dtype=_F64)
-    nw = torch.tensor(_coverage(W, wo, kw, dw, pw, sw), dtype=_F64)
-    return (nh[:, None] * nw[None, :]).sqrt().to(device, dtype)
+    return max(_coverage(H, ho, kh, dh, ph, sh)) * max(_coverage(W, wo, kw, dw, pw, sw))
 
 
-def _patch_norm_bounds(a: Tensor, geometry: _Geometry) -> Tensor:
+def _patch_norm_bounds(
+    a: Tensor, geometry: _Geometry, channel_norms: Tensor | None = None
+) -> Tensor:
     """An upper bound on ‖u_b‖_F, u_b the im2col matrix of record b, without forming it:
-    ‖u‖_F² = Σ n_h(h) n_w(w) a_{c,h,w}², evaluated as ‖a·√(n_h n_w)‖ (two more roundings per
-    element, in ``a``'s dtype, covered by the factor)."""
-    scale = _coverage_sqrt(tuple(a.shape[-2:]), geometry, a.dtype, a.device)
-    return norm_bounds(a * scale)[1] * (1.0 + gamma(3, unit_roundoff(a.dtype)))
+    ‖u‖_F² = Σ n_h(h) n_w(w) a_{c,h,w}² ≤ max(n_h n_w)·‖a‖_F² (tight up to border effects;
+    it only scales the float32 error term). ``channel_norms``: the per-channel norms of ``a``
+    ``(B, C)``, already computed in ``a``'s dtype."""
+    cover = _max_coverage(tuple(a.shape[-2:]), geometry)
+    if channel_norms is None:
+        a_up = norm_bounds(a)[1]
+    else:
+        a_up = block_norm_bounds(channel_norms, a[0, 0].numel(), a.dtype)[1]
+    return a_up * (math.sqrt(cover) * (1.0 + 4 * U64))
 
 
 def _conv_geometry(
@@ -330,32 +345,58 @@ def _conv_geometry(
     return a, g, (tuple(m.kernel_size), tuple(m.dilation), pad, tuple(m.stride))
 
 
-def _conv_grads(
-    m: nn.Module, a: Tensor, g3: Tensor, geometry: _Geometry, wd: torch.dtype,
+def _conv_pass(
+    m: nn.Conv1d | nn.Conv2d,
+    a: Tensor,
+    g3: Tensor,
+    geometry: _Geometry,
     ws: Workspace | None,
-) -> tuple[Tensor, Tensor]:
-    """Per-sample weight gradients ``(B, Cout, K)`` in ``wd`` and an upper bound on ‖u_b‖_F
-    (u_b: the record's im2col patches). im2col and ``bmm`` run on blocks of records whose
-    patches are formed in a reused buffer."""
+    weight: bool,
+    bias: bool,
+) -> dict[str, Tensor]:
+    """One pass over blocks of records, each block handled while it is in cache: per-channel
+    norms of the input and of the backprop, the bias sums, and (``weight``) the per-sample
+    weight gradients ``(B, Cout, K)`` (im2col gathered into a reused buffer, then ``bmm``) and
+    their per-output-channel norms. Everything in ``a``'s dtype (the working dtype)."""
     B, cout, L = g3.shape
-    groups = int(getattr(m, "groups", 1))
+    groups = int(m.groups)
     cin = a.shape[1]
     kh, kw = geometry[0]
     ckk = cin * kh * kw
     K = ckk // groups
-    dev = a.device
-    grads = _empty(ws, (id(m), "weight"), (B, cout, K), wd, dev)
-    step = max(1, min(B, _BLOCK_ELEMENTS // max(1, ckk * L)))
-    patches = _empty(ws, "im2col", (step, L, ckk), wd, dev)
+    dev, wd = a.device, a.dtype
+    out: dict[str, Tensor] = {
+        "a": torch.empty(B, cin, dtype=wd, device=dev),
+        "g": torch.empty(B, cout, dtype=wd, device=dev),
+    }
+    if bias:
+        out["bias"] = torch.empty(B, cout, dtype=wd, device=dev)
+    if weight:
+        out["grads"] = _empty(ws, (id(m), "weight"), (B, cout, K), wd, dev)
+        out["grad_norms"] = torch.empty(B, cout, dtype=wd, device=dev)
+        step = max(1, min(B, _BLOCK_ELEMENTS // max(1, ckk * L)))
+        patches = _empty(ws, "im2col", (step, L, ckk), wd, dev)
+    else:
+        step = B
     for i in range(0, B, step):
         b = min(step, B - i)
-        u = _patches_into(a[i : i + b], geometry, patches[:b])
-        gb = g3[i : i + b].to(wd).reshape(b * groups, cout // groups, L)
-        if groups > 1:
-            u = u.reshape(b, L, groups, K).transpose(1, 2)
-        out = grads[i : i + b].view(b * groups, cout // groups, K)
-        torch.bmm(gb, u.reshape(b * groups, L, K), out=out)
-    return grads, _patch_norm_bounds(a, geometry)
+        ab, gb = a[i : i + b], g3[i : i + b]
+        torch.linalg.vector_norm(ab.reshape(b, cin, -1), dim=2, out=out["a"][i : i + b])
+        torch.linalg.vector_norm(gb, dim=2, out=out["g"][i : i + b])
+        if bias:
+            torch.sum(gb, dim=2, out=out["bias"][i : i + b])
+        if weight:
+            u = _patches_into(ab, geometry, patches[:b])
+            if groups > 1:
+                u = u.reshape(b, L, groups, K).transpose(1, 2)
+            blk = out["grads"][i : i + b]
+            torch.bmm(
+                gb.reshape(b * groups, cout // groups, L),
+                u.reshape(b * groups, L, K),
+                out=blk.view(b * groups, cout // groups, K),
+            )
+            torch.linalg.vector_norm(blk, dim=2, out=out["grad_norms"][i : i + b])
+    return out
 
 
 def _conv_parts(
@@ -370,21 +411,30 @@ def _conv_parts(
     fast = wd == _F32
     u = unit_roundoff(wd)
     a, g, geometry = _conv_geometry(m, a, g)
-    g3 = g.reshape(B, g.shape[1], -1)  # (B, Cout, L) in the model's dtype
-    L = g3.shape[2]
-    g_up = norm_bounds(g3)[1]
+    a, g3 = a.to(wd), g.reshape(B, g.shape[1], -1).to(wd)  # g3: (B, Cout, L)
+    cout, L = g3.shape[1], g3.shape[2]
+    K = m.weight[0].numel()  # (Cin/G)·kh·kw
+    gram = (
+        m.weight.requires_grad and m.groups == 1 and _use_gram(B, L, K, cout, materialise)
+    )
+    want_bias = m.bias is not None and m.bias.requires_grad
+    res = _conv_pass(m, a, g3, geometry, ws, m.weight.requires_grad and not gram, want_bias)
+    g_up = block_norm_bounds(res["g"], L, wd)[1]
     parts: list[Part] = []
-    if m.weight.requires_grad:
-        K = m.weight[0].numel()  # (Cin/G)·kh·kw
-        if m.groups == 1 and _use_gram(B, L, K, g3.shape[1], materialise):
-            patches = _unfold_rows(a.to(_F64), *geometry)  # (B, L, K)
-            parts.append(_gram_part(m.weight, g3.transpose(1, 2), patches))
-        else:
-            grads, u_up = _conv_grads(m, a, g3, geometry, wd, ws)
-            parts.append(_materialised(m.weight, grads, gamma(L, u) * u_up * g_up, B, fast))
-    if m.bias is not None and m.bias.requires_grad:
+    if gram:
+        patches = _unfold_rows(a.to(_F64), *geometry)  # (B, L, K)
+        parts.append(_gram_part(m.weight, g3.transpose(1, 2), patches))
+    elif m.weight.requires_grad:
+        u_up = _patch_norm_bounds(a, geometry, res["a"])
+        err = gamma(L, u) * (1.0 + 4 * U64) * u_up * g_up  # ‖Ĝ − G‖ ≤ γ_L ‖g‖‖u‖
+        est, up = block_norm_bounds(res["grad_norms"], K, wd)
+        grads = res["grads"].reshape(B, -1)
+        parts.append(Part(m.weight, est, (up + err) * _share(B), grads=grads, fast=fast,
+                          err=err))  # fmt: skip
+    if want_bias:  # Σ_l |g_l| ≤ √L ‖g‖_F
+        assert m.bias is not None
         err = gamma(L, u) * math.sqrt(L) * g_up
-        parts.append(_materialised(m.bias, g3.to(wd).sum(2), err, B, fast))
+        parts.append(_materialised(m.bias, res["bias"], err, B, fast))
     return parts
 
 

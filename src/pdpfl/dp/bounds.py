@@ -25,6 +25,7 @@ from torch import Tensor
 
 __all__ = [
     "NORM_BLOCK",
+    "block_norm_bounds",
     "SMALL",
     "U32",
     "U64",
@@ -97,17 +98,25 @@ def norm_bounds(x: Tensor) -> tuple[Tensor, Tensor]:
     else:
         k = NORM_BLOCK
         m, rest = divmod(n, k)
-        blocks = torch.linalg.vector_norm(flat[:, : m * k].reshape(b, m, k), dim=2).to(_F64)
-        ups = blocks * (1.0 + gamma(k + 6, u)) + math.sqrt(k * tiny)
-        sq_est = blocks.square().sum(1)
-        sq_up = ups.square().sum(1)
+        blocks = torch.linalg.vector_norm(flat[:, : m * k].reshape(b, m, k), dim=2)
         if rest:
-            tail = torch.linalg.vector_norm(flat[:, m * k :], dim=1).to(_F64)
-            sq_est = sq_est + tail.square()
-            sq_up = sq_up + (tail * (1.0 + gamma(rest + 6, u)) + math.sqrt(rest * tiny)).square()
-        est = sq_est.sqrt()
-        # float64 squares, a sum of at most m + 1 terms and a square root
-        up = sq_up.sqrt() * (1.0 + gamma(m + 6, U64))
+            tail = torch.linalg.vector_norm(flat[:, m * k :], dim=1)
+            blocks = torch.cat([blocks, tail[:, None]], 1)
+        return block_norm_bounds(blocks, k, x.dtype)
+    return est, up
+
+
+def block_norm_bounds(partial: Tensor, k: int, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """``(estimate, upper)`` per row from per-block norms ``partial`` ``(B, m)``, each computed by
+    ``vector_norm`` in ``dtype`` over at most ``k`` elements (see :func:`norm_bounds`).
+
+    The blocks are combined in float64: squares, a sum of ``m`` terms and a square root.
+    """
+    u = unit_roundoff(dtype)
+    p = partial.to(_F64)
+    ups = p * (1.0 + gamma(k + 6, u)) + math.sqrt(k * _tiny(dtype))
+    est = p.square().sum(1).sqrt()
+    up = ups.square_().sum(1).sqrt_() * (1.0 + gamma(p.shape[1] + 6, U64))
     return est, up
 
 

@@ -468,14 +468,21 @@ def _clipped_grad_sum(
     )
 
 
-def _total_norm(parts: list[Part], b: int, device: torch.device) -> tuple[Tensor, Tensor]:
-    """(Σ est², N) with N ≥ (Σ up²)^{1/2}: float64 squares, sum and square root rounded up."""
+def _total_norm(
+    parts: list[Part], b: int, device: torch.device, estimate: bool = True
+) -> tuple[Tensor | None, Tensor]:
+    """(Σ est² or None, N) with N ≥ (Σ up²)^{1/2}: float64 squares, sum and square root
+    rounded up."""
     if not parts:
         zero = torch.zeros(b, dtype=_F64, device=device)
         return zero, zero
+    n = len(parts)
+    if not estimate:
+        up = torch.stack([p.up for p in parts]).square_().sum(0)
+        return None, up.sqrt_().mul_(1.0 + gamma(n + 4, U64))
     both = torch.stack([p.est for p in parts] + [p.up for p in parts]).square_()
-    sq = both.view(2, len(parts), b).sum(1)
-    return sq[0], sq[1].sqrt_().mul_(1.0 + gamma(len(parts) + 4, U64))
+    sq = both.view(2, n, b).sum(1)
+    return sq[0], sq[1].sqrt_().mul_(1.0 + gamma(n + 4, U64))
 
 
 def _undecided(parts: list[Part], est2: Tensor, norm: Tensor) -> Tensor:
@@ -500,10 +507,11 @@ def _clip_chunk(
     record whose norm is not finite adds nothing (c_i = 0, its rows dropped).
     """
     b, device = bound.shape[0], bound.device
-    est2, norm = _total_norm(chunk.parts, b, device)
+    check = chunk.redo is not None and any(p.fast for p in chunk.parts)
+    est2, norm = _total_norm(chunk.parts, b, device, estimate=check)
     redo = None
     extra: list[Part] = []
-    if chunk.redo is not None and any(p.fast for p in chunk.parts):
+    if check and chunk.redo is not None and est2 is not None:
         ambiguous = _undecided(chunk.parts, est2, norm)
         if bool(ambiguous.any()):
             redo = torch.nonzero(ambiguous).flatten()
@@ -512,20 +520,20 @@ def _clip_chunk(
             norm[redo] = _total_norm(extra, redo.numel(), device)[1]
     bad = ~torch.isfinite(norm)
     any_bad = bool(bad.any())
-    c = (bound / (norm + _NORM_EPS) * (1.0 - 4 * U64)).clamp(max=1.0)
+    c = torch.div(bound, norm + _NORM_EPS).mul_(1.0 - 4 * U64).clamp_(max=1.0)
     drop = redo
     if any_bad:
         c = torch.where(bad, torch.zeros_like(c), c)
         bad_idx = torch.nonzero(bad).flatten()
         drop = bad_idx if drop is None else torch.unique(torch.cat([drop, bad_idx]))
     for part in chunk.parts:
-        sums[index[id(part.param)]] += part.weighted_sum(c, drop)
+        part.accumulate(sums[index[id(part.param)]], c, drop)
     if extra:
         assert redo is not None
         c_redo = c[redo]
         drop_redo = torch.nonzero(bad[redo]).flatten() if any_bad else None
         for part in extra:
-            sums[index[id(part.param)]] += part.weighted_sum(c_redo, drop_redo)
+            part.accumulate(sums[index[id(part.param)]], c_redo, drop_redo)
     if any_bad:
         norm = torch.where(bad, torch.full_like(norm, float("inf")), norm)
         return norm, c, chunk.losses(~bad)
