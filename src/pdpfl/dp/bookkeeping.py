@@ -44,7 +44,7 @@ _F32 = torch.float32
 #: chunk's would exceed this many elements.
 _MATERIALISE_LIMIT = 2**24
 #: Elements per block of im2col patches (formed in a reused buffer, consumed while in cache).
-_BLOCK_ELEMENTS = 2**19
+_BLOCK_ELEMENTS = 2**20
 #: Elements per block when converting float32 per-sample gradients to float64 for the sum.
 _SUM_BLOCK = 2**17
 
