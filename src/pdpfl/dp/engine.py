@@ -180,7 +180,8 @@ class PersonalizedDPSGD:
         self._has_buffers = any(True for _ in model.buffers())
         self._workspace = Workspace()
         self._shapes = [tuple(p.shape) for p in self.params]
-        self._numel = sum(p.numel() for p in self.params)
+        self._sizes = [p.numel() for p in self.params]
+        self._numel = sum(self._sizes)
         own = {id(p) for p in self.params}
         # parameters of the optimizer that this engine does not give a gradient to
         self._foreign = any(
@@ -207,7 +208,7 @@ class PersonalizedDPSGD:
         flat = torch.zeros(self._numel, dtype=torch.float64, device=math_device(self.device))
         if xb.shape[0] == 0:
             return ClippedSum(
-                sums=[t.view(s) for t, s in zip(flat.split(_sizes(self._shapes)), self._shapes,
+                sums=[t.view(s) for t, s in zip(flat.split(self._sizes), self._shapes,
                                                   strict=True)],
                 loss_sum=0.0,
                 norms=torch.zeros(0, dtype=torch.float64),
@@ -257,16 +258,14 @@ class PersonalizedDPSGD:
         if std > 0:
             flat.add_(draw_normals(stream, self._shapes, device=flat.device), alpha=std)
         flat.div_(normalizer)
-        dtypes = {p.dtype for p in self.params}
-        if len(dtypes) == 1 and all(p.device == self.device for p in self.params):
-            rounded = flat.to(self.device, dtypes.pop())  # one rounding of every coordinate
-            return [
-                t.view(s)
-                for t, s in zip(rounded.split(_sizes(self._shapes)), self._shapes, strict=True)
-            ]
+        dtype, device = self.params[0].dtype, self.params[0].device
+        if all(p.dtype == dtype and p.device == device for p in self.params):
+            rounded = flat.to(device, dtype)  # one rounding of every coordinate
+            return [t.view(s) for t, s in zip(rounded.split(self._sizes), self._shapes,
+                                              strict=True)]  # fmt: skip
         return [
             t.view(p.shape).to(p.device, p.dtype)
-            for t, p in zip(flat.split(_sizes(self._shapes)), self.params, strict=True)
+            for t, p in zip(flat.split(self._sizes), self.params, strict=True)
         ]
 
     def privatized_gradient(
@@ -347,10 +346,6 @@ class PersonalizedDPSGD:
             grads, loss_sum = self.nonprivate_gradient(xb, yb)
         self.apply(grads)
         return StepResult(int(idx.numel()), loss_sum, idx)
-
-
-def _sizes(shapes: list[tuple[int, ...]]) -> list[int]:
-    return [math.prod(s) for s in shapes]
 
 
 def _flat_of(res: ClippedSum) -> Tensor:

@@ -294,11 +294,17 @@ def _clipped_grad_sum(
     return ClippedSum(
         sums=sums,
         loss_sum=loss_sum,
-        norms=torch.cat(norms) if norms else torch.zeros(0, dtype=_F64),
-        factors=torch.cat(factors) if factors else torch.zeros(0, dtype=_F64),
+        norms=_cat(norms),
+        factors=_cat(factors),
         method=method,
         flat=out,
     )
+
+
+def _cat(ts: list[Tensor]) -> Tensor:
+    if len(ts) == 1:
+        return ts[0]
+    return torch.cat(ts) if ts else torch.zeros(0, dtype=_F64)
 
 
 def _total_norm(
