@@ -263,3 +263,55 @@ def test_patch_gather_and_norm_bound_match_the_unfolded_matrix(k, d, p, s):
     g2 = ((2, 2), (1, 1), (0, 0), (2, 2))  # non-overlapping 2x2 patches: coverage 1
     exact = torch.tensor(_exact_norms(bookkeeping._unfold_rows(flat, *g2)))
     torch.testing.assert_close(bookkeeping._patch_norm_bounds(flat, g2), exact, rtol=1e-12, atol=0)
+
+
+# -- the compact path for small Linear layers (logistic regression, MLPs) --------------------
+
+
+def test_small_linear_models_take_the_compact_path_and_match_the_exact_clipped_sum():
+    """float32 MLP: the compact float64 path gives Σ_i c_i·(exact gradient of the recorded
+    values) with norms that bound the exact ones; huge records are clipped, non-finite ones
+    dropped, and each record alone adds at most C."""
+    from pdpfl.models import create_model, loss_fn
+
+    torch.manual_seed(0)
+    model = create_model("mlp", (7,), 4)
+    x = torch.randn(6, 7)
+    x[1] *= 1e6  # a huge record: clipped
+    x[4, 2] = float("nan")  # dropped
+    y = torch.randint(0, 4, (6,))
+    chunk = _hook_chunk(model, x, y, loss_fn, materialise=False)
+    assert chunk.linear is not None and chunk.parts == []
+    # exact per-sample gradients of the recorded float32 values (products exact in float64)
+    grads = torch.stack(
+        [torch.cat([torch.cat([torch.outer(g[i], a[i]).flatten(), g[i]])
+                    for _, a, g in chunk.linear]) for i in range(6)]
+    )  # fmt: skip
+    C = 0.3
+    res = clipped_grad_sum(model, x, y, loss_fn, C)
+    keep = [0, 1, 2, 3, 5]
+    assert res.factors[4] == 0 and math.isinf(float(res.norms[4]))
+    exact = torch.tensor(_exact_norms(grads[keep]))
+    assert bool((res.norms[keep] >= exact).all())
+    torch.testing.assert_close(res.norms[keep], exact, rtol=1e-12, atol=0)
+    assert float(exact[1]) > 1e3 * C and float(res.factors[1]) * float(exact[1]) <= C
+    added = torch.cat([t.flatten() for t in res.sums])
+    # `grads` lists weight then bias per layer: model.parameters() order
+    assert [tuple(p.shape) for p in model.parameters()][:2] == [(64, 7), (64,)]
+    expected = (res.factors[keep, None] * grads[keep]).sum(0)
+    torch.testing.assert_close(added, expected, rtol=1e-12, atol=1e-15)
+    for i in keep:  # each record alone adds at most C
+        one = clipped_grad_sum(model, x[i : i + 1], y[i : i + 1], loss_fn, C)
+        assert float(torch.cat([s.flatten() for s in one.sums]).norm()) <= C * (1 + 1e-9)
+
+
+def test_large_or_float64_linear_layers_take_the_general_path():
+    from pdpfl.dp.chunks import LINEAR_SMALL
+    from pdpfl.models import loss_fn
+
+    wide = nn.Sequential(nn.Flatten(), nn.Linear(LINEAR_SMALL // 8, 2))
+    x, y = torch.randn(8, LINEAR_SMALL // 8), torch.randint(0, 2, (8,))
+    assert _hook_chunk(wide, x, y, loss_fn, materialise=False).linear is None
+    small = nn.Sequential(nn.Linear(5, 3)).double()
+    x64, y3 = torch.randn(4, 5, dtype=torch.float64), torch.randint(0, 3, (4,))
+    assert _hook_chunk(small, x64, y3, loss_fn, materialise=False).linear is None

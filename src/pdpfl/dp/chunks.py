@@ -25,6 +25,9 @@ LossFn = Callable[[Tensor, Tensor], Tensor]
 HOOK_LAYERS = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.GroupNorm, nn.LayerNorm)
 _F64 = torch.float64
 _F32 = torch.float32
+#: Chunks of Linear layers on 2-D inputs with at most this many recorded elements (inputs and
+#: backprops) take the compact float64 path of :mod:`pdpfl.dp.linear`.
+LINEAR_SMALL = 2**17
 
 
 def hooked_modules(model: nn.Module) -> list[nn.Module]:
@@ -85,6 +88,21 @@ class _Chunk:
     parts: list[Part]
     losses: Callable[[Tensor | None], float]
     redo: Callable[[Tensor], list[Part]] | None = None
+    linear: list[tuple[nn.Module, Tensor, Tensor]] | None = None
+    """Small Linear layers on 2-D inputs only: their (module, a, g) in float64, for
+    :func:`pdpfl.dp.linear.clip_linear` (``parts`` is then empty)."""
+
+
+def _small_linear(pairs: list[tuple[nn.Module, Tensor, Tensor]]) -> bool:
+    """Every recorded layer is a Linear on a 2-D input and the float64 copies are small."""
+    size = 0
+    for m, a, g in pairs:
+        if type(m) is not nn.Linear or a.dim() != 2 or g.dim() != 2:
+            return False
+        if a.dtype == _F64 or g.dtype == _F64:  # float64 models: the general path
+            return False
+        size += a.numel() + g.numel()
+    return size <= LINEAR_SMALL
 
 
 def _working_dtype(pairs: list[tuple[nn.Module, Tensor, Tensor]], device: torch.device):
@@ -144,9 +162,15 @@ def _hook_chunk(
     dev = math_device(x.device)
     if dev != x.device:  # mps: no float64 there, the book-keeping runs on the CPU
         pairs = [(m, a.to(dev), g.to(dev)) for m, a, g in pairs]
-    wd = _working_dtype(pairs, dev)
-    parts = [p for m, a, g in pairs for p in layer_parts(m, a, g, wd, materialise, ws)]
     total_loss = float(total.detach())
+    linear = not materialise and bool(pairs) and _small_linear(pairs)
+    if linear:
+        pairs = [(m, a.to(_F64), g.to(_F64)) for m, a, g in pairs]
+        wd = _F64
+        parts: list[Part] = []
+    else:
+        wd = _working_dtype(pairs, dev)
+        parts = [p for m, a, g in pairs for p in layer_parts(m, a, g, wd, materialise, ws)]
 
     def losses(keep: Tensor | None) -> float:
         if keep is None:
@@ -162,7 +186,7 @@ def _hook_chunk(
             p for m, a, g in pairs for p in layer_parts(m, a[idx], g[idx], _F64, materialise)
         ]
 
-    return _Chunk(parts, losses, redo if wd == _F32 else None)
+    return _Chunk(parts, losses, redo if wd == _F32 else None, pairs if linear else None)
 
 
 def _func_chunk(model: nn.Module, x: Tensor, y: Tensor, loss: LossFn) -> _Chunk:

@@ -68,6 +68,7 @@ from pdpfl.dp.chunks import (
     hooked_modules,
 )
 from pdpfl.dp.device import math_device
+from pdpfl.dp.linear import clip_linear
 
 __all__ = [
     "F32_ACCURACY",
@@ -345,6 +346,9 @@ def _clip_chunk(
     Records whose float32 bound is ambiguous are recomputed in float64 (module docstring); a
     record whose norm is not finite adds nothing (c_i = 0, its rows dropped).
     """
+    if chunk.linear is not None:
+        norm, c, dropped = clip_linear(chunk.linear, bound, sums, index)
+        return norm, c, chunk.losses(None if dropped is None else ~dropped)
     b, device = bound.shape[0], bound.device
     check = chunk.redo is not None and any(p.fast for p in chunk.parts)
     est2, norm = _total_norm(chunk.parts, b, device, estimate=check)
