@@ -101,7 +101,9 @@ class PrivacyLedger:
         Optional (n,) σ per unit when units are charged under different noise (IDP-FedAvg's
         SCALE, ULDP-FL's personal budgets); default the mechanism's own σ for every unit.
     orders
-        RDP orders α (the RDP accountant's grid; the PLD accountant's RDP fallback).
+        RDP orders α (the RDP accountant's grid; the PLD accountant's RDP fallback); None lets
+        each accountant use its own grid for each event (e.g. the group-privacy event's orders
+        α ≥ 2k, the without-replacement event's integer grid).
     accountant
         ``rdp`` (default), ``pld``, or another registered accountant.
     server_sees_participation
@@ -116,7 +118,7 @@ class PrivacyLedger:
         *,
         ids: np.ndarray | None = None,
         noise_multipliers: np.ndarray | None = None,
-        orders: np.ndarray = DEFAULT_ORDERS,
+        orders: np.ndarray | None = DEFAULT_ORDERS,
         accountant: str = "rdp",
         server_sees_participation: bool = True,
     ) -> None:
@@ -144,7 +146,7 @@ class PrivacyLedger:
             if sig.shape != (n,) or not np.all(np.isfinite(sig) & (sig > 0)):
                 raise ValueError(f"noise_multipliers: expected ({n},) finite values > 0")
         self.noise_multipliers = sig
-        self.orders = check_orders(orders).copy()
+        self.orders = None if orders is None else check_orders(orders).copy()
         self.accountant = as_accountant_name(accountant)
         unknown = set(self.observers) - set(_OBSERVER_ATTR)
         if unknown:
@@ -216,9 +218,9 @@ class PrivacyLedger:
 
     def _options(self, accountant: str) -> dict[str, Any]:
         if accountant == "rdp":
-            return {"orders": self.orders}
+            return {} if self.orders is None else {"orders": self.orders}
         if accountant == "pld":
-            return {"rdp_orders": self.orders}
+            return {} if self.orders is None else {"rdp_orders": self.orders}
         return {}
 
     def _epsilon(self, observer: str, counts: np.ndarray, accountant: str) -> np.ndarray:

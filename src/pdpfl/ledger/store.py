@@ -95,7 +95,7 @@ def save_ledger(
         "budgets": ledger.budgets,
         "rates": ledger.rates,
         "noise_multipliers": ledger.noise_multipliers,
-        "orders": ledger.orders,
+        "orders": np.zeros(0) if ledger.orders is None else ledger.orders,
         "sat_out_rounds": ledger.sat_out_rounds,
     }
     for obs, counts in ledger.counts.items():
@@ -128,7 +128,7 @@ def load_ledger(path: str | Path, *, party: str = "operator") -> PrivacyLedger:
                 z["budgets"], z["rates"], mechanism,
                 ids=z["ids"],
                 noise_multipliers=z["noise_multipliers"],
-                orders=z["orders"],
+                orders=z["orders"] if z["orders"].size else None,
                 accountant=str(meta.get("accountant", "rdp")),
                 server_sees_participation=bool(meta.get("server_sees_participation", True)),
             )
