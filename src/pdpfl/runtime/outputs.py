@@ -256,6 +256,8 @@ def build_summary(
     accs = [m["accuracy"] for m in metrics if m.get("accuracy") is not None]
     server_state = result.get("server_state") or {}
     unit = config.algorithm.unit
+    # an algorithm may state its own relation (e.g. PriFedSync's replace-one for WOR batches)
+    relation = getattr(config.algorithm, "neighbouring", None)
     summary: dict[str, Any] = {
         "schema": SUMMARY_SCHEMA,
         "name": config.name,
@@ -263,7 +265,7 @@ def build_summary(
         "seed": config.seed,
         "randomness": SECURE_LABEL if config.randomness == "secure" else REPRODUCIBLE_LABEL,
         "privacy_unit": unit,
-        "neighbouring": NEIGHBOURING.get(unit, unit),
+        "neighbouring": relation if isinstance(relation, str) else NEIGHBOURING.get(unit, unit),
         "adversary": config.privacy.adversary,
         "aggregation": aggregation_fields(config),
         "rounds_completed": len(metrics),
