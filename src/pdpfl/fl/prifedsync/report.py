@@ -19,16 +19,26 @@ from pdpfl.fl.prifedsync.silo import PriFedSyncSilo
 __all__ = ["evaluate_models", "federation_report"]
 
 
-def evaluate_models(
-    clients: Mapping[int, PriFedSyncSilo], global_params: Params
-) -> dict[str, float]:
+def _silos(clients: Mapping[int, object]) -> dict[int, PriFedSyncSilo]:
+    """``clients`` (e.g. from ``build_federation_algorithms``) as PriFedSync silos, by id."""
+    out = {}
+    for cid, c in sorted(clients.items()):
+        if not isinstance(c, PriFedSyncSilo):
+            raise TypeError(f"client {cid}: expected a PriFedSync silo, got {type(c).__name__}")
+        out[cid] = c
+    if not out:
+        raise ValueError("clients: expected at least one PriFedSync client")
+    return out
+
+
+def evaluate_models(clients: Mapping[int, object], global_params: Params) -> dict[str, float]:
     """Local models vs the global model on every client's own test split (operator view).
 
     Returns the paper's metric ``local_mean_client_accuracy`` (mean over clients of each local
     model's accuracy), ``global_mean_client_accuracy`` (the global model, same averaging),
     and the pooled (test-record-weighted) accuracies of both.
     """
-    rows = [c.evaluate_pair(global_params) for _, c in sorted(clients.items())]
+    rows = [c.evaluate_pair(global_params) for c in _silos(clients).values()]
     out: dict[str, float] = {}
     for key in ("local", "global"):
         acc = np.array([r[key]["accuracy"] for r in rows if r[key]["n"] > 0])
@@ -39,7 +49,7 @@ def evaluate_models(
     return out
 
 
-def federation_report(clients: Mapping[int, PriFedSyncSilo]) -> dict[str, Any]:
+def federation_report(clients: Mapping[int, object]) -> dict[str, Any]:
     """Per-client and federated privacy numbers (operator view: reads every client's ledger).
 
     ``eps_rigorous`` (the headline, every observer), ``mu_clt`` / ``eps_clt`` (Theorem 2's CLT,
@@ -48,12 +58,11 @@ def federation_report(clients: Mapping[int, PriFedSyncSilo]) -> dict[str, Any]:
     """
     from pdpfl.privacy.gdp import federated_mu, gdp_epsilon
 
-    if not clients:
-        raise ValueError("clients: expected at least one PriFedSync client")
+    silos = _silos(clients)
     per: dict[int, dict[str, Any]] = {}
     mus: list[float] = []
     eps: list[float] = []
-    for cid, c in sorted(clients.items()):
+    for cid, c in silos.items():
         mus.append(c.clt_mu())
         eps.append(c.spent("rigorous"))
         per[cid] = {
@@ -66,7 +75,7 @@ def federation_report(clients: Mapping[int, PriFedSyncSilo]) -> dict[str, Any]:
             "target_epsilon": c.target_epsilon,
             "stopped": c.stopped,
         }
-    any_c = next(iter(clients.values()))
+    any_c = next(iter(silos.values()))
     delta = any_c.mechanism.delta
     weak = federated_mu(mus, "weak")
     strong = federated_mu(mus, "strong")
@@ -79,5 +88,5 @@ def federation_report(clients: Mapping[int, PriFedSyncSilo]) -> dict[str, Any]:
         "clt_mu_strong": strong,
         "clt_eps_weak": float(gdp_epsilon(weak, delta)),
         "clt_eps_strong": float(gdp_epsilon(strong, delta)),
-        "eps_strong_paper_rigorous": max(c.strong_epsilon() for c in clients.values()),
+        "eps_strong_paper_rigorous": max(c.strong_epsilon() for c in silos.values()),
     }
