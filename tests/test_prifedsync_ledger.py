@@ -361,6 +361,7 @@ def _tiny(*overrides: str):
     return config_from_dict(raw, list(overrides))
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore")
 def test_record_ids_key_the_ledgers_and_survive_resume_and_extension(tmp_path) -> None:
     import pdpfl
