@@ -79,7 +79,7 @@ def check_algorithm(name: str, extra: list[str] | None = None) -> None:
         ids = sorted(clients)
         selected = server.select_clients(0, ids)
         round_config = server.round_config(0)
-        public = getattr(server, "public_metrics", frozenset())
+        public: frozenset[str] = getattr(server, "public_metrics", frozenset())
         contributions = []
         for c in selected:
             _watch_charge(name, clients[c])

@@ -76,7 +76,7 @@ class Transport(Protocol):
         """
         ...
 
-    def privacy_summaries(self) -> dict[int, Scalars]:
+    def privacy_summaries(self) -> dict[int, PrivacySummary | None]:
         """The operator's view of each silo's privacy state (aggregates only).
 
         Only meaningful where one operator owns every silo (the in-process simulator). A
