@@ -146,9 +146,12 @@ class Algorithm(AlgorithmConfig):
         """The server and every silo of an in-process federation (setup computed once)."""
         info = federation_info(federation, config)
         setup = self.setup(config, info)
-        server = self.server(config, info, setup, party_randomness(config, "server"))
+        # every party's own randomness first (the server's and each silo's, never shared)
+        parties = ["server", *(f"silo-{i}" for i in range(len(federation.clients)))]
+        rngs = {party: party_randomness(config, party) for party in parties}
+        server = self.server(config, info, setup, rngs["server"])
         clients = {
-            i: self.client(config, i, c, info, setup, party_randomness(config, f"silo-{i}"))
+            i: self.client(config, i, c, info, setup, rngs[f"silo-{i}"])
             for i, c in enumerate(federation.clients)
         }
         return server, clients

@@ -45,10 +45,10 @@ def check_federation(config: ExperimentConfig, federation: Any) -> list[str]:
             f"metrics use the {sum(len(c.y_test) for c in clients)} test records of the "
             f"other {len(clients) - len(no_test)} silo(s)"
         )
+    warnings.extend(_batch_size_warnings(config, clients))
     from pdpfl.data.budget_table import check_budget_file
 
     warnings.extend(check_budget_file(config, federation))
-    warnings.extend(_batch_size_warnings(config, clients))
     return warnings
 
 

@@ -140,7 +140,8 @@ def parameter_names(config: ExperimentConfig, info: FederationInfo) -> list[str]
     """The torch names of the model's trainable parameters, in the order of :data:`Params`."""
     from pdpfl.models import trainable_parameters
 
-    return [name for name, _ in trainable_parameters(silo_model(config, info))]
+    model = silo_model(config, info)
+    return [name for name, _ in trainable_parameters(model)]
 
 
 def initial_params(config: ExperimentConfig, info: FederationInfo) -> Params:

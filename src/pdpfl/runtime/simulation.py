@@ -345,9 +345,8 @@ def _simulate(
         # Extending a finished run: the mechanism stays the one published for T = planned
         # rounds (σ, the calibration); the ledgers charge every extra round and the pre-check
         # stops units before their budget.
-        from pdpfl.config import with_updates
-
-        build = with_updates(config, [f"training.rounds={planned}"])
+        training = config.training.model_copy(update={"rounds": planned})
+        build = config.model_copy(update={"training": training})
         log.warning("extending the run from %d to %d rounds", planned, config.training.rounds)
     run = as_algorithm(build.algorithm).assemble(build, federation)
     settings = replace(LoopSettings.of(run.config), rounds=config.training.rounds,
