@@ -79,8 +79,8 @@ class ToyClient:
         loss = float(np.mean((params[0] - self.target) ** 2))
         return {"loss": loss, "accuracy": 1.0 / (1.0 + loss), "n": 10}
 
-    def privacy_summary(self) -> Scalars:
-        return {"count": 1, "fits": self.fits}
+    def privacy_summary(self) -> None:
+        return None  # the toy accounts no privacy unit (its "ledger" is the fits counter)
 
     def state_dict(self) -> dict[str, Any]:
         return {

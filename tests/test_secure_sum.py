@@ -90,7 +90,7 @@ class ScriptedClient:
         return {"loss": 0.0, "accuracy": 0.0, "n": 0}
 
     def privacy_summary(self):
-        return {}
+        return None
 
     def state_dict(self):
         return {}
