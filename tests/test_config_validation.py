@@ -137,7 +137,8 @@ def test_both_sigma_and_epsilon_max_is_an_error() -> None:
 
 
 def test_uniform_needs_epsilon() -> None:
-    assert any(p.startswith("algorithm.epsilon") for p in _problems({**BASE, "algorithm": {"name": "uniform"}}))
+    problems = _problems({**BASE, "algorithm": {"name": "uniform"}})
+    assert any(p.startswith("algorithm.epsilon") for p in problems)
 
 
 def test_set_overrides_rounds_is_T_and_dotted_keys() -> None:
@@ -193,7 +194,8 @@ def test_examples_validate(name: str) -> None:
 def test_heart_disease_example_has_the_paper_settings() -> None:
     cfg = load_config(EXAMPLES / "heart_disease.yaml")
     assert (cfg.data.dataset, cfg.model.name) == ("heart-disease", "logreg")
-    assert (cfg.training.rounds, cfg.training.local_steps, cfg.training.client_rate) == (15, 50, 1.0)
+    training = cfg.training
+    assert (training.rounds, training.local_steps, training.client_rate) == (15, 50, 1.0)
     assert (cfg.privacy.delta, cfg.privacy.epsilon_max) == (1e-3, 10.0)
     assert cfg.budgets.scenario == "three-levels"
     assert cfg.budgets.params == {"values": [0.1, 1.0, 5.0], "ratios": [0.7, 0.2, 0.1]}

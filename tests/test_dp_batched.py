@@ -32,7 +32,8 @@ def _data(sizes, shape=(1, 8, 8), classes=10, seed=0):
 def test_batched_copies_follow_the_per_copy_loop(spec):
     torch.manual_seed(0)
     model = create_model("mlp", (1, 8, 8), 10)
-    data = _data([3, 17, 40, 9, 1])  # different sizes: copies finish their epochs at different steps
+    # different sizes: copies finish their epochs at different steps
+    data = _data([3, 17, 40, 9, 1])
     a = train_copies(model, data, spec, stream=SeededRandomness(3).stream("shuffle"), group_size=2)
     b = train_copies_loop(model, data, spec, stream=SeededRandomness(3).stream("shuffle"))
     for x, y in zip(a, b, strict=True):
@@ -61,7 +62,9 @@ def test_shuffling_comes_from_the_given_stream():
     model = create_model("logreg", (5,), 3)
     data = _data([30], shape=(5,), classes=3)
     spec = LocalTrainingSpec(epochs=1, batch_size=4, lr=0.5)
-    same = [train_copies(model, data, spec, stream=SeededRandomness(7).stream("s")) for _ in range(2)]
+    same = [
+        train_copies(model, data, spec, stream=SeededRandomness(7).stream("s")) for _ in range(2)
+    ]
     other = train_copies(model, data, spec, stream=SeededRandomness(8).stream("s"))
     torch.testing.assert_close(same[0][0], same[1][0])
     assert not torch.allclose(same[0][0], other[0][0])

@@ -47,7 +47,8 @@ def _example(pixels: np.ndarray, label: int, packed: bool = True) -> bytes:
         float_list = b"".join(_varint(1 << 3 | 5) + struct.pack("<f", v) for v in px)
     lab_list = _ld(1, _varint(label)) if packed else _varint(1 << 3 | 0) + _varint(label)
     feat_px, feat_lab = _ld(2, float_list), _ld(3, lab_list)
-    features = _ld(1, _ld(1, b"label") + _ld(2, feat_lab)) + _ld(1, _ld(1, b"pixels") + _ld(2, feat_px))
+    features = _ld(1, _ld(1, b"label") + _ld(2, feat_lab))
+    features += _ld(1, _ld(1, b"pixels") + _ld(2, feat_px))
     return _ld(1, features)
 
 
@@ -229,8 +230,9 @@ def test_cifar10_clients_on_the_cifar_loader_api(tmp_path, monkeypatch):
     del many_clients
 
 
-@pytest.mark.parametrize("partition, params", [("iid", {}), ("dirichlet", {"beta": 1.0, "min_size": 2}),
-                                                ("shards", {"shards_per_client": 2})])
+@pytest.mark.parametrize("partition, params", [("iid", {}),
+                                               ("dirichlet", {"beta": 1.0, "min_size": 2}),
+                                               ("shards", {"shards_per_client": 2})])
 def test_offline_digits_over_hundreds_of_clients(partition, params):
     fed = load_federation("digits", num_clients=150, partition=partition,
                           partition_params=params, seed=0)

@@ -37,7 +37,9 @@ sigmas = st.floats(min_value=0.3, max_value=8.0)
 CHECK_ORDERS = np.array([2.0, 3.0, 4.0, 6.0, 9.0, 16.0, 24.0, 40.0, 320.0, 512.0])
 
 
-@pytest.mark.parametrize(("gamma", "sigma"), [(16 / 600, 1.0), (0.01, 2.0), (0.3, 0.3), (1e-6, 0.5)])
+@pytest.mark.parametrize(
+    ("gamma", "sigma"), [(16 / 600, 1.0), (0.01, 2.0), (0.3, 0.3), (1e-6, 0.5)]
+)
 def test_theorem9_is_at_least_dp_accounting_theorem27_and_equal_above_256(gamma, sigma) -> None:
     ours = wor_gaussian_rdp(gamma, sigma, CHECK_ORDERS)
     ref = rdp_mod._compute_rdp_sample_wor_gaussian(gamma, sigma, CHECK_ORDERS)

@@ -120,8 +120,10 @@ def test_resume_equals_uninterrupted(tmp_path: Path) -> None:
     b = np.load(tmp_path / "part" / "model.npz")
     for k in a.files:
         np.testing.assert_array_equal(a[k], b[k])
-    strip = [{k: v for k, v in m.items() if k != "seconds"} for m in read_metrics(tmp_path / "full")]
-    strip2 = [{k: v for k, v in m.items() if k != "seconds"} for m in read_metrics(tmp_path / "part")]
+    def metrics_of(run: Path) -> list[dict]:
+        return [{k: v for k, v in m.items() if k != "seconds"} for m in read_metrics(run)]
+
+    strip, strip2 = metrics_of(tmp_path / "full"), metrics_of(tmp_path / "part")
     assert strip == strip2
     for key in ("final_accuracy", "per_group", "over_budget", "participation"):
         assert full[key] == resumed[key]

@@ -118,7 +118,9 @@ def _reference_group_epsilon(k: int) -> float:
     """noise_utils.get_group_privacy_spent of the reference: its order grid includes
     linspace(k+10, 64k, 20), whose first orders are < 2k for k >= 16 (spec D5)."""
     c = int(math.log2(k))
-    orders = np.unique(np.concatenate([2 * k + np.arange(100) / 10, np.linspace(k + 10, 64 * k, 20)]))
+    orders = np.unique(
+        np.concatenate([2 * k + np.arange(100) / 10, np.linspace(k + 10, 64 * k, 20)])
+    )
     eps, _ = rdp_to_epsilon(3**c * _fig2_rdp(orders), orders / k, 1e-5)
     return float(eps[0])
 

@@ -340,7 +340,8 @@ def load_model(
 
     path = Path(run)
     if path.is_dir():
-        path = path / (MODEL_NAME if round is None else f"models/round-{int(round):04d}.safetensors")
+        name = MODEL_NAME if round is None else f"models/round-{int(round):04d}.safetensors"
+        path = path / name
     if not path.is_file():
         raise ValueError(f"model: no model file at {path}")
     tensors, _ = read_model(path)

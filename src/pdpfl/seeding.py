@@ -19,7 +19,8 @@ def _purpose_key(purpose: str) -> int:
 
 
 def seed_sequence(seed: int, purpose: str, *indices: int) -> np.random.SeedSequence:
-    """The SeedSequence for one named stream, e.g. ``seed_sequence(42, "record-sampling", t, i)``."""
+    """The SeedSequence for one named stream, e.g.
+    ``seed_sequence(42, "record-sampling", t, i)``."""
     return np.random.SeedSequence([int(seed), _purpose_key(purpose), *map(int, indices)])
 
 

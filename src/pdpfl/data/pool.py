@@ -105,7 +105,9 @@ def federate(
                              "the user allocation decides each record's silo")
         if isinstance(num_clients, bool) or not isinstance(num_clients, int) or num_clients < 1:
             raise ValueError(f"num_clients must be an integer >= 1, got {num_clients!r}")
-        extra: dict[str, Any] = {"labels": pool.y} if users.get("labels_per_user") is not None else {}
+        extra: dict[str, Any] = {}
+        if users.get("labels_per_user") is not None:
+            extra["labels"] = pool.y
         alloc = assign_users(len(pool.y), num_silos=num_clients,
                              rng=numpy_generator(seed, f"users:{fed_name}"), **users, **extra)
         parts = [np.flatnonzero(alloc.silo_ids == k) for k in range(num_clients)]
@@ -148,7 +150,8 @@ def federate(
             std = np.asarray(pool.channel_stats[1], np.float32).reshape(shape)
             x_tr, x_te = (x_tr - mean) / std, (x_te - mean) / std
         clients.append(ClientData(
-            name=f"client-{k}" if silo_names is None else silo_names[k], x_train=x_tr, y_train=pool.y[tr], x_test=x_te,
+            name=f"client-{k}" if silo_names is None else silo_names[k],
+            x_train=x_tr, y_train=pool.y[tr], x_test=x_te,
             y_test=pool.y[te], record_ids=pool.record_ids[tr],
             user_ids=None if alloc is None else alloc.user_ids[tr],
             test_record_ids=pool.record_ids[te],

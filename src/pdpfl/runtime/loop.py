@@ -107,7 +107,8 @@ def pooled_evaluation(evals: dict[int, Scalars]) -> dict[str, float]:
     that exist (silos with an empty test split are left out)."""
     evals = {c: e for c, e in evals.items() if float(e.get("n", 0)) > 0}
     if not evals:
-        return {"accuracy": float("nan"), "loss": float("nan"), "mean_client_accuracy": float("nan")}
+        nan = float("nan")
+        return {"accuracy": nan, "loss": nan, "mean_client_accuracy": nan}
     n = np.array([float(e.get("n", 0)) for e in evals.values()])
     acc = np.array([float(e["accuracy"]) for e in evals.values()])
     loss = np.array([float(e["loss"]) for e in evals.values()])

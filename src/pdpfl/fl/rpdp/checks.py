@@ -50,7 +50,8 @@ def check_budget_mix(config: ExperimentConfig, clients: list[Any]) -> None:
     raise ValueError(
         f"budgets: the {config.budgets.scenario} mix cannot be kept in silos this small: "
         f"configured {fmt(f'ε={v:g}: {w:.0%}' for v, w in zip(levels, want_share, strict=True))}"
-        f", but the records got {fmt(f'ε={v:g}: {g:.0%}' for v, g in zip(levels, got_share, strict=True))}"
+        ", but the records got "
+        f"{fmt(f'ε={v:g}: {g:.0%}' for v, g in zip(levels, got_share, strict=True))}"
         f" (each of the {len(clients)} silos, holding {min(sizes)}-{max(sizes)} training records, "
         "rounds the shares to whole records); use fewer silos (data.num_clients), a continuous "
         "scenario, or per-record budgets (budgets.file)"
