@@ -603,7 +603,8 @@ class CoordinatorProgress:
                     missing = status.get("missing", [])
                     info = f"{status.get('connected', 0)} connected"
                     if missing:
-                        shown = ", ".join(map(str, missing[:8])) + (" …" if len(missing) > 8 else "")
+                        more = " …" if len(missing) > 8 else ""
+                        shown = ", ".join(map(str, missing[:8])) + more
                         info += f"; waiting for silo(s) {shown}"
                     self._progress.update(
                         self._task, completed=len(status.get("ready", [])), info=info
@@ -705,7 +706,8 @@ def run_flower(
     algorithm = getattr(config, "algorithm", None)
     if algorithm is not None and hooks == DEFAULT_HOOKS and algorithm.simulation_only:
         raise ValueError(
-            f"algorithm.name: {algorithm.name!r} runs only in the simulator; use runtime: simulation"
+            f"algorithm.name: {algorithm.name!r} runs only in the simulator; "
+            "use runtime: simulation"
         )
     spec = load_hooks(hooks)
     num_silos = spec.num_silos(config)
@@ -823,9 +825,15 @@ def _operator_summary(
 
 
 def _collect_ledgers(flower_dir: Path, out: Path, run_key: str, num_silos: int) -> None:
-    """Copy each (local) silo's ledger to ``out/ledgers/client_i.npz`` like the simulator."""
+    """Copy each (local) silo's ledger to ``out/ledgers/client_i.npz`` like the simulator:
+    verified with the silo's key (it is sealed by the silo), sealed again with the operator's
+    (on loopback one operator holds every silo's key)."""
+    from pdpfl.ledger import load_ledger, save_ledger
+
     for i in range(num_silos):
         src = flower_dir / f"silo-{i}" / f"run-{run_key}" / f"ledger-silo-{i}.npz"
         if src.exists():
             (out / "ledgers").mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(src, out / "ledgers" / f"client_{i}.npz")
+            ledger = load_ledger(src, party=f"silo-{i}")
+            save_ledger(ledger, out / "ledgers" / f"client_{i}.npz",
+                        identity=f"flower-run-{run_key}")
