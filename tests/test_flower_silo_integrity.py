@@ -18,6 +18,7 @@ pytest.importorskip("flwr")
 
 from pdpfl.integrity import IntegrityError  # noqa: E402
 from pdpfl.io import encode_state  # noqa: E402
+from pdpfl.runtime.flower.hooks import WARM_ENV  # noqa: E402
 from test_flower_toy import (  # noqa: E402,F401
     FakeGrid,
     serve,
@@ -35,6 +36,9 @@ def _run(tmp_path: Path, monkeypatch: Any) -> tuple[FakeGrid, str, Path]:
     result = serve(grid, out)
     assert result["status"] == "ok", result.get("error")
     run_key = result["run_key"]
+    from pdpfl.runtime.flower.silo import HOST
+
+    HOST.clear()  # the run is over: its silo processes are gone (their locks released)
     return grid, run_key, out / "silo-state" / "silo-1" / f"run-{run_key}"
 
 
@@ -117,3 +121,55 @@ def test_files_of_different_copies_are_not_mixed(tmp_path: Path, monkeypatch: An
     (folder / "releases-silo-1.npz").write_bytes(old_releases)
     with pytest.raises(IntegrityError, match="releases-silo-1.npz: it was written at state gen"):
         _rebuild(grid, run_key)
+
+
+# ------------------------------------------------------------ one process per silo state
+
+
+@pytest.mark.usefixtures("task_identity")
+def test_a_silo_state_folder_in_use_by_another_process_is_refused(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """Two SuperNodes with the same --state-dir: the second one is refused, naming the first;
+    once the first is gone (killed: the kernel drops its lock) the folder is taken over."""
+    import subprocess
+    import sys
+
+    from pdpfl.runtime.lock import FolderLocked
+
+    grid, run_key, folder = _run(tmp_path, monkeypatch)
+    monkeypatch.setenv(WARM_ENV, "1")  # a warm worker: refused at once (no wait)
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys, time; from pdpfl.runtime.lock import folder_lock\n"
+         "with folder_lock(sys.argv[1], option='--state-dir'):\n"
+         "    print('held', flush=True); time.sleep(60)", str(folder)],
+        stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        with pytest.raises(FolderLocked, match=rf"--state-dir: .* in use by pid {holder.pid}"):
+            _rebuild(grid, run_key)
+    finally:
+        holder.kill()
+        holder.wait(10)
+    assert (folder / ".pdpfl.lock").read_text()  # the killed holder's (stale) record is left
+    silo = _rebuild(grid, run_key)  # ... and taken over
+    assert silo.client.fits == 2
+
+
+@pytest.mark.usefixtures("task_identity")
+def test_a_warm_process_holds_the_lock_across_messages(tmp_path: Path, monkeypatch: Any) -> None:
+    from pdpfl.runtime.flower.silo import HOST
+    from pdpfl.runtime.lock import FolderLocked, folder_lock
+
+    grid, run_key, folder = _run(tmp_path, monkeypatch)
+    _rebuild(grid, run_key)
+    # the same process, a second message: served (the lock is per folder, not per message)
+    node_config = grid.node_configs[grid.node_of(1)]
+    assert HOST.silo(grid.run_config, node_config, run_key).client is not None
+    with pytest.raises(FolderLocked), folder_lock(folder):  # anyone else: refused
+        pass
+    HOST.clear()  # the silo leaves memory: its folder is free again
+    with folder_lock(folder):
+        pass

@@ -53,7 +53,7 @@ import os
 import time
 from collections import OrderedDict
 from collections.abc import Mapping
-from contextlib import nullcontext
+from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -84,6 +84,9 @@ MAX_SILOS = 64
 #: Releases a silo remembers (a resumed run re-asks at most the rounds after its checkpoint:
 #: the interrupted round and the one announced with it).
 MAX_RELEASES = 3
+#: Seconds a per-message process waits for the silo's state folder (held by the process of the
+#: silo's previous message); a warm worker never waits.
+PER_MESSAGE_LOCK_WAIT_S = 10.0
 
 
 def release_key(round_index: int, params: list[np.ndarray], config: Mapping[str, Any]) -> str:
@@ -399,10 +402,36 @@ class SiloHost:
     """The silos this process serves, by (state folder, silo, run key).
 
     In a per-message process it holds at most the one silo of the current message.
+
+    While it serves a silo, the process holds the exclusive lock of the silo's state folder
+    (:func:`pdpfl.runtime.lock.folder_lock` on ``<state-dir>/run-<key>``): a warm worker for as
+    long as it keeps the silo in memory (across messages), a per-message process for its one
+    message. A second process serving the same silo state -- two SuperNodes started with the
+    same ``--state-dir`` -- is refused with an error naming the holder (a per-message process
+    first waits up to :data:`PER_MESSAGE_LOCK_WAIT_S` for the one handling the silo's previous
+    message); the kernel releases the lock of a killed process, so a stale lock file never
+    blocks.
     """
 
     def __init__(self) -> None:
         self._silos: OrderedDict[tuple[str, int, str], Silo] = OrderedDict()
+        self._locks: dict[str, ExitStack] = {}
+
+    def _lock(self, folder: Path) -> None:
+        """Hold ``folder``'s lock in this process (once per folder)."""
+        from pdpfl.runtime.lock import folder_lock
+
+        if str(folder) in self._locks:
+            return
+        stack = ExitStack()
+        wait = 0.0 if is_warm() else PER_MESSAGE_LOCK_WAIT_S
+        stack.enter_context(folder_lock(folder, option="--state-dir", wait_s=wait))
+        self._locks[str(folder)] = stack
+
+    def _release_unused(self) -> None:
+        used = {str(s.folder) for s in self._silos.values()}
+        for name in [n for n in self._locks if n not in used]:
+            self._locks.pop(name).close()
 
     def silo(
         self, run_config: Mapping[str, Any], node_config: Mapping[str, Any], run_key: str
@@ -435,14 +464,17 @@ class SiloHost:
                     f"({CONFIG_HASH_KEY}={expected}); this run's config hashes to {got}"
                 )
         folder.mkdir(parents=True, exist_ok=True)
+        self._lock(folder)
         silo = Silo(hooks, config, index, node_config, run_key, folder)
         self._silos[key] = silo
         while len(self._silos) > MAX_SILOS:
             self._silos.popitem(last=False)
+        self._release_unused()
         return silo
 
     def clear(self) -> None:
         self._silos.clear()
+        self._release_unused()
 
 
 #: The silos of this process.
