@@ -178,6 +178,7 @@ def run_command(
 
 def _flower(config: Any, out_dir: Path, resume: bool, *, progress: bool,
             hint: str) -> dict[str, Any]:
+    from pdpfl.errors import TrainingDiverged
     from pdpfl.runtime.flower import (  # lazy: flwr is optional
         FlowerInterrupted,
         FlowerRunError,
@@ -186,6 +187,10 @@ def _flower(config: Any, out_dir: Path, resume: bool, *, progress: bool,
 
     try:
         return run_flower(config, out_dir, resume, progress=progress)
+    except TrainingDiverged as err:  # outputs (completed: false) are written; exit 3
+        typer.echo(f"error: {err}\n  every finished round and every ledger charge is kept in "
+                   f"{out_dir} (summary.json says completed: false)", err=True)
+        raise typer.Exit(code=EXIT_DIVERGED) from None
     except FlowerRunError as err:  # a runtime failure, not bad input: exit 1, no traceback
         typer.echo(f"error: Flower federation failed: {err} (logs in {out_dir / 'flower'})",
                    err=True)

@@ -780,11 +780,32 @@ def run_flower(
             f"see {flower_dir}/flwr-run.log and superlink.log"
         )
     result = json.loads(result_path.read_text())
-    if result.get("status") != "ok":
+    if result.get("status") not in ("ok", "diverged"):
         raise FlowerRunError(f"the Flower run failed: {result.get('error')}")
     _collect_ledgers(flower_dir, out, result.get("run_key", ""), num_silos)
     summary = result.get("summary") or {}
-    return _operator_summary(config, summary, flower_dir, out, result.get("run_key", ""), num_silos)
+    summary = _operator_summary(config, summary, flower_dir, out, result.get("run_key", ""),
+                                num_silos)
+    raise_if_diverged(result, summary)
+    return summary
+
+
+def raise_if_diverged(result: Mapping[str, Any], summary: dict[str, Any]) -> None:
+    """Raise :class:`~pdpfl.errors.TrainingDiverged` for a ServerApp result that says the
+    training diverged (its outputs, ``completed: false``, are written), as the simulator does."""
+    from pdpfl.errors import TrainingDiverged
+
+    if result.get("status") != "diverged":
+        return
+    info = dict(result.get("diverged") or {})
+    silo = info.get("silo")
+    err = TrainingDiverged(
+        str(info.get("cause", "a non-finite model, update or loss")),
+        round_index=int(info.get("round", 0)),
+        silo=None if silo is None else int(silo),
+    )
+    err.result = summary
+    raise err
 
 
 def _silo_summaries(flower_dir: Path, run_key: str, n: int) -> Any:
