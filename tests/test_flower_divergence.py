@@ -152,3 +152,71 @@ def test_pdpfl_run_on_flower_exits_3_when_training_diverges(
     assert result.exit_code == 3, result.output
     assert "training diverged in round 5 at silo 0" in result.output
     assert "Traceback" not in result.output
+
+
+# ------------------------------------------- pdpfl's own algorithms (rPDP-FL), a huge lr
+
+DIVERGING = {
+    "name": "diverge", "seed": 3, "threads": 1, "randomness": "reproducible",
+    "data": {"dataset": "breast-cancer", "num_clients": 3},
+    "model": {"name": "logreg"},
+    "privacy": {"epsilon_max": 5.0, "delta": 1e-3},
+    "training": {"rounds": 3, "local_steps": 2, "lr": 1e38, "max_grad_norm": 1e30,
+                 "batch_size": 8},
+}
+
+
+@pytest.mark.usefixtures("task_identity")
+@pytest.mark.filterwarnings("ignore::pdpfl.randomness.ReproducibleRandomnessWarning")
+def test_rpdp_on_flower_stops_where_the_simulator_stops(tmp_path: Path, monkeypatch: Any) -> None:
+    """The real hooks: the template's NonFiniteError at a silo crosses Flower as 'diverged'."""
+    from pdpfl.config import config_from_dict, config_to_dict
+    from pdpfl.runtime.flower.codec import encode_config
+    from pdpfl.runtime.simulation import run_simulation
+
+    config = config_from_dict(DIVERGING)
+    with pytest.raises(TrainingDiverged) as sim:
+        run_simulation(config, tmp_path / "sim", progress=False)
+    out = tmp_path / "flower"
+    run_config = {
+        "pdpfl-config": encode_config(config_to_dict(config)),
+        "pdpfl-hooks": "pdpfl.runtime.flower.hooks:PDPFL_HOOKS",
+        "pdpfl-out-dir": str(out), "pdpfl-resume": False, "pdpfl-round-timeout": 30.0,
+        "pdpfl-startup-timeout": 30.0, "pdpfl-min-silos": 3,
+    }
+    grid = FakeGrid(run_config, out / "silos", 3, hooks=None, monkeypatch=monkeypatch)
+    with pytest.raises(TrainingDiverged) as flw:
+        serve(grid, out)
+    assert (flw.value.round_index, flw.value.silo) == (sim.value.round_index, sim.value.silo)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["completed"] is False
+    assert summary["diverged"]["round"] == sim.value.round_index
+
+
+@pytest.mark.flower
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore::pdpfl.randomness.ReproducibleRandomnessWarning")
+def test_pdpfl_run_on_a_real_flower_federation_exits_3(tmp_path: Path) -> None:
+    """SuperLink, SuperNodes and the silo worker as processes: exit 3, the round named."""
+    import yaml
+    from typer.testing import CliRunner
+
+    from pdpfl.cli import app
+    from pdpfl.runtime.flower.launcher import flower_binary
+    from pdpfl.runtime.flower.transport import FlowerRunError
+
+    try:
+        for name in ("flower-superlink", "flower-supernode", "flwr"):
+            flower_binary(name)
+    except FlowerRunError as err:  # pragma: no cover - depends on the installation
+        pytest.skip(f"Flower binaries missing: {err}")
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(yaml.safe_dump(DIVERGING))
+    out = tmp_path / "out"
+    res = CliRunner().invoke(app, ["run", str(cfg), "--runtime", "flower", "--out", str(out),
+                                   "--quiet"])
+    assert res.exit_code == 3, res.output
+    assert "training diverged in round 1 at silo" in res.output
+    assert "Traceback" not in res.output
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["completed"] is False and summary["diverged"]["round"] == 0
