@@ -142,7 +142,7 @@ def test_a_silo_state_folder_in_use_by_another_process_is_refused(
     holder = subprocess.Popen(
         [sys.executable, "-c",
          "import sys, time; from pdpfl.runtime.lock import folder_lock\n"
-         "with folder_lock(sys.argv[1], option='--state-dir'):\n"
+         "with folder_lock(sys.argv[1], option='--state-dir', name='.pdpfl-silo-1.lock'):\n"
          "    print('held', flush=True); time.sleep(60)", str(folder)],
         stdout=subprocess.PIPE, text=True,
     )
@@ -153,7 +153,7 @@ def test_a_silo_state_folder_in_use_by_another_process_is_refused(
     finally:
         holder.kill()
         holder.wait(10)
-    assert (folder / ".pdpfl.lock").read_text()  # the killed holder's (stale) record is left
+    assert (folder / ".pdpfl-silo-1.lock").read_text()  # the killed holder's record is left
     silo = _rebuild(grid, run_key)  # ... and taken over
     assert silo.client.fits == 2
 
@@ -168,8 +168,11 @@ def test_a_warm_process_holds_the_lock_across_messages(tmp_path: Path, monkeypat
     # the same process, a second message: served (the lock is per folder, not per message)
     node_config = grid.node_configs[grid.node_of(1)]
     assert HOST.silo(grid.run_config, node_config, run_key).client is not None
-    with pytest.raises(FolderLocked), folder_lock(folder):  # anyone else: refused
+    lock = ".pdpfl-silo-1.lock"
+    with pytest.raises(FolderLocked), folder_lock(folder, name=lock):  # anyone else: refused
         pass
-    HOST.clear()  # the silo leaves memory: its folder is free again
-    with folder_lock(folder):
+    with folder_lock(folder, name=".pdpfl-silo-0.lock"):  # another silo's state: its own lock
+        pass
+    HOST.clear()  # the silo leaves memory: its state is free again
+    with folder_lock(folder, name=lock):
         pass

@@ -42,16 +42,18 @@ def _holder(path: Path) -> str:
 
 @contextlib.contextmanager
 def folder_lock(
-    folder: str | os.PathLike[str], option: str = "--out", *, wait_s: float = 0.0
+    folder: str | os.PathLike[str], option: str = "--out", *, wait_s: float = 0.0,
+    name: str = LOCK_NAME,
 ) -> Iterator[Path]:
     """Hold the folder's exclusive lock for the block (creating the folder if needed).
 
     Raises :class:`FolderLocked` naming ``option`` and the holder when another process has it
-    (still has it after ``wait_s`` seconds).
+    (still has it after ``wait_s`` seconds). ``name``: the lock file, for a lock on one
+    owner's files in a shared folder (a Flower silo's, ``.pdpfl-silo-<i>.lock``).
     """
     path = Path(folder)
     path.mkdir(parents=True, exist_ok=True)
-    lock_path = path / LOCK_NAME
+    lock_path = path / name
     fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         deadline = time.monotonic() + wait_s

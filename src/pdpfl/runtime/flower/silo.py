@@ -403,35 +403,36 @@ class SiloHost:
 
     In a per-message process it holds at most the one silo of the current message.
 
-    While it serves a silo, the process holds the exclusive lock of the silo's state folder
-    (:func:`pdpfl.runtime.lock.folder_lock` on ``<state-dir>/run-<key>``): a warm worker for as
-    long as it keeps the silo in memory (across messages), a per-message process for its one
-    message. A second process serving the same silo state -- two SuperNodes started with the
-    same ``--state-dir`` -- is refused with an error naming the holder (a per-message process
-    first waits up to :data:`PER_MESSAGE_LOCK_WAIT_S` for the one handling the silo's previous
-    message); the kernel releases the lock of a killed process, so a stale lock file never
-    blocks.
+    While it serves a silo, the process holds the exclusive lock of the silo's state in its
+    folder (:func:`pdpfl.runtime.lock.folder_lock`, ``<state-dir>/run-<key>/.pdpfl-silo-<i>.lock``):
+    a warm worker for as long as it keeps the silo in memory (across messages), a per-message
+    process for its one message. A second process serving the same silo state -- two SuperNodes
+    for the same silo started with the same ``--state-dir`` -- is refused with an error naming
+    the holder (a per-message process first waits up to :data:`PER_MESSAGE_LOCK_WAIT_S` for the
+    one handling the silo's previous message); the kernel releases the lock of a killed
+    process, so a stale lock file never blocks.
     """
 
     def __init__(self) -> None:
         self._silos: OrderedDict[tuple[str, int, str], Silo] = OrderedDict()
-        self._locks: dict[str, ExitStack] = {}
+        self._locks: dict[tuple[str, int], ExitStack] = {}
 
-    def _lock(self, folder: Path) -> None:
-        """Hold ``folder``'s lock in this process (once per folder)."""
+    def _lock(self, folder: Path, index: int) -> None:
+        """Hold silo ``index``'s lock in ``folder`` in this process (once)."""
         from pdpfl.runtime.lock import folder_lock
 
-        if str(folder) in self._locks:
+        if (str(folder), index) in self._locks:
             return
         stack = ExitStack()
         wait = 0.0 if is_warm() else PER_MESSAGE_LOCK_WAIT_S
-        stack.enter_context(folder_lock(folder, option="--state-dir", wait_s=wait))
-        self._locks[str(folder)] = stack
+        stack.enter_context(folder_lock(folder, option="--state-dir", wait_s=wait,
+                                        name=f".pdpfl-silo-{index}.lock"))
+        self._locks[(str(folder), index)] = stack
 
     def _release_unused(self) -> None:
-        used = {str(s.folder) for s in self._silos.values()}
-        for name in [n for n in self._locks if n not in used]:
-            self._locks.pop(name).close()
+        used = {(str(s.folder), s.silo) for s in self._silos.values()}
+        for key in [k for k in self._locks if k not in used]:
+            self._locks.pop(key).close()
 
     def silo(
         self, run_config: Mapping[str, Any], node_config: Mapping[str, Any], run_key: str
@@ -464,7 +465,7 @@ class SiloHost:
                     f"({CONFIG_HASH_KEY}={expected}); this run's config hashes to {got}"
                 )
         folder.mkdir(parents=True, exist_ok=True)
-        self._lock(folder)
+        self._lock(folder, index)
         silo = Silo(hooks, config, index, node_config, run_key, folder)
         self._silos[key] = silo
         while len(self._silos) > MAX_SILOS:
