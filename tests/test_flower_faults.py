@@ -120,6 +120,7 @@ def test_dropping_below_t_releases_nothing_and_resume_continues(tmp_path: Path) 
     the run stops at the checkpoint of round 0. ``resume`` restarts every silo (new keys): a
     silo that masked round 1 before declines it, so round 1 is summed only over silos that had
     not, if they reach t; round 2 has every silo."""
+    from pdpfl.integrity import unseal
     from pdpfl.io import decode_state
     from pdpfl.runtime.flower import run_flower
 
@@ -139,7 +140,8 @@ def test_dropping_below_t_releases_nothing_and_resume_continues(tmp_path: Path) 
     def masked(silo: int) -> list[int]:
         path = (out / "flower" / f"silo-{silo}" / f"run-{run_key}"
                 / f"protocol-public-silo-{silo}.npz")
-        return list(decode_state(path.read_bytes())["secure"]["masked"])
+        payload, _ = unseal(path.read_bytes(), purpose="protocol-public", party=f"silo-{silo}")
+        return list(decode_state(payload)["secure"]["masked"])
 
     before = {s: masked(s) for s in range(3)}
     assert before[0] == [0, 1]  # silo 0 masked round 1; its update was never unmasked

@@ -98,7 +98,8 @@ def test_ten_silos_match_the_simulation_and_only_contributions_leave(tmp_path: P
     # One message per silo per round: round 0's evaluation travelled with round 1's training.
     assert counts == {"hello": 10, "fit": 10, "fit+evaluate": 10, "evaluate": 10}
     # The silos were warm: built once, never rebuilt per message.
-    timings = _lines(next((tmp_path / "flower" / "flower").glob("silo-3/run-*/timings-silo-3.jsonl")))
+    timings = _lines(next((tmp_path / "flower" / "flower").glob(
+        "silo-3/run-*/timings-silo-3.jsonl")))
     assert [t["warm"] for t in timings] == [True] * 4
     assert [t["build_s"] > 0 for t in timings] == [True, False, False, False]
     fed = started[0]
@@ -109,6 +110,7 @@ def test_protocol_stages_then_a_killed_supernode(tmp_path: Path) -> None:
     """Separate processes: a two-stage toy protocol (``FlowerTransport.exchange``) runs before
     training; then silo 1's SuperNode is killed after its update was released, before the
     evaluation: the round completes without it and its ledger holds the release."""
+    from pdpfl.integrity import unseal
     from pdpfl.runtime.flower import run_flower
     from pdpfl.runtime.flower.codec import decode_state
     from test_flower_toy import TOY_SPEC, toy_config
@@ -159,7 +161,8 @@ def test_protocol_stages_then_a_killed_supernode(tmp_path: Path) -> None:
 
     def silo_state(i: int) -> dict:
         path = out / "flower" / f"silo-{i}" / f"run-{result['run_key']}" / f"silo-{i}.npz"
-        return decode_state(path.read_bytes())
+        payload, _ = unseal(path.read_bytes(), purpose="silo-state", party=f"silo-{i}")
+        return decode_state(payload)
 
     # Silo 1's own ledger (its state file) holds the update it released before dying.
     assert silo_state(1)["fits"] >= 1

@@ -538,8 +538,11 @@ def _lines(path: Path) -> list[dict[str, Any]]:
 
 
 def _silo_state(out: Path, silo: int, run_key: str) -> dict[str, Any]:
+    from pdpfl.integrity import unseal
+
     path = out / "silo-state" / f"silo-{silo}" / f"run-{run_key}" / f"silo-{silo}.npz"
-    return decode_state(path.read_bytes())
+    payload, _ = unseal(path.read_bytes(), purpose="silo-state", party=f"silo-{silo}")
+    return decode_state(payload)
 
 
 @pytest.mark.parametrize("mode", ["warm", "per-message"])
@@ -574,7 +577,8 @@ def test_apps_reproduce_the_simulation_exactly(
     # selected silo): a separate training exchange only in the first round.
     events = _lines(out / "flower" / "transport.jsonl")
     sent = [e for e in events if "sent" in e]
-    assert [e["round"] for e in sent if e["action"] == "fit"] == [0] * bool(sim_lines[0]["selected"])
+    first_fit = [0] * bool(sim_lines[0]["selected"])
+    assert [e["round"] for e in sent if e["action"] == "fit"] == first_fit
     assert [(e["round"], e["sent"]) for e in sent if e["action"] == "fit+evaluate"] == [
         (m["round"], m["selected"]) for m in sim_lines[1:] if m["selected"]
     ]
@@ -784,8 +788,9 @@ def test_resumed_run_replays_releases_instead_of_charging_twice(
     tmp_path: Path, task_identity: None, monkeypatch: Any, mode: str
 ) -> None:
     """Interrupted after round 2 was trained (its request travelled with round 1's evaluation)
-    but before it was evaluated, the resumed run asks again; the silos answer with the very same releases (nothing charged
-    twice, no new noise), so the result equals an uninterrupted run."""
+    but before it was evaluated, the resumed run asks again; the silos answer with the very
+    same releases (nothing charged twice, no new noise), so the result equals an uninterrupted
+    run."""
     from pdpfl.runtime.flower.silo import HOST
 
     config = toy_config(num_silos=3, rounds=4)

@@ -65,3 +65,28 @@ def test_two_cli_runs_on_one_folder(tmp_path) -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_waiting_lock_gets_the_folder_once_it_is_free(tmp_path) -> None:
+    """``wait_s``: a per-message silo process waits for the one before it (bounded)."""
+    import threading
+
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with folder_lock(tmp_path):
+            held.set()
+            release.wait(10)
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    try:
+        assert held.wait(10)
+        with pytest.raises(FolderLocked, match="in use by"), folder_lock(tmp_path, wait_s=0.2):
+            pass
+        threading.Timer(0.2, release.set).start()
+        with folder_lock(tmp_path, wait_s=10):
+            pass
+    finally:
+        release.set()
+        thread.join(10)

@@ -33,6 +33,12 @@ from pdpfl.config_checks import raw_value_problems
 from pdpfl.registry import Registry
 from pdpfl.safe_yaml import YamlError, load_yaml_file, load_yaml_text
 
+#: Largest public expected batch size B (a larger one divides every noisy sum into nothing:
+#: a run that trains nothing and reports success).
+MAX_BATCH_SIZE = 1e9
+#: Largest hyper-parameter the float32 model can take (a larger one does not convert).
+FLOAT32_MAX = 3.4028234663852886e38
+
 
 class ConfigError(ValueError):
     """Invalid configuration; ``problems`` holds one ``field: message`` string per problem."""
@@ -189,6 +195,33 @@ class ModelConfig(_Section):
             raise ValueError(f"unknown model {value!r}; registered: {', '.join(sorted(MODELS))}")
         return value
 
+    @model_validator(mode="after")
+    def _options_fit_the_builder(self) -> ModelConfig:
+        """``options`` must be keyword arguments the registered builder takes."""
+        import inspect
+
+        from pdpfl.models import MODELS
+
+        builder = MODELS.get(self.name)
+        if builder is None or not self.options:
+            return self
+        try:
+            signature = inspect.signature(builder)
+        except (TypeError, ValueError):  # pragma: no cover - builtins without a signature
+            return self
+        params = list(signature.parameters.values())
+        if any(p.kind is p.VAR_KEYWORD for p in params):
+            return self
+        allowed = [p.name for p in params[2:]
+                   if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        unknown = sorted(set(self.options) - set(allowed))
+        if unknown:
+            raise ValueError(
+                f"options: unknown option(s) {unknown} for model {self.name!r}; "
+                f"allowed: {allowed}"
+            )
+        return self
+
 
 class BudgetsConfig(_Section):
     """Per-record privacy budgets (see :mod:`pdpfl.budgets`, :mod:`pdpfl.data.budget_table`)."""
@@ -218,6 +251,22 @@ class BudgetsConfig(_Section):
 
             file_placeholders(value)
         return value
+
+    @model_validator(mode="after")
+    def _scenario_builds(self) -> BudgetsConfig:
+        """The scenario and its params are checked here (not when the run assigns budgets),
+        so that a bad value is reported as ``budgets: ...`` before anything runs."""
+        if self.file is None:
+            from pdpfl.budgets import make_scenario
+
+            try:
+                make_scenario(self.scenario, **self.params)
+            except (ValueError, TypeError) as exc:
+                text = str(exc)
+                raise ValueError(
+                    text if text.startswith("scenario") else f"params: {text}"
+                ) from None
+        return self
 
 
 class PrivacyConfig(_Section):
@@ -265,6 +314,16 @@ class TrainingConfig(_Section):
     )
     physical_batch_size: int = Field(512, ge=1)
 
+    @field_validator("lr", "weight_decay")
+    @classmethod
+    def _float32(cls, value: float) -> float:
+        if value > FLOAT32_MAX:  # (non-finite values are refused by the loader)
+            raise ValueError(
+                f"must be at most {FLOAT32_MAX:.4g} (the largest float32 the model takes), "
+                f"got {value:g}"
+            )
+        return value
+
     @field_validator("batch_size")
     @classmethod
     def _positive(cls, value: float | list[float] | None) -> float | list[float] | None:
@@ -272,8 +331,10 @@ class TrainingConfig(_Section):
         if isinstance(value, list) and not value:
             raise ValueError("expected a number > 0 or a non-empty list (one per silo)")
         for v in values:
-            if not (v > 0 and v < float("inf")):
-                raise ValueError(f"every batch size must be a finite number > 0, got {v}")
+            if not (v > 0 and v <= MAX_BATCH_SIZE):
+                raise ValueError(
+                    f"every batch size must be a number in (0, {MAX_BATCH_SIZE:.0e}], got {v}"
+                )
         return value
 
     def batch_size_for(self, client_id: int) -> float | None:

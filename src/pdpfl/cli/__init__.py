@@ -7,11 +7,43 @@ naming the offending option (see :func:`pdpfl.cli._common.fail`).
 
 from __future__ import annotations
 
+from typing import Any
+
+import click
 import typer
+from typer.core import TyperGroup
 
 from pdpfl.cli import account, audit, calibrate, compare, data, export, flower, privacy, run
 
+
+def usage_error_line(err: click.UsageError) -> str:
+    """``error: <field>: <message>`` for a usage error found by click (a value outside an
+    option's range, a missing or unknown option), like every other bad input."""
+    param = getattr(err, "param", None)
+    if isinstance(err, click.NoSuchOption):
+        return f"error: {err.option_name}: no such option (see --help)"
+    if param is not None:
+        field = param.opts[0] if getattr(param, "opts", None) else param.name
+        if isinstance(err, click.MissingParameter):
+            return f"error: {field}: required (see --help)"
+        message = err.message if isinstance(err, click.BadParameter) else err.format_message()
+        return f"error: {field}: {message}"
+    return f"error: {err.format_message()}"
+
+
+class _Commands(TyperGroup):
+    """The root command: click's usage errors in pdpfl's one-line format (exit 2)."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except click.UsageError as err:
+            click.echo(usage_error_line(err), err=True)
+            raise click.exceptions.Exit(2) from None
+
+
 app = typer.Typer(
+    cls=_Commands,
     help="pdpfl: cross-silo federated learning with personalized differential privacy.",
     no_args_is_help=True,
     add_completion=False,

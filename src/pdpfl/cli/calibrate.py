@@ -26,6 +26,9 @@ from pdpfl.cli._common import (
     unit_plan_from_options,
 )
 
+#: Largest --n for --scenario (one float64 budget and rate per record are held in memory).
+MAX_RECORDS = 100_000_000
+
 
 def register(app: typer.Typer) -> None:
     """Add ``pdpfl calibrate`` to ``app``."""
@@ -162,6 +165,8 @@ def calibrate_command(
         else:
             if n is None or n < 1:
                 fail("--n: number of records (>= 1) is required with --scenario")
+            if n > MAX_RECORDS:
+                fail(f"--n: at most {MAX_RECORDS:,} records, got {n:,}")
             assert scenario is not None  # exactly one of --budgets / --scenario (checked above)
             eps = assign_budgets(make_scenario(scenario), n, numpy_generator(seed, "budgets"))
     except (ValueError, FileNotFoundError) as exc:

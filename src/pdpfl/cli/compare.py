@@ -185,6 +185,10 @@ def compare_command(
     (default: the config's seed).
     """
     extra = _multi_values(list(ctx.args))
+    for option in ("--methods", "--seeds"):
+        if option in extra and not extra[option]:
+            fail(f"{option}: no value given (e.g. --methods rpdp minimum --seeds 1 2); leave "
+                 "the option out for the default")
     methods = list(dict.fromkeys(extra.get("--methods") or
                                  ["rpdp", "minimum", "dropout", "privacy-free"]))
     try:
@@ -240,8 +244,8 @@ def compare_command(
                 if key not in federations:
                     federations[key] = _load_federation(cfg)
                 run_dir = root / method.replace(":", "-") / f"seed{seed}"
-                summary = _simulate(cfg, run_dir, False, progress=False, federation=federations[key],
-                                    created=True)
+                summary = _simulate(cfg, run_dir, False, progress=False,
+                                    federation=federations[key], created=True)
                 row = run_row(method, seed, summary, cfg.privacy.adversary)
                 rows.append(row)
                 for sink in sinks:
@@ -249,8 +253,8 @@ def compare_command(
                 curves.setdefault(method, []).append(_accuracy_curve(run_dir))
                 if not as_json:
                     typer.echo(
-                        f"{method:>14} seed {seed}: accuracy {fmt_acc(_nan(row['final_accuracy']))} "
-                        f"({row['seconds']:.1f}s)", err=True,
+                        f"{method:>14} seed {seed}: accuracy "
+                        f"{fmt_acc(_nan(row['final_accuracy']))} ({row['seconds']:.1f}s)", err=True,
                     )
         except KeyboardInterrupt:
             where = ", ".join(str(s.path) for s in sinks)
@@ -268,8 +272,8 @@ def compare_command(
 
             print_json(_finite({"methods": table, "runs": rows}))  # ε = ∞ (no DP) becomes null
             return
-        title = f"{base.name}: final test accuracy, seed{'s' if len(seeds) > 1 else ''} " + ", ".join(
-            map(str, seeds))
+        title = (f"{base.name}: final test accuracy, seed{'s' if len(seeds) > 1 else ''} "
+                 + ", ".join(map(str, seeds)))
         from rich.console import Console
 
         console = Console()

@@ -255,6 +255,9 @@ def supernode(
             fail(f"--auth-supernode-private-key: file not found: {auth_key}")
     if data_dir is not None and not data_dir.expanduser().is_dir():
         fail(f"--data-dir: not a folder: {data_dir}")
+    if state_dir.expanduser().exists() and not state_dir.expanduser().is_dir():
+        fail(f"--state-dir: {state_dir} is a file, not a folder (the silo keeps its ledger and "
+             "state files there)")
     state = state_dir.expanduser().resolve()
     node_config: dict[str, object] = {
         PARTITION_ID: silo,
@@ -342,6 +345,8 @@ def _app_for(
     from pdpfl.runtime.flower.hooks import DEFAULT_HOOKS
     from pdpfl.runtime.flower.launcher import default_startup_timeout, write_app
 
+    if out.expanduser().exists() and not out.expanduser().is_dir():
+        fail(f"--out: {out} is a file, not a folder (the run's outputs go there)")
     try:
         config = load_config(config_path, overrides or [])
     except ConfigError as err:

@@ -33,6 +33,9 @@ EXIT_DIVERGED = 3
 def _load(config_path: Path, overrides: list[str] | None, data_dir: str | None):
     from pdpfl.config import ConfigError, load_config
 
+    if data_dir is not None and not Path(data_dir).expanduser().is_dir():
+        what = "is not a folder" if Path(data_dir).expanduser().exists() else "does not exist"
+        fail(f"--data-dir: {data_dir} {what} (give the folder that holds the dataset files)")
     try:
         return load_config(config_path, overrides or [], data_dir=data_dir)
     except ConfigError as err:
@@ -55,6 +58,8 @@ def locked(out_dir: Path, *, created: bool, option: str = "--out") -> Iterator[N
 
     if out_dir.exists() and not out_dir.is_dir():
         fail(f"{option}: {out_dir} exists and is not a folder")
+    lock_file = out_dir / ".pdpfl.lock"
+    had_lock = lock_file.exists()
     lock = folder_lock(out_dir, option=option)
     try:
         lock.__enter__()
@@ -65,6 +70,13 @@ def locked(out_dir: Path, *, created: bool, option: str = "--out") -> Iterator[N
     try:
         yield
     finally:
+        if not created and not had_lock and not any(
+            (out_dir / name).exists() for name in ("metrics.jsonl", "summary.json",
+                                                   "checkpoint.npz", "compare.csv", "audit.json")
+        ):
+            # a refused command leaves no trace in a folder it did not create (the lock file
+            # is removed while still held: a process that opened it meanwhile is refused)
+            lock_file.unlink(missing_ok=True)
         lock.__exit__(None, None, None)
         if created and out_dir.is_dir() and not any(
             p.name != ".pdpfl.lock" for p in out_dir.iterdir()
@@ -178,6 +190,7 @@ def run_command(
 
 def _flower(config: Any, out_dir: Path, resume: bool, *, progress: bool,
             hint: str) -> dict[str, Any]:
+    from pdpfl.errors import TrainingDiverged
     from pdpfl.runtime.flower import (  # lazy: flwr is optional
         FlowerInterrupted,
         FlowerRunError,
@@ -186,6 +199,10 @@ def _flower(config: Any, out_dir: Path, resume: bool, *, progress: bool,
 
     try:
         return run_flower(config, out_dir, resume, progress=progress)
+    except TrainingDiverged as err:  # outputs (completed: false) are written; exit 3
+        typer.echo(f"error: {err}\n  every finished round and every ledger charge is kept in "
+                   f"{out_dir} (summary.json says completed: false)", err=True)
+        raise typer.Exit(code=EXIT_DIVERGED) from None
     except FlowerRunError as err:  # a runtime failure, not bad input: exit 1, no traceback
         typer.echo(f"error: Flower federation failed: {err} (logs in {out_dir / 'flower'})",
                    err=True)

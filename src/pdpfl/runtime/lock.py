@@ -41,23 +41,33 @@ def _holder(path: Path) -> str:
 
 
 @contextlib.contextmanager
-def folder_lock(folder: str | os.PathLike[str], option: str = "--out") -> Iterator[Path]:
+def folder_lock(
+    folder: str | os.PathLike[str], option: str = "--out", *, wait_s: float = 0.0,
+    name: str = LOCK_NAME,
+) -> Iterator[Path]:
     """Hold the folder's exclusive lock for the block (creating the folder if needed).
 
-    Raises :class:`FolderLocked` naming ``option`` and the holder when another process has it.
+    Raises :class:`FolderLocked` naming ``option`` and the holder when another process has it
+    (still has it after ``wait_s`` seconds). ``name``: the lock file, for a lock on one
+    owner's files in a shared folder (a Flower silo's, ``.pdpfl-silo-<i>.lock``).
     """
     path = Path(folder)
     path.mkdir(parents=True, exist_ok=True)
-    lock_path = path / LOCK_NAME
+    lock_path = path / name
     fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise FolderLocked(
-                f"{option}: {path} is in use by {_holder(lock_path)}; wait for it to finish or "
-                "choose another folder"
-            ) from None
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise FolderLocked(
+                        f"{option}: {path} is in use by {_holder(lock_path)}; wait for it to "
+                        "finish or choose another folder"
+                    ) from None
+                time.sleep(0.05)
         stale = os.fstat(fd).st_size > 0
         if stale:
             log.info("took over a stale lock of %s (that process is no longer running)",

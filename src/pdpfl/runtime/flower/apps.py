@@ -53,6 +53,7 @@ from flwr.app import ConfigRecord, Context, Message, MessageType, MetricRecord, 
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
+from pdpfl.errors import TrainingDiverged
 from pdpfl.fl.api import Contribution, PrivacyBoundaryError, check_evaluation
 from pdpfl.io import write_json, write_text
 from pdpfl.runtime.flower.codec import (
@@ -68,6 +69,7 @@ from pdpfl.runtime.flower.hooks import DEFAULT_HOOKS, NUM_PARTITIONS, AppHooks, 
 from pdpfl.runtime.flower.transport import (
     ACTION_HELLO,
     CONTROL,
+    DIVERGED,
     EVALUATE_FIRST,
     MESSAGE_LOG_ENV,
     STAGE,
@@ -114,6 +116,20 @@ def release_key(round_index: int, params: Any, config: Any) -> str:
     from pdpfl.runtime.flower.silo import release_key as key
 
     return key(round_index, params, config)
+
+
+def _diverged(msg: Message, silo: Any, err: TrainingDiverged, action: str, round_index: int,
+              compute_s: float, age: Any, evaluation: MetricRecord | None = None) -> Message:
+    """The reply of a silo whose training diverged: nothing released, only where and why
+    (public: the run stops for everyone), and the evaluation it was asked for with it. Its
+    charges are on its disk first."""
+    silo.save(action, round_index, compute_s, age)
+    records: dict[str, Any] = {
+        DIVERGED: ConfigRecord({"round": int(err.round_index), "cause": str(err.cause)})
+    }
+    if evaluation is not None:
+        records["metrics"] = evaluation
+    return _reply(msg, records)
 
 
 def _silo(msg: Message, context: Context) -> tuple[Any, int, str]:
@@ -185,8 +201,12 @@ def _train(msg: Message, context: Context) -> Message:
     action = "fit-replay"
     if contribution is None:  # a new request (not a resumed run asking again)
         action = "fit"
-        with silo.threads():
-            contribution = client.fit(params, round_index, config)
+        try:
+            with silo.threads():
+                contribution = client.fit(params, round_index, config)
+        except TrainingDiverged as err:  # NonFiniteError: nothing was released
+            return _diverged(msg, silo, err, "fit-diverged", round_index,
+                             time.perf_counter() - t0, age, evaluation)
         if type(contribution) is not Contribution:
             raise PrivacyBoundaryError(
                 f"the silo's algorithm returned a {type(contribution).__name__}, not a Contribution"
@@ -231,10 +251,14 @@ def _stage(msg: Message, context: Context) -> Message:
     names = set(msg.content.keys()) - {CONTROL, STAGE}
     payload = records_to_payload(names, msg.content)
     t0 = time.perf_counter()
-    with silo.threads():
-        out = handle_silo_stage(
-            protocol, name, payload, round_index, SiloContext(client, silo.silo, silo.memory)
-        )
+    try:
+        with silo.threads():
+            out = handle_silo_stage(
+                protocol, name, payload, round_index, SiloContext(client, silo.silo, silo.memory)
+            )
+    except TrainingDiverged as err:  # a stage that trains: nothing was released
+        return _diverged(msg, silo, err, f"stage:{protocol}/{name}-diverged", round_index,
+                         time.perf_counter() - t0, age)
     compute_s = time.perf_counter() - t0
     if not isinstance(out, dict):
         raise TypeError(
@@ -418,6 +442,7 @@ def _main(grid: Grid, context: Context) -> None:
     flower_dir.mkdir(parents=True, exist_ok=True)
     status = Status(flower_dir / STATUS_FILE)
     t0 = time.perf_counter()
+    diverged: TrainingDiverged | None = None
     try:
         status.update(phase="starting", pid=os.getpid())
         hooks, config = _experiment(run_config)
@@ -444,12 +469,19 @@ def _main(grid: Grid, context: Context) -> None:
         )
         rounds = int(getattr(getattr(config, "training", None), "rounds", 0))
         reporter = RoundReporter(status, rounds, transport)
-        result = hooks.run(config, server, transport, out_dir, resume, on_round=reporter)
+        try:
+            result = hooks.run(config, server, transport, out_dir, resume, on_round=reporter)
+        except TrainingDiverged as err:  # the round loop kept every finished round
+            if err.result is None:
+                raise
+            diverged, result = err, err.result
         summary = hooks.finish(config, result, out_dir)
         write_json(
             flower_dir / RESULT_FILE,
             {
-                "status": "ok",
+                "status": "ok" if diverged is None else "diverged",
+                **({} if diverged is None else {"error": str(diverged),
+                                                "diverged": diverged.to_dict()}),
                 "run_key": run_key,
                 "silo_nodes": {str(s): str(n) for s, n in sorted(silo_nodes.items())},
                 "lost": {str(s): why for s, why in sorted(transport.lost.items())},
@@ -459,8 +491,14 @@ def _main(grid: Grid, context: Context) -> None:
                 "summary": _finite(summary),
             },
         )
+        if diverged is not None:  # the outputs (completed: false) are written; now say it loudly
+            status.update(phase="diverged", error=str(diverged))
+            _log(f"error: {diverged}")
+            raise diverged
         status.update(phase="done")
     except BaseException as err:  # report every failure to the launcher, then let Flower see it
+        if err is diverged:
+            raise
         write_json(
             flower_dir / RESULT_FILE,
             {

@@ -247,21 +247,27 @@ def _run(
     resume: bool,
     on_round: Any = None,
 ):
+    from pdpfl.errors import TrainingDiverged
     from pdpfl.fl.aggregation import protocol_from_config
     from pdpfl.runtime.loop import run_federation
 
-    result = run_federation(
-        config,
-        server,
-        transport,
-        out_dir,
-        resume=resume,
-        progress=False,
-        on_round=on_round,
-        # the simulator's choice exactly: secure summation with its participation mode and
-        # parameters, or ULDP-FL's private weighting (algorithm.weights: private)
-        protocol=protocol_from_config(config),
-    )
+    try:
+        result = run_federation(
+            config,
+            server,
+            transport,
+            out_dir,
+            resume=resume,
+            progress=False,
+            on_round=on_round,
+            # the simulator's choice exactly: secure summation with its participation mode and
+            # parameters, or ULDP-FL's private weighting (algorithm.weights: private)
+            protocol=protocol_from_config(config),
+        )
+    except TrainingDiverged as err:  # the partial run's outputs include the server's ledger
+        if err.result is not None:
+            err.result["server"] = server
+        raise
     result["server"] = server  # its own ledger (ULDP-FL's users) is written by _finish
     return result
 

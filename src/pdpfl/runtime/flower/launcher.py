@@ -603,7 +603,8 @@ class CoordinatorProgress:
                     missing = status.get("missing", [])
                     info = f"{status.get('connected', 0)} connected"
                     if missing:
-                        shown = ", ".join(map(str, missing[:8])) + (" …" if len(missing) > 8 else "")
+                        more = " …" if len(missing) > 8 else ""
+                        shown = ", ".join(map(str, missing[:8])) + more
                         info += f"; waiting for silo(s) {shown}"
                     self._progress.update(
                         self._task, completed=len(status.get("ready", [])), info=info
@@ -705,7 +706,8 @@ def run_flower(
     algorithm = getattr(config, "algorithm", None)
     if algorithm is not None and hooks == DEFAULT_HOOKS and algorithm.simulation_only:
         raise ValueError(
-            f"algorithm.name: {algorithm.name!r} runs only in the simulator; use runtime: simulation"
+            f"algorithm.name: {algorithm.name!r} runs only in the simulator; "
+            "use runtime: simulation"
         )
     spec = load_hooks(hooks)
     num_silos = spec.num_silos(config)
@@ -778,11 +780,32 @@ def run_flower(
             f"see {flower_dir}/flwr-run.log and superlink.log"
         )
     result = json.loads(result_path.read_text())
-    if result.get("status") != "ok":
+    if result.get("status") not in ("ok", "diverged"):
         raise FlowerRunError(f"the Flower run failed: {result.get('error')}")
     _collect_ledgers(flower_dir, out, result.get("run_key", ""), num_silos)
     summary = result.get("summary") or {}
-    return _operator_summary(config, summary, flower_dir, out, result.get("run_key", ""), num_silos)
+    summary = _operator_summary(config, summary, flower_dir, out, result.get("run_key", ""),
+                                num_silos)
+    raise_if_diverged(result, summary)
+    return summary
+
+
+def raise_if_diverged(result: Mapping[str, Any], summary: dict[str, Any]) -> None:
+    """Raise :class:`~pdpfl.errors.TrainingDiverged` for a ServerApp result that says the
+    training diverged (its outputs, ``completed: false``, are written), as the simulator does."""
+    from pdpfl.errors import TrainingDiverged
+
+    if result.get("status") != "diverged":
+        return
+    info = dict(result.get("diverged") or {})
+    silo = info.get("silo")
+    err = TrainingDiverged(
+        str(info.get("cause", "a non-finite model, update or loss")),
+        round_index=int(info.get("round", 0)),
+        silo=None if silo is None else int(silo),
+    )
+    err.result = summary
+    raise err
 
 
 def _silo_summaries(flower_dir: Path, run_key: str, n: int) -> Any:
@@ -823,9 +846,15 @@ def _operator_summary(
 
 
 def _collect_ledgers(flower_dir: Path, out: Path, run_key: str, num_silos: int) -> None:
-    """Copy each (local) silo's ledger to ``out/ledgers/client_i.npz`` like the simulator."""
+    """Copy each (local) silo's ledger to ``out/ledgers/client_i.npz`` like the simulator:
+    verified with the silo's key (it is sealed by the silo), sealed again with the operator's
+    (on loopback one operator holds every silo's key)."""
+    from pdpfl.ledger import load_ledger, save_ledger
+
     for i in range(num_silos):
         src = flower_dir / f"silo-{i}" / f"run-{run_key}" / f"ledger-silo-{i}.npz"
         if src.exists():
             (out / "ledgers").mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(src, out / "ledgers" / f"client_{i}.npz")
+            ledger = load_ledger(src, party=f"silo-{i}")
+            save_ledger(ledger, out / "ledgers" / f"client_{i}.npz",
+                        identity=f"flower-run-{run_key}")

@@ -31,16 +31,29 @@ Protocol memory
   (``protocol-public-silo-<i>.npz``).
 * Any other protocol memory is written to disk only in the per-message mode (a fresh process
   has no other place to keep it): ``protocol-memory-silo-<i>.npz``.
+
+Integrity of the state folder
+-----------------------------
+Every state file (``silo-<i>.npz``, ``ledger-silo-<i>.npz``, ``releases-silo-<i>.npz``, the
+protocol memory files) is sealed (:mod:`pdpfl.integrity`) with the *silo's own* key (party
+``silo-<i>`` in the silo's ``$PDPFL_KEY_DIR``, never sent anywhere) over the run key, the silo
+and the state's *generation* (a counter raised by every write). A process that rebuilds the
+silo verifies each file: an edited, truncated or unsealed file, a file of another run or silo,
+or files of different generations mixed together are refused with an error naming the file.
+The silo's high-water mark (:func:`pdpfl.integrity.record_progress`) holds the last generation
+written: a state folder rolled back to an older copy (or deleted) is refused too, so a
+resumed silo never forgets a charge.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
 from collections import OrderedDict
 from collections.abc import Mapping
-from contextlib import nullcontext
+from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,6 +62,7 @@ import numpy as np
 
 from pdpfl.fl.aggregation import PUBLIC_MEMORY, holds_secrets
 from pdpfl.fl.api import ClientAlgorithm, PrivacyBoundaryError
+from pdpfl.integrity import IntegrityError, check_progress, record_progress, seal, unseal
 from pdpfl.io import decode_state, encode_state, write_bytes, write_json
 from pdpfl.runtime.flower.codec import decode_config
 from pdpfl.runtime.flower.hooks import (
@@ -70,12 +84,13 @@ MAX_SILOS = 64
 #: Releases a silo remembers (a resumed run re-asks at most the rounds after its checkpoint:
 #: the interrupted round and the one announced with it).
 MAX_RELEASES = 3
+#: Seconds a per-message process waits for the silo's state folder (held by the process of the
+#: silo's previous message); a warm worker never waits.
+PER_MESSAGE_LOCK_WAIT_S = 10.0
 
 
 def release_key(round_index: int, params: list[np.ndarray], config: Mapping[str, Any]) -> str:
     """What identifies a training request: round, global parameters (bytes), round config."""
-    import hashlib
-
     h = hashlib.sha256(f"{int(round_index)}|".encode())
     for p in params:
         a = np.ascontiguousarray(p)
@@ -154,6 +169,8 @@ class Silo:
     releases: list[dict[str, Any]] = field(default_factory=list)
     messages: int = 0
     build_s: float = 0.0
+    #: How many times this silo's state was written (sealed into every state file).
+    generation: int = 0
 
     @property
     def state_path(self) -> Path:
@@ -205,6 +222,84 @@ class Silo:
     def has_state(self) -> bool:
         return self.state_path.exists()
 
+    # ------------------------------------------------------------- sealed state files
+
+    @property
+    def party(self) -> str:
+        """Whose key seals this silo's state: the silo's own (``silo-<i>``)."""
+        return f"silo-{self.silo}"
+
+    @property
+    def identity(self) -> str:
+        return f"flower-run-{self.run_key}/silo-{self.silo}"
+
+    @property
+    def mark_id(self) -> str:
+        """The silo's high-water mark name (alphanumeric, per run and silo)."""
+        return hashlib.sha256(self.identity.encode()).hexdigest()[:32]
+
+    def _seal(self, payload: bytes, purpose: str) -> bytes:
+        return seal(payload, purpose=purpose, identity=f"{self.identity}@{self.generation}",
+                    party=self.party)
+
+    def _unseal(self, path: Path, purpose: str, generation: int | None) -> tuple[bytes, int]:
+        """The payload of a sealed state file and its generation (IntegrityError otherwise).
+
+        With ``generation`` (the state file's), the file must be of that generation or of the
+        one before (a crash between the state file and the others, see :meth:`_persist`).
+        """
+        what = f"silo {self.silo} state file {path}"
+        payload, found = unseal(path.read_bytes(), purpose=purpose, party=self.party, what=what)
+        base, _, gen = found.rpartition("@")
+        if base != self.identity or not gen.isdigit():
+            raise IntegrityError(f"{what}: it belongs to another run or silo ({found})")
+        if generation is not None and int(gen) not in (generation, generation - 1):
+            raise IntegrityError(
+                f"{what}: it was written at state generation {gen}, the silo's state file at "
+                f"{generation}: files of different copies of the state folder were mixed"
+            )
+        return payload, int(gen)
+
+    def _load_state(self, client: ClientAlgorithm) -> None:
+        """Verify and load every state file of the silo (see "Integrity" above)."""
+        mark = check_progress(self.mark_id, None, self.party)
+        if not self.state_path.exists():
+            if mark > 0:
+                raise IntegrityError(
+                    f"silo {self.silo}: its state file {self.state_path} is missing, but this "
+                    f"silo already wrote its state {mark} time(s) for run {self.run_key}: the "
+                    "state folder was deleted or replaced; refusing to restart its ledger"
+                )
+            return
+        try:
+            payload, gen = self._unseal(self.state_path, "silo-state", None)
+            if gen < mark:
+                raise IntegrityError(
+                    f"silo {self.silo} state file {self.state_path}: it is at generation "
+                    f"{gen} but this silo already wrote generation {mark}: an older copy of "
+                    "the state folder was put back (its ledger would forget charges)"
+                )
+            self.generation = gen
+            client.load_state_dict(decode_state(payload))
+            ledger = self.folder / f"ledger-silo-{self.silo}.npz"
+            if ledger.exists():
+                self._unseal(ledger, "ledger", gen)
+            if not is_warm() and self.memory_path.exists():
+                data, _ = self._unseal(self.memory_path, "protocol-memory", gen)
+                self.memory = decode_memory(data)
+            if self.public_memory_path.exists():
+                data, _ = self._unseal(self.public_memory_path, "protocol-public", gen)
+                self.memory[PUBLIC_MEMORY] = decode_memory(data)
+            if self.releases_path.exists():
+                data, _ = self._unseal(self.releases_path, "releases", gen)
+                self.releases = list(decode_state(data))
+        except IntegrityError:
+            raise
+        except (ValueError, KeyError, TypeError, OSError) as err:  # sealed but unreadable
+            raise IntegrityError(
+                f"silo {self.silo}: a state file in {self.folder} does not decode ({err})"
+            ) from None
+
     def threads(self) -> Any:
         """Torch's thread count while this silo computes (``config.threads``)."""
         threads = getattr(self.config, "threads", None)
@@ -226,14 +321,7 @@ class Silo:
         t0 = time.perf_counter()
         public = json.loads(public_json)
         client = self.hooks.build_client(self.config, self.silo, self.node_config, public)
-        if self.state_path.exists():
-            client.load_state_dict(decode_state(self.state_path.read_bytes()))
-        if not is_warm() and self.memory_path.exists():
-            self.memory = decode_memory(self.memory_path.read_bytes())
-        if self.public_memory_path.exists():
-            self.memory[PUBLIC_MEMORY] = decode_memory(self.public_memory_path.read_bytes())
-        if self.releases_path.exists():
-            self.releases = list(decode_state(self.releases_path.read_bytes()))
+        self._load_state(client)
         self.client, self.public_json = client, public_json
         self.build_s = time.perf_counter() - t0
         return client
@@ -277,10 +365,17 @@ class Silo:
         from pdpfl.ledger import PrivacyLedger, PrivacySummary, save_ledger
         from pdpfl.runtime.loop import _finite
 
-        write_bytes(self.state_path, encode_state(client.state_dict()))
+        # Every state file is rewritten under the new generation (no file of an older write
+        # can be mixed in): the state file (the silo's counters and ledger) first -- a crash
+        # before the others are written leaves them one generation behind, which can only make
+        # the silo recompute (and charge) a release again -- then the high-water mark.
+        self.generation += 1
+        ident = f"{self.identity}@{self.generation}"
+        write_bytes(self.state_path, self._seal(encode_state(client.state_dict()), "silo-state"))
         ledger = getattr(client, "ledger", None)
         if isinstance(ledger, PrivacyLedger):
-            save_ledger(ledger, self.folder / f"ledger-silo-{self.silo}.npz")
+            save_ledger(ledger, self.folder / f"ledger-silo-{self.silo}.npz", identity=ident,
+                        party=self.party)
         # The silo's own privacy report: stays on this disk (never in a reply).
         report = client.privacy_summary()
         if isinstance(report, PrivacySummary):
@@ -288,26 +383,56 @@ class Silo:
         if report is not None:
             write_json(self.folder / f"privacy-summary-silo-{self.silo}.json", _finite(report))
         public = self.memory.get(PUBLIC_MEMORY)
-        if public:
-            write_bytes(self.public_memory_path, encode_memory(public))
+        if public or self.public_memory_path.exists():
+            write_bytes(self.public_memory_path,
+                        self._seal(encode_memory(public or {}), "protocol-public"))
         if not is_warm():
             storable = {
                 k: v for k, v in self.memory.items() if k != PUBLIC_MEMORY and not holds_secrets(k)
             }
-            if storable:
-                write_bytes(self.memory_path, encode_memory(storable))
-        if self.releases:
-            write_bytes(self.releases_path, encode_state(self.releases))
+            if storable or self.memory_path.exists():
+                write_bytes(self.memory_path, self._seal(encode_memory(storable),
+                                                         "protocol-memory"))
+        if self.releases or self.releases_path.exists():
+            write_bytes(self.releases_path, self._seal(encode_state(self.releases), "releases"))
+        record_progress(self.mark_id, self.generation, self.party)
 
 
 class SiloHost:
     """The silos this process serves, by (state folder, silo, run key).
 
     In a per-message process it holds at most the one silo of the current message.
+
+    While it serves a silo, the process holds the exclusive lock of the silo's state in its
+    folder (:func:`pdpfl.runtime.lock.folder_lock`, ``<state-dir>/run-<key>/.pdpfl-silo-<i>.lock``):
+    a warm worker for as long as it keeps the silo in memory (across messages), a per-message
+    process for its one message. A second process serving the same silo state -- two SuperNodes
+    for the same silo started with the same ``--state-dir`` -- is refused with an error naming
+    the holder (a per-message process first waits up to :data:`PER_MESSAGE_LOCK_WAIT_S` for the
+    one handling the silo's previous message); the kernel releases the lock of a killed
+    process, so a stale lock file never blocks.
     """
 
     def __init__(self) -> None:
         self._silos: OrderedDict[tuple[str, int, str], Silo] = OrderedDict()
+        self._locks: dict[tuple[str, int], ExitStack] = {}
+
+    def _lock(self, folder: Path, index: int) -> None:
+        """Hold silo ``index``'s lock in ``folder`` in this process (once)."""
+        from pdpfl.runtime.lock import folder_lock
+
+        if (str(folder), index) in self._locks:
+            return
+        stack = ExitStack()
+        wait = 0.0 if is_warm() else PER_MESSAGE_LOCK_WAIT_S
+        stack.enter_context(folder_lock(folder, option="--state-dir", wait_s=wait,
+                                        name=f".pdpfl-silo-{index}.lock"))
+        self._locks[(str(folder), index)] = stack
+
+    def _release_unused(self) -> None:
+        used = {(str(s.folder), s.silo) for s in self._silos.values()}
+        for key in [k for k in self._locks if k not in used]:
+            self._locks.pop(key).close()
 
     def silo(
         self, run_config: Mapping[str, Any], node_config: Mapping[str, Any], run_key: str
@@ -340,14 +465,17 @@ class SiloHost:
                     f"({CONFIG_HASH_KEY}={expected}); this run's config hashes to {got}"
                 )
         folder.mkdir(parents=True, exist_ok=True)
+        self._lock(folder, index)
         silo = Silo(hooks, config, index, node_config, run_key, folder)
         self._silos[key] = silo
         while len(self._silos) > MAX_SILOS:
             self._silos.popitem(last=False)
+        self._release_unused()
         return silo
 
     def clear(self) -> None:
         self._silos.clear()
+        self._release_unused()
 
 
 #: The silos of this process.

@@ -57,6 +57,9 @@ from pdpfl.runtime.flower.codec import (
 
 #: Control fields of every pdpfl message (a ConfigRecord under this key).
 CONTROL = "pdpfl"
+#: The record of a silo's reply saying that its training diverged (``round``, ``cause``):
+#: nothing was released, the run stops (:class:`pdpfl.errors.TrainingDiverged`).
+DIVERGED = "diverged"
 #: The (protocol, stage) names of a protocol-stage message (a ConfigRecord under this key).
 STAGE = "stage"
 ACTION_HELLO = "hello"
@@ -245,6 +248,11 @@ class FlowerTransport:
                     self.lost[silo] = (
                         f"round {pending.round} {pending.action}: error {reply.error.reason}"
                     )
+                elif (DIVERGED in reply.content.config_records
+                      and pending.action != ACTION_FIT_EVALUATE):
+                    # (an announced training's divergence is raised when its round collects it)
+                    self._diverged(pending.round, pending.action, silo,
+                                   reply.content.config_records[DIVERGED])
                 else:
                     received[silo] = reply.content
                     self._record_message(pending.action, silo, reply.content)
@@ -277,6 +285,17 @@ class FlowerTransport:
                 + "; ".join(f"silo {s}: {why}" for s, why in sorted(self.lost.items()))
             )
         return received
+
+    def _diverged(self, round_index: int, action: str, silo: int, record: Any) -> None:
+        """A silo's training diverged: stop the run (as the simulator does), naming it."""
+        from pdpfl.errors import TrainingDiverged
+
+        self._log({"round": round_index, "action": action, "diverged": silo})
+        raise TrainingDiverged(
+            str(record.get("cause", "its update is not finite")),
+            round_index=int(record.get("round", round_index)),
+            silo=silo,
+        )
 
     def _exchange(
         self,
@@ -359,6 +378,8 @@ class FlowerTransport:
         for silo in selected:  # the order of `selected`, as in the simulator
             if silo in replies and silo not in self.lost:
                 rd = replies[silo]
+                if DIVERGED in rd.config_records:  # an announced training that diverged
+                    self._diverged(round_index, ACTION_FIT, silo, rd.config_records[DIVERGED])
                 contributions.append(records_to_contribution(set(rd.keys()), rd))
         return contributions
 
@@ -438,14 +459,14 @@ class FlowerTransport:
                             f"{sorted(EVALUATION_RECORDS)}"
                         )
                 else:
-                    if names != EVALUATION_RECORDS | CONTRIBUTION_RECORDS:
+                    # its training's answer: a contribution, or that the training diverged
+                    kept = {DIVERGED} if DIVERGED in names else CONTRIBUTION_RECORDS
+                    if names != EVALUATION_RECORDS | kept:
                         raise PrivacyBoundaryError(
                             f"silo {silo}'s training + evaluation reply carries {sorted(names)}; "
                             f"allowed: {sorted(EVALUATION_RECORDS | CONTRIBUTION_RECORDS)}"
                         )
-                    contribution = RecordDict(
-                        {name: rd[name] for name in sorted(CONTRIBUTION_RECORDS)}
-                    )
+                    contribution = RecordDict({name: rd[name] for name in sorted(kept)})
                     prefetch.replies[silo] = contribution  # type: ignore[union-attr]
                 out[silo] = self._evaluation_metrics(silo, rd)
         return {silo: out[silo] for silo in client_ids if silo in out}
