@@ -50,8 +50,8 @@ from torch import Tensor, nn
 
 from pdpfl.dp.bookkeeping import Workspace
 from pdpfl.dp.device import math_device, resolve_device
-from pdpfl.dp.grad_sample import ClippedSum, _clipped_grad_sum, hooked_modules, resolve_method
 from pdpfl.dp.extra_rows import ExtraRows
+from pdpfl.dp.grad_sample import ClippedSum, _clipped_grad_sum, hooked_modules, resolve_method
 from pdpfl.dp.steps import check_normalizer, poisson_sample
 from pdpfl.dp.training import evaluate, make_optimizer, move_to_device
 from pdpfl.dp.validate import replace_batchnorm, validate_model

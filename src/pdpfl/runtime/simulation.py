@@ -21,8 +21,8 @@ from typing import Any
 
 from pdpfl.config import ExperimentConfig
 from pdpfl.errors import TrainingDiverged
-from pdpfl.ledger import PrivacySummary
 from pdpfl.fl.api import ClientAlgorithm, Contribution, Params, Scalars
+from pdpfl.ledger import PrivacySummary
 
 log = logging.getLogger(__name__)
 
