@@ -214,7 +214,7 @@ def test_secure_aggregation_is_refused_in_per_message_mode(tmp_path: Path, monke
     """A per-message silo process would have to write the round's keys to disk between stages:
     the silo refuses the protocol with the fix in the error, and nothing secret is stored."""
     from pdpfl.config import config_to_dict
-    from pdpfl.runtime.flower.apps import encode_config
+    from pdpfl.runtime.flower.codec import encode_config
 
     out = tmp_path / "flower"
     run_config = {

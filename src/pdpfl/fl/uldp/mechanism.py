@@ -58,8 +58,9 @@ class UldpSetup(PublicSetup):
         σ (0 for DEFAULT).
     noise_std
         The std of each silo's Gaussian noise per release: σκC√|S| (NAIVE, Alg. 1 line 14;
-        κ = 2 rigorous, 1 paper), σC/√|S| (AVG/SGD, Alg. 3 line 17), σC per DP-SGD step
-        (GROUP), 0 (DEFAULT).
+        κ = 2 rigorous, 1 paper), σC/√t (AVG/SGD: a share sized for the t survivors every
+        released sum holds, :class:`UserLevelSetup`; Alg. 3 line 17 has σC/√|S|, which a
+        dropout leaves short), σC per DP-SGD step (GROUP), 0 (DEFAULT).
     delta, rounds, max_grad_norm, local_epochs, local_steps
         δ, T, C, Q and τ.
     """
@@ -102,11 +103,17 @@ class UserLevelSetup(UldpSetup):
     user_sampling
         The server samples users each round (``user_rate`` or personal budgets) and sends the
         round's user mask in the round configuration.
+    survivors
+        t: the fewest noise shares any released sum holds (``pdpfl.fl.aggregation.
+        share_threshold`` of the |S| silos asked; 0 = |S|). Each silo's share has variance
+        σ²C²/t (``noise_std`` = σC/√t), so every admissible set of survivors carries at least
+        the σ²C² the ledger charges (issue #22); the full round carries |S|/t times it.
     """
 
     weights: str = "uniform"
     user_totals: tuple[int, ...] | None = None
     user_sampling: bool = False
+    survivors: int = 0
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -118,6 +125,11 @@ class UserLevelSetup(UldpSetup):
         if self.weights == "enhanced" and self.user_totals is None:
             raise ValueError("weights: enhanced weights need the published user_totals N_u")
         object.__setattr__(self, "user_sampling", bool(self.user_sampling))
+        t = self.survivors
+        if isinstance(t, bool) or int(t) != t or not 0 <= int(t) <= self.num_silos:
+            raise ValueError(f"setup: survivors must be an integer in [0, {self.num_silos}], "
+                             f"got {t!r}")
+        object.__setattr__(self, "survivors", int(t) or self.num_silos)
 
 
 @dataclass(frozen=True)

@@ -362,11 +362,17 @@ class NaiveServer(LedgerServer):
 class SamplingServer(LedgerServer):
     """ULDP-AVG/SGD (Algorithms 3-4, Theorem 5): user sub-sampling, divisor |S|·Σ_u q_u.
 
+    Its silos add noise *shares* (σ²C²/t each): ``distributed_noise`` makes plain summation
+    refuse a round with fewer than t contributions (no aggregate; the model is kept).
+
     Parameters (beyond :class:`LedgerServer`'s)
     -------------------------------------------
     personal
         The budgets are the users' own (personal budgets): pre-check every round.
     """
+
+    #: Each silo adds a share σ²C²/t of the noise (pdpfl.fl.aggregation.share_threshold).
+    distributed_noise: ClassVar[bool] = True
 
     def __init__(self, initial_params: Params, setup: UldpSetup, *, personal: bool,
                  **kwargs: Any) -> None:

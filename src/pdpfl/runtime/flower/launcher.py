@@ -603,7 +603,8 @@ class CoordinatorProgress:
                     missing = status.get("missing", [])
                     info = f"{status.get('connected', 0)} connected"
                     if missing:
-                        shown = ", ".join(map(str, missing[:8])) + (" …" if len(missing) > 8 else "")
+                        shown = ", ".join(map(str, missing[:8]))
+                        shown += " …" if len(missing) > 8 else ""
                         info += f"; waiting for silo(s) {shown}"
                     self._progress.update(
                         self._task, completed=len(status.get("ready", [])), info=info
@@ -705,8 +706,10 @@ def run_flower(
     algorithm = getattr(config, "algorithm", None)
     if algorithm is not None and hooks == DEFAULT_HOOKS and algorithm.simulation_only:
         raise ValueError(
-            f"algorithm.name: {algorithm.name!r} runs only in the simulator; use runtime: simulation"
+            f"algorithm.name: {algorithm.name!r} runs only in the simulator; use runtime: "
+            "simulation"
         )
+    check_mode(config, mode)
     spec = load_hooks(hooks)
     num_silos = spec.num_silos(config)
     if startup_timeout_s is None:
@@ -783,6 +786,24 @@ def run_flower(
     _collect_ledgers(flower_dir, out, result.get("run_key", ""), num_silos)
     summary = result.get("summary") or {}
     return _operator_summary(config, summary, flower_dir, out, result.get("run_key", ""), num_silos)
+
+
+def check_mode(config: Any, mode: str) -> None:
+    """Refuse, before any process starts, ``mode="per-message"`` with a summation protocol whose
+    silo side keeps secrets between its stages (keys, mask seeds, Shamir shares: secure summation,
+    private weighting): a fresh process per message would have to write them to disk."""
+    if mode != "per-message":
+        return
+    from pdpfl.fl.aggregation import holds_secrets, protocol_from_config
+
+    name = protocol_from_config(config).name
+    if holds_secrets(name):
+        raise ValueError(
+            f"mode: per-message starts a fresh silo process for every message, so the {name!r} "
+            "protocol's keys and mask seeds would have to be written to the silos' disks "
+            "between its stages; use --mode warm (the default: the pdpfl silo worker keeps them "
+            "in memory) or aggregation: plain"
+        )
 
 
 def _silo_summaries(flower_dir: Path, run_key: str, n: int) -> Any:
