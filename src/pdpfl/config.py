@@ -109,6 +109,11 @@ ALGORITHMS: Registry[type[AlgorithmConfig]] = Registry("algorithm.name", BUILTIN
 METHODS: Registry[MethodSpec] = Registry("--methods", BUILTIN_ALGORITHMS)
 
 
+def _name_override(name: str) -> Callable[[str | None], list[str]]:
+    """The ``pdpfl compare`` overrides that select algorithm ``name``."""
+    return lambda _arg: [f"algorithm.name={name}"]
+
+
 def register_algorithm_config(cls: type[AlgorithmConfig], *, replace: bool = False
                               ) -> type[AlgorithmConfig]:
     """Register an algorithm's config class (and a ``compare`` method of the same name)."""
@@ -122,7 +127,7 @@ def register_algorithm_config(cls: type[AlgorithmConfig], *, replace: bool = Fal
     if not METHODS.registered(str(name)) or replace:
         METHODS.register(
             str(name),
-            MethodSpec(str(name), lambda _arg, n=str(name): [f"algorithm.name={n}"], cls.summary),
+            MethodSpec(str(name), _name_override(str(name)), cls.summary),
             replace=True,
         )
     return cls
@@ -160,7 +165,7 @@ class DataConfig(_Section):
         "by silo size under DP); by default sizes never leave a silo",
     )
     public_user_histograms: bool = Field(
-        False,
+        default=False,
         description="declare every silo's per-user record counts n_{s,u} public (ULDP-FL "
         "enhanced weights and GROUP-k flags under plain aggregation need them): they are then "
         "disclosed to the server and, through the weights, to the silos",

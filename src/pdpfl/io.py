@@ -55,7 +55,7 @@ def save_npy(path: str | os.PathLike[str], array: np.ndarray) -> None:
 
 def save_npz(path: str | os.PathLike[str], **arrays: np.ndarray) -> None:
     buf = io.BytesIO()
-    np.savez(buf, **{k: np.asarray(v) for k, v in arrays.items()})
+    np.savez(buf, **{k: np.asarray(v) for k, v in arrays.items()})  # type: ignore[arg-type]
     write_bytes(path, buf.getvalue())
 
 
@@ -91,7 +91,8 @@ def encode_state(state: Any) -> bytes:
 
     skeleton = json.dumps(walk(state)).encode("utf-8")
     buf = io.BytesIO()
-    np.savez(buf, __skeleton__=np.frombuffer(skeleton, dtype=np.uint8), **arrays)
+    arrays["__skeleton__"] = np.frombuffer(skeleton, dtype=np.uint8)
+    np.savez(buf, **arrays)  # type: ignore[arg-type]  # numpy stubs: **kwds
     return buf.getvalue()
 
 

@@ -59,7 +59,7 @@ def multi_value_command(*options: str) -> type:
     from typer.core import TyperCommand
 
     class _MultiValueCommand(TyperCommand):
-        def parse_args(self, ctx, args):  # type: ignore[no-untyped-def]
+        def parse_args(self, ctx, args):
             return super().parse_args(ctx, expand_multi_value(list(args), options))
 
     return _MultiValueCommand

@@ -21,6 +21,7 @@ import os
 import shutil
 import sqlite3
 import struct
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -61,12 +62,13 @@ def _varint(buf: bytes, pos: int) -> tuple[int, int]:
             raise ValueError("varint too long")
 
 
-def _fields(buf: bytes):
+def _fields(buf: bytes) -> Iterator[tuple[int, int, Any]]:
     """(field number, wire type, value) of a protobuf message; value is bytes or int."""
     pos, end = 0, len(buf)
     while pos < end:
         key, pos = _varint(buf, pos)
         number, wire = key >> 3, key & 7
+        value: Any
         if wire == 0:
             value, pos = _varint(buf, pos)
         elif wire == 2:

@@ -105,7 +105,7 @@ def federate(
                              "the user allocation decides each record's silo")
         if isinstance(num_clients, bool) or not isinstance(num_clients, int) or num_clients < 1:
             raise ValueError(f"num_clients must be an integer >= 1, got {num_clients!r}")
-        extra = {"labels": pool.y} if users.get("labels_per_user") is not None else {}
+        extra: dict[str, Any] = {"labels": pool.y} if users.get("labels_per_user") is not None else {}
         alloc = assign_users(len(pool.y), num_silos=num_clients,
                              rng=numpy_generator(seed, f"users:{fed_name}"), **users, **extra)
         parts = [np.flatnonzero(alloc.silo_ids == k) for k in range(num_clients)]
@@ -124,6 +124,8 @@ def federate(
         parts = [np.flatnonzero(pool.silos == key) for key in keys]
         silo_names = [str(key) for key in keys]
     else:
+        if num_clients is None:
+            raise ValueError("num_clients: required when the data has no silo column")
         parts = partition_indices(pool.y, num_clients, partition, partition_params,
                                   rng=numpy_generator(seed, f"partition:{fed_name}"))
     splits = []

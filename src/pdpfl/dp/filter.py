@@ -73,8 +73,9 @@ def squared_norm_budgets(
         raise ValueError("noise_multiplier and max_grad_norm must be > 0")
     rho = eps - math.log(1 / delta) / (alpha - 1)
     if np.any(~np.isfinite(rho)) or np.any(rho <= 0):
+        floor = math.log(1 / delta) / (alpha - 1)
         raise ValueError(
-            f"epsilons: every budget must exceed log(1/δ)/(α−1) = {math.log(1 / delta) / (alpha - 1):.4g}"
+            f"epsilons: every budget must exceed log(1/δ)/(α−1) = {floor:.4g}"
             " at this alpha; increase alpha or the budgets"
         )
     return 2 * noise_multiplier**2 * max_grad_norm**2 * rho / alpha

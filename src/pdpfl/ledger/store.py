@@ -100,7 +100,7 @@ def save_ledger(
     for obs, counts in ledger.counts.items():
         arrays[counter_key(obs)] = counts
     buf = io.BytesIO()
-    np.savez(buf, **arrays)
+    np.savez(buf, **arrays)  # type: ignore[arg-type]  # numpy stubs: **kwds
     data = buf.getvalue()
     if identity is not None:
         data = seal(data, purpose="ledger", identity=identity, party=party)

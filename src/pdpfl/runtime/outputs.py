@@ -244,6 +244,8 @@ def build_summary(
     accs = [m["accuracy"] for m in metrics if m.get("accuracy") is not None]
     server_state = result.get("server_state") or {}
     unit = config.algorithm.unit
+    # an algorithm may state its own relation (e.g. PriFedSync's replace-one for WOR batches)
+    relation = getattr(config.algorithm, "neighbouring", None)
     summary: dict[str, Any] = {
         "schema": SUMMARY_SCHEMA,
         "name": config.name,
@@ -251,7 +253,7 @@ def build_summary(
         "seed": config.seed,
         "randomness": SECURE_LABEL if config.randomness == "secure" else REPRODUCIBLE_LABEL,
         "privacy_unit": unit,
-        "neighbouring": NEIGHBOURING.get(unit, unit),
+        "neighbouring": relation if isinstance(relation, str) else NEIGHBOURING.get(unit, unit),
         "adversary": config.privacy.adversary,
         "aggregation": summary_fields(config),
         "rounds_completed": len(metrics),
@@ -308,8 +310,6 @@ def write_outputs(
         ledger = getattr(holder, "ledger", None)
         if isinstance(ledger, PrivacyLedger):
             save_ledger(ledger, out / "ledgers" / f"{name}.npz", identity=result.get("run_id"))
-        elif ledger is not None and callable(getattr(ledger, "save", None)):
-            ledger.save(out / "ledgers" / f"{name}.npz")  # a first-release algorithm's own
     summary = _finite(summary)  # what is returned is what is on disk: NaN/inf become None
     write_model(out / MODEL_NAME, result["params"], parameter_names, model_metadata(summary))
     if plots:

@@ -21,6 +21,7 @@ from typing import Any
 
 from pdpfl.config import ExperimentConfig
 from pdpfl.errors import TrainingDiverged
+from pdpfl.ledger import PrivacySummary
 from pdpfl.fl.api import ClientAlgorithm, Contribution, Params, Scalars
 
 log = logging.getLogger(__name__)
@@ -106,7 +107,7 @@ class InProcessTransport:
                 out[c] = metrics
         return out
 
-    def privacy_summaries(self) -> dict[int, Scalars]:
+    def privacy_summaries(self) -> dict[int, PrivacySummary | None]:
         return {c: client.privacy_summary() for c, client in self.clients.items()}
 
     def client_states(self) -> dict[int, dict]:

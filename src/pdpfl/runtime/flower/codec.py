@@ -44,7 +44,7 @@ _METRIC_PREFIX = "metric."
 
 def contribution_to_records(contribution: Contribution) -> dict[str, Any]:
     """Encode exactly the fields of a :class:`Contribution` (no other field can travel)."""
-    values: dict[str, float] = {_WEIGHT: float(contribution.weight)}
+    values: dict[str, int | float | list[int] | list[float]] = {_WEIGHT: float(contribution.weight)}
     for key, value in contribution.metrics.items():
         values[_METRIC_PREFIX + str(key)] = float(value)
     return {"update": params_to_record(contribution.update), "contribution": MetricRecord(values)}
@@ -103,7 +103,7 @@ def config_to_scalars(record: ConfigRecord) -> Scalars:
 
 def scalars_to_records(values: Scalars) -> tuple[MetricRecord, ConfigRecord]:
     """Split metrics: finite numbers into a MetricRecord, the rest into a ConfigRecord."""
-    numeric: dict[str, int | float] = {}
+    numeric: dict[str, int | float | list[int] | list[float]] = {}
     rest: Scalars = {}
     for key, raw in values.items():
         value = _plain(raw)

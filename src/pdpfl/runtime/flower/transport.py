@@ -42,6 +42,7 @@ import numpy as np
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 
 from pdpfl.fl.api import Contribution, Params, PrivacyBoundaryError, Scalars
+from pdpfl.ledger import PrivacySummary
 from pdpfl.runtime.flower.codec import (
     CONTRIBUTION_RECORDS,
     EVALUATION_METRICS,
@@ -479,7 +480,7 @@ class FlowerTransport:
         )
         return {silo: records_to_payload(set(rd.keys()), rd) for silo, rd in replies.items()}
 
-    def privacy_summaries(self) -> dict[int, Scalars]:
+    def privacy_summaries(self) -> dict[int, PrivacySummary | None]:
         """Nothing: in a deployment each silo's privacy summary stays at the silo."""
         return {}
 

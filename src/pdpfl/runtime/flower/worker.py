@@ -176,7 +176,7 @@ class Worker:
         # Not Flower's default HTTP retry policy, which signals SIGINT to its own process on
         # an HTTP 401 (a task token that expired): one failed task must not stop the worker.
         retry = RetryInvoker(
-            wait_gen_factory=lambda: exponential(max_delay=2.0),
+            wait_gen_factory=lambda: exponential(max_delay=2),
             recoverable_exceptions=httpx.TransportError,
             max_tries=5,
             max_time=15.0,
