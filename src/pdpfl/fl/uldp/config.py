@@ -97,6 +97,17 @@ class UldpConfig(Algorithm):
         None, gt=0, le=1, description="q: user-level Poisson sub-sampling (Alg. 4, AVG/SGD); "
         "None = every user every round"
     )
+    subsampling: Literal["server", "private"] = Field(
+        "server", description="AVG/SGD with user_rate: who draws the user sample -- the server "
+        "(Alg. 4; it learns who was sampled and is accounted without amplification) or private "
+        "(Sec. 4.1: 1-out-of-P oblivious transfer of Paillier-encrypted weights; needs weights: "
+        "private and user_rate a multiple of 1/ot_items; the server is accounted like a third "
+        "party)",
+    )
+    ot_items: int = Field(
+        10, ge=2, le=1000, description="P: items per user of the private sub-sampling's "
+        "oblivious transfer (q must be a multiple of 1/P; server cost linear in P·|U|)",
+    )
     personal_budgets: bool = Field(
         False, description="AVG/SGD: each user's own ε_u (the budgets section, drawn over "
         "users) enforced through per-user sampling rates q_u and the server's user ledger"
@@ -152,6 +163,10 @@ class UldpConfig(Algorithm):
                 f"{what} need every silo's per-user record counts, which plain aggregation "
                 "discloses to the server; set data.public_user_histograms: true to accept that "
                 "(or use uniform weights / group_flags: split with an integer group_k)"
+            )
+        if self.subsampling == "private" and not isinstance(self, UserLevelConfig):
+            problems.append(
+                f"algorithm.subsampling: private is for uldp-avg / uldp-sgd, not {self.name!r}"
             )
         if not self.private:
             return problems
@@ -224,6 +239,23 @@ class UldpConfig(Algorithm):
             momentum=tr.momentum, weight_decay=tr.weight_decay, optimizer=tr.optimizer,
             physical_batch_size=tr.physical_batch_size,
         )
+
+
+def private_subsampling_problems(algo: UldpConfig) -> list[str]:
+    """``algorithm.subsampling: private`` (Sec. 4.1): private weights, one uniform q = k/P."""
+    if algo.user_rate is None or algo.personal_budgets:
+        return ["algorithm.subsampling: private needs one user_rate q (personal budgets draw "
+                "per-user rates the oblivious transfer cannot carry); set algorithm.user_rate"]
+    if algo.weights != "private":
+        return ["algorithm.subsampling: private hides the sample inside the private weighting "
+                f"protocol; set algorithm.weights: private (got {algo.weights!r})"]
+    p, q = int(algo.ot_items), float(algo.user_rate)
+    k = round(q * p)
+    if k < 1 or abs(q * p - k) > 1e-9:
+        return [f"algorithm.user_rate: with subsampling: private, q must be a multiple of 1/P "
+                f"= 1/{p} (algorithm.ot_items) in [1/{p}, 1], got {q!r}; e.g. "
+                f"{max(1, min(p, k)) / p:g}"]
+    return []
 
 
 @register_algorithm
@@ -366,6 +398,8 @@ class UserLevelConfig(UldpConfig):
                 "algorithm.user_rate: with personal_budgets each user's rate q_u comes from its "
                 "budget; leave user_rate unset"
             ]
+        if self.subsampling == "private":
+            return private_subsampling_problems(self)
         return []
 
     def observer_noise(self, sigma: float, num_silos: int, survivors: int = 0
@@ -395,9 +429,11 @@ class UserLevelConfig(UldpConfig):
                                   "algorithm.weights: enhanced weights")
             enhanced_weights(hist)  # validates Σ_s w_(s,u) ≤ 1
             totals = tuple(int(v) for v in hist.sum(axis=0))
+        private = self.subsampling == "private"
         return UserLevelSetup(
             **setup_fields(config, info, users, sigma, std), weights=self.weights,
-            user_totals=totals, user_sampling=self.samples_users, survivors=survivors,
+            user_totals=totals, user_sampling=self.samples_users and not private,
+            survivors=survivors, ot_items=self.ot_items if private else 0,
         )
 
     def server(self, config: ExperimentConfig, info: FederationInfo, setup: PublicSetup,

@@ -108,12 +108,18 @@ class UserLevelSetup(UldpSetup):
         share_threshold`` of the |S| silos asked; 0 = |S|). Each silo's share has variance
         σ²C²/t (``noise_std`` = σC/√t), so every admissible set of survivors carries at least
         the σ²C² the ledger charges (issue #22); the full round carries |S|/t times it.
+    ot_items
+        P > 0: private user-level sub-sampling (Sec. 4.1; ``algorithm.subsampling: private``):
+        the server sends no user mask, a silo picks each user's weight ciphertext by 1-out-of-P
+        oblivious transfer (q·P of the P encrypt the weight), and the server, which never learns
+        the choice, is accounted like a third party. 0: the server samples (Algorithm 4).
     """
 
     weights: str = "uniform"
     user_totals: tuple[int, ...] | None = None
     user_sampling: bool = False
     survivors: int = 0
+    ot_items: int = 0
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -130,6 +136,11 @@ class UserLevelSetup(UldpSetup):
             raise ValueError(f"setup: survivors must be an integer in [0, {self.num_silos}], "
                              f"got {t!r}")
         object.__setattr__(self, "survivors", int(t) or self.num_silos)
+        p = self.ot_items
+        if isinstance(p, bool) or int(p) != p or int(p) < 0 or (p and self.weights != "private"):
+            raise ValueError(f"setup: ot_items must be 0, or P >= 2 with private weights, got "
+                             f"{p!r}")
+        object.__setattr__(self, "ot_items", int(p))
 
 
 @dataclass(frozen=True)
@@ -238,8 +249,11 @@ def user_budgets(config: ExperimentConfig) -> np.ndarray:
 
 
 def user_plan(setup: UldpSetup, third_party: float, server: float) -> UserLevelPlan:
-    """The :class:`~pdpfl.privacy.uldp.UserLevelPlan` of the server's user-level ledger."""
-    return UserLevelPlan(float(third_party), float(server), setup.delta, setup.rounds)
+    """The :class:`~pdpfl.privacy.uldp.UserLevelPlan` of the server's user-level ledger (the
+    server charged like a third party when the sampling is hidden from it: ``ot_items``)."""
+    hidden = int(getattr(setup, "ot_items", 0)) > 0
+    return UserLevelPlan(float(third_party), float(server), setup.delta, setup.rounds,
+                         hidden_sampling=hidden)
 
 
 def user_rates(budgets: np.ndarray, plan: UserLevelPlan, *, allow_exclusion: bool

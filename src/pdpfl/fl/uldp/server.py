@@ -380,6 +380,12 @@ class SamplingServer(LedgerServer):
         self.personal = bool(personal)
         self.enforces_budgets = self.personal
         self.samples_users = bool(getattr(setup, "user_sampling", False))
+        p = int(getattr(setup, "ot_items", 0))
+        #: (k, P) with private sub-sampling (Sec. 4.1): k = q·P of the P items a silo obtains
+        #: by oblivious transfer carry the user's weight; the server draws no coins, sends no
+        #: user mask and never learns the sample (None: Algorithm 4 at the server).
+        self.private_sampling: tuple[int, int] | None = (
+            (round(float(self.rates[0]) * p), p) if p else None)
         total_rate = float(self.rates.sum())
         if total_rate <= 0:
             raise ValueError("budgets: no user can be sampled (every q_u = 0)")
