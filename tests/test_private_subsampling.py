@@ -288,6 +288,7 @@ def test_the_server_is_charged_like_a_third_party() -> None:
     rounds; with the server drawing the coins it is charged plain Gaussian rounds instead."""
     _, server, _ = _build()
     assert server.plan.hidden_sampling and server.plan.charged_on("server") == "active"
+    assert server.plan.with_noise(3.0).hidden_sampling  # calibration keeps the rule
     for t in range(3):
         server.round_users(t)  # charged write-ahead, before any silo is asked
     q_eps = user_epsilon(2.0, 1e-5, 3, 0.5)
@@ -311,3 +312,39 @@ def test_the_configuration_is_checked(overrides: list[str], match: str) -> None:
         config_from_dict(BASE, overrides)
     algo: Any = config_from_dict(BASE, ["algorithm.user_rate=0.75"]).algorithm
     assert algo.user_rate == 0.75
+
+
+def test_the_cli_refuses_a_rate_off_the_grid_with_exit_2(tmp_path) -> None:
+    """``pdpfl run``: ``error: algorithm.user_rate: ...`` naming P, exit 2, nothing written."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from pdpfl.cli import app
+
+    cfg = tmp_path / "c.json"
+    cfg.write_text(json.dumps(BASE))
+    out = tmp_path / "out"
+    res = CliRunner().invoke(app, ["run", str(cfg), "--out", str(out), "--quiet",
+                                   "--set", "algorithm.user_rate=0.3"])
+    assert res.exit_code == 2, res.output
+    assert "error: algorithm.user_rate:" in res.output and "1/4" in res.output
+    assert "Traceback" not in res.output
+    assert not out.exists()
+
+
+@pytest.mark.slow
+def test_end_to_end_run_with_3072_bit_keys(tmp_path) -> None:
+    """A simulated run: both observers' ε is the Poisson(q)-subsampled one of the rounds."""
+    import json
+
+    from pdpfl.runtime.simulation import run_simulation
+
+    config = config_from_dict(BASE, ["secure.workers=1", "secure.n_max=600", "rounds=2"])
+    run_simulation(config, tmp_path / "run")
+    saved = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert saved["completed"] and saved["rounds_completed"] == 2
+    assert saved["aggregation"]["protocol"] == "private-weighting"
+    q_eps = user_epsilon(2.0, 1e-5, 2, 0.5)
+    assert saved["eps_spent_max"]["third_party"] == pytest.approx(q_eps, rel=1e-6)
+    assert saved["eps_spent_max"]["server"] == pytest.approx(q_eps, rel=1e-6)
