@@ -348,3 +348,34 @@ def test_end_to_end_run_with_3072_bit_keys(tmp_path) -> None:
     q_eps = user_epsilon(2.0, 1e-5, 2, 0.5)
     assert saved["eps_spent_max"]["third_party"] == pytest.approx(q_eps, rel=1e-6)
     assert saved["eps_spent_max"]["server"] == pytest.approx(q_eps, rel=1e-6)
+
+
+@pytest.mark.parametrize("stage", ["weights-ot", "weights"])
+def test_a_silo_lost_while_weights_are_prepared_has_its_users_taken_over(
+    stage: str, monkeypatch
+) -> None:
+    """Silo 2 does not answer ``stage``: its users go to silos 0 and 1 in a second attempt
+    (with a fresh transfer under private sub-sampling; ``weights`` also covers the plain
+    protocol), the verification masks run over the silos left, and the round is released by
+    the two survivors (t(3) = 2). Before, the second attempt overwrote the first one's shares
+    and the check masks still counted silo 2: the install failed."""
+    rec = Recorder(monkeypatch)
+    extra = [] if stage == "weights-ot" else ["algorithm.subsampling=server"]
+    _, server, clients = _build(*extra)
+
+    class Dropping(InProcessTransport):
+        def exchange(self, protocol, name, requests, round_index):
+            if name == stage:
+                requests = {c: r for c, r in requests.items() if c != 2}
+            return super().exchange(protocol, name, requests, round_index)
+
+    protocol = PrivateWeightedSum(**WEAK, record_view=True)
+    params = server.initial_params()
+    agg = protocol.collect(Dropping(clients), sorted(clients), params, 0,
+                           dict(server.round_config(0)), server)
+    assert agg.count == 2 and protocol.participants == [0, 1]
+    answered = {c for name, c, _ in protocol.view if name == stage}
+    assert answered == {0, 1}
+    if stage == "weights-ot":
+        chosen = [u for per_silo in rec.choices for u in per_silo]
+        assert sorted(chosen) == list(range(12))  # every user transferred once, by 0 and 1

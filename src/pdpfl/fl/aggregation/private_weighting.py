@@ -340,8 +340,9 @@ class PrivateWeightedSum:
                      for u in range(self.num_users)]
         pending = list(range(self.num_users))
         silos = list(self.participants)
-        assignment: dict[int, list[int]] = {}
-        shares: dict[int, bytes] = {}
+        # (silo, its users, its sealed X_u) per answer: a silo that took over a lost silo's
+        # users in a later attempt answers more than once.
+        answers: list[tuple[int, list[int], bytes]] = []
         while pending:
             if not silos:
                 raise RuntimeError("private weighting: no silo left to compute the weight shares")
@@ -355,18 +356,18 @@ class PrivateWeightedSum:
             replies = self._exchange(transport, "weights", requests, t, required=False)
             for c in silos:
                 if c in replies:
-                    assignment[c], shares[c] = ask[c], replies[c].get("shares", b"")
+                    answers.append((c, ask[c], replies[c].get("shares", b"")))
             pending = sorted(u for c in silos if c not in replies for u in ask[c])
             silos = [c for c in silos if c in replies]
-        senders = sorted(assignment)
         install: Payload = {**self._base(), "epoch": epoch,
-                            "senders": np.asarray(senders, dtype=np.int64),
+                            "participants": np.asarray(silos, dtype=np.int64),
+                            "senders": np.asarray([c for c, _, _ in answers], dtype=np.int64),
                             "coordinates": int(d),
                             "reuse": 1 if sampled is not None or private is not None
                             else self.expected_rounds}
-        for c in senders:
-            install[f"shares.{c}"] = shares[c]
-            install[f"assign.{c}"] = np.asarray(assignment[c], dtype=np.int64)
+        for i, (_, users, blob_i) in enumerate(answers):
+            install[f"shares.{i}"] = blob_i
+            install[f"assign.{i}"] = np.asarray(users, dtype=np.int64)
         replies = self._exchange(transport, "install", {c: install for c in silos}, t,
                                  required=False)
         self.participants = [c for c in silos if c in replies]

@@ -314,13 +314,17 @@ def _install(ctx: SiloContext, payload: Payload) -> Payload:
     state = _state(ctx, payload)
     started = time.perf_counter()
     epoch = int(payload["epoch"])
-    senders = _ids(payload, "senders")
+    senders = np.asarray(payload.get("senders"))
+    if senders.ndim != 1 or senders.dtype.kind not in "iu":
+        raise IntegrityError("private weighting: field 'senders' must be an int array")
     x: list[mpz | None] = [None] * state.num_users
     assert state.group_key is not None
-    for s in senders:
-        assign = _ids(payload, f"assign.{s}")
+    # part i: the users assign.i whose X_u silo senders[i] sealed in shares.i (a silo that took
+    # over a lost silo's users sends more than one part)
+    for i, s in enumerate(int(v) for v in senders.tolist()):
+        assign = _ids(payload, f"assign.{i}")
         plain = open_sealed(
-            state.group_key, payload.get(f"shares.{s}", b""),
+            state.group_key, payload.get(f"shares.{i}", b""),
             state.ctx("share", epoch, s, digest(*assign)), what=f"weight shares of silo {s}",
         )
         values = state.pk.ciphertexts_from_bytes(plain, len(assign), what="weight shares")
@@ -353,7 +357,11 @@ def _install(ctx: SiloContext, payload: Payload) -> Payload:
         dtype=np.int64,
     ).reshape(users.size, _CHECKS)
     products = state.multiexp.products(t) if users.size else [mpz(1)] * _CHECKS
-    masks = state.pair_masks(state.ctx("check", epoch), state.participants, _CHECKS)
+    # the silos still answering (a silo lost in ``weights`` is left out), within the setup's
+    checking = _ids(payload, "participants") if "participants" in payload else state.participants
+    if ctx.silo_id not in checking or not set(checking) <= set(state.participants):
+        raise IntegrityError("private weighting: install for participants outside the setup")
+    masks = state.pair_masks(state.ctx("check", epoch), checking, _CHECKS)
     n = state.pk.n
     checks = []
     div = int(state.divisor)
