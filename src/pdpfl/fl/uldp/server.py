@@ -290,7 +290,9 @@ class LedgerServer(UldpServer):
 
         Active: not excluded and -- with personal budgets -- passing the pre-check against
         ``privacy.adversary``; taking part: active and its Bernoulli(q_u) coin came up (every
-        active user without sub-sampling). The ledger is charged here, once per round, before
+        active user without sub-sampling, and with private sub-sampling, whose coins the
+        silos draw by oblivious transfer: the server does not know them, and its plan charges
+        both observers on ``active``). The ledger is charged here, once per round, before
         the round's configuration reaches any silo.
         """
         t = int(round_index)
