@@ -77,7 +77,7 @@ def _aggregate_seconds(updates: list[list[np.ndarray]], params) -> float:
         clip_factors=(1.0,), noise_multiplier=0.9, value_noise_multiplier=0.95,
         count_noise_std=0.05 * len(updates), denominator=float(len(updates)),
         clipping="adaptive", initial_clip=0.1, target_quantile=0.5, clip_lr=0.2, server_lr=1.0,
-        asked_per_round=0, tolerated_dropouts=0, local=idp.LocalTraining(epochs=1, batch_size=128),
+        asked_per_round=0, survivors=0, local=idp.LocalTraining(epochs=1, batch_size=128),
         rate_fractions="realized", observers=("third-party",),
     )
     from pdpfl.fl.api import Aggregate, Contribution

@@ -3,8 +3,9 @@
 For every (d parameters, |U| users, |S| silos) of the grid, with Paillier keys of ``--bits``
 bits (3072 by default), it measures in the same run:
 
-* **pdpfl** (``pdpfl.fl.aggregation.private_weighting``: gmpy2, per-setup work done once, shared X_u,
-  Straus multi-exponentiation with short signed exponents, CRT, ``--workers`` processes);
+* **pdpfl** (``pdpfl.fl.aggregation.private_weighting``: gmpy2, per-setup work done once,
+  shared X_u, Straus multi-exponentiation with short signed exponents, CRT, ``--workers``
+  processes);
 * **straightforward**: the same protocol steps written directly on python-paillier (``phe``,
   which itself uses gmpy2 when installed, as here): finite-field DH (RFC 3526 group 15,
   256-bit exponents, as the reference's pyDH), per round ⟦β_u⟧·n_{s,u}·r_u·DIV for every user
@@ -30,7 +31,15 @@ reported (``scaled``: which phases were extrapolated, and from what sample).
 CPU seconds (this process and its workers; on a quiet 2-core machine the wall time is at most
 the CPU time and at least about half of it).
 
+``--subsampling``: only the extra cost of private user-level sub-sampling (Sec. 4.1,
+``algorithm.subsampling: private``: P Paillier ciphertexts per user and a 1-out-of-P oblivious
+transfer per user) against the server drawing the sample (Algorithm 4: one ciphertext per user),
+both re-encrypting the weights every round, in the same run: a steady round's wall time in each
+mode for every |U| of ``--users`` (d = 14, |S| = ``--silos``[0], q = 1/2, P = ``--ot-items``),
+the extra seconds per round and per user, and the server's time in the transfers.
+
     .venv/bin/python benchmarks/secure_weighting.py --json [--quick] [--workers 2]
+    .venv/bin/python benchmarks/secure_weighting.py --subsampling --users 10 50 100
 """
 
 from __future__ import annotations
@@ -46,6 +55,7 @@ import secrets
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -113,6 +123,52 @@ class BenchServer:
         return None
 
 
+class SamplingBenchServer(BenchServer):
+    """ULDP-AVG-ws's server: the sample drawn by the server (a Bernoulli(q) mask) or privately
+    (``private_sampling`` = (k, P): no mask, oblivious transfer)."""
+
+    def __init__(self, num_users: int, mode: str, k: int, p: int) -> None:
+        super().__init__(num_users)
+        self.private_sampling = (k, p) if mode == "private" else None
+        self.q = k / p
+
+    def sampled_users(self, round_index: int):
+        if self.private_sampling is not None:
+            return None
+        return np.random.default_rng(round_index).random(self.num_users) < self.q
+
+
+def run_subsampling(users: int, silos: int, bits: int, workers: int, p: int) -> dict:
+    """A steady round (weights re-encrypted) with the sample drawn by the server vs privately."""
+    d, k = 14, p // 2
+    hist = histograms(users, silos)
+    out: dict = {"users": users, "silos": silos, "d": d, "ot_items": p, "q": k / p}
+    for mode in ("server", "private"):
+        clients: dict[int, Any] = {s: BenchClient(s, hist[s], d) for s in range(silos)}
+        transport = InProcessTransport(clients)
+        proto = PrivateWeightedSum(paillier_bits=bits, workers=workers,
+                                   allow_weak_keys=bits < 3072,  # (smoke runs only)
+                                   n_max=2000 if bits >= 3072 else 200)
+        server: Any = SamplingBenchServer(users, mode, k, p)
+        params = [np.zeros(d, dtype=np.float32)]
+        proto.collect(transport, list(range(silos)), params, 0, {}, server)
+        t0, c0 = time.perf_counter(), cpu_seconds()
+        proto.collect(transport, list(range(silos)), params, 1, {}, server)
+        out[mode] = {"round_s": time.perf_counter() - t0, "round_cpu_s": cpu_seconds() - c0,
+                     "encrypt_weights_s": proto.timings.get("encrypt_weights", 0.0),
+                     "server_ot_s": proto.timings.get("ot_transfer", 0.0),
+                     "weights_stages_s": proto.timings.get("weights-ot", 0.0)
+                     + proto.timings.get("weights", 0.0)}
+    extra = out["private"]["round_s"] - out["server"]["round_s"]
+    extra_cpu = out["private"]["round_cpu_s"] - out["server"]["round_cpu_s"]
+    out["extra_round_s"] = extra
+    out["extra_per_user_s"] = extra / users
+    out["extra_round_cpu_s"] = extra_cpu  # robust to other load on the machine
+    out["extra_per_user_cpu_s"] = extra_cpu / users
+    out["ratio_round"] = out["private"]["round_s"] / out["server"]["round_s"]
+    return out
+
+
 def histograms(num_users: int, silos: int, seed: int = 0) -> np.ndarray:
     """Zipf-like records per user, spread over silos; every user has >= 1 record."""
     rng = np.random.default_rng(seed)
@@ -129,10 +185,10 @@ def histograms(num_users: int, silos: int, seed: int = 0) -> np.ndarray:
 def run_ours(d: int, users: int, silos: int, bits: int, workers: int, max_coords: int) -> dict:
     coords = min(d, max_coords)
     hist = histograms(users, silos)
-    clients = {s: BenchClient(s, hist[s], coords) for s in range(silos)}
+    clients: dict[int, Any] = {s: BenchClient(s, hist[s], coords) for s in range(silos)}
     transport = InProcessTransport(clients)
     proto = PrivateWeightedSum(paillier_bits=bits, workers=workers, expected_rounds=10)
-    server = BenchServer(users)
+    server: Any = BenchServer(users)
     params = [np.zeros(coords, dtype=np.float32)]
     t0, c0 = time.perf_counter(), cpu_seconds()
     proto.collect(transport, list(range(silos)), params, 0, {}, server)
@@ -149,7 +205,7 @@ def run_ours(d: int, users: int, silos: int, bits: int, workers: int, max_coords
     silo_cpu = [transport._silo_memory[s]["private-weighting"].timings["round_cpu"]
                 for s in range(silos)]
     scale = d / coords
-    out = {
+    out: dict[str, Any] = {
         "key_exchange": setup["keygen"] + setup["setup-keys"] + setup["setup-seed"],
         "blinded_histogram": setup["setup-histogram"] + setup["inverses"],
         "weights_setup": sum(setup.get(k, 0.0) for k in
@@ -302,7 +358,24 @@ def main() -> None:
     ap.add_argument("--ref-products", type=int, default=40)
     ap.add_argument("--ref-coords", type=int, default=16)
     ap.add_argument("--heart-only", action="store_true", help="only the Heart round")
+    ap.add_argument("--subsampling", action="store_true",
+                    help="only the extra cost of private user-level sub-sampling")
+    ap.add_argument("--ot-items", type=int, default=10, help="P of --subsampling")
     args = ap.parse_args()
+    if args.subsampling:
+        rows = [run_subsampling(u, args.silos[0], args.bits, args.workers, args.ot_items)
+                for u in args.users]
+        per_user = [r["extra_per_user_s"] for r in rows]
+        per_user_cpu = [r["extra_per_user_cpu_s"] for r in rows]
+        print(json.dumps({
+            "benchmark": "secure_weighting/private_subsampling",
+            "machine": {"platform": platform.platform(), "python": platform.python_version(),
+                        "cpus": os.cpu_count(), "load_average": os.getloadavg()},
+            "workers": args.workers, "bits": args.bits, "rows": rows,
+            "extra_per_user_s": {"min": min(per_user), "max": max(per_user)},
+            "extra_per_user_cpu_s": {"min": min(per_user_cpu), "max": max(per_user_cpu)},
+        }, indent=1))
+        return
     if args.heart_only:
         args.d = []
     if args.quick:

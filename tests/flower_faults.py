@@ -136,17 +136,29 @@ class FaultDrill:
 
 
 def replay_transport(clients: dict[int, Any], events: list[Event]) -> InProcessTransport:
-    """An in-process transport where, at each protocol stage of each round, exactly the silos
-    that replied in the Flower run (``events`` of its ``transport.jsonl``) answer."""
+    """An in-process transport where, at each protocol stage of each round -- and at each
+    plain training request (``fit``, ``fit+evaluate``) -- exactly the silos that replied in the
+    Flower run (``events`` of its ``transport.jsonl``) answer."""
     replied = {
         (e["round"], e["action"].split("/", 1)[1]): set(e["replied"])
         for e in events if str(e.get("action", "")).startswith("stage:")
     }
+    # A training reply counts if it arrived from a silo not lost by then (the transport drops
+    # replies of silos it has given up on).
+    trained: dict[int, set[int]] = {}
+    for e in events:
+        if e.get("action") in ("fit", "fit+evaluate") and "replied" in e:
+            ok = set(e["replied"]) - {int(s) for s in e.get("lost", [])}
+            trained.setdefault(int(e["round"]), set()).update(ok)
 
     class Replay(InProcessTransport):
         def exchange(self, protocol, stage, requests, round_index):
             answered = replied.get((int(round_index), stage), set())
             kept = {c: r for c, r in requests.items() if c in answered}
             return super().exchange(protocol, stage, kept, round_index)
+
+        def fit(self, selected, params, round_index, config):
+            answered = [c for c in selected if c in trained.get(int(round_index), set())]
+            return super().fit(answered, params, round_index, config) if answered else []
 
     return Replay(clients)

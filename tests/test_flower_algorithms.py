@@ -230,3 +230,42 @@ def test_secure_aggregation_is_refused_in_per_message_mode(tmp_path: Path, monke
     with pytest.raises(FlowerRunError, match="mode per-message.*--mode warm"):
         serve(grid, out)
     assert not list((out / "silos").rglob("protocol-memory-silo-*.npz"))
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("task_identity")
+def test_private_subsampling_runs_on_flower(tmp_path: Path, monkeypatch: Any) -> None:
+    """``subsampling: private`` through pdpfl's Flower apps: the oblivious transfer's stage
+    crosses the wire, no plain training reply and no user mask leaves the server, and both
+    observers are charged the Poisson(q)-subsampled ε (the sample is the silos' CSPRNG draw, so
+    the model is not compared with the simulator's)."""
+    from pdpfl.config import config_to_dict
+    from pdpfl.privacy.uldp import user_epsilon
+    from pdpfl.runtime.flower.codec import encode_config
+
+    config = toy_digits("uldp-avg", "algorithm.weights=private", "algorithm.user_rate=0.5",
+                        "algorithm.subsampling=private", "algorithm.ot_items=2",
+                        "secure.n_max=600", "secure.workers=1")
+    log = tmp_path / "messages.jsonl"
+    monkeypatch.setenv("PDPFL_MESSAGE_LOG", str(log))
+    out = tmp_path / "flower"
+    run_config = {
+        "pdpfl-config": encode_config(config_to_dict(config)),
+        "pdpfl-hooks": "pdpfl.runtime.flower.hooks:PDPFL_HOOKS",
+        "pdpfl-out-dir": str(out), "pdpfl-resume": False, "pdpfl-round-timeout": 120.0,
+        "pdpfl-startup-timeout": 30.0, "pdpfl-min-silos": 3,
+    }
+    result = serve(FakeGrid(run_config, out / "silos", 3, hooks=None, monkeypatch=monkeypatch),
+                   out)
+    assert result["status"] == "ok", result.get("error")
+    assert result["summary"]["rounds_completed"] == 2
+    text = log.read_text()
+    actions = {json.loads(line)["action"] for line in text.splitlines()}
+    assert "fit" not in actions and any("weights-ot" in a for a in actions), sorted(actions)
+    sigma = config.privacy.noise_multiplier
+    summary = json.loads((out / "summary.json").read_text())
+    eps = summary["eps_spent_max"]
+    assert eps["server"] == pytest.approx(eps["third_party"], rel=1e-9)
+    if sigma is not None:
+        assert eps["server"] == pytest.approx(
+            user_epsilon(sigma, config.privacy.delta, 2, 0.5), rel=1e-6)

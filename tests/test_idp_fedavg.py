@@ -49,13 +49,14 @@ def _setup(**overrides) -> idp.IdpSetup:
         assigned=(1.0, 2.0, None), rates=(0.2, 0.5, 1.0), noise_multipliers=(1.2, 1.2, None),
         clip_factors=(1.0, 1.0, 1.0), noise_multiplier=1.2, value_noise_multiplier=1.3,
         count_noise_std=0.5, denominator=3.4, clipping="adaptive", initial_clip=0.1,
-        target_quantile=0.5, clip_lr=0.2, server_lr=1.0, asked_per_round=0,
-        tolerated_dropouts=0,
+        target_quantile=0.5, clip_lr=0.2, server_lr=1.0, asked_per_round=0, survivors=0,
         local=idp.LocalTraining(epochs=1, batch_size=4, optimizer="sgd", lr=0.1,
                                 strategy="loop"),
         rate_fractions="realized", observers=("third-party",),
     )
     base.update(overrides)
+    if base["variant"] == "distributed" and "survivors" not in overrides:
+        base["survivors"] = base["asked_per_round"]  # every share in every sum
     for key in ("budgets", "sizes", "assigned", "rates", "noise_multipliers", "clip_factors",
                 "observers"):
         base[key] = tuple(base[key])
@@ -194,7 +195,8 @@ def test_central_variant_refuses_secure_summation():
                                   randomness=SecureRandomness())
     with pytest.raises(ValueError, match="needs each silo's update"):
         check_compatible(server, Hiding())
-    dist = idp.DistributedIdpServer([np.zeros(1, np.float32)], _setup(variant="distributed"),
+    dist = idp.DistributedIdpServer([np.zeros(1, np.float32)],
+                                    _setup(variant="distributed", asked_per_round=6),
                                     client_groups=None, randomness=SecureRandomness())
     check_compatible(dist, Hiding())  # the distributed variant works with secure summation
 

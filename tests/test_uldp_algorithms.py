@@ -234,7 +234,8 @@ def test_plain_aggregation_with_enhanced_weights_is_charged_to_the_server() -> N
     _, _, enhanced, clients_w = _build("algorithm.weights=enhanced",
                                        "data.public_user_histograms=true")
     assert uniform.observer_noise == {"third-party": 2.0, "server": 2.0}
-    assert enhanced.observer_noise["server"] == pytest.approx(2.0 / np.sqrt(3))
+    # σ/√t: each of the 3 silos' noise shares is sized for t(3) = 2 survivors (issue #22)
+    assert enhanced.observer_noise["server"] == pytest.approx(2.0 / np.sqrt(2))
     for server, cl in ((uniform, clients), (enhanced, clients_w)):
         params = server.initial_params()
         _round(server, cl, params, 0)
@@ -284,7 +285,7 @@ def test_secure_summation_charges_the_server_the_sum_with_enhanced_weights() -> 
     _, _, plain, _ = _build("algorithm.weights=enhanced", "data.public_user_histograms=true")
     _, _, secure, _ = _build("algorithm.weights=enhanced", "data.public_user_histograms=true",
                              "aggregation=secure")
-    assert plain.observer_noise["server"] == pytest.approx(2.0 / np.sqrt(3))
+    assert plain.observer_noise["server"] == pytest.approx(2.0 / np.sqrt(2))  # σ/√t(3)
     assert secure.observer_noise == {"third-party": 2.0, "server": 2.0}
 
 

@@ -294,9 +294,10 @@ def test_planned_budget_is_the_planned_epsilon_against_both_observers() -> None:
     enhanced, _ = _build("algorithm.weights=enhanced", "data.public_user_histograms=true")
     planned = user_epsilon(2.0, 1e-5, 3)
     np.testing.assert_allclose(uniform.ledger.budgets, planned, rtol=0, atol=0)
-    # the server sees σ/√|S| with public enhanced weights: the larger planned ε is the budget
+    # the server sees σ/√t with public enhanced weights (each of the 3 silos' shares sized
+    # for t(3) = 2 survivors, issue #22): the larger planned ε is the budget
     np.testing.assert_allclose(enhanced.ledger.budgets,
-                               user_epsilon(2.0 / math.sqrt(3), 1e-5, 3), rtol=0, atol=0)
+                               user_epsilon(2.0 / math.sqrt(2), 1e-5, 3), rtol=0, atol=0)
     summary = uniform.privacy_summary()
     assert [g.label for g in summary.groups] == [f"{planned:g}"]
     assert summary.info["noise_multiplier"] == 2.0

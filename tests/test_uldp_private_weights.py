@@ -49,9 +49,10 @@ def test_private_weights_need_no_public_histogram_and_charge_the_server_the_sum(
     _, private, _ = _build()
     _, enhanced, _ = _build("algorithm.weights=enhanced", "data.public_user_histograms=true")
     # The server sees only Σ_s (the protocol sums before it decrypts): noise multiplier σ,
-    # where public enhanced weights under plain aggregation leave it σ/√|S| per silo.
+    # where public enhanced weights under plain aggregation leave it σ/√t per silo (each
+    # share sized for t(3) = 2 survivors, issue #22).
     assert private.observer_noise == {"third-party": 2.0, "server": 2.0}
-    assert enhanced.observer_noise["server"] == pytest.approx(2.0 / np.sqrt(3))
+    assert enhanced.observer_noise["server"] == pytest.approx(2.0 / np.sqrt(2))
     assert not private.warnings or all("histogram" not in w for w in private.warnings)
 
 

@@ -15,6 +15,9 @@ in the secure-aggregation literature (Bonawitz et al. 2017, pairwise masking) an
 * :mod:`pdpfl.crypto.multiexp` -- simultaneous multi-exponentiation (Straus, signed fixed
   windows) and fixed-base exponentiation, the arithmetic that makes Protocol 1 fast.
 * :mod:`pdpfl.crypto.parallel` -- run independent chunks of that arithmetic on several cores.
+* :mod:`pdpfl.crypto.ot` -- 1-out-of-P oblivious transfer (Chou-Orlandi on P-256: pycryptodome's
+  point arithmetic, ``cryptography``'s HKDF and ChaCha20-Poly1305), for ULDP-FL's private
+  user-level sub-sampling.
 
 Errors: :class:`IntegrityError` (a message that fails authentication or a decrypted aggregate
 outside its valid range: wrong keys, tampering, a dropped party) and :class:`RingOverflowError`

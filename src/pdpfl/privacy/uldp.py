@@ -102,6 +102,10 @@ class UserLevelPlan:
         T ≥ 1 planned rounds.
     observers_
         Who the guarantee is stated against (default both).
+    hidden_sampling
+        The server does not learn who was sampled (private user-level sub-sampling by
+        oblivious transfer, Sec. 4.1): it is then charged like a third party -- the
+        Poisson(q_u)-subsampled Gaussian of multiplier σ_sv, every round the user is active.
     """
 
     noise_multiplier: float
@@ -109,6 +113,7 @@ class UserLevelPlan:
     delta: float
     rounds: int
     observers_: tuple[str, ...] = _OBSERVERS
+    hidden_sampling: bool = False
 
     #: The privacy unit: one user with all of their records in every silo.
     unit: ClassVar[PrivacyUnit] = PrivacyUnit.USER
@@ -159,18 +164,22 @@ class UserLevelPlan:
 
         third-party: ``PoissonSampled(q_u, Gaussian(σ_tp))`` (Lemma 6; q = 1 is the plain
         Gaussian of Theorems 3/5); server: ``PoissonSampled(1, Gaussian(σ_sv))`` -- it knows the
-        coins, so a round it sampled the user in is a plain Gaussian round.
+        coins, so a round it sampled the user in is a plain Gaussian round -- or, with
+        ``hidden_sampling``, ``PoissonSampled(q_u, Gaussian(σ_sv))`` like a third party.
         """
         obs = self._observer(observer)
         q = check_rates(rates)
-        if obs == "server":
+        if obs == "server" and not self.hidden_sampling:
             q = np.ones_like(q)
         rate = q if np.ndim(rates) else float(q[0])
         return PoissonSampled(rate, GaussianMechanism(self.observer_noise(obs)))
 
     def charged_on(self, observer: str) -> Charge:
-        """third-party: every round the user is active; server: only rounds it sampled them."""
-        return "active" if self._observer(observer) == "third-party" else "participated"
+        """third-party: every round the user is active; server: only rounds it sampled them
+        (every active round with ``hidden_sampling``: it does not know which)."""
+        if self._observer(observer) == "third-party" or self.hidden_sampling:
+            return "active"
+        return "participated"
 
     def total_event(self, rates: ArrayLike, observer: str, rounds: int | None = None) -> Mechanism:
         """``rounds`` (default T) charged rounds composed (the server's worst case: the user
@@ -183,7 +192,8 @@ class UserLevelPlan:
         a property of the aggregation, not of the noise level)."""
         sigma = _sigma(noise_multiplier, "noise_multiplier")
         ratio = self.server_noise_multiplier / self.noise_multiplier
-        return UserLevelPlan(sigma, sigma * ratio, self.delta, self.rounds, self.observers_)
+        return UserLevelPlan(sigma, sigma * ratio, self.delta, self.rounds, self.observers_,
+                             self.hidden_sampling)
 
     def as_training_plan(self) -> TrainingPlan:
         """The third party's view as a :class:`TrainingPlan` (T rounds of one Poisson-sampled

@@ -44,7 +44,7 @@ Survivor threshold
 Every protocol releases a round's sum only if at least t(n) of the n silos asked contributed
 (:mod:`pdpfl.fl.aggregation.threshold`; plain summation only for a server that declares
 ``distributed_noise``). Silos that add a share of the noise size it σ²C²/t with
-t = :func:`threshold_of` ``(config, n)``; the multi-stage protocols also hand the round's t to
+t = :func:`share_threshold` ``(config, n)``; the multi-stage protocols also hand the round's t to
 ``fit`` / ``user_updates`` in the round configuration under :data:`SURVIVORS_KEY`.
 """
 
@@ -60,6 +60,8 @@ from pdpfl.fl.aggregation.threshold import (
     DEFAULT_MIN_SURVIVORS,
     DEFAULT_THRESHOLD,
     SURVIVORS_KEY,
+    share_std,
+    share_threshold,
     summary_fields,
     survivor_threshold,
     threshold_of,
@@ -90,6 +92,8 @@ __all__ = [
     "public_memory",
     "register_protocol",
     "register_silo_handler",
+    "share_std",
+    "share_threshold",
     "sum_contributions",
     "summary_fields",
     "survivor_threshold",
@@ -159,9 +163,9 @@ class PlainSum:
     """The server receives each contribution and sums them (no cryptography).
 
     For a server algorithm that declares ``distributed_noise = True`` (its silos each add a share
-    σ²C²/t of the noise, t = :func:`threshold_of` ``(config, n)``), a round with fewer than t(n)
-    contributions is not summed: it returns the empty aggregate, since the survivors' noise would
-    fall short of what the ledgers charge.
+    σ²C²/t of the noise, t = :func:`share_threshold` ``(config, n)`` = min(n, t(n))), a round
+    with fewer than t contributions is not summed: it returns the empty aggregate, since the
+    survivors' noise would fall short of what the ledgers charge.
     """
 
     name = "plain"
@@ -186,7 +190,9 @@ class PlainSum:
         config: Scalars,
         server: ServerAlgorithm,
     ) -> Aggregate:
-        t = survivor_threshold(len(selected), self.threshold, self.min_survivors)
+        # min(n, t(n)): a lone silo asked adds all the noise itself (share_threshold).
+        t = min(len(selected), survivor_threshold(len(selected), self.threshold,
+                                                  self.min_survivors))
         shares = bool(getattr(server, "distributed_noise", False))
         if shares and len(selected) < t:
             return empty_aggregate(params)

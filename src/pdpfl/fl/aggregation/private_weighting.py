@@ -95,7 +95,7 @@ import gmpy2
 import numpy as np
 from gmpy2 import mpz
 
-from pdpfl.crypto import IntegrityError
+from pdpfl.crypto import IntegrityError, ot
 from pdpfl.crypto import parallel as par
 from pdpfl.crypto.keys import PUBLIC_KEY_BYTES
 from pdpfl.crypto.paillier import (
@@ -110,6 +110,7 @@ from pdpfl.fl.aggregation import (
     register_protocol,
     register_silo_handler,
 )
+from pdpfl.fl.aggregation.private_sampling import ot_plaintexts, transfer_items
 from pdpfl.fl.aggregation.private_weighting_core import (
     _CHECK_BOUND_BITS,
     _CHECKS,
@@ -307,47 +308,66 @@ class PrivateWeightedSum:
         self._installed_for = None
         self.timings["inverses"] = time.perf_counter() - started
 
-    def _install(self, transport: Any, sampled: np.ndarray | None, d: int, t: int) -> None:
-        """Step 2(a): encrypt β_u, let the silos compute and share X_u, install, verify."""
+    def _install(self, transport: Any, sampled: np.ndarray | None, d: int, t: int,
+                 private: tuple[int, int] | None = None) -> None:
+        """Step 2(a): encrypt β_u, let the silos compute and share X_u, install, verify.
+
+        ``private`` = (k, P): private sub-sampling (Sec. 4.1) -- per user P ciphertexts, k of
+        β_u and P − k of 0 in a random order; the silo computing X_u obtains one of them by
+        1-out-of-P oblivious transfer (:mod:`pdpfl.fl.aggregation.private_sampling`)."""
         assert self._pk is not None and self.__sk is not None
         pk, sk = self._pk, self.__sk
         self._epoch += 1
         epoch = self._epoch
         started = time.perf_counter()
-        beta = [b if sampled is None or sampled[u] else mpz(0)
-                for u, b in enumerate(self._inverse)]
+        items: list[list[bytes]] = []
+        if private is None:
+            beta = [b if sampled is None or sampled[u] else mpz(0)
+                    for u, b in enumerate(self._inverse)]
+        else:
+            beta = ot_plaintexts(self._inverse, *private)
         workers = par.worth_parallel(len(beta) * pk.bits * 0.8, self.params.workers)
         chunks = [beta[r.start : r.stop] for r in par.split(len(beta), workers)]
         cts = [c for part in par.run_chunks(_encrypt_chunk, sk, chunks, workers) for c in part]
         self.timings["encrypt_weights"] = self.timings.get("encrypt_weights", 0.0) + (
             time.perf_counter() - started
         )
-        blob = pk.ciphertexts_to_bytes(cts)
+        if private is None:
+            blob = pk.ciphertexts_to_bytes(cts)
+        else:
+            size = private[1]
+            items = [[pk.ciphertexts_to_bytes([c]) for c in cts[u * size : (u + 1) * size]]
+                     for u in range(self.num_users)]
         pending = list(range(self.num_users))
         silos = list(self.participants)
-        assignment: dict[int, list[int]] = {}
-        shares: dict[int, bytes] = {}
+        # (silo, its users, its sealed X_u) per answer: a silo that took over a lost silo's
+        # users in a later attempt answers more than once.
+        answers: list[tuple[int, list[int], bytes]] = []
         while pending:
             if not silos:
                 raise RuntimeError("private weighting: no silo left to compute the weight shares")
             parts = np.array_split(np.asarray(pending, dtype=np.int64), len(silos))
             ask = {c: [int(u) for u in part] for c, part in zip(silos, parts, strict=True)}
-            requests = {c: {**self._base(), "epoch": epoch, "weights": blob,
-                            "assign": np.asarray(ask[c], dtype=np.int64)} for c in silos}
+            if private is None:
+                requests = {c: {**self._base(), "epoch": epoch, "weights": blob,
+                                "assign": np.asarray(ask[c], dtype=np.int64)} for c in silos}
+            else:
+                requests = self._oblivious(transport, items, ask, epoch, t)
             replies = self._exchange(transport, "weights", requests, t, required=False)
             for c in silos:
                 if c in replies:
-                    assignment[c], shares[c] = ask[c], replies[c].get("shares", b"")
+                    answers.append((c, ask[c], replies[c].get("shares", b"")))
             pending = sorted(u for c in silos if c not in replies for u in ask[c])
             silos = [c for c in silos if c in replies]
-        senders = sorted(assignment)
         install: Payload = {**self._base(), "epoch": epoch,
-                            "senders": np.asarray(senders, dtype=np.int64),
+                            "participants": np.asarray(silos, dtype=np.int64),
+                            "senders": np.asarray([c for c, _, _ in answers], dtype=np.int64),
                             "coordinates": int(d),
-                            "reuse": 1 if sampled is not None else self.expected_rounds}
-        for c in senders:
-            install[f"shares.{c}"] = shares[c]
-            install[f"assign.{c}"] = np.asarray(assignment[c], dtype=np.int64)
+                            "reuse": 1 if sampled is not None or private is not None
+                            else self.expected_rounds}
+        for i, (_, users, blob_i) in enumerate(answers):
+            install[f"shares.{i}"] = blob_i
+            install[f"assign.{i}"] = np.asarray(users, dtype=np.int64)
         replies = self._exchange(transport, "install", {c: install for c in silos}, t,
                                  required=False)
         self.participants = [c for c in silos if c in replies]
@@ -371,7 +391,30 @@ class PrivateWeightedSum:
                 "or raise secure.n_max"
             )
         self.timings["verify"] = self.timings.get("verify", 0.0) + time.perf_counter() - started
-        self._installed_for = ("all",) if sampled is None else ("round", t)
+        self._installed_for = ("all",) if sampled is None and private is None else ("round", t)
+
+    def _oblivious(self, transport: Any, items: list[list[bytes]], ask: dict[int, list[int]],
+                   epoch: int, t: int) -> dict[int, Payload]:
+        """The oblivious transfers of one ``weights`` attempt: stage ``weights-ot`` collects
+        each silo's receiver messages B_u for its users, then each user's P sealed items go
+        into that silo's ``weights`` request (silos that did not answer get none)."""
+        sender = ot.new_sender()
+        requests = {c: {**self._base(), "epoch": epoch, "ot_sender": sender.public,
+                        "ot_items": len(items[0]) if items else 0,
+                        "assign": np.asarray(ask[c], dtype=np.int64)} for c in ask}
+        replies = self._exchange(transport, "weights-ot", requests, t, required=False)
+        started = time.perf_counter()
+        out: dict[int, Payload] = {}
+        assert self.session is not None
+        for c, reply in replies.items():
+            if c not in ask:
+                continue
+            out[c] = {**requests[c], "ot_sealed": transfer_items(
+                sender, reply.get("ot_choices"), [items[u] for u in ask[c]], ask[c],
+                self.session, epoch, what=f"silo {c}")}
+        self.timings["ot_transfer"] = self.timings.get("ot_transfer", 0.0) + (
+            time.perf_counter() - started)
+        return out
 
     # -- SumProtocol --------------------------------------------------------------------------
     def collect(
@@ -392,6 +435,9 @@ class PrivateWeightedSum:
             )
         sampler = getattr(server, "sampled_users", None)
         sampled = None if sampler is None else sampler(t)
+        private = getattr(server, "private_sampling", None)
+        if private is not None and sampled is not None:
+            raise ValueError("subsampling: private and a server-drawn user mask exclude each other")
         if sampled is not None:
             sampled = np.asarray(sampled, dtype=bool)
             if sampled.shape != (num_users,):
@@ -399,8 +445,8 @@ class PrivateWeightedSum:
         self.timings = {}
         if self.session is None or self.num_users != num_users:
             self.setup(transport, list(selected) or list(transport.client_ids), num_users, t)
-        if sampled is not None or self._installed_for is None:
-            self._install(transport, sampled, d, t)
+        if sampled is not None or private is not None or self._installed_for is None:
+            self._install(transport, sampled, d, t, private)
         participants = [c for c in self.participants if c in set(selected)] if selected else []
         t_needed = self.survivors_needed()
         self.last_round = {"round": t, "asked": list(participants), "t": t_needed}

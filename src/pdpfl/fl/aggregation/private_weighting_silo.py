@@ -36,6 +36,7 @@ from pdpfl.crypto.keys import (
 from pdpfl.crypto.multiexp import FixedBaseExp, MultiExp, plan_multiexp
 from pdpfl.crypto.paillier import PaillierPublicKey
 from pdpfl.fl.aggregation import Payload, SiloContext
+from pdpfl.fl.aggregation.private_sampling import choose_items, open_items
 from pdpfl.fl.aggregation.private_weighting_core import (
     _CHECK_OMEGA_BITS,
     _CHECK_T_BITS,
@@ -103,6 +104,8 @@ class _SiloState:
         #: Rounds this silo has masked in this session (each at most once).
         self.masked_rounds: set[int] = set()
         self.timings: dict[str, float] = {}
+        #: Private sub-sampling: (epoch, A, this silo's OT receivers by user) -- its choices.
+        self.ot: tuple[int, bytes, dict[int, Any]] | None = None
 
     @property
     def num_users(self) -> int:
@@ -234,20 +237,64 @@ def _setup_histogram(ctx: SiloContext, payload: Payload) -> Payload:
     return {"blinded_histogram": state.pk.integers_to_bytes(blinded)}
 
 
-def _weights(ctx: SiloContext, payload: Payload) -> Payload:
-    """Step 2(a) at the silo: X_u = ⟦β_u⟧^{r_u·DIV} for the users assigned to this silo."""
-    state = _state(ctx, payload)
-    started = time.perf_counter()
-    epoch = int(payload["epoch"])
-    cts = state.pk.ciphertexts_from_bytes(
-        payload["weights"], state.num_users, check_units=True, what="encrypted weights ⟦β_u⟧"
-    )
+def _assigned(state: _SiloState, payload: Payload) -> list[int]:
     assign = _ids(payload, "assign")
     if assign and (assign[0] < 0 or assign[-1] >= state.num_users):
         raise IntegrityError("private weighting: assigned users out of range")
+    return assign
+
+
+def _weights_ot(ctx: SiloContext, payload: Payload) -> Payload:
+    """Private sub-sampling, first half: a uniform choice c_u per assigned user and its OT
+    message B_u (:mod:`pdpfl.fl.aggregation.private_sampling`); the choices stay here."""
+    state = _state(ctx, payload)
+    started = time.perf_counter()
+    epoch, assign = int(payload["epoch"]), _assigned(state, payload)
+    p = int(payload.get("ot_items", 0))
+    if not 2 <= p <= 1000:
+        raise IntegrityError(f"private sub-sampling: P = {p} items per user is out of range")
+    sender = payload.get("ot_sender")
+    if not isinstance(sender, bytes):
+        raise IntegrityError("private sub-sampling: missing the server's OT point")
+    receivers, message = choose_items(sender, assign, p)
+    state.ot = (epoch, sender, receivers)
+    state.timings["weights-ot"] = time.perf_counter() - started
+    return {"ot_choices": message}
+
+
+def _chosen_weights(state: _SiloState, payload: Payload, epoch: int,
+                    assign: list[int]) -> list[mpz]:
+    """The one ciphertext per assigned user this silo's OT choices open (private sub-sampling),
+    each checked like ⟦β_u⟧; the choices are forgotten afterwards."""
+    if state.ot is None or state.ot[0] != epoch or sorted(state.ot[2]) != assign:
+        raise IntegrityError("private sub-sampling: OT items for choices this silo did not make")
+    _, sender, receivers = state.ot
+    state.ot = None
+    p = int(payload.get("ot_items", 0))
+    width = state.pk.ciphertext_bytes
+    opened = open_items(receivers, sender, payload.get("ot_sealed"), assign, p, width,
+                        state.session, epoch)
+    return state.pk.ciphertexts_from_bytes(b"".join(opened), len(assign), check_units=True,
+                                           what="obliviously transferred weights")
+
+
+def _weights(ctx: SiloContext, payload: Payload) -> Payload:
+    """Step 2(a) at the silo: X_u = ⟦β_u⟧^{r_u·DIV} for the users assigned to this silo (⟦β_u⟧
+    or ⟦0⟧ obtained by oblivious transfer under private sub-sampling)."""
+    state = _state(ctx, payload)
+    started = time.perf_counter()
+    epoch = int(payload["epoch"])
+    assign = _assigned(state, payload)
+    if "ot_sealed" in payload:
+        bases = _chosen_weights(state, payload, epoch, assign)
+    else:
+        cts = state.pk.ciphertexts_from_bytes(
+            payload["weights"], state.num_users, check_units=True,
+            what="encrypted weights ⟦β_u⟧"
+        )
+        bases = [cts[u] for u in assign]
     n, n2 = state.pk.n, state.pk.n2
     exps = [state.r[u] * state.divisor % n for u in assign]
-    bases = [cts[u] for u in assign]
     workers = par.worth_parallel(len(assign) * 1.5 * state.pk.bits, state.params.workers)
     chunks = [(bases[r.start : r.stop], exps[r.start : r.stop])
               for r in par.split(len(assign), workers)]
@@ -267,13 +314,17 @@ def _install(ctx: SiloContext, payload: Payload) -> Payload:
     state = _state(ctx, payload)
     started = time.perf_counter()
     epoch = int(payload["epoch"])
-    senders = _ids(payload, "senders")
+    senders = np.asarray(payload.get("senders"))
+    if senders.ndim != 1 or senders.dtype.kind not in "iu":
+        raise IntegrityError("private weighting: field 'senders' must be an int array")
     x: list[mpz | None] = [None] * state.num_users
     assert state.group_key is not None
-    for s in senders:
-        assign = _ids(payload, f"assign.{s}")
+    # part i: the users assign.i whose X_u silo senders[i] sealed in shares.i (a silo that took
+    # over a lost silo's users sends more than one part)
+    for i, s in enumerate(int(v) for v in senders.tolist()):
+        assign = _ids(payload, f"assign.{i}")
         plain = open_sealed(
-            state.group_key, payload.get(f"shares.{s}", b""),
+            state.group_key, payload.get(f"shares.{i}", b""),
             state.ctx("share", epoch, s, digest(*assign)), what=f"weight shares of silo {s}",
         )
         values = state.pk.ciphertexts_from_bytes(plain, len(assign), what="weight shares")
@@ -306,7 +357,11 @@ def _install(ctx: SiloContext, payload: Payload) -> Payload:
         dtype=np.int64,
     ).reshape(users.size, _CHECKS)
     products = state.multiexp.products(t) if users.size else [mpz(1)] * _CHECKS
-    masks = state.pair_masks(state.ctx("check", epoch), state.participants, _CHECKS)
+    # the silos still answering (a silo lost in ``weights`` is left out), within the setup's
+    checking = _ids(payload, "participants") if "participants" in payload else state.participants
+    if ctx.silo_id not in checking or not set(checking) <= set(state.participants):
+        raise IntegrityError("private weighting: install for participants outside the setup")
+    masks = state.pair_masks(state.ctx("check", epoch), checking, _CHECKS)
     n = state.pk.n
     checks = []
     div = int(state.divisor)
@@ -427,6 +482,8 @@ def silo_handler(stage: str, payload: Payload, round_index: int, ctx: SiloContex
         return _setup_seed(ctx, payload)
     if stage == "setup-histogram":
         return _setup_histogram(ctx, payload)
+    if stage == "weights-ot":
+        return _weights_ot(ctx, payload)
     if stage == "weights":
         return _weights(ctx, payload)
     if stage == "install":

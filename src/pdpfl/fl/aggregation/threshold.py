@@ -21,11 +21,14 @@ round loop keeps the model). Consequences, stated in ``docs/secure_aggregation.m
   the noise left is (t - c)/t of it; the guarantee against the server assumes no colluding silo.
 * **Lone survivor**: t ≥ 2 always, so a single silo's masked upload is never unmasked.
 
-An algorithm whose silos add noise shares sizes them with :func:`threshold_of` ``(config, n)``
-(n: the silos asked per round -- every silo for ULDP-AVG/SGD and IDP-FedAvg ``distributed``) and
-declares ``distributed_noise = True`` on its server algorithm, so that plain summation refuses a
-sum of fewer than t contributions too. The multi-stage protocols also hand the round's t to
-``fit`` / ``user_updates`` under :data:`SURVIVORS_KEY` in the round configuration.
+An algorithm whose silos add noise shares sizes them with :func:`share_threshold`
+``(config, n)`` -- t(n), or n itself when a single silo is asked (it then adds all the noise;
+only plain summation releases such a round) -- with n the silos asked per round (every silo for
+ULDP-AVG/SGD and IDP-FedAvg ``distributed``), and declares ``distributed_noise = True`` on its
+server algorithm, so that plain summation refuses a sum of fewer shares too. The multi-stage
+protocols also hand the round's t to ``fit`` / ``user_updates`` under :data:`SURVIVORS_KEY` in
+the round configuration; a silo sizes its share for the smaller of the two (more noise, never
+less).
 """
 
 from __future__ import annotations
@@ -39,6 +42,8 @@ __all__ = [
     "SURVIVORS_KEY",
     "check_round_threshold",
     "check_threshold",
+    "share_std",
+    "share_threshold",
     "summary_fields",
     "survivor_threshold",
     "threshold_of",
@@ -88,6 +93,31 @@ def threshold_of(config: Any, n: int) -> int:
         float(getattr(secure, "threshold", DEFAULT_THRESHOLD)),
         int(getattr(secure, "min_survivors", DEFAULT_MIN_SURVIVORS)),
     )
+
+
+def share_threshold(config: Any, n: int) -> int:
+    """The number of noise shares every released sum of a round that asks ``n`` silos holds:
+    min(n, t(n)) (t(n) exceeds n only for n = 1, whose one silo must then add all the noise).
+
+    A silo adding a share of Gaussian noise of total variance V adds V / share_threshold(...)
+    (:func:`share_std`), so that any admissible set of survivors carries at least V.
+    """
+    n = int(n)
+    if n < 1:
+        raise ValueError(f"n: the silos asked must be >= 1, got {n}")
+    return min(n, threshold_of(config, n))
+
+
+def share_std(total_std: float, survivors: int, announced: Any = None) -> float:
+    """The std of one silo's share of Gaussian noise of std ``total_std``: total_std/√t with t
+    the ``survivors`` the setup sized it for, or the smaller t a protocol announced in the round
+    configuration (``config.get(SURVIVORS_KEY)``) -- never less noise than either needs."""
+    t = int(survivors)
+    if announced is not None:
+        t = min(t, int(announced))
+    if t < 1:
+        raise ValueError(f"survivors: a noise share needs t >= 1, got {t}")
+    return float(total_std) / math.sqrt(t)
 
 
 def check_round_threshold(t: int, n: int, *, what: str = "secure summation") -> int:

@@ -102,8 +102,10 @@ class IdpFedAvgConfig(Algorithm):
     clip_lr: float = Field(0.2, gt=0, description="η_C of the geometric update")
     count_noise_ratio: float = Field(0.05, gt=0, description="σ_b = ratio × c")
     server_lr: float = Field(1.0, gt=0, description="η_s")
-    tolerated_dropouts: int = Field(
-        0, ge=0, description="distributed variant: clients that may drop with full noise"
+    tolerated_dropouts: int | None = Field(
+        None, description="removed: the distributed variant sizes every noise share for the "
+        "t = max(secure.min_survivors, ceil(secure.threshold * N)) clients any released sum "
+        "holds (N - t dropouts tolerated); set secure.threshold instead"
     )
 
     unit: ClassVar[PrivacyUnitName] = "client"
@@ -137,6 +139,14 @@ class IdpFedAvgConfig(Algorithm):
             sum(self.group_ratios), 1.0, abs_tol=1e-6
         ):
             problems.append("algorithm.group_ratios: must be finite, >= 0 and sum to 1")
+        if self.tolerated_dropouts is not None:
+            problems.append(
+                "algorithm.tolerated_dropouts: removed -- the distributed variant now sizes each "
+                "noise share sigma_v^2 C^2 / t for t = max(secure.min_survivors, "
+                "ceil(secure.threshold * N)) of the N clients (N - t dropouts tolerated, rounds "
+                "with fewer than t contributions are not aggregated); set secure.threshold in "
+                "(1/2, 1] instead (e.g. 0.9 tolerates 10 % dropouts) and delete this field"
+            )
         if self.variant == "central" and config.aggregation != "plain":
             problems.append(
                 "algorithm.variant: central IDP-FedAvg clips each client's update at the "

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 import numpy as np
 from numpy.typing import ArrayLike
 
+from pdpfl.fl.aggregation.threshold import share_threshold
 from pdpfl.fl.algorithm import PublicSetup
 from pdpfl.fl.idp_fedavg.budgets import GroupAssignment, assign_client_budgets
 from pdpfl.fl.idp_fedavg.sample import noise_for_rate, sample_group_rates
@@ -118,8 +119,12 @@ class IdpSetup(PublicSetup):
     accounted), ``clip_factors`` C_p/C (SCALE), ``noise_multiplier`` the run's σ (σ_SAMPLE; the
     uniform σ of strict/relaxed; σ̄ of SCALE), ``value_noise_multiplier`` σ_v of the update sum,
     ``count_noise_std`` σ_b, ``denominator`` the public divisor of the sum (the expected number
-    of sampled clients), ``asked_per_round`` M + dropouts of the distributed variant (0:
-    central), ``observers`` who each client's ε is stated against.
+    of sampled clients), ``asked_per_round`` the clients asked per round in the distributed
+    variant (all N; 0: central), ``survivors`` t = min(N, t(N)) (0: central): the fewest
+    contributions any released sum holds, each client's noise shares sized σ_v²C_t²/t and
+    σ_b²/t so that any admissible set of survivors carries at least the accounted noise
+    (:func:`pdpfl.fl.aggregation.share_threshold`; issue #22), ``observers`` who each client's
+    ε is stated against.
     """
 
     method: str
@@ -144,10 +149,18 @@ class IdpSetup(PublicSetup):
     clip_lr: float
     server_lr: float
     asked_per_round: int
-    tolerated_dropouts: int
+    survivors: int
     local: LocalTraining
     rate_fractions: str
     observers: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        n, t = self.asked_per_round, self.survivors
+        if self.variant == "distributed" and not 1 <= t <= n:
+            raise ValueError(
+                f"setup: survivors must be in [1, asked_per_round = {n}] for the distributed "
+                f"variant (the fewest noise shares a released sum holds), got {t}"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -247,8 +260,6 @@ class IdpOptions(GroupAssignment, Protocol):
     def count_noise_ratio(self) -> float: ...
     @property
     def server_lr(self) -> float: ...
-    @property
-    def tolerated_dropouts(self) -> int: ...
 
 
 def _group_sizes(
@@ -344,8 +355,9 @@ def publish(algo: IdpOptions, config: ExperimentConfig, info: FederationInfo) ->
     c = float(algo.clients_per_round)
     if c > n:
         raise ValueError(f"algorithm.clients_per_round: c = {c:g} exceeds the {n} clients")
-    if algo.variant == "distributed" and algo.tolerated_dropouts >= n:
-        raise ValueError("algorithm.tolerated_dropouts: must be smaller than the number of clients")
+    distributed = algo.variant == "distributed"
+    # Every client is asked; a released sum holds at least t of their noise shares.
+    survivors = share_threshold(config, n) if distributed else 0
     rounds = int(config.training.rounds)
     delta = float(config.privacy.delta)
     levels, sizes = _group_sizes(algo, assign_client_budgets(algo, config.seed, n), n)
@@ -377,8 +389,8 @@ def publish(algo: IdpOptions, config: ExperimentConfig, info: FederationInfo) ->
         target_quantile=float(algo.target_quantile),
         clip_lr=float(algo.clip_lr),
         server_lr=float(algo.server_lr),
-        asked_per_round=n if algo.variant == "distributed" else 0,
-        tolerated_dropouts=int(algo.tolerated_dropouts),
+        asked_per_round=n if distributed else 0,
+        survivors=survivors,
         local=LocalTraining(
             epochs=int(algo.local_epochs),
             batch_size=int(algo.local_batch_size),

@@ -222,12 +222,22 @@ class CentralIdpServer(IdpFedAvgServer):
 
 
 class DistributedIdpServer(IdpFedAvgServer):
-    """Distributed noise: clients self-sample, clip and noise; the server sees only sums."""
+    """Distributed noise: clients self-sample, clip and noise; the server sees only sums.
+
+    Every released sum holds at least t = ``setup.survivors`` noise shares (σ_v²C_t²/t each):
+    ``distributed_noise`` makes plain summation refuse a round with fewer contributions, and a
+    round without aggregate keeps the model and C_t (nothing was released).
+    """
 
     public_metrics: ClassVar[frozenset[str]] = frozenset({"clip_count"})
+    #: Each client adds a share σ_v²C_t²/t of the noise (pdpfl.fl.aggregation.share_threshold).
+    distributed_noise: ClassVar[bool] = True
 
     def aggregate(self, round_index: int, global_params: Params, aggregate: Aggregate) -> Params:
         setup = self.setup
+        if aggregate.empty:  # no aggregate (fewer than t shares): nothing to learn from
+            self.clip_history.append(self.clip_norm)
+            return [np.asarray(p).copy() for p in global_params]
         mean = [np.asarray(t, dtype=np.float64) / setup.denominator for t in aggregate.total]
         unclipped = 0.0
         if setup.adaptive:

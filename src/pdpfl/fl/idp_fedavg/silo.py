@@ -16,7 +16,9 @@ Variants are subclasses:
   unclipped update Δ_i to the aggregator, which clips and adds the noise;
 * :class:`DistributedIdpSilo` -- asked every round, it flips its own Bernoulli(q_{g(i)}) coin
   (:meth:`~DistributedIdpSilo.participates`), clips Δ_i to the public C_t (a zero vector when not
-  sampled) and adds its share N(0, σ_v²C_t²/M) of the noise and a share of the count noise.
+  sampled) and adds its share N(0, σ_v²C_t²/t) of the noise and a share σ_b²/t of the count
+  noise, t = ``setup.survivors``: the fewest clients any released sum holds (issue #22, item 2:
+  a dropout never leaves less noise than the ledgers charge).
 
 Local training uses the two-phase API of :class:`~pdpfl.fl.template.BatchedSilo`:
 :meth:`~IdpSilo.prepare` (shuffle the E epochs), :meth:`~IdpSilo.train_batch` (one batched
@@ -64,6 +66,8 @@ class IdpJob:
     sampled: bool
     #: Its E shuffled epochs when it trains (``sampled``), else None.
     data: tuple[torch.Tensor, torch.Tensor] | None
+    #: t announced by a summation protocol for this round (``SURVIVORS_KEY``), if any.
+    announced: int | None = None
 
 
 class IdpSilo(BatchedSilo[IdpJob, Delta]):
@@ -166,7 +170,11 @@ class IdpSilo(BatchedSilo[IdpJob, Delta]):
                 self.x_train, self.y_train, self.setup.local.epochs,
                 self.randomness.stream("local-shuffle", t, self.client_id),
             )
-        return IdpJob(self, global_params, t, clip, sampled, data)
+        from pdpfl.fl.aggregation.threshold import SURVIVORS_KEY
+
+        announced = plan.config.get(SURVIVORS_KEY)
+        return IdpJob(self, global_params, t, clip, sampled, data,
+                      None if announced is None else int(announced))
 
     @classmethod
     def train_batch(cls, jobs: Sequence[IdpJob]) -> list[Delta]:
@@ -290,10 +298,12 @@ class DistributedIdpSilo(IdpSilo):
     def release_update(
         self, job: IdpJob, delta: list[np.ndarray]
     ) -> tuple[list[np.ndarray], dict[str, float]]:
-        """Clip to C_t·C_p/C, add N(0, σ_v²C_t²/M) and the count share (zeros if not sampled)."""
+        """Clip to C_t·C_p/C, add N(0, σ_v²C_t²/t) and the count share N(0, σ_b²/t) (zeros if
+        not sampled); t: the setup's survivors, or a smaller t the protocol announced."""
         import torch
 
         from pdpfl.dp.steps import clip_vectors, vector_norms
+        from pdpfl.fl.aggregation.threshold import share_std
 
         setup, clip, t = self.setup, job.clip, job.round_index
         vecs = [torch.as_tensor(d, dtype=torch.float64).unsqueeze(0) for d in delta]
@@ -302,14 +312,14 @@ class DistributedIdpSilo(IdpSilo):
             return [v[0].numpy().astype(np.float32) for v in vecs], metrics
         norm = float(vector_norms(vecs)[0])
         vecs, _ = clip_vectors(vecs, clip)
-        m = max(1, setup.asked_per_round - setup.tolerated_dropouts)
         sv = float(setup.value_noise_multiplier or 0.0)
-        std = sv * clip / self.clip_factor / math.sqrt(m)
+        std = share_std(sv * clip / self.clip_factor, setup.survivors, job.announced)
         stream = self.randomness.stream("noise-share", t, self.client_id)
         out = [v[0] + std * stream.normal(tuple(v.shape[1:])) if std > 0 else v[0] for v in vecs]
         if setup.adaptive:
             below = (1.0 if norm <= clip else 0.0) - 0.5 if job.sampled else 0.0
-            share = float(setup.count_noise_std or 0.0) / math.sqrt(m)
+            share = share_std(float(setup.count_noise_std or 0.0), setup.survivors,
+                              job.announced)
             z = float(self.randomness.stream("count-share", t, self.client_id).normal((1,))[0])
             metrics["clip_count"] = below + share * z
         return [v.numpy().astype(np.float32) for v in out], metrics

@@ -18,6 +18,7 @@ import numpy as np
 from pydantic import Field
 
 from pdpfl.config import METHODS, ExperimentConfig, MethodSpec, PrivacyUnitName
+from pdpfl.fl.aggregation.threshold import share_threshold
 from pdpfl.fl.algorithm import Algorithm, PublicSetup, register_algorithm
 from pdpfl.fl.api import FederationInfo
 from pdpfl.fl.common import initial_params, noise_source_problems, silo_model
@@ -96,6 +97,17 @@ class UldpConfig(Algorithm):
         None, gt=0, le=1, description="q: user-level Poisson sub-sampling (Alg. 4, AVG/SGD); "
         "None = every user every round"
     )
+    subsampling: Literal["server", "private"] = Field(
+        "server", description="AVG/SGD with user_rate: who draws the user sample -- the server "
+        "(Alg. 4; it learns who was sampled and is accounted without amplification) or private "
+        "(Sec. 4.1: 1-out-of-P oblivious transfer of Paillier-encrypted weights; needs weights: "
+        "private and user_rate a multiple of 1/ot_items; the server is accounted like a third "
+        "party)",
+    )
+    ot_items: int = Field(
+        10, ge=2, le=1000, description="P: items per user of the private sub-sampling's "
+        "oblivious transfer (q must be a multiple of 1/P; server cost linear in P·|U|)",
+    )
     personal_budgets: bool = Field(
         False, description="AVG/SGD: each user's own ε_u (the budgets section, drawn over "
         "users) enforced through per-user sampling rates q_u and the server's user ledger"
@@ -152,6 +164,10 @@ class UldpConfig(Algorithm):
                 "discloses to the server; set data.public_user_histograms: true to accept that "
                 "(or use uniform weights / group_flags: split with an integer group_k)"
             )
+        if self.subsampling == "private" and not isinstance(self, UserLevelConfig):
+            problems.append(
+                f"algorithm.subsampling: private is for uldp-avg / uldp-sgd, not {self.name!r}"
+            )
         if not self.private:
             return problems
         problems += noise_source_problems(config, "σ such that the planned user-level ε is ε_max")
@@ -175,9 +191,11 @@ class UldpConfig(Algorithm):
         """η_g: ``server_lr``, else the paper's per-method value (spec A.5.4)."""
         return float(self.server_lr) if self.server_lr is not None else self.default_server_lr
 
-    def observer_noise(self, sigma: float, num_silos: int) -> tuple[float, float]:
+    def observer_noise(self, sigma: float, num_silos: int, survivors: int = 0
+                       ) -> tuple[float, float]:
         """(σ_tp, σ_sv): the noise multipliers a third party and the server see per round under
-        plain aggregation (the sum's σ for both unless the variant says otherwise)."""
+        plain aggregation (the sum's σ for both unless the variant says otherwise); ``survivors``
+        is the t each silo's noise share is sized for (0: |S|)."""
         return sigma, sigma
 
     def warnings(self, config: ExperimentConfig, setup: UldpSetup) -> list[str]:
@@ -205,7 +223,8 @@ class UldpConfig(Algorithm):
     def _ledger_plan(self, config: ExperimentConfig, setup: UldpSetup) -> UserLevelPlan:
         """The server's :class:`UserLevelPlan`; under secure summation the server sees only
         the sum, like a third party."""
-        tp, sv = self.observer_noise(setup.noise_multiplier, setup.num_silos)
+        tp, sv = self.observer_noise(setup.noise_multiplier, setup.num_silos,
+                                     int(getattr(setup, "survivors", 0)))
         if config.aggregation == "secure":
             sv = tp
         return user_plan(setup, tp, sv)
@@ -222,6 +241,23 @@ class UldpConfig(Algorithm):
         )
 
 
+def private_subsampling_problems(algo: UldpConfig) -> list[str]:
+    """``algorithm.subsampling: private`` (Sec. 4.1): private weights, one uniform q = k/P."""
+    if algo.user_rate is None or algo.personal_budgets:
+        return ["algorithm.subsampling: private needs one user_rate q (personal budgets draw "
+                "per-user rates the oblivious transfer cannot carry); set algorithm.user_rate"]
+    if algo.weights != "private":
+        return ["algorithm.subsampling: private hides the sample inside the private weighting "
+                f"protocol; set algorithm.weights: private (got {algo.weights!r})"]
+    p, q = int(algo.ot_items), float(algo.user_rate)
+    k = round(q * p)
+    if k < 1 or abs(q * p - k) > 1e-9:
+        return [f"algorithm.user_rate: with subsampling: private, q must be a multiple of 1/P "
+                f"= 1/{p} (algorithm.ot_items) in [1/{p}, 1], got {q!r}; e.g. "
+                f"{max(1, min(p, k)) / p:g}"]
+    return []
+
+
 @register_algorithm
 class UldpNaiveConfig(UldpConfig):
     """ULDP-NAIVE (Alg. 1): silo-level clipping and noise, σ·κC√|S| per silo (κ = 2: the
@@ -236,7 +272,8 @@ class UldpNaiveConfig(UldpConfig):
     def kappa(self) -> float:
         return 2.0 if self.sensitivity == "rigorous" else 1.0
 
-    def observer_noise(self, sigma: float, num_silos: int) -> tuple[float, float]:
+    def observer_noise(self, sigma: float, num_silos: int, survivors: int = 0
+                       ) -> tuple[float, float]:
         eff = sigma * self.kappa / 2.0  # noise σκ|S|C over the rigorous sensitivity 2|S|C
         return eff, eff
 
@@ -337,7 +374,14 @@ class UldpGroupConfig(UldpConfig):
 
 class UserLevelConfig(UldpConfig):
     """ULDP-AVG / ULDP-SGD (Alg. 3-4): per-user vectors, clipped to C, weighted, noised per
-    silo (σC/√|S|); uniform, enhanced or private weights; user sub-sampling; personal budgets."""
+    silo; uniform, enhanced or private weights; user sub-sampling; personal budgets.
+
+    Each silo adds a *share* N(0, σ²C²/t) of the noise (Alg. 3 line 17 has σ²C²/|S|), with
+    t = :func:`~pdpfl.fl.aggregation.share_threshold` ``(config, |S|)`` the fewest silos any
+    round's sum is released with (issue #22, item 2): a dropout never leaves less than the
+    accounted σ²C² in a released sum. The servers declare ``distributed_noise``, so plain
+    summation refuses a round with fewer than t contributions (no aggregate).
+    """
 
     setup_type: ClassVar[type[PublicSetup]] = UserLevelSetup
     default_server_lr: ClassVar[float] = 10.0
@@ -354,14 +398,19 @@ class UserLevelConfig(UldpConfig):
                 "algorithm.user_rate: with personal_budgets each user's rate q_u comes from its "
                 "budget; leave user_rate unset"
             ]
+        if self.subsampling == "private":
+            return private_subsampling_problems(self)
         return []
 
-    def observer_noise(self, sigma: float, num_silos: int) -> tuple[float, float]:
+    def observer_noise(self, sigma: float, num_silos: int, survivors: int = 0
+                       ) -> tuple[float, float]:
         # Enhanced weights under plain aggregation: the server sees silo s's update, where one
-        # user can weigh w_{s,u} = 1 against noise σC/√|S|. Uniform weights (w = 1/|S|), or
-        # private weights (the protocol sums the silos' updates before the server sees them),
-        # leave it the sum's σ.
-        return sigma, sigma / math.sqrt(num_silos) if self.weights == "enhanced" else sigma
+        # user can weigh w_{s,u} = 1 (joint over the silos: ‖w_{·,u}‖₂ ≤ 1) against noise σC/√t
+        # per silo. Uniform weights (‖w_{·,u}‖₂ ≤ 1/√|S|: multiplier σ√(|S|/t) ≥ σ), or private
+        # weights (the protocol sums the silos' updates before the server sees them), leave it
+        # at least the sum's σ.
+        t = survivors or num_silos
+        return sigma, sigma / math.sqrt(t) if self.weights == "enhanced" else sigma
 
     @property
     def samples_users(self) -> bool:
@@ -371,16 +420,20 @@ class UserLevelConfig(UldpConfig):
         users = num_users(config)
         rate = 1.0 if self.personal_budgets or self.user_rate is None else float(self.user_rate)
         sigma = noise_multiplier(config, rate)
-        std = sigma * config.training.max_grad_norm / math.sqrt(info.num_clients)  # l. 17
+        # Alg. 3 l. 17 with the share sized for t survivors, not |S| (issue #22, item 2).
+        survivors = share_threshold(config, info.num_clients)
+        std = sigma * config.training.max_grad_norm / math.sqrt(survivors)
         totals = None
         if self.weights == "enhanced":
             hist = need_histogram(public_histogram(config, info, users),
                                   "algorithm.weights: enhanced weights")
             enhanced_weights(hist)  # validates Σ_s w_(s,u) ≤ 1
             totals = tuple(int(v) for v in hist.sum(axis=0))
+        private = self.subsampling == "private"
         return UserLevelSetup(
             **setup_fields(config, info, users, sigma, std), weights=self.weights,
-            user_totals=totals, user_sampling=self.samples_users,
+            user_totals=totals, user_sampling=self.samples_users and not private,
+            survivors=survivors, ot_items=self.ot_items if private else 0,
         )
 
     def server(self, config: ExperimentConfig, info: FederationInfo, setup: PublicSetup,

@@ -58,8 +58,9 @@ class UldpSetup(PublicSetup):
         σ (0 for DEFAULT).
     noise_std
         The std of each silo's Gaussian noise per release: σκC√|S| (NAIVE, Alg. 1 line 14;
-        κ = 2 rigorous, 1 paper), σC/√|S| (AVG/SGD, Alg. 3 line 17), σC per DP-SGD step
-        (GROUP), 0 (DEFAULT).
+        κ = 2 rigorous, 1 paper), σC/√t (AVG/SGD: a share sized for the t survivors every
+        released sum holds, :class:`UserLevelSetup`; Alg. 3 line 17 has σC/√|S|, which a
+        dropout leaves short), σC per DP-SGD step (GROUP), 0 (DEFAULT).
     delta, rounds, max_grad_norm, local_epochs, local_steps
         δ, T, C, Q and τ.
     """
@@ -102,11 +103,23 @@ class UserLevelSetup(UldpSetup):
     user_sampling
         The server samples users each round (``user_rate`` or personal budgets) and sends the
         round's user mask in the round configuration.
+    survivors
+        t: the fewest noise shares any released sum holds (``pdpfl.fl.aggregation.
+        share_threshold`` of the |S| silos asked; 0 = |S|). Each silo's share has variance
+        σ²C²/t (``noise_std`` = σC/√t), so every admissible set of survivors carries at least
+        the σ²C² the ledger charges (issue #22); the full round carries |S|/t times it.
+    ot_items
+        P > 0: private user-level sub-sampling (Sec. 4.1; ``algorithm.subsampling: private``):
+        the server sends no user mask, a silo picks each user's weight ciphertext by 1-out-of-P
+        oblivious transfer (q·P of the P encrypt the weight), and the server, which never learns
+        the choice, is accounted like a third party. 0: the server samples (Algorithm 4).
     """
 
     weights: str = "uniform"
     user_totals: tuple[int, ...] | None = None
     user_sampling: bool = False
+    survivors: int = 0
+    ot_items: int = 0
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -118,6 +131,16 @@ class UserLevelSetup(UldpSetup):
         if self.weights == "enhanced" and self.user_totals is None:
             raise ValueError("weights: enhanced weights need the published user_totals N_u")
         object.__setattr__(self, "user_sampling", bool(self.user_sampling))
+        t = self.survivors
+        if isinstance(t, bool) or int(t) != t or not 0 <= int(t) <= self.num_silos:
+            raise ValueError(f"setup: survivors must be an integer in [0, {self.num_silos}], "
+                             f"got {t!r}")
+        object.__setattr__(self, "survivors", int(t) or self.num_silos)
+        p = self.ot_items
+        if isinstance(p, bool) or int(p) != p or int(p) < 0 or (p and self.weights != "private"):
+            raise ValueError(f"setup: ot_items must be 0, or P >= 2 with private weights, got "
+                             f"{p!r}")
+        object.__setattr__(self, "ot_items", int(p))
 
 
 @dataclass(frozen=True)
@@ -226,8 +249,11 @@ def user_budgets(config: ExperimentConfig) -> np.ndarray:
 
 
 def user_plan(setup: UldpSetup, third_party: float, server: float) -> UserLevelPlan:
-    """The :class:`~pdpfl.privacy.uldp.UserLevelPlan` of the server's user-level ledger."""
-    return UserLevelPlan(float(third_party), float(server), setup.delta, setup.rounds)
+    """The :class:`~pdpfl.privacy.uldp.UserLevelPlan` of the server's user-level ledger (the
+    server charged like a third party when the sampling is hidden from it: ``ot_items``)."""
+    hidden = int(getattr(setup, "ot_items", 0)) > 0
+    return UserLevelPlan(float(third_party), float(server), setup.delta, setup.rounds,
+                         hidden_sampling=hidden)
 
 
 def user_rates(budgets: np.ndarray, plan: UserLevelPlan, *, allow_exclusion: bool

@@ -290,7 +290,9 @@ class LedgerServer(UldpServer):
 
         Active: not excluded and -- with personal budgets -- passing the pre-check against
         ``privacy.adversary``; taking part: active and its Bernoulli(q_u) coin came up (every
-        active user without sub-sampling). The ledger is charged here, once per round, before
+        active user without sub-sampling, and with private sub-sampling, whose coins the
+        silos draw by oblivious transfer: the server does not know them, and its plan charges
+        both observers on ``active``). The ledger is charged here, once per round, before
         the round's configuration reaches any silo.
         """
         t = int(round_index)
@@ -362,11 +364,17 @@ class NaiveServer(LedgerServer):
 class SamplingServer(LedgerServer):
     """ULDP-AVG/SGD (Algorithms 3-4, Theorem 5): user sub-sampling, divisor |S|·Σ_u q_u.
 
+    Its silos add noise *shares* (σ²C²/t each): ``distributed_noise`` makes plain summation
+    refuse a round with fewer than t contributions (no aggregate; the model is kept).
+
     Parameters (beyond :class:`LedgerServer`'s)
     -------------------------------------------
     personal
         The budgets are the users' own (personal budgets): pre-check every round.
     """
+
+    #: Each silo adds a share σ²C²/t of the noise (pdpfl.fl.aggregation.share_threshold).
+    distributed_noise: ClassVar[bool] = True
 
     def __init__(self, initial_params: Params, setup: UldpSetup, *, personal: bool,
                  **kwargs: Any) -> None:
@@ -374,6 +382,12 @@ class SamplingServer(LedgerServer):
         self.personal = bool(personal)
         self.enforces_budgets = self.personal
         self.samples_users = bool(getattr(setup, "user_sampling", False))
+        p = int(getattr(setup, "ot_items", 0))
+        #: (k, P) with private sub-sampling (Sec. 4.1): k = q·P of the P items a silo obtains
+        #: by oblivious transfer carry the user's weight; the server draws no coins, sends no
+        #: user mask and never learns the sample (None: Algorithm 4 at the server).
+        self.private_sampling: tuple[int, int] | None = (
+            (round(float(self.rates[0]) * p), p) if p else None)
         total_rate = float(self.rates.sum())
         if total_rate <= 0:
             raise ValueError("budgets: no user can be sampled (every q_u = 0)")

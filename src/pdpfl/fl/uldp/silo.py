@@ -128,15 +128,19 @@ class UldpSilo(Silo):
         )
 
     # -- noise ---------------------------------------------------------------------------
-    def privatize(self, sums: list[torch.Tensor], round_index: int) -> list[np.ndarray]:
-        """Add this silo's Gaussian noise N(0, noise_std²) in float64 (its own stream)."""
-        return [o.to(torch.float32).numpy() for o in self.noisy(sums, round_index)]
+    def privatize(self, sums: list[torch.Tensor], round_index: int,
+                  std: float | None = None) -> list[np.ndarray]:
+        """Add this silo's Gaussian noise N(0, std²) (default ``noise_std``) in float64 (its own
+        stream)."""
+        return [o.to(torch.float32).numpy() for o in self.noisy(sums, round_index, std)]
 
-    def noisy(self, sums: list[torch.Tensor], round_index: int) -> list[torch.Tensor]:
-        """``sums`` + N(0, noise_std²) per coordinate in float64 from the silo's own stream."""
+    def noisy(self, sums: list[torch.Tensor], round_index: int,
+              std: float | None = None) -> list[torch.Tensor]:
+        """``sums`` + N(0, std²) per coordinate (default ``noise_std``) in float64 from the
+        silo's own stream."""
         from pdpfl.dp.steps import noisy_normalised_sum
 
-        std = float(self.setup.noise_std)
+        std = float(self.setup.noise_std if std is None else std)
         stream = self.randomness.stream("noise", round_index, self.client_id) if std > 0 else None
         return noisy_normalised_sum([s.to(torch.float64) for s in sums], std, 1.0, stream)
 

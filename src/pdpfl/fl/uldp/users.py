@@ -9,7 +9,9 @@ Per round a silo computes its release in separable steps:
 2. per-user clipping to C (float64 norms);
 3. :meth:`UserLevelSilo.weighted_user_sum` -- Σ_u w_{s,u}·Clip(Δ_{s,u}, C) (line 16), the one
    step that needs the weights w_{s,u} (uniform 1/|S| or enhanced n_{s,u}/N_u, Eq. 4);
-4. :meth:`~pdpfl.fl.uldp.silo.UldpSilo.privatize` -- N(0, σ²C²/|S|) per coordinate (line 17).
+4. :meth:`~pdpfl.fl.uldp.silo.UldpSilo.privatize` -- this silo's noise share N(0, σ²C²/t) per
+   coordinate (line 17 has σ²C²/|S|; t ≤ |S| is the fewest silos any released sum holds,
+   :meth:`UserLevelSilo.share_std`, so a dropout never leaves less than σ²C² in it).
 
 The round's users come from the server's mask in the round configuration (Algorithm 4);
 a silo none of whose users was sampled still releases noise of the same shape.
@@ -57,6 +59,15 @@ class UserLevelSilo(UldpSilo):
             setup.weights, self.counts, self.users, self.num_silos, setup.user_totals,
             self.client_id,
         )
+
+    def share_std(self, config: Scalars) -> float:
+        """σC/√t: the std of this silo's noise share, sized for the t survivors of the setup or
+        the smaller t a summation protocol announced for the round (``SURVIVORS_KEY``)."""
+        from pdpfl.fl.aggregation.threshold import SURVIVORS_KEY, share_std
+
+        s = self.user_setup
+        total = float(s.noise_std) * math.sqrt(s.survivors)  # σC
+        return share_std(total, s.survivors, config.get(SURVIVORS_KEY))
 
     # -- the round's users -------------------------------------------------------------------
     def selected_users(self, config: Scalars) -> np.ndarray:
@@ -140,7 +151,8 @@ class UserLevelSilo(UldpSilo):
             sums = self.weighted_user_sum(clipped, self.user_weights[positions])
         else:  # nobody of this silo was sampled: a noise-only release of the same shape
             sums = [torch.zeros(tuple(np.shape(p)), dtype=torch.float64) for p in global_params]
-        return Contribution(update=self.privatize(sums, plan.round_index))
+        return Contribution(update=self.privatize(sums, plan.round_index,
+                                                  self.share_std(plan.config)))
 
     # -- ULDP-FL private weighting (Protocol 1): what the silo supplies, never sent itself ---
     def user_histogram(self) -> np.ndarray:
@@ -174,7 +186,7 @@ class UserLevelSilo(UldpSilo):
             deltas = np.zeros((0, d))
         zeros = [torch.zeros(s, dtype=torch.float64) for s in shapes]
         noise = np.concatenate([np.asarray(z, dtype=np.float64).ravel()
-                                for z in self.noisy(zeros, t)])
+                                for z in self.noisy(zeros, t, self.share_std(plan.config))])
         return UserUpdates(users=self.users[positions].astype(np.int64), deltas=deltas,
                            noise=noise)
 

@@ -709,6 +709,7 @@ def run_flower(
             f"algorithm.name: {algorithm.name!r} runs only in the simulator; "
             "use runtime: simulation"
         )
+    check_mode(config, mode)
     spec = load_hooks(hooks)
     num_silos = spec.num_silos(config)
     if startup_timeout_s is None:
@@ -806,6 +807,24 @@ def raise_if_diverged(result: Mapping[str, Any], summary: dict[str, Any]) -> Non
     )
     err.result = summary
     raise err
+
+
+def check_mode(config: Any, mode: str) -> None:
+    """Refuse, before any process starts, ``mode="per-message"`` with a summation protocol whose
+    silo side keeps secrets between its stages (keys, mask seeds, Shamir shares: secure summation,
+    private weighting): a fresh process per message would have to write them to disk."""
+    if mode != "per-message":
+        return
+    from pdpfl.fl.aggregation import holds_secrets, protocol_from_config
+
+    name = protocol_from_config(config).name
+    if holds_secrets(name):
+        raise ValueError(
+            f"mode: per-message starts a fresh silo process for every message, so the {name!r} "
+            "protocol's keys and mask seeds would have to be written to the silos' disks "
+            "between its stages; use --mode warm (the default: the pdpfl silo worker keeps them "
+            "in memory) or aggregation: plain"
+        )
 
 
 def _silo_summaries(flower_dir: Path, run_key: str, n: int) -> Any:
