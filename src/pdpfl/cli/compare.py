@@ -240,8 +240,8 @@ def compare_command(
                 if key not in federations:
                     federations[key] = _load_federation(cfg)
                 run_dir = root / method.replace(":", "-") / f"seed{seed}"
-                summary = _simulate(cfg, run_dir, False, progress=False, federation=federations[key],
-                                    created=True)
+                summary = _simulate(cfg, run_dir, False, progress=False,
+                                    federation=federations[key], created=True)
                 row = run_row(method, seed, summary, cfg.privacy.adversary)
                 rows.append(row)
                 for sink in sinks:
@@ -249,7 +249,8 @@ def compare_command(
                 curves.setdefault(method, []).append(_accuracy_curve(run_dir))
                 if not as_json:
                     typer.echo(
-                        f"{method:>14} seed {seed}: accuracy {fmt_acc(_nan(row['final_accuracy']))} "
+                        f"{method:>14} seed {seed}: accuracy "
+                        f"{fmt_acc(_nan(row['final_accuracy']))} "
                         f"({row['seconds']:.1f}s)", err=True,
                     )
         except KeyboardInterrupt:
@@ -268,8 +269,8 @@ def compare_command(
 
             print_json(_finite({"methods": table, "runs": rows}))  # ε = ∞ (no DP) becomes null
             return
-        title = f"{base.name}: final test accuracy, seed{'s' if len(seeds) > 1 else ''} " + ", ".join(
-            map(str, seeds))
+        title = (f"{base.name}: final test accuracy, seed{'s' if len(seeds) > 1 else ''} "
+                 + ", ".join(map(str, seeds)))
         from rich.console import Console
 
         console = Console()
@@ -312,15 +313,11 @@ def _accuracy_curve(run_dir: Path) -> list[float]:
 
 def _write_compare_plot(path: Path, name: str, curves: dict[str, list[list[float]]]) -> None:
     """``compare.png``: mean pooled test accuracy per round (over seeds), one line per method."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    from pdpfl.runtime.plots import _nothing_to_draw, _save_fig
+    from pdpfl.runtime.plots import _figure, _nothing_to_draw, _save_fig
 
-    fig, ax = plt.subplots(figsize=(5.5, 3.4))
+    fig, ax = _figure(5.5, 3.4)
     ax.set_title(f"{name}: test accuracy per round")
     drawn = False
     for method, runs in curves.items():
@@ -344,7 +341,6 @@ def _write_compare_plot(path: Path, name: str, curves: dict[str, list[list[float
         _nothing_to_draw(ax, "no test accuracy was measured")
     fig.tight_layout()
     _save_fig(fig, path)
-    plt.close(fig)
 
 
 def register(app: typer.Typer) -> None:
