@@ -27,6 +27,7 @@ from pdpfl.cli.run import (
     _load_federation,
     _prepare_out,
     _simulate,
+    check_device,
     locked,
 )
 
@@ -177,6 +178,10 @@ def compare_command(
         None, "--import", help="Python file or module to import first (e.g. one that calls "
         "@register_model). Repeatable."
     ),
+    device: str | None = typer.Option(
+        None, "--device", help="Where silos train: auto, cpu, cuda, cuda:N or mps (overrides "
+        "training.device; default cpu)."
+    ),
 ) -> None:
     """Run several methods over several seeds and print mean ± std of the final accuracy.
 
@@ -196,7 +201,10 @@ def compare_command(
     from pdpfl.config import ConfigError, with_updates
 
     import_plugins(plugins)
-    base = _load(config_path, overrides, data_dir)
+    base = _load(config_path, [*(overrides or []),
+                               *([f"training.device={device}"] if device is not None else [])],
+                 data_dir)
+    check_device(base)
     seeds = seeds or [base.seed]
     configs = {}
     for method in methods:
