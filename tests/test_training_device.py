@@ -84,6 +84,27 @@ def test_cuda_without_cuda_is_refused_before_any_work(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="this machine has CUDA")
+@pytest.mark.parametrize("name", ["rpdp", "idp-fedavg", "uldp-avg", "uldp-group", "prifedsync"])
+def test_a_silo_built_alone_refuses_an_absent_device(name: str) -> None:
+    """What a Flower silo calls (``algorithm.client`` with the published setup, as
+    ``runtime/flower/hooks.py`` does) checks the device on the silo's own machine."""
+    from pdpfl.fl.algorithm import as_algorithm
+    from pdpfl.fl.common import party_randomness
+
+    config = toy_config(name)
+    algorithm = as_algorithm(config.algorithm)
+    config, federation = algorithm.prepare(config, load_federation_for(config))
+    info = federation_info(federation, config)
+    setup = algorithm.setup(config, info)
+    on_cuda = with_updates(config, ["training.device=cuda"])
+    assert algorithm.client(config, 0, federation.clients[0], info, setup,
+                            party_randomness(config, "silo-0")) is not None
+    with pytest.raises(ValueError, match=r"^training\.device"):
+        algorithm.client(on_cuda, 0, federation.clients[0], info, setup,
+                         party_randomness(on_cuda, "silo-0"))
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="this machine has CUDA")
 @pytest.mark.parametrize("command", ["run", "compare"])
 def test_cli_device_cuda_without_cuda_exits_2(command: str, tmp_path: Path) -> None:
     cfg = tmp_path / "toy.yaml"
