@@ -576,7 +576,8 @@ def test_apps_reproduce_the_simulation_exactly(
     # selected silo): a separate training exchange only in the first round.
     events = _lines(out / "flower" / "transport.jsonl")
     sent = [e for e in events if "sent" in e]
-    assert [e["round"] for e in sent if e["action"] == "fit"] == [0] * bool(sim_lines[0]["selected"])
+    fits = [e["round"] for e in sent if e["action"] == "fit"]
+    assert fits == [0] * bool(sim_lines[0]["selected"])
     assert [(e["round"], e["sent"]) for e in sent if e["action"] == "fit+evaluate"] == [
         (m["round"], m["selected"]) for m in sim_lines[1:] if m["selected"]
     ]
@@ -786,8 +787,9 @@ def test_resumed_run_replays_releases_instead_of_charging_twice(
     tmp_path: Path, task_identity: None, monkeypatch: Any, mode: str
 ) -> None:
     """Interrupted after round 2 was trained (its request travelled with round 1's evaluation)
-    but before it was evaluated, the resumed run asks again; the silos answer with the very same releases (nothing charged
-    twice, no new noise), so the result equals an uninterrupted run."""
+    but before it was evaluated, the resumed run asks again; the silos answer with the very
+    same releases (nothing charged twice, no new noise), so the result equals an uninterrupted
+    run."""
     from pdpfl.runtime.flower.silo import HOST
 
     config = toy_config(num_silos=3, rounds=4)
