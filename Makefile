@@ -3,7 +3,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test demo bench lint typecheck clean
+.PHONY: install test test-fast demo bench lint typecheck clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -19,6 +19,11 @@ install: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest
+
+# The developer's lane: everything but the multi-second end-to-end (slow) and multi-process
+# Flower (flower) tests; a few minutes on 2 cores. CI runs `make test` (the whole suite).
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -m "not slow and not flower"
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks

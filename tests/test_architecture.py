@@ -118,6 +118,7 @@ def test_no_import_cycles() -> None:
     assert not cycles, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in cycles)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("algorithm", ["rpdp", "idp_fedavg", "uldp", "prifedsync"])
 def test_algorithm_packages_do_not_import_each_other(algorithm: str) -> None:
     others = {"rpdp", "idp_fedavg", "uldp", "prifedsync"} - {algorithm}

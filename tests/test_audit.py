@@ -174,6 +174,7 @@ def _invoke(*args: str) -> Any:
         (["--set", "training.rounds=0"], "training.rounds"),
     ],
 )
+@pytest.mark.slow
 def test_cli_bad_input_exits_2_and_writes_nothing(tmp_path: Path, extra: list[str],
                                                   message: str) -> None:
     out = tmp_path / "out"
@@ -201,6 +202,7 @@ def test_cli_writes_the_audit_and_refuses_to_overwrite(tmp_path: Path) -> None:
     assert "audit: server" in forced.output and "third party" not in forced.output
 
 
+@pytest.mark.slow
 def test_cli_exits_1_on_a_violation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A found bug: the outputs are written, the violation is named, the exit status is 1."""
     from pdpfl.audit.bound import AuditBound

@@ -76,6 +76,7 @@ def test_zero_at_chance_and_never_above_perfect_guessing(r: int, delta: float,
         assert epsilon_lower_bound(m, r, r, 0.0, level) == pytest.approx(top, rel=1e-9)
 
 
+@pytest.mark.slow
 @settings(max_examples=25, deadline=None)
 @given(r=st.integers(4, 300), delta=st.sampled_from([0.0, 1e-6, 1e-4, 1e-3]))
 def test_monotone_in_correct_guesses(r: int, delta: float) -> None:

@@ -44,6 +44,7 @@ plans = st.builds(
 )
 
 
+@pytest.mark.slow
 @given(
     plan=plans,
     adversary=st.sampled_from(["third-party", "server", "both"]),
@@ -97,6 +98,7 @@ def test_large_budgets_get_rate_one(estimator: CertifiedEstimator) -> None:
     assert estimator.rates(np.array([e1 * 0.999]))[0] < 1.0
 
 
+@pytest.mark.slow
 def test_infeasible_budgets_raise_or_are_excluded() -> None:
     # With δ = 1e-8 even the smallest grid rate costs ε > 0 (with δ = 1e-3 it costs 0).
     plan = dataclasses.replace(PLAN, delta=1e-8)
@@ -126,6 +128,7 @@ def test_estimator_json_round_trip_is_exact(estimator: CertifiedEstimator) -> No
         estimator_from_dict(wire)
 
 
+@pytest.mark.slow
 def test_both_adversaries_is_the_stricter() -> None:
     b = np.array([0.3, 1.0, 4.0])
     q_both = fit_estimator(PLAN, adversary="both").rates(b)
@@ -149,6 +152,7 @@ def test_bad_budgets_are_rejected(bad: list) -> None:
         calibrate(np.asarray(bad, dtype=float), PLAN)
 
 
+@pytest.mark.slow
 def test_pld_certified_calibration_gives_larger_rates_and_matches_the_ledger() -> None:
     # A coarse grid keeps the one-time PLD grid computation small in a unit test.
     from pdpfl.ledger import PrivacyLedger

@@ -58,6 +58,7 @@ def test_scf_json_round_trip(scf: SCFEstimator) -> None:
     np.testing.assert_array_equal(again.rates(b), scf.rates(b))
 
 
+@pytest.mark.slow
 def test_binary_search_agrees_with_certified_within_tolerance() -> None:
     plan = dataclasses.replace(TUTORIAL, rounds=10, client_rate=0.8)
     b = np.array([0.2, 0.5, 0.5, 1.0, 2.5, 7.0, 50.0])
@@ -90,6 +91,7 @@ def test_noise_for_uniform_rate_is_tight() -> None:
         noise_for_uniform_rate(1.0, 1.5, TUTORIAL)
 
 
+@pytest.mark.slow
 def test_group_sampling_rates_idp_fedavg_algorithm_1() -> None:
     # Client-level: 100 clients, c = 10 per round, 50 rounds, ε 1-2-3, 54/37/9 %.
     template = TrainingPlan(noise_multiplier=1.0, delta=1e-5, steps=50, rounds=None)

@@ -62,6 +62,7 @@ def test_invalid_choice_exits_2_without_output(tmp_path: Path) -> None:
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_run_writes_outputs_and_json(tmp_path: Path) -> None:
     cfg = _write(tmp_path, TINY)
     out = tmp_path / "out"
@@ -78,6 +79,7 @@ def test_run_writes_outputs_and_json(tmp_path: Path) -> None:
     assert "cli-tiny · rpdp" in res.stdout and "outputs written" in res.stdout
 
 
+@pytest.mark.slow
 def test_compare_table_and_csv(tmp_path: Path) -> None:
     cfg = _write(tmp_path, TINY)
     table = tmp_path / "runs.csv"

@@ -101,6 +101,7 @@ def test_rng_matches_pdpfl_seeding() -> None:
     )
 
 
+@pytest.mark.slow
 def test_data_layer_does_not_import_torch() -> None:
     import subprocess
     import sys

@@ -13,6 +13,11 @@ Blocks that are known to fail on this branch and are fixed by another branch are
 :data:`KNOWN_BROKEN` by a hash of their exact text: they are expected to fail (a strict xfail: a
 listed block that passes fails the test so the entry gets removed), and any edit of the block
 makes it run for real again.
+
+Blocks that read the real datasets (``../shared/data``) skip with that reason when the folder is
+absent (a clone without the datasets), unless they guard themselves with ``[ -d ../shared/data``;
+a later block of the same page that then fails is skipped with the same reason (it likely needed
+the earlier block's outputs).
 """
 
 from __future__ import annotations
@@ -107,6 +112,17 @@ class Outcome:
 
 _RESULTS: dict[Path, dict[int, Outcome]] = {}
 
+#: ``../shared/data`` beside the checkout (the real datasets; absent in a bare clone).
+SHARED_DATA = ROOT.parent / "shared" / "data"
+_GUARDED = re.compile(r"\[\s+-[de]\s+\S*shared/data")
+
+
+def data_skip_reason(text: str, data_dir: Path) -> str | None:
+    """Why a block that reads ``../shared/data`` cannot run here (None when it can)."""
+    if "shared/data" not in text or _GUARDED.search(text) or data_dir.is_dir():
+        return None
+    return f"needs the shared datasets, not found at {data_dir} (CI provides ../shared/data)"
+
 
 def _workspace(tmp: Path) -> Path:
     """A fresh folder holding a copy of ``examples/`` (and ``../shared`` linked beside it)."""
@@ -169,7 +185,7 @@ def _run_bash(block: Block, cwd: Path) -> Outcome:
                    _children_cpu() - c0)
 
 
-def run_page(page: Path, tmp: Path) -> dict[int, Outcome]:
+def run_page(page: Path, tmp: Path, data_dir: Path = SHARED_DATA) -> dict[int, Outcome]:
     """Run every block of ``page`` in order (cached: one run per page per session)."""
     if page in _RESULTS:
         return _RESULTS[page]
@@ -179,15 +195,24 @@ def run_page(page: Path, tmp: Path) -> dict[int, Outcome]:
     cwd = _workspace(tmp)
     namespace: dict = {"__name__": "__docs__"}
     results: dict[int, Outcome] = {}
+    missing_data: str | None = None  # set once a block of this page skipped for the datasets
     for block in parse_blocks(page):
+        no_data = data_skip_reason(block.text, data_dir)
         if block.no_run is not None:
             results[block.line] = Outcome("skip", block.no_run)
         elif _digest(block.text) in NOT_RUN_HERE:
             results[block.line] = Outcome("skip", NOT_RUN_HERE[_digest(block.text)])
-        elif block.lang == "python":
-            results[block.line] = _run_python(block, namespace, cwd)
+        elif no_data is not None:
+            results[block.line] = Outcome("skip", no_data)
+            missing_data = no_data
         else:
-            results[block.line] = _run_bash(block, cwd)
+            if block.lang == "python":
+                outcome = _run_python(block, namespace, cwd)
+            else:
+                outcome = _run_bash(block, cwd)
+            if outcome.status == "fail" and missing_data is not None:
+                outcome = Outcome("skip", f"an earlier block of this page {missing_data}")
+            results[block.line] = outcome
     _RESULTS[page] = results
     return results
 
@@ -237,3 +262,28 @@ def test_parser_finds_blocks_and_markers(tmp_path: Path) -> None:
     assert [(b.lang, b.line, b.no_run) for b in blocks] == [
         ("python", 2, None), ("bash", 6, "needs a GPU")]
     assert blocks[0].text == "x = 1\n"
+
+
+def test_blocks_that_need_absent_datasets_skip_with_the_reason(tmp_path: Path) -> None:
+    """A clone without ``../shared/data``: the blocks reading it, and later blocks of the page
+    that then fail, skip with the reason; blocks that do not need the data still run."""
+    page = tmp_path / "page.md"
+    page.write_text(
+        "```bash\necho ok > independent.txt\n```\n\n"
+        "```bash\ncp ../shared/data/x.csv out.csv\n```\n\n"
+        "```bash\ncat out.csv\n```\n\n"
+        "```bash\nif [ -d ../shared/data ]; then echo yes; else echo no; fi\n```\n",
+        encoding="utf-8",
+    )
+    absent = tmp_path / "nowhere" / "data"
+    results = run_page(page, tmp_path / "ws", data_dir=absent)
+    first, data, after, guarded = (results[line] for line in sorted(results))
+    assert first.status == "ok"
+    assert data.status == "skip" and str(absent) in data.detail
+    assert after.status == "skip" and "earlier block" in after.detail
+    assert guarded.status == "ok"
+    present = tmp_path / "present"
+    present.mkdir()
+    assert data_skip_reason("pdpfl run x.yaml --data-dir ../shared/data", present) is None
+    assert data_skip_reason("pdpfl run x.yaml --data-dir ../shared/data", absent) is not None
+    assert data_skip_reason("print(1)", absent) is None

@@ -168,6 +168,7 @@ def test_squared_norm_budgets_formula_and_errors():
         squared_norm_budgets([5.0], delta=delta, noise_multiplier=sigma, max_grad_norm=C, alpha=1)
 
 
+@pytest.mark.slow
 def test_rpdp_sgd_with_the_certified_calibrator_honours_every_budget():
     """Centralized rPDP-SGD wired to the real calibrator: every record's exact ε ≤ its budget."""
     from pdpfl.calibration import calibrate

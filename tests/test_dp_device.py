@@ -51,6 +51,7 @@ def _run(device, seed=3):
     return res, np.concatenate([a.ravel() for a in get_params(model)])
 
 
+@pytest.mark.slow
 def test_train_steps_on_cpu_device_is_the_default_run():
     a, pa = _run(None)
     b, pb = _run("cpu")
@@ -89,6 +90,7 @@ def test_cuda_step_matches_the_cpu_step():  # pragma: no cover - needs a GPU
         torch.testing.assert_close(c, g.cpu(), rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_batched_trainers_accept_a_device():
     torch.manual_seed(0)
     model = create_model("mlp", (5,), 3)
@@ -138,6 +140,7 @@ def test_in_place_op_on_a_recorded_output_gives_the_exact_clipped_sum():
     assert engine._workspace.clone_outputs
 
 
+@pytest.mark.slow
 def test_engine_reuses_buffers_without_mixing_steps():
     """The engine keeps per-sample buffers between steps: a second batch gives what a fresh
     computation gives."""

@@ -126,6 +126,7 @@ def _gram_for_ghost(request, monkeypatch):
         monkeypatch.setattr(bookkeeping, "_MATERIALISE_LIMIT", 0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["logreg", "mlp", "cnn", "mixed", "ghost", "oddconv"])
 @pytest.mark.parametrize("method", ["hooks", "func"])
 def test_per_sample_gradients_match_loop(name, method):
@@ -136,6 +137,7 @@ def test_per_sample_gradients_match_loop(name, method):
     torch.testing.assert_close(flat, _loop_grads(model, x, y), atol=1e-6, rtol=0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["logreg", "mlp", "cnn", "mixed", "ghost", "oddconv"])
 def test_clipped_sum_matches_explicit_clipping(name):
     model, x, y = _case(name, n=9)
@@ -183,6 +185,7 @@ def test_sigma_zero_gradient_is_clipped_mean_scaled_by_realized_over_expected():
     torch.testing.assert_close(got, clipped.mean(0) * (10 / expected_bs), atol=1e-10, rtol=1e-8)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("empty", [True, False])
 def test_noise_std_matches_sigma_c_over_expected_batch(empty):
     torch.manual_seed(0)
@@ -333,6 +336,7 @@ def test_private_step_update_equals_lr_times_privatized_gradient():
     torch.testing.assert_close(now, start - lr * clipped)
 
 
+@pytest.mark.slow
 def test_same_seed_same_model_and_different_seed_differs():
     def run(seed):
         model, x, y = _case("cnn", n=20)
@@ -444,6 +448,7 @@ def test_evaluate_reports_per_class_accuracy():
     assert model.training
 
 
+@pytest.mark.slow
 def test_resnet18_gn_hook_clipping_matches_loop():
     torch.manual_seed(0)
     model = create_model("resnet18-gn", (3, 16, 16), 10).double()

@@ -121,6 +121,7 @@ def run_like_the_simulator(config: Any, tmp_path: Path, monkeypatch: Any,
     return sim, result, log
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("task_identity")
 @pytest.mark.parametrize("name", _flower_algorithms())
 def test_every_algorithm_runs_on_flower_like_the_simulator(

@@ -6,6 +6,7 @@ parties keep the λ-amplified bound (issue #22, item 4)."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from pdpfl.config import config_from_dict
 from pdpfl.privacy.two_stage import plan_epsilon
@@ -28,6 +29,7 @@ TINY = {
 }
 
 
+@pytest.mark.slow
 def test_the_server_is_charged_its_realized_participations_like_in_visible_mode(tmp_path):
     import pdpfl
 

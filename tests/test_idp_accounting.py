@@ -62,6 +62,7 @@ def dp_accounting_epsilon(q: float, sigma: float, rounds: int, delta: float) -> 
     return float(acc.get_epsilon(delta))
 
 
+@pytest.mark.slow
 def test_each_client_keeps_one_ledger_of_itself_named_by_its_data():
     config, federation, _, clients = _build()
     setup = clients[0].setup

@@ -309,6 +309,7 @@ def test_publication_round_trips_through_json_with_infinite_budgets():
 # ------------------------------------------------------------ batching = the per-client loop
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", ["central", "distributed"])
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
 def test_transport_batch_equals_each_silo_alone_and_the_loop(optimizer, variant, monkeypatch):
@@ -396,6 +397,7 @@ def toy_run(tmp_path_factory):
     return summary, out
 
 
+@pytest.mark.slow
 def test_end_to_end_no_client_over_budget(toy_run):
     summary, out = toy_run
     assert summary["completed"] and summary["privacy_unit"] == "client"
@@ -429,6 +431,7 @@ def test_end_to_end_no_client_over_budget(toy_run):
     assert [columns[f"rate_{k}"] for k in ("1", "2", "3")] == rates
 
 
+@pytest.mark.slow
 def test_resume_reproduces_an_uninterrupted_run(toy_run, tmp_path):
     from pdpfl.runtime.loop import load_checkpoint
     from pdpfl.runtime.simulation import run_simulation

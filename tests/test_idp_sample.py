@@ -65,6 +65,7 @@ def emnist_sample():
                                   delta=1e-4, rounds=420)
 
 
+@pytest.mark.slow
 def test_sample_emnist_every_group_within_budget_and_mean_rate_on_target(emnist_sample):
     res = emnist_sample
     assert res.budgets == (1.0, 2.0, 3.0)
@@ -81,6 +82,7 @@ def test_sample_emnist_every_group_within_budget_and_mean_rate_on_target(emnist_
     assert res.noise_multiplier == pytest.approx(0.90122, abs=5e-3)
 
 
+@pytest.mark.slow
 def test_sample_never_keeps_the_searchs_rates(monkeypatch, emnist_sample):
     """The search's rates are discarded: a stale, overspending vector cannot leak through."""
     import pdpfl.calibration.noise as calibrate

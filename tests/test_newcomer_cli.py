@@ -11,6 +11,7 @@ import os
 import re
 from pathlib import Path
 
+import pytest
 import yaml
 from typer.testing import CliRunner
 
@@ -147,6 +148,7 @@ def test_run_refuses_a_folder_holding_the_users_files(tmp_path: Path) -> None:
     _clean_exit_2(_invoke("run", str(cfg), "--out", str(out), "--force", "--resume"), "--resume")
 
 
+@pytest.mark.slow
 def test_compare_out_follows_the_same_rule(tmp_path: Path) -> None:
     cfg = _cfg(tmp_path)
     out = tmp_path / "cmp"

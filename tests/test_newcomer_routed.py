@@ -78,6 +78,7 @@ def _quick_start():
     return eps, plan, result, spent
 
 
+@pytest.mark.slow
 def test_calibration_report_min_epsilon_describes_the_records() -> None:
     _, _, result, spent = _quick_start()
     assert spent.min() > 0.09

@@ -42,6 +42,7 @@ def _silos(n_test: tuple[int, ...] = (6, 6, 6), n_train: int = 30, seed: int = 0
 # --------------------------------------------------------------- your dataset, recorded truly
 
 
+@pytest.mark.slow
 def test_run_simulation_records_a_user_federation_truthfully(tmp_path: Path) -> None:
     cfg = config_from_dict(BASE)  # says breast-cancer ...
     fed = _silos()                # ... but the user passes their own federation
@@ -60,6 +61,7 @@ def test_run_simulation_records_a_user_federation_truthfully(tmp_path: Path) -> 
     assert own["config"]["data"]["dataset"] == "breast-cancer"
 
 
+@pytest.mark.slow
 def test_train_with_a_torch_module_and_budgets_by_id(tmp_path: Path) -> None:
     torch = pytest.importorskip("torch")
     rng = np.random.default_rng(1)
@@ -100,6 +102,7 @@ def test_train_with_a_torch_module_and_budgets_by_id(tmp_path: Path) -> None:
 # ---------------------------------------------------------------------- the one output rule
 
 
+@pytest.mark.slow
 def test_run_simulation_follows_the_output_rule(tmp_path: Path) -> None:
     cfg = config_from_dict(BASE)
     out = tmp_path / "o"
@@ -125,6 +128,7 @@ def test_run_simulation_follows_the_output_rule(tmp_path: Path) -> None:
 # ---------------------------------------------------------- empty splits, honest budget mixes
 
 
+@pytest.mark.slow
 def test_empty_test_split_pools_over_existing_records_and_warns_once(tmp_path: Path) -> None:
     cfg = config_from_dict(BASE)
     fed = _silos(n_test=(6, 0, 6))
@@ -136,6 +140,7 @@ def test_empty_test_split_pools_over_existing_records_and_warns_once(tmp_path: P
         str(rec[0].message)]
 
 
+@pytest.mark.slow
 def test_no_test_records_anywhere_is_said_not_silent(tmp_path: Path) -> None:
     import matplotlib
 

@@ -166,6 +166,7 @@ def test_elastic_sync_moves_joined_models_exactly_alpha_and_others_keep_theirs()
             np.testing.assert_array_equal(h, b)
 
 
+@pytest.mark.slow
 def test_join_coins_are_each_clients_own_and_empty_rounds_are_not_redrawn() -> None:
     config = _config(training__client_rate=0.1, training__rounds=12)
     _, server, clients = _build(config)
@@ -190,6 +191,7 @@ def test_join_coins_are_each_clients_own_and_empty_rounds_are_not_redrawn() -> N
     assert empty > 0 and server.empty_rounds == empty and len(server.joined) == 12
 
 
+@pytest.mark.slow
 def test_server_lr_interpolates_the_global_model() -> None:
     _, server, clients = _build(_config(algorithm=dict(name="prifedsync", server_lr=0.5),
                                         training__client_rate=1.0))
@@ -201,6 +203,7 @@ def test_server_lr_interpolates_the_global_model() -> None:
         np.testing.assert_allclose(g, 0.5 * np.asarray(p, np.float64) + 0.5 * m, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_evaluation_reports_the_local_or_the_global_model() -> None:
     from pdpfl.dp.engine import evaluate
     from pdpfl.models import set_params
@@ -295,6 +298,7 @@ def test_ledger_stops_a_client_before_it_would_exceed() -> None:
     assert np.all(led.spent_epsilon("both") <= target)
 
 
+@pytest.mark.slow
 def test_per_client_targets_pick_each_clients_noise_and_the_ledger_stops_them() -> None:
     config = _config(
         algorithm=dict(name="prifedsync", target_epsilon=[1.0, 4.0, 4.0, 4.0, 8.0, None],
@@ -329,6 +333,7 @@ def test_per_client_targets_pick_each_clients_noise_and_the_ledger_stops_them() 
     assert report["eps_strong_paper_rigorous"] >= report["eps_rigorous_max"]
 
 
+@pytest.mark.slow
 def test_clt_enforced_targets_are_still_judged_by_the_rigorous_bound() -> None:
     # Few steps per client: the CLT under-reports, so a CLT-calibrated σ overshoots the target
     # under the rigorous bound -- and the summary says so instead of hiding it.
@@ -349,6 +354,7 @@ def test_clt_enforced_targets_are_still_judged_by_the_rigorous_bound() -> None:
     assert summary.approximate["gdp-clt_epsilon_max_server"] == pytest.approx(c.spent("clt"))
 
 
+@pytest.mark.slow
 def test_summary_headline_is_the_rigorous_epsilon(tmp_path) -> None:
     import json
 
@@ -391,6 +397,7 @@ def test_state_is_pickle_free_and_resumes_exactly() -> None:
     np.testing.assert_array_equal(fresh[2].ledger.ids, clients[2].ledger.ids)
 
 
+@pytest.mark.slow
 def test_poisson_sampler_option_runs_and_accounts_add_remove() -> None:
     config = _config(algorithm=dict(name="prifedsync", sampler="poisson"),
                      training__client_rate=1.0)

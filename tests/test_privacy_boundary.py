@@ -136,6 +136,7 @@ def test_a_crafted_pickle_checkpoint_is_refused_without_running_it(tmp_path: Pat
     assert not marker.exists()
 
 
+@pytest.mark.slow
 def test_a_truncated_or_tampered_checkpoint_is_a_clear_error(tmp_path: Path) -> None:
     cfg = config_from_dict(TINY, ["rounds=2"])
     fed = load_federation_for(cfg)

@@ -145,6 +145,7 @@ def test_gaussian_mechanism_matches_exact_pld(sigma) -> None:
         assert float(gdp_epsilon(1.0 / sigma, delta)) == pytest.approx(ref, rel=1e-3, abs=1e-6)
 
 
+@pytest.mark.slow
 def test_clt_can_under_report_epsilon() -> None:
     # Bu et al.'s CLT is an approximation: few steps with a large rate under-report ε.
     q, sigma, steps, delta = 0.2, 0.8, 10, 1e-5

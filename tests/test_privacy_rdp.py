@@ -157,6 +157,7 @@ def test_issue_points_sigma_10_alpha_1_4(q: float) -> None:
 @example(log_q=-7.0, sigma=0.5, alpha=6.5)  # ⌈α⌉ = 7: 1.1 % above before, 0.6 % now
 @example(log_q=-5.5, sigma=0.5, alpha=1.25)  # ⌈α⌉ = 2 (even), where 0.11 % was seen
 # outside the tight regime (Λ = 26): an upper bound, ~×1000 above (rdp.py: "Tightness")
+@pytest.mark.slow
 @example(log_q=-10.5, sigma=0.5, alpha=11.5)
 def test_every_order_is_an_upper_bound_at_every_q(log_q: float, sigma: float, alpha: float):
     q = 10.0**log_q

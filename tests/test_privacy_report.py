@@ -36,6 +36,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
     return out, summary
 
 
+@pytest.mark.slow
 def test_the_table_has_one_row_per_record_with_its_id_and_matches_the_summary(run) -> None:
     out, summary = run
     table = pdpfl.privacy_table(out, as_frame=False)
@@ -52,6 +53,7 @@ def test_the_table_has_one_row_per_record_with_its_id_and_matches_the_summary(ru
     assert np.all(table["rounds_server"] <= table["rounds_third_party"])
 
 
+@pytest.mark.slow
 def test_the_cli_writes_privacy_csv_and_answers_for_one_id(run) -> None:
     out, summary = run
     runner = CliRunner()
@@ -72,6 +74,7 @@ def test_the_cli_writes_privacy_csv_and_answers_for_one_id(run) -> None:
     assert f"record {pick['id']}" in res.stdout and "third party: ε spent" in res.stdout
 
 
+@pytest.mark.slow
 def test_unknown_ids_and_folders_without_ledgers_are_clear_errors(run, tmp_path) -> None:
     out, _ = run
     runner = CliRunner()
@@ -81,6 +84,7 @@ def test_unknown_ids_and_folders_without_ledgers_are_clear_errors(run, tmp_path)
     assert res.exit_code == 2 and "no ledger files" in res.output
 
 
+@pytest.mark.slow
 def test_ids_and_charges_survive_a_resume(tmp_path) -> None:
     cfg = config_from_dict(TINY)
     full = tmp_path / "full"

@@ -36,6 +36,7 @@ def test_a_relative_and_an_absolute_data_dir_are_the_same_run(tmp_path, monkeypa
     assert summary["rounds_completed"] == 2
 
 
+@pytest.mark.slow
 def test_a_finished_run_is_extended_and_every_extra_round_is_charged(tmp_path) -> None:
     out = tmp_path / "run"
     # σ given, and a group with a budget far above what T = 2 rounds at q = 1 spend: room to go on

@@ -49,6 +49,7 @@ def partial_run(tmp_path_factory: pytest.TempPathFactory):
     return cfg, server, clients, result, out
 
 
+@pytest.mark.slow
 def test_no_record_over_budget_for_either_adversary(partial_run) -> None:
     cfg, server, clients, result, _ = partial_run
     for c in clients.values():
@@ -61,6 +62,7 @@ def test_no_record_over_budget_for_either_adversary(partial_run) -> None:
     assert result["privacy"].units == sum(len(c.budgets) for c in clients.values())
 
 
+@pytest.mark.slow
 def test_lambda_below_one_leaves_clients_out_and_type_I_follows_participation(partial_run) -> None:
     cfg, server, clients, result, _ = partial_run
     T = cfg.training.rounds
@@ -82,6 +84,7 @@ def test_lambda_below_one_leaves_clients_out_and_type_I_follows_participation(pa
     assert np.ptp(tp) <= 1e-9 * max(tp)
 
 
+@pytest.mark.slow
 def test_larger_budgets_are_sampled_more_often() -> None:
     cfg, server, clients, fed = _run(["client_rate=1.0", "rounds=4", "local_steps=25",
                                       "privacy.adversary=third-party"])
@@ -108,6 +111,7 @@ def _tmp() -> Path:
     return Path(tempfile.mkdtemp(prefix="pdpfl-test-"))
 
 
+@pytest.mark.slow
 def test_resume_equals_uninterrupted(tmp_path: Path) -> None:
     cfg = config_from_dict(TINY, ["rounds=4"])
     fed = load_federation_for(cfg)
@@ -120,10 +124,10 @@ def test_resume_equals_uninterrupted(tmp_path: Path) -> None:
     b = np.load(tmp_path / "part" / "model.npz")
     for k in a.files:
         np.testing.assert_array_equal(a[k], b[k])
-    def metrics_of(run: Path) -> list[dict]:
-        return [{k: v for k, v in m.items() if k != "seconds"} for m in read_metrics(run)]
-
-    strip, strip2 = metrics_of(tmp_path / "full"), metrics_of(tmp_path / "part")
+    strip, strip2 = (
+        [{k: v for k, v in m.items() if k != "seconds"} for m in read_metrics(tmp_path / d)]
+        for d in ("full", "part")
+    )
     assert strip == strip2
     for key in ("final_accuracy", "per_group", "over_budget", "participation"):
         assert full[key] == resumed[key]
@@ -209,6 +213,7 @@ def test_rpdp_beats_minimum_on_the_digits_demo(tmp_path: Path) -> None:
     assert acc["rpdp"] > acc["minimum"] + 0.05, acc
 
 
+@pytest.mark.slow
 def test_secure_runs_draw_fresh_noise_and_say_so(tmp_path: Path) -> None:
     """Same config, secure randomness: the two runs' models differ (nothing derives from seed)."""
     cfg = config_from_dict(TINY, ["rounds=1", "randomness=secure", "client_rate=1.0"])
@@ -228,6 +233,7 @@ def test_reproducible_mode_warns() -> None:
         run_federation(cfg, server, InProcessTransport(clients), _tmp(), progress=False)
 
 
+@pytest.mark.slow
 def test_third_party_only_runs_warn_when_the_server_view_exceeds_budgets(tmp_path: Path) -> None:
     """The paper's setting (third-party adversary, λ < 1): the server's view can exceed budgets;
     the headline reports it per observer and warns instead of hiding it."""

@@ -46,6 +46,7 @@ def _run_rounds(server, rounds):
     return taken
 
 
+@pytest.mark.slow
 def test_no_user_exceeds_its_budget_and_larger_budgets_sample_more() -> None:
     dp_accounting = pytest.importorskip("dp_accounting")
     config, server = _server()

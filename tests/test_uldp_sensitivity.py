@@ -72,6 +72,7 @@ def _pre_noise(silos, params):
     return total
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", ["avg", "sgd"])
 @pytest.mark.parametrize("weights", ["uniform", "enhanced"])
 def test_removing_a_user_moves_the_aggregate_by_at_most_c(variant, weights) -> None:

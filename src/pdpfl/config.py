@@ -313,6 +313,23 @@ class TrainingConfig(_Section):
         "private data; the privacy-free baseline samples at rate B/n",
     )
     physical_batch_size: int = Field(512, ge=1)
+    device: str = Field(
+        "cpu",
+        description="where each silo trains: cpu (default), cuda, cuda:<index>, mps, or auto "
+        "(cuda if available, else mps, else cpu); parameters leave the device as CPU arrays "
+        "before release and aggregation, and the random numbers are drawn on the CPU",
+    )
+
+    @field_validator("device")
+    @classmethod
+    def _device_name(cls, value: str) -> str:
+        import re
+
+        if not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", value):
+            raise ValueError(
+                f"expected one of auto, cpu, cuda, cuda:<index>, mps, got {value!r}"
+            )
+        return value
 
     @field_validator("lr", "weight_decay")
     @classmethod
@@ -704,6 +721,7 @@ def run_fingerprint(config: ExperimentConfig) -> str:
     data.pop("output_dir", None)
     data.pop("save_models", None)
     data["training"].pop("rounds", None)
+    data["training"].pop("device", None)  # a run may continue on another device
     for section, key in (("data", "data_dir"), ("budgets", "file")):
         value = data.get(section, {}).get(key)
         if value:

@@ -27,6 +27,7 @@ from pdpfl.cli.run import (
     _load_federation,
     _prepare_out,
     _simulate,
+    check_device,
     locked,
 )
 
@@ -177,6 +178,10 @@ def compare_command(
         None, "--import", help="Python file or module to import first (e.g. one that calls "
         "@register_model). Repeatable."
     ),
+    device: str | None = typer.Option(
+        None, "--device", help="Where silos train: auto, cpu, cuda, cuda:N or mps (overrides "
+        "training.device; default cpu)."
+    ),
 ) -> None:
     """Run several methods over several seeds and print mean ± std of the final accuracy.
 
@@ -200,7 +205,10 @@ def compare_command(
     from pdpfl.config import ConfigError, with_updates
 
     import_plugins(plugins)
-    base = _load(config_path, overrides, data_dir)
+    base = _load(config_path, [*(overrides or []),
+                               *([f"training.device={device}"] if device is not None else [])],
+                 data_dir)
+    check_device(base)
     seeds = seeds or [base.seed]
     configs = {}
     for method in methods:
@@ -254,7 +262,8 @@ def compare_command(
                 if not as_json:
                     typer.echo(
                         f"{method:>14} seed {seed}: accuracy "
-                        f"{fmt_acc(_nan(row['final_accuracy']))} ({row['seconds']:.1f}s)", err=True,
+                        f"{fmt_acc(_nan(row['final_accuracy']))} "
+                        f"({row['seconds']:.1f}s)", err=True,
                     )
         except KeyboardInterrupt:
             where = ", ".join(str(s.path) for s in sinks)
@@ -316,15 +325,11 @@ def _accuracy_curve(run_dir: Path) -> list[float]:
 
 def _write_compare_plot(path: Path, name: str, curves: dict[str, list[list[float]]]) -> None:
     """``compare.png``: mean pooled test accuracy per round (over seeds), one line per method."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    from pdpfl.runtime.plots import _nothing_to_draw, _save_fig
+    from pdpfl.runtime.plots import _figure, _nothing_to_draw, _save_fig
 
-    fig, ax = plt.subplots(figsize=(5.5, 3.4))
+    fig, ax = _figure(5.5, 3.4)
     ax.set_title(f"{name}: test accuracy per round")
     drawn = False
     for method, runs in curves.items():
@@ -348,7 +353,6 @@ def _write_compare_plot(path: Path, name: str, curves: dict[str, list[list[float
         _nothing_to_draw(ax, "no test accuracy was measured")
     fig.tight_layout()
     _save_fig(fig, path)
-    plt.close(fig)
 
 
 def register(app: typer.Typer) -> None:

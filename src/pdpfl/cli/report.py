@@ -6,11 +6,12 @@ Every privacy number comes from the run's typed :class:`~pdpfl.ledger.PrivacySum
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from pdpfl.ledger import PrivacySummary
+if TYPE_CHECKING:  # the ledger (and scipy under it) is imported when a table is drawn
+    from pdpfl.ledger import PrivacySummary
 
 __all__ = [
     "compare_table",
@@ -50,6 +51,8 @@ def plural(unit: str, count: int | None = None) -> str:
 
 def typed_privacy(summary: dict[str, Any]) -> PrivacySummary | None:
     """The run's typed privacy summary (None in a view that has none)."""
+    from pdpfl.ledger import PrivacySummary
+
     data = summary.get("privacy")
     return PrivacySummary.from_dict(data) if isinstance(data, dict) else None
 

@@ -42,6 +42,18 @@ def _load(config_path: Path, overrides: list[str] | None, data_dir: str | None):
         fail("\n".join(err.problems) if len(err.problems) > 1 else err.problems[0])
 
 
+def check_device(config: Any) -> None:
+    """Exit 2 (``error: training.device: ...``) when the configured device is not here."""
+    if config.training.device == "cpu":
+        return
+    from pdpfl.fl.common import training_device
+
+    try:
+        training_device(config)
+    except ValueError as err:
+        fail(str(err))
+
+
 def _load_federation(config: Any) -> Any:
     from pdpfl.runtime.simulation import load_federation_for
 
@@ -96,7 +108,7 @@ def _prepare_out(out_dir: Path, *, resume: bool, force: bool, **kwargs: Any) -> 
 
 
 def _resume_hint(config_path: Path, out_dir: Path, overrides: list[str], data_dir: str | None,
-                 runtime: str | None, plugins: list[str]) -> str:
+                 runtime: str | None, plugins: list[str], device: str | None = None) -> str:
     parts = ["pdpfl", "run", str(config_path), "--out", str(out_dir), "--resume"]
     for plugin in plugins:
         parts += ["--import", plugin]
@@ -106,6 +118,8 @@ def _resume_hint(config_path: Path, out_dir: Path, overrides: list[str], data_di
         parts += ["--data-dir", data_dir]
     if runtime is not None:
         parts += ["--runtime", runtime]
+    if device is not None:
+        parts += ["--device", device]
     return shlex.join(parts)
 
 
@@ -143,13 +157,19 @@ def run_command(
         None, "--import", help="Python file or module to import first (e.g. one that calls "
         "@register_model). Repeatable."
     ),
+    device: str | None = typer.Option(
+        None, "--device", help="Where silos train: auto, cpu, cuda, cuda:N or mps (overrides "
+        "training.device; default cpu)."
+    ),
 ) -> None:
     """Train one federation (rPDP-FL or a baseline) and write metrics, summary, ledgers, plots."""
     if resume and force:
         fail("--resume and --force: choose one (continue the run, or replace it)")
     import_plugins(plugins)
-    extra = [*(overrides or []), *([f"runtime={runtime}"] if runtime is not None else [])]
+    extra = [*(overrides or []), *([f"runtime={runtime}"] if runtime is not None else []),
+             *([f"training.device={device}"] if device is not None else [])]
     config = _load(config_path, extra, data_dir)
+    check_device(config)
     out_dir = Path(out) if out is not None else Path(config.output_dir)
     if config.runtime == "flower":
         if config.algorithm.simulation_only:
@@ -159,7 +179,7 @@ def run_command(
             )
     existed = out_dir.exists()
     hint = _resume_hint(config_path, out_dir, list(overrides or []), data_dir, runtime,
-                        list(plugins or []))
+                        list(plugins or []), device)
     with locked(out_dir, created=not existed):
         _prepare_out(out_dir, resume=resume, force=force)
         try:

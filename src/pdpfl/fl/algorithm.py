@@ -28,7 +28,12 @@ from pdpfl.config import AlgorithmConfig, ExperimentConfig, register_algorithm_c
 from pdpfl.fl.aggregation import SumProtocol, check_compatible, protocol_from_config
 from pdpfl.fl.api import ClientAlgorithm, FederationInfo, ServerAlgorithm
 from pdpfl.fl.checks import check_federation
-from pdpfl.fl.common import federation_info, parameter_names, party_randomness
+from pdpfl.fl.common import (
+    federation_info,
+    parameter_names,
+    party_randomness,
+    training_device,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from pdpfl.data.federation import ClientData, Federation
@@ -144,6 +149,7 @@ class Algorithm(AlgorithmConfig):
         self, config: ExperimentConfig, federation: Federation
     ) -> tuple[ServerAlgorithm, dict[int, ClientAlgorithm]]:
         """The server and every silo of an in-process federation (setup computed once)."""
+        training_device(config)  # an unavailable training.device fails before any work
         info = federation_info(federation, config)
         setup = self.setup(config, info)
         # every party's own randomness first (the server's and each silo's, never shared)

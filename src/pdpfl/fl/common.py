@@ -32,6 +32,7 @@ __all__ = [
     "party_randomness",
     "public_budget_statistics",
     "silo_model",
+    "training_device",
 ]
 
 
@@ -123,32 +124,61 @@ def public_budget_statistics(config: ExperimentConfig) -> tuple[float | None, fl
     return budgets_mod.public_statistics(scenario)
 
 
-def silo_model(config: ExperimentConfig, info: FederationInfo) -> torch.nn.Module:
-    """The configured model with the public initialisation x⁰ (seeded: x⁰ is public)."""
+def training_device(config: ExperimentConfig) -> torch.device:
+    """The device of ``training.device`` (``auto``: cuda, else mps, else cpu).
+
+    Raises ``ValueError("training.device: ...")`` when the named device is not available here
+    (a silo checks its own machine: in a Flower federation each silo resolves it for itself).
+    """
+    import torch
+
+    from pdpfl.dp.device import resolve_device
+
+    try:
+        dev = resolve_device(config.training.device)
+    except ValueError as err:
+        raise ValueError(
+            f"training.{err}; use one that exists here (auto picks cuda, else mps, else cpu)"
+        ) from None
+    return torch.device("cpu") if dev is None else dev
+
+
+def silo_model(
+    config: ExperimentConfig, info: FederationInfo, *, on_device: bool = True
+) -> torch.nn.Module:
+    """The configured model with the public initialisation x⁰ (seeded: x⁰ is public).
+
+    x⁰ is drawn on the CPU, so it is the same on every device; with ``on_device`` the model is
+    then moved to :func:`training_device` (where the silo trains it).
+    """
     import torch
 
     from pdpfl.models import create_model
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(derive_seed(config.seed, "model-init"))
-        return create_model(
+        model = create_model(
             config.model.name, info.input_shape, info.num_classes, **dict(config.model.options)
         )
+    if on_device:
+        dev = training_device(config)
+        if dev.type != "cpu":
+            model.to(dev)
+    return model
 
 
 def parameter_names(config: ExperimentConfig, info: FederationInfo) -> list[str]:
     """The torch names of the model's trainable parameters, in the order of :data:`Params`."""
     from pdpfl.models import trainable_parameters
 
-    model = silo_model(config, info)
-    return [name for name, _ in trainable_parameters(model)]
+    return [name for name, _ in trainable_parameters(silo_model(config, info, on_device=False))]
 
 
 def initial_params(config: ExperimentConfig, info: FederationInfo) -> Params:
     """x⁰: the trainable parameters of :func:`silo_model`."""
     from pdpfl.models import get_params
 
-    return get_params(silo_model(config, info))
+    return get_params(silo_model(config, info, on_device=False))
 
 
 def noise_source_problems(config: ExperimentConfig, meaning: str) -> list[str]:

@@ -18,16 +18,24 @@ __all__ = ["accuracy_figure", "epsilon_figure", "write_plots"]
 
 
 def write_plots(metrics: list[dict[str, Any]], summary: dict[str, Any], out: Path) -> None:
-    """``accuracy.png`` (pooled test accuracy per round) and ``epsilon.png`` (ε spent vs budget)."""
-    import matplotlib
+    """``accuracy.png`` (pooled test accuracy per round) and ``epsilon.png`` (ε spent vs budget).
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    The figures are plain :class:`matplotlib.figure.Figure` objects rendered by the Agg canvas:
+    pyplot (its backend selection and figure manager, ~0.3 s to import) is never loaded.
+    """
     for name, fig in (("accuracy.png", accuracy_figure(metrics, summary)),
                       ("epsilon.png", epsilon_figure(summary))):
         _save_fig(fig, out / name)
-        plt.close(fig)
+
+
+def _figure(width: float, height: float) -> tuple[Any, Any]:
+    """A pyplot-free figure with one axes, drawn by the Agg canvas."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height))
+    FigureCanvasAgg(fig)
+    return fig, fig.subplots()
 
 
 def _nothing_to_draw(ax: Any, why: str) -> None:
@@ -40,10 +48,9 @@ def _nothing_to_draw(ax: Any, why: str) -> None:
 
 def accuracy_figure(metrics: list[dict[str, Any]], summary: dict[str, Any]) -> Any:
     """Pooled and client-mean test accuracy per round (a note when nothing was measured)."""
-    import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    fig, ax = plt.subplots(figsize=(5, 3.2))
+    fig, ax = _figure(5, 3.2)
     ax.set_title(f"{summary['name']} ({summary['algorithm']})")
     rounds = [m["round"] + 1 for m in metrics]
     pooled = [_num(m.get("accuracy"), None) for m in metrics]
@@ -76,9 +83,7 @@ def epsilon_figure(summary: dict[str, Any]) -> Any:
     (record, client or user: the run's unit) spent against third parties and against the
     server. Groups with excluded units (q = 0) and groups with units over budget are marked.
     """
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(5.5, 3.4))
+    fig, ax = _figure(5.5, 3.4)
     privacy = _typed(summary)
     unit = privacy.unit if privacy is not None else str(summary.get("privacy_unit", "unit"))
     ax.set_title(f"ε spent vs budget per budget group ({unit} level)")

@@ -22,7 +22,7 @@ from pydantic import Field
 from pdpfl.config import METHODS, ExperimentConfig, MethodSpec, PrivacyUnitName
 from pdpfl.fl.algorithm import Algorithm, PublicSetup, register_algorithm
 from pdpfl.fl.api import FederationInfo
-from pdpfl.fl.common import initial_params, silo_model
+from pdpfl.fl.common import initial_params, silo_model, training_device
 from pdpfl.fl.idp_fedavg.budgets import assign_client_budgets, client_budget
 from pdpfl.fl.idp_fedavg.mechanism import IdpSetup, publish
 from pdpfl.fl.idp_fedavg.server import CentralIdpServer, DistributedIdpServer, IdpFedAvgServer
@@ -199,6 +199,7 @@ class IdpFedAvgConfig(Algorithm):
         setup: PublicSetup, randomness: Randomness,
     ) -> IdpSilo:
         pub = _as_setup(setup)
+        training_device(config)  # the model is built lazily: check the device now
         silo = CentralIdpSilo if pub.variant == "central" else DistributedIdpSilo
         return silo(
             client_id,

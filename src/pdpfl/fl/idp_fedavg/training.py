@@ -142,22 +142,23 @@ def evaluate_clients(
     x = torch.cat([t[0] for t in tests])
     y = torch.cat([t[1] for t in tests])
     set_params(model, params)
+    device = next(iter(model.parameters())).device
     was = model.training
     model.eval()
     losses, correct = [], []
     try:
         with torch.no_grad():
             for s in range(0, len(y), _EVAL_CHUNK):
-                out = model(x[s : s + _EVAL_CHUNK])
-                t = y[s : s + _EVAL_CHUNK]
+                out = model(x[s : s + _EVAL_CHUNK].to(device))
+                t = y[s : s + _EVAL_CHUNK].to(device)
                 if out.shape[1] == 1:
                     loss = F.binary_cross_entropy_with_logits(
                         out[:, 0], t.to(out.dtype), reduction="none"
                     )
                 else:
                     loss = F.cross_entropy(out, t, reduction="none")
-                losses.append(loss.double().numpy())
-                correct.append((predict(out) == t).numpy())
+                losses.append(loss.double().cpu().numpy())
+                correct.append((predict(out) == t).cpu().numpy())
     finally:
         model.train(was)
     loss_all = np.concatenate(losses) if losses else np.zeros(0)

@@ -267,8 +267,10 @@ class PriFedSyncSilo(Silo):
             for _ in range(k):
                 idx = wor_sample(n, b, stream)
                 self.last_batches.append(idx.numpy())
+                dev = engine.device  # training.device: the sampled batch crosses to it
                 grads, loss_sum = engine.privatized_gradient(
-                    self.x_train[idx], self.y_train[idx], self.batch_size, stream
+                    self.x_train[idx].to(dev), self.y_train[idx].to(dev), self.batch_size,
+                    stream,
                 )
                 self.optimizer.zero_grad(set_to_none=True)
                 for p, g in zip(engine.params, grads, strict=True):

@@ -169,7 +169,7 @@ class SiloLevelSilo(UldpSilo):
             self.local_spec(),
             stream=self.randomness.stream("local-training", t, self.client_id),
         )
-        return [d[0] for d in deltas]
+        return [d[0].cpu() for d in deltas]  # trained on training.device; released from the CPU
 
 
 class DefaultSilo(SiloLevelSilo):

@@ -111,7 +111,8 @@ class UserLevelSilo(UldpSilo):
             # (layer outputs near 16 MB: cache-friendly for convolutional models)
             group_size=256,
         )
-        return self.finish_vectors(deltas)
+        # trained on training.device; clipping, weighting and noise run on the CPU
+        return self.finish_vectors([d.cpu() for d in deltas])
 
     def clipped_vectors(self, global_params: Params, positions: np.ndarray, round_index: int
                         ) -> list[torch.Tensor]:
