@@ -81,12 +81,22 @@ class CanaryPlan:
         control = np.array([s.control for s in self.groups], dtype=bool)[self.group]
         return self.included & ~control
 
-    def rows_for(self, host: int) -> ExtraRows:
-        """The host's planted canaries as Dirac rows ``value · e_j`` with their rates."""
-        sel = np.flatnonzero(self.trained() & (self.host == host))
+    def rows_for(self, host: int, *, nulls: bool = False) -> ExtraRows:
+        """The host's planted canaries as Dirac rows ``value · e_j`` with their rates.
+
+        ``nulls``: also the host's *excluded* canaries (of the audited groups), as rows of value
+        0 -- null units that occupy their slot without contributing, so that included and
+        excluded differ by replacing one unit (the neighbouring relation of a mechanism that
+        samples batches of a fixed size without replacement)."""
+        audited = ~np.array([s.control for s in self.groups], dtype=bool)[self.group]
+        chosen = audited & (self.host == host)
+        if not nulls:
+            chosen &= self.included
+        sel = np.flatnonzero(chosen)
+        values = np.where(self.included[sel], self.value, 0.0)
         return ExtraRows(
             coords=self.coords[sel].reshape(-1, 1),
-            values=np.full((sel.size, 1), self.value, dtype=np.float64),
+            values=values.reshape(-1, 1).astype(np.float64),
             rates=self.rates[sel],
         )
 

@@ -28,6 +28,10 @@ algorithm's own privacy unit -- a record, a client or a user -- whose contributi
     per round and canary, whether that ledger charges the round as one the canary's host took
     part in (default: the rounds its host released an update; every round for
     :data:`EVERYWHERE`);
+``null_canaries(run)``
+    True when the algorithm's neighbouring relation is *replace one* unit (PriFedSync's batches
+    of a fixed size without replacement): the excluded canaries are then planted too, as null
+    units of value 0, so that included and excluded differ by one replacement;
 ``release_sign(run)``
     +1 when the silos release model deltas (the canary's coordinate goes *down* in them), −1
     when they release gradients (ULDP-SGD): the server observer's score is multiplied by it;
@@ -100,6 +104,8 @@ class CanaryHook(Protocol):
 
     def release_sign(self, run: Assembly) -> float: ...
 
+    def null_canaries(self, run: Assembly) -> bool: ...
+
 
 class CanaryHookBase:
     """The defaults of :class:`CanaryHook`'s optional parts (module docstring)."""
@@ -115,6 +121,9 @@ class CanaryHookBase:
 
     def release_sign(self, run: Assembly) -> float:
         return 1.0
+
+    def null_canaries(self, run: Assembly) -> bool:
+        return False
 
     def participation(
         self, run: Assembly, host: int, log: ReleaseLog, rounds: int, count: int

@@ -205,7 +205,7 @@ class AuditSession:
             budgets = np.array([specs[g].budget for g in plan.group[mine]])
             if mine.size:
                 plan.rates[mine] = hook.rates(run, host, budgets)
-            hook.plant(run, host, plan.rows_for(host))
+            hook.plant(run, host, plan.rows_for(host, nulls=hook.null_canaries(run)))
         delta = float(run.config.privacy.delta)
         meta = {
             "name": run.config.name, "algorithm": run.config.algorithm.name,
