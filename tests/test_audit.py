@@ -172,6 +172,9 @@ def _invoke(*args: str) -> Any:
         (["--space", "model", "--canaries", "500"], "--space block"),
         (["--set", "algorithm.name=privacy-free"], "without differential privacy"),
         (["--set", "training.rounds=0"], "training.rounds"),
+        # central IDP-FedAvg trusts its aggregator: no claim against the server to audit
+        (["--set", "algorithm.name=idp-fedavg", "--set", "algorithm.clients_per_round=1",
+          "--set", "algorithm.clipping=fixed", "--observer", "server"], "third-party only"),
     ],
 )
 @pytest.mark.slow

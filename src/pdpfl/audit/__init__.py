@@ -9,7 +9,10 @@ on each group's ε at a stated confidence, beside the accountant's ε. ε̂ abov
 * :mod:`~pdpfl.audit.bound` -- the hypothesis test (correct guesses → ε̂);
 * :mod:`~pdpfl.audit.canaries` -- the canary plan (coins, coordinates, hosts, control group);
 * :mod:`~pdpfl.audit.space` -- the model's coordinates or an audit-only block;
-* :mod:`~pdpfl.audit.hooks` -- the per-algorithm hook that plants canaries;
+* :mod:`~pdpfl.audit.hooks` -- the per-algorithm hook that plants canaries (records of the
+  DP-FedAvg family there; clients of IDP-FedAvg: :mod:`~pdpfl.audit.client_canaries`; users of
+  ULDP-AVG/SGD: :mod:`~pdpfl.audit.user_canaries`; PriFedSync's records:
+  :mod:`~pdpfl.audit.prifedsync_canaries`);
 * :mod:`~pdpfl.audit.observe` -- what each observer sees (the canaries' scores);
 * :mod:`~pdpfl.audit.session` -- one audit run; :mod:`~pdpfl.audit.report` -- its outputs.
 
@@ -25,6 +28,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from pdpfl.audit import client_canaries as _client_canaries  # noqa: F401 (registers)
+from pdpfl.audit import prifedsync_canaries as _prifedsync_canaries  # noqa: F401 (registers)
+from pdpfl.audit import user_canaries as _user_canaries  # noqa: F401 (registers)
 from pdpfl.audit.bound import AuditBound, audit_scores, epsilon_lower_bound, p_value
 from pdpfl.audit.hooks import (
     AuditUnsupported,

@@ -8,7 +8,11 @@ One-run auditing (Steinke, Nasr & Jagielski 2023, §3; federated form: Andrew et
   space, :mod:`pdpfl.audit.space`): an included canary is a unit whose clipped per-example
   gradient is ``C·e_j``, trained through the host's real mechanism at the rate its group's
   budget gets (the host's own ε → q map);
-* a host (a silo, for record-level canaries), drawn at random among the algorithm's hosts.
+* a host (a silo, for record-level canaries), drawn at random among the hosts the algorithm
+  offers its group (every host, unless the hook narrows it: PriFedSync's records of one budget
+  live at the clients with that target); :data:`EVERYWHERE` for a canary unit that is not one
+  silo's (an IDP-FedAvg canary client at the trusted aggregator, a ULDP-FL canary user with
+  records in every silo).
 
 The **control group** has m more canaries with coins and coordinates but is never trained: the
 auditor must be at chance on it (ε̂ ≈ 0), in every run.
@@ -19,6 +23,7 @@ seed is given); the mechanism's noise and sampling coins stay those of each part
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,10 +31,15 @@ import numpy as np
 from pdpfl.dp.extra_rows import ExtraRows
 from pdpfl.randomness import Randomness
 
-__all__ = ["CONTROL_LABEL", "CanaryPlan", "GroupSpec", "plan_canaries"]
+__all__ = ["CONTROL_LABEL", "EVERYWHERE", "CanaryPlan", "GroupSpec", "plan_canaries"]
 
 #: Label of the never-trained control group.
 CONTROL_LABEL = "control"
+
+#: The host of a canary unit that is not one silo's: planted at the server (a canary client of
+#: central IDP-FedAvg) or in every silo (a ULDP-FL canary user with records everywhere). The
+#: server observer scores it on every silo's release.
+EVERYWHERE = -1
 
 
 @dataclass(frozen=True)
@@ -71,12 +81,22 @@ class CanaryPlan:
         control = np.array([s.control for s in self.groups], dtype=bool)[self.group]
         return self.included & ~control
 
-    def rows_for(self, host: int) -> ExtraRows:
-        """The host's planted canaries as Dirac rows ``value · e_j`` with their rates."""
-        sel = np.flatnonzero(self.trained() & (self.host == host))
+    def rows_for(self, host: int, *, nulls: bool = False) -> ExtraRows:
+        """The host's planted canaries as Dirac rows ``value · e_j`` with their rates.
+
+        ``nulls``: also the host's *excluded* canaries (of the audited groups), as rows of value
+        0 -- null units that occupy their slot without contributing, so that included and
+        excluded differ by replacing one unit (the neighbouring relation of a mechanism that
+        samples batches of a fixed size without replacement)."""
+        audited = ~np.array([s.control for s in self.groups], dtype=bool)[self.group]
+        chosen = audited & (self.host == host)
+        if not nulls:
+            chosen &= self.included
+        sel = np.flatnonzero(chosen)
+        values = np.where(self.included[sel], self.value, 0.0)
         return ExtraRows(
             coords=self.coords[sel].reshape(-1, 1),
-            values=np.full((sel.size, 1), self.value, dtype=np.float64),
+            values=values.reshape(-1, 1).astype(np.float64),
             rates=self.rates[sel],
         )
 
@@ -92,8 +112,13 @@ def plan_canaries(
     hosts: list[int],
     value: float,
     randomness: Randomness,
+    *,
+    group_hosts: Sequence[Sequence[int]] | None = None,
 ) -> CanaryPlan:
-    """Draw the coins, coordinates (distinct, from ``pool``) and hosts of every canary."""
+    """Draw the coins, coordinates (distinct, from ``pool``) and hosts of every canary.
+
+    ``group_hosts`` (one list per group) narrows the hosts a group's canaries may have;
+    without it every group draws among ``hosts``."""
     m = int(per_group)
     if m < 2:
         raise ValueError(f"--canaries: at least 2 per group, got {per_group}")
@@ -105,8 +130,17 @@ def plan_canaries(
         raise ValueError(f"--canaries: {n} canaries need {n} coordinates, {pool.size} available")
     coords = pool[_permutation(randomness, "audit-coordinates", pool.size)[:n]]
     included = randomness.stream("audit-inclusion").uniform(n) < 0.5
-    pick = np.floor(randomness.stream("audit-hosts").uniform(n) * len(hosts)).astype(np.int64)
-    host = np.asarray(hosts, dtype=np.int64)[np.minimum(pick, len(hosts) - 1)]
+    if group_hosts is not None and len(group_hosts) != len(groups):
+        raise ValueError("canaries: group_hosts needs one list of hosts per group")
+    u = randomness.stream("audit-hosts").uniform(n)
+    host = np.empty(n, dtype=np.int64)
+    for g, spec in enumerate(groups):
+        options = np.asarray(hosts if group_hosts is None else group_hosts[g], dtype=np.int64)
+        if options.size == 0:
+            raise ValueError(f"canaries: the algorithm offers no host for group {spec.label}")
+        part = slice(g * m, (g + 1) * m)
+        pick = np.floor(u[part] * options.size).astype(np.int64)
+        host[part] = options[np.minimum(pick, options.size - 1)]
     return CanaryPlan(
         groups=list(groups),
         group=np.repeat(np.arange(len(groups), dtype=np.int64), m),

@@ -3,24 +3,47 @@
 The audit is generic (plan canaries, run the federation, observe, bound); what depends on the
 algorithm is small and lives in one :class:`CanaryHook` per algorithm family, registered for
 its config class with :func:`register_canary_hook` (an ``Algorithm.canary_*`` extension point
-kept beside the auditor, so that ``fl/`` does not depend on it):
+kept beside the auditor, so that ``fl/`` does not depend on it). A canary is one *unit* of the
+algorithm's own privacy unit -- a record, a client or a user -- whose contribution is a Dirac
+``C·e_j``:
 
 ``hosts(run)``
-    the parties that can hold a canary unit (silo ids for record-level canaries);
+    the parties that can hold a canary unit: silo ids, or :data:`EVERYWHERE` for a unit that
+    is not one silo's (a canary client at the trusted aggregator, a canary user with records
+    in every silo);
+``group_hosts(run, label)``
+    the hosts the canaries of one budget group may have (default: every host);
 ``rates(run, host, budgets)``
     the sampling rate the algorithm gives a unit with these budgets at that host -- the same
-    map ε → q it uses for its own units (rPDP-FL: q = F(ε), Algorithm 3 line 4);
+    map ε → q it uses for its own units (rPDP-FL: q = F(ε), Algorithm 3 line 4; IDP-FedAvg:
+    the group's q_p of SAMPLE; ULDP-FL: the user rate q_u);
 ``plant(run, host, rows)``
-    install the canaries (:class:`~pdpfl.dp.extra_rows.ExtraRows`, rows ``C·e_j``) so that
-    they are sampled, clipped and noised with the host's units in every DP step;
+    install the canaries (:class:`~pdpfl.dp.extra_rows.ExtraRows`, rows ``C·e_j`` with their
+    rates) so that they are sampled, clipped and noised with the host's units;
 ``ledger(run, host, budgets, rates, delta)``
     a :class:`~pdpfl.ledger.PrivacyLedger` for the canaries with the mechanism and accountant
-    of the host's own ledger -- what the host *claims* -- at ``delta``, charged by the auditor
-    round by round like the host's own units.
+    of the host's own ledger -- what the algorithm *claims* for such a unit -- at ``delta``,
+    charged by the auditor round by round like the algorithm's own units;
+``participation(run, host, log, rounds, count)``
+    per round and canary, whether that ledger charges the round as one the canary's host took
+    part in (default: the rounds its host released an update; every round for
+    :data:`EVERYWHERE`);
+``null_canaries(run)``
+    True when the algorithm's neighbouring relation is *replace one* unit (PriFedSync's batches
+    of a fixed size without replacement): the excluded canaries are then planted too, as null
+    units of value 0, so that included and excluded differ by one replacement;
+``release_sign(run)``
+    +1 when the silos release model deltas (the canary's coordinate goes *down* in them), −1
+    when they release gradients (ULDP-SGD): the server observer's score is multiplied by it;
+``observers(run)``
+    the observers the algorithm states a guarantee against (the audit compares ε̂ with the
+    accountant's ε for these; default both).
 
-Built in: the DP-FedAvg family on the silo template (rPDP-FL, Minimum, Dropout, Uniform,
-centralized; record-level, :class:`RecordCanaries`). What IDP-FedAvg (client canaries),
-ULDP-FL (user canaries) and PriFedSync need is described in ``docs/audit.md``.
+:class:`CanaryHookBase` has the defaults. Built in: the DP-FedAvg family on the silo template
+(rPDP-FL, Minimum, Dropout, Uniform, centralized; record-level, :class:`RecordCanaries`);
+IDP-FedAvg (client canaries, :mod:`pdpfl.audit.client_canaries`), ULDP-AVG/SGD (user canaries,
+:mod:`pdpfl.audit.user_canaries`) and PriFedSync (record canaries,
+:mod:`pdpfl.audit.prifedsync_canaries`).
 """
 
 from __future__ import annotations
@@ -30,14 +53,18 @@ from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
+from pdpfl.audit.canaries import EVERYWHERE
+from pdpfl.audit.observe import ReleaseLog
 from pdpfl.dp.extra_rows import ExtraRows
 from pdpfl.fl.algorithm import Algorithm, Assembly
 from pdpfl.fl.rpdp import DpFedAvgConfig
-from pdpfl.ledger import PrivacyLedger
+from pdpfl.ledger import OBSERVERS, PrivacyLedger
 
 __all__ = [
+    "EVERYWHERE",
     "AuditUnsupported",
     "CanaryHook",
+    "CanaryHookBase",
     "RecordCanaries",
     "canary_hook",
     "register_canary_hook",
@@ -57,7 +84,11 @@ class CanaryHook(Protocol):
         """Raise :class:`AuditUnsupported` when this run cannot be audited."""
         ...
 
+    def observers(self, run: Assembly) -> tuple[str, ...]: ...
+
     def hosts(self, run: Assembly) -> list[int]: ...
+
+    def group_hosts(self, run: Assembly, label: str) -> list[int]: ...
 
     def rates(self, run: Assembly, host: int, budgets: np.ndarray) -> np.ndarray: ...
 
@@ -66,6 +97,43 @@ class CanaryHook(Protocol):
     def ledger(
         self, run: Assembly, host: int, budgets: np.ndarray, rates: np.ndarray, delta: float
     ) -> PrivacyLedger: ...
+
+    def participation(
+        self, run: Assembly, host: int, log: ReleaseLog, rounds: int, count: int
+    ) -> np.ndarray: ...
+
+    def release_sign(self, run: Assembly) -> float: ...
+
+    def null_canaries(self, run: Assembly) -> bool: ...
+
+
+class CanaryHookBase:
+    """The defaults of :class:`CanaryHook`'s optional parts (module docstring)."""
+
+    def observers(self, run: Assembly) -> tuple[str, ...]:
+        return OBSERVERS
+
+    def hosts(self, run: Assembly) -> list[int]:
+        return sorted(int(c) for c in run.clients)
+
+    def group_hosts(self, run: Assembly, label: str) -> list[int]:
+        return self.hosts(run)
+
+    def release_sign(self, run: Assembly) -> float:
+        return 1.0
+
+    def null_canaries(self, run: Assembly) -> bool:
+        return False
+
+    def participation(
+        self, run: Assembly, host: int, log: ReleaseLog, rounds: int, count: int
+    ) -> np.ndarray:
+        """``(rounds, count)``: the rounds the host released in (every round: EVERYWHERE)."""
+        if host == EVERYWHERE:
+            took_part = np.ones(rounds, dtype=bool)
+        else:
+            took_part = log.released(host, rounds)
+        return np.repeat(took_part[:, None], count, axis=1)
 
 
 _HOOKS: list[tuple[type, CanaryHook]] = []
@@ -85,13 +153,13 @@ def canary_hook(algorithm: Algorithm) -> CanaryHook:
         if isinstance(algorithm, cls):
             return hook
     raise AuditUnsupported(
-        f"algorithm.name: {algorithm.name!r} has no canary hook yet; the audit supports "
-        "rpdp, minimum, dropout, uniform and centralized (see docs/audit.md for the hook an "
-        "algorithm needs)"
+        f"algorithm.name: {algorithm.name!r} has no canary hook; the audit supports rpdp, "
+        "minimum, dropout, uniform, centralized, idp-fedavg, uldp-avg, uldp-sgd and prifedsync "
+        "(see docs/audit.md for the hook an algorithm needs)"
     )
 
 
-class RecordCanaries:
+class RecordCanaries(CanaryHookBase):
     """Record-level canaries for the DP-FedAvg family (rPDP-FL and its baselines).
 
     A canary is an extra record of one silo: its rate is the silo's published map of its
@@ -118,9 +186,6 @@ class RecordCanaries:
                     f"algorithm.name: {run.config.algorithm.name!r} trains without differential "
                     "privacy (ε = ∞): there is no guarantee to audit"
                 )
-
-    def hosts(self, run: Assembly) -> list[int]:
-        return sorted(int(c) for c in run.clients)
 
     def rates(self, run: Assembly, host: int, budgets: np.ndarray) -> np.ndarray:
         return np.asarray(self._silo(run, host).setup.record_rates(budgets), dtype=np.float64)

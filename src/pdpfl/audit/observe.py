@@ -7,7 +7,8 @@ Two observers, as the ledgers account them (rPDP-FL §4: Type II third party, Ty
 ``server``
     sees every released update: under plain summation each silo's own contribution, so canary
     i scores ``−Σ_t Δ_{h_i,t}[j_i] / w_{h_i,t}`` over the rounds t its host h_i released in
-    (w: the contribution's public weight); under a summation protocol that hides individual
+    (w: the contribution's public weight; a canary unit hosted :data:`EVERYWHERE` sums over
+    every silo's releases); under a summation protocol that hides individual
     updates (secure summation, private weighting) the server sees only each round's sum, so
     ``−Σ_t (Σ_h Δ_{h,t})[j_i]``.
 
@@ -25,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from pdpfl.audit.canaries import EVERYWHERE
 from pdpfl.fl.api import Contribution, Params, Scalars
 
 __all__ = ["FlatIndex", "ReleaseLog", "ReleaseTap", "observer_scores"]
@@ -98,8 +100,12 @@ def observer_scores(
     initial: Params,
     final: Params,
     hides_individual_updates: bool,
+    release_sign: float = 1.0,
 ) -> np.ndarray:
-    """Each canary's score for ``observer`` (higher = more likely included; module doc)."""
+    """Each canary's score for ``observer`` (higher = more likely included; module doc).
+
+    ``release_sign``: −1 when the releases are gradients rather than model deltas (ULDP-SGD),
+    whose canary coordinate goes *up* in each release."""
     if observer == "third-party":
         return -(log.index.read(final) - log.index.read(initial))
     if observer != "server":
@@ -108,10 +114,10 @@ def observer_scores(
     if hides_individual_updates:  # the server sees each round's sum only
         for values in log.values.values():
             total += values
-        return -total
+        return -release_sign * total
     hosts = np.asarray(hosts, dtype=np.int64)
     for key, values in log.values.items():
         weight = log.weights[key]
-        mine = hosts == key[1]
+        mine = (hosts == key[1]) | (hosts == EVERYWHERE)
         total[mine] += values[mine] / (weight if weight > 0 else 1.0)
-    return -total
+    return -release_sign * total

@@ -141,8 +141,8 @@ def audit_markdown(record: dict[str, Any]) -> str:
         "## What the numbers mean",
         "",
         f"- ε̂ is a **lower bound**, not a guarantee: with probability at least "
-        f"{record['confidence']:.0%}, *all* the ε̂ above (every group, both observers, every "
-        f"number of guesses tried) are below their groups' true ε at δ = "
+        f"{record['confidence']:.0%}, *all* the ε̂ above (every group, every observer, "
+        f"every number of guesses tried) are below their groups' true ε at δ = "
         f"{record['audit_delta']:.0e} (Bonferroni over {record['tests']} tests). It says the "
         "mechanism leaks *at least* this much; the accountant's ε says it leaks *at most* that "
         "much.",

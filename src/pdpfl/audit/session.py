@@ -35,7 +35,7 @@ import numpy as np
 
 from pdpfl.audit.bound import AuditBound, audit_scores, candidate_ks
 from pdpfl.audit.canaries import CONTROL_LABEL, CanaryPlan, GroupSpec, plan_canaries
-from pdpfl.audit.hooks import CanaryHook, canary_hook
+from pdpfl.audit.hooks import AuditUnsupported, CanaryHook, canary_hook
 from pdpfl.audit.observe import FlatIndex, ReleaseLog, ReleaseTap, observer_scores
 from pdpfl.audit.space import Space, block_config, choose_space
 from pdpfl.fl.algorithm import Assembly, as_algorithm
@@ -179,6 +179,13 @@ class AuditSession:
         run = algorithm.assemble(config, federation)
         hook = canary_hook(as_algorithm(run.config.algorithm))
         hook.check(run)
+        claimed = tuple(hook.observers(run))
+        observers = tuple(o for o in OBSERVERS if o in settings.observers and o in claimed)
+        if not observers:
+            raise AuditUnsupported(
+                f"--observer: {run.config.algorithm.name!r} states its guarantee against "
+                f"{' and '.join(claimed)} only; audit that observer"
+            )
         groups, summary_groups = _groups(run)
         m = int(settings.canaries)
         specs = [*groups, GroupSpec(CONTROL_LABEL, 0.0, control=True)]
@@ -190,14 +197,15 @@ class AuditSession:
         else:
             pool = np.arange(model_params)
         hosts = hook.hosts(run)
+        group_hosts = [hook.group_hosts(run, s.label) for s in groups] + [hosts]
         plan = plan_canaries(specs, m, pool, hosts, float(run.config.training.max_grad_norm),
-                             settings.randomness())
+                             settings.randomness(), group_hosts=group_hosts)
         for host in hosts:
             mine = np.flatnonzero((plan.host == host) & (plan.group < len(groups)))
             budgets = np.array([specs[g].budget for g in plan.group[mine]])
             if mine.size:
                 plan.rates[mine] = hook.rates(run, host, budgets)
-            hook.plant(run, host, plan.rows_for(host))
+            hook.plant(run, host, plan.rows_for(host, nulls=hook.null_canaries(run)))
         delta = float(run.config.privacy.delta)
         meta = {
             "name": run.config.name, "algorithm": run.config.algorithm.name,
@@ -210,7 +218,7 @@ class AuditSession:
             "confidence": settings.confidence, "delta": delta,
             "audit_delta": float(settings.delta) if settings.delta is not None
             else default_delta(delta, m),
-            "observers_audited": list(settings.observers),
+            "observers_audited": list(observers),
         }
         return cls(config, federation, run, hook, plan, settings, meta, summary_groups)
 
@@ -234,7 +242,7 @@ class AuditSession:
                                 run.protocol, progress=progress)
         seconds = time.perf_counter() - started
         spent = self._spent(log, settings.rounds)
-        observers = [o for o in OBSERVERS if o in self.settings.observers]
+        observers = list(self.meta["observers_audited"])
         # simultaneous confidence: Bonferroni over observers × groups here, over k in the bound
         per_group = 1.0 - (1.0 - self.settings.confidence) / (len(observers) * len(plan.groups))
         ks = candidate_ks(int(self.meta["canaries_per_group"]))
@@ -244,6 +252,7 @@ class AuditSession:
             scores = observer_scores(
                 obs, hosts=plan.host, log=log, initial=initial, final=record["params"],
                 hides_individual_updates=bool(run.protocol.hides_individual_updates),
+                release_sign=float(self.hook.release_sign(run)),
             )
             out[obs] = [self._group(g, obs, scores, spent, per_group)
                         for g in range(len(plan.groups))]
@@ -262,11 +271,11 @@ class AuditSession:
         for host in sorted(set(plan.host[trained_groups].tolist())):
             mine = np.flatnonzero((plan.host == host) & trained_groups)
             budgets = np.array([plan.groups[g].budget for g in plan.group[mine]])
-            released = log.released(host, rounds)
+            took_part = self.hook.participation(run, host, log, rounds, mine.size)
             for tag, delta in (("config", self.meta["delta"]), ("audit", self.meta["audit_delta"])):
                 ledger = self.hook.ledger(run, host, budgets, plan.rates[mine], delta)
                 for t in range(rounds):
-                    ledger.record_round(participated=np.full(mine.size, bool(released[t])),
+                    ledger.record_round(participated=took_part[t],
                                         active=np.ones(mine.size, dtype=bool))
                 for obs in ledger.observers:
                     out.setdefault((obs, tag), np.zeros(plan.size))[mine] = \

@@ -11,18 +11,26 @@ Every round (spec B.3, made exact):
 3. adaptive clipping (Andrew et al. 2021, geometric): the noisy fraction of unclipped updates
    b̃_t (count noise σ_b) moves C_{t+1} = C_t·exp(−η_C(b̃_t − γ)) (:func:`clip_update`). C_t is
    public: it is sent with every round's configuration (``clip_norm``).
+
+Audit canaries (:mod:`pdpfl.audit.client_canaries`; nothing here in an ordinary run): the
+central server's :attr:`~IdpFedAvgServer.extra_rows` are canary *clients* at the trusted
+aggregator -- each sampled with its own Bernoulli(q) from the server's stream, its update clipped
+to C_t, counted in the unclipped fraction and added to the clipped sum before the noise.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
 from pdpfl.fl.api import Aggregate, Params, Scalars
 from pdpfl.fl.idp_fedavg.mechanism import IdpSetup, clip_update
 from pdpfl.randomness import Randomness
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pdpfl.dp.extra_rows import ExtraRows
 
 __all__ = ["CentralIdpServer", "DistributedIdpServer", "IdpFedAvgServer"]
 
@@ -65,6 +73,8 @@ class IdpFedAvgServer:
         self.rounds_done = 0
         self.empty_rounds = 0
         self._selected: dict[int, list[int]] = {}
+        #: Audit canary clients (central variant; None in every ordinary run).
+        self.extra_rows: ExtraRows | None = None
 
     def initial_params(self) -> Params:
         return [p.copy() for p in self._initial]
@@ -168,6 +178,12 @@ class CentralIdpServer(IdpFedAvgServer):
             self._adapt(0.0)
             return self._step(global_params, [m.numpy() for m in mean])
         sums, below = self._clipped_sum(stacked, shapes, self._clip_factors(t, len(contributions)))
+        if self.extra_rows is not None:  # audit canary clients: sampled, clipped, counted
+            before = int(self.extra_rows.counts.sum())
+            self.extra_rows.add_sampled(
+                sums, self.randomness.stream("audit-canary-clients", t), self.clip_norm
+            )
+            below -= 0.5 * (int(self.extra_rows.counts.sum()) - before)  # all above C_t
         # (no private client at all -- every group ε = ∞ -- needs no noise)
         std = float(setup.value_noise_multiplier or 0.0) * self.clip_norm
         mean = noisy_normalised_sum(

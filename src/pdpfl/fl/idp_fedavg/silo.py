@@ -20,6 +20,11 @@ Variants are subclasses:
   noise, t = ``setup.survivors``: the fewest clients any released sum holds (issue #22, item 2:
   a dropout never leaves less noise than the ledgers charge).
 
+Audit canaries (:mod:`pdpfl.audit.client_canaries`; None in an ordinary run): a distributed
+client's :attr:`~DistributedIdpSilo.extra_rows` are canary clients riding on it, each with its
+own Bernoulli(q) coin from the client's stream, clipped to C_t, counted and added to its clipped
+update before its noise share (the total noise is unchanged).
+
 Local training uses the two-phase API of :class:`~pdpfl.fl.template.BatchedSilo`:
 :meth:`~IdpSilo.prepare` (shuffle the E epochs), :meth:`~IdpSilo.train_batch` (one batched
 computation for many clients, :func:`~pdpfl.fl.idp_fedavg.training.train_clients`),
@@ -46,6 +51,8 @@ from pdpfl.randomness import Randomness
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
+
+    from pdpfl.dp.extra_rows import ExtraRows
 
 __all__ = ["CentralIdpSilo", "DistributedIdpSilo", "IdpJob", "IdpSilo"]
 
@@ -286,6 +293,8 @@ class DistributedIdpSilo(IdpSilo):
     """Distributed noise: the client samples itself, clips to C_t and adds its noise shares."""
 
     public_metrics: ClassVar[frozenset[str]] = frozenset({"clip_count"})
+    #: Audit canary clients riding on this client (None in every ordinary run).
+    extra_rows: ExtraRows | None = None
 
     def participates(self, round_index: int, config: Scalars) -> bool:
         """This client's own Bernoulli(q_{g(i)}) for ``round_index`` (its own randomness)."""
@@ -312,12 +321,19 @@ class DistributedIdpSilo(IdpSilo):
             return [v[0].numpy().astype(np.float32) for v in vecs], metrics
         norm = float(vector_norms(vecs)[0])
         vecs, _ = clip_vectors(vecs, clip)
+        canaries = 0
+        if self.extra_rows is not None:  # audit canary clients: sampled, clipped, counted
+            before = int(self.extra_rows.counts.sum())
+            stream = self.randomness.stream("audit-canary-clients", t, self.client_id)
+            self.extra_rows.add_sampled([v[0] for v in vecs], stream, clip)
+            canaries = int(self.extra_rows.counts.sum()) - before
         sv = float(setup.value_noise_multiplier or 0.0)
         std = share_std(sv * clip / self.clip_factor, setup.survivors, job.announced)
         stream = self.randomness.stream("noise-share", t, self.client_id)
         out = [v[0] + std * stream.normal(tuple(v.shape[1:])) if std > 0 else v[0] for v in vecs]
         if setup.adaptive:
             below = (1.0 if norm <= clip else 0.0) - 0.5 if job.sampled else 0.0
+            below -= 0.5 * canaries  # a canary's update is above C_t
             share = share_std(float(setup.count_noise_std or 0.0), setup.survivors,
                               job.announced)
             z = float(self.randomness.stream("count-share", t, self.client_id).normal((1,))[0])

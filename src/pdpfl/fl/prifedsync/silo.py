@@ -18,13 +18,19 @@ Round r at client j (Algorithm 1 with Algorithm 2 as local training; §4's insta
 4. **Elastic sync** (Eq. 2.1): h_j ← (1 − α)·w̃_j + α·w̄ when the client next receives the global
    model w̄ (the evaluation that follows the round, or its next fit).
 
+Audit canaries (:mod:`pdpfl.audit.prifedsync_canaries`; None in every ordinary run): the
+silo's :attr:`~PriFedSyncSilo.extra_rows` are canary records. Under ``sampler: wor`` they join
+the pool the batches are drawn from (``wor_sample(n + m, B)``; a drawn canary's clipped row is
+added to the clipped sum before the noise); under ``sampler: poisson`` each gets its own
+Bernoulli(γ) coin per step (:func:`pdpfl.dp.engine.train_steps`'s ``extra``).
+
 Evaluation replies carry only ``loss``, ``accuracy``, ``n``: of the local model h_j
 (``evaluate: local``, the paper's metric) or of the global model.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -42,6 +48,9 @@ from pdpfl.fl.template import RoundPlan, Silo
 from pdpfl.ledger import PrivacyLedger, PrivacySummary
 from pdpfl.randomness import Randomness
 
+if TYPE_CHECKING:  # pragma: no cover
+    from pdpfl.dp.extra_rows import ExtraRows
+
 __all__ = ["NO_TARGET", "PriFedSyncClient", "PriFedSyncSilo"]
 
 #: Budget-group label of the records of clients without a target (budget: the planned ε).
@@ -55,6 +64,8 @@ def _as_tensors(x: np.ndarray, y: np.ndarray) -> tuple[torch.Tensor, torch.Tenso
 
 class PriFedSyncSilo(Silo):
     """One PriFedSync client: its data, personalized local model, ledger and randomness.
+
+    ``extra_rows``: audit canary records (module docstring; None in an ordinary run).
 
     Parameters
     ----------
@@ -141,6 +152,8 @@ class PriFedSyncSilo(Silo):
         self.last_batches: list[np.ndarray] = []
         #: Mean training loss of the last local training (stays at the silo).
         self.last_train_loss: float | None = None
+        #: Audit canary records (None in every ordinary run).
+        self.extra_rows: ExtraRows | None = None
 
     # -- the template's duties, PriFedSync's way ---------------------------------------------
     def _precheck(self) -> np.ndarray:
@@ -254,7 +267,7 @@ class PriFedSyncSilo(Silo):
                 rates=torch.full((n,), self.rate, dtype=torch.float64),
                 steps=k, noise_multiplier=sigma, max_grad_norm=self.max_grad_norm,
                 optimizer=self.optimizer, stream=stream, normalizer=self.batch_size,
-                physical_batch_size=self.physical_batch_size,
+                physical_batch_size=self.physical_batch_size, extra=self.extra_rows,
             )
             self.last_train_loss = float(res.mean_loss)
         else:
@@ -263,14 +276,18 @@ class PriFedSyncSilo(Silo):
                 max_grad_norm=self.max_grad_norm, physical_batch_size=self.physical_batch_size,
             )
             b = int(self.batch_size)
+            extra = self.extra_rows
+            m = 0 if extra is None else extra.num_rows
             loss_total = 0.0
             for _ in range(k):
-                idx = wor_sample(n, b, stream)
+                drawn = wor_sample(n + m, b, stream)  # canary records join the pool (audit)
+                idx = drawn[drawn < n]
                 self.last_batches.append(idx.numpy())
                 dev = engine.device  # training.device: the sampled batch crosses to it
                 grads, loss_sum = engine.privatized_gradient(
                     self.x_train[idx].to(dev), self.y_train[idx].to(dev), self.batch_size,
                     stream,
+                    None if extra is None else _drawn_rows(extra, (drawn[drawn >= n] - n).numpy()),
                 )
                 self.optimizer.zero_grad(set_to_none=True)
                 for p, g in zip(engine.params, grads, strict=True):
@@ -334,6 +351,15 @@ class PriFedSyncSilo(Silo):
             for k, entry in dict(state["optimizer"]).items()
         }
         self.optimizer.load_state_dict({"state": opt_state, "param_groups": groups})
+
+
+def _drawn_rows(rows: ExtraRows, drawn: np.ndarray) -> ExtraRows:
+    """The canary rows a without-replacement batch drew (rate 1: taken as drawn)."""
+    from pdpfl.dp.extra_rows import ExtraRows
+
+    np.add.at(rows.counts, drawn, 1)
+    return ExtraRows(coords=rows.coords[drawn], values=rows.values[drawn],
+                     rates=np.ones(drawn.size, dtype=np.float64))
 
 
 #: Former name (code written against the first release).

@@ -16,6 +16,12 @@ Per round a silo computes its release in separable steps:
 The round's users come from the server's mask in the round configuration (Algorithm 4);
 a silo none of whose users was sampled still releases noise of the same shape.
 
+Audit canaries (:mod:`pdpfl.audit.user_canaries`; None in every ordinary run): canary *users*
+with records here, :attr:`UserLevelSilo.extra_rows`, enter step 3 like the silo's users -- each
+sampled by its coin of the round (:attr:`~UserLevelSilo.extra_coins`: a stream of the server,
+the same in every silo that holds the user), its vector clipped to C and weighted by
+:attr:`~UserLevelSilo.extra_weight` (w_{s,u}), added to the weighted sum before the noise.
+
 With ``weights: private`` the private weighting protocol (Protocol 1,
 :mod:`pdpfl.fl.aggregation.private_weighting`) replaces steps 3-4 and the summation: the silo
 supplies :meth:`UserLevelSilo.user_histogram` (its own counts, which leave it only blinded and
@@ -28,6 +34,7 @@ Spec references: ``docs/uldp_spec.md``, Part A.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -40,7 +47,9 @@ from pdpfl.fl.uldp.silo import UldpSilo
 from pdpfl.fl.uldp.weights import silo_weights
 
 if TYPE_CHECKING:  # pragma: no cover
+    from pdpfl.dp.extra_rows import ExtraRows
     from pdpfl.fl.aggregation.private_weighting import UserUpdates
+    from pdpfl.randomness import RandomStream
 
 __all__ = ["AvgSilo", "SgdSilo", "UserLevelSilo"]
 
@@ -49,6 +58,12 @@ class UserLevelSilo(UldpSilo):
     """The steps ULDP-AVG and ULDP-SGD share (see the module docstring)."""
 
     needs_user_ids = True
+    #: Audit canary users with records here (module docstring; None in ordinary runs) ...
+    extra_rows: ExtraRows | None = None
+    #: ... their weight w_{s,u} in this silo ...
+    extra_weight: float = 1.0
+    #: ... and the stream of round t's coins (the same for every silo holding them).
+    extra_coins: Callable[[int], RandomStream] | None = None
 
     def __init__(self, client_id: int, model: torch.nn.Module, data: Any,
                  setup: UserLevelSetup, **kwargs: Any) -> None:
@@ -152,6 +167,9 @@ class UserLevelSilo(UldpSilo):
             sums = self.weighted_user_sum(clipped, self.user_weights[positions])
         else:  # nobody of this silo was sampled: a noise-only release of the same shape
             sums = [torch.zeros(tuple(np.shape(p)), dtype=torch.float64) for p in global_params]
+        if self.extra_rows is not None and self.extra_coins is not None:  # audit canary users
+            bound = self.extra_weight * float(self.setup.max_grad_norm)  # w·Clip(Δ, C), Dirac
+            self.extra_rows.add_sampled(sums, self.extra_coins(plan.round_index), bound)
         return Contribution(update=self.privatize(sums, plan.round_index,
                                                   self.share_std(plan.config)))
 

@@ -1,0 +1,115 @@
+"""Client-level canaries for IDP-FedAvg (the privacy unit is a whole client).
+
+Lange, Borchardt & Rahm (arXiv 2501.17634), Algorithm 2: each round every client i is sampled
+with its group's rate q_p (SAMPLE, Algorithm 1), its update Δ_i is clipped to the public C_t
+and the sum gets N(0, σ_v²C_t²) before the division by the public denominator; one client's
+guarantee is ε_p at δ under I rounds of the Poisson-subsampled Gaussian (spec B.4). A canary is
+an extra *client* of one budget group (Andrew et al., ICLR 2024: canary clients):
+
+* its update is the Dirac ``−L·e_j`` with L ≫ C_t, so that the mechanism clips it to
+  ``−C_t·e_j`` (the server adds the mean update: the coordinate moves *down*, as for the
+  record-level canaries) and it counts as clipped in the adaptive-clipping query;
+* it is sampled with its group's q_p by the party that samples clients: the **central**
+  variant's trusted aggregator (host :data:`~pdpfl.audit.canaries.EVERYWHERE`; the server's
+  ``extra_rows``, coins from its stream, added to the clipped sum before its noise); in the
+  **distributed** variant it rides on a host client (its own coin from that client's stream,
+  added to the host's clipped update before the host's noise share: the total noise is the
+  one every client's ledger is charged for);
+* its ledger is the clients' own: :func:`~pdpfl.fl.idp_fedavg.mechanism.client_mechanism` at
+  the group's q_p and σ, charged every round (third parties: Poisson-subsampled Gaussian).
+
+Observers: those of the published setup -- third parties for the central variant (the trusted
+aggregator sees every update) and for the distributed one under plain summation; the server
+too under secure summation (it sees only each round's sum). The ``scale`` method (a clip bound
+per group) and ``no-dp`` are refused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, ClassVar
+
+import numpy as np
+
+from pdpfl.audit.canaries import EVERYWHERE
+from pdpfl.audit.hooks import AuditUnsupported, CanaryHookBase, register_canary_hook
+from pdpfl.dp.extra_rows import ExtraRows
+from pdpfl.fl.algorithm import Assembly
+from pdpfl.fl.idp_fedavg import IdpFedAvgConfig, IdpSetup, client_mechanism
+from pdpfl.ledger import PrivacyLedger
+
+__all__ = ["CANARY_UPDATE_NORM", "ClientCanaries"]
+
+#: L: the norm of a canary client's update before clipping (far above any C_t).
+CANARY_UPDATE_NORM = 1e12
+
+#: The ledger's budget for a non-private group (ε = ∞ is no finite budget; the ledger needs one).
+_NO_BUDGET = 1e300
+
+
+def _setup(run: Assembly) -> IdpSetup:
+    setup = getattr(run.server, "setup", None)
+    if not isinstance(setup, IdpSetup):
+        raise AuditUnsupported("idp-fedavg: the server publishes no IdpSetup")
+    return setup
+
+
+class ClientCanaries(CanaryHookBase):
+    """Canary clients of IDP-FedAvg (module docstring)."""
+
+    unit: ClassVar[str] = "client"
+
+    def check(self, run: Assembly) -> None:
+        setup = _setup(run)
+        if not setup.private or setup.noise_multiplier is None:
+            raise AuditUnsupported(
+                f"algorithm.method: {setup.method!r} trains without differential privacy "
+                "(ε = ∞): there is no guarantee to audit"
+            )
+        if any(f != 1.0 for f in setup.clip_factors):
+            raise AuditUnsupported(
+                "algorithm.method: scale clips each group to its own bound C_p; the audit "
+                "supports individual, strict and relaxed"
+            )
+
+    def observers(self, run: Assembly) -> tuple[str, ...]:
+        return tuple(_setup(run).observers)
+
+    def hosts(self, run: Assembly) -> list[int]:
+        if _setup(run).variant == "central":
+            return [EVERYWHERE]  # the trusted aggregator samples, clips and noises
+        return sorted(int(c) for c in run.clients)
+
+    def rates(self, run: Assembly, host: int, budgets: np.ndarray) -> np.ndarray:
+        setup = _setup(run)
+        return np.array([setup.rates[setup.group_of(float(b))] for b in budgets])
+
+    def plant(self, run: Assembly, host: int, rows: ExtraRows) -> None:
+        clients = ExtraRows(
+            coords=rows.coords, values=np.full_like(rows.values, -CANARY_UPDATE_NORM),
+            rates=rows.rates,
+        )
+        target: Any = run.server if host == EVERYWHERE else run.clients[host]
+        if not hasattr(target, "extra_rows"):
+            raise AuditUnsupported(f"{type(target).__name__} does not take canary clients")
+        target.extra_rows = clients
+
+    def ledger(
+        self, run: Assembly, host: int, budgets: np.ndarray, rates: np.ndarray, delta: float
+    ) -> PrivacyLedger:
+        """Each canary as one client of its group: SampledGaussianPlan(σ_p, δ, I) at q_p."""
+        setup = _setup(run)
+        sigmas = [setup.noise_multipliers[setup.group_of(float(b))] for b in budgets]
+        described: Any = client_mechanism(setup)  # a frozen SampledGaussianPlan
+        mechanism = dataclasses.replace(described, delta=float(delta))
+        finite = np.array([b if math.isfinite(b) else _NO_BUDGET for b in budgets])
+        return PrivacyLedger(
+            finite, np.asarray(rates, dtype=np.float64), mechanism,
+            noise_multipliers=np.array(
+                [setup.noise_multiplier if s is None else s for s in sigmas], dtype=np.float64
+            ),
+        )
+
+
+register_canary_hook(IdpFedAvgConfig, ClientCanaries())
