@@ -9,7 +9,18 @@ from __future__ import annotations
 
 import typer
 
-from pdpfl.cli import account, audit, calibrate, compare, data, export, flower, privacy, run
+from pdpfl.cli import (
+    account,
+    audit,
+    calibrate,
+    compare,
+    data,
+    export,
+    flower,
+    privacy,
+    reproduce,
+    run,
+)
 
 app = typer.Typer(
     help="pdpfl: cross-silo federated learning with personalized differential privacy.",
@@ -50,7 +61,8 @@ def _root(
         raise typer.Exit(code=2)
 
 
-for _module in (account, calibrate, data, run, compare, privacy, export, audit, flower):
+for _module in (account, calibrate, data, run, compare, privacy, export, audit, reproduce,
+                flower):
     _module.register(app)
 
 
