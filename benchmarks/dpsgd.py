@@ -11,18 +11,23 @@ optimizer step. Variants, timed interleaved step by step in the same run:
 ``opacus``            ``PrivacyEngine.make_private`` with Poisson sampling (its ``DPDataLoader``),
                       i.e. its per-sample-gradient hooks, clipping and noise (``secure_mode`` off).
 
-The public normaliser of the DP variants is the expected batch size B (issue #10).
+Cases: the rPDP-FL MNIST CNN (26,010 parameters) and the Fed-Heart-Disease logistic regression
+(14 parameters), each at expected batch 64 and 400. The public normaliser of the DP variants is
+the expected batch size B (issue #10). The JSON records the load average before and after (the
+development machine is shared): ratios are only comparable within one run.
 
 Usage::
 
     .venv/bin/python benchmarks/dpsgd.py --json          # one JSON object on stdout
     .venv/bin/python benchmarks/dpsgd.py --steps 10      # quicker, human-readable
+    .venv/bin/python benchmarks/dpsgd.py --json --repeats 3   # 3 interleaved rounds, pooled
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 import warnings
@@ -35,22 +40,26 @@ from pdpfl.models import create_model, loss_fn
 from pdpfl.randomness import SecureRandomness
 
 CASES = [
-    ("mnist_cnn", "mnist-cnn", (1, 28, 28), 10, 64),
     ("mnist_cnn", "mnist-cnn", (1, 28, 28), 10, 400),
-    ("logreg", "logreg", (13,), 2, 32),
+    ("mnist_cnn", "mnist-cnn", (1, 28, 28), 10, 64),
+    ("logreg", "logreg", (13,), 2, 400),
+    ("logreg", "logreg", (13,), 2, 64),
 ]
 
 
 _CLOCK = time.perf_counter
 
 
-def _interleaved_medians(fns: dict, steps: int, warmup: int) -> dict[str, float]:
-    """Median ms per variant; variants alternate step by step so machine load hits all alike."""
+def _interleaved_medians(
+    fns: dict, steps: int, warmup: int, repeats: int = 1
+) -> dict[str, float]:
+    """Median ms per variant; variants alternate step by step so machine load hits all alike
+    (``repeats`` rounds of ``steps`` steps, pooled)."""
     for fn in fns.values():
         for _ in range(warmup):
             fn()
     times: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(steps):
+    for _ in range(steps * repeats):
         for k, fn in fns.items():
             t0 = _CLOCK()
             fn()
@@ -163,6 +172,12 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--no-opacus", action="store_true")
+    ap.add_argument("--repeats", type=int, default=1, help="rounds of --steps steps, pooled")
+    ap.add_argument(
+        "--cases",
+        default="",
+        help="comma list of case names to run, e.g. mnist_cnn/400,logreg/64 (default: all)",
+    )
     ap.add_argument(
         "--timer",
         choices=["wall", "cpu"],
@@ -174,8 +189,15 @@ def main() -> None:
     global _CLOCK
     _CLOCK = time.perf_counter if args.timer == "wall" else time.process_time
     torch.set_num_threads(args.threads)
-    out: dict = {}
+    wanted = {c for c in args.cases.split(",") if c}
+    out: dict = {
+        "threads": args.threads,
+        "timer": args.timer,
+        "load_before": [round(v, 2) for v in os.getloadavg()],
+    }
     for key, model_name, shape, k, batch in CASES:
+        if wanted and f"{key}/{batch}" not in wanted:
+            continue
         fns = {
             "nonprivate_ms": nonprivate_step(model_name, shape, k, batch),
             "pdpfl_secure_ms": pdpfl_step(model_name, shape, k, batch, secure=True),
@@ -183,19 +205,20 @@ def main() -> None:
         }
         if not args.no_opacus:
             fns["opacus_ms"] = opacus_step(model_name, shape, k, batch)
-        res = {
-            m: round(v, 3) for m, v in _interleaved_medians(fns, args.steps, args.warmup).items()
-        }
+        medians = _interleaved_medians(fns, args.steps, args.warmup, args.repeats)
+        res = {m: round(v, 3) for m, v in medians.items()}
         res["secure_over_nonprivate"] = round(res["pdpfl_secure_ms"] / res["nonprivate_ms"], 3)
         res["reproducible_over_nonprivate"] = round(
             res["pdpfl_reproducible_ms"] / res["nonprivate_ms"], 3
         )
         if "opacus_ms" in res:
             res["opacus_over_secure"] = round(res["opacus_ms"] / res["pdpfl_secure_ms"], 3)
+            res["opacus_over_nonprivate"] = round(res["opacus_ms"] / res["nonprivate_ms"], 3)
         out.setdefault(key, {})[str(batch)] = res
         if not args.json:
             print(key, batch, res, flush=True)
     out["noise_26010"] = noise_draw_ms()
+    out["load_after"] = [round(v, 2) for v in os.getloadavg()]
     if not args.json:
         print("noise_26010", out["noise_26010"], flush=True)
     if args.json:

@@ -13,7 +13,7 @@
 ``--train``
     ``examples/prifedsync_mnist10k.yaml`` (randomness: reproducible) for ``--seeds``: the paper's
     metric (mean over clients of the local model's accuracy on the client's own test split) and
-    the global model beside it, with the rigorous ε and the CLT μ.
+    the global model beside it, with the rigorous ε (the clients' ledgers) and the CLT μ.
 
 Usage: ``python benchmarks/prifedsync.py --accounting --speed --train --seeds 1 2 3
 --rounds 30 --data-dir ../shared/data [--json]``
@@ -215,7 +215,8 @@ def _markdown(result: dict) -> str:
         s = result["speed"]
         lines += ["", f"wor_gaussian_rdp (orders 2-64): {s['wor_rdp_orders_2_64_s'] * 1e3:.2f} ms "
                   f"vs dp-accounting {s['dp_accounting_wor_rdp_s'] * 1e3:.1f} ms "
-                  f"(×{s['rdp_speedup']:.0f}); wor_sample: {s['wor_sample_secure_per_batch_us']:.0f}"
+                  f"(×{s['rdp_speedup']:.0f}); wor_sample: "
+                  f"{s['wor_sample_secure_per_batch_us']:.0f}"
                   f" µs/batch (secure), {s['wor_sample_seeded_per_batch_us']:.0f} µs (seeded) vs "
                   f"torch.randperm {s['randperm_per_batch_us']:.0f} µs"]
     if "train" in result:

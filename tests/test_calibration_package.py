@@ -31,12 +31,13 @@ from pdpfl.privacy import TrainingPlan
 PLAN = TrainingPlan(noise_multiplier=3.5, delta=1e-3, steps=5, rounds=20, client_rate=0.5)
 
 
-def test_every_public_name_is_exported_and_the_shim_is_the_same_object() -> None:
-    import pdpfl.calibrate as shim
+def test_every_public_name_is_exported_and_the_old_module_is_gone() -> None:
+    import importlib
 
     for name in calibration.__all__:
-        assert getattr(shim, name) is getattr(calibration, name)
-    assert "to be deleted" in (shim.__doc__ or "")
+        assert getattr(calibration, name) is not None
+    with pytest.raises(ModuleNotFoundError):  # folded into pdpfl.calibration (issue #21)
+        importlib.import_module("pdpfl.calibrate")
 
 
 @pytest.mark.parametrize("cls", [CertifiedEstimator, SCFEstimator, BinarySearchEstimator])

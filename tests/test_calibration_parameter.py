@@ -2,10 +2,10 @@
 
 ``calibrate_parameter`` and its named helpers replace, with equal results, the σ / step
 searches the algorithms wrote themselves: IDP-FedAvg's ``noise_for_rate`` and ULDP-FL's σ from
-ε_max (values computed on main before the rewiring, ``GOLDEN``), rPDP-FL's
-``noise_for_max_budget`` (rewired onto it; same golden values) and PriFedSync's
-``calibrate_noise`` / ``calibrate_steps`` (still their own code in ``fl/prifedsync.py``: compared
-live).
+ε_max (values computed on main before the rewiring, ``GOLDEN``) and rPDP-FL's
+``noise_for_max_budget`` (rewired onto it; same golden values). PriFedSync's former
+``calibrate_noise`` / ``calibrate_steps`` are compared with their golden values in
+``tests/test_prifedsync_ledger.py``.
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ from pdpfl.privacy import (
     PoissonSampled,
     SampledGaussianPlan,
     TrainingPlan,
-    mechanism_epsilon,
 )
 from pdpfl.privacy.search import find_noise_multiplier
 
@@ -71,40 +70,6 @@ def test_noise_for_max_budget_equals_main(eps, plan, adversary, sigma) -> None:
     tp = TrainingPlan(*plan)
     assert noise_for_max_budget(eps, tp, adversary) == sigma
     assert noise_for_epsilon(tp, eps, adversary) == sigma  # the unit-mechanism helper agrees
-
-
-PRIFEDSYNC = [
-    ("wor", 16, 600, 38, 20, 2.0, "rigorous"),
-    ("wor", 16, 600, 38, 20, 2.0, "clt"),
-    ("wor", 64, 1000, 10, 50, 0.8, "rigorous"),
-    ("poisson", 32, 500, 20, 30, 3.0, "clt"),
-    ("poisson", 32, 500, 20, 30, 3.0, "rigorous"),
-]
-
-
-@pytest.mark.parametrize(("sampler", "b", "n", "k", "rounds", "eps", "accounting"), PRIFEDSYNC)
-def test_prifedsync_calibrate_noise_and_steps(sampler, b, n, k, rounds, eps, accounting) -> None:
-    from pdpfl.fl.prifedsync import ClientMechanism, calibrate_noise, calibrate_steps
-
-    old = ClientMechanism(sampler, b, n, 1.0, k, 1e-5)
-    plan = LocalStepsPlan(sampler, 1.0, k, 1e-5, rounds)
-    acc = "gdp-clt" if accounting == "clt" else "rdp"
-    # the old search: bracket [1e-3, 1e4], never widened, relative 1e-4; the Poisson rigorous
-    # path minimized over the grid only (refine=False reproduces it; refined is never looser)
-    refine = {"refine": False} if (sampler, acc) == ("poisson", "rdp") else {}
-    sigma_old = calibrate_noise(old, eps, rounds, accounting)
-    sigma = noise_for_epsilon(
-        plan, eps, rounds=rounds, accountant=acc, rate=b / n, bracket=(1e-3, 1e4), limits=None,
-        **refine,
-    )
-    assert sigma == sigma_old  # the same bisection on the same ε: the same σ
-    spent = mechanism_epsilon(plan.with_noise(sigma), [b / n], "third-party", rounds,
-                              accountant=acc, **refine)[0][0]
-    assert spent <= eps
-    k_old = calibrate_steps(old.with_noise(sigma_old * 1.3), eps, rounds, accounting)
-    k_new = steps_for_epsilon(plan.with_noise(sigma_old * 1.3), eps, rounds=rounds,
-                              accountant=acc, rate=b / n, slack=1e-9, **refine)
-    assert k_new == k_old and 1 <= k_new <= k
 
 
 def test_find_noise_multiplier_is_the_same_search() -> None:

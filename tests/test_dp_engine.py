@@ -12,8 +12,8 @@ from torch import nn
 
 from pdpfl.dp import (
     PersonalizedDPSGD,
+    bookkeeping,
     clipped_grad_sum,
-    grad_sample,
     hooks_supported,
     make_optimizer,
     per_sample_gradients,
@@ -21,8 +21,8 @@ from pdpfl.dp import (
     train_steps,
     validate_model,
 )
+from pdpfl.dp.bookkeeping import _unfold2d
 from pdpfl.dp.engine import evaluate
-from pdpfl.dp.grad_sample import _unfold2d
 from pdpfl.models import create_model, get_params, loss_fn
 
 torch.set_num_threads(2)
@@ -123,7 +123,7 @@ def _loop_grads(model, x, y):
 def _gram_for_ghost(request, monkeypatch):
     """The "ghost" case exercises the Gram-matrix path (chosen for large layers only)."""
     if "ghost" in request.node.name:
-        monkeypatch.setattr(grad_sample, "_MATERIALISE_LIMIT", 0)
+        monkeypatch.setattr(bookkeeping, "_MATERIALISE_LIMIT", 0)
 
 
 @pytest.mark.parametrize("name", ["logreg", "mlp", "cnn", "mixed", "ghost", "oddconv"])

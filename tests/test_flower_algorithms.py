@@ -201,3 +201,32 @@ def test_aggregation_protocols_run_on_flower_like_the_simulator(
     actions = [json.loads(line)["action"] for line in log.read_text().splitlines()]
     # no plain training reply: every update left its silo masked or encrypted
     assert "fit" not in actions, sorted(set(actions))
+    # Keys, seeds, shares and the contribution being masked never reach the silo's disk; the
+    # rounds a silo has masked (public) are kept next to its state, so a resume cannot re-mask.
+    silos = tmp_path / "flower" / "silos"
+    assert not list(silos.rglob("protocol-memory-silo-*.npz"))
+    if case != "private-weights":
+        assert len(list(silos.rglob("protocol-public-silo-*.npz"))) == 3
+
+
+@pytest.mark.usefixtures("task_identity")
+def test_secure_aggregation_is_refused_in_per_message_mode(tmp_path: Path, monkeypatch) -> None:
+    """A per-message silo process would have to write the round's keys to disk between stages:
+    the silo refuses the protocol with the fix in the error, and nothing secret is stored."""
+    from pdpfl.config import config_to_dict
+    from pdpfl.runtime.flower.codec import encode_config
+
+    out = tmp_path / "flower"
+    run_config = {
+        "pdpfl-config": encode_config(config_to_dict(toy_digits("rpdp", "aggregation=secure"))),
+        "pdpfl-hooks": "pdpfl.runtime.flower.hooks:PDPFL_HOOKS",
+        "pdpfl-out-dir": str(out), "pdpfl-resume": False, "pdpfl-round-timeout": 30.0,
+        "pdpfl-startup-timeout": 30.0, "pdpfl-min-silos": 1,
+    }
+    grid = FakeGrid(run_config, out / "silos", 3, hooks=None, mode="per-message",
+                    monkeypatch=monkeypatch)
+    from pdpfl.runtime.flower.transport import FlowerRunError
+
+    with pytest.raises(FlowerRunError, match="mode per-message.*--mode warm"):
+        serve(grid, out)
+    assert not list((out / "silos").rglob("protocol-memory-silo-*.npz"))

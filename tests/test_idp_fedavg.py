@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import math
 
 import numpy as np
@@ -44,18 +45,28 @@ def _setup(**overrides) -> idp.IdpSetup:
     """A hand-made publication (no accounting) for unit tests of server and client."""
     base = dict(
         method="individual", variant="central", delta=1e-3, rounds=50, num_clients=6,
-        clients_per_round=2.0, budgets=[1.0, 2.0, math.inf], sizes=[2.0, 2.0, 2.0],
-        assigned=[1.0, 2.0, None], rates=[0.2, 0.5, 1.0], noise_multipliers=[1.2, 1.2, None],
-        clip_factors=[1.0, 1.0, 1.0], noise_multiplier=1.2, value_noise_multiplier=1.3,
+        clients_per_round=2.0, budgets=(1.0, 2.0, math.inf), sizes=(2.0, 2.0, 2.0),
+        assigned=(1.0, 2.0, None), rates=(0.2, 0.5, 1.0), noise_multipliers=(1.2, 1.2, None),
+        clip_factors=(1.0, 1.0, 1.0), noise_multiplier=1.2, value_noise_multiplier=1.3,
         count_noise_std=0.5, denominator=3.4, clipping="adaptive", initial_clip=0.1,
         target_quantile=0.5, clip_lr=0.2, server_lr=1.0, asked_per_round=0,
         tolerated_dropouts=0,
-        local={"epochs": 1, "batch_size": 4, "optimizer": "sgd", "lr": 0.1, "momentum": 0.0,
-               "weight_decay": 0.0},
-        strategy="loop", rate_fractions="realized", observers=["third-party"],
+        local=idp.LocalTraining(epochs=1, batch_size=4, optimizer="sgd", lr=0.1,
+                                strategy="loop"),
+        rate_fractions="realized", observers=("third-party",),
     )
     base.update(overrides)
+    for key in ("budgets", "sizes", "assigned", "rates", "noise_multipliers", "clip_factors",
+                "observers"):
+        base[key] = tuple(base[key])
     return idp.IdpSetup(**base)
+
+
+def _silo(cid, data, budget, pub, randomness, factory=None):
+    """The silo of ``pub``'s variant, as the config section builds it."""
+    cls = idp.CentralIdpSilo if pub.variant == "central" else idp.DistributedIdpSilo
+    return cls(cid, data, budget, pub, randomness=randomness,
+               model_factory=factory or (lambda: torch.nn.Linear(4, 3)))
 
 
 class _ZeroStream:
@@ -98,9 +109,8 @@ def test_client_sampling_frequencies_match_the_group_rates():
     # distributed variant: each client's own coin, same frequencies
     cpub = _setup(variant="distributed", asked_per_round=6, rates=[0.05, 0.3, 1.0])
     data = _tiny_data()
-    client = idp.IdpFedAvgClient(0, data, 2.0, cpub, randomness=SecureRandomness(),
-                                 model_factory=lambda: torch.nn.Linear(4, 3))
-    freq = np.mean([client.coin(t) for t in range(rounds)])
+    client = _silo(0, data, 2.0, cpub, SecureRandomness())
+    freq = np.mean([client.participates(t, {}) for t in range(rounds)])
     assert abs(freq - 0.3) <= 5 * math.sqrt(0.3 * 0.7 / rounds)
 
 
@@ -197,9 +207,7 @@ def test_distributed_noise_shares_add_up_to_the_central_noise():
     total = np.zeros(200)
     count = 0.0
     for cid in range(m):
-        client = idp.IdpFedAvgClient(cid, _tiny_data(seed=cid), 1.0, pub,
-                                     randomness=SecureRandomness(),
-                                     model_factory=lambda: torch.nn.Linear(4, 3))
+        client = _silo(cid, _tiny_data(seed=cid), 1.0, pub, SecureRandomness())
         c = client.fit([np.zeros(200, np.float32)], 0, {"clip_norm": 0.5})
         check_contribution(c, idp.DistributedIdpServer.public_metrics, 1)
         assert set(c.metrics) == {"clip_count"}
@@ -213,12 +221,9 @@ def test_distributed_noise_shares_add_up_to_the_central_noise():
 def test_distributed_client_clips_its_update_to_the_public_clip_norm():
     pub = _setup(variant="distributed", asked_per_round=1, num_clients=1, rates=[1.0, 1.0, 1.0],
                  value_noise_multiplier=1e-9, count_noise_std=1e-9,
-                 local={"epochs": 3, "batch_size": 4, "optimizer": "sgd", "lr": 5.0,
-                        "momentum": 0.0, "weight_decay": 0.0})
+                 local=idp.LocalTraining(epochs=3, batch_size=4, lr=5.0, strategy="loop"))
     # a non-private client (ε = ∞) is still clipped: its update bounds everyone's sensitivity
-    client = idp.IdpFedAvgClient(0, _tiny_data(), math.inf, pub,
-                                 randomness=SeededRandomness(0),
-                                 model_factory=lambda: torch.nn.Linear(4, 3))
+    client = _silo(0, _tiny_data(), math.inf, pub, SeededRandomness(0))
     params = [p.detach().numpy().copy() for p in torch.nn.Linear(4, 3).parameters()]
     c = client.fit(params, 0, {"clip_norm": 0.01})
     norm = math.sqrt(sum(float(np.sum(np.asarray(u, np.float64) ** 2)) for u in c.update))
@@ -233,25 +238,24 @@ def test_a_client_stops_before_it_would_exceed_its_budget():
     """Run past the planned rounds: the ledger stops the client, which then releases zeros."""
     # ε after k rounds at q = 0.5, σ = 2, δ = 1e-3: 0.98, 1.36, 1.66, 1.92, ... 2.37 (k = 6)
     pub = _setup(rounds=4, rates=[0.5, 0.5, 1.0], noise_multipliers=[2.0, 2.0, None])
-    client = idp.IdpFedAvgClient(0, _tiny_data(), 2.0, pub, randomness=SeededRandomness(0),
-                                 model_factory=lambda: torch.nn.Linear(4, 3))
+    client = _silo(0, _tiny_data(), 2.0, pub, SeededRandomness(0))
     params = [p.detach().numpy().copy() for p in torch.nn.Linear(4, 3).parameters()]
     released = []
     for t in range(12):
         c = client.fit(params, t, {"clip_norm": 0.1})
         released.append(max(float(np.abs(u).max()) for u in c.update))
         client.evaluate(params, t, {})
-    tp, _ = client.spent()
+    tp = client.spent()["third-party"]
     assert client.stopped and 1.9 < tp <= 2.0
-    assert client.account.ledger.sat_out_rounds[0] == 8
+    assert client.ledger.sat_out_rounds[0] == 8
     summary = client.privacy_summary()
-    assert summary["over_budget_third_party"] == 0 and summary["stopped"] == 1
+    assert summary.unit == "client" and summary.units == 1
+    assert summary.over_budget("third-party") == 0 and summary.stopped == 1
     assert released[0] > 0 and released[-1] == 0.0
-    # the state is scalars only (pickle-free, cheap checkpoints) and resumes exactly
+    # the state is plain JSON (pickle-free, cheap checkpoints) and resumes exactly
     state = client.state_dict()
-    assert all(isinstance(v, int | bool | dict) for v in state.values())
-    other = idp.IdpFedAvgClient(0, _tiny_data(), 2.0, pub, randomness=SeededRandomness(0),
-                                model_factory=lambda: torch.nn.Linear(4, 3))
+    json.dumps(state)
+    other = _silo(0, _tiny_data(), 2.0, pub, SeededRandomness(0))
     other.load_state_dict(state)
     assert other.spent() == client.spent() and other.stopped
 
@@ -293,49 +297,81 @@ def test_bad_configs_name_the_field(change, needle):
 
 
 def test_publication_round_trips_through_json_with_infinite_budgets():
-    import json
-
     pub = _setup()
     back = idp.IdpSetup.from_dict(json.loads(json.dumps(pub.to_dict(), allow_nan=False)))
-    assert back.budgets == pub.budgets and back.group_of(math.inf) == 2
+    assert back == pub and back.group_of(math.inf) == 2
+    with pytest.raises(ValueError, match="unknown fields"):
+        idp.IdpSetup.from_dict({**pub.to_dict(), "cohort": "x"})
 
 
 # ------------------------------------------------------------ batching = the per-client loop
 
 
+@pytest.mark.parametrize("variant", ["central", "distributed"])
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
-def test_cohort_batched_training_equals_training_alone(optimizer):
-    """Clients of one process train as one batched computation; each update equals what the
-    client computes alone (the Flower case), with the same randomness."""
+def test_transport_batch_equals_each_silo_alone_and_the_loop(optimizer, variant, monkeypatch):
+    """The in-process transport trains silos of equal batch_key in one batched call (prepare →
+    train_batch → finish, vmap over the clients); each contribution equals the one the silo
+    computes alone with the per-client loop (the Flower case), with the same randomness, and
+    the batched evaluation equals each silo's own."""
+    from pdpfl.fl.idp_fedavg import silo as silo_module
     from pdpfl.models import create_model
+    from pdpfl.runtime.simulation import InProcessTransport
 
     def factory():
         torch.manual_seed(0)
         return create_model("mlp", (4,), 3, hidden=[8])
 
-    local = {"epochs": 2, "batch_size": 3, "optimizer": optimizer, "lr": 0.05, "momentum": 0.0,
-             "weight_decay": 0.0}
-    pub = _setup(local=local, strategy="batched", num_clients=5)
-    cohort = idp._Cohort(factory, "batched", local)
+    calls = []
+    real = silo_module.train_clients
+
+    def counting(model, params, datasets, local):
+        calls.append((len(datasets), local.strategy))
+        return real(model, params, datasets, local)
+
+    monkeypatch.setattr(silo_module, "train_clients", counting)
+
+    def pub(strategy):
+        local = idp.LocalTraining(epochs=2, batch_size=3, optimizer=optimizer, lr=0.05,
+                                  strategy=strategy)
+        return _setup(local=local, num_clients=5, variant=variant, rates=[0.6, 0.6, 1.0],
+                      noise_multipliers=[5.0, 5.0, None],
+                      asked_per_round=5 if variant == "distributed" else 0)
+
+    budgets = [1.0, 2.0, math.inf, 2.0, math.inf]
+
+    def silos(strategy):
+        return {i: _silo(i, _tiny_data(n=5 + 3 * i, seed=i), budgets[i], pub(strategy),
+                         SeededRandomness(7), factory) for i in range(5)}
+
+    together, alone = silos("batched"), silos("loop")
     params = [p.detach().numpy().copy() for p in factory().parameters()]
-    together = [idp.IdpFedAvgClient(i, _tiny_data(n=5 + 3 * i, seed=i), math.inf, pub,
-                                    randomness=SeededRandomness(7), cohort=cohort)
-                for i in range(5)]
-    alone = [idp.IdpFedAvgClient(i, _tiny_data(n=5 + 3 * i, seed=i), math.inf, pub,
-                                 randomness=SeededRandomness(7), model_factory=factory)
-             for i in range(5)]
-    a = [c.fit(params, 0, {}) for c in together]
-    assert len(cohort.jobs) == 5  # deferred until the first read
-    b = [c.fit(params, 0, {}) for c in alone]
+    config = {"clip_norm": 0.5}
+    transport = InProcessTransport(together)
+    a = transport.fit(list(range(5)), params, 0, config)
+    trained = [c for c in range(5)
+               if not together[c].stopped and together[c].participates(0, config)]
+    assert calls == [(len(trained), "batched")] and len(trained) >= 3  # one batched call
+    calls.clear()
+    b = [alone[c].fit(params, 0, config) for c in range(5)]
+    assert calls == [(1, "loop")] * len(trained)
     for x, y in zip(a, b, strict=True):
+        assert x.weight == y.weight and set(x.metrics) == set(y.metrics)
+        for k in x.metrics:
+            assert x.metrics[k] == pytest.approx(y.metrics[k], abs=1e-9)
         for u, v in zip(x.update, y.update, strict=True):
             np.testing.assert_allclose(u, v, atol=1e-5)
-    assert not cohort.jobs
-    # batched evaluation of the cohort equals each client's own evaluation
-    for x, y in zip(together, alone, strict=True):
-        ex, ey = x.evaluate(params, 0, {}), y.evaluate(params, 0, {})
-        assert ex["n"] == ey["n"] and ex["accuracy"] == pytest.approx(ey["accuracy"])
-        assert ex["loss"] == pytest.approx(ey["loss"], rel=1e-5)
+    for c in range(5):
+        if together[c].ledger is not None:
+            assert together[c].ledger.state_dict().keys() == alone[c].ledger.state_dict().keys()
+            for key, value in together[c].ledger.state_dict().items():
+                np.testing.assert_array_equal(value, alone[c].ledger.state_dict()[key])
+    # batched evaluation of every silo equals each silo's own evaluation
+    evals = transport.evaluate(list(range(5)), params, 0, {})
+    for c in range(5):
+        ey = alone[c].evaluate(params, 0, {})
+        assert evals[c]["n"] == ey["n"] and evals[c]["accuracy"] == pytest.approx(ey["accuracy"])
+        assert evals[c]["loss"] == pytest.approx(ey["loss"], rel=1e-5)
 
 
 def test_auto_strategy_uses_the_loop_for_conv_nets_on_cpu():
@@ -371,8 +407,24 @@ def test_end_to_end_no_client_over_budget(toy_run):
     rates = [groups[k]["rate"] for k in ("1", "2", "3")]
     assert rates[0] < 0.2 < rates[1] < rates[2]
     assert summary["noise_multiplier"] > 0
-    assert (out / "ledgers" / "client_0.npz").is_file()
+    assert summary["neighbouring"].startswith("add/remove one client")
     assert 0.0 <= summary["final_accuracy"] <= 1.0
+    # one ledger per client, its unit named by the client's name from the data
+    from pdpfl.cli.compare import mechanism_columns
+    from pdpfl.ledger import load_ledger
+    from pdpfl.ledger.table import privacy_table
+    from pdpfl.runtime.simulation import load_federation_for
+
+    names = [c.name for c in load_federation_for(_config()).clients]
+    ledger = load_ledger(out / "ledgers" / "client_7.npz")
+    assert ledger.unit == "client" and ledger.ids.tolist() == [names[7]]
+    table = privacy_table(out)
+    assert sorted(table["id"].tolist()) == sorted(names)
+    assert set(table["unit"].tolist()) == {"client"}
+    # pdpfl compare's mechanism columns: σ_SAMPLE and each group's rate
+    columns = mechanism_columns(summary)
+    assert columns["sigma"] == summary["noise_multiplier"]
+    assert [columns[f"rate_{k}"] for k in ("1", "2", "3")] == rates
 
 
 def test_resume_reproduces_an_uninterrupted_run(toy_run, tmp_path):
@@ -398,28 +450,32 @@ def test_sample_sees_realized_counts_or_nominal_ratios(monkeypatch):
         return idp.GroupRates(tuple(levels), tuple(sizes), (q,) * len(levels), 1.0,
                               (0.5,) * len(levels), q, q, 1e-3, 3)
 
-    monkeypatch.setattr(idp, "sample_group_rates", fake)
+    from pdpfl.fl.idp_fedavg import mechanism
+
+    monkeypatch.setattr(mechanism, "sample_group_rates", fake)
     info = FederationInfo(input_shape=(64,), num_classes=10, client_ids=tuple(range(100)))
     cfg = _config(assignment="iid")
-    idp.setup(cfg, info)
+    cfg.algorithm.setup(cfg, info)
     counts = np.unique(idp.assign_client_budgets(cfg.algorithm, cfg.seed, 100),
                        return_counts=True)[1]
     assert seen["sizes"] == counts.tolist() and seen["sizes"] != [54.0, 37.0, 9.0]
-    idp.setup(_config(assignment="iid", rate_fractions="nominal"), info)
+    nominal = _config(assignment="iid", rate_fractions="nominal")
+    nominal.algorithm.setup(nominal, info)
     assert seen["levels"] == [1.0, 2.0, 3.0]
     assert seen["sizes"] == pytest.approx([54.0, 37.0, 9.0])
 
 
 def test_comparison_setups_strict_relaxed_scale_nodp():
     info = FederationInfo(input_shape=(64,), num_classes=10, client_ids=tuple(range(100)))
-    pubs = {m: idp.IdpSetup.from_dict(idp.setup(_config(method=m), info)["idp"])
-            for m in ("strict", "relaxed", "scale", "no-dp")}
+    configs = {m: _config(method=m) for m in ("strict", "relaxed", "scale", "no-dp")}
+    pubs = {m: idp.IdpSetup.from_dict(c.algorithm.setup(c, info).to_dict())
+            for m, c in configs.items()}
     q = 20 / 100
     for pub in pubs.values():
-        assert pub.rates == [pytest.approx(q)] * 3 and pub.denominator == pytest.approx(20)
+        assert list(pub.rates) == [pytest.approx(q)] * 3 and pub.denominator == pytest.approx(20)
     assert pubs["strict"].noise_multiplier == pytest.approx(idp.noise_for_rate(1.0, q, 1e-3, 3))
     assert pubs["relaxed"].noise_multiplier == pytest.approx(idp.noise_for_rate(3.0, q, 1e-3, 3))
-    assert pubs["strict"].assigned == [1.0] * 3 and pubs["relaxed"].assigned == [3.0] * 3
+    assert pubs["strict"].assigned == (1.0,) * 3 and pubs["relaxed"].assigned == (3.0,) * 3
     scale = pubs["scale"]
     assert scale.clip_factors[0] < 1 < scale.clip_factors[2]
     assert all(s >= idp.noise_for_rate(b, q, 1e-3, 3) * (1 - 1e-9)
@@ -452,3 +508,35 @@ def test_compare_cli_methods_table_and_csv(tmp_path):
     assert float(rows["strict"]["sigma"]) > float(rows["relaxed"]["sigma"])
     assert rows["no-dp"]["sigma"] == ""
     assert "σ" in res.output and "q[1]" in res.output
+
+
+@pytest.mark.slow
+def test_the_digits_example_reports_per_client(tmp_path):
+    """``pdpfl run examples/idp_digits.yaml`` (offline) prints the run in its own unit --
+    clients over budget, ε per observer and per budget group -- draws it in epsilon.png, and
+    ``pdpfl privacy`` answers for each client by name."""
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    from pdpfl.cli import app
+
+    example = Path(__file__).resolve().parents[1] / "examples" / "idp_digits.yaml"
+    out = tmp_path / "run"
+    res = CliRunner().invoke(app, ["run", str(example), "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "clients over budget" in res.output and "0 of 60" in res.output
+    assert "max ε (third-party)" in res.output
+    assert "per budget group (clients)" in res.output
+    summary = json.loads((out / "summary.json").read_text())
+    assert [g["label"] for g in summary["privacy"]["groups"]] == ["1", "2", "3"]
+    assert (out / "epsilon.png").stat().st_size > 10_000
+    res = CliRunner().invoke(app, ["privacy", str(out), "--id", "client-7"])
+    assert res.exit_code == 0, res.output
+    assert "client client-7" in res.output and "third party: ε spent" in res.output
+    res = CliRunner().invoke(app, ["privacy", str(out)])
+    assert res.exit_code == 0, res.output
+    rows = list(csv.DictReader((out / "privacy.csv").open()))
+    assert len(rows) == 60 and {r["id"] for r in rows} == {f"client-{i}" for i in range(60)}
+    assert all(float(r["epsilon_third_party"]) <= float(r["budget"]) for r in rows)
+

@@ -83,7 +83,7 @@ def test_sample_emnist_every_group_within_budget_and_mean_rate_on_target(emnist_
 
 def test_sample_never_keeps_the_searchs_rates(monkeypatch, emnist_sample):
     """The search's rates are discarded: a stale, overspending vector cannot leak through."""
-    import pdpfl.calibrate as calibrate
+    import pdpfl.calibration.noise as calibrate
 
     def stale(eps, sizes, target, plan, **kw):  # the right σ, rates as if from a larger σ
         return emnist_sample.noise_multiplier, np.full(len(eps), 0.5)
@@ -97,7 +97,7 @@ def test_sample_never_keeps_the_searchs_rates(monkeypatch, emnist_sample):
 
 def test_sample_refuses_a_sigma_that_misses_the_target(monkeypatch):
     """A search returning a too-large σ (mean rate above c/N) fails verification loudly."""
-    import pdpfl.calibrate as calibrate
+    import pdpfl.calibration.noise as calibrate
 
     monkeypatch.setattr(calibrate, "group_sampling_rates",
                         lambda eps, sizes, target, plan, **kw: (50.0, np.zeros(len(eps))))

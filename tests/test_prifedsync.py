@@ -1,4 +1,8 @@
-"""PriFedSync: WOR batches, join coins, elastic sync, aggregation, per-client budgets, state."""
+"""PriFedSync: WOR batches, join coins, elastic sync, aggregation, per-client budgets, state.
+
+The accounting against the first release's numbers (ledger ε and calibration on a grid) is in
+``tests/test_prifedsync_ledger.py``.
+"""
 
 from __future__ import annotations
 
@@ -14,16 +18,17 @@ from pdpfl.fl.aggregation import sum_contributions
 from pdpfl.fl.algorithm import build_federation_algorithms
 from pdpfl.fl.api import check_contribution, check_evaluation
 from pdpfl.fl.prifedsync import (
-    ClientLedger,
-    ClientMechanism,
     PriFedSyncClient,
-    calibrate_noise,
-    calibrate_steps,
+    PriFedSyncSetup,
+    client_plan,
     evaluate_models,
     federation_report,
     target_as_epsilon,
 )
+from pdpfl.fl.prifedsync.mechanism import clt_mu, epsilon, strong_epsilon
 from pdpfl.io import decode_state, encode_state
+from pdpfl.ledger import PrivacyLedger
+from pdpfl.privacy import LocalStepsPlan
 from pdpfl.randomness import SeededRandomness
 from pdpfl.runtime.simulation import load_federation_for
 
@@ -218,48 +223,56 @@ def test_evaluation_reports_the_local_or_the_global_model() -> None:
 # --------------------------------------------------------------- accounting and budgets
 
 
-def _mechanism(**kw):
-    base = dict(sampler="wor", batch_size=16, n_records=600, noise_multiplier=2.0,
-                local_steps=38, delta=1e-5)
-    return ClientMechanism(**{**base, **kw})
+def _plan(sampler="wor", noise_multiplier=2.0, local_steps=38) -> LocalStepsPlan:
+    return LocalStepsPlan(sampler, noise_multiplier, local_steps, 1e-5, 50)
+
+
+def _setup(**kw) -> PriFedSyncSetup:
+    base = dict(sampler="wor", alpha=0.1, server_lr=1.0, client_rate=1.0, local_steps=38,
+                local_epoch=False, rounds=50, planned_rounds=50, max_grad_norm=1.0,
+                noise_multiplier=1.0, delta=1e-5, num_clients=10)
+    return PriFedSyncSetup(**{**base, **kw})
 
 
 def test_mechanism_matches_theorem2_and_the_wor_bound() -> None:
     from pdpfl.privacy.gdp import prifedsync_mu
     from pdpfl.privacy.wor import wor_gaussian_epsilon
 
-    m = _mechanism()  # noise std 2C: the paper's σ_j = 1 (Table 1, first row)
-    assert m.clt_mu(93) == pytest.approx(float(prifedsync_mu(1.0, 16, 600, 38, 93)))
-    assert round(m.clt_mu(93), 2) == 2.71
-    assert m.epsilon(93) == pytest.approx(wor_gaussian_epsilon(16 / 600, 1.0, 38 * 93, 1e-5)[0])
-    assert m.epsilon(93) >= m.epsilon(93, "clt")
-    assert m.strong_epsilon(93, 100) > m.epsilon(93)
-    p = _mechanism(sampler="poisson")
-    assert p.sensitivity_multiplier == 2.0 and m.sensitivity_multiplier == 1.0
-    assert p.epsilon(0) == 0.0 and p.epsilon(10) > 0
+    m, rate = _plan(), 16 / 600  # noise std 2C: the paper's σ_j = 1 (Table 1, first row)
+    assert clt_mu(m, rate, 93) == pytest.approx(float(prifedsync_mu(1.0, 16, 600, 38, 93)))
+    assert round(clt_mu(m, rate, 93), 2) == 2.71
+    assert epsilon(m, rate, 93) == pytest.approx(
+        wor_gaussian_epsilon(16 / 600, 1.0, 38 * 93, 1e-5)[0])
+    assert epsilon(m, rate, 93) >= epsilon(m, rate, 93, "clt")
+    assert strong_epsilon(m, rate, 93, 100) > epsilon(m, rate, 93)
+    p = _plan(sampler="poisson")
+    assert p.event_noise_multiplier == 2.0 and m.event_noise_multiplier == 1.0
+    assert epsilon(p, rate, 0) == 0.0 and epsilon(p, rate, 10) > 0
     with pytest.raises(ValueError, match="batch_size"):
-        _mechanism(batch_size=700)
+        client_plan(_setup(), 600, 700, None)
 
 
 def test_calibrate_noise_meets_the_target_tightly() -> None:
-    m = _mechanism()
     for target in (2.0, 8.0):
-        sigma = calibrate_noise(m, target, 50)
-        assert m.with_noise(sigma).epsilon(50) <= target
-        assert m.with_noise(sigma * 0.995).epsilon(50) > target
-    sigma_clt = calibrate_noise(m, 8.0, 50, "clt")
-    assert m.with_noise(sigma_clt).epsilon(50, "clt") <= 8.0
+        m, rate = client_plan(_setup(), 600, 16, target)
+        assert epsilon(m, rate, 50) <= target
+        assert epsilon(m.with_noise(m.noise_multiplier * 0.995), rate, 50) > target
+    m, rate = client_plan(_setup(budget_accounting="clt"), 600, 16, 8.0)
+    assert epsilon(m, rate, 50, "clt") <= 8.0
     with pytest.raises(ValueError, match="target"):
-        calibrate_noise(_mechanism(batch_size=600), 1e-6, 10_000)
+        client_plan(_setup(planned_rounds=10_000, rounds=10_000), 600, 600, 1e-6)
 
 
 def test_calibrate_steps_meets_the_target_tightly() -> None:
-    m = _mechanism(local_steps=200)
-    k = calibrate_steps(m, 5.0, 20)
-    assert 1 <= k < 200
-    assert m.with_steps(k).epsilon(20) <= 5.0 < m.with_steps(k + 1).epsilon(20)
+    setup = _setup(calibrate="steps", noise_multiplier=2.0, local_steps=200, rounds=20,
+                   planned_rounds=20)
+    m, rate = client_plan(setup, 600, 16, 5.0)
+    k = m.local_steps
+    assert 1 <= k < 200 and m.noise_multiplier == 2.0
+    assert epsilon(m, rate, 20) <= 5.0 < epsilon(m.with_steps(k + 1), rate, 20)
     with pytest.raises(ValueError, match="one local step"):
-        calibrate_steps(_mechanism(noise_multiplier=0.3), 0.01, 100)
+        client_plan(_setup(calibrate="steps", noise_multiplier=0.3, rounds=100,
+                           planned_rounds=100), 600, 16, 0.01)
 
 
 def test_mu_target_is_enforced_as_its_epsilon_delta() -> None:
@@ -271,12 +284,15 @@ def test_mu_target_is_enforced_as_its_epsilon_delta() -> None:
 
 
 def test_ledger_stops_a_client_before_it_would_exceed() -> None:
-    led = ClientLedger(_mechanism(), target_epsilon=_mechanism().epsilon(3) * 1.0001)
+    m, rate = _plan(), 16 / 600
+    target = epsilon(m, rate, 3) * 1.0001
+    led = PrivacyLedger(np.full(4, target), np.full(4, rate), m, orders=None)
+    every = np.ones(4, dtype=bool)
     for _ in range(3):
-        assert not led.would_exceed()
-        led.charge()
-    assert led.would_exceed()
-    assert led.spent() <= led.target_epsilon
+        assert not led.would_exceed().any()
+        led.record_round(participated=every, active=every)
+    assert led.would_exceed().all()
+    assert np.all(led.spent_epsilon("both") <= target)
 
 
 def test_per_client_targets_pick_each_clients_noise_and_the_ledger_stops_them() -> None:
@@ -287,6 +303,7 @@ def test_per_client_targets_pick_each_clients_noise_and_the_ledger_stops_them() 
     )
     _, server, clients = _build(config)
     sigmas = [c.mechanism.noise_multiplier for c in clients.values()]
+    assert [c.target_epsilon for c in clients.values()] == [1.0, 4.0, 4.0, 4.0, 8.0, None]
     assert sigmas[0] > sigmas[1] > sigmas[4] and sigmas[5] == 2.0
     params = server.initial_params()
     for t in range(4):
@@ -294,14 +311,19 @@ def test_per_client_targets_pick_each_clients_noise_and_the_ledger_stops_them() 
         for c in clients.values():
             c.evaluate(params, t, {})
         for c in clients.values():
-            if c.ledger.target_epsilon is not None:
-                assert c.ledger.spent() <= c.ledger.target_epsilon * (1 + 1e-9)
+            if c.target_epsilon is not None:
+                assert c.spent() <= c.target_epsilon
+                assert np.all(c.ledger.spent_epsilon("both") <= c.target_epsilon)
     for cid in range(5):
         c = clients[cid]
-        assert c.ledger.participations == 2 and c.stopped
+        assert c.participations_charged == c.participations == 2 and c.stopped
         s = c.privacy_summary()
-        assert s["stopped"] == len(c.y_train) and s["over_budget_third_party"] == 0
-    assert clients[5].ledger.participations == 4 and not clients[5].stopped
+        assert s.stopped == len(c.y_train) and s.over_budget_any("both") == 0
+        assert [g.label for g in s.groups] == [f"{c.target_epsilon:g}"]
+    assert clients[5].participations_charged == 4 and not clients[5].stopped
+    # no target: never stopped, its records' group is "no target" (budget: the planned ε)
+    assert [g.label for g in clients[5].privacy_summary().groups] == ["no target"]
+    assert clients[5].ledger.budgets[0] == pytest.approx(clients[5].spent())
     report = federation_report(clients)
     assert report["clt_mu_strong"] >= report["clt_mu_weak"]
     assert report["eps_strong_paper_rigorous"] >= report["eps_rigorous_max"]
@@ -319,11 +341,12 @@ def test_clt_enforced_targets_are_still_judged_by_the_rigorous_bound() -> None:
     for t in range(2):
         _, params = _round(server, clients, params, t)
     c = clients[0]
-    assert c.ledger.spent(accounting="clt") <= 2.0 * (1 + 1e-9)
-    assert c.ledger.spent(accounting="rigorous") > 2.0
+    assert c.spent("clt") <= 2.0
+    assert c.spent("rigorous") > 2.0
     summary = c.privacy_summary()
-    assert summary["over_budget_third_party"] == len(c.y_train)
-    assert summary["eps_third_party_max"] == pytest.approx(c.ledger.spent(accounting="rigorous"))
+    assert summary.over_budget("third-party") == len(c.y_train)
+    assert summary.spent_max("third-party") == pytest.approx(c.spent("rigorous"))
+    assert summary.approximate["gdp-clt_epsilon_max_server"] == pytest.approx(c.spent("clt"))
 
 
 def test_summary_headline_is_the_rigorous_epsilon(tmp_path) -> None:
@@ -340,7 +363,9 @@ def test_summary_headline_is_the_rigorous_epsilon(tmp_path) -> None:
         overview["spent_max"]["third-party"])
     approx = overview["approximate"]
     assert approx["clt_mu_strong"] == pytest.approx(math.sqrt(5) * approx["clt_mu"])
+    assert approx["gdp-clt_epsilon_max_third_party"] > 0
     assert summary["privacy_unit"] == "record"
+    assert summary["neighbouring"].startswith("replace one record of one client")
     assert (tmp_path / "ledgers").is_dir()
     assert len(list((tmp_path / "ledgers").glob("*.npz"))) == 6
 
@@ -355,14 +380,15 @@ def test_state_is_pickle_free_and_resumes_exactly() -> None:
     _, params = _round(server, clients, params, 0)
     clients[2].evaluate(params, 0, {})  # syncs
     state = decode_state(encode_state(clients[2].state_dict()))
-    assert state["optimizer"]  # Adam moments travel with the state
+    assert state["extra"]["optimizer"]  # Adam moments travel with the state
     _, _, fresh = _build(config)
     fresh[2].load_state_dict(state)
     a = clients[2].fit(params, 1, {})
     b = fresh[2].fit(params, 1, {})
     for x, y in zip(a.update, b.update, strict=True):
         np.testing.assert_array_equal(x, y)
-    assert fresh[2].ledger.participations == clients[2].ledger.participations == 2
+    assert fresh[2].participations_charged == clients[2].participations_charged == 2
+    np.testing.assert_array_equal(fresh[2].ledger.ids, clients[2].ledger.ids)
 
 
 def test_poisson_sampler_option_runs_and_accounts_add_remove() -> None:
@@ -372,7 +398,8 @@ def test_poisson_sampler_option_runs_and_accounts_add_remove() -> None:
     _round(server, clients, server.initial_params(), 0)
     c = clients[0]
     assert c.mechanism.sampler == "poisson" and "add/remove" in c.mechanism.neighbouring
-    assert c.privacy_summary()["eps_third_party_max"] == pytest.approx(c.mechanism.epsilon(1))
+    assert "add/remove" in config.algorithm.neighbouring
+    assert c.privacy_summary().spent_max("third-party") == pytest.approx(c.spent())
 
 
 @pytest.mark.parametrize(
@@ -404,7 +431,7 @@ def test_target_without_sigma_is_fine_with_noise_calibration() -> None:
                                                                target_epsilon=5.0))
     assert config.privacy.noise_multiplier is None
     _, _, clients = _build(config)
-    assert all(c.ledger.target_epsilon == 5.0 for c in clients.values())
+    assert all(c.target_epsilon == 5.0 for c in clients.values())
 
 
 def test_epsilon_max_is_the_target_of_clients_without_their_own() -> None:
@@ -412,8 +439,8 @@ def test_epsilon_max_is_the_target_of_clients_without_their_own() -> None:
                      algorithm=dict(name="prifedsync", target_epsilon=[2.0, None, None, None,
                                                                        None, None]))
     _, _, clients = _build(config)
-    assert clients[0].ledger.target_epsilon == 2.0
-    assert all(clients[c].ledger.target_epsilon == 6.0 for c in range(1, 6))
+    assert clients[0].target_epsilon == 2.0
+    assert all(clients[c].target_epsilon == 6.0 for c in range(1, 6))
     assert clients[0].mechanism.noise_multiplier > clients[1].mechanism.noise_multiplier
 
 

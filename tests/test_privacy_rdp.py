@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from scipy import integrate, stats
 
@@ -151,14 +151,24 @@ def test_issue_points_sigma_10_alpha_1_4(q: float) -> None:
     alpha=st.floats(1.01, 12.0).filter(lambda a: abs(a - round(a)) > 1e-6)
     | st.sampled_from([2.0, 3.0, 7.0]),
 )
+# a CI flake: with ⌈α⌉ odd the Taylor bound bounded E|h|³ by (M_2 + M_4)/2, useless at small σ
+# (M_4 ≈ e^{24}), and the chord (6.7 % above) was the minimum; now its remainder is ≤ 0
+@example(log_q=-7.0, sigma=0.5, alpha=2.5)
+@example(log_q=-7.0, sigma=0.5, alpha=6.5)  # ⌈α⌉ = 7: 1.1 % above before, 0.6 % now
+@example(log_q=-5.5, sigma=0.5, alpha=1.25)  # ⌈α⌉ = 2 (even), where 0.11 % was seen
+# outside the tight regime (Λ = 26): an upper bound, ~×1000 above (rdp.py: "Tightness")
+@example(log_q=-10.5, sigma=0.5, alpha=11.5)
 def test_every_order_is_an_upper_bound_at_every_q(log_q: float, sigma: float, alpha: float):
     q = 10.0**log_q
     ref, err = _mp_rdp(q, sigma, alpha)
     ours = poisson_gaussian_rdp(q, sigma, [alpha])[0, 0]
     assert ours >= ref - err, (ours, ref, err)
-    # and tight (Taylor bound at tiny q, series above): within 1 % (0.11 % seen at q = 3e-6,
-    # σ = 0.5, α = 1.25, where the Taylor bound is used)
-    assert ours <= ref * (1 + 1e-2) + err
+    # and tight (Taylor bound at tiny q, series above): within 1 % for integer orders and
+    # wherever Λ = (⌈α⌉ + 1)/(2σ²) ≤ 15 (0.22 % at most on a scan of Λ = 15; 0.11 % seen at
+    # q = 3e-6, σ = 0.5, α = 1.25). Beyond, small σ and large fractional α leave a band of q
+    # where the bound is loose (the module docstring of pdpfl.privacy.rdp, "Tightness").
+    if alpha == round(alpha) or (math.ceil(alpha) + 1) / (2 * sigma**2) <= 15:
+        assert ours <= ref * (1 + 1e-2) + err, (ours, ref, err)
     # the paired evaluation used by the order refinement gives the same bits
     assert poisson_gaussian_rdp_pairs([q], sigma, [alpha])[0] == ours
 

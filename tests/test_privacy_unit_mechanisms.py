@@ -1,8 +1,9 @@
 """Every algorithm's mechanism as data, interpreted by the accountant registry.
 
-* PriFedSync's record-level :class:`LocalStepsPlan` reproduces today's ``ClientMechanism``
-  (rigorous WOR RDP, CLT μ and its ε) and its rigorous ε is checked against dp-accounting's
-  without-replacement RDP (Theorem 27, tighter) and the explicit-pair numerical lower bound;
+* PriFedSync's record-level :class:`LocalStepsPlan`: its rigorous ε is checked against
+  dp-accounting's without-replacement RDP (Theorem 27, tighter) and the explicit-pair numerical
+  lower bound (that it reproduces the first release's ``ClientMechanism`` numbers is checked in
+  ``tests/test_prifedsync_ledger.py``);
 * ULDP-FL's GROUP-k as a :class:`GroupPrivacy` event reproduces ``fl.uldp.group_epsilon``;
 * the registry: ``supports``, ``approximate``, ``with_noise``.
 """
@@ -14,8 +15,6 @@ import math
 import numpy as np
 import pytest
 
-# the algorithm's own (to be retired) accounting, the reference these numbers must reproduce
-from pdpfl.fl.prifedsync import ClientMechanism  # noqa: E402  (fl/ import in a test only)
 from pdpfl.privacy import (
     Composed,
     GaussianMechanism,
@@ -37,45 +36,7 @@ from pdpfl.privacy.accountant import RdpAccountant
 from pdpfl.privacy.gdp_clt import GdpCltAccountant
 from pdpfl.privacy.group import group_epsilon_dp, group_epsilon_from_rdp
 from pdpfl.privacy.rdp import poisson_gaussian_rdp
-from pdpfl.privacy.wor import WOR_ORDERS, wor_gaussian_epsilon_lower_bound
-
-GRID = [
-    (sampler, b, n, sigma, k, rounds)
-    for sampler in ("wor", "poisson")
-    for b, n in ((16, 600), (64, 1000), (10, 50))
-    for sigma in (0.7, 1.1, 2.5)
-    for k in (1, 38)
-    for rounds in (0, 1, 7, 93)
-]
-
-
-def _plan(sampler: str, sigma: float, k: int, rounds: int) -> LocalStepsPlan:
-    return LocalStepsPlan(sampler, sigma, k, 1e-5, max(rounds, 1))  # type: ignore[arg-type]
-
-
-@pytest.mark.parametrize(("sampler", "b", "n", "sigma", "k", "rounds"), GRID)
-def test_local_steps_plan_reproduces_prifedsync_client_mechanism(
-    sampler: str, b: int, n: int, sigma: float, k: int, rounds: int
-) -> None:
-    old = ClientMechanism(sampler, b, n, sigma, k, 1e-5)  # type: ignore[arg-type]
-    plan = _plan(sampler, sigma, k, rounds)
-    rate = [float(b) / float(n)]
-    # CLT μ and its ε (gdp-clt accountant): bit for bit, for both samplers
-    clt, mu = mechanism_epsilon(plan, rate, "server", rounds, accountant="gdp-clt")
-    assert mu[0] == old.clt_mu(rounds) or (rounds == 0 and np.isnan(mu[0]))
-    assert clt[0] == old.epsilon(rounds, "clt")
-    # rigorous (rdp accountant): WOR bit for bit (Theorem 9 on the integer grid WOR_ORDERS)
-    if sampler == "wor":
-        eps, order = mechanism_epsilon(plan, rate, "third-party", rounds)
-        assert eps[0] == old.epsilon(rounds)
-        assert rounds == 0 or order[0] in WOR_ORDERS
-    else:
-        # Poisson: the same grid minimum (to float rounding of the composition) ...
-        grid, _ = mechanism_epsilon(plan, rate, "third-party", rounds, refine=False)
-        assert grid[0] == pytest.approx(old.epsilon(rounds), rel=1e-15, abs=0)
-        # ... and the default refined order is never looser
-        eps, _ = mechanism_epsilon(plan, rate, "third-party", rounds)
-        assert eps[0] <= old.epsilon(rounds)
+from pdpfl.privacy.wor import wor_gaussian_epsilon_lower_bound
 
 
 def test_every_observer_is_charged_per_participation() -> None:

@@ -11,14 +11,17 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pdpfl.crypto import IntegrityError, RingOverflowError
-from pdpfl.fl.aggregation import protocol_from_config
+from pdpfl.fl.aggregation import SURVIVORS_KEY, protocol_from_config
 from pdpfl.fl.aggregation.private_weighting import (
     PrivateWeightedSum,
     UserUpdates,
     WeightingParams,
     divisor,
+    no_wrap_bound,
     plain_weighted_sum,
 )
 from pdpfl.runtime.simulation import InProcessTransport
@@ -87,7 +90,8 @@ def _check(agg, clients, hists, t, sampled=None, silos=None, num_users=None):
     silos = list(clients) if silos is None else silos
     ref = plain_weighted_sum(hists, {s: clients[s].updates[t] for s in silos}, sampled)
     got = np.concatenate([np.asarray(a).reshape(-1) for a in agg.total])
-    bound = 1e-10 / 2 * (len(hists[0]) + len(silos)) + 1e-12 * np.abs(ref).sum()
+    # P/2·(|U| + 2|S|): rounding of deltas and noise, and each silo's dither (≤ P/2)
+    bound = 1e-10 / 2 * (len(hists[0]) + 2 * len(silos)) + 1e-12 * np.abs(ref).sum()
     assert np.all(np.abs(got - ref) <= bound), np.abs(got - ref).max()
     return got, ref
 
@@ -344,14 +348,20 @@ def test_values_beyond_the_no_wrap_room_are_refused_at_the_silo() -> None:
 # --------------------------------------------------------------------------- dropouts
 
 
-def test_a_silo_lost_in_a_round_is_dropped_with_fresh_masks() -> None:
+def test_a_silo_lost_in_a_round_leaves_it_without_aggregate_and_no_retry() -> None:
+    """Issue #22: the old protocol repeated the round with the survivors under fresh masks, so
+    the lost silo's late reply completed attempt 0 and attempt 0 − attempt 1 was its weighted
+    update. Now the round has no aggregate, nothing is re-masked, and later rounds go on with
+    the others while they are at least t = t(|S|)."""
     clients, hists = _federation(num_users=5, silos=3, d=4, seed=9)
 
     class Drop(InProcessTransport):
+        late: dict = {}
+
         def exchange(self, protocol, stage, requests, round_index):
             replies = super().exchange(protocol, stage, requests, round_index)
             if stage == "round" and round_index == 1:
-                replies.pop(2, None)  # silo 2 computed its masked ciphertexts, then was lost
+                self.late[2] = replies.pop(2)  # computed, masked, encrypted, then late
             return replies
 
     transport = Drop(clients)
@@ -360,10 +370,20 @@ def test_a_silo_lost_in_a_round_is_dropped_with_fresh_masks() -> None:
     params = [np.zeros(4, np.float32)]
     _check(proto.collect(transport, [0, 1, 2], params, 0, {}, server), clients, hists, 0)
     agg = proto.collect(transport, [0, 1, 2], params, 1, {}, server)
-    assert agg.count == 2 and proto.participants == [0, 1]
-    # weights keep N_u of all silos (Σ_s w_{s,u} < 1 for the lost silo's users: still private)
-    _check(agg, clients, hists, 1, silos=[0, 1])
-    assert clients[0].calls == [0, 1]  # one release per round despite the retry
+    assert agg.empty and proto.participants == [0, 1]
+    assert proto.last_round["outcome"] == "no aggregate: silo(s) [2] lost in the round"
+    assert clients[0].calls == [0, 1]  # one contribution per round, never re-masked
+    # Round 2 with the two remaining silos (t(3) = 2); their noise shares were sized σ²C²/2.
+    agg = proto.collect(transport, [0, 1, 2], params, 2, {}, server)
+    _check(agg, clients, hists, 2, silos=[0, 1])
+    assert agg.count == 2 and clients[2].calls == [0, 1]
+    # A repeated round request is refused by the silo (it masks each round once).
+    with pytest.raises(IntegrityError, match="already masked"):
+        proto.collect(transport, [0, 1], params, 2, {}, server)
+    # One more loss leaves fewer than t silos: no round is released any more.
+    proto.participants = [0]
+    assert proto.collect(transport, [0, 1, 2], params, 3, {}, server).empty
+    assert proto.last_round["outcome"] == "refused: 1 silo(s) < t = 2"
 
 
 def test_a_silo_lost_during_setup_aborts_with_a_clear_error() -> None:
@@ -397,3 +417,176 @@ def test_protocol_from_config_selects_private_weighting() -> None:
     proto = protocol_from_config(Cfg)
     assert isinstance(proto, PrivateWeightedSum) and proto.params.n_max == 60
     assert proto.hides_individual_updates
+
+
+# ------------------------------------------------- issue #22: residues, no-wrap room, shares
+
+
+class NoisyClient(UserClient):
+    """Deltas on the P grid's full range and Gaussian noise of std ``sigma`` (σ = 50)."""
+
+    sigma = 50.0
+
+    def user_updates(self, params, round_index, config) -> UserUpdates:
+        self.calls.append(int(round_index))
+        self.configs = [*getattr(self, "configs", []), dict(config)]
+        rng = np.random.default_rng()
+        users = np.flatnonzero(self.histogram > 0)
+        deltas = rng.uniform(-1, 1, size=(users.size, self.d)) / np.sqrt(self.d)
+        up = UserUpdates(users, deltas, rng.normal(0, self.sigma, self.d))
+        self.updates[int(round_index)] = up
+        return up
+
+
+def _decrypted(proto: PrivateWeightedSum, stage: str, field: str, count: int) -> list[int]:
+    """The plaintexts the server decrypts at ``stage`` (Y per coordinate), centred -- what an
+    honest-but-curious server reads before decoding."""
+    pk, sk = proto._pk, proto._PrivateWeightedSum__sk  # type: ignore[attr-defined]
+    replies = [r for s, _, r in proto.view if s == stage]
+    product = [1] * count
+    for r in replies:
+        cts = pk.ciphertexts_from_bytes(r[field], count)
+        product = [a * b % pk.n2 for a, b in zip(product, cts, strict=True)]
+    out = []
+    for c in product:
+        y = int(sk.decrypt(c))
+        out.append(y - int(pk.n) if y > int(pk.n) // 2 else y)
+    return out
+
+
+def _residue_attack(histograms: np.ndarray, d: int = 40) -> tuple[int, int, int]:
+    """One round; returns (#coordinates with Y mod (DIV/2) ≠ 0, #coordinates, DIV)."""
+    clients = {s: NoisyClient(s, h, d) for s, h in enumerate(histograms)}
+    proto = PrivateWeightedSum(**WEAK, record_view=True)
+    proto.collect(InProcessTransport(clients), list(clients), [np.zeros(d, np.float32)], 0, {},
+                  UserServer(histograms.shape[1]))
+    div = proto.params.divisor
+    ys = _decrypted(proto, "round", "ciphertexts", d)
+    return sum(1 for y in ys if y % (div // 2) != 0), d, div
+
+
+#: Two neighbouring datasets: user 0 has N_0 = 3 (2 + 1 records) or N_0 = 2 (1 + 1).
+WITH_USER = np.array([[2, 1, 0], [1, 0, 1]])
+WITHOUT = np.array([[1, 1, 0], [1, 0, 1]])
+
+
+def test_the_residue_attack_broke_the_papers_noise_grid_and_finds_nothing_now(
+    monkeypatch,
+) -> None:
+    """Issue #22 item 3: with noise DIV·round(z/P) the server's Y mod DIV is noise-free. Weights
+    (DIV/N_u)·n: with N_0 = 2 every term is a multiple of DIV/2, with N_0 = 3 most are not, so
+    counting coordinates with Y mod (DIV/2) ≠ 0 tells the datasets apart (ε = ∞). With the
+    dither on the unit grid the residue is uniform for both."""
+    import pdpfl.fl.aggregation.private_weighting_silo as silo_side
+
+    with monkeypatch.context() as m:  # the published encoding
+        m.setattr(silo_side, "noise_plaintext", lambda div, z, u=None: int(div) * int(z))
+        hit, d, _ = _residue_attack(WITH_USER)
+        miss, _, _ = _residue_attack(WITHOUT)
+    assert hit >= 15 and miss == 0  # distinguishes the datasets every time
+    hit, d, _ = _residue_attack(WITH_USER)
+    miss, _, _ = _residue_attack(WITHOUT)
+    assert hit == miss == d  # uniform residues (a zero residue has probability 2/DIV)
+
+
+def test_the_verification_value_hides_the_lcm_of_the_totals(monkeypatch) -> None:
+    """The verification value DIV·Σ w·t + Σ ω: with ω a multiple of DIV (the paper) its residue
+    modulo DIV is DIV·Σ w·t mod DIV, a multiple of DIV/lcm(N_u); now ω is on the unit grid."""
+    import pdpfl.fl.aggregation.private_weighting_silo as silo_side
+
+    def residues() -> list[int]:
+        clients = {s: NoisyClient(s, h, 4) for s, h in enumerate(WITHOUT)}
+        proto = PrivateWeightedSum(**WEAK, record_view=True)
+        proto.collect(InProcessTransport(clients), [0, 1], [np.zeros(4, np.float32)], 0, {},
+                      UserServer(3))
+        div = proto.params.divisor
+        return [y % (div // 2) for y in _decrypted(proto, "install", "check", 8)]
+
+    with monkeypatch.context() as m:
+        m.setattr(silo_side, "check_mask", lambda div: int(div) * secrets_randbits(76))
+        assert residues() == [0] * 8  # lcm(N_u) = 2 is visible
+    assert all(r != 0 for r in residues())
+
+
+def secrets_randbits(bits: int) -> int:
+    import secrets
+
+    return secrets.randbits(bits)
+
+
+@settings(max_examples=200)
+@given(
+    n_max=st.integers(1, 40),
+    key_bits=st.sampled_from([512, 768, 1024]),
+    silos=st.integers(1, 6),
+    data=st.data(),
+)
+def test_the_no_wrap_room_bounds_every_decrypted_coordinate(n_max, key_bits, silos, data):
+    """Each silo keeps Σ_u |v| + |z| + 1 < R = 2^(vb-1)/|S| ⇒ |Y| ≤ no_wrap_bound < n/2^65 for
+    any modulus n of ``key_bits`` bits, whatever the weights (≤ 1) and dithers (|u| ≤ DIV/2)."""
+    params = WeightingParams(paillier_bits=1024, n_max=n_max, allow_weak_keys=True)
+    vb = params.value_bits(key_bits)
+    if vb < 8:
+        return
+    room = params.silo_room(key_bits, silos)
+    div = params.divisor
+    values, noise = [], []
+    for _ in range(silos):
+        users = data.draw(st.integers(0, 3))
+        budget = int(room) - 2  # the largest integers a silo accepts (strictly below R)
+        parts = data.draw(st.lists(st.integers(0, budget), min_size=users + 1,
+                                   max_size=users + 1))
+        total = sum(parts)
+        if total > budget:
+            parts = [p * budget // total for p in parts]
+        values.append([p * data.draw(st.sampled_from([-1, 1])) for p in parts[:-1]])
+        noise.append(parts[-1] * data.draw(st.sampled_from([-1, 1])))
+        assert sum(abs(v) for v in values[-1]) + abs(noise[-1]) + 1 < room
+    bound = no_wrap_bound(div, values, noise)
+    smallest_n = 1 << (key_bits - 1)
+    assert bound < smallest_n >> 65
+    # the worst realisation (every weight 1, every dither -DIV/2) stays within the bound
+    worst = sum(div * (sum(abs(v) for v in vs) + abs(z)) + div // 2
+                for vs, z in zip(values, noise, strict=True))
+    assert worst <= bound
+
+
+def test_values_at_the_edge_of_the_room_decode_exactly() -> None:
+    """End to end at a 1024-bit key: noise at the edge of each silo's room decodes exactly."""
+
+    class Edge(NoisyClient):
+        def user_updates(self, params, round_index, config) -> UserUpdates:
+            self.configs = [*getattr(self, "configs", []), dict(config)]
+            users = np.flatnonzero(self.histogram > 0)
+            room = self.room - 2 - users.size * 1e9
+            up = UserUpdates(users, np.full((users.size, 2), 1e9 * 1e-10),
+                             np.array([room, -room]) * 1e-10)
+            self.updates[int(round_index)] = up
+            return up
+
+    params = WeightingParams(paillier_bits=1024, n_max=60, allow_weak_keys=True)
+    clients = {s: Edge(s, h, 2) for s, h in enumerate(WITH_USER)}
+    for c in clients.values():
+        c.room = params.silo_room(1024, 2) / 1e6  # floats: stay well inside, still ~2^800
+    agg = PrivateWeightedSum(**WEAK).collect(InProcessTransport(clients), [0, 1],
+                                             [np.zeros(2, np.float32)], 0, {}, UserServer(3))
+    ref = plain_weighted_sum({s: c.histogram for s, c in clients.items()},
+                             {s: c.updates[0] for s, c in clients.items()})
+    np.testing.assert_allclose(agg.total[0], ref, rtol=1e-12)
+    assert all(c.configs[-1][SURVIVORS_KEY] == 2 for c in clients.values())
+
+
+def test_dithers_cover_the_unit_grid_from_the_silos_own_randomness() -> None:
+    from pdpfl.fl.aggregation.private_weighting import dithers
+    from pdpfl.randomness import make_randomness
+
+    div = divisor(12)  # 27720
+    seeded = [dithers(div, 3000, make_randomness("reproducible", 3).stream("d", 0))
+              for _ in range(2)]
+    assert seeded[0] == seeded[1]  # reproducible mode replays them
+    for values in (seeded[0], dithers(div, 3000, make_randomness("secure").stream("d", 0)),
+                   dithers(div, 3000)):
+        assert all(-div // 2 <= u < div - div // 2 for u in values)
+        for m in (2, 3, 5, 7, 11):  # residues modulo every divisor of DIV: uniform
+            counts = np.bincount([u % m for u in values], minlength=m)
+            assert counts.min() > 3000 / m * 0.8

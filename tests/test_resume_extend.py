@@ -40,7 +40,8 @@ def test_a_finished_run_is_extended_and_every_extra_round_is_charged(tmp_path) -
     out = tmp_path / "run"
     # σ given, and a group with a budget far above what T = 2 rounds at q = 1 spend: room to go on
     roomy = ["privacy.epsilon_max=null", "privacy.noise_multiplier=2.0",
-             "budgets.params={values: [0.5, 2.0, 1000.0], ratios: [0.4, 0.3, 0.3]}"]
+             "budgets.params={values: [0.5, 2.0, 1000.0], ratios: [0.4, 0.3, 0.3]}",
+             "budgets.cap_at_epsilon_max=true"]  # (the 1000s train at q = 1: room to go on)
     base = run_simulation(config_from_dict(TINY, roomy), out, progress=False)
     before = pdpfl.privacy_table(out, as_frame=False)
     longer = config_from_dict(TINY, [*roomy, "rounds=4"])

@@ -312,6 +312,35 @@ class SecureConfig(_Section):
         None, ge=1, le=64, description="processes for the Paillier arithmetic of each party "
         "(default: min(2, CPUs))"
     )
+    threshold: float = Field(
+        2.0 / 3.0, description="secure summation and private weighting: a round's sum is "
+        "released only if at least t = max(min_survivors, ceil(threshold * n)) of the n silos "
+        "asked contributed (dropout tolerance n - t; the server and up to t - 1 silos learn "
+        "nothing beyond the sum; a noise share is sized sigma^2 C^2 / t); in (1/2, 1]"
+    )
+    min_survivors: int = Field(
+        2, description="the smallest t of any round (>= 2: a lone upload is never unmasked)"
+    )
+
+    @field_validator("threshold")
+    @classmethod
+    def _threshold(cls, value: float) -> float:
+        if not 0.5 < value <= 1.0:
+            raise ValueError(
+                f"must be in (1/2, 1] (the fraction of a round's silos that must survive; above "
+                f"1/2 so that two disjoint survivor sets can never both reach it), got {value}"
+            )
+        return value
+
+    @field_validator("min_survivors")
+    @classmethod
+    def _min_survivors(cls, value: int) -> int:
+        if value < 2:
+            raise ValueError(
+                f"must be >= 2 (with one survivor its masked upload would be its update), got "
+                f"{value}"
+            )
+        return value
 
     @field_validator("allowed_totals")
     @classmethod

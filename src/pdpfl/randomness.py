@@ -29,12 +29,14 @@ Standard normals are produced in float64 by the Box–Muller transform from 53-b
 (0, 1) (the radius uses a memoryless tail extension, so it is truncated only at R² ≤ 115, an
 event of probability below 1e-25 per pair). As Opacus' ``secure_mode`` does (after Holohan &
 Braghin 2021), each returned normal is the sum of four independent standard normals divided by
-two, which smooths the float64 lattice of a single draw. The caller adds the float64 noise to a
-float64 copy of the clipped sum and rounds once to the parameter dtype (float32), so the
-released value lives on a grid much coarser than the noise's. Residual risk, stated as Opacus
-states it: these measures make the known attacks impractical but are not a proof; the exact
-output distribution is a discretised Gaussian, whose distance from the ideal one is not
-included in the reported δ.
+two, which smooths the float64 lattice of a single draw. All the normals of one DP step are drawn
+at once (``normals``): one keystream read, then vectorised float64 arithmetic -- on the device
+that needs them (the keystream words cross to the accelerator, the key never does). The caller
+adds the float64 noise to a float64 copy of the clipped sum and rounds once to the parameter
+dtype (float32), so the released value lives on a grid much coarser than the noise's. Residual
+risk, stated as Opacus states it: these measures make the known attacks impractical but are not
+a proof; the exact output distribution is a discretised Gaussian, whose distance from the ideal
+one is not included in the reported δ.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ import math
 import secrets
 import struct
 import warnings
+from collections.abc import Sequence
 from typing import Literal, Protocol, runtime_checkable
 
 import numpy as np
@@ -54,6 +57,7 @@ __all__ = [
     "Randomness",
     "SecureRandomness",
     "SeededRandomness",
+    "draw_normals",
     "make_randomness",
     "stream_from_generator",
     "RandomnessMode",
@@ -73,6 +77,8 @@ _INV_2_53 = 2.0**-53
 #: Box–Muller radius: uniforms below this are refined (memoryless property of Exp(1)).
 _TAIL_CUT = 2.0**-30
 _TAIL_SHIFT = 30.0 * math.log(2.0)
+#: Up to this many normals, the CPU draws them with numpy (fewer fixed costs than torch).
+_NUMPY_NORMALS = 2048
 
 
 class ReproducibleRandomnessWarning(UserWarning):
@@ -88,7 +94,11 @@ class RandomStream(Protocol):
         ...
 
     def normal(self, shape: tuple[int, ...] | torch.Size) -> torch.Tensor:
-        """Independent standard normals, float64 CPU tensor of ``shape``."""
+        """Independent standard normals, float64 CPU tensor of ``shape``.
+
+        pdpfl's streams also accept ``device=`` (the result's device) and offer
+        ``normals(shapes, device=)`` (several tensors in one draw; see :func:`draw_normals`).
+        """
         ...
 
 
@@ -132,13 +142,22 @@ class _ChaChaStream:
     def __getstate__(self) -> None:  # never serialise keystream state
         raise TypeError("random streams cannot be pickled or copied")
 
-    def _words(self, n: int) -> np.ndarray:
-        return np.frombuffer(self._enc.update(bytes(8 * n)), dtype=np.uint64, count=n)
+    def _words_np(self, n: int) -> np.ndarray:
+        """``n`` 53-bit integers (int64): the top 53 bits of 64-bit keystream words."""
+        w = np.frombuffer(self._enc.update(bytes(8 * n)), dtype=np.uint64, count=n)
+        return (w >> np.uint64(11)).astype(np.int64)  # < 2**53: exact in float64
 
-    def _uniform_tensor(self, n: int) -> torch.Tensor:
-        """``n`` float64 uniforms ``(k + 1/2)·2⁻⁵³`` from the top 53 bits of 64-bit words."""
-        k = (self._words(n) >> np.uint64(11)).astype(np.int64)  # < 2**53: exact in float64
-        return (torch.from_numpy(k).to(torch.float64) + 0.5) * _INV_2_53
+    def _words(self, n: int) -> torch.Tensor:
+        return torch.from_numpy(self._words_np(n))
+
+    @staticmethod
+    def _to_uniform(k: torch.Tensor) -> torch.Tensor:
+        """Float64 uniforms ``(k + 1/2)·2⁻⁵³`` in the open interval (0, 1)."""
+        return k.to(torch.float64).add_(0.5).mul_(_INV_2_53)
+
+    def _uniform_tensor(self, n: int, device: torch.device | None = None) -> torch.Tensor:
+        k = self._words(n)
+        return self._to_uniform(k if device is None else k.to(device))
 
     def uniform(self, n: int) -> np.ndarray:
         n = int(n)
@@ -146,33 +165,62 @@ class _ChaChaStream:
             raise ValueError(f"n: must be >= 0, got {n}")
         if n == 0:
             return np.zeros(0, dtype=np.float64)
-        return self._uniform_tensor(n).numpy()
+        return (self._words_np(n).astype(np.float64) + 0.5) * _INV_2_53
 
-    def _exponential2(self, n: int) -> torch.Tensor:
-        """2·Exp(1) samples (= R² of Box–Muller), with the tail below 2⁻³⁰ refined once."""
-        u = self._uniform_tensor(n)
-        e = -torch.log(u)
-        small = u < _TAIL_CUT
+    def _standard_normals(self, n: int, device: torch.device | None) -> torch.Tensor:
+        """``n`` normals, each (N₁ + N₂ + N₃ + N₄)/2 from two Box–Muller pairs.
+
+        Keystream layout: 2n radius uniforms and 2n angle uniforms (one read), then (rarely) one
+        refinement uniform per radius uniform below 2⁻³⁰. A pair (R, θ) gives the two
+        independent normals R·cos θ and R·sin θ; normal k sums those of pairs k and n + k.
+        """
+        pairs = 2 * n
+        if n <= _NUMPY_NORMALS and (device is None or device.type == "cpu"):
+            return torch.from_numpy(self._standard_normals_np(n))
+        u = self._uniform_tensor(2 * pairs, device)
+        radius, theta = u[:pairs], u[pairs:]
+        small = radius < _TAIL_CUT
         count = int(small.sum())
+        e = radius.log_().neg_()  # Exp(1)
+        if count:  # memoryless tail: -log U given U < 2⁻³⁰ is 30·log 2 + Exp(1)
+            e[small] = _TAIL_SHIFT - torch.log(self._uniform_tensor(count, device))
+        r = e.mul_(2.0).sqrt_()  # R = √(2·Exp(1)), R² ≤ 115
+        theta.mul_(_TWO_PI)
+        s = r.mul_(torch.cos(theta).add_(torch.sin(theta)))
+        return (s[:n] + s[n:]).mul_(0.5)
+
+    def _standard_normals_np(self, n: int) -> np.ndarray:
+        """:meth:`_standard_normals` in numpy (same keystream layout and arithmetic): fewer
+        fixed costs for the few normals of a small model."""
+        pairs = 2 * n
+        u = (self._words_np(2 * pairs).astype(np.float64) + 0.5) * _INV_2_53
+        radius, theta = u[:pairs], u[pairs:]
+        small = radius < _TAIL_CUT
+        count = int(small.sum())
+        e = -np.log(radius)
         if count:
-            e[small] = _TAIL_SHIFT - torch.log(self._uniform_tensor(count))
-        return 2.0 * e
+            e[small] = _TAIL_SHIFT - np.log((self._words_np(count) + 0.5) * _INV_2_53)
+        r = np.sqrt(2.0 * e)
+        theta = theta * _TWO_PI
+        s = r * (np.cos(theta) + np.sin(theta))
+        return (s[:n] + s[n:]) * 0.5
 
-    def _standard_normals(self, n: int) -> torch.Tensor:
-        pairs = (n + 1) // 2
-        r = torch.sqrt(self._exponential2(pairs))
-        theta = _TWO_PI * self._uniform_tensor(pairs)
-        # all r·cos θ, then all r·sin θ (independent normals); the vector math runs in torch
-        # (float64) because its vectorised log/cos/sin are several times faster than numpy's
-        return torch.cat((r * torch.cos(theta), r * torch.sin(theta)))[:n]
-
-    def normal(self, shape: tuple[int, ...] | torch.Size) -> torch.Tensor:
+    def normal(
+        self, shape: tuple[int, ...] | torch.Size, *, device: torch.device | str | None = None
+    ) -> torch.Tensor:
         shape = tuple(int(s) for s in shape)
+        dev = None if device is None else torch.device(device)
         n = math.prod(shape)
         if n == 0:
-            return torch.zeros(shape, dtype=torch.float64)
-        z = self._standard_normals(4 * n).reshape(4, n).sum(dim=0) * 0.5
-        return z.reshape(shape)
+            return torch.zeros(shape, dtype=torch.float64, device=dev)
+        return self._standard_normals(n, dev).reshape(shape)
+
+    def normals(
+        self, shapes: Sequence[tuple[int, ...] | torch.Size], *,
+        device: torch.device | str | None = None,
+    ) -> torch.Tensor:
+        """Normals for several tensors as one flat float64 vector (one draw, in order)."""
+        return self.normal((sum(math.prod(tuple(s)) for s in shapes),), device=device)
 
 
 class SecureRandomness:
@@ -236,8 +284,40 @@ class _TorchStream:
         # torch.rand is in [0, 1): map an exact 0 into the open interval.
         return np.where(u > 0.0, u, _INV_2_53 / 2)
 
-    def normal(self, shape: tuple[int, ...] | torch.Size) -> torch.Tensor:
-        return torch.randn(tuple(int(s) for s in shape), generator=self._gen, dtype=torch.float64)
+    def normal(
+        self, shape: tuple[int, ...] | torch.Size, *, device: torch.device | str | None = None
+    ) -> torch.Tensor:
+        # drawn on the CPU whatever ``device`` is: the same numbers on every machine
+        z = torch.randn(tuple(int(s) for s in shape), generator=self._gen, dtype=torch.float64)
+        return z if device is None else z.to(device)
+
+    def normals(
+        self, shapes: Sequence[tuple[int, ...] | torch.Size], *,
+        device: torch.device | str | None = None,
+    ) -> torch.Tensor:
+        """The concatenation of ``normal(shape).flatten()`` for each shape, in order."""
+        parts = [self.normal(tuple(s)).reshape(-1) for s in shapes]
+        z = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.float64)
+        return z if device is None else z.to(device)
+
+
+def draw_normals(
+    stream: RandomStream,
+    shapes: Sequence[tuple[int, ...] | torch.Size],
+    device: torch.device | str | None = None,
+) -> torch.Tensor:
+    """Standard normals for several tensors as one flat float64 vector on ``device``.
+
+    Uses the stream's ``normals`` (one draw: the secure stream converts its CPU keystream to
+    normals on ``device``; the seeded stream draws on the CPU, in tensor order) and falls back to
+    one ``normal`` call per shape for other :class:`RandomStream` implementations.
+    """
+    fn = getattr(stream, "normals", None)
+    if callable(fn):
+        return fn(shapes, device=device)
+    parts = [stream.normal(tuple(s)).reshape(-1) for s in shapes]
+    z = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.float64)
+    return z if device is None else z.to(device)
 
 
 def stream_from_generator(generator: torch.Generator) -> RandomStream:

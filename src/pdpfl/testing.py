@@ -158,8 +158,8 @@ def _watch_charge(name: str, client: Any) -> None:
 def _check_summary(name: str, summary: Any, unit: str) -> None:
     from pdpfl.ledger import PrivacySummary
 
-    if summary is None or isinstance(summary, dict):  # None: nothing accounted at this silo
-        return  # (dict: a first-release algorithm, read through pdpfl.runtime._legacy)
+    if summary is None:  # nothing accounted at this silo
+        return
     assert isinstance(summary, PrivacySummary), (
         f"{name}: privacy_summary returned {type(summary).__name__}, not a PrivacySummary"
     )

@@ -136,7 +136,6 @@ class RecordCanaries:
         return PrivacyLedger(
             budgets, rates, dataclasses.replace(own.mechanism, delta=float(delta)),
             accountant=own.accountant,
-            server_sees_participation=own.server_sees_participation,
         )
 
 

@@ -89,10 +89,17 @@ class FixedPointRing:
             )
         return scaled.astype(np.int64).view(np.uint64)
 
-    def decode(self, total: np.ndarray, parties: int) -> np.ndarray:
-        """The float64 value of a ring sum of ``parties`` encodings (checked: no garbage)."""
+    def decode(
+        self, total: np.ndarray, parties: int, *, encoded_for: int | None = None
+    ) -> np.ndarray:
+        """The float64 value of a ring sum of ``parties`` encodings (checked: no garbage).
+
+        ``encoded_for``: the party count each encoding was checked against (default
+        ``parties``); secure aggregation encodes for every silo that may be summed and then
+        sums the survivors, ``parties`` ≤ ``encoded_for``.
+        """
         signed = np.asarray(total, dtype=np.uint64).view(np.int64)
-        bound = self.limit(parties) * int(parties)
+        bound = self.limit(parties if encoded_for is None else encoded_for) * int(parties)
         if signed.size and int(np.max(np.abs(signed.astype(np.float64)))) > bound:
             raise IntegrityError(
                 "secure summation: the unmasked sum is outside the range the parties' "

@@ -42,6 +42,7 @@ __all__ = [
     "mask_words",
     "new_private_key",
     "open_sealed",
+    "private_key_from_seed",
     "public_bytes",
     "seal",
 ]
@@ -53,6 +54,18 @@ _NONCE_BYTES = 12
 def new_private_key() -> X25519PrivateKey:
     """A fresh X25519 private key from the operating system's CSPRNG."""
     return X25519PrivateKey.generate()
+
+
+def private_key_from_seed(seed: bytes, info: bytes) -> X25519PrivateKey:
+    """The X25519 private key HKDF-SHA256(``seed``, ``info``) (RFC 7748 clamps it).
+
+    Secure aggregation secret-shares a 16-byte *seed* rather than the 32-byte key, so that the
+    seed fits one Shamir share (:mod:`pdpfl.crypto.shamir`): a 128-bit seed, as the 128-bit
+    security of X25519 itself.
+    """
+    if not isinstance(seed, bytes | bytearray) or len(seed) < 16:
+        raise ValueError("seed: expected at least 16 bytes")
+    return X25519PrivateKey.from_private_bytes(derive(bytes(seed), info))
 
 
 def public_bytes(private_key: X25519PrivateKey) -> bytes:
@@ -87,10 +100,12 @@ def agree(private_key: X25519PrivateKey, peer_public: bytes, info: bytes) -> byt
     Raises :class:`~pdpfl.crypto.IntegrityError` for a malformed or low-order public key.
     """
     if not isinstance(peer_public, bytes | bytearray) or len(peer_public) != PUBLIC_KEY_BYTES:
-        raise IntegrityError(
-            f"X25519 public key: expected {PUBLIC_KEY_BYTES} bytes, got "
-            f"{len(peer_public) if isinstance(peer_public, bytes | bytearray) else type(peer_public).__name__}"
+        got = (
+            len(peer_public)
+            if isinstance(peer_public, bytes | bytearray)
+            else type(peer_public).__name__
         )
+        raise IntegrityError(f"X25519 public key: expected {PUBLIC_KEY_BYTES} bytes, got {got}")
     try:
         shared = private_key.exchange(X25519PublicKey.from_public_bytes(bytes(peer_public)))
     except ValueError as exc:  # all-zero shared secret: a low-order point
@@ -137,7 +152,8 @@ def open_sealed(key: bytes, blob: bytes, aad: bytes, *, what: str = "sealed mess
     if not isinstance(blob, bytes | bytearray) or len(blob) < _NONCE_BYTES + 16:
         raise IntegrityError(f"{what}: truncated or not bytes")
     try:
-        return ChaCha20Poly1305(key).decrypt(bytes(blob[:_NONCE_BYTES]), bytes(blob[_NONCE_BYTES:]), aad)
+        nonce, body = bytes(blob[:_NONCE_BYTES]), bytes(blob[_NONCE_BYTES:])
+        return ChaCha20Poly1305(key).decrypt(nonce, body, aad)
     except InvalidTag:
         raise IntegrityError(
             f"{what}: authentication failed (wrong pairwise key or the message was modified)"

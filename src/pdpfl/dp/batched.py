@@ -22,6 +22,11 @@ semantics, kept as the reference for tests and benchmarks.
 Models with batch-coupled layers (BatchNorm) or buffers that change in training are rejected
 (:func:`pdpfl.dp.validate.validate_model`); dropout draws differ between copies
 (``randomness="different"``).
+
+``device=`` (``"cpu"`` | ``"cuda"`` | ``"cuda:N"`` | ``"mps"`` | ``"auto"``; default: the model's
+device) runs the stacked copies there: data, parameters, optimizer state and the returned deltas
+stay on it (the model object itself is not moved). Shuffling coins are drawn on the CPU from
+the owner's stream.
 """
 
 from __future__ import annotations
@@ -68,7 +73,9 @@ class LocalTrainingSpec:
         if int(self.epochs) < 1:
             raise ValueError(f"epochs: must be an integer >= 1, got {self.epochs}")
         if self.batch_size is not None and int(self.batch_size) < 1:
-            raise ValueError(f"batch_size: must be >= 1 or None (full batch), got {self.batch_size}")
+            raise ValueError(
+                f"batch_size: must be >= 1 or None (full batch), got {self.batch_size}"
+            )
         if self.optimizer not in ("sgd", "adam"):
             raise ValueError(f"optimizer: expected 'sgd' or 'adam', got {self.optimizer!r}")
         if not (self.lr > 0 and math.isfinite(self.lr)):
@@ -81,6 +88,19 @@ class LocalTrainingSpec:
             raise ValueError(f"steps: must be >= 1 or None, got {self.steps}")
 
 
+def _model_device(model: nn.Module) -> torch.device:
+    p = next(model.parameters(), None)
+    return p.device if p is not None else torch.device("cpu")
+
+
+def _device_of(model: nn.Module, device: str | torch.device | None) -> torch.device:
+    """The resolved ``device``, or the model's own device when None."""
+    from pdpfl.dp.device import resolve_device
+
+    dev = resolve_device(device)
+    return _model_device(model) if dev is None else dev
+
+
 def _batches_per_epoch(n: int, batch: int | None) -> int:
     if n == 0:
         return 0
@@ -91,8 +111,10 @@ Streams = RandomStream | Sequence[RandomStream] | None
 
 
 def _stream_for(stream: Streams, k: int, count: int) -> RandomStream | None:
-    if not isinstance(stream, list | tuple):
+    if stream is None or isinstance(stream, RandomStream):
         return stream
+    if not isinstance(stream, list | tuple):
+        return stream  # type: ignore[return-value]  # any other stream-like object
     if len(stream) != count:
         raise ValueError(f"stream: expected one stream per copy ({count}), got {len(stream)}")
     return stream[k]
@@ -141,6 +163,7 @@ def train_copies(
     loss: LossFn = default_loss,
     group_size: int = 64,
     physical_batch_size: int | None = None,
+    device: str | torch.device | None = None,
 ) -> list[Tensor]:
     """Train K copies of ``model`` (from its current parameters), copy k on ``datasets[k]``.
 
@@ -153,16 +176,18 @@ def train_copies(
     keeps one vectorized step's layer outputs near 16 MB (measured on one record): CPU caches,
     not arithmetic, limit large groups of convolutional copies.
     ``stream`` shuffles each copy's data every epoch: one stream for all copies or one per copy.
+    ``device``: where the copies train and the deltas live (default: the model's device).
     """
     from pdpfl.dp.validate import validate_model
 
     validate_model(model)
     K = len(datasets)
+    dev = _device_of(model, device)
     names = [n for n, p in model.named_parameters() if p.requires_grad]
-    base = {n: p.detach() for n, p in model.named_parameters() if p.requires_grad}
-    frozen = {n: p.detach() for n, p in model.named_parameters() if not p.requires_grad}
-    buffers = {n: b.detach() for n, b in model.named_buffers()}
-    deltas = [torch.zeros((K, *base[n].shape), dtype=base[n].dtype) for n in names]
+    base = {n: p.detach().to(dev) for n, p in model.named_parameters() if p.requires_grad}
+    frozen = {n: p.detach().to(dev) for n, p in model.named_parameters() if not p.requires_grad}
+    buffers = {n: b.detach().to(dev) for n, b in model.named_buffers()}
+    deltas = [torch.zeros((K, *base[n].shape), dtype=base[n].dtype, device=dev) for n in names]
     if K == 0:
         return deltas
     sizes = [int(y.shape[0]) for _, y in datasets]
@@ -176,7 +201,7 @@ def train_copies(
     grad_fn = _sequential_grad_fn(model, frozen) if loss is default_loss else None
     if grad_fn is None:
         if K == 1:  # one copy of a generic model: the plain loop is the same and cheaper
-            return train_copies_loop(model, datasets, spec, stream=stream, loss=loss)
+            return train_copies_loop(model, datasets, spec, stream=stream, loss=loss, device=dev)
         grad_fn = vmap(grad(copy_loss), in_dims=(0, 0, 0, 0), randomness="different")
     # All records once, concatenated: every step gathers its minibatches with one index.
     live = [k for k in range(K) if schedules[k]]
@@ -184,10 +209,10 @@ def train_copies(
         return deltas
     offsets = np.zeros(K + 1, dtype=np.int64)
     offsets[1:] = np.cumsum(sizes)
-    x_all = torch.cat([datasets[k][0] for k in range(K)])
-    y_all = torch.cat([datasets[k][1] for k in range(K)])
+    x_all = torch.cat([datasets[k][0].to(dev) for k in range(K)])
+    y_all = torch.cat([datasets[k][1].to(dev) for k in range(K)])
     if physical_batch_size is None:
-        physical_batch_size = _auto_cap(model, x_all[:1])
+        physical_batch_size = _auto_cap(model, x_all[:1].to(_model_device(model)))
     was_training = model.training
     model.train()
     try:
@@ -340,16 +365,17 @@ def _train_group(
             index[s, j, : len(b)] = offsets[k] + b
             weight[s, j, : len(b)] = 1.0 / len(b)
             active_np[s, j] = True
-    index_t = torch.from_numpy(index)
-    weight_t = torch.from_numpy(weight).to(x_all.dtype)
-    active_t = torch.from_numpy(active_np)
+    dev = x_all.device
+    index_t = torch.from_numpy(index).to(dev)
+    weight_t = torch.from_numpy(weight).to(dev, x_all.dtype)
+    active_t = torch.from_numpy(active_np).to(dev)
     params = {n: base[n].unsqueeze(0).repeat(G, *([1] * base[n].dim())) for n in names}
     state: dict[str, dict[str, Tensor]] = {}
     if spec.optimizer == "adam" or spec.momentum:
         state = {"m": {n: torch.zeros_like(p) for n, p in params.items()}}
         if spec.optimizer == "adam":
             state["v"] = {n: torch.zeros_like(p) for n, p in params.items()}
-    t_count = torch.zeros(G, dtype=torch.float64)
+    t_count = torch.zeros(G, dtype=torch.float64, device=dev)
     for s in range(steps):
         idx = index_t[s]
         g = grad_fn(params, x_all[idx], y_all[idx], weight_t[s])
@@ -408,22 +434,28 @@ def train_copies_loop(
     *,
     stream: Streams = None,
     loss: LossFn = default_loss,
+    device: str | torch.device | None = None,
 ) -> list[Tensor]:
     """The same as :func:`train_copies`, one copy at a time with ``torch.optim`` (reference)."""
     import copy
 
+    dev = _device_of(model, device)
     names = [n for n, p in model.named_parameters() if p.requires_grad]
-    base = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+    base = {
+        n: p.detach().to(dev, copy=True) for n, p in model.named_parameters() if p.requires_grad
+    }
     K = len(datasets)
-    deltas = [torch.zeros((K, *base[n].shape), dtype=base[n].dtype) for n in names]
+    deltas = [torch.zeros((K, *base[n].shape), dtype=base[n].dtype, device=dev) for n in names]
     sizes = [int(y.shape[0]) for _, y in datasets]
     schedules = _schedules(sizes, spec, stream)
     for k, (x, y) in enumerate(datasets):
         if not schedules[k]:
             continue
-        m = copy.deepcopy(model)
+        m = copy.deepcopy(model).to(dev)
         m.train()
+        x, y = x.to(dev), y.to(dev)
         params = [p for p in m.parameters() if p.requires_grad]
+        opt: torch.optim.Optimizer
         if spec.optimizer == "sgd":
             opt = torch.optim.SGD(
                 params, lr=spec.lr, momentum=spec.momentum, weight_decay=spec.weight_decay
@@ -433,7 +465,7 @@ def train_copies_loop(
                 params, lr=spec.lr, betas=spec.betas, eps=spec.eps, weight_decay=spec.weight_decay
             )
         for idx in schedules[k]:
-            sel = torch.as_tensor(idx, dtype=torch.long)
+            sel = torch.as_tensor(idx, dtype=torch.long, device=dev)
             opt.zero_grad(set_to_none=True)
             loss(m(x[sel]), y[sel]).backward()
             opt.step()

@@ -10,10 +10,11 @@ One step on a silo's data ``D`` with per-record sampling rates ``q_i``:
 2. **Per-sample gradients** of the loss for the records in ``S`` (in chunks of
    ``physical_batch_size``; see :mod:`pdpfl.dp.grad_sample`).
 3. **Clipping** of each per-sample gradient to L2 norm ``C`` over all trainable parameters; the
-   bound holds for every input (float64 norms with a rigorous error bound, non-finite records
-   add nothing, weight tying takes the exact path; see :mod:`pdpfl.dp.grad_sample`).
-4. **Noise**: the clipped sum plus ``N(0, σ²C²)`` per coordinate, added in float64 (from the
-   same stream).
+   bound holds for every input (norms with a rigorous floating-point error bound, float32 where
+   it decides and float64 where it does not, non-finite records add nothing, weight tying takes
+   the exact path; see :mod:`pdpfl.dp.grad_sample`). The clipped sum is accumulated in float64.
+4. **Noise**: the clipped sum plus ``N(0, σ²C²)`` per coordinate, added in float64 (one draw
+   for all parameters from the same stream, in parameter order).
 5. **Normalisation** by a *public* constant ``normalizer`` (the configured expected batch size:
    never the realized ``|S|``, never ``Σ q_i`` computed from private budgets). An empty batch is
    a noise-only step, never skipped. See :mod:`pdpfl.dp.steps`.
@@ -30,6 +31,11 @@ Uniform DP-SGD is the special case ``q_i = q``; ``private=False`` is plain minib
 Poisson batch (mean over the realized batch, no clipping or noise; the PrivacyFree baseline).
 The privacy parameters (σ, C, q, τ) are always explicit arguments; nothing is inferred from a
 data loader.
+
+``device=`` (``"cpu"`` | ``"cuda"`` | ``"cuda:N"`` | ``"mps"`` | ``"auto"``; default: where the
+model already is) moves the model and its optimizer state there; sampling indices, per-sample
+products, clipping factors, the float64 sum, the noise and the update then stay on that device
+(see :mod:`pdpfl.dp.device`).
 """
 
 from __future__ import annotations
@@ -42,15 +48,19 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from pdpfl.dp.bookkeeping import Workspace
+from pdpfl.dp.device import math_device, resolve_device
+from pdpfl.dp.grad_sample import ClippedSum, _clipped_grad_sum, hooked_modules, resolve_method
 from pdpfl.dp.extra_rows import ExtraRows
-from pdpfl.dp.grad_sample import ClippedSum, _clipped_grad_sum, resolve_method
-from pdpfl.dp.steps import check_normalizer, noisy_normalised_sum, poisson_sample
+from pdpfl.dp.steps import check_normalizer, poisson_sample
+from pdpfl.dp.training import evaluate, make_optimizer, move_to_device
 from pdpfl.dp.validate import replace_batchnorm, validate_model
-from pdpfl.models import loss_fn, predict
-from pdpfl.randomness import RandomStream, stream_from_generator
+from pdpfl.models import loss_fn
+from pdpfl.randomness import RandomStream, draw_normals, stream_from_generator
 
 __all__ = [
     "LocalTrainingResult",
+    "move_to_device",
     "as_stream",
     "check_buffers_unchanged",
     "PersonalizedDPSGD",
@@ -65,43 +75,16 @@ __all__ = [
 LossFn = Callable[[Tensor, Tensor], Tensor]
 
 
-def make_optimizer(
-    name: str,
-    params: Iterable[nn.Parameter] | Iterable[dict],
-    lr: float,
-    weight_decay: float = 0.0,
-    momentum: float = 0.0,
-) -> torch.optim.Optimizer:
-    """``"sgd"`` | ``"adam"`` | ``"rmsprop"`` (``momentum`` applies to SGD and RMSprop only)."""
-    if not (lr > 0 and math.isfinite(lr)):
-        raise ValueError(f"lr must be a positive finite number, got {lr}")
-    if weight_decay < 0:
-        raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
-    if not 0 <= momentum < 1:
-        raise ValueError(f"momentum must be in [0, 1), got {momentum}")
-    key = name.lower()
-    if key == "sgd":
-        return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
-    if key == "adam":
-        if momentum:
-            raise ValueError("momentum is not an option of adam (use betas); set momentum=0")
-        return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay)
-    if key == "rmsprop":
-        return torch.optim.RMSprop(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
-    raise ValueError(f"optimizer must be one of 'sgd', 'adam', 'rmsprop', got {name!r}")
-
-
 def as_rates(rates: np.ndarray | Tensor | Iterable[float], n: int) -> Tensor:
     """Validate per-record sampling rates: shape ``(n,)``, finite, in ``[0, 1]`` → float64 CPU."""
-    q = torch.as_tensor(
-        rates.detach().cpu() if isinstance(rates, Tensor) else np.asarray(rates, dtype=np.float64),
-        dtype=torch.float64,
-    )
+    if isinstance(rates, Tensor):
+        rates = rates.detach().to("cpu", torch.float64).numpy()
+    q = np.array(rates, dtype=np.float64)  # a private copy: later edits of `rates` do not count
     if q.ndim != 1 or q.shape[0] != n:
         raise ValueError(f"rates must have shape ({n},) (one per record), got {tuple(q.shape)}")
-    if not bool(torch.isfinite(q).all()) or bool((q < 0).any()) or bool((q > 1).any()):
+    if n and not (np.isfinite(q).all() and q.min() >= 0.0 and q.max() <= 1.0):
         raise ValueError("rates must be finite and in [0, 1]")
-    return q
+    return torch.from_numpy(q)
 
 
 @dataclass
@@ -152,6 +135,10 @@ class PersonalizedDPSGD:
         Mean loss ``loss(outputs, targets)``; it must be the mean of per-record losses.
     grad_sampler
         ``"auto"`` | ``"hooks"`` | ``"func"`` (see :mod:`pdpfl.dp.grad_sample`).
+    device
+        ``None`` (keep the model where it is) | ``"cpu"`` | ``"cuda"`` | ``"cuda:N"`` | ``"mps"``
+        | ``"auto"``: the model (and its optimizer state) is moved there; data passed to
+        :meth:`step` is moved per batch.
     """
 
     def __init__(
@@ -165,6 +152,7 @@ class PersonalizedDPSGD:
         physical_batch_size: int = 512,
         loss: LossFn = loss_fn,
         grad_sampler: str = "auto",
+        device: str | torch.device | None = None,
     ):
         if private:
             validate_model(model)
@@ -176,6 +164,9 @@ class PersonalizedDPSGD:
                 raise ValueError(f"max_grad_norm must be finite and > 0, got {max_grad_norm}")
         if int(physical_batch_size) < 1:
             raise ValueError(f"physical_batch_size must be >= 1, got {physical_batch_size}")
+        dev = resolve_device(device)
+        if dev is not None:
+            move_to_device(model, optimizer, dev)
         self.model = model
         self.optimizer = optimizer
         self.noise_multiplier = float(noise_multiplier)
@@ -185,6 +176,18 @@ class PersonalizedDPSGD:
         self.loss = loss
         self.grad_sampler = resolve_method(model, grad_sampler) if private else grad_sampler
         self.params = [p for p in model.parameters() if p.requires_grad]
+        # fixed per engine: the layers the hooks record, the buffers to watch, reused buffers
+        self._modules = hooked_modules(model) if self.grad_sampler == "hooks" else None
+        self._has_buffers = any(True for _ in model.buffers())
+        self._workspace = Workspace()
+        self._shapes = [tuple(p.shape) for p in self.params]
+        self._sizes = [p.numel() for p in self.params]
+        self._numel = sum(self._sizes)
+        own = {id(p) for p in self.params}
+        # parameters of the optimizer that this engine does not give a gradient to
+        self._foreign = any(
+            id(p) not in own for group in optimizer.param_groups for p in group["params"]
+        )
 
     @property
     def device(self) -> torch.device:
@@ -200,17 +203,21 @@ class PersonalizedDPSGD:
         """Σ_{i∈S} clip_C(g_i) (float64, one tensor per trainable parameter) of a sampled batch.
 
         An empty batch gives zeros. Raises ``ValueError`` naming the module when a training-mode
-        forward changed a buffer (running statistics computed from the batch).
+        forward changed a buffer (running statistics computed from the batch). The sums are
+        views of one float64 vector (all parameters, in order).
         """
+        flat = torch.zeros(self._numel, dtype=torch.float64, device=math_device(self.device))
         if xb.shape[0] == 0:
             return ClippedSum(
-                sums=[torch.zeros_like(p, dtype=torch.float64) for p in self.params],
+                sums=[t.view(s) for t, s in zip(flat.split(self._sizes), self._shapes,
+                                                  strict=True)],
                 loss_sum=0.0,
                 norms=torch.zeros(0, dtype=torch.float64),
                 factors=torch.zeros(0, dtype=torch.float64),
                 method=self.grad_sampler,
+                flat=flat,
             )
-        before = _buffer_snapshot(self.model)
+        before = _buffer_snapshot(self.model) if self._has_buffers else []
         try:
             res = _clipped_grad_sum(
                 self.model,
@@ -220,6 +227,10 @@ class PersonalizedDPSGD:
                 self.max_grad_norm,
                 self.grad_sampler,
                 self.physical_batch_size,
+                out=flat,
+                modules=self._modules,
+                ws=self._workspace,
+                params=self.params,
             )
         except RuntimeError:
             if before:  # torch.func refuses in-place buffer updates: name the module instead
@@ -227,7 +238,8 @@ class PersonalizedDPSGD:
                     self.model(xb[:1])
                 check_buffers_unchanged(self.model, before)
             raise
-        check_buffers_unchanged(self.model, before)
+        if before:
+            check_buffers_unchanged(self.model, before)
         self.grad_sampler = res.method  # remember a fallback from "hooks" to "func"
         return res
 
@@ -235,11 +247,27 @@ class PersonalizedDPSGD:
         self, sums: list[Tensor], normalizer: float, stream: RandomStream | torch.Generator
     ) -> list[Tensor]:
         """``(sums + N(0, σ²C² I)) / normalizer`` in float64, rounded once to each parameter's
-        dtype; the noise is drawn from ``stream`` in parameter order."""
+        dtype; the noise is one draw of all coordinates from ``stream`` in parameter order."""
+        normalizer = check_normalizer(normalizer)
+        dev = math_device(self.device)
+        flat = torch.cat([s.detach().reshape(-1).to(dev, torch.float64) for s in sums])
+        return self._noisy(flat, normalizer, as_stream(stream))
+
+    def _noisy(self, flat: Tensor, normalizer: float, stream: RandomStream) -> list[Tensor]:
+        """In place on the float64 vector ``flat``: add the noise, divide, round once."""
         std = self.noise_multiplier * self.max_grad_norm
-        return noisy_normalised_sum(
-            sums, std, normalizer, as_stream(stream), dtypes=[p.dtype for p in self.params]
-        )
+        if std > 0:
+            flat.add_(draw_normals(stream, self._shapes, device=flat.device), alpha=std)
+        flat.div_(normalizer)
+        dtype, device = self.params[0].dtype, self.params[0].device
+        if all(p.dtype == dtype and p.device == device for p in self.params):
+            rounded = flat.to(device, dtype)  # one rounding of every coordinate
+            return [t.view(s) for t, s in zip(rounded.split(self._sizes), self._shapes,
+                                              strict=True)]  # fmt: skip
+        return [
+            t.view(p.shape).to(p.device, p.dtype)
+            for t, p in zip(flat.split(self._sizes), self.params, strict=True)
+        ]
 
     def privatized_gradient(
         self,
@@ -257,10 +285,12 @@ class PersonalizedDPSGD:
         clipped sum before the noise.
         """
         normalizer = check_normalizer(normalizer)
+        stream = as_stream(stream)
         res = self.clipped_sum(xb, yb)
         if extra is not None:
-            extra.add_sampled(res.sums, as_stream(stream), self.max_grad_norm)
-        return self.noisy_gradient(res.sums, normalizer, stream), res.loss_sum
+            extra.add_sampled(res.sums, stream, self.max_grad_norm)
+        flat = _flat_of(res)
+        return self._noisy(flat, normalizer, stream), res.loss_sum
 
     def nonprivate_gradient(self, xb: Tensor, yb: Tensor) -> tuple[list[Tensor], float]:
         """Mean gradient over the realized batch (no clipping, no noise) and Σ loss_i."""
@@ -280,7 +310,8 @@ class PersonalizedDPSGD:
 
     def apply(self, grads: list[Tensor]) -> None:
         """Let the optimizer consume ``grads`` (one per trainable parameter): post-processing."""
-        self.optimizer.zero_grad(set_to_none=True)
+        if self._foreign:  # otherwise every parameter's gradient is replaced below
+            self.optimizer.zero_grad(set_to_none=True)
         for p, g in zip(self.params, grads, strict=True):
             p.grad = g
         self.optimizer.step()
@@ -301,23 +332,41 @@ class PersonalizedDPSGD:
         canaries added to the clipped sum (private steps only; see :mod:`pdpfl.dp.extra_rows`).
         """
         q = as_rates(rates, x.shape[0])
-        stream = as_stream(stream)
         if self.private:
             normalizer = check_normalizer(normalizer)
         elif extra is not None:
             raise ValueError("extra rows (audit canaries) need a private step")
+        return self._step(x, y, q, as_stream(stream), normalizer, extra)
+
+    def _step(
+        self, x: Tensor, y: Tensor, q: Tensor, stream: RandomStream, normalizer: float | None,
+        extra: ExtraRows | None = None,
+    ) -> StepResult:
+        """:meth:`step` with validated rates, stream and normaliser."""
         idx = poisson_sample(q, stream)
         dev = self.device
-        xb = x[idx.to(x.device)].to(dev)
-        yb = y[idx.to(y.device)].to(dev)
+        xb = (x[idx] if x.device.type == "cpu" else x[idx.to(x.device)]).to(dev)
+        yb = (y[idx] if y.device.type == "cpu" else y[idx.to(y.device)]).to(dev)
         if self.private:
-            grads, loss_sum = self.privatized_gradient(xb, yb, normalizer, stream, extra)
+            assert normalizer is not None
+            res = self.clipped_sum(xb, yb)
+            if extra is not None:  # audit canaries: sampled after the records, before the noise
+                extra.add_sampled(res.sums, stream, self.max_grad_norm)
+            grads = self._noisy(_flat_of(res), normalizer, stream)
+            loss_sum = res.loss_sum
         elif idx.numel() == 0:
             return StepResult(0, 0.0, idx)  # nothing to learn from; no privacy to protect
         else:
             grads, loss_sum = self.nonprivate_gradient(xb, yb)
         self.apply(grads)
         return StepResult(int(idx.numel()), loss_sum, idx)
+
+
+def _flat_of(res: ClippedSum) -> Tensor:
+    """The float64 vector holding all of ``res``'s sums (their concatenation if not recorded)."""
+    if res.flat is not None:
+        return res.flat
+    return torch.cat([s.reshape(-1).to(torch.float64) for s in res.sums])
 
 
 def _buffer_snapshot(model: nn.Module) -> list[tuple[str, str, Tensor]]:
@@ -340,7 +389,7 @@ def check_buffers_unchanged(model: nn.Module, before: list[tuple[str, str, Tenso
         module = modules.get(mname)
         new = None if module is None else getattr(module, bname, None)
         same = isinstance(new, Tensor) and new.shape == old.shape and new.dtype == old.dtype
-        if same:
+        if same and isinstance(new, Tensor):
             if new.is_floating_point() or new.is_complex():
                 same = bool(torch.equal(new.isnan(), old.isnan())) and bool(
                     torch.equal(new.nan_to_num(0.0), old.nan_to_num(0.0))
@@ -380,6 +429,7 @@ def train_steps(
     physical_batch_size: int = 512,
     loss: LossFn = loss_fn,
     grad_sampler: str = "auto",
+    device: str | torch.device | None = None,
     extra: ExtraRows | None = None,
 ) -> LocalTrainingResult:
     """τ = ``steps`` steps of personalized DP-SGD on one silo's full local data.
@@ -390,8 +440,10 @@ def train_steps(
     coins and the noise (``SecureRandomness().stream(...)``; a seeded ``torch.Generator`` is
     accepted for reproducible research runs). ``rates`` and ``steps`` are the mechanism's
     public description; the caller accounts for them (``privacy/``). With ``private=False`` the
-    normaliser is not needed (plain minibatch SGD on the realized batch). ``extra`` (audit
-    canaries; :mod:`pdpfl.dp.extra_rows`) adds sampled, clipped rows to every step's clipped sum.
+    normaliser is not needed (plain minibatch SGD on the realized batch). ``device`` (None: where
+    the model is; ``"cpu"``, ``"cuda"``, ``"cuda:N"``, ``"mps"``, ``"auto"``) moves the model,
+    its optimizer state and ``(x, y)`` there for the whole run. ``extra`` (audit canaries;
+    :mod:`pdpfl.dp.extra_rows`) adds sampled, clipped rows to every step's clipped sum.
     """
     if int(steps) < 0:
         raise ValueError(f"steps must be >= 0, got {steps}")
@@ -403,6 +455,8 @@ def train_steps(
     expected = float(q.sum())
     if private:
         normalizer = check_normalizer(normalizer)
+    elif extra is not None:
+        raise ValueError("extra rows (audit canaries) need a private step")
     stream = as_stream(stream)
     engine = PersonalizedDPSGD(
         model,
@@ -413,7 +467,10 @@ def train_steps(
         physical_batch_size=physical_batch_size,
         loss=loss,
         grad_sampler=grad_sampler,
+        device=device,
     )
+    if device is not None:  # the data once, not every step
+        x, y = x.to(engine.device), y.to(engine.device)
     was_training = model.training
     model.train()
     counts = torch.zeros(x.shape[0], dtype=torch.int64)
@@ -421,7 +478,7 @@ def train_steps(
     loss_total = 0.0
     try:
         for _ in range(int(steps)):
-            res = engine.step(x, y, q, stream, normalizer, extra)
+            res = engine._step(x, y, q, stream, normalizer, extra)
             counts[res.indices] += 1
             sizes.append(res.batch_size)
             loss_total += res.loss_sum
@@ -435,40 +492,3 @@ def train_steps(
         mean_loss=loss_total / n_seen if n_seen else float("nan"),
         selection_counts=counts.numpy(),
     )
-
-
-@torch.no_grad()
-def evaluate(model: nn.Module, x: Tensor, y: Tensor, batch_size: int = 1024) -> dict:
-    """Loss (via :func:`pdpfl.models.loss_fn`), accuracy and per-class accuracy on ``(x, y)``.
-
-    Returns ``{"loss", "accuracy", "per_class_accuracy": {label: acc}, "n"}``; the per-class
-    dictionary has one entry per label present in ``y``. Empty data gives ``nan`` metrics.
-    """
-    was_training = model.training
-    model.eval()
-    try:
-        device = next(model.parameters()).device
-        n = int(x.shape[0])
-        loss_sum, preds = 0.0, []
-        for start in range(0, n, batch_size):
-            xs = x[start : start + batch_size].to(device)
-            ys = y[start : start + batch_size].to(device)
-            out = model(xs)
-            loss_sum += float(loss_fn(out, ys)) * xs.shape[0]
-            preds.append(predict(out).cpu())
-    finally:
-        model.train(was_training)
-    if n == 0:
-        return {"loss": float("nan"), "accuracy": float("nan"), "per_class_accuracy": {}, "n": 0}
-    pred = torch.cat(preds)
-    labels = y.detach().cpu().long().flatten()
-    correct = pred == labels
-    per_class = {
-        int(c): float(correct[labels == c].float().mean()) for c in torch.unique(labels).tolist()
-    }
-    return {
-        "loss": loss_sum / n,
-        "accuracy": float(correct.float().mean()),
-        "per_class_accuracy": per_class,
-        "n": n,
-    }

@@ -46,9 +46,12 @@ def poisson_sample(rates: Tensor | np.ndarray, stream: RandomStream) -> Tensor:
     ``rates`` are validated float64 probabilities; a unit with ``q_u = 0`` is never drawn and a
     unit with ``q_u = 1`` always is (the uniforms lie in the open interval (0, 1)).
     """
-    q = torch.as_tensor(rates, dtype=torch.float64).reshape(-1).cpu()
-    u = torch.from_numpy(np.asarray(stream.uniform(q.shape[0]), dtype=np.float64))
-    return torch.nonzero(u < q).flatten()
+    if isinstance(rates, Tensor):
+        q = rates.detach().to("cpu", torch.float64).reshape(-1).numpy()
+    else:
+        q = np.asarray(rates, dtype=np.float64).reshape(-1)
+    u = np.asarray(stream.uniform(q.shape[0]), dtype=np.float64)
+    return torch.from_numpy(np.flatnonzero(u < q).astype(np.int64))
 
 
 def wor_sample(num_units: int, batch_size: int, stream: RandomStream) -> Tensor:
@@ -131,10 +134,9 @@ def vector_norms(vectors: Sequence[Tensor]) -> Tensor:
     """
     if not vectors:
         raise ValueError("vectors: expected at least one tensor")
-    total = None
+    total = torch.zeros(vectors[0].shape[0], dtype=torch.float64, device=vectors[0].device)
     for v in vectors:
-        sq = v.detach().to(torch.float64).reshape(v.shape[0], -1).pow(2).sum(1)
-        total = sq if total is None else total + sq
+        total = total + v.detach().to(torch.float64).reshape(v.shape[0], -1).pow(2).sum(1)
     return total.sqrt()
 
 

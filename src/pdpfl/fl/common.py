@@ -24,7 +24,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from pdpfl.config import ExperimentConfig
 
 __all__ = [
-    "accounting_adversary",
     "client_budgets",
     "federation_info",
     "initial_params",
@@ -160,19 +159,6 @@ def noise_source_problems(config: ExperimentConfig, meaning: str) -> list[str]:
     if pv.noise_multiplier is not None and pv.epsilon_max is not None:
         return ["privacy: set only one of privacy.noise_multiplier and privacy.epsilon_max"]
     return []
-
-
-def accounting_adversary(config: ExperimentConfig) -> str:
-    """The observer a mechanism is calibrated against (σ from ε_max, the estimator F).
-
-    ``privacy.adversary``, except under ``participation: hidden`` (secure summation where every
-    silo sends a masked contribution every round and draws its own λ-coin): the server's view
-    then equals a third party's, so guaranteeing the third-party (λ-amplified) bound guarantees
-    every observer, and ``server``/``both`` reduce to ``third-party``.
-    """
-    if getattr(config, "participation", "visible") == "hidden":
-        return "third-party"
-    return str(config.privacy.adversary)
 
 
 def party_randomness(config: ExperimentConfig, party: str) -> Randomness:

@@ -11,8 +11,8 @@ charged rounds per observer. The mechanism itself is described once, as a
   ``mechanism.charged_on(observer)``: ``active`` -- every round the unit was not stopped (third
   parties, who do not see client sampling: rPDP-FL Theorem 1 / Lemma 6); ``participated`` --
   only rounds its silo took part in (the server, Type I). A unit that sat out adds nothing.
-  With hidden participation (``server_sees_participation=False``) the server is accounted like a
-  third party.
+  The server is always accounted with participation revealed: on a real network it can tell
+  who took part (reply timing), whatever the messages say.
 * ε of a unit against an observer is that of ``count`` charged rounds of the mechanism's round
   event at its own (q, σ), computed by :func:`pdpfl.privacy.accountant.mechanism_epsilon` -- the
   same function the calibration calls, so a unit charged T rounds has exactly the ε the
@@ -30,6 +30,7 @@ Persistence: :func:`pdpfl.ledger.store.save_ledger` / ``load_ledger``. Reports:
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -49,6 +50,26 @@ _CACHE_LIMIT = 1_000_000
 
 #: Observer → the ledger attribute holding its counters.
 _OBSERVER_ATTR = {"third-party": "third_party_rounds", "server": "server_rounds"}
+
+
+@lru_cache(maxsize=65_536)
+def _shared_epsilon(
+    mechanism: Any, rate: float, view: str, count: int, accountant: str, orders: bytes | None
+) -> float:
+    """ε of ``count`` charged rounds of ``mechanism`` at rate q = ``rate`` (a pure function of
+    public numbers, memoized across ledgers: many one-unit ledgers of the same mechanism, e.g.
+    IDP-FedAvg's clients of one privacy group, convert each (q, σ, count) once per process).
+    ``orders``: the RDP grid as float64 bytes (None: the accountant's own)."""
+    options: dict[str, Any] = {}
+    if orders is not None:
+        grid = np.frombuffer(orders, dtype=np.float64)
+        options = ({"orders": grid} if accountant == "rdp"
+                   else {"rdp_orders": grid} if accountant == "pld" else {})
+    e, _ = mechanism_epsilon(
+        mechanism, np.array([rate], dtype=np.float64), view, np.array([count], dtype=np.int64),
+        accountant=accountant, **options,
+    )
+    return float(np.asarray(e, dtype=np.float64).reshape(-1)[0])
 
 
 def counter_key(observer: str) -> str:
@@ -106,8 +127,6 @@ class PrivacyLedger:
         α ≥ 2k, the without-replacement event's integer grid).
     accountant
         ``rdp`` (default), ``pld``, or another registered accountant.
-    server_sees_participation
-        False under hidden participation: the server is then accounted like a third party.
     """
 
     def __init__(
@@ -120,7 +139,6 @@ class PrivacyLedger:
         noise_multipliers: np.ndarray | None = None,
         orders: np.ndarray | None = DEFAULT_ORDERS,
         accountant: str = "rdp",
-        server_sees_participation: bool = True,
     ) -> None:
         if not isinstance(mechanism, UnitMechanism):
             raise ValueError(
@@ -128,7 +146,7 @@ class PrivacyLedger:
                 f"got {type(mechanism).__name__}"
             )
         self.mechanism = mechanism
-        self.server_sees_participation = bool(server_sees_participation)
+        self._observers = tuple(mechanism.observers)  # a frozen description: read it once
         self.budgets = validate_budgets(budgets)
         n = self.budgets.size
         q = np.asarray(rates, dtype=np.float64)
@@ -147,6 +165,10 @@ class PrivacyLedger:
                 raise ValueError(f"noise_multipliers: expected ({n},) finite values > 0")
         self.noise_multipliers = sig
         self.orders = None if orders is None else check_orders(orders).copy()
+        self._orders_key: bytes | None = (
+            None if self.orders is None
+            else np.ascontiguousarray(self.orders, dtype=np.float64).tobytes()
+        )
         self.accountant = as_accountant_name(accountant)
         unknown = set(self.observers) - set(_OBSERVER_ATTR)
         if unknown:
@@ -159,14 +181,7 @@ class PrivacyLedger:
         #: is not accounted against).
         self.third_party_rounds = np.zeros(n, dtype=np.int64)
         self.server_rounds = np.zeros(n, dtype=np.int64)
-        #: Under hidden participation the server sees only what a third party sees.
-        self.view = {
-            obs: "third-party"
-            if obs == "server" and not self.server_sees_participation
-            and "third-party" in self.observers else obs
-            for obs in self.observers
-        }
-        self.charge_rule = {obs: mechanism.charged_on(self.view[obs]) for obs in self.observers}
+        self.charge_rule = {obs: mechanism.charged_on(obs) for obs in self.observers}
         self.sat_out_rounds = np.zeros(n, dtype=np.int64)
         self.rounds_recorded = 0
         self._cache: dict[tuple[str, str], dict[int, float]] = {}
@@ -185,7 +200,7 @@ class PrivacyLedger:
     @property
     def observers(self) -> tuple[str, ...]:
         """Observers this ledger accounts against (from the mechanism description)."""
-        return tuple(self.mechanism.observers)
+        return self._observers
 
     @property
     def counts(self) -> dict[str, np.ndarray]:
@@ -223,7 +238,42 @@ class PrivacyLedger:
             return {} if self.orders is None else {"rdp_orders": self.orders}
         return {}
 
+    def _convert_one(self, row: int, count: int, view: str, accountant: str) -> float:
+        """ε of one (q, σ, count): the same one-element accountant call as a batch of one,
+        shared by every ledger of the same mechanism (:func:`_shared_epsilon`)."""
+        mech = self._mechanism(float(self._row_sigma[row]))
+        rate = float(self._row_rate[row])
+        shared: Any = mech  # frozen dataclasses of pdpfl.privacy are hashable
+        try:
+            return _shared_epsilon(shared, rate, view, count, accountant, self._orders_key)
+        except TypeError:  # an unhashable mechanism description: not shared
+            e, _ = mechanism_epsilon(
+                mech, np.array([rate]), view, np.array([count], dtype=np.int64),
+                accountant=accountant, **self._options(accountant),
+            )
+            return float(np.asarray(e, dtype=np.float64).reshape(-1)[0])
+
+    def _one_epsilon(self, observer: str, count: int, accountant: str) -> float:
+        """ε of a one-unit ledger after ``count`` rounds (the fast path: no grouping)."""
+        view = observer
+        cache = self._cache.setdefault((accountant, view), {})
+        row = int(self._row[0])
+        key = row * (1 << 32) + count
+        hit = cache.get(key)
+        if hit is None:
+            hit = self._convert_one(row, count, view, accountant)
+            if len(cache) < _CACHE_LIMIT:
+                cache[key] = hit
+        return hit
+
     def _epsilon(self, observer: str, counts: np.ndarray, accountant: str) -> np.ndarray:
+        """ε for units charged ``counts`` rounds, one conversion per distinct (q, σ, count)."""
+        counts = np.asarray(counts, dtype=np.int64)
+        if counts.size == 1 and counts[0] > 0 and self.rates[0] > 0:
+            return np.array([self._one_epsilon(observer, int(counts[0]), accountant)])
+        return self._epsilon_many(observer, counts, accountant)
+
+    def _epsilon_many(self, observer: str, counts: np.ndarray, accountant: str) -> np.ndarray:
         """ε for units charged ``counts`` rounds, one conversion per distinct (q, σ, count)."""
         counts = np.asarray(counts, dtype=np.int64)
         out = np.zeros(counts.size, dtype=np.float64)
@@ -234,12 +284,15 @@ class PrivacyLedger:
         keys = self._row[live] * width + counts[live]
         uniq, inv = np.unique(keys, return_inverse=True)
         row, cnt = np.divmod(uniq, width)
-        view = self.view[observer]
+        view = observer
         cache = self._cache.setdefault((accountant, view), {})
         fixed = row * (1 << 32) + cnt  # a cache key independent of `width`
         eps = np.array([cache.get(int(k), np.nan) for k in fixed], dtype=np.float64)
         todo = np.flatnonzero(np.isnan(eps))
-        for sigma in np.unique(self._row_sigma[row[todo]]) if todo.size else ():
+        if todo.size == 1:  # one conversion: shared by ledgers of the same mechanism
+            j = int(todo[0])
+            eps[j] = self._convert_one(int(row[j]), int(cnt[j]), view, accountant)
+        for sigma in np.unique(self._row_sigma[row[todo]]) if todo.size > 1 else ():
             sel_all = todo[self._row_sigma[row[todo]] == sigma]
             mech = self._mechanism(float(sigma))
             for s in range(0, sel_all.size, _CHUNK):
@@ -277,17 +330,30 @@ class PrivacyLedger:
         accountant shown beside the rigorous one)."""
         return self._spent(adversary, accountant=accountant)
 
-    def would_exceed(self, mask: np.ndarray | None = None, adversary: str = "both") -> np.ndarray:
+    def would_exceed(
+        self,
+        mask: np.ndarray | None = None,
+        adversary: str = "both",
+        budgets: np.ndarray | None = None,
+    ) -> np.ndarray:
         """Pre-check for the next round: True where being charged once more (against every
         requested observer the ledger accounts) would overspend the budget.
 
         ``mask`` (optional) restricts the check to units that could take part in the next
-        round; the server side assumes the unit's silo participates (worst case).
+        round; the server side assumes the unit's silo participates (worst case). ``budgets``
+        (optional, (n,)) are the limits enforced instead of the units' own budgets, for a
+        baseline that accounts every unit against another ε (IDP-FedAvg's strict/relaxed);
+        reports still compare with the units' own budgets.
         """
         present = [o for o in observers_of(adversary) if o in self.observers]
         if not present:
             return np.zeros(self.n, dtype=bool)
-        exceed = self._spent("both" if len(present) == 2 else present[0], extra=1) > self.budgets
+        limit = self.budgets
+        if budgets is not None:
+            limit = np.asarray(budgets, dtype=np.float64)
+            if limit.shape != (self.n,) or np.isnan(limit).any():
+                raise ValueError(f"budgets: expected ({self.n},) limits (not NaN)")
+        exceed = self._spent("both" if len(present) == 2 else present[0], extra=1) > limit
         if mask is not None:
             exceed &= _mask(mask, self.n, "mask")
         return exceed
@@ -347,16 +413,19 @@ class PrivacyLedger:
         spent = {o: self.spent_epsilon(o) for o in self.observers}
         over = {o: over_budget(spent[o], self.budgets) for o in self.observers}
         stopped, excluded = self.stopped, self.excluded
-        per_unit_sigma = np.unique(self.noise_multipliers).size > 1
-        groups = []
-        for g, label in enumerate(labels):
+        sig = self.noise_multipliers
+        per_unit_sigma = bool(sig.size) and bool(sig.min() != sig.max())
+        groups = [] if self.n != 1 else [self._one_unit_group(labels[0], spent, over)]
+        for g, label in enumerate(labels if self.n != 1 else ()):
             m = idx == g
             if not m.any():
                 continue
-            b = self.budgets[m]
-            info = {"mean_rate": float(self.rates[m].mean())}
-            if per_unit_sigma:
-                info["noise_multiplier"] = float(self.noise_multipliers[m].max())
+            b, q = self.budgets[m], self.rates[m]
+            info = {"mean_rate": float(q.mean())}
+            if q.min() == q.max():  # one sampling rate for the whole group
+                info["rate"] = float(q[0])
+            # the group's noise multiplier (the largest, if its units differ)
+            info["noise_multiplier"] = float(self.noise_multipliers[m].max())
             groups.append(GroupSummary(
                 label=label,
                 units=int(m.sum()),
@@ -386,6 +455,26 @@ class PrivacyLedger:
             groups=tuple(groups),
             approximate=approx,
             info=info,
+        )
+
+    def _one_unit_group(
+        self, label: str, spent: dict[str, np.ndarray], over: dict[str, np.ndarray]
+    ) -> GroupSummary:
+        """The one group of a one-unit ledger (e.g. a client's own), in plain floats: the same
+        numbers as the general per-group reductions, without their cost."""
+        b, q = float(self.budgets[0]), float(self.rates[0])
+        obs = self.observers
+        return GroupSummary(
+            label=label,
+            units=1,
+            budget_min=b,
+            budget_max=b,
+            excluded=int(q <= 0),
+            stopped=int(self.sat_out_rounds[0] > 0 and q > 0),
+            spent_max={o: float(spent[o][0]) for o in obs},
+            utilization_sum={o: float(spent[o][0]) / b for o in obs},
+            over_budget={o: int(over[o][0]) for o in obs},
+            info={"mean_rate": q, "rate": q, "noise_multiplier": float(self.noise_multipliers[0])},
         )
 
     # ------------------------------------------------------------------ resume

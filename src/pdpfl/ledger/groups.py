@@ -41,6 +41,8 @@ def over_budget(spent: np.ndarray, budgets: np.ndarray) -> np.ndarray:
 def budget_groups(budgets: np.ndarray) -> tuple[np.ndarray, list[str]]:
     """``(group index per unit, group labels)`` under pdpfl's one grouping policy."""
     budgets = np.asarray(budgets, dtype=np.float64)
+    if budgets.shape == (1,):  # one unit (e.g. a client's own ledger): its own level
+        return np.zeros(1, dtype=np.int64), [f"{float(budgets.reshape(-1)[0]):g}"]
     levels = np.unique(budgets)
     if levels.size <= MAX_LEVELS:
         return np.searchsorted(levels, budgets).astype(np.int64), [f"{v:g}" for v in levels]

@@ -87,7 +87,6 @@ def save_ledger(
         "mechanism": mechanism_to_dict(ledger.mechanism),
         "accountant": ledger.accountant,
         "rounds_recorded": ledger.rounds_recorded,
-        "server_sees_participation": ledger.server_sees_participation,
     }
     arrays: dict[str, np.ndarray] = {
         "meta": np.array(json.dumps(meta)),
@@ -130,7 +129,6 @@ def load_ledger(path: str | Path, *, party: str = "operator") -> PrivacyLedger:
                 noise_multipliers=z["noise_multipliers"],
                 orders=z["orders"] if z["orders"].size else None,
                 accountant=str(meta.get("accountant", "rdp")),
-                server_sees_participation=bool(meta.get("server_sees_participation", True)),
             )
             state: dict[str, Any] = {k: z[k] for k in z.files if k.endswith("_rounds")}
     except (OSError, KeyError, TypeError, json.JSONDecodeError) as exc:

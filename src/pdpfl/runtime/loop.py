@@ -126,14 +126,10 @@ def collect_privacy(
     """One typed summary of every unit this view can see: the silos' own summaries (the
     operator's view; empty in a deployment) merged with the server's (e.g. ULDP-FL's users,
     whose ledger lives at the server). None when nothing is accounted in this view."""
-    from pdpfl.runtime._legacy import as_summary
-
-    parts = [as_summary(s, unit) for s in summaries.values()]
+    parts: list[PrivacySummary | None] = list(summaries.values())
     own = getattr(server, "privacy_summary", None)
     if callable(own):
-        parts.append(as_summary(own(), unit))
-    else:  # first-release servers report inside their state
-        parts.append(as_summary(server.state_dict().get("privacy"), unit))
+        parts.append(own())
     present = [p for p in parts if p is not None]
     return PrivacySummary.merge(present) if present else None
 

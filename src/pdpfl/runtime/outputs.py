@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from pdpfl.config import ExperimentConfig, config_hash
+from pdpfl.fl.aggregation import summary_fields
 from pdpfl.io import save_npz, write_json
 from pdpfl.ledger import PrivacyLedger, PrivacySummary, observers_of, save_ledger
 from pdpfl.runtime.lock import LOCK_NAME
@@ -187,26 +188,6 @@ def privacy_warnings(config: ExperimentConfig, privacy: PrivacySummary) -> list[
     return out
 
 
-def aggregation_fields(config: ExperimentConfig) -> dict[str, Any]:
-    """How updates were summed and what that means for the server observer."""
-    hidden = config.participation == "hidden"
-    private_weights = getattr(config.algorithm, "weights", None) == "private"
-    protocol = "private-weighting" if private_weights else config.aggregation
-    out: dict[str, Any] = {
-        "protocol": protocol,
-        "participation": "hidden" if hidden else "visible",
-        "server_sees": (
-            "every update" if protocol == "plain" else "only the sum of the updates"
-        ),
-    }
-    if hidden:
-        out["server_observer"] = (
-            "accounted like the third party (λ-amplified, rPDP-FL Theorem 1): every silo sends "
-            "a masked contribution every round, so the server cannot tell who took part"
-        )
-    return out
-
-
 def privacy_fields(
     config: ExperimentConfig, privacy: PrivacySummary | None, view: str
 ) -> dict[str, Any]:
@@ -263,6 +244,8 @@ def build_summary(
     accs = [m["accuracy"] for m in metrics if m.get("accuracy") is not None]
     server_state = result.get("server_state") or {}
     unit = config.algorithm.unit
+    # an algorithm may state its own relation (e.g. PriFedSync's replace-one for WOR batches)
+    relation = getattr(config.algorithm, "neighbouring", None)
     summary: dict[str, Any] = {
         "schema": SUMMARY_SCHEMA,
         "name": config.name,
@@ -270,9 +253,9 @@ def build_summary(
         "seed": config.seed,
         "randomness": SECURE_LABEL if config.randomness == "secure" else REPRODUCIBLE_LABEL,
         "privacy_unit": unit,
-        "neighbouring": NEIGHBOURING.get(unit, unit),
+        "neighbouring": relation if isinstance(relation, str) else NEIGHBOURING.get(unit, unit),
         "adversary": config.privacy.adversary,
-        "aggregation": aggregation_fields(config),
+        "aggregation": summary_fields(config),
         "rounds_completed": len(metrics),
         "completed": bool(result.get("completed", True)),
         "diverged": result.get("diverged"),
@@ -327,8 +310,6 @@ def write_outputs(
         ledger = getattr(holder, "ledger", None)
         if isinstance(ledger, PrivacyLedger):
             save_ledger(ledger, out / "ledgers" / f"{name}.npz", identity=result.get("run_id"))
-        elif ledger is not None and callable(getattr(ledger, "save", None)):
-            ledger.save(out / "ledgers" / f"{name}.npz")  # a first-release algorithm's own
     summary = _finite(summary)  # what is returned is what is on disk: NaN/inf become None
     write_model(out / MODEL_NAME, result["params"], parameter_names, model_metadata(summary))
     if plots:

@@ -9,10 +9,12 @@ increase the sensitivity).
 
 * :class:`PlainSum` -- the server receives every contribution and adds them up (it *could* look
   at each one: the server's view is every silo's noisy update).
-* :class:`~pdpfl.fl.aggregation.secure.SecureSum` (``aggregation: secure``): pairwise-masked
-  summation, the server learns only the sum; optionally with hidden participation.
-* :class:`~pdpfl.fl.aggregation.private_weighting.PrivateWeightedSum` (ULDP-FL ``weights: private``):
-  Protocol 1 of ULDP-FL, the server learns only Σ_s Σ_u w_{s,u}·Δ_{s,u} + noise.
+* :class:`~pdpfl.fl.aggregation.secure.SecureSum` (``aggregation: secure``): dropout-robust
+  secure aggregation (Bonawitz et al. 2017: double masking, Shamir-shared seeds, threshold t),
+  the server learns only the sum of at least t survivors' updates.
+* :class:`~pdpfl.fl.aggregation.private_weighting.PrivateWeightedSum` (ULDP-FL
+  ``weights: private``): Protocol 1 of ULDP-FL, the server learns only
+  Σ_s Σ_u w_{s,u}·Δ_{s,u} + noise.
 
 :func:`protocol_from_config` builds the protocol an experiment config asks for.
 
@@ -30,6 +32,20 @@ protocol's silo-side handler registered with :func:`register_silo_handler`, toge
 stages and rounds at that silo and is never sent). Payload values are NumPy arrays, ``bytes``,
 ``str``, ``int``, ``float`` or ``bool``. The in-process transport calls the handler directly; the
 Flower transport carries the payloads in messages.
+
+A protocol registered with ``secret_memory=True`` keeps secrets in that memory (keys, seeds, its
+unreleased contribution): a runtime keeps it in the silo's process only -- never on disk, so it
+needs a silo process that lives through the round (Flower's warm worker). Non-secret facts that
+must survive a silo restart (e.g. the rounds a silo has already masked) go in
+:func:`public_memory`, which runtimes persist with the silo's state.
+
+Survivor threshold
+------------------
+Every protocol releases a round's sum only if at least t(n) of the n silos asked contributed
+(:mod:`pdpfl.fl.aggregation.threshold`; plain summation only for a server that declares
+``distributed_noise``). Silos that add a share of the noise size it σ²C²/t with
+t = :func:`threshold_of` ``(config, n)``; the multi-stage protocols also hand the round's t to
+``fit`` / ``user_updates`` in the round configuration under :data:`SURVIVORS_KEY`.
 """
 
 from __future__ import annotations
@@ -40,6 +56,14 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from pdpfl.fl.aggregation.threshold import (
+    DEFAULT_MIN_SURVIVORS,
+    DEFAULT_THRESHOLD,
+    SURVIVORS_KEY,
+    summary_fields,
+    survivor_threshold,
+    threshold_of,
+)
 from pdpfl.fl.api import (
     Aggregate,
     ClientAlgorithm,
@@ -51,18 +75,25 @@ from pdpfl.fl.api import (
 )
 
 __all__ = [
+    "PUBLIC_MEMORY",
+    "SURVIVORS_KEY",
     "Payload",
     "PlainSum",
     "SiloContext",
-    "handle_silo_stage",
-    "register_silo_handler",
     "SumProtocol",
     "check_compatible",
     "empty_aggregate",
     "get_protocol",
+    "handle_silo_stage",
+    "holds_secrets",
     "protocol_from_config",
+    "public_memory",
     "register_protocol",
+    "register_silo_handler",
     "sum_contributions",
+    "summary_fields",
+    "survivor_threshold",
+    "threshold_of",
 ]
 
 
@@ -125,10 +156,26 @@ def sum_contributions(
 
 
 class PlainSum:
-    """The server receives each contribution and sums them (no cryptography)."""
+    """The server receives each contribution and sums them (no cryptography).
+
+    For a server algorithm that declares ``distributed_noise = True`` (its silos each add a share
+    σ²C²/t of the noise, t = :func:`threshold_of` ``(config, n)``), a round with fewer than t(n)
+    contributions is not summed: it returns the empty aggregate, since the survivors' noise would
+    fall short of what the ledgers charge.
+    """
 
     name = "plain"
     hides_individual_updates = False
+
+    def __init__(
+        self,
+        threshold: float = DEFAULT_THRESHOLD,
+        min_survivors: int = DEFAULT_MIN_SURVIVORS,
+        **_: Any,
+    ) -> None:
+        survivor_threshold(0, threshold, min_survivors)  # validates
+        self.threshold = float(threshold)
+        self.min_survivors = int(min_survivors)
 
     def collect(
         self,
@@ -139,8 +186,16 @@ class PlainSum:
         config: Scalars,
         server: ServerAlgorithm,
     ) -> Aggregate:
+        t = survivor_threshold(len(selected), self.threshold, self.min_survivors)
+        shares = bool(getattr(server, "distributed_noise", False))
+        if shares and len(selected) < t:
+            return empty_aggregate(params)
+        # The round configuration travels unchanged (a prefetched request must match it):
+        # algorithms with noise shares size them with threshold_of(config, n) themselves.
         contributions = transport.fit(selected, params, round_index, config) if selected else []
-        public = getattr(server, "public_metrics", frozenset())
+        if shares and len(contributions) < t:
+            return empty_aggregate(params)  # the survivors' noise shares fall short
+        public: frozenset[str] = getattr(server, "public_metrics", frozenset())
         for c in contributions:
             check_contribution(c, public, len(params))
         return sum_contributions(
@@ -209,7 +264,11 @@ def protocol_from_config(config: Any) -> SumProtocol:
         return get_protocol("private-weighting", expected_rounds=rounds, **options)
     name = getattr(config, "aggregation", "plain")
     if name == "plain":
-        return get_protocol("plain")
+        return get_protocol(
+            "plain",
+            threshold=options.get("threshold", DEFAULT_THRESHOLD),
+            min_survivors=options.get("min_survivors", DEFAULT_MIN_SURVIVORS),
+        )
     return get_protocol(
         name,
         participation=getattr(config, "participation", "visible"),
@@ -218,7 +277,7 @@ def protocol_from_config(config: Any) -> SumProtocol:
     )
 
 
-# ----------------------------------------------------------------- silo side of multi-stage protocols
+# -------------------------------------------------------------- silo side of multi-stage protocols
 
 #: One message's content in a protocol stage: arrays, bytes and scalars by name.
 Payload = dict[str, Any]
@@ -229,8 +288,10 @@ class SiloContext:
     """What a silo-side protocol handler may use at the silo.
 
     ``memory`` persists between the stages and rounds of this run at this silo (in-process: an
-    attribute of the transport; Flower: the silo's own process or state folder) and never
-    leaves the silo: protocol secrets (e.g. a round's X25519 private key) live here.
+    attribute of the transport; Flower: the silo worker's process, or -- for a protocol without
+    ``secret_memory`` in per-message mode -- the silo's state folder) and never leaves the silo:
+    protocol secrets (e.g. a round's X25519 private key) live here. ``memory["public"]``
+    (:func:`public_memory`) is persisted with the silo's state in every mode.
     """
 
     client: ClientAlgorithm
@@ -242,13 +303,40 @@ class SiloContext:
 SiloStageHandler = Callable[[str, Payload, int, SiloContext], Payload]
 
 _SILO_HANDLERS: dict[str, SiloStageHandler] = {}
+_SECRET_MEMORY: set[str] = set()
+
+#: Key of :attr:`SiloContext.memory` holding each protocol's non-secret, persisted facts.
+PUBLIC_MEMORY = "public"
 
 
-def register_silo_handler(protocol: str, handler: SiloStageHandler) -> None:
-    """Register the silo side of the multi-stage protocol named ``protocol``."""
+def register_silo_handler(
+    protocol: str, handler: SiloStageHandler, *, secret_memory: bool = False
+) -> None:
+    """Register the silo side of the multi-stage protocol named ``protocol``.
+
+    ``secret_memory``: the handler keeps secrets in ``memory[protocol]``; runtimes must never
+    write that entry to disk (see :func:`holds_secrets`).
+    """
     if protocol in _SILO_HANDLERS:
         raise ValueError(f"silo handler for protocol {protocol!r} is already registered")
+    if protocol == PUBLIC_MEMORY:
+        raise ValueError(f"{PUBLIC_MEMORY!r} is reserved for the protocols' public memory")
     _SILO_HANDLERS[protocol] = handler
+    if secret_memory:
+        _SECRET_MEMORY.add(protocol)
+
+
+def holds_secrets(protocol: str) -> bool:
+    """True if ``protocol``'s silo memory holds secrets: keep it in the silo's process only."""
+    if protocol not in _SILO_HANDLERS:
+        _load_builtin_protocols()
+    return protocol in _SECRET_MEMORY
+
+
+def public_memory(context: SiloContext, protocol: str) -> dict[str, Any]:
+    """``protocol``'s non-secret memory at a silo (plain data; persisted with the silo's state,
+    so it survives a restart of the silo's process)."""
+    return context.memory.setdefault(PUBLIC_MEMORY, {}).setdefault(protocol, {})
 
 
 def handle_silo_stage(

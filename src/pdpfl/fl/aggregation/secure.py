@@ -1,49 +1,52 @@
-"""Secure summation (``aggregation: secure``): the server learns only the sum of the updates.
+"""Dropout-robust secure summation (``aggregation: secure``): the server learns only the sum.
 
-Pairwise additive masking (Bonawitz et al., CCS 2017, without the secret-sharing recovery
-layer), driven purely through ``transport.exchange`` and the silo-side handler registered here,
-so the same code runs in the in-process simulator and on Flower.
+Bonawitz et al., "Practical Secure Aggregation for Privacy-Preserving Machine Learning" (CCS
+2017), §4 and Fig. 4 for a semi-honest server, on the complete graph of a round's silos (the
+neighbourhood graphs of SecAgg+, Bell et al. CCS 2020, only pay off for thousands of parties).
+Driven purely through ``transport.exchange`` and the silo handler of
+:mod:`pdpfl.fl.aggregation.secure_silo`, so the same code runs in-process and on Flower.
 
-One round (``collect``), for the participant list P (sorted silo ids) the server announces:
+One round (``collect``) for the n silos P asked, with t = t(n) from
+:mod:`pdpfl.fl.aggregation.threshold` (t ≥ 2, t > n/2); the server stops -- **no aggregate** --
+whenever fewer than t silos remain:
 
-1. ``keys`` -- each silo in P draws a fresh X25519 key pair for this round (private key in its
-   protocol memory only) and replies with the 32-byte public key.
-2. ``upload`` (attempt a = 0, 1, ...) -- the server relays all public keys of P together with
-   the global model and the round configuration. Each silo
+0. ``advertise`` -- each silo draws an X25519 channel key c_i and two 16-byte seeds: s_i (its
+   pairwise-mask key) and b_i (its self mask); it sends the public keys C_i, S_i. U1: who
+   answered. A silo that already masked this round in an earlier session declines.
+1. ``share`` -- the server relays U1's keys. Each silo Shamir-shares b_i and s_i with threshold t
+   among U1 (:mod:`pdpfl.crypto.shamir`), and seals the shares for each j with
+   ChaCha20-Poly1305 under HKDF(X25519(c_i, C_j)) (only j can open them). U2: who answered.
+2. ``upload`` -- the server forwards to each silo the sealed shares addressed to it, with the
+   model and round configuration. Each silo computes its contribution once (``client.fit``,
+   which receives t under :data:`~pdpfl.fl.aggregation.threshold.SURVIVORS_KEY`), encodes
+   update ‖ public metrics in Z_{2^64} (:class:`~pdpfl.crypto.fixedpoint.FixedPointRing`), and
+   uploads y_i = x_i + PRG(b_i) + Σ_{j∈U2, i<j} PRG(s_ij) − Σ_{j∈U2, i>j} PRG(s_ij). U3: who
+   answered.
+3. ``unmask`` -- the server tells U3 who survived; each silo returns its shares of b_j for every
+   survivor j and of s_j for every dropped j ∈ U2 \\ U3 -- never both for one silo, and only
+   once per round. With shares from t silos the server reconstructs those seeds, removes the
+   self masks of the survivors and the dropped silos' pairwise masks, and decodes
+   Σ_{i∈U3} x_i (checked: masks that did not cancel are refused).
 
-   * computes its contribution once per round (``client.fit``; cached for repeated attempts so
-     that a retry never releases a second noisy update) and checks it
-     (:func:`~pdpfl.fl.api.check_contribution`);
-   * encodes update ‖ metrics in the fixed-point ring Z_{2^64}
-     (:class:`~pdpfl.crypto.fixedpoint.FixedPointRing`; refusing values that could wrap);
-   * for every other silo s' in P derives k = HKDF(X25519(own, s'), session ‖ round ‖ attempt
-     ‖ H(P) ‖ pair) and the mask m = ChaCha20_k (one word per coordinate); adds m if its id is
-     smaller than s', subtracts it otherwise;
-   * replies with the masked vector and its public weight.
+Dropouts and late replies. A silo lost after ``upload`` is simply not summed: its pairwise masks
+are removed with s_j, while its self mask b_j is never reconstructed, so its upload -- even if it
+arrives late -- stays masked by PRG(b_j). There are no retries: one session masks each
+contribution once, so no two sums of the same contributions over different silo sets exist (the
+attack of issue #22: attempt 0 minus attempt 1 was the lost silo's update). A round that cannot
+keep t silos ends without aggregate; the silos that reached ``upload`` computed (and charged)
+their update, which is never released.
 
-   The masks cancel in the sum over P; the server decodes the sum (checking that it lies in the
-   range the encodings allow, which garbage from non-cancelling masks fails).
+What the server learns: the sum of the survivors' updates and metrics, the survivors, their
+public weights. Collusion: the server with up to t - 1 silos learns nothing more (semi-honest
+model, Bonawitz et al. Thm. 6.3). Active attacks (a server that forges keys or equivocates) are
+outside this model; the silos' checks (``secure_silo``) still refuse to reveal both seeds of one
+silo in one request or to answer ``unmask`` twice, and t > n/2 means two disjoint survivor sets
+can never both reach t.
 
-**Dropout rule (abort and repeat).** If a silo of P does not answer ``upload``, the attempt is
-discarded -- its partial sum would still contain that silo's masks -- and repeated with the
-silos that answered, under fresh masks (the attempt number enters every key). Survivors re-mask
-the *same* cached contribution, and only one attempt per round is ever unmasked, so the server
-learns one sum per round; a silo lost at ``keys`` is simply left out. The lost silo's update is
-not part of the round (its ledger was charged: conservative).
-
-**Hidden participation** (``participation: hidden``, beyond the rPDP-FL paper). The server
-asks *every* silo every round; each silo flips its own λ-coin from its own randomness
-(``client.participation_coin``) and uploads its masked update if chosen and masked zeros
-otherwise. Messages have the same names, types and sizes either way, and the aggregate weight is
-the public constant λ·Σ_i w_i, so the server's view equals a third party's: rPDP-FL Theorem 1's
-λ-amplified bound holds against the server too (the silos' ledgers charge the server observer
-like the third-party one). Timing is not hidden: a silo that was not chosen answers sooner unless
-the deployment pads response times.
-
-What the server learns: the sum of the participants' updates and metrics, the participant list
-and (public) weights. Semi-honest model: a server that lies about dropouts could obtain sums of
-different subsets in repeated attempts; silos refuse to reuse an attempt, but detecting such a
-server needs the consistency checks of the malicious-secure protocol (not implemented).
+**Hidden participation** (``participation: hidden``): every silo is asked every round and uses
+its own λ-coin; an unchosen silo uploads masked zeros. Message names, types and sizes do not
+depend on the coin; reply *timing* does (a chosen silo trains first), and is not padded: on a
+real network the server can tell who took part (docs/secure_aggregation.md).
 """
 
 from __future__ import annotations
@@ -52,57 +55,32 @@ import secrets
 from typing import Any
 
 import numpy as np
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
-from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
 
-from pdpfl.crypto import IntegrityError
+from pdpfl.crypto import IntegrityError, shamir
 from pdpfl.crypto.fixedpoint import FixedPointRing
-from pdpfl.crypto.keys import (
-    PUBLIC_KEY_BYTES,
-    agree,
-    context,
-    digest,
-    mask_words,
-    new_private_key,
-    public_bytes,
-)
+from pdpfl.crypto.keys import PUBLIC_KEY_BYTES
 from pdpfl.fl.aggregation import (
     Payload,
-    SiloContext,
     empty_aggregate,
     register_protocol,
     register_silo_handler,
 )
-from pdpfl.fl.api import (
-    Aggregate,
-    Contribution,
-    Params,
-    Scalars,
-    ServerAlgorithm,
-    check_contribution,
+from pdpfl.fl.aggregation.secure_common import (
+    PROTOCOL,
+    SEALED_SHARE_BYTES,
+    mask_key,
+    pair_mask,
+    self_mask,
 )
+from pdpfl.fl.aggregation.secure_silo import silo_handler
+from pdpfl.fl.aggregation.threshold import (
+    DEFAULT_MIN_SURVIVORS,
+    DEFAULT_THRESHOLD,
+    survivor_threshold,
+)
+from pdpfl.fl.api import Aggregate, Params, Scalars, ServerAlgorithm
 
 __all__ = ["PROTOCOL", "SecureSum", "silo_handler"]
-
-PROTOCOL = "secure"
-_VERSION = "pdpfl/secure-sum/v1"
-
-
-def _participants(payload: Payload) -> list[int]:
-    arr = np.asarray(payload.get("participants"))
-    if arr.ndim != 1 or arr.dtype.kind not in "iu" or arr.size == 0:
-        raise IntegrityError("secure summation: participants must be a non-empty int array")
-    ids = [int(c) for c in arr.tolist()]
-    if ids != sorted(set(ids)):
-        raise IntegrityError("secure summation: participants must be sorted and distinct")
-    return ids
-
-
-def _bytes(payload: Payload, key: str, size: int | None = None) -> bytes:
-    value = payload.get(key)
-    if not isinstance(value, bytes | bytearray) or (size is not None and len(value) != size):
-        raise IntegrityError(f"secure summation: field {key!r} is missing or malformed")
-    return bytes(value)
 
 
 class SecureSum:
@@ -119,6 +97,12 @@ class SecureSum:
         f of the fixed-point ring Z_{2^64} (resolution 2^-f; range ±2^(55-f)/m per silo).
     guard_bits
         Bits of the ring kept free to detect masks that did not cancel (2^-g per coordinate).
+    threshold, min_survivors
+        The survivor rule t(n) = max(min_survivors, ⌈threshold·n⌉)
+        (:func:`~pdpfl.fl.aggregation.threshold.survivor_threshold`).
+
+    ``last_round`` holds the public facts of the last round: the silo sets of each stage, t, and
+    ``outcome`` (``released`` or why not).
     """
 
     name = PROTOCOL
@@ -130,28 +114,40 @@ class SecureSum:
         client_rate: float = 1.0,
         fractional_bits: int = 32,
         guard_bits: int = 8,
+        threshold: float = DEFAULT_THRESHOLD,
+        min_survivors: int = DEFAULT_MIN_SURVIVORS,
         **_: Any,
     ) -> None:
         if participation not in ("visible", "hidden"):
             raise ValueError(f"participation: expected visible or hidden, got {participation!r}")
         if not 0 < float(client_rate) <= 1:
             raise ValueError(f"training.client_rate: must be in (0, 1], got {client_rate}")
+        survivor_threshold(0, threshold, min_survivors)  # validates the rule
         self.participation = participation
         self.client_rate = float(client_rate)
         self.ring = FixedPointRing(int(fractional_bits), int(guard_bits))
-        #: Public nonce binding this run's keys (not a secret).
-        self.session = secrets.token_bytes(16)
-        #: Public facts of the last round: attempts made, silos lost (for logs and tests).
+        self.threshold = float(threshold)
+        self.min_survivors = int(min_survivors)
         self.last_round: dict[str, Any] = {}
+        #: Rounds this object has summed (a round is never summed twice).
+        self.released: dict[int, list[int]] = {}
 
     @property
     def silo_side_sampling(self) -> bool:
         """True in hidden mode: the round loop asks every silo (it draws its own coin)."""
         return self.participation == "hidden"
 
+    def survivors_needed(self, n: int) -> int:
+        """t(n): the fewest silos whose sum this protocol releases in a round of n silos."""
+        return survivor_threshold(n, self.threshold, self.min_survivors)
+
     def precision(self, parties: int) -> float:
         """Worst-case absolute error of one coordinate of the sum of ``parties`` updates."""
         return self.ring.precision(parties)
+
+    def _stop(self, why: str, params: Params) -> Aggregate:
+        self.last_round["outcome"] = why
+        return empty_aggregate(params)
 
     def collect(
         self,
@@ -162,58 +158,87 @@ class SecureSum:
         config: Scalars,
         server: ServerAlgorithm,
     ) -> Aggregate:
-        t = int(round_index)
+        r = int(round_index)
         metric_names = sorted(getattr(server, "public_metrics", frozenset()))
         if self.silo_side_sampling and metric_names:
             raise ValueError(
                 "participation: hidden cannot be used with an algorithm that releases metrics "
                 f"({', '.join(metric_names)}): their sum would reveal how many silos took part"
             )
-        participants = sorted({int(c) for c in selected})
-        self.last_round = {"round": t, "asked": list(participants), "attempts": 0, "lost": []}
-        if not participants:
-            return empty_aggregate(params)
-        keys = self._keys(transport, participants, t)
-        self.last_round["lost"] = [c for c in participants if c not in keys]
-        participants = [c for c in participants if c in keys]
-        attempt = 0
-        while participants:
-            self.last_round["attempts"] = attempt + 1
-            request = self._upload_request(participants, keys, params, config, metric_names, attempt)
-            replies = transport.exchange(PROTOCOL, "upload", {c: request for c in participants}, t)
-            answered = [c for c in participants if c in replies]
-            if len(answered) < len(participants):
-                # Abort: the partial sum still holds the lost silos' masks. Repeat, fresh masks.
-                self.last_round["lost"] += [c for c in participants if c not in replies]
-                participants, attempt = answered, attempt + 1
-                continue
-            return self._unmask(replies, participants, params, metric_names)
-        return empty_aggregate(params)
+        if r in self.released:
+            raise ValueError(f"secure summation: round {r} was already summed")
+        asked = sorted({int(c) for c in selected})
+        t = self.survivors_needed(len(asked))
+        session = secrets.token_bytes(16)
+        self.last_round = {"round": r, "asked": asked, "t": t}
+        if not asked:
+            return self._stop("no silo asked", params)
+        if len(asked) < t:
+            return self._stop(f"refused: {len(asked)} silo(s) asked < t = {t}", params)
+        # 0. advertise keys
+        request = {"session": session, "participants": np.asarray(asked, np.int64),
+                   "threshold": t}
+        replies = transport.exchange(PROTOCOL, "advertise", {c: request for c in asked}, r)
+        u1 = [c for c in asked if c in replies and replies[c].get("declined") is False]
+        self.last_round["declined"] = [c for c in asked if replies.get(c, {}).get("declined")]
+        self.last_round["u1"] = u1
+        if len(u1) < t:
+            return self._stop(f"no aggregate: {len(u1)} silo(s) sent keys < t = {t}", params)
+        channel_keys = {c: _key(replies[c], "channel_key", c) for c in u1}
+        mask_keys = {c: _key(replies[c], "mask_key", c) for c in u1}
+        # 1. share seeds
+        request = {"session": session, "u1": np.asarray(u1, np.int64),
+                   "channel_keys": b"".join(channel_keys[c] for c in u1),
+                   "mask_keys": b"".join(mask_keys[c] for c in u1)}
+        replies = transport.exchange(PROTOCOL, "share", {c: request for c in u1}, r)
+        size = SEALED_SHARE_BYTES * (len(u1) - 1)
+        u2 = [c for c in u1 if c in replies and _sized(replies[c], "shares", size, c)]
+        self.last_round["u2"] = u2
+        if len(u2) < t:
+            return self._stop(f"no aggregate: {len(u2)} silo(s) shared seeds < t = {t}", params)
+        # 2. masked upload
+        sealed = {c: replies[c]["shares"] for c in u2}
+        base = self._upload_request(session, u2, params, config, metric_names)
+        requests = {}
+        for receiver in u2:
+            blob = []
+            for sender in u2:
+                if sender != receiver:
+                    k = [c for c in u1 if c != sender].index(receiver)
+                    blob.append(sealed[sender][k * SEALED_SHARE_BYTES:(k + 1) * SEALED_SHARE_BYTES])
+            requests[receiver] = {**base, "shares": b"".join(blob)}
+        replies = transport.exchange(PROTOCOL, "upload", requests, r)
+        length = sum(int(np.asarray(p).size) for p in params) + len(metric_names)
+        u3 = [c for c in u2 if c in replies and _vector(replies[c], length, c)]
+        dropped = [c for c in u2 if c not in u3]
+        self.last_round.update(u3=u3, dropped=dropped)
+        if len(u3) < t:
+            return self._stop(f"no aggregate: {len(u3)} masked upload(s) < t = {t}", params)
+        uploads = {c: replies[c] for c in u3}
+        # 3. unmask
+        request = {"session": session, "survivors": np.asarray(u3, np.int64),
+                   "dropped": np.asarray(dropped, np.int64)}
+        replies = transport.exchange(PROTOCOL, "unmask", {c: request for c in u3}, r)
+        u4 = [c for c in u3 if c in replies
+              and _sized(replies[c], "self_shares", 16 * len(u3), c)
+              and _sized(replies[c], "mask_shares", 16 * len(dropped), c)]
+        self.last_round["u4"] = u4
+        if len(u4) < t:
+            return self._stop(f"no aggregate: {len(u4)} silo(s) sent shares < t = {t}", params)
+        total = self._unmask(session, r, t, u1, u2, u3, dropped, mask_keys, uploads,
+                             {c: replies[c] for c in u4}, length)
+        self.released[r] = list(u3)
+        self.last_round["outcome"] = "released"
+        return self._aggregate(total, uploads, u2, u3, params, metric_names)
 
-    # -- stages --------------------------------------------------------------------------------
-    def _keys(self, transport: Any, participants: list[int], t: int) -> dict[int, bytes]:
-        request = {"session": self.session, "participants": np.asarray(participants, np.int64)}
-        replies = transport.exchange(PROTOCOL, "keys", {c: request for c in participants}, t)
-        keys = {}
-        for c in participants:
-            if c in replies:
-                keys[c] = _bytes(replies[c], "public_key", PUBLIC_KEY_BYTES)
-        return keys
-
+    # -- helpers -------------------------------------------------------------------------------
     def _upload_request(
-        self,
-        participants: list[int],
-        keys: dict[int, bytes],
-        params: Params,
-        config: Scalars,
+        self, session: bytes, u2: list[int], params: Params, config: Scalars,
         metric_names: list[str],
-        attempt: int,
     ) -> Payload:
         request: Payload = {
-            "session": self.session,
-            "attempt": int(attempt),
-            "participants": np.asarray(participants, dtype=np.int64),
-            "public_keys": b"".join(keys[c] for c in participants),
+            "session": session,
+            "u2": np.asarray(u2, dtype=np.int64),
             "num_params": len(params),
             "metrics": ",".join(metric_names),
             "hidden": self.silo_side_sampling,
@@ -227,22 +252,43 @@ class SecureSum:
         return request
 
     def _unmask(
-        self, replies: dict[int, Payload], participants: list[int], params: Params,
-        metric_names: list[str],
+        self, session: bytes, r: int, t: int, u1: list[int], u2: list[int], u3: list[int],
+        dropped: list[int], mask_keys: dict[int, bytes], uploads: dict[int, Payload],
+        shares: dict[int, Payload], length: int,
+    ) -> np.ndarray:
+        total = np.zeros(length, dtype=np.uint64)
+        for c in u3:
+            total += uploads[c]["masked"]  # ring addition (wraps modulo 2^64)
+
+        def table(field: str, owners: list[int]) -> list[dict[int, bytes]]:
+            return [{h: shares[h][field][16 * k : 16 * (k + 1)] for h in shares}
+                    for k in range(len(owners))]
+
+        seeds = shamir.combine_many(table("self_shares", u3), t, u1)
+        for c, seed in zip(u3, seeds, strict=True):
+            total -= self_mask(seed, session, r, c, length)
+        lost = shamir.combine_many(table("mask_shares", dropped), t, u1)
+        for c, seed in zip(dropped, lost, strict=True):
+            key = mask_key(seed, session, r)
+            for other in u3:
+                mask = pair_mask(key, c, mask_keys[other], other, session, r, length)
+                if other < c:  # `other` added this mask, the lost silo would have subtracted it
+                    total -= mask
+                else:
+                    total += mask
+        return total
+
+    def _aggregate(
+        self, total: np.ndarray, uploads: dict[int, Payload], u2: list[int], u3: list[int],
+        params: Params, metric_names: list[str],
     ) -> Aggregate:
-        size = sum(int(np.asarray(p).size) for p in params) + len(metric_names)
-        total = np.zeros(size, dtype=np.uint64)
+        values = self.ring.decode(total, len(u3), encoded_for=len(u2))
         weight = 0.0
-        for c in participants:
-            vec = np.asarray(replies[c].get("masked"))
-            if vec.dtype != np.uint64 or vec.shape != (size,):
-                raise IntegrityError(f"secure summation: silo {c} sent a malformed masked vector")
-            total += vec  # ring addition (wraps modulo 2^64)
-            w = replies[c].get("weight")
+        for c in u3:
+            w = uploads[c].get("weight")
             if isinstance(w, bool) or not isinstance(w, int | float) or not np.isfinite(w):
                 raise IntegrityError(f"secure summation: silo {c} sent a malformed weight")
             weight += float(w)
-        values = self.ring.decode(total, len(participants))
         out, start = [], 0
         for p in params:
             arr = np.asarray(p)
@@ -251,107 +297,29 @@ class SecureSum:
         metrics = {name: float(values[start + i]) for i, name in enumerate(metric_names)}
         if self.silo_side_sampling:
             weight *= self.client_rate  # the public normaliser λ·Σ w_i (never a realised count)
-        return Aggregate(total=out, weight=weight, metrics=metrics, count=len(participants))
+        return Aggregate(total=out, weight=weight, metrics=metrics, count=len(u3))
 
 
-# --------------------------------------------------------------------------------- silo side
+def _key(reply: Payload, field: str, silo: int) -> bytes:
+    value = reply.get(field)
+    if not isinstance(value, bytes) or len(value) != PUBLIC_KEY_BYTES:
+        raise IntegrityError(f"secure summation: silo {silo} sent a malformed {field}")
+    return value
 
 
-def _contribution_vector(
-    ctx: SiloContext, payload: Payload, t: int, shapes: list[tuple[int, ...]], names: list[str]
-) -> tuple[np.ndarray, float]:
-    """This silo's update ‖ metrics as float64 (zeros if its hidden coin said no), and weight."""
-    client = ctx.client
-    params = [np.asarray(payload[f"param.{i}"]) for i in range(len(shapes))]
-    config = {k[len("config.") :]: v for k, v in payload.items() if k.startswith("config.")}
-    size = sum(int(np.prod(s)) for s in shapes) + len(names)
-    if bool(payload.get("hidden")):
-        coin = getattr(client, "participation_coin", None)
-        weight_of = getattr(client, "public_weight", None)
-        if coin is None or weight_of is None:
-            raise ValueError(
-                f"participation: hidden needs silos that draw their own participation coin; "
-                f"{type(client).__name__} does not (use participation: visible)"
-            )
-        weight = float(weight_of())
-        if not coin(t):
-            return np.zeros(size, dtype=np.float64), weight
-        contribution = client.fit(params, t, config)
-    else:
-        contribution = client.fit(params, t, config)
-        weight = None
-    check_contribution(contribution, frozenset(names), len(shapes))
-    assert isinstance(contribution, Contribution)
-    parts = []
-    for i, (u, shape) in enumerate(zip(contribution.update, shapes, strict=True)):
-        arr = np.asarray(u, dtype=np.float64)
-        if arr.shape != shape:
-            raise ValueError(f"silo {ctx.silo_id}: update[{i}] has shape {arr.shape}, not {shape}")
-        parts.append(arr.reshape(-1))
-    parts.append(np.array([float(contribution.metrics.get(n, 0.0)) for n in names]))
-    return np.concatenate(parts), float(contribution.weight) if weight is None else weight
+def _sized(reply: Payload, field: str, size: int, silo: int) -> bool:
+    value = reply.get(field)
+    if not isinstance(value, bytes) or len(value) != size:
+        raise IntegrityError(f"secure summation: silo {silo} sent a malformed {field!r}")
+    return True
 
 
-def silo_handler(stage: str, payload: Payload, round_index: int, ctx: SiloContext) -> Payload:
-    """The silo side of ``aggregation: secure`` (stages ``keys`` and ``upload``)."""
-    t = int(round_index)
-    mem = ctx.memory.setdefault(PROTOCOL, {})
-    if stage == "keys":
-        if mem.get("round") != t:
-            mem.clear()  # a new round: forget the last round's keys and contribution
-            mem["round"] = t
-        participants = _participants(payload)
-        if ctx.silo_id not in participants:
-            raise IntegrityError(f"secure summation: silo {ctx.silo_id} is not a participant")
-        key = new_private_key()
-        # Plain data only (bytes, arrays, ints): a runtime may keep this memory in the silo's own
-        # process or state folder. It never leaves the silo and is dropped at the next round.
-        mem["private_key"] = key.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
-        mem["session"] = _bytes(payload, "session")
-        mem["attempts"] = []
-        return {"public_key": public_bytes(key)}
-    if stage != "upload":
-        raise ValueError(f"secure summation: unknown stage {stage!r}")
-    if mem.get("round") != t or "private_key" not in mem:
-        raise IntegrityError(f"secure summation: silo {ctx.silo_id} has no key for round {t}")
-    session = _bytes(payload, "session")
-    if session != mem["session"]:
-        raise IntegrityError("secure summation: the session does not match this round's keys")
-    attempt = int(payload.get("attempt", -1))
-    if attempt < 0 or attempt in mem["attempts"]:
-        raise IntegrityError(f"secure summation: attempt {attempt} of round {t} was already used")
-    participants = _participants(payload)
-    if ctx.silo_id not in participants:
-        raise IntegrityError(f"secure summation: silo {ctx.silo_id} is not a participant")
-    blob = _bytes(payload, "public_keys", PUBLIC_KEY_BYTES * len(participants))
-    publics = {c: blob[i * PUBLIC_KEY_BYTES : (i + 1) * PUBLIC_KEY_BYTES] for i, c in enumerate(participants)}
-    own = X25519PrivateKey.from_private_bytes(mem["private_key"])
-    if publics[ctx.silo_id] != public_bytes(own):
-        raise IntegrityError("secure summation: the relayed key list does not hold this silo's key")
-    ring = FixedPointRing(int(payload["fractional_bits"]), int(payload["guard_bits"]))
-    n_params = int(payload["num_params"])
-    shapes = [tuple(np.asarray(payload[f"param.{i}"]).shape) for i in range(n_params)]
-    names = [n for n in str(payload.get("metrics", "")).split(",") if n]
-    if "vector" not in mem:
-        mem["vector"], mem["weight"] = _contribution_vector(ctx, payload, t, shapes, names)
-    mem["attempts"] = [*mem["attempts"], attempt]
-    encoded = ring.encode(
-        mem["vector"], len(participants), what=f"silo {ctx.silo_id}: update of round {t}"
-    )
-    masked = encoded.copy()
-    group = digest(*participants)
-    for other in participants:
-        if other == ctx.silo_id:
-            continue
-        lo, hi = sorted((ctx.silo_id, other))
-        info = context(_VERSION, session, t, attempt, group, lo, hi)
-        mask = mask_words(agree(own, publics[other], info), masked.size)
-        if ctx.silo_id < other:
-            masked += mask
-        else:
-            masked -= mask
-    return {"masked": masked, "weight": float(mem["weight"])}
+def _vector(reply: Payload, length: int, silo: int) -> bool:
+    vec = np.asarray(reply.get("masked"))
+    if vec.dtype != np.uint64 or vec.shape != (length,):
+        raise IntegrityError(f"secure summation: silo {silo} sent a malformed masked vector")
+    return True
 
 
 register_protocol(PROTOCOL, SecureSum)
-register_silo_handler(PROTOCOL, silo_handler)
+register_silo_handler(PROTOCOL, silo_handler, secret_memory=True)

@@ -36,7 +36,6 @@ from pdpfl.data.federation import Federation
 from pdpfl.fl.algorithm import PublicSetup, register_algorithm
 from pdpfl.fl.api import Contribution, FederationInfo, Params, Scalars
 from pdpfl.fl.common import (
-    accounting_adversary,
     client_budgets,
     public_budget_statistics,
     silo_model,
@@ -119,7 +118,7 @@ class _UniformBase(DpFedAvgConfig):
             sigma = float(
                 noise_for_uniform_rate(
                     eps, self.sampling_rate, mechanism_plan(config, 1.0),
-                    adversary=accounting_adversary(config),
+                    adversary=config.privacy.adversary,
                 )
             )
             return DpFedAvgSetup(

@@ -17,7 +17,6 @@ import numpy as np
 
 from pdpfl.fl.algorithm import PublicSetup
 from pdpfl.fl.common import (
-    accounting_adversary,
     noise_for_max_budget_cached,
     public_budget_statistics,
 )
@@ -62,7 +61,8 @@ class DpFedAvgSetup(PublicSetup):
         Uniform mode: the guaranteed ε and the common record rate q.
     participation
         ``visible`` (the server samples the silos) or ``hidden`` (each silo draws its own λ-coin
-        under secure summation; the server's view is accounted like a third party's).
+        under secure summation). Either way the server is accounted with participation
+        revealed (on a real network reply timing tells it who took part).
     """
 
     mode: Mode
@@ -140,7 +140,7 @@ def noise_multiplier(config: ExperimentConfig) -> float:
         raise ValueError("privacy: set privacy.noise_multiplier or privacy.epsilon_max")
     return noise_for_max_budget_cached(
         float(pv.epsilon_max), pv.delta, tr.local_steps, tr.rounds, tr.client_rate,
-        accounting_adversary(config),
+        config.privacy.adversary,
     )
 
 
@@ -151,7 +151,7 @@ def fit_published_estimator(config: ExperimentConfig, sigma: float) -> RateEstim
     return fit_estimator(
         mechanism_plan(config, sigma),
         method=config.privacy.calibration,
-        adversary=accounting_adversary(config),
+        adversary=config.privacy.adversary,
         accountant=config.privacy.accountant,
     )
 

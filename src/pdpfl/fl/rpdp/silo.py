@@ -123,7 +123,6 @@ class DpFedAvgSilo(Silo):
                 self.capped = self._capped(client_id, epsilon_cap, cap_at_epsilon_max)
             ledger = PrivacyLedger(
                 self.budgets, self.rates, setup.plan(), ids=ids, accountant=setup.accountant,
-                server_sees_participation=setup.participation != "hidden",
             )
         else:
             self.normalizer = None

@@ -47,7 +47,7 @@ import time
 import traceback
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from flwr.app import ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
@@ -121,7 +121,7 @@ def _silo(msg: Message, context: Context) -> tuple[Any, int, str]:
 
     control = msg.content.config_records[CONTROL]
     silo = HOST.silo(context.run_config, context.node_config, str(control["run_key"]))
-    return silo, int(control["round"]), str(control.get("public", "{}"))
+    return silo, int(cast(int, control["round"])), str(control.get("public", "{}"))
 
 
 @client_app.query(ACTION_HELLO)
@@ -175,7 +175,7 @@ def _train(msg: Message, context: Context) -> Message:
         # (the previous round's global model): evaluate first, as the simulator does.
         first = msg.content.config_records[EVALUATE_FIRST]
         evaluation = _evaluation(
-            client, silo, params, int(first["round"]), config_to_scalars(
+            client, silo, params, int(cast(int, first["round"])), config_to_scalars(
                 msg.content.config_records[EVALUATE_FIRST + ".config"]), age, persist=False
         )
         age = None
@@ -213,13 +213,21 @@ def _evaluate(msg: Message, context: Context) -> Message:
 
 @client_app.query(STAGE)
 def _stage(msg: Message, context: Context) -> Message:
-    from pdpfl.fl.aggregation import SiloContext, handle_silo_stage
+    from pdpfl.fl.aggregation import SiloContext, handle_silo_stage, holds_secrets
+    from pdpfl.runtime.flower.silo import is_warm
 
     age = _process_age()
     silo, round_index, public = _silo(msg, context)
-    client = silo.ensure_client(public)
     stage = msg.content.config_records[STAGE]
     protocol, name = str(stage["protocol"]), str(stage["stage"])
+    if holds_secrets(protocol) and not is_warm():
+        raise PermissionError(
+            f"silo {silo.silo}: aggregation protocol {protocol!r} keeps the round's keys and "
+            "mask seeds in the silo's memory between stages, and this SuperNode starts a fresh "
+            "process per message (mode per-message), which would have to write them to disk; "
+            "start the silo with the pdpfl worker (pdpfl flower supernode --mode warm)"
+        )
+    client = silo.ensure_client(public)
     names = set(msg.content.keys()) - {CONTROL, STAGE}
     payload = records_to_payload(names, msg.content)
     t0 = time.perf_counter()
@@ -229,7 +237,9 @@ def _stage(msg: Message, context: Context) -> Message:
         )
     compute_s = time.perf_counter() - t0
     if not isinstance(out, dict):
-        raise TypeError(f"protocol {protocol!r} stage {name!r}: the silo handler must return a dict")
+        raise TypeError(
+            f"protocol {protocol!r} stage {name!r}: the silo handler must return a dict"
+        )
     records = payload_to_records(out)
     # A stage may release the silo's contribution: its charge is on disk first.
     silo.save(f"stage:{protocol}/{name}", round_index, compute_s, age)
@@ -315,10 +325,10 @@ def discover_silos(
                     problems.append(f"node {node}: {reply.error.reason}")
                     continue
                 hello = reply.content.config_records["hello"]
-                silo = int(hello["partition-id"])
+                silo = int(cast(int, hello["partition-id"]))
                 if os.environ.get(MESSAGE_LOG_ENV):
                     log_message(os.environ[MESSAGE_LOG_ENV], ACTION_HELLO, silo, reply.content)
-                declared = int(hello["num-partitions"])
+                declared = int(cast(int, hello["num-partitions"]))
                 if not 0 <= silo < num_silos:
                     problems.append(f"node {node}: partition-id={silo} not in [0, {num_silos})")
                 elif declared not in (-1, num_silos):

@@ -17,9 +17,20 @@ Where the silo lives between messages
 
 In both modes the silo's state file, its records' ledger and its own privacy summary are written
 to the silo's disk (atomically) after every message and *before* the reply leaves: an update is
-never released before its charge is on disk. Protocol memory is written to disk only in the
-per-message mode (a fresh process has no other place to keep it); a warm worker keeps protocol
-secrets in memory only.
+never released before its charge is on disk.
+
+Protocol memory
+---------------
+* The memory of a protocol registered with ``secret_memory=True`` (secure aggregation: X25519
+  keys, mask seeds, shares, the contribution being masked) is **never written to disk**: it
+  lives in the warm worker's memory and dies with it (a restarted silo draws new keys in the
+  next round). Such a protocol cannot run in the per-message mode: the stage handler refuses
+  with an error naming the fix (use the warm worker).
+* The protocols' public memory (``memory["public"]``: e.g. the rounds a silo has masked, so that
+  a resumed round is never masked twice) is written with the silo's state in both modes
+  (``protocol-public-silo-<i>.npz``).
+* Any other protocol memory is written to disk only in the per-message mode (a fresh process
+  has no other place to keep it): ``protocol-memory-silo-<i>.npz``.
 """
 
 from __future__ import annotations
@@ -36,6 +47,7 @@ from typing import Any
 
 import numpy as np
 
+from pdpfl.fl.aggregation import PUBLIC_MEMORY, holds_secrets
 from pdpfl.fl.api import ClientAlgorithm, PrivacyBoundaryError
 from pdpfl.io import decode_state, encode_state, write_bytes, write_json
 from pdpfl.runtime.flower.codec import decode_config
@@ -152,6 +164,10 @@ class Silo:
         return self.folder / f"protocol-memory-silo-{self.silo}.npz"
 
     @property
+    def public_memory_path(self) -> Path:
+        return self.folder / f"protocol-public-silo-{self.silo}.npz"
+
+    @property
     def releases_path(self) -> Path:
         return self.folder / f"releases-silo-{self.silo}.npz"
 
@@ -214,6 +230,8 @@ class Silo:
             client.load_state_dict(decode_state(self.state_path.read_bytes()))
         if not is_warm() and self.memory_path.exists():
             self.memory = decode_memory(self.memory_path.read_bytes())
+        if self.public_memory_path.exists():
+            self.memory[PUBLIC_MEMORY] = decode_memory(self.public_memory_path.read_bytes())
         if self.releases_path.exists():
             self.releases = list(decode_state(self.releases_path.read_bytes()))
         self.client, self.public_json = client, public_json
@@ -269,8 +287,15 @@ class Silo:
             report = report.to_dict()
         if report is not None:
             write_json(self.folder / f"privacy-summary-silo-{self.silo}.json", _finite(report))
-        if not is_warm() and self.memory:
-            write_bytes(self.memory_path, encode_memory(self.memory))
+        public = self.memory.get(PUBLIC_MEMORY)
+        if public:
+            write_bytes(self.public_memory_path, encode_memory(public))
+        if not is_warm():
+            storable = {
+                k: v for k, v in self.memory.items() if k != PUBLIC_MEMORY and not holds_secrets(k)
+            }
+            if storable:
+                write_bytes(self.memory_path, encode_memory(storable))
         if self.releases:
             write_bytes(self.releases_path, encode_state(self.releases))
 

@@ -17,6 +17,15 @@ A silo whose reply is an error, or that does not reply within ``round_timeout_s`
    *before* it replies (write-ahead), so the ledger never under-counts;
 3. the run aborts with :class:`FlowerRunError` when fewer than ``min_silos`` silos remain;
    the checkpoint of the last completed round stays valid for ``resume``.
+
+Late replies
+------------
+A reply is only ever pulled for the exchange that sent its request: once the server has moved
+on, a late reply is never read. Protocol-stage requests (:meth:`FlowerTransport.exchange`) also
+expire at the SuperLink when the server stops waiting (TTL = ``round_timeout_s``): a silo that
+wakes up later finds no request to answer, and the SuperLink refuses a reply to an expired
+request. Secure aggregation does not rely on this -- a late masked upload stays masked by its
+self mask, which is never reconstructed -- but nothing late reaches the server either way.
 """
 
 from __future__ import annotations
@@ -193,8 +202,10 @@ class FlowerTransport:
         silos: list[int],
         round_index: int,
         content: Callable[[int], RecordDict],
+        ttl: float | None = None,
     ) -> _Pending:
-        """Send one message per reachable silo (no waiting)."""
+        """Send one message per reachable silo (no waiting); ``ttl`` default: timeout + 60 s
+        (training requests may be announced a while before they are collected)."""
         targets = [s for s in silos if s not in self.lost]
         pending = _Pending(action, round_index, targets, time.perf_counter())
         if not targets:
@@ -211,7 +222,7 @@ class FlowerTransport:
                     dst_node_id=self.silo_nodes[silo],
                     message_type=message_type,
                     group_id=str(round_index),
-                    ttl=self.round_timeout_s + 60.0,
+                    ttl=self.round_timeout_s + 60.0 if ttl is None else float(ttl),
                 )
             )
         for silo, mid in zip(targets, self.grid.push_messages(messages), strict=True):
@@ -273,9 +284,10 @@ class FlowerTransport:
         silos: list[int],
         round_index: int,
         content: Callable[[int], RecordDict],
+        ttl: float | None = None,
     ) -> dict[int, RecordDict]:
         """Send one message per reachable silo and wait (bounded) for the replies."""
-        return self._collect(self._push(action, message_type, silos, round_index, content))
+        return self._collect(self._push(action, message_type, silos, round_index, content, ttl))
 
     def _record_message(self, action: str, silo: int, content: RecordDict) -> None:
         """With ``PDPFL_MESSAGE_LOG`` set: one line per reply, every record name and key."""
@@ -393,7 +405,7 @@ class FlowerTransport:
                 )
             )
         if folded:
-            assert prefetch is not None
+            assert prefetch is not None and train_content is not None
             pushed.append(
                 self._push(
                     ACTION_FIT_EVALUATE, MessageType.TRAIN, folded, prefetch.round, folded_content
@@ -407,6 +419,7 @@ class FlowerTransport:
                     )
                 )
         elif prefetch is not None:  # announced for other parameters: train separately
+            assert train_content is not None
             prefetch.pending.append(
                 self._push(
                     ACTION_FIT, MessageType.TRAIN, prefetch.selected, prefetch.round, train_content
@@ -444,6 +457,8 @@ class FlowerTransport:
         Each request payload travels exactly (:func:`~pdpfl.runtime.flower.codec.
         payload_to_records`); each reply is decoded the same way. Silos that do not answer (or
         answer with an error) are lost, as for training; the protocol sees only the replies.
+        The requests expire when the wait ends (TTL = ``round_timeout_s``): a late reply can
+        neither be delivered nor read.
         """
         for silo in requests:
             if silo not in self.silo_nodes:
@@ -460,6 +475,7 @@ class FlowerTransport:
             sorted(requests),
             round_index,
             content,
+            ttl=self.round_timeout_s,
         )
         return {silo: records_to_payload(set(rd.keys()), rd) for silo, rd in replies.items()}
 

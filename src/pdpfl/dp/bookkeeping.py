@@ -1,0 +1,496 @@
+"""Per-layer book-keeping clipping: per-sample norms and clipped sums from (activation, backprop).
+
+For a parameterised layer the hook back-end of :mod:`pdpfl.dp.grad_sample` records the layer's
+input ``a`` and the gradient ``g`` of Σ_i loss_i with respect to its output (Bu et al. 2023,
+"book-keeping"). Each function here turns one such pair into :class:`Part` objects, one per
+parameter: per-record norm estimates, **guaranteed upper bounds**, and a way to form the
+weighted sum Σ_i c_i G_i once the clipping factors ``c`` are known.
+
+Working precision
+-----------------
+Per-sample products are formed in a *working dtype* ``wd``: float32 (fast) for float32 models
+whose matrix products are IEEE float32 (:func:`pdpfl.dp.bounds.float32_is_ieee`), float64
+otherwise -- and float64 again for any record whose float32 bound turns out too loose
+(:func:`pdpfl.dp.grad_sample.clipped_grad_sum` recomputes it). For a materialised per-sample
+gradient ``Ĝ = fl(gᵀu)`` (dot products of length ``L``; u = a for Linear, the im2col patches for
+convolutions) Higham's bound gives ``‖Ĝ − G‖_F ≤ γ_L ‖g‖_F ‖u‖_F`` whatever the BLAS blocking,
+so ``up = (‖Ĝ‖_up + γ_L‖g‖_up‖u‖_up)·(1 + γ⁶⁴_{B+2})`` is at least the norm of the exact
+gradient of the recorded values *and* of what :meth:`Part.weighted_sum` adds for the record
+(float64 products and a float64 sum over the ``B`` records). Linear layers on 2-D inputs never
+materialise anything: ``‖g aᵀ‖ = ‖g‖‖a‖``.
+
+Large layers whose per-sample gradients would not fit in ``_MATERIALISE_LIMIT`` elements use
+float64 Gram-matrix "ghost norms" ``‖Σ_t g_t a_tᵀ‖² = Σ_{t,s}(a_t·a_s)(g_t·g_s)`` with the error
+term ``4u(d_in + d_out + T² + 3BT + 4)·M²``, M = ‖g‖_F‖a‖_F; GroupNorm/LayerNorm run in float64.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from pdpfl.dp.bounds import SMALL, U64, block_norm_bounds, gamma, norm_bounds, unit_roundoff
+
+__all__ = ["Part", "Workspace", "layer_parts"]
+
+_F64 = torch.float64
+_F32 = torch.float32
+#: A layer's per-sample gradients are materialised (fewer flops than the Gram path) unless a
+#: chunk's would exceed this many elements.
+_MATERIALISE_LIMIT = 2**24
+#: Elements per block of im2col patches (formed in a reused buffer, consumed while in cache).
+_BLOCK_ELEMENTS = 2**20
+#: Elements per block when converting float32 per-sample gradients to float64 for the sum.
+_SUM_BLOCK = 2**17
+
+
+class Workspace:
+    """Buffers reused from one step to the next.
+
+    Allocating tens of MB afresh every step costs page faults comparable to the arithmetic;
+    one workspace belongs to one engine (never shared between threads).
+    """
+
+    def __init__(self) -> None:
+        self._buffers: dict[object, Tensor] = {}
+        #: The model modifies a recorded layer output in place: the hooks hand out copies.
+        self.clone_outputs = False
+
+    def get(
+        self, key: object, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
+    ) -> Tensor:
+        n = math.prod(shape)
+        buf = self._buffers.get(key)
+        if buf is None or buf.numel() < n or buf.dtype != dtype or buf.device != device:
+            buf = torch.empty(max(n, 1), dtype=dtype, device=device)
+            self._buffers[key] = buf
+        return buf[:n].view(shape)
+
+
+def _empty(
+    ws: Workspace | None, key: object, shape: tuple[int, ...], dtype: torch.dtype, device
+) -> Tensor:
+    if ws is None:
+        return torch.empty(shape, dtype=dtype, device=device)
+    return ws.get(key, shape, dtype, device)
+
+
+@dataclass
+class Part:
+    """One parameter's per-sample contribution in one chunk of ``B`` records.
+
+    ``est`` estimates each record's per-sample gradient norm; ``up`` (float64) is at least the
+    norm of the exact gradient of the recorded values and of what :meth:`weighted_sum` adds for
+    that record; ``err`` bounds the distance between the two (None: exact up to float64
+    rounding). Exactly one of ``grads`` (``(B, numel)``, materialised) and ``outer``
+    (``(g, a)`` with shapes ``(B, T, d_out)``, ``(B, T, d_in)``: Σ_t g_t a_tᵀ per record) is set.
+    ``fast``: computed in float32 (the record may be recomputed in float64).
+    """
+
+    param: Tensor
+    est: Tensor
+    up: Tensor
+    grads: Tensor | None = None
+    outer: tuple[Tensor, Tensor] | None = None
+    fast: bool = False
+    err: Tensor | None = None
+
+    def weighted_sum(self, c: Tensor, drop: Tensor | None = None) -> Tensor:
+        """Σ_b c_b G_b in float64 (shape of the parameter); records in ``drop`` add nothing
+        (their rows may hold inf/NaN)."""
+        out = torch.zeros(self.param.shape, dtype=_F64, device=c.device)
+        self.accumulate(out, c, drop)
+        return out
+
+    def accumulate(self, out: Tensor, c: Tensor, drop: Tensor | None = None) -> None:
+        """``out += Σ_b c_b G_b`` in float64 (``out``: a contiguous float64 tensor of the
+        parameter's shape); records in ``drop`` add nothing (their rows may hold inf/NaN)."""
+        if drop is not None and drop.numel():
+            keep = torch.ones(c.shape[0], dtype=torch.bool, device=c.device)
+            keep[drop] = False
+        else:
+            keep = None
+        flat = out.view(-1)
+        if self.grads is not None:
+            grads = self.grads
+            if keep is not None:
+                zero = torch.zeros((), dtype=grads.dtype, device=grads.device)
+                grads = torch.where(keep[:, None], grads, zero)
+            _rows_dot_into(flat, c, grads)
+            return
+        assert self.outer is not None
+        g, a = (t.to(_F64) for t in self.outer)
+        if keep is not None:
+            zero = torch.zeros((), dtype=_F64, device=g.device)
+            g = torch.where(keep[:, None, None], g, zero)
+            a = torch.where(keep[:, None, None], a, zero)
+        dout, din = g.shape[-1], a.shape[-1]
+        if g.shape[1] == 1:  # Σ_b c_b g_b a_bᵀ = gᵀ (c·a)
+            out.view(dout, din).addmm_(g[:, 0].T, a[:, 0] * c[:, None])
+        else:
+            gc = (g * c[:, None, None]).reshape(-1, dout)
+            out.view(dout, din).addmm_(gc.T, a.reshape(-1, din))
+
+
+def _rows_dot_into(out: Tensor, c: Tensor, rows: Tensor) -> None:
+    """``out += c @ rows`` accumulated in float64; float32 rows are converted block by block."""
+    if rows.dtype == _F64:
+        out.addmv_(rows.T, c)
+        return
+    b, n = rows.shape
+    step = max(1, min(b, _SUM_BLOCK // max(n, 1)))
+    buf = torch.empty(step, n, dtype=_F64, device=rows.device)
+    acc = out.view(1, n)
+    for i in range(0, b, step):
+        blk = buf[: min(step, b - i)]
+        blk.copy_(rows[i : i + step])
+        acc.addmm_(c[None, i : i + step], blk)
+
+
+def _share(b: int) -> float:
+    """Rounding of the float64 weighted sum over ``b`` records, as a factor on each norm."""
+    return 1.0 + gamma(b + 2, U64)
+
+
+def _use_gram(batch: int, positions: int, k_in: int, k_out: int, materialise: bool) -> bool:
+    """Gram ("ghost norm") path for a per-sample gradient Σ_{l<positions} g_l u_lᵀ (k_out×k_in)?"""
+    if materialise or positions == 1:
+        return False
+    smaller = 2 * positions * positions < k_in * k_out  # two L×L Gram matrices per record
+    return smaller and batch * k_in * k_out > _MATERIALISE_LIMIT
+
+
+def _materialised(
+    param: Tensor, grads: Tensor, err: Tensor | None, b: int, fast: bool
+) -> Part:
+    """A part from per-sample gradients ``grads`` (B, ...) whose distance to the exact gradient
+    of the recorded values is at most ``err`` (None: ``grads`` are exact)."""
+    flat = grads.reshape(grads.shape[0], -1)
+    est, up = norm_bounds(flat)
+    if err is not None:
+        up = up + err
+    return Part(param, est, up * _share(b), grads=flat, fast=fast, err=err)
+
+
+def _gram_part(param: Tensor, g: Tensor, u: Tensor) -> Part:
+    """Float64 Gram-matrix norm of Σ_t g_t u_tᵀ per record; ``g``: (B, T, d_out), ``u``:
+    (B, T, d_in)."""
+    g, u = g.to(_F64), u.to(_F64)
+    B, T, d_in = u.shape
+    d_out = g.shape[2]
+    gram = (torch.bmm(u, u.transpose(1, 2)) * torch.bmm(g, g.transpose(1, 2))).sum((1, 2))
+    m = norm_bounds(u)[1] * norm_bounds(g)[1]
+    err2 = (4 * U64 * (d_in + d_out + T * T + 3 * B * T + 4)) * m.square()
+    norm2 = gram.clamp_min(0.0)
+    return Part(param, norm2.sqrt(), (norm2 + err2).sqrt(), outer=(g, u))
+
+
+def _linear_parts(
+    m: nn.Linear, a: Tensor, g: Tensor, wd: torch.dtype, materialise: bool, ws: Workspace | None
+) -> list[Part]:
+    B = a.shape[0]
+    T = a.numel() // max(1, B * a.shape[-1])
+    if T == 1 and not materialise and B * (a.shape[-1] + g.shape[-1]) <= SMALL:
+        wd = _F64  # small: float64 copies are cheaper than float32 bounds and checks
+    fast = wd == _F32
+    a3 = a.reshape(B, -1, a.shape[-1]).to(wd)
+    g3 = g.reshape(B, -1, g.shape[-1]).to(wd)
+    T, din, dout = a3.shape[1], a3.shape[2], g3.shape[2]
+    u = unit_roundoff(wd)
+    g_est, g_up = norm_bounds(g3)
+    parts: list[Part] = []
+    if m.weight.requires_grad:
+        if T == 1 and not materialise:
+            a_est, a_up = norm_bounds(a3)  # ‖g aᵀ‖ = ‖g‖‖a‖: nothing to materialise
+            parts.append(
+                Part(m.weight, a_est * g_est, a_up * g_up * _share(B), outer=(g3, a3), fast=fast)
+            )
+        elif _use_gram(B, T, din, dout, materialise):
+            parts.append(_gram_part(m.weight, g3, a3))
+        else:
+            grads = _empty(ws, (id(m), "weight"), (B, dout, din), wd, a.device)
+            torch.bmm(g3.transpose(1, 2), a3, out=grads)
+            err = gamma(T, u) * norm_bounds(a3)[1] * g_up  # ‖Ĝ − G‖ ≤ γ_T ‖g‖‖a‖
+            parts.append(_materialised(m.weight, grads, err, B, fast))
+    if m.bias is not None and m.bias.requires_grad:
+        if T == 1:
+            parts.append(Part(m.bias, g_est, g_up * _share(B), grads=g3[:, 0], fast=fast))
+        else:  # Σ_t |g_t| ≤ √T ‖g‖_F
+            err = gamma(T, u) * math.sqrt(T) * g_up
+            parts.append(_materialised(m.bias, g3.sum(1), err, B, fast))
+    return parts
+
+
+def _unfold2d(
+    a: Tensor,
+    kernel: tuple[int, ...],
+    dilation: tuple[int, ...],
+    padding: tuple[int, ...],
+    stride: tuple[int, ...],
+) -> Tensor:
+    """``F.unfold`` (im2col, same layout ``(B, C·kh·kw, L)``) via strided views: one copy."""
+    B, C = a.shape[:2]
+    (kh, kw), (dh, dw), (ph, pw), (sh, sw) = kernel, dilation, padding, stride
+    if ph or pw:
+        a = F.pad(a, (pw, pw, ph, ph))
+    v = a.unfold(2, (kh - 1) * dh + 1, sh).unfold(3, (kw - 1) * dw + 1, sw)
+    if dh > 1 or dw > 1:
+        v = v[..., ::dh, ::dw]
+    L = v.shape[2] * v.shape[3]
+    return v.permute(0, 1, 4, 5, 2, 3).reshape(B, C * kh * kw, L)
+
+
+def _unfold_rows(
+    a: Tensor,
+    kernel: tuple[int, ...],
+    dilation: tuple[int, ...],
+    padding: tuple[int, ...],
+    stride: tuple[int, ...],
+    out: Tensor | None = None,
+) -> Tensor:
+    """``_unfold2d(...).transpose(1, 2)``: patches as rows ``(B, L, C·kh·kw)`` (into ``out``).
+
+    This layout copies several times faster (contiguous kernel rows) and feeds ``bmm`` directly.
+    """
+    B, C = a.shape[:2]
+    (kh, kw), (dh, dw), (ph, pw), (sh, sw) = kernel, dilation, padding, stride
+    if ph or pw:
+        a = F.pad(a, (pw, pw, ph, ph))
+    v = a.unfold(2, (kh - 1) * dh + 1, sh).unfold(3, (kw - 1) * dw + 1, sw)
+    if dh > 1 or dw > 1:
+        v = v[..., ::dh, ::dw]
+    ho, wo = v.shape[2], v.shape[3]
+    if out is None:
+        return v.permute(0, 2, 3, 1, 4, 5).reshape(B, ho * wo, C * kh * kw)
+    out.view(B, ho, wo, C, kh, kw).copy_(v.permute(0, 2, 3, 1, 4, 5))
+    return out
+
+
+_Geometry = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...]]
+
+
+@functools.lru_cache(maxsize=64)
+def _im2col_index(
+    shape: tuple[int, int, int], geometry: _Geometry, device: torch.device
+) -> Tensor:
+    """Flat positions in a (padded) ``(C, H, W)`` input of :func:`_unfold_rows`' entries."""
+    kernel, dilation, _, stride = geometry
+    pos = torch.arange(math.prod(shape), dtype=torch.int64).reshape(1, *shape)
+    return _unfold_rows(pos, kernel, dilation, (0, 0), stride).reshape(-1).to(device)
+
+
+def _patches_into(a: Tensor, geometry: _Geometry, out: Tensor) -> Tensor:
+    """``_unfold_rows(a, *geometry)`` written into ``out`` (``(b, L, C·kh·kw)``, any float
+    dtype) with one gather: several times faster than a permuted copy on the CPU."""
+    ph, pw = geometry[2]
+    if ph or pw:
+        a = F.pad(a, (pw, pw, ph, ph))
+    a = a.to(out.dtype)
+    idx = _im2col_index(tuple(a.shape[1:]), geometry, a.device)
+    torch.index_select(a.reshape(a.shape[0], -1), 1, idx, out=out.view(a.shape[0], -1))
+    return out
+
+
+def _coverage(size: int, out: int, k: int, d: int, pad: int, stride: int) -> list[int]:
+    """How many (output position, kernel offset) pairs read each input position along an axis."""
+    count = [0] * size
+    for o in range(out):
+        for i in range(k):
+            h = o * stride + i * d - pad
+            if 0 <= h < size:
+                count[h] += 1
+    return count
+
+
+@functools.lru_cache(maxsize=64)
+def _max_coverage(hw: tuple[int, int], geometry: _Geometry) -> int:
+    """max over (h, w) of n_h(h)·n_w(w): how often one input element appears in im2col."""
+    (kh, kw), (dh, dw), (ph, pw), (sh, sw) = geometry
+    H, W = hw
+    ho = (H + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+    wo = (W + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    return max(_coverage(H, ho, kh, dh, ph, sh)) * max(_coverage(W, wo, kw, dw, pw, sw))
+
+
+def _patch_norm_bounds(
+    a: Tensor, geometry: _Geometry, channel_norms: Tensor | None = None
+) -> Tensor:
+    """An upper bound on ‖u_b‖_F, u_b the im2col matrix of record b, without forming it:
+    ‖u‖_F² = Σ n_h(h) n_w(w) a_{c,h,w}² ≤ max(n_h n_w)·‖a‖_F² (tight up to border effects;
+    it only scales the float32 error term). ``channel_norms``: the per-channel norms of ``a``
+    ``(B, C)``, already computed in ``a``'s dtype."""
+    cover = _max_coverage(tuple(a.shape[-2:]), geometry)
+    if channel_norms is None:
+        a_up = norm_bounds(a)[1]
+    else:
+        a_up = block_norm_bounds(channel_norms, a[0, 0].numel(), a.dtype)[1]
+    return a_up * (math.sqrt(cover) * (1.0 + 4 * U64))
+
+
+def _conv_geometry(
+    m: nn.Conv1d | nn.Conv2d, a: Tensor, g: Tensor
+) -> tuple[Tensor, Tensor, _Geometry]:
+    """2-D views of the recorded tensors and (kernel, dilation, padding, stride)."""
+    pad = tuple(int(p) for p in m.padding) if not isinstance(m.padding, str) else (0,)
+    if m.padding == "valid":
+        pad = (0,) * len(m.kernel_size)
+    if isinstance(m, nn.Conv1d):
+        a, g = a.unsqueeze(-2), g.unsqueeze(-2)
+        return a, g, ((1, *m.kernel_size), (1, *m.dilation), (0, *pad), (1, *m.stride))
+    return a, g, (tuple(m.kernel_size), tuple(m.dilation), pad, tuple(m.stride))
+
+
+def _conv_pass(
+    m: nn.Conv1d | nn.Conv2d,
+    a: Tensor,
+    g3: Tensor,
+    geometry: _Geometry,
+    ws: Workspace | None,
+    weight: bool,
+    bias: bool,
+) -> dict[str, Tensor]:
+    """One pass over blocks of records, each block handled while it is in cache: per-channel
+    norms of the input and of the backprop, the bias sums, and (``weight``) the per-sample
+    weight gradients ``(B, Cout, K)`` (im2col gathered into a reused buffer, then ``bmm``) and
+    their per-output-channel norms. Everything in ``a``'s dtype (the working dtype)."""
+    B, cout, L = g3.shape
+    groups = int(m.groups)
+    cin = a.shape[1]
+    kh, kw = geometry[0]
+    ckk = cin * kh * kw
+    K = ckk // groups
+    dev, wd = a.device, a.dtype
+    out: dict[str, Tensor] = {
+        "a": torch.empty(B, cin, dtype=wd, device=dev),
+        "g": torch.empty(B, cout, dtype=wd, device=dev),
+    }
+    if bias:
+        out["bias"] = torch.empty(B, cout, dtype=wd, device=dev)
+    if weight:
+        out["grads"] = _empty(ws, (id(m), "weight"), (B, cout, K), wd, dev)
+        out["grad_norms"] = torch.empty(B, cout, dtype=wd, device=dev)
+        step = max(1, min(B, _BLOCK_ELEMENTS // max(1, ckk * L)))
+        patches = _empty(ws, "im2col", (step, L, ckk), wd, dev)
+    else:
+        step = B
+    for i in range(0, B, step):
+        b = min(step, B - i)
+        ab, gb = a[i : i + b], g3[i : i + b]
+        torch.linalg.vector_norm(ab.reshape(b, cin, -1), dim=2, out=out["a"][i : i + b])
+        torch.linalg.vector_norm(gb, dim=2, out=out["g"][i : i + b])
+        if bias:
+            torch.sum(gb, dim=2, out=out["bias"][i : i + b])
+        if weight:
+            u = _patches_into(ab, geometry, patches[:b])
+            if groups > 1:
+                u = u.reshape(b, L, groups, K).transpose(1, 2)
+            blk = out["grads"][i : i + b]
+            torch.bmm(
+                gb.reshape(b * groups, cout // groups, L),
+                u.reshape(b * groups, L, K),
+                out=blk.view(b * groups, cout // groups, K),
+            )
+            torch.linalg.vector_norm(blk, dim=2, out=out["grad_norms"][i : i + b])
+    return out
+
+
+def _conv_parts(
+    m: nn.Conv1d | nn.Conv2d,
+    a: Tensor,
+    g: Tensor,
+    wd: torch.dtype,
+    materialise: bool,
+    ws: Workspace | None,
+) -> list[Part]:
+    B = a.shape[0]
+    fast = wd == _F32
+    u = unit_roundoff(wd)
+    a, g, geometry = _conv_geometry(m, a, g)
+    a, g3 = a.to(wd), g.reshape(B, g.shape[1], -1).to(wd)  # g3: (B, Cout, L)
+    cout, L = g3.shape[1], g3.shape[2]
+    K = m.weight[0].numel()  # (Cin/G)·kh·kw
+    gram = (
+        m.weight.requires_grad and m.groups == 1 and _use_gram(B, L, K, cout, materialise)
+    )
+    want_bias = m.bias is not None and m.bias.requires_grad
+    res = _conv_pass(m, a, g3, geometry, ws, m.weight.requires_grad and not gram, want_bias)
+    g_up = block_norm_bounds(res["g"], L, wd)[1]
+    parts: list[Part] = []
+    if gram:
+        patches = _unfold_rows(a.to(_F64), *geometry)  # (B, L, K)
+        parts.append(_gram_part(m.weight, g3.transpose(1, 2), patches))
+    elif m.weight.requires_grad:
+        u_up = _patch_norm_bounds(a, geometry, res["a"])
+        err = gamma(L, u) * (1.0 + 4 * U64) * u_up * g_up  # ‖Ĝ − G‖ ≤ γ_L ‖g‖‖u‖
+        est, up = block_norm_bounds(res["grad_norms"], K, wd)
+        grads = res["grads"].reshape(B, -1)
+        parts.append(Part(m.weight, est, (up + err) * _share(B), grads=grads, fast=fast,
+                          err=err))  # fmt: skip
+    if want_bias:  # Σ_l |g_l| ≤ √L ‖g‖_F
+        assert m.bias is not None
+        err = gamma(L, u) * math.sqrt(L) * g_up
+        parts.append(_materialised(m.bias, res["bias"], err, B, fast))
+    return parts
+
+
+def _norm_parts(m: nn.GroupNorm | nn.LayerNorm, a: Tensor, g: Tensor) -> list[Part]:
+    """Float64 per-sample gradients of GroupNorm/LayerNorm affine parameters.
+
+    Per channel ``|Σ̂ − Σ| ≤ γ_L Σ|terms|`` (the normalised input is recomputed in float64 from
+    the recorded input): the error is ``γ_L (Σ_channels (Σ|terms|)²)^{1/2}``.
+    """
+    B = a.shape[0]
+    a, g = a.to(_F64), g.to(_F64)
+    if isinstance(m, nn.GroupNorm):
+        xh = F.group_norm(a, m.num_groups, eps=m.eps)
+        prod = (g * xh).reshape(B, a.shape[1], -1)
+        gw, sw = prod.sum(2), prod.abs().sum(2)
+        gr = g.reshape(B, a.shape[1], -1)
+        gb, sb = gr.sum(2), gr.abs().sum(2)
+        length = gr.shape[2]
+    else:
+        xh = F.layer_norm(a, m.normalized_shape, eps=m.eps)
+        k = len(m.normalized_shape)
+        dims = tuple(range(1, a.ndim - k))
+        prod = g * xh
+        gw = prod.sum(dims) if dims else prod
+        sw = prod.abs().sum(dims) if dims else prod.abs()
+        gb = g.sum(dims) if dims else g
+        sb = g.abs().sum(dims) if dims else g.abs()
+        length = math.prod(a.shape[d] for d in dims)
+    parts = []
+    eps = gamma(length + 4, U64) * (1.0 + gamma(length + 4, U64))  # Σ|terms| is rounded too
+    if m.weight is not None and m.weight.requires_grad:
+        err = eps * norm_bounds(sw.reshape(B, -1))[1]
+        parts.append(_materialised(m.weight, gw, err, B, False))
+    if m.bias is not None and m.bias.requires_grad:
+        err = eps * norm_bounds(sb.reshape(B, -1))[1]
+        parts.append(_materialised(m.bias, gb, err, B, False))
+    return parts
+
+
+def layer_parts(
+    module: nn.Module,
+    a: Tensor,
+    g: Tensor,
+    wd: torch.dtype,
+    materialise: bool,
+    ws: Workspace | None = None,
+) -> list[Part]:
+    """The parts of one recorded layer call: input ``a``, output gradient ``g``.
+
+    ``wd``: working dtype (float32 or float64); ``materialise``: always form per-sample
+    gradients (``grads``); ``ws``: buffers to reuse (None: fresh tensors).
+    """
+    if isinstance(module, nn.Linear):
+        return _linear_parts(module, a, g, wd, materialise, ws)
+    if isinstance(module, nn.Conv1d | nn.Conv2d):
+        return _conv_parts(module, a, g, wd, materialise, ws)
+    if isinstance(module, nn.GroupNorm | nn.LayerNorm):
+        return _norm_parts(module, a, g)
+    raise TypeError(f"unsupported layer {type(module).__name__}")

@@ -1,0 +1,393 @@
+"""What the IDP-FedAvg server publishes before round 1 (Algorithm 2, lines 1-3), and its noise.
+
+:func:`publish` computes, from the configuration and the number of clients only (no data):
+
+* the privacy groups -- each client's ε (:mod:`~pdpfl.fl.idp_fedavg.budgets`) grouped by
+  value, with the realized counts or the nominal ratios as sizes (``rate_fractions``, spec I3);
+* per ``method``: SAMPLE's σ and q_p (``individual``, Algorithm 1,
+  :func:`~pdpfl.fl.idp_fedavg.sample.sample_group_rates`); everyone at ε_min / ε_max with
+  q = c/N (``strict`` / ``relaxed``); SCALE (spec B.2, :func:`scale_noise`); or no DP;
+* the adaptive-clipping split σ → (σ_v, 2σ_b) (:func:`split_noise`, Andrew et al. 2021) and
+  the public denominator (the expected number of sampled clients).
+
+The result is the frozen :class:`IdpSetup`; silos rebuild it with :meth:`IdpSetup.from_dict`.
+Each client's accounting event is :func:`client_mechanism` at its group's rate and σ.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, cast
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from pdpfl.fl.algorithm import PublicSetup
+from pdpfl.fl.idp_fedavg.budgets import GroupAssignment, assign_client_budgets
+from pdpfl.fl.idp_fedavg.sample import noise_for_rate, sample_group_rates
+from pdpfl.fl.idp_fedavg.training import LocalTraining
+from pdpfl.privacy.unit import PrivacyUnit, SampledGaussianPlan, UnitMechanism
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pdpfl.config import ExperimentConfig
+    from pdpfl.fl.api import FederationInfo
+
+__all__ = [
+    "IdpOptions",
+    "IdpSetup",
+    "clip_update",
+    "client_mechanism",
+    "publish",
+    "scale_noise",
+    "split_noise",
+]
+
+
+# ------------------------------------------------------------------ adaptive clipping (Alg. 2)
+
+
+def split_noise(sigma: float, count_std: float) -> float:
+    """σ_v with 1/σ² = 1/σ_v² + 1/(2σ_b)² (Andrew et al. 2021): the value query's multiplier.
+
+    The count query (each client adds 1[‖Δ‖ ≤ C] − ½: sensitivity ½, noise std σ_b) is a
+    Gaussian of multiplier 2σ_b; the two compose to one Gaussian of multiplier σ (spec B.3).
+    """
+    s, b = float(sigma), 2.0 * float(count_std)
+    if not (s > 0 and b > 0):
+        raise ValueError("sigma and count_std must be > 0")
+    if s >= b:
+        raise ValueError(
+            f"algorithm.count_noise_ratio: the noise multiplier σ = {s:.4g} is not below "
+            f"2σ_b = {b:.4g}; adaptive clipping cannot split it -- raise "
+            "algorithm.count_noise_ratio or clients_per_round, or use clipping: fixed"
+        )
+    return float((s**-2 - b**-2) ** -0.5)
+
+
+def clip_update(clip: float, unclipped_fraction: float, quantile: float, lr: float) -> float:
+    """The geometric rule: C_{t+1} = C_t · exp(−η_C (b̃_t − γ)), b̃_t clipped to [0, 1]."""
+    b = min(1.0, max(0.0, float(unclipped_fraction)))
+    return float(clip) * math.exp(-float(lr) * (b - float(quantile)))
+
+
+def scale_noise(
+    sigmas: ArrayLike, fractions: ArrayLike, count_std: float | None
+) -> tuple[float, float, list[float], list[float]]:
+    """SCALE (spec B.2) under DP-FedAvg: (σ̄, σ̄_v, clip factors C_p/C, effective σ per group).
+
+    σ̄ = Σ r_p σ_p; group p is clipped to C_p = C·σ̄/σ_p and one noise N(0, (σ̄_v C)²) is added,
+    so its value multiplier is σ̄_v·σ_p/σ̄. With adaptive clipping (``count_std`` = σ_b) the count
+    query (multiplier 2σ_b for every group) must fit too: σ̄_v = σ̄ / sqrt(1 − σ_max²/(2σ_b)²)
+    makes the strictest group compose to exactly σ_max and every other group to at least σ_p
+    (returned, used by the accountant). Without adaptive clipping σ̄_v = σ̄ and group p's
+    multiplier is exactly σ_p.
+    """
+    s = np.asarray(sigmas, dtype=np.float64)
+    r = np.asarray(fractions, dtype=np.float64)
+    r = r / r.sum()
+    bar = float(r @ s)
+    factors = (bar / s).tolist()
+    if count_std is None:
+        return bar, bar, factors, s.tolist()
+    b = 2.0 * float(count_std)
+    if s.max() >= b:
+        split_noise(float(s.max()), float(count_std))  # raises with the explanation
+    bar_v = bar / math.sqrt(1.0 - (s.max() / b) ** 2)
+    eff = (1.0 / ((bar / (bar_v * s)) ** 2 + b**-2)) ** 0.5
+    return bar, bar_v, factors, eff.tolist()
+
+
+# --------------------------------------------------------------------------------- the setup
+
+
+def _inf_to_none(values: Sequence[float | None]) -> list[float | None]:
+    return [None if (v is None or math.isinf(v)) else float(v) for v in values]
+
+
+@dataclass(frozen=True)
+class IdpSetup(PublicSetup):
+    """What the server publishes before round 1 (JSON-able; ∞ is written as ``None``).
+
+    ``budgets`` are the privacy groups' own budgets (ascending; ``inf`` = non-private),
+    ``sizes`` the group sizes SAMPLE used, ``assigned`` what each group is accounted against
+    under ``method`` (ε_min for strict, ...; ``None`` = no DP), ``rates`` the sampling rates,
+    ``noise_multipliers`` the effective σ each group's accountant uses (``None``: not
+    accounted), ``clip_factors`` C_p/C (SCALE), ``noise_multiplier`` the run's σ (σ_SAMPLE; the
+    uniform σ of strict/relaxed; σ̄ of SCALE), ``value_noise_multiplier`` σ_v of the update sum,
+    ``count_noise_std`` σ_b, ``denominator`` the public divisor of the sum (the expected number
+    of sampled clients), ``asked_per_round`` M + dropouts of the distributed variant (0:
+    central), ``observers`` who each client's ε is stated against.
+    """
+
+    method: str
+    variant: str
+    delta: float
+    rounds: int
+    num_clients: int
+    clients_per_round: float
+    budgets: tuple[float, ...]
+    sizes: tuple[float, ...]
+    assigned: tuple[float | None, ...]
+    rates: tuple[float, ...]
+    noise_multipliers: tuple[float | None, ...]
+    clip_factors: tuple[float, ...]
+    noise_multiplier: float | None
+    value_noise_multiplier: float | None
+    count_noise_std: float | None
+    denominator: float
+    clipping: str
+    initial_clip: float
+    target_quantile: float
+    clip_lr: float
+    server_lr: float
+    asked_per_round: int
+    tolerated_dropouts: int
+    local: LocalTraining
+    rate_fractions: str
+    observers: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["budgets"] = _inf_to_none(self.budgets)
+        d["assigned"] = _inf_to_none(self.assigned)
+        for key, value in d.items():
+            if isinstance(value, tuple):
+                d[key] = list(value)
+        return d
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> IdpSetup:
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(data) - names
+        if unknown:
+            raise ValueError(f"{cls.__name__}: unknown fields {sorted(unknown)}")
+        d = dict(data)
+        d["budgets"] = tuple(math.inf if v is None else float(v) for v in d["budgets"])
+        d["assigned"] = tuple(None if v is None else float(v) for v in d["assigned"])
+        d["noise_multipliers"] = tuple(
+            None if v is None else float(v) for v in d["noise_multipliers"]
+        )
+        for key in ("sizes", "rates", "clip_factors"):
+            d[key] = tuple(float(v) for v in d[key])
+        d["observers"] = tuple(str(o) for o in d["observers"])
+        local = d["local"]
+        if not isinstance(local, LocalTraining):
+            try:
+                local = LocalTraining(**dict(local))
+            except TypeError as err:
+                raise ValueError(f"{cls.__name__}: local: {err}") from None
+        d["local"] = local
+        return cls(**d)
+
+    def group_of(self, budget: float) -> int:
+        """Index of the privacy group whose budget is ``budget``."""
+        for g, b in enumerate(self.budgets):
+            if b == budget or (math.isinf(b) and math.isinf(budget)):
+                return g
+        raise ValueError(f"budget {budget!r} is not one of the published groups {self.budgets}")
+
+    @property
+    def private(self) -> bool:
+        return self.method != "no-dp"
+
+    @property
+    def adaptive(self) -> bool:
+        return self.private and self.clipping == "adaptive"
+
+
+def client_mechanism(setup: IdpSetup) -> UnitMechanism:
+    """The client-level event every client is charged per round (spec B.4): one
+    Poisson-subsampled Gaussian at the run's σ, against the published observers; each client's
+    ledger charges it at its group's rate and effective σ (SCALE: per group)."""
+    sigma = setup.noise_multiplier
+    if sigma is None:
+        raise ValueError(f"method {setup.method!r} adds no noise: nothing to account")
+    plan = SampledGaussianPlan(
+        PrivacyUnit.CLIENT, sigma, setup.delta, setup.rounds, setup.observers
+    )
+    return cast(UnitMechanism, plan)  # a frozen dataclass: read-only attributes
+
+
+# --------------------------------------------------------------------------------- publish
+
+
+class IdpOptions(GroupAssignment, Protocol):
+    """The ``idp-fedavg`` config fields :func:`publish` reads (see the config section)."""
+
+    @property
+    def method(self) -> str: ...
+    @property
+    def variant(self) -> str: ...
+    @property
+    def clients_per_round(self) -> float: ...
+    @property
+    def rate_fractions(self) -> str: ...
+    @property
+    def nonprivate_rate(self) -> float: ...
+    @property
+    def sample_tolerance(self) -> float: ...
+    @property
+    def local_epochs(self) -> int: ...
+    @property
+    def local_batch_size(self) -> int: ...
+    @property
+    def local_training(self) -> str: ...
+    @property
+    def clipping(self) -> str: ...
+    @property
+    def initial_clip(self) -> float: ...
+    @property
+    def target_quantile(self) -> float: ...
+    @property
+    def clip_lr(self) -> float: ...
+    @property
+    def count_noise_ratio(self) -> float: ...
+    @property
+    def server_lr(self) -> float: ...
+    @property
+    def tolerated_dropouts(self) -> int: ...
+
+
+def _group_sizes(
+    algo: IdpOptions, per_client: np.ndarray, n: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct budgets (ascending) and their sizes: realized counts or nominal ratio × N."""
+    levels, counts = np.unique(per_client, return_counts=True)
+    if algo.rate_fractions != "nominal" or algo.budget_file is not None:
+        return levels, counts.astype(np.float64)
+    nominal = dict(zip(algo.group_budgets, algo.group_ratios, strict=True))
+    sizes = np.array([nominal.get(float(b), 0.0) * n for b in levels])
+    extra = [b for b in algo.group_budgets if not np.isin(b, levels)]
+    levels = np.concatenate([levels, np.asarray(extra, dtype=np.float64)])
+    sizes = np.concatenate([sizes, [nominal[b] * n for b in extra]])
+    order = np.argsort(levels)
+    return levels[order], sizes[order]
+
+
+@dataclass(frozen=True)
+class _Noise:
+    rates: list[float]
+    sigmas: list[float | None]
+    assigned: list[float | None]
+    clip_factors: list[float]
+    sigma: float | None
+    value_sigma: float | None
+    count_std: float | None
+
+
+def _noise(algo: IdpOptions, levels: np.ndarray, sizes: np.ndarray, q: float, delta: float,
+           rounds: int, count_std: float | None) -> _Noise:
+    """σ, rates and accounting per group for ``algo.method`` (see the module docstring)."""
+    P = len(levels)
+    if algo.method == "no-dp":
+        return _Noise([q] * P, [None] * P, [None] * P, [1.0] * P, None, None, None)
+    if algo.method == "individual":
+        res = sample_group_rates(
+            levels, sizes, q, delta=delta, rounds=rounds,
+            nonprivate_rate=algo.nonprivate_rate, rate_tol=algo.sample_tolerance,
+        )
+        sigma = res.noise_multiplier
+        value = None if sigma is None else (
+            split_noise(sigma, count_std) if count_std is not None else sigma
+        )
+        return _Noise(
+            list(res.rates), [sigma if math.isfinite(b) else None for b in levels],
+            [float(b) if math.isfinite(b) else None for b in levels], [1.0] * P, sigma, value,
+            count_std,
+        )
+    finite = levels[np.isfinite(levels)]
+    if finite.size == 0:
+        raise ValueError(f"algorithm.method: {algo.method} needs at least one finite budget")
+    if algo.method in ("strict", "relaxed"):
+        eps = float(finite.min() if algo.method == "strict" else finite.max())
+        sigma = noise_for_rate(eps, q, delta, rounds)
+        value = split_noise(sigma, count_std) if count_std is not None else sigma
+        return _Noise([q] * P, [sigma] * P, [eps] * P, [1.0] * P, sigma, value, count_std)
+    # SCALE: σ_p at the uniform rate, one noise σ̄·C, per-group clip C·σ̄/σ_p
+    priv = np.isfinite(levels)
+    sig_p = np.array([noise_for_rate(float(b), q, delta, rounds) for b in levels[priv]])
+    bar, bar_v, factors, eff = scale_noise(sig_p, sizes[priv], count_std)
+    it = iter(zip(factors, eff, strict=True))
+    sigmas: list[float | None] = []
+    assigned: list[float | None] = []
+    clip_factors = [1.0] * P
+    for b in levels:
+        if math.isfinite(b):
+            f, e = next(it)
+            clip_factors[len(sigmas)] = float(f)
+            sigmas.append(float(e))
+            assigned.append(float(b))
+        else:  # non-private clients: bounded like the least private group, unaccounted
+            clip_factors[len(sigmas)] = float(max(factors))
+            sigmas.append(None)
+            assigned.append(None)
+    return _Noise([q] * P, sigmas, assigned, clip_factors, bar, bar_v, count_std)
+
+
+def _observers(config: ExperimentConfig, variant: str) -> tuple[str, ...]:
+    """Central: third parties (the server is a trusted aggregator); distributed: the server
+    too, but only when secure summation hides the individual noise shares from it."""
+    if variant == "distributed" and config.aggregation != "plain":
+        return ("third-party", "server")
+    return ("third-party",)
+
+
+def publish(algo: IdpOptions, config: ExperimentConfig, info: FederationInfo) -> IdpSetup:
+    """Algorithm 2, lines 1-3: privacy groups, SAMPLE (or a comparison method's σ and rates).
+
+    Public; computed from the configuration and the number of clients only.
+    """
+    n = info.num_clients
+    c = float(algo.clients_per_round)
+    if c > n:
+        raise ValueError(f"algorithm.clients_per_round: c = {c:g} exceeds the {n} clients")
+    if algo.variant == "distributed" and algo.tolerated_dropouts >= n:
+        raise ValueError("algorithm.tolerated_dropouts: must be smaller than the number of clients")
+    rounds = int(config.training.rounds)
+    delta = float(config.privacy.delta)
+    levels, sizes = _group_sizes(algo, assign_client_budgets(algo, config.seed, n), n)
+    count_std = algo.count_noise_ratio * c if algo.clipping == "adaptive" else None
+    noise = _noise(algo, levels, sizes, c / n, delta, rounds, count_std)
+    # The public denominator: the expected number of sampled clients (c up to SAMPLE's
+    # tolerance; more when non-private clients are sampled at q = 1).
+    weights = sizes / sizes.sum() * n
+    tr = config.training
+    return IdpSetup(
+        method=algo.method,
+        variant=algo.variant,
+        delta=delta,
+        rounds=rounds,
+        num_clients=n,
+        clients_per_round=c,
+        budgets=tuple(float(b) for b in levels),
+        sizes=tuple(float(s) for s in sizes),
+        assigned=tuple(noise.assigned),
+        rates=tuple(float(r) for r in noise.rates),
+        noise_multipliers=tuple(None if s is None else float(s) for s in noise.sigmas),
+        clip_factors=tuple(noise.clip_factors),
+        noise_multiplier=None if noise.sigma is None else float(noise.sigma),
+        value_noise_multiplier=None if noise.value_sigma is None else float(noise.value_sigma),
+        count_noise_std=None if noise.count_std is None else float(noise.count_std),
+        denominator=float(np.dot(weights, noise.rates)),
+        clipping=algo.clipping,
+        initial_clip=float(algo.initial_clip),
+        target_quantile=float(algo.target_quantile),
+        clip_lr=float(algo.clip_lr),
+        server_lr=float(algo.server_lr),
+        asked_per_round=n if algo.variant == "distributed" else 0,
+        tolerated_dropouts=int(algo.tolerated_dropouts),
+        local=LocalTraining(
+            epochs=int(algo.local_epochs),
+            batch_size=int(algo.local_batch_size),
+            optimizer=str(tr.optimizer),
+            lr=float(tr.lr),
+            momentum=float(tr.momentum),
+            weight_decay=float(tr.weight_decay),
+            strategy=str(algo.local_training),
+        ),
+        rate_fractions=algo.rate_fractions,
+        observers=_observers(config, algo.variant),
+    )

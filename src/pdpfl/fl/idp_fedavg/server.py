@@ -1,0 +1,237 @@
+"""The IDP-FedAvg server (Algorithm 2): sampling, aggregation and adaptive clipping.
+
+Every round (spec B.3, made exact):
+
+1. sampling -- central: one independent Bernoulli(q_{g(i)}) per client from the server's own
+   randomness, no redraw of an empty round; distributed: every client is asked and flips its
+   own coin;
+2. the clipped updates are summed, N(0, σ_v²C_t²) is added (central: by the server;
+   distributed: the clients' shares) and the sum is divided by the public denominator (the
+   expected number of sampled clients, never the realized count, spec I6); θ ← θ + η_s·mean;
+3. adaptive clipping (Andrew et al. 2021, geometric): the noisy fraction of unclipped updates
+   b̃_t (count noise σ_b) moves C_{t+1} = C_t·exp(−η_C(b̃_t − γ)) (:func:`clip_update`). C_t is
+   public: it is sent with every round's configuration (``clip_norm``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar
+
+import numpy as np
+
+from pdpfl.fl.api import Aggregate, Params, Scalars
+from pdpfl.fl.idp_fedavg.mechanism import IdpSetup, clip_update
+from pdpfl.randomness import Randomness
+
+__all__ = ["CentralIdpServer", "DistributedIdpServer", "IdpFedAvgServer"]
+
+
+class IdpFedAvgServer:
+    """The IDP-FedAvg server (Algorithm 2). Subclasses fix the trust model.
+
+    Parameters
+    ----------
+    initial_params
+        θ⁰ (public).
+    setup
+        The published :class:`~pdpfl.fl.idp_fedavg.mechanism.IdpSetup`.
+    client_groups
+        Central variant: each client's privacy-group index (the server samples client i with
+        q_{g(i)}, so it knows the groups, as in the paper). ``None`` in the distributed variant.
+    randomness
+        The server's own randomness (client coins, noise, count noise).
+    """
+
+    public_metrics: ClassVar[frozenset[str]] = frozenset()
+    needs_individual_updates: ClassVar[bool] = False
+
+    def __init__(
+        self,
+        initial_params: Params,
+        setup: IdpSetup,
+        *,
+        client_groups: np.ndarray | None,
+        randomness: Randomness,
+    ) -> None:
+        self._initial = [np.asarray(p, dtype=np.float32).copy() for p in initial_params]
+        self.setup = setup
+        self.randomness = randomness
+        self.groups = None if client_groups is None else np.asarray(client_groups, dtype=np.int64)
+        self.clip_norm = float(setup.initial_clip)
+        self.clip_history: list[float] = []
+        self.unclipped_history: list[float] = []
+        self.participation: dict[int, int] = {}
+        self.rounds_done = 0
+        self.empty_rounds = 0
+        self._selected: dict[int, list[int]] = {}
+
+    def initial_params(self) -> Params:
+        return [p.copy() for p in self._initial]
+
+    def select_clients(self, round_index: int, client_ids: list[int]) -> list[int]:
+        """Every client is asked (override: the central server samples)."""
+        return sorted(int(c) for c in client_ids)
+
+    def round_config(self, round_index: int) -> Scalars:
+        """Public per-round values: the round and the current clip norm C_t."""
+        return {"round": int(round_index), "clip_norm": float(self.clip_norm)}
+
+    def aggregate(self, round_index: int, global_params: Params, aggregate: Aggregate) -> Params:
+        raise NotImplementedError  # pragma: no cover - every variant overrides it
+
+    def _step(self, global_params: Params, mean: list[np.ndarray]) -> Params:
+        eta = self.setup.server_lr
+        return [
+            (np.asarray(base, dtype=np.float64) + eta * np.asarray(m, dtype=np.float64)).astype(
+                np.float32
+            )
+            for base, m in zip(global_params, mean, strict=True)
+        ]
+
+    def _adapt(self, unclipped: float) -> None:
+        """C_{t+1} from the noisy unclipped fraction (adaptive clipping only)."""
+        self.clip_history.append(self.clip_norm)
+        if not self.setup.adaptive:
+            return
+        b = min(1.0, max(0.0, unclipped))
+        self.unclipped_history.append(b)
+        self.clip_norm = clip_update(
+            self.clip_norm, b, self.setup.target_quantile, self.setup.clip_lr
+        )
+
+    def record_round(self, round_index: int, selected: list[int]) -> None:
+        for c in selected:
+            self.participation[int(c)] = self.participation.get(int(c), 0) + 1
+        self.rounds_done += 1
+        self.empty_rounds += int(not selected)
+        self._selected.pop(int(round_index), None)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "clip_norm": self.clip_norm,
+            "clip_history": list(self.clip_history),
+            "unclipped_history": list(self.unclipped_history),
+            "participation": {str(k): v for k, v in self.participation.items()},
+            "rounds_done": self.rounds_done,
+            "empty_rounds": self.empty_rounds,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.clip_norm = float(state["clip_norm"])
+        self.clip_history = [float(v) for v in state["clip_history"]]
+        self.unclipped_history = [float(v) for v in state["unclipped_history"]]
+        self.participation = {int(k): int(v) for k, v in state["participation"].items()}
+        self.rounds_done = int(state["rounds_done"])
+        self.empty_rounds = int(state["empty_rounds"])
+
+
+class CentralIdpServer(IdpFedAvgServer):
+    """Central DP (the paper): the trusted aggregator samples, clips, sums and adds noise."""
+
+    needs_individual_updates: ClassVar[bool] = True
+
+    def select_clients(self, round_index: int, client_ids: list[int]) -> list[int]:
+        """One independent Bernoulli(q_{g(i)}) per client from the server's randomness."""
+        ids = sorted(int(c) for c in client_ids)
+        if self.groups is None:
+            raise ValueError("the central IDP-FedAvg server needs every client's group")
+        rates = np.asarray(self.setup.rates)[self.groups[ids]]
+        coins = self.randomness.stream("client-sampling", int(round_index)).uniform(len(ids))
+        chosen = [c for c, u, q in zip(ids, coins, rates, strict=True) if u < q]
+        self._selected[int(round_index)] = chosen
+        return chosen
+
+    def aggregate(self, round_index: int, global_params: Params, aggregate: Aggregate) -> Params:
+        """Clip each Δ_i to C_t (SCALE: C_{g(i)}), sum, add N(0, σ_v²C_t²), divide by the
+        public denominator; update C_t with the noisy unclipped fraction."""
+        import torch
+
+        from pdpfl.dp.steps import noisy_normalised_sum
+
+        t = int(round_index)
+        setup = self.setup
+        contributions = list(aggregate.contributions or [])
+        shapes = [np.shape(p) for p in global_params]
+        if contributions:
+            stacked = [
+                torch.as_tensor(
+                    np.stack([np.asarray(c.update[i], dtype=np.float64) for c in contributions])
+                )
+                for i in range(len(shapes))
+            ]
+        else:
+            stacked = [torch.zeros((0, *s), dtype=torch.float64) for s in shapes]
+        if not setup.private:
+            sums = [s.sum(0) for s in stacked]
+            mean = noisy_normalised_sum(sums, 0.0, setup.denominator, None)
+            self._adapt(0.0)
+            return self._step(global_params, [m.numpy() for m in mean])
+        sums, below = self._clipped_sum(stacked, shapes, self._clip_factors(t, len(contributions)))
+        # (no private client at all -- every group ε = ∞ -- needs no noise)
+        std = float(setup.value_noise_multiplier or 0.0) * self.clip_norm
+        mean = noisy_normalised_sum(
+            sums, std, setup.denominator, self.randomness.stream("aggregation-noise", t)
+        )
+        unclipped = 0.0
+        if setup.adaptive:
+            z = float(self.randomness.stream("count-noise", t).normal((1,))[0])
+            unclipped = (below + float(setup.count_noise_std or 0.0) * z) / setup.denominator + 0.5
+        new = self._step(global_params, [m.numpy() for m in mean])
+        self._adapt(unclipped)
+        return new
+
+    def _clipped_sum(
+        self, stacked: list[Any], shapes: list[tuple[int, ...]], factors: np.ndarray
+    ) -> tuple[list[Any], float]:
+        """Σ_i clip(Δ_i, C_t·f_i) and Σ_i (1[‖Δ_i‖ ≤ C_t·f_i] − ½)."""
+        import torch
+
+        from pdpfl.dp.steps import clip_vectors, vector_norms
+
+        k = len(factors)
+        if not k:
+            return [torch.zeros(s, dtype=torch.float64) for s in shapes], 0.0
+        bound = torch.as_tensor(self.clip_norm * factors, dtype=torch.float64)
+        # A non-finite update (crafted or broken) would turn the noisy sum into NaN: it is
+        # replaced by zeros, which the clipping bound trivially holds for.
+        bad = ~torch.stack([torch.isfinite(s.reshape(k, -1)).all(1) for s in stacked]).all(0)
+        if bool(bad.any()):
+            keep = (~bad).to(torch.float64)
+            stacked = [
+                torch.nan_to_num(s, nan=0.0, posinf=0.0, neginf=0.0)
+                * keep.reshape(-1, *([1] * (s.dim() - 1)))
+                for s in stacked
+            ]
+        norms = vector_norms(stacked)
+        norms = torch.where(bad, torch.full_like(norms, math.inf), norms)
+        clipped, _ = clip_vectors(stacked, bound)
+        below = float((norms <= bound).to(torch.float64).sum()) - 0.5 * k
+        return [c.sum(0) for c in clipped], below
+
+    def _clip_factors(self, t: int, k: int) -> np.ndarray:
+        """C_{g(i)}/C_t per contribution (SCALE); contributions arrive in selected order."""
+        factors = np.asarray(self.setup.clip_factors, dtype=np.float64)
+        if np.all(factors == 1.0):
+            return np.ones(k)
+        chosen = self._selected.get(t, [])
+        if len(chosen) == k and self.groups is not None:
+            return np.asarray(factors[self.groups[np.asarray(chosen, dtype=np.int64)]])
+        # A lost client broke the alignment: the smallest clip bounds everyone (more private).
+        return np.full(k, float(factors.min()))
+
+
+class DistributedIdpServer(IdpFedAvgServer):
+    """Distributed noise: clients self-sample, clip and noise; the server sees only sums."""
+
+    public_metrics: ClassVar[frozenset[str]] = frozenset({"clip_count"})
+
+    def aggregate(self, round_index: int, global_params: Params, aggregate: Aggregate) -> Params:
+        setup = self.setup
+        mean = [np.asarray(t, dtype=np.float64) / setup.denominator for t in aggregate.total]
+        unclipped = 0.0
+        if setup.adaptive:
+            unclipped = float(aggregate.metrics.get("clip_count", 0.0)) / setup.denominator + 0.5
+        new = self._step(global_params, mean)
+        self._adapt(unclipped)
+        return new
