@@ -10,6 +10,7 @@ bad input (nothing written).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
@@ -22,19 +23,22 @@ EXIT_INTERRUPTED = 130
 
 
 def reproduce_command(
-    paper: str = typer.Argument(..., help="rpdp-fl, idp-fedavg, uldp-fl, prifedsync or all."),
-    quick: bool = typer.Option(False, "--quick", help="Every experiment, shortened (all four "
-                               "papers in under 15 minutes on 2 cores)."),
-    smoke: bool = typer.Option(False, "--smoke", help="One tiny experiment per paper "
-                               "(seconds; what the test-suite runs)."),
-    seeds: list[int] | None = typer.Option(None, "--seeds", help="Seeds (several values "
-                                           "allowed); default: the tier's."),
-    data_dir: str | None = typer.Option(None, "--data-dir", help="Folder with the dataset "
-                                        "files (nothing is downloaded)."),
-    out: Path | None = typer.Option(None, "--out", help="Output folder (default "
-                                    "runs/reproduce/PAPER)."),
-    force: bool = typer.Option(False, "--force", help="Replace a previous report in --out."),
-    as_json: bool = typer.Option(False, "--json", help="Print results.json on stdout."),
+    paper: Annotated[str, typer.Argument(
+        help="rpdp-fl, idp-fedavg, uldp-fl, prifedsync or all.")],
+    quick: Annotated[bool, typer.Option("--quick", help="Every experiment, shortened (all "
+                                        "four papers in under 15 minutes on 2 cores).")] = False,
+    smoke: Annotated[bool, typer.Option("--smoke", help="One tiny experiment per paper "
+                                        "(seconds; what the test-suite runs).")] = False,
+    seeds: Annotated[list[int] | None, typer.Option("--seeds", help="Seeds (several values "
+                                                    "allowed); default: the tier's.")] = None,
+    data_dir: Annotated[str | None, typer.Option("--data-dir", help="Folder with the dataset "
+                                                 "files (nothing is downloaded).")] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="Output folder (default "
+                                             "runs/reproduce/PAPER).")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Replace a previous report in "
+                                        "--out.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print results.json on "
+                                          "stdout.")] = False,
 ) -> None:
     """Run a paper's headline experiments and write REPORT.md beside the published numbers."""
     from pdpfl.reproduce import PAPERS, expected_seconds, reproduce
