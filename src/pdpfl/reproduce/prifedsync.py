@@ -96,7 +96,7 @@ def _personalization(ctx: Context, report: rep.Report) -> None:
     sigmas = ctx.pick((1.0,), (1.0,), (0.75, 1.0))
     seeds = ctx.seeds_for(ctx.pick([42], [42], [42, 43]))
     tier = ctx.pick(["rounds=2", "model.name=logreg", "data.num_clients=20"],
-                    ["rounds=8", "model.name=logreg"], [])
+                    ["rounds=8", "model.name=logreg", "data.num_clients=20"], [])
     results: dict[tuple[float, str], list[RunResult]] = {}
     for sigma in sigmas:
         methods = (Method(f"personalized σ={sigma}", "prifedsync", ("algorithm.evaluate=local",),
@@ -115,7 +115,8 @@ def _personalization(ctx: Context, report: rep.Report) -> None:
         ml, mg = rep.mean_std(r.final for r in loc), rep.mean_std(r.final for r in glob)
         p = loc[-1].privacy
         rig = None if p is None else p.headline_epsilon("both")
-        clt = None if p is None else p.approximate.get("clt_eps")
+        # the ledger's labelled approximation: "<accountant>_epsilon_max_<observer>"
+        clt = None if p is None else p.approximate.get("gdp-clt_epsilon_max_third_party")
         mu = None if p is None else p.approximate.get("clt_mu")
         rows.append([sigma, rep.fmt_pm(*ml), rep.fmt_pm(*mg), rep.fmt(ml[0] - mg[0], 3),
                      rep.fmt(mu, 3), rep.fmt(clt, 3), rep.fmt(rig, 3)])
@@ -124,7 +125,8 @@ def _personalization(ctx: Context, report: rep.Report) -> None:
         panel.runs[f"global σ={sigma}"] = [r.curve for r in glob]
     data = "60k MNIST layout" if full60k else "the 10k-image substitute"
     sec.add(f"Mean over clients of each client's test accuracy ({data}; model "
-            f"{'logistic regression (shortened tier)' if tier else 'mnist-cnn'}), mean ± std "
+            f"{'logistic regression, shortened: ' + ', '.join(tier) if tier else 'mnist-cnn'}), "
+            "mean ± std "
             "over seeds. μ and the CLT ε are the typed summary's labelled approximations; the "
             "rigorous ε (the headline, every observer) is its upper bound.")
     sec.add(rep.markdown_table(["σ_j", "personalized", "global", "gain", "μ (CLT)",
