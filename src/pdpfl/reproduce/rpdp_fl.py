@@ -302,7 +302,7 @@ def _table2(ctx: Context, report: rep.Report) -> None:
             pkey = "filter" if m.key == "filter" else "scf"
             acc_e = pub.get(f"table2/{ds}/{pkey}/accuracy")
             sec_e = pub.get(f"table2/{ds}/{pkey}/seconds_per_step")
-            accs = [last5(r) for r in runs]
+            accs = [r.final for r in runs]
             v = rep.verdict(accs, acc_e) if steps == full_steps else None
             scf = per_step.get("scf", math.nan)
             ratio = per_step[m.key] / scf if scf > 0 else math.nan
@@ -350,12 +350,6 @@ def _table2(ctx: Context, report: rep.Report) -> None:
         "ε 2.0/4.7/11.8. Filter: each record's Rényi order maximises its squared-norm "
         "budget (pdpfl; the reference reports ε at the best order after the fact, which a "
         "filter cannot).")
-
-
-def last5(run: RunResult) -> float:
-    """The reference notebook's accuracy: the mean test accuracy of the last 5 evaluations."""
-    tail = [a for a in run.curve[-5:] if math.isfinite(a)]
-    return float(np.mean(tail)) if tail else math.nan
 
 
 def _table3(ctx: Context, report: rep.Report) -> None:
