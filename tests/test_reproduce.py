@@ -338,3 +338,26 @@ def test_centralized_filter_runs_as_a_method_and_keeps_every_budget(tmp_path: Pa
             assert g.excluded == g.units  # below the fixed order's floor: never used
     # the strictest group binds and leaves; the 8.0 group does not at this σ
     assert p.groups[0].stopped > 0 and p.groups[-1].stopped == 0
+
+
+# -- few seeds: a gap within the test set's sampling noise ---------------------------------
+@settings(max_examples=60, deadline=None)
+@given(st.floats(0.05, 0.95), st.integers(50, 20_000), st.floats(-0.2, 0.2))
+def test_within_test_noise_is_two_binomial_standard_errors(p: float, n: int,
+                                                           gap: float) -> None:
+    se = rep.binomial_se(p, n)
+    assert se == pytest.approx(math.sqrt(p * (1 - p) / n))
+    note = rep.within_test_noise(gap, p, n, seeds=1)
+    assert (note is not None) == (abs(gap) <= 2 * se)
+    if note is not None:
+        assert f"n = {n}" in note
+    assert rep.within_test_noise(gap, p, n, seeds=3) is None  # enough seeds: their spread rules
+
+
+def test_a_few_seeds_difference_is_explained_not_left_open(tmp_path: Path) -> None:
+    r = rep.Report("t")
+    note = rep.within_test_noise(0.029, 0.70, 254, 2)
+    assert note is not None  # 2·SE at 0.70 on Heart's 254 test records is 0.0575
+    r.differ("Figure 8 heart BoundedPareto rPDP-FL" + note, rep.FEW_SEEDS)
+    assert r.unexplained == [] and "2·SE 0.058" in r.markdown()
+    assert rep.within_test_noise(0.10, 0.70, 254, 2) is None

@@ -186,7 +186,9 @@ def _dataset(ctx: Context, report: rep.Report, spec: tuple[Any, ...], pub: Any,
                      "SAMPLE ≥ SCALE" if better else "SCALE > SAMPLE",
                      _group_eps(ra[-1]), _group_eps(rb[-1])])
         if not better:
-            report.differ(f"{title}: SAMPLE vs SCALE at {ids}", None)
+            note = rep.within_test_noise(ma[0] - mb[0], mb[0], ra[-1].n_test, ma[2])
+            report.differ(f"{title}: SAMPLE vs SCALE at {ids}" + (note or ""),
+                          None if note is None else rep.FEW_SEEDS)
     if comp:
         sec.add("SAMPLE vs SCALE (IDP-FedAvg §VI, Table I and the comparison with Aldaghri et "
                 "al.):")

@@ -131,6 +131,35 @@ class Explanation:
     evidence: str
 
 
+#: A gap that one or two seeds cannot resolve: within two binomial standard errors of a test
+#: accuracy (the noise of evaluating one run on a finite test set, before any training noise).
+FEW_SEEDS = Explanation(
+    "few-seeds",
+    "Too few seeds to resolve this gap: it is within two standard errors √(p(1−p)/n) of a test "
+    "accuracy measured on the run's n test records (each item names its gap, 2·SE and n) -- "
+    "the noise of evaluating one run on a finite test set, before any training randomness; "
+    "the spread of one or two seeds underestimates it. The full tier's seeds decide.",
+    "the gap, 2·SE and n in each item (computed from this run's accuracies and test-set size); "
+    "rerun with more `--seeds`.")
+
+
+def binomial_se(accuracy: float, n_test: int) -> float:
+    """Standard error of a test accuracy measured on ``n_test`` records."""
+    if n_test <= 0 or not math.isfinite(accuracy):
+        return math.nan
+    p = min(max(accuracy, 0.0), 1.0)
+    return math.sqrt(p * (1 - p) / n_test)
+
+
+def within_test_noise(gap: float, accuracy: float, n_test: int, seeds: int) -> str | None:
+    """With at most 2 seeds and ``|gap|`` within 2·SE of the test accuracy: the note that
+    goes with :data:`FEW_SEEDS` (None otherwise)."""
+    se = binomial_se(accuracy, n_test)
+    if seeds > 2 or not math.isfinite(se) or abs(gap) > 2 * se:
+        return None
+    return f" (gap {abs(gap):.3f}, 2·SE {2 * se:.3f}, n = {n_test}, {seeds} seed(s))"
+
+
 @dataclass
 class Section:
     """One experiment's part of the report."""

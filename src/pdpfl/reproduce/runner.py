@@ -95,6 +95,14 @@ class RunResult:
         return self.curve[-1] if self.curve else math.nan
 
     @property
+    def n_test(self) -> int:
+        """Test records behind the last round's accuracy (the silos' evaluations summed)."""
+        clients = self.metrics[-1].get("clients") if self.metrics else None
+        if not isinstance(clients, dict):
+            return 0
+        return int(sum(int(c.get("n", 0)) for c in clients.values() if isinstance(c, dict)))
+
+    @property
     def train_seconds(self) -> float:
         return float(self.summary.get("seconds", math.nan))
 
