@@ -254,4 +254,4 @@ def run(ctx: Context, report: rep.Report) -> None:
 
 def expected_seconds(tier: str) -> float:
     """Rough wall time on a 2-core machine (see docs/reproduce.md)."""
-    return {"smoke": 15.0, "quick": 150.0, "full": 3600.0}[tier]
+    return {"smoke": 5.0, "quick": 60.0, "full": 3600.0}[tier]

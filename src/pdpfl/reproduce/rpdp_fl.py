@@ -466,4 +466,4 @@ def run(ctx: Context, report: rep.Report) -> None:
 
 def expected_seconds(tier: str) -> float:
     """Rough wall time on a 2-core machine (measured; see docs/reproduce.md)."""
-    return {"smoke": 20.0, "quick": 300.0, "full": 5400.0}[tier]
+    return {"smoke": 10.0, "quick": 180.0, "full": 5400.0}[tier]

@@ -349,4 +349,4 @@ def run(ctx: Context, report: rep.Report) -> None:
 
 def expected_seconds(tier: str) -> float:
     """Rough wall time on a 2-core machine (see docs/reproduce.md)."""
-    return {"smoke": 20.0, "quick": 200.0, "full": 3000.0}[tier]
+    return {"smoke": 5.0, "quick": 90.0, "full": 3000.0}[tier]
