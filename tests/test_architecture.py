@@ -24,7 +24,7 @@ LAYERS: dict[str, int] = {
     "config": 4,
     "fl": 5,
     "runtime": 6,
-    "api": 7, "audit": 7, "testing": 7,
+    "api": 7, "audit": 7, "reproduce": 7, "testing": 7,
     "cli": 8,
     "__init__": 9,
 }

@@ -13,7 +13,18 @@ import click
 import typer
 from typer.core import TyperGroup
 
-from pdpfl.cli import account, audit, calibrate, compare, data, export, flower, privacy, run
+from pdpfl.cli import (
+    account,
+    audit,
+    calibrate,
+    compare,
+    data,
+    export,
+    flower,
+    privacy,
+    reproduce,
+    run,
+)
 
 
 def usage_error_line(err: click.UsageError) -> str:
@@ -82,7 +93,8 @@ def _root(
         raise typer.Exit(code=2)
 
 
-for _module in (account, calibrate, data, run, compare, privacy, export, audit, flower):
+for _module in (account, calibrate, data, run, compare, privacy, export, audit, reproduce,
+                flower):
     _module.register(app)
 
 

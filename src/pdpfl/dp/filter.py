@@ -46,7 +46,17 @@ from pdpfl.dp.validate import validate_model
 from pdpfl.models import loss_fn
 from pdpfl.randomness import RandomStream
 
-__all__ = ["FilterResult", "filter_step", "squared_norm_budgets", "train_filter_gd"]
+__all__ = [
+    "FilterResult",
+    "FilterState",
+    "best_filter_orders",
+    "filter_epsilons",
+    "filter_gd_steps",
+    "filter_noise_for_max_budget",
+    "filter_step",
+    "squared_norm_budgets",
+    "train_filter_gd",
+]
 
 #: √r_i is shrunk by this relative margin so float rounding can never overspend B_i.
 _SAFETY = 1e-5
@@ -79,6 +89,117 @@ def squared_norm_budgets(
             " at this alpha; increase alpha or the budgets"
         )
     return 2 * noise_multiplier**2 * max_grad_norm**2 * rho / alpha
+
+
+def best_filter_orders(epsilons: np.ndarray | Sequence[float], *, delta: float) -> np.ndarray:
+    """Per record, the order α_i that maximises its squared-norm budget ``B(α) ∝ (ε − L/(α−1))/α``.
+
+    With L = log(1/δ), ``dB/dα = 0`` is ``ε(α−1)² = L(2α−1)``, whose root above 1 is
+    ``α* = ((ε + L) + √((ε + L)·L)) / ε``. The filter's guarantee is per record (Feldman & Zrnic,
+    Thm. 3.3: record i's RDP at order α_i is bounded by its own filter), so each record may use
+    the order of its own budget; α_i is a function of ε_i alone, as q_i is in rPDP-FL.
+    """
+    eps = np.asarray(epsilons, dtype=np.float64)
+    if not 0 < delta < 1:
+        raise ValueError(f"delta must be in (0, 1), got {delta}")
+    if np.any(~np.isfinite(eps)) or np.any(eps <= 0):
+        raise ValueError("epsilons: every budget must be a finite number > 0")
+    big_l = math.log(1 / delta)
+    return ((eps + big_l) + np.sqrt((eps + big_l) * big_l)) / eps
+
+
+def filter_epsilons(
+    spent: np.ndarray | Sequence[float],
+    *,
+    delta: float,
+    noise_multiplier: float,
+    max_grad_norm: float,
+    alphas: np.ndarray | float,
+) -> np.ndarray:
+    """ε_i = α_i Σ_t ‖ḡ_{i,t}‖² / (2σ²C²) + log(1/δ)/(α_i − 1): the inverse of
+    :func:`squared_norm_budgets` (individual RDP of the filtered Gaussian, converted at δ)."""
+    s = np.asarray(spent, dtype=np.float64)
+    a = np.broadcast_to(np.asarray(alphas, dtype=np.float64), s.shape)
+    if np.any(a <= 1):
+        raise ValueError("alphas must be > 1")
+    scale = 2 * noise_multiplier**2 * max_grad_norm**2
+    return a * s / scale + math.log(1 / delta) / (a - 1)
+
+
+def filter_noise_for_max_budget(epsilon_max: float, *, steps: int, delta: float) -> float:
+    """σ at which a record of budget ``epsilon_max`` whose gradient is clipped to C at every one
+    of ``steps`` steps spends exactly its budget (its best order): the filter's analogue of
+    rPDP-FL's "q = 1 spends ε_max" rule. ``B = 2σ²C²·g`` with ``g = (ε − L/(α*−1))/α*`` and
+    ``B = steps·C²``, so ``σ = √(steps / (2g))`` (C cancels)."""
+    if not (epsilon_max > 0 and math.isfinite(epsilon_max)):
+        raise ValueError(f"epsilon_max must be a finite number > 0, got {epsilon_max}")
+    if int(steps) < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    alpha = float(best_filter_orders([epsilon_max], delta=delta)[0])
+    g = (epsilon_max - math.log(1 / delta) / (alpha - 1)) / alpha
+    return math.sqrt(int(steps) / (2 * g))
+
+
+@dataclass
+class FilterState:
+    """The filter's per-record state across steps (kept by the party that owns the records).
+
+    ``budgets`` are the squared-norm budgets B_i (0: never used), ``spent`` Σ_t ‖ḡ_{i,t}‖²,
+    ``active`` the records still in, ``exit_step`` the step (1-based, counted over every call of
+    :func:`filter_gd_steps`) after which a record left, −1 while it stays, 0 if it never entered.
+    """
+
+    budgets: np.ndarray
+    spent: np.ndarray
+    active: np.ndarray
+    exit_step: np.ndarray
+    steps_done: int = 0
+
+    @classmethod
+    def start(cls, budgets: np.ndarray | Sequence[float]) -> FilterState:
+        b = np.asarray(budgets, dtype=np.float64)
+        if b.ndim != 1 or np.any(~np.isfinite(b)) or np.any(b < 0):
+            raise ValueError("squared_norm_budgets must be finite values >= 0")
+        active = b > 0
+        return cls(b, np.zeros(b.size), active, np.where(active, -1, 0).astype(np.int64))
+
+
+def filter_gd_steps(
+    model: nn.Module,
+    x: Tensor,
+    y: Tensor,
+    state: FilterState,
+    *,
+    steps: int,
+    noise_multiplier: float,
+    max_grad_norm: float,
+    optimizer: torch.optim.Optimizer,
+    stream: RandomStream | torch.Generator,
+    normalizer: float | None = None,
+    loss: LossFn = loss_fn,
+    physical_batch_size: int = 512,
+) -> list[int]:
+    """``steps`` steps of private GD with the filter, updating ``state`` in place; returns the
+    number of active records used at each step (the paper's Fig. 7)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    counts: list[int] = []
+    model.train()
+    for _ in range(int(steps)):
+        st = filter_step(
+            model, x, y, budgets=state.budgets, spent=state.spent, active=state.active,
+            noise_multiplier=noise_multiplier, max_grad_norm=max_grad_norm, stream=stream,
+            normalizer=normalizer, loss=loss, physical_batch_size=physical_batch_size,
+        )
+        optimizer.zero_grad(set_to_none=True)
+        for p, g in zip(params, st.grads, strict=True):
+            p.grad = g
+        optimizer.step()
+        state.steps_done += 1
+        state.spent += st.sq_norms
+        state.exit_step[st.exhausted] = state.steps_done
+        state.active &= ~st.exhausted
+        counts.append(st.active)
+    return counts
 
 
 @dataclass
