@@ -113,7 +113,7 @@ def test_supernode_starts_a_warm_worker_next_to_the_supernode(tmp_path: Path) ->
     assert result.exit_code == 0 and len(result.output.strip().splitlines()) == 1
     assert "--isolation" not in result.output
     bad = _run("supernode", "--silo", "0", "--num-silos", "2", "--superlink", "h:1",
-               "--insecure", "--mode", "lazy", "--dry-run")  # fmt: skip
+               "--insecure", "--mode", "lazy", "--dry-run")
     assert bad.exit_code == 2 and "--mode" in bad.output
 
 
@@ -145,7 +145,8 @@ def test_supernode_authentication_options(tmp_path: Path) -> None:
     cmd = shlex.split(ok.output.splitlines()[0])
     assert cmd[cmd.index("--auth-supernode-private-key") + 1] == str(key.resolve())
     insecure = _run("supernode", "--silo", "0", "--num-silos", "1", "--superlink", "h:1",
-                    "--insecure", "--auth-supernode-private-key", str(key), "--dry-run")  # fmt: skip
+                    "--insecure", "--auth-supernode-private-key", str(key),
+                    "--dry-run")  # fmt: skip
     assert insecure.exit_code == 2 and "needs TLS" in insecure.output
     link = _run("superlink", "--insecure", "--enable-supernode-auth", "--dry-run")
     assert link.exit_code == 2 and "needs TLS" in link.output

@@ -103,7 +103,8 @@ def make_certificates(folder: Path, names: tuple[str, ...] = ("localhost",)) -> 
 def doc_blocks() -> dict[str, str]:
     """The bash blocks of docs/flower.md marked ``<!-- deploy:NAME -->``, by name."""
     text = DOCS.read_text()
-    found = re.findall(r"<!-- deploy:(\w+) -->\n<!-- no-run[^\n]*-->\n```bash\n(.*?)```", text, re.S)
+    pattern = r"<!-- deploy:(\w+) -->\n<!-- no-run[^\n]*-->\n```bash\n(.*?)```"
+    found = re.findall(pattern, text, re.S)
     return dict(found)
 
 
@@ -224,7 +225,9 @@ def test_three_hospitals_with_tls_and_supernode_auth(tmp_path: Path) -> None:
         refused = deploy.start(
             "supernode", intruder, **{"9094": f"{free_port()} --mode per-message"}
         )
-        submit = deploy.run("submit", coordinator, timeout=400, **{"experiment.yaml": str(experiment)})
+        submit = deploy.run(
+            "submit", coordinator, timeout=400, **{"experiment.yaml": str(experiment)}
+        )
         assert "round 2/2" in submit
         assert refused.wait(timeout=120) != 0
         assert "Failed to activate SuperNode" in (intruder / "supernode.log").read_text()

@@ -161,7 +161,10 @@ class PriFedSyncMnistCNN(nn.Module):
     """
 
     def __init__(
-        self, input_shape: tuple[int, ...] = (1, 28, 28), num_classes: int = 10, dropout: bool = False
+        self,
+        input_shape: tuple[int, ...] = (1, 28, 28),
+        num_classes: int = 10,
+        dropout: bool = False,
     ):
         super().__init__()
         if len(input_shape) != 3:
@@ -314,11 +317,13 @@ def get_params(model: nn.Module) -> list[np.ndarray]:
     Only trainable parameters travel (never buffers such as running statistics, which are
     functions of the training data computed without noise).
     """
-    return [p.detach().to("cpu", torch.float32).numpy().copy() for _, p in trainable_parameters(model)]
+    named = trainable_parameters(model)
+    return [p.detach().to("cpu", torch.float32).numpy().copy() for _, p in named]
 
 
 def set_params(model: nn.Module, params: list[np.ndarray]) -> None:
-    """Load arrays produced by :func:`get_params` (same order and shapes) into ``model`` in place."""
+    """Load arrays produced by :func:`get_params` (same order and shapes) into ``model``, in
+    place."""
     named = trainable_parameters(model)
     if len(params) != len(named):
         raise ValueError(f"params: expected {len(named)} arrays, got {len(params)}")
@@ -393,7 +398,10 @@ class CNNMnist(nn.Module):
     """
 
     def __init__(
-        self, input_shape: tuple[int, ...] = (1, 28, 28), num_classes: int = 10, dropout: float = 0.5
+        self,
+        input_shape: tuple[int, ...] = (1, 28, 28),
+        num_classes: int = 10,
+        dropout: float = 0.5,
     ):
         super().__init__()
         if len(input_shape) != 3:

@@ -189,7 +189,8 @@ class PaillierPrivateKey:
         raise TypeError("a Paillier private key cannot be pickled or copied")
 
     def __repr__(self) -> str:
-        return f"PaillierPrivateKey({self.public_key.bits} bits, fingerprint {self.public_key.fingerprint().hex()})"
+        fingerprint = self.public_key.fingerprint().hex()
+        return f"PaillierPrivateKey({self.public_key.bits} bits, fingerprint {fingerprint})"
 
     def decrypt(self, c: mpz) -> mpz:
         """m ∈ [0, n) with ⟦m⟧ = c (CRT: two half-size exponentiations)."""

@@ -15,7 +15,9 @@ if TYPE_CHECKING:
     from pdpfl.runtime.flower.launcher import FlowerInterrupted, LocalFederation, run_flower
     from pdpfl.runtime.flower.transport import FlowerRunError, FlowerTransport
 
-__all__ = ["FlowerInterrupted", "FlowerRunError", "FlowerTransport", "LocalFederation", "run_flower"]
+__all__ = [
+    "FlowerInterrupted", "FlowerRunError", "FlowerTransport", "LocalFederation", "run_flower"
+]
 
 _LAZY = {
     "run_flower": "pdpfl.runtime.flower.launcher",
