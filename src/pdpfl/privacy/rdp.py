@@ -227,16 +227,17 @@ def _subsampled_pairs(q: np.ndarray, sigma: float, a: np.ndarray) -> np.ndarray:
     lo = np.floor(a).astype(np.int64)
     hi = np.ceil(a).astype(np.int64)
     # exact integer-order values needed: the order itself, or ⌊α⌋ (≥ 2) and ⌈α⌉.
+    # one batched pass (:mod:`pdpfl.privacy._rdp_pairs`) over every (q_i, ⌈α_i⌉) and
+    # (q_i, ⌊α_i⌋ ≥ 2) pair instead of one call per distinct integer order.
+    from pdpfl.privacy._rdp_pairs import integer_rdp_pairs
+
+    need_lo = np.flatnonzero(~is_int & (lo >= 2))
+    vals = integer_rdp_pairs(
+        np.concatenate([q, q[need_lo]]), sigma, np.concatenate([hi, lo[need_lo]])
+    )
+    rho_hi = vals[: q.size]
     rho_lo = np.zeros(q.size)
-    rho_hi = np.zeros(q.size)
-    for k in np.unique(np.concatenate([hi, lo[lo >= 2]])):
-        in_hi = hi == k
-        in_lo = (lo == k) & ~is_int
-        sel = np.flatnonzero(in_hi | in_lo)
-        vals = np.empty(q.size)
-        vals[sel] = _integer_rdp(q[sel], sigma, np.array([k]))[:, 0]
-        rho_hi[in_hi] = vals[in_hi]
-        rho_lo[in_lo] = vals[in_lo]
+    rho_lo[need_lo] = vals[q.size :]
     out[is_int] = rho_hi[is_int]
     f = np.flatnonzero(~is_int)
     if f.size:
@@ -340,13 +341,9 @@ def _fractional_rho(
     if small.any():
         g[small] = np.minimum(g[small], _taylor_log_a_upper(q[small], sigma, alpha[small]))
     # 1. the signed MTZ series with its error margin (grouped by ⌈α⌉: one term count each).
-    g_series = np.full(q.size, np.inf)
-    for n0 in np.unique(hi_k):
-        sel = np.flatnonzero(hi_k == n0)
-        step = max(1, _CHUNK_ELEMENTS // (int(n0) + _CVZ_TERMS))
-        for s in range(0, sel.size, step):
-            part = sel[s : s + step]
-            g_series[part] = _series_log_a_upper(q[part], sigma, alpha[part], int(n0))
+    from pdpfl.privacy._rdp_pairs import series_log_a_upper_pairs
+
+    g_series = series_log_a_upper_pairs(q, sigma, alpha, hi_k.astype(np.int64))
     g = np.minimum(g, np.where(np.isnan(g_series), np.inf, g_series))
     rho = g / (alpha - 1.0)
     return np.clip(rho, rho_lo, rho_hi)
@@ -354,6 +351,9 @@ def _fractional_rho(
 
 def _series_log_a_upper(q: np.ndarray, sigma: float, alpha: np.ndarray, n0: int) -> np.ndarray:
     """Upper bound on log A_α from the MTZ 2019 §3.3 series (paired q, α with ⌈α⌉ = n0).
+
+    One ⌈α⌉ at a time: the readable reference of the batched kernel that the accountant runs
+    (:func:`pdpfl.privacy._rdp_pairs.series_log_a_upper_pairs`, the same bits).
 
     A_α = Σ_i C(α,i)·(f_i + g_i) with both series of MTZ 2019 §3.3. For i < ⌈α⌉ every term is
     positive and is summed directly. For i ≥ ⌈α⌉ the terms alternate in sign and their
