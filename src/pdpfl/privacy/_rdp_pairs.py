@@ -20,6 +20,16 @@ from __future__ import annotations
 import numpy as np
 from scipy import special
 
+from pdpfl.privacy._rdp_constants import (
+    _CHUNK_ELEMENTS,
+    _CVZ_REMAINDER,
+    _CVZ_TERMS,
+    _U,
+    _W,
+    FUNCTION_ACCURACY,
+    _log_expm1,
+)
+
 #: Padded terms per block of the batched series (a few arrays of this size stay in cache).
 _BLOCK_ELEMENTS = 1 << 15
 
@@ -37,9 +47,7 @@ def integer_rdp_pairs(q: np.ndarray, sigma: float, alphas: np.ndarray) -> np.nda
     The computation of ``pdpfl.privacy.rdp._integer_rdp`` (MTZ 2019 §3.2, its float-error
     margin included), one log-sum-exp segment of α_i − 1 terms per pair.
     """
-    from pdpfl.privacy import rdp
-
-    accuracy, unit, chunk_elements = rdp.FUNCTION_ACCURACY, rdp._U, rdp._CHUNK_ELEMENTS
+    accuracy, unit, chunk_elements = FUNCTION_ACCURACY, _U, _CHUNK_ELEMENTS
     alphas = np.asarray(alphas, dtype=np.int64)
     uniq, inv = np.unique(alphas, return_inverse=True)
     inv = inv.reshape(-1)
@@ -51,7 +59,7 @@ def integer_rdp_pairs(q: np.ndarray, sigma: float, alphas: np.ndarray) -> np.nda
     g_a = special.gammaln(al_rep + 1.0)
     g_k = special.gammaln(k + 1.0)
     g_ak = special.gammaln(al_rep - k + 1.0)
-    lem = rdp._log_expm1(k * (k - 1.0) / (2.0 * sigma * sigma))
+    lem = _log_expm1(k * (k - 1.0) / (2.0 * sigma * sigma))
     const = g_a - g_k - g_ak + lem
     parts = np.abs(g_a) + np.abs(g_k) + np.abs(g_ak) + np.abs(lem) + 4.0
     ucmax = np.maximum.reduceat(parts, ustarts)
@@ -96,12 +104,10 @@ def series_log_a_upper_pairs(
     to the widest row of their chunk; maxima and sums only see each row's own n0_i + N terms.
     NaN marks a numerical failure (the caller then uses the other bounds).
     """
-    from pdpfl.privacy import rdp
-
     out = np.empty(q.size, dtype=np.float64)
     n0 = np.asarray(n0, dtype=np.int64)
     order = np.argsort(n0, kind="stable")
-    width = n0[order] + rdp._CVZ_TERMS
+    width = n0[order] + _CVZ_TERMS
     s = 0
     while s < order.size:
         # rows [s, e) of the sorted order: padded to at most 1.25× the narrowest row's width
@@ -117,9 +123,7 @@ def series_log_a_upper_pairs(
 
 def _series_rows(q: np.ndarray, sigma: float, alpha: np.ndarray, n0: np.ndarray) -> np.ndarray:
     """One block of :func:`series_log_a_upper_pairs`; ``n0`` must be sorted (non-decreasing)."""
-    from pdpfl.privacy import rdp
-
-    unit, acc, n = rdp._U, rdp.FUNCTION_ACCURACY, rdp._CVZ_TERMS
+    unit, acc, n = _U, FUNCTION_ACCURACY, _CVZ_TERMS
     rows = np.arange(q.size)
     w_max = int(n0.max()) + n
     lq = np.log(q)[:, None]
@@ -179,8 +183,8 @@ def _series_rows(q: np.ndarray, sigma: float, alpha: np.ndarray, n0: np.ndarray)
         bad = (y0 > 1.0).any(axis=1) | (y1 > 1.0).any(axis=1)
         lead = m[rows, n0]
         tail_m = m[rows[:, None], n0[:, None] + np.arange(n)[None, :]]
-        tail = np.maximum((tail_m * rdp._W).sum(axis=1), 0.0)
-        err += lead * rdp._CVZ_REMAINDER
+        tail = np.maximum((tail_m * _W).sum(axis=1), 0.0)
+        err += lead * _CVZ_REMAINDER
         out = top[:, 0] + np.log(head + tail + err)
         out = np.maximum(out, 0.0)
     out = out * (1.0 + 4.0 * unit)
