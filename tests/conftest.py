@@ -18,11 +18,6 @@ settings.register_profile(
 )
 settings.load_profile("ci" if os.environ.get("CI") else "default")
 
-# `pdpfl run` draws its plots in a child interpreter started at the beginning of the run
-# (pdpfl.runtime.plot_worker); the suite draws them in-process (no extra interpreter per CLI
-# test on the 2-core CI), except tests/test_plot_worker.py, which turns the worker on.
-os.environ.setdefault("PDPFL_PLOT_WORKER", "0")
-
 #: ``../shared/data`` beside the checkout, where CI and developers keep the real datasets.
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 

@@ -163,19 +163,6 @@ def run_command(
     ),
 ) -> None:
     """Train one federation (rPDP-FL or a baseline) and write metrics, summary, ledgers, plots."""
-    from pdpfl.runtime import plot_worker
-
-    plot_worker.start()  # imports matplotlib on the other core while this run trains
-    try:
-        _run(config_path, out, resume, force, overrides, data_dir, as_json, quiet, runtime,
-             plugins, device)
-    finally:
-        plot_worker.stop()
-
-
-def _run(config_path: Path, out: Path | None, resume: bool, force: bool,
-         overrides: list[str] | None, data_dir: str | None, as_json: bool, quiet: bool,
-         runtime: str | None, plugins: list[str] | None, device: str | None) -> None:
     if resume and force:
         fail("--resume and --force: choose one (continue the run, or replace it)")
     import_plugins(plugins)

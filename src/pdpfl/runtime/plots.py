@@ -14,23 +14,11 @@ import numpy as np
 from pdpfl.io import write_bytes
 from pdpfl.ledger import PrivacySummary
 
-__all__ = ["accuracy_figure", "draw_plots", "epsilon_figure", "write_plots"]
+__all__ = ["accuracy_figure", "epsilon_figure", "write_plots"]
 
 
 def write_plots(metrics: list[dict[str, Any]], summary: dict[str, Any], out: Path) -> None:
     """``accuracy.png`` (pooled test accuracy per round) and ``epsilon.png`` (ε spent vs budget).
-
-    Drawn by the plot worker (:mod:`pdpfl.runtime.plot_worker`) where ``pdpfl run`` started
-    one (it imported matplotlib while the run trained), else here (:func:`draw_plots`).
-    """
-    from pdpfl.runtime import plot_worker
-
-    if not plot_worker.draw(metrics, summary, out):
-        draw_plots(metrics, summary, out)
-
-
-def draw_plots(metrics: list[dict[str, Any]], summary: dict[str, Any], out: Path) -> None:
-    """Draw and write both plots in this process.
 
     The figures are plain :class:`matplotlib.figure.Figure` objects rendered by the Agg canvas:
     pyplot (its backend selection and figure manager, ~0.3 s to import) is never loaded.
