@@ -246,3 +246,9 @@ def test_batched_series_matches_the_one_order_series_bit_for_bit() -> None:
     one = rdp._series_log_a_upper
     ref = np.array([one(q[i : i + 1], 2.5, a[i : i + 1], int(n0[i]))[0] for i in range(400)])
     assert np.array_equal(ours, ref, equal_nan=True)
+    # rows wider than one block (⌈α⌉ + 16 > 2^15 terms) are still drawn one row at a time
+    q, a = np.array([1e-3, 1e-4, 0.2]), np.array([40000.5, 3.5, 35000.25])
+    n0 = np.ceil(a).astype(np.int64)
+    ours = series_log_a_upper_pairs(q, 50.0, a, n0)
+    ref = np.array([one(q[i : i + 1], 50.0, a[i : i + 1], int(n0[i]))[0] for i in range(3)])
+    assert np.array_equal(ours, ref, equal_nan=True)

@@ -113,7 +113,7 @@ def series_log_a_upper_pairs(
         # rows [s, e) of the sorted order: padded to at most 1.25× the narrowest row's width
         # (little wasted work) and at most _BLOCK_ELEMENTS padded terms (cache-sized arrays)
         w_cap = min(int(width[s] * 1.25) + 4, _BLOCK_ELEMENTS)
-        e = int(np.searchsorted(width, w_cap, side="right"))
+        e = max(s + 1, int(np.searchsorted(width, w_cap, side="right")))  # ≥ 1 row (wide ones)
         e = min(e, s + max(1, _BLOCK_ELEMENTS // int(width[e - 1])))
         sel = order[s:e]
         out[sel] = _series_rows(q[sel], sigma, alpha[sel], n0[sel])
