@@ -207,3 +207,48 @@ def test_unsampled_gaussian_rdp_is_rounded_up() -> None:
     ours = poisson_gaussian_rdp(1.0, sigma, [alpha])[0, 0]
     assert mpmath.mpf(float(ours)) >= exact
     assert ours <= float(exact) * (1 + 1e-15)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    sigma=st.floats(0.4, 30.0),
+    n=st.integers(1, 300),
+    max_order=st.sampled_from([3.0, 20.0, 700.0]),
+)
+def test_pairs_with_mixed_orders_match_the_one_order_path_bit_for_bit(
+    seed: int, sigma: float, n: int, max_order: float
+) -> None:
+    # the batched pair kernels (pdpfl.privacy._rdp_pairs: one pass over many distinct integer
+    # and fractional orders) give the bits of the one-order-at-a-time matrix path
+    rng = np.random.default_rng(seed)
+    q = 10.0 ** rng.uniform(-8.0, 0.0, n)
+    q[rng.random(n) < 0.05] = 1.0
+    a = rng.uniform(1.0001, max_order, n)
+    ints = rng.random(n) < 0.3
+    a[ints] = np.maximum(np.round(a[ints]), 2.0)
+    ours = poisson_gaussian_rdp_pairs(q, sigma, a)
+    ref = np.array(
+        [poisson_gaussian_rdp([qi], sigma, [ai])[0, 0] for qi, ai in zip(q, a, strict=True)]
+    )
+    assert np.array_equal(ours, ref), np.flatnonzero(ours != ref)
+
+
+def test_batched_series_matches_the_one_order_series_bit_for_bit() -> None:
+    from pdpfl.privacy import rdp
+    from pdpfl.privacy._rdp_pairs import series_log_a_upper_pairs
+
+    rng = np.random.default_rng(7)
+    q = 10.0 ** rng.uniform(-7.0, -0.01, 400)
+    a = rng.uniform(1.01, 400.0, 400)
+    n0 = np.ceil(a).astype(np.int64)
+    ours = series_log_a_upper_pairs(q, 2.5, a, n0)
+    one = rdp._series_log_a_upper
+    ref = np.array([one(q[i : i + 1], 2.5, a[i : i + 1], int(n0[i]))[0] for i in range(400)])
+    assert np.array_equal(ours, ref, equal_nan=True)
+    # rows wider than one block (⌈α⌉ + 16 > 2^15 terms) are still drawn one row at a time
+    q, a = np.array([1e-3, 1e-4, 0.2]), np.array([40000.5, 3.5, 35000.25])
+    n0 = np.ceil(a).astype(np.int64)
+    ours = series_log_a_upper_pairs(q, 50.0, a, n0)
+    ref = np.array([one(q[i : i + 1], 50.0, a[i : i + 1], int(n0[i]))[0] for i in range(3)])
+    assert np.array_equal(ours, ref, equal_nan=True)

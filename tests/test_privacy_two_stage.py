@@ -187,3 +187,30 @@ def test_find_noise_multiplier_meets_target_and_is_minimal() -> None:
         assert eps_of(sigma / (1 + 2e-3)) > target
     with pytest.raises(ValueError, match="target_epsilon"):
         find_noise_multiplier(-1.0, eps_of)
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    sigma=st.floats(0.5, 20.0),
+    steps=st.integers(1, 200),
+    rounds=st.integers(1, 50),
+    lam=st.sampled_from([1.0, 0.999, 0.5]),
+)
+def test_both_observers_is_the_max_of_each_computed_alone(sigma, steps, rounds, lam) -> None:
+    # plan_epsilon(both) skips the server's evaluation where it equals the third parties'
+    # bit for bit (λ = 1, every round charged): check against each observer computed alone
+    plan = TrainingPlan(
+        noise_multiplier=sigma, delta=1e-5, steps=steps, rounds=rounds, client_rate=lam
+    )
+    q = np.concatenate([np.geomspace(1e-6, 0.5, 40), [1.0]])
+    e_tp, o_tp = plan_epsilon(q, plan, "third-party")
+    e_sv, o_sv = plan_epsilon(q, plan, "server")
+    e_both, o_both = plan_epsilon(q, plan, "both")
+    assert np.array_equal(e_both, np.maximum(e_tp, e_sv))
+    if lam == 1.0:
+        assert np.array_equal(e_tp, e_sv) and np.array_equal(o_tp, o_sv)
+        assert np.array_equal(o_both, o_sv)
+    # with participations the server is charged k ≤ T rounds: computed separately
+    e_k, _ = plan_epsilon(q, plan, "both", participations=max(rounds - 1, 0))
+    e_sk, _ = plan_epsilon(q, plan, "server", participations=max(rounds - 1, 0))
+    assert np.array_equal(e_k, np.maximum(e_tp, e_sk))

@@ -29,7 +29,6 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
-from scipy.optimize import OptimizeWarning, curve_fit
 
 from pdpfl.calibration._accounting import (
     as_adversary,
@@ -109,6 +108,9 @@ class SCFEstimator:
         # Line 7: least-squares fit of exp(a q + b) + c. Start from a log-linear fit of ε − c0.
         c0 = float(eps.min()) - 1e-3 * max(float(np.ptp(eps)), 1e-12)
         a0, b0 = np.polyfit(q, np.log(np.maximum(eps - c0, 1e-300)), 1)
+        # scipy.optimize (~0.2 s to import) only when an SCF fit is run
+        from scipy.optimize import OptimizeWarning, curve_fit
+
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", OptimizeWarning)
             try:
@@ -217,6 +219,9 @@ class PaperSCFEstimator(SCFEstimator):
         a_orders = PAPER_ORDERS if orders is None else orders
         q = q32.astype(np.float64)  # the float32 rates, exactly as the reference evaluates them
         eps32 = exact_epsilon(q, plan, adv, a_orders, acc).astype(np.float32)
+        # scipy.optimize (~0.2 s to import) only when an SCF fit is run
+        from scipy.optimize import OptimizeWarning, curve_fit
+
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", OptimizeWarning)
             warnings.simplefilter("ignore", RuntimeWarning)  # exp overflow while searching

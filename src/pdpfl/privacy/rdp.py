@@ -74,6 +74,16 @@ import numpy as np
 from numpy.typing import ArrayLike
 from scipy import special
 
+from pdpfl.privacy._rdp_constants import (
+    _CHUNK_ELEMENTS,
+    _CVZ_REMAINDER,
+    _CVZ_TERMS,
+    _U,
+    _W,
+    FUNCTION_ACCURACY,
+    _log_expm1,
+)
+from pdpfl.privacy._rdp_pairs import integer_rdp_pairs, series_log_a_upper_pairs
 from pdpfl.privacy.orders import DEFAULT_ORDERS, check_orders
 
 __all__ = [
@@ -86,17 +96,6 @@ __all__ = [
     "FUNCTION_ACCURACY",
 ]
 
-#: Terms of the accelerated alternating tail: error ≤ 2·(3+√8)^−16 ≈ 1.1e-12 of its lead term
-#: (added to the margin).
-_CVZ_TERMS = 16
-#: Bound used for that remainder (relative to the lead term of the tail), with room to spare.
-_CVZ_REMAINDER = 4.0 * (3.0 + math.sqrt(8.0)) ** (-_CVZ_TERMS)
-#: Work-array budget (elements) for the vectorized sums.
-_CHUNK_ELEMENTS = 1 << 21
-#: Unit round-off of float64 (round to nearest: 2^-53; we use 2^-52 for margin).
-_U = 2.0**-52
-#: Assumed relative accuracy of each elementary / special function value (16 ulp).
-FUNCTION_ACCURACY = 16.0 * _U
 #: Largest ⌈α⌉ for which the Taylor bound (exact moments) is used.
 _TAYLOR_MAX_ORDER = 16
 
@@ -227,30 +226,19 @@ def _subsampled_pairs(q: np.ndarray, sigma: float, a: np.ndarray) -> np.ndarray:
     lo = np.floor(a).astype(np.int64)
     hi = np.ceil(a).astype(np.int64)
     # exact integer-order values needed: the order itself, or ⌊α⌋ (≥ 2) and ⌈α⌉.
+    # one batched pass (:mod:`pdpfl.privacy._rdp_pairs`) over every (q_i, ⌈α_i⌉) and
+    # (q_i, ⌊α_i⌋ ≥ 2) pair instead of one call per distinct integer order.
+    need_lo = np.flatnonzero(~is_int & (lo >= 2))
+    vals = integer_rdp_pairs(
+        np.concatenate([q, q[need_lo]]), sigma, np.concatenate([hi, lo[need_lo]])
+    )
+    rho_hi = vals[: q.size]
     rho_lo = np.zeros(q.size)
-    rho_hi = np.zeros(q.size)
-    for k in np.unique(np.concatenate([hi, lo[lo >= 2]])):
-        in_hi = hi == k
-        in_lo = (lo == k) & ~is_int
-        sel = np.flatnonzero(in_hi | in_lo)
-        vals = np.empty(q.size)
-        vals[sel] = _integer_rdp(q[sel], sigma, np.array([k]))[:, 0]
-        rho_hi[in_hi] = vals[in_hi]
-        rho_lo[in_lo] = vals[in_lo]
+    rho_lo[need_lo] = vals[q.size :]
     out[is_int] = rho_hi[is_int]
     f = np.flatnonzero(~is_int)
     if f.size:
         out[f] = _fractional_rho(q[f], sigma, a[f], rho_lo[f], rho_hi[f])
-    return out
-
-
-def _log_expm1(x: np.ndarray) -> np.ndarray:
-    """log(exp(x) − 1) for x > 0, without overflow."""
-    x = np.asarray(x, dtype=np.float64)
-    small = x <= 30.0
-    out = np.empty_like(x)
-    out[small] = np.log(np.expm1(x[small]))
-    out[~small] = x[~small] + np.log1p(-np.exp(-x[~small]))
     return out
 
 
@@ -300,26 +288,6 @@ def _integer_rdp(q: np.ndarray, sigma: float, alphas: np.ndarray) -> np.ndarray:
     return out * (1.0 + 4.0 * _U)
 
 
-def _cvz_weights(n: int) -> np.ndarray:
-    """Weights w with Σ_k (−1)^k a_k ≈ Σ_k w_k a_k (Cohen, Rodriguez Villegas, Zagier 2000, Alg. 1).
-
-    For a Hausdorff moment sequence a_k = ∫_0^1 x^k dμ the error is at most 2·S/(3+√8)^n ≤
-    2·a_0/(3+√8)^n (their Proposition 1).
-    """
-    d = (3.0 + math.sqrt(8.0)) ** n
-    d = (d + 1.0 / d) / 2.0
-    b, c = -1.0, -d
-    w = np.empty(n)
-    for k in range(n):
-        c = b - c
-        w[k] = c / d
-        b = (k + n) * (k - n) * b / ((k + 0.5) * (k + 1.0))
-    return w
-
-
-_W = _cvz_weights(_CVZ_TERMS)
-
-
 def _fractional_rho(
     q: np.ndarray, sigma: float, alpha: np.ndarray, rho_lo: np.ndarray, rho_hi: np.ndarray
 ) -> np.ndarray:
@@ -340,13 +308,7 @@ def _fractional_rho(
     if small.any():
         g[small] = np.minimum(g[small], _taylor_log_a_upper(q[small], sigma, alpha[small]))
     # 1. the signed MTZ series with its error margin (grouped by ⌈α⌉: one term count each).
-    g_series = np.full(q.size, np.inf)
-    for n0 in np.unique(hi_k):
-        sel = np.flatnonzero(hi_k == n0)
-        step = max(1, _CHUNK_ELEMENTS // (int(n0) + _CVZ_TERMS))
-        for s in range(0, sel.size, step):
-            part = sel[s : s + step]
-            g_series[part] = _series_log_a_upper(q[part], sigma, alpha[part], int(n0))
+    g_series = series_log_a_upper_pairs(q, sigma, alpha, hi_k.astype(np.int64))
     g = np.minimum(g, np.where(np.isnan(g_series), np.inf, g_series))
     rho = g / (alpha - 1.0)
     return np.clip(rho, rho_lo, rho_hi)
@@ -354,6 +316,9 @@ def _fractional_rho(
 
 def _series_log_a_upper(q: np.ndarray, sigma: float, alpha: np.ndarray, n0: int) -> np.ndarray:
     """Upper bound on log A_α from the MTZ 2019 §3.3 series (paired q, α with ⌈α⌉ = n0).
+
+    One ⌈α⌉ at a time: the readable reference of the batched kernel that the accountant runs
+    (:func:`pdpfl.privacy._rdp_pairs.series_log_a_upper_pairs`, the same bits).
 
     A_α = Σ_i C(α,i)·(f_i + g_i) with both series of MTZ 2019 §3.3. For i < ⌈α⌉ every term is
     positive and is summed directly. For i ≥ ⌈α⌉ the terms alternate in sign and their

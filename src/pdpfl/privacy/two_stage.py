@@ -98,6 +98,24 @@ def _charged_rounds(
     return np.full(n, plan.rounds, dtype=np.int64)
 
 
+def _same_for_both(
+    plan: TrainingPlan, participations: ArrayLike | int | None, accountant: str
+) -> bool:
+    """True where the server's ε is, bit for bit, the third parties' ε (no need to compute it).
+
+    A centralized plan has one event for both. With λ = 1 and every round charged to the
+    server (no ``participations``), the RDP accountant composes the third-party round
+    ``TwoStageRound(1, Composed(step, τ))`` as ``T·(τ·ρ)`` (:func:`two_stage_rdp` returns
+    ``τ·ρ`` for λ = 1) and the server's ``Composed(step, τ)`` as ``k·(τ·ρ)`` with k = T: the
+    same float operations on the same per-step RDP, so the same ε and order.
+    """
+    if not isinstance(plan, TrainingPlan) or participations is not None:
+        return False
+    if plan.rounds is None:
+        return True
+    return accountant == "rdp" and float(plan.client_rate) == 1.0
+
+
 def plan_rdp(
     rates: ArrayLike,
     plan: TrainingPlan,
@@ -158,6 +176,8 @@ def plan_epsilon(
             rates, plan, Adversary.THIRD_PARTY, participations, orders,
             accountant=accountant, refine=refine, **options,
         )
+        if _same_for_both(plan, participations, accountant):
+            return e_tp, o_tp
         e_sv, o_sv = plan_epsilon(
             rates, plan, Adversary.SERVER, participations, orders,
             accountant=accountant, refine=refine, **options,
