@@ -55,7 +55,8 @@ def test_without_ray_the_runtime_is_refused_naming_the_extra(
     assert not out.exists()
     # Named by the config (no --runtime flag): the field is named.
     res = runner.invoke(app, ["run", str(DEMO), "--out", str(out), "--set",
-                              "runtime=flower-simulation", *[x for t in TINY for x in ("--set", t)]])
+                              "runtime=flower-simulation",
+                              *[x for t in TINY for x in ("--set", t)]])
     assert res.exit_code == 2
     assert "error: runtime: flower-simulation needs the simulation extra" in res.output
 
