@@ -39,6 +39,7 @@ import json
 import logging
 import os
 import threading
+import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -62,7 +63,7 @@ __all__ = [
     "server_app",
 ]
 
-#: Environment variable naming the run's plan (run config + node configs); Ray's actors inherit
+#: Environment variable naming the run's plan (run config + node configs); Ray's workers inherit
 #: it from this process.
 PLAN_ENV = "PDPFL_FLOWER_SIMULATION_PLAN"
 PLAN_FILE = "simulation.json"
@@ -166,7 +167,10 @@ def check_simulation(config: Any, hooks: str = DEFAULT_HOOKS) -> None:
 
 
 def backend_config(client_resources: Mapping[str, float] | None) -> dict[str, Any]:
-    """Flower's ``backend_config`` for the Ray backend: per-actor resources, no dashboard."""
+    """Flower's ``backend_config`` for the Ray backend: per-actor resources, no dashboard.
+
+    (Flower sets Ray's ``runtime_env`` itself; Ray's workers inherit this process's
+    environment, :data:`PLAN_ENV` included.)"""
     resources = {"num_cpus": 1.0, "num_gpus": 0.0, **dict(client_resources or {})}
     return {
         "client_resources": {k: float(v) for k, v in resources.items()},
@@ -177,8 +181,9 @@ def backend_config(client_resources: Mapping[str, float] | None) -> dict[str, An
 
 @contextlib.contextmanager
 def _environment(values: Mapping[str, str]) -> Iterator[None]:
-    """Set environment variables for the run (Ray's actors inherit them), then restore."""
-    old = {k: os.environ.get(k) for k in values}
+    """Set environment variables for the run (Ray's actors inherit them), then restore them
+    (and ``PYTHONPATH``, which Flower's Ray backend rewrites in this process)."""
+    old = {k: os.environ.get(k) for k in [*values, "PYTHONPATH"]}
     os.environ.update(values)
     try:
         yield
@@ -302,12 +307,15 @@ def run_flower_simulation(
 
             ticker = _ticker(display.tick, stop) if progress else None
             try:
-                run_simulation(
-                    server_app=server_app,
-                    client_app=client_app,
-                    num_supernodes=num_silos,
-                    backend_config=backend_config(client_resources),
-                )
+                with warnings.catch_warnings():
+                    # Ray's notice about a future default (visible devices with num_gpus=0)
+                    warnings.filterwarnings("ignore", category=FutureWarning, module="ray")
+                    run_simulation(
+                        server_app=server_app,
+                        client_app=client_app,
+                        num_supernodes=num_silos,
+                        backend_config=backend_config(client_resources),
+                    )
             except Exception as err:  # the ServerApp's own error is in its result file
                 failure = err
             finally:
