@@ -99,6 +99,48 @@ def test_client_resources_are_validated_and_do_not_change_the_run() -> None:
         with_updates(base, ["flower.simulation.client_resources.num_gpus=-1"])
 
 
+def test_resources_no_actor_could_get_are_refused_before_ray_starts() -> None:
+    """An actor pool Ray cannot fill would crash the engine after start-up: refused first."""
+    import os
+
+    from pdpfl.runtime.flower.simulation_engine import check_simulation
+
+    cpus = os.cpu_count() or 1
+    too_many = load_config(DEMO, [*TINY, f"flower.simulation.client_resources.num_cpus={cpus + 1}"])
+    with pytest.raises(ValueError, match=rf"client_resources.num_cpus: {cpus + 1} is more than "
+                       rf"the {cpus} CPUs.*\(0, {cpus}\]"):
+        check_simulation(too_many)
+    all_cpus = f"flower.simulation.client_resources.num_cpus={cpus}"
+    check_simulation(load_config(DEMO, [*TINY, all_cpus]))
+    import torch
+
+    if not torch.cuda.is_available():
+        gpu = load_config(DEMO, [*TINY, "flower.simulation.client_resources.num_gpus=0.5"])
+        with pytest.raises(ValueError, match="num_gpus: 0.5 but torch sees 0 CUDA device"):
+            check_simulation(gpu)
+
+
+def test_a_serverapp_stops_waiting_once_the_engine_stopped() -> None:
+    """If Ray fails under it, the ServerApp's next grid call raises (no wait for its timeout)."""
+    import threading
+
+    from pdpfl.runtime.flower.simulation_engine import _StoppableGrid
+    from pdpfl.runtime.flower.transport import FlowerRunError
+
+    class Grid:
+        run = "r"
+
+        def get_node_ids(self) -> list[int]:
+            return [1, 2]
+
+    stopped = threading.Event()
+    grid = _StoppableGrid(Grid(), stopped)  # type: ignore[arg-type]
+    assert grid.get_node_ids() == [1, 2] and grid.run == "r"
+    stopped.set()
+    with pytest.raises(FlowerRunError, match="Simulation Engine stopped"):
+        grid.get_node_ids()
+
+
 def test_the_virtual_supernode_gets_its_silos_node_config(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

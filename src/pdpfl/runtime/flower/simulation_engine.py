@@ -42,7 +42,7 @@ import threading
 import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
@@ -131,12 +131,37 @@ class _VirtualSuperNodeApp(ClientApp):
             HOST.clear()
 
 
+#: Set when the Simulation Engine stopped under the ServerApp (e.g. Ray failed to start): the
+#: ServerApp's next grid call raises instead of waiting out its timeouts.
+ENGINE_STOPPED = threading.Event()
+
+
+class _StoppableGrid:
+    """The engine's grid; every call raises :class:`FlowerRunError` once the engine stopped."""
+
+    def __init__(self, grid: Grid, stopped: threading.Event) -> None:
+        self._grid, self._stopped = grid, stopped
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._grid, name)
+        if not callable(attr):
+            return attr
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if self._stopped.is_set():
+                raise FlowerRunError("Flower's Simulation Engine stopped under the ServerApp")
+            return attr(*args, **kwargs)
+
+        return call
+
+
 class _PlannedServerApp(ServerApp):
     """:data:`pdpfl.runtime.flower.apps.server_app` with the run config of the plan."""
 
     def __call__(self, grid: Grid, context: Context) -> None:
         plan = load_plan()
-        apps.server_app(grid, _context(context, plan["run_config"], context.node_config))
+        stoppable = cast(Grid, _StoppableGrid(grid, ENGINE_STOPPED))
+        apps.server_app(stoppable, _context(context, plan["run_config"], context.node_config))
 
 
 #: The apps handed to :func:`flwr.simulation.run_simulation`.
@@ -152,6 +177,11 @@ def check_simulation(config: Any, hooks: str = DEFAULT_HOOKS) -> None:
             f"algorithm.name: {algorithm.name!r} runs only in the in-process simulator; "
             "use runtime: simulation"
         )
+    resources = getattr(getattr(getattr(config, "flower", None), "simulation", None),
+                        "client_resources", None)
+    if resources is not None:
+        check_resources(resources.num_cpus, resources.num_gpus,
+                        "flower.simulation.client_resources")
     if not hasattr(config, "aggregation"):
         return
     from pdpfl.fl.aggregation import holds_secrets, protocol_from_config
@@ -164,6 +194,28 @@ def check_simulation(config: Any, hooks: str = DEFAULT_HOOKS) -> None:
             "disks between its stages; use runtime: flower (warm silo workers) or "
             "aggregation: plain"
         )
+
+
+def check_resources(num_cpus: float, num_gpus: float, field: str = "client_resources") -> None:
+    """Refuse per-actor resources that no actor on this machine can get (Ray would start an
+    empty actor pool): more CPUs than this machine has, or GPUs where torch sees fewer."""
+    cpus = os.cpu_count() or 1
+    if num_cpus > cpus:
+        raise ValueError(
+            f"{field}.num_cpus: {num_cpus:g} is more than the {cpus} CPUs of this machine (no "
+            f"ClientApp actor could start); use a value in (0, {cpus}]"
+        )
+    if num_gpus > 0:
+        import math
+
+        import torch
+
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if gpus < math.ceil(num_gpus):
+            raise ValueError(
+                f"{field}.num_gpus: {num_gpus:g} but torch sees {gpus} CUDA device(s) here (no "
+                "ClientApp actor could start); use 0, or at most the number of GPUs"
+            )
 
 
 def backend_config(client_resources: Mapping[str, float] | None) -> dict[str, Any]:
@@ -204,7 +256,7 @@ def _flower_log(path: Path) -> Iterator[None]:
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
     FLOWER_LOGGER.addHandler(handler)
     level = console_handler.level
-    console_handler.setLevel(logging.ERROR)
+    console_handler.setLevel(logging.CRITICAL + 1)  # errors too: the caller reports them
     try:
         yield
     finally:
@@ -283,6 +335,9 @@ def run_flower_simulation(
         resources = getattr(section, "client_resources", None)
         if resources is not None:
             client_resources = {"num_cpus": resources.num_cpus, "num_gpus": resources.num_gpus}
+    else:
+        check_resources(float(client_resources.get("num_cpus", 1.0)),
+                        float(client_resources.get("num_gpus", 0.0)))
     out = Path(out_dir).resolve()
     flower_dir = out / "flower"
     flower_dir.mkdir(parents=True, exist_ok=True)
@@ -298,6 +353,7 @@ def run_flower_simulation(
     rounds = int(getattr(getattr(config, "training", None), "rounds", 1))
     display = CoordinatorProgress(out, rounds, num_silos, enabled=progress)
     stop = threading.Event()
+    ENGINE_STOPPED.clear()
     env = {PLAN_ENV: str(plan_path), "FLWR_TELEMETRY_ENABLED": "0",
            "RAY_DEDUP_LOGS": "0", "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"}
     failure: BaseException | None = None
@@ -319,6 +375,7 @@ def run_flower_simulation(
             except Exception as err:  # the ServerApp's own error is in its result file
                 failure = err
             finally:
+                ENGINE_STOPPED.set()  # a ServerApp still waiting gives up now
                 stop.set()
                 if ticker is not None:
                     ticker.join(timeout=2.0)
@@ -330,6 +387,21 @@ def run_flower_simulation(
         raise FlowerInterrupted(out, len(read_metrics(out))) from None
     finally:
         display.close()
-    why = f"{type(failure).__name__}: {failure}; " if failure is not None else ""
-    return collect_result(config, out, num_silos,
-                          missing=f"{why}see {flower_dir / LOG_FILE}")
+    if failure is not None:
+        _wait_for(flower_dir / RESULT_FILE, 10.0)  # the stopped ServerApp writes its error
+        result = json.loads((flower_dir / RESULT_FILE).read_text()) if (
+            flower_dir / RESULT_FILE).exists() else {}
+        if result.get("status") not in ("ok", "diverged"):
+            raise FlowerRunError(
+                f"Flower's Simulation Engine failed ({type(failure).__name__}: {failure}); the "
+                f"ServerApp: {result.get('error', 'no result')}; see {flower_dir / LOG_FILE}"
+            )
+    return collect_result(config, out, num_silos, missing=f"see {flower_dir / LOG_FILE}")
+
+
+def _wait_for(path: Path, timeout_s: float) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
