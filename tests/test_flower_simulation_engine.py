@@ -206,3 +206,49 @@ def test_three_virtual_supernodes_give_the_simulators_model(tmp_path: Path) -> N
     assert [t["warm"] for t in timings] == [False] * len(timings)
     assert len(timings) >= 4 and all(t["build_s"] > 0 for t in timings)
     assert not ray.is_initialized()  # the engine shut Ray down
+
+
+@pytest.mark.flower
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_RAY, reason="Ray is not installed (pip install 'pdpfl[simulation]')")
+def test_ctrl_c_stops_the_engine_and_prints_the_resume_command(tmp_path: Path) -> None:
+    """SIGINT mid-run: exit 130 within seconds with the finished rounds checkpointed, and no
+    Ray process left (before, Flower's threads waited forever on actors Ray had shut down)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from pdpfl.runtime.flower.launcher import descendants
+
+    out = tmp_path / "run"
+    cmd = [str(Path(sys.executable).parent / "pdpfl"), "run", str(DEMO),
+           "--runtime", "flower-simulation", "--quiet", "--out", str(out),
+           *[x for t in [*TINY, "rounds=200"] for x in ("--set", t)]]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=ROOT,
+                            env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    try:
+        deadline = time.monotonic() + 120
+        metrics = out / "metrics.jsonl"
+        while not (metrics.exists() and metrics.read_text().count("\n") >= 1):
+            assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else ""
+            assert time.monotonic() < deadline, "no round finished within 120 s"
+            time.sleep(0.2)
+        ray_pids = descendants([proc.pid])
+        assert ray_pids  # Ray's processes run under the command
+        proc.send_signal(signal.SIGINT)
+        t0 = time.monotonic()
+        output, _ = proc.communicate(timeout=60)
+        assert time.monotonic() - t0 < 30
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    text = output.decode()
+    assert proc.returncode == 130, text
+    assert "Resume with:" in text and "--resume" in text and "Traceback" not in text
+    assert (out / "checkpoint.npz").exists()
+    time.sleep(1.0)
+    assert not [p for p in ray_pids if Path(f"/proc/{p}").exists()
+                and Path(f"/proc/{p}/stat").read_text().split(")")[1].split()[0] != "Z"]

@@ -265,6 +265,32 @@ def _flower_log(path: Path) -> Iterator[None]:
         handler.close()
 
 
+@contextlib.contextmanager
+def _stop_on_signals(interrupted: threading.Event) -> Iterator[None]:
+    """Ctrl-C / SIGTERM while the engine runs: stop the ServerApp at its next grid call (its
+    finished rounds are checkpointed) and let Flower stop its actors in order -- raising
+    KeyboardInterrupt in the engine's loop instead leaves Flower's threads waiting on actors Ray
+    already shut down. A second signal raises KeyboardInterrupt at once."""
+    import signal
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        if interrupted.is_set():
+            raise KeyboardInterrupt(f"signal {signum}")
+        interrupted.set()
+        ENGINE_STOPPED.set()
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
 def _ticker(tick: Any, stop: threading.Event) -> threading.Thread:
     def loop() -> None:
         while not stop.wait(0.5):
@@ -352,13 +378,14 @@ def run_flower_simulation(
     write_json(plan_path, {"run_config": run_config, "node_configs": node_configs})
     rounds = int(getattr(getattr(config, "training", None), "rounds", 1))
     display = CoordinatorProgress(out, rounds, num_silos, enabled=progress)
-    stop = threading.Event()
+    stop, interrupted = threading.Event(), threading.Event()
     ENGINE_STOPPED.clear()
     env = {PLAN_ENV: str(plan_path), "FLWR_TELEMETRY_ENABLED": "0",
            "RAY_DEDUP_LOGS": "0", "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"}
     failure: BaseException | None = None
     try:
-        with _environment(env), _flower_log(flower_dir / LOG_FILE):
+        with (_environment(env), _flower_log(flower_dir / LOG_FILE),
+              _stop_on_signals(interrupted)):
             from flwr.simulation import run_simulation
 
             ticker = _ticker(display.tick, stop) if progress else None
@@ -381,12 +408,14 @@ def run_flower_simulation(
                     ticker.join(timeout=2.0)
                     display.tick()
     except KeyboardInterrupt:
+        interrupted.set()
+    finally:
+        display.close()
+    if interrupted.is_set():
         from pdpfl.runtime.flower.launcher import FlowerInterrupted
         from pdpfl.runtime.loop import read_metrics
 
-        raise FlowerInterrupted(out, len(read_metrics(out))) from None
-    finally:
-        display.close()
+        raise FlowerInterrupted(out, len(read_metrics(out)))
     if failure is not None:
         _wait_for(flower_dir / RESULT_FILE, 10.0)  # the stopped ServerApp writes its error
         result = json.loads((flower_dir / RESULT_FILE).read_text()) if (
