@@ -433,6 +433,31 @@ class SecureConfig(_Section):
         return value
 
 
+class ClientResourcesConfig(_Section):
+    """Ray resources of each ClientApp actor of Flower's Simulation Engine."""
+
+    num_cpus: float = Field(1.0, gt=0, le=1024, description="CPUs per actor (the actor pool "
+                            "has about CPUs / num_cpus actors)")
+    num_gpus: float = Field(0.0, ge=0, le=64, description="GPUs (or a fraction of one) per "
+                            "actor; 0 trains on the CPU")
+
+
+class FlowerSimulationConfig(_Section):
+    """``runtime: flower-simulation``: Flower's Simulation Engine (Ray backend)."""
+
+    client_resources: ClientResourcesConfig = Field(
+        default_factory=lambda: ClientResourcesConfig.model_validate({})
+    )
+
+
+class FlowerConfig(_Section):
+    """Settings of the Flower runtimes (they never change what is computed)."""
+
+    simulation: FlowerSimulationConfig = Field(
+        default_factory=lambda: FlowerSimulationConfig.model_validate({})
+    )
+
+
 class ExperimentConfig(_Section):
     """A complete, validated experiment.
 
@@ -449,7 +474,10 @@ class ExperimentConfig(_Section):
 
     name: str = "experiment"
     seed: int = Field(42, ge=0, lt=2**63)
-    runtime: Literal["simulation", "flower"] = "simulation"
+    runtime: Literal["simulation", "flower", "flower-simulation"] = Field(
+        "simulation", description="simulation (in-process), flower (SuperLink + SuperNodes on "
+        "loopback) or flower-simulation (Flower's Simulation Engine, Ray: pdpfl[simulation])"
+    )
     randomness: Literal["secure", "reproducible"] = Field(
         "secure",
         description="secure: noise and sampling coins from a CSPRNG with a fresh secret key per "
@@ -466,6 +494,7 @@ class ExperimentConfig(_Section):
         "round, drawing its own λ-coin, so the server's view equals a third party's"
     )
     secure: SecureConfig = Field(default_factory=lambda: SecureConfig.model_validate({}))
+    flower: FlowerConfig = Field(default_factory=lambda: FlowerConfig.model_validate({}))
     output_dir: str = "runs/experiment"
     save_models: Literal["final", "every-round"] = Field(
         "final", description="final: model.safetensors only; every-round: also the global "
@@ -722,6 +751,7 @@ def run_fingerprint(config: ExperimentConfig) -> str:
     data.pop("save_models", None)
     data["training"].pop("rounds", None)
     data["training"].pop("device", None)  # a run may continue on another device
+    data.pop("flower", None)  # nor do the Simulation Engine's resources
     for section, key in (("data", "data_dir"), ("budgets", "file")):
         value = data.get(section, {}).get(key)
         if value:

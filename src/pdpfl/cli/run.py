@@ -27,6 +27,8 @@ from pdpfl.cli._common import fail, import_plugins, print_json
 EXIT_INTERRUPTED = 130
 #: Exit code of a run whose training diverged (non-finite model, update or loss).
 EXIT_DIVERGED = 3
+#: Runtimes that run the pdpfl Flower apps.
+FLOWER_RUNTIMES = ("flower", "flower-simulation")
 
 
 
@@ -151,7 +153,9 @@ def run_command(
     as_json: bool = typer.Option(False, "--json", help="Print summary.json instead of tables."),
     quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
     runtime: str | None = typer.Option(
-        None, "--runtime", help="simulation (in-process) or flower (overrides the config)."
+        None, "--runtime", help="simulation (in-process), flower (SuperLink + SuperNodes on "
+        "loopback) or flower-simulation (Flower's Simulation Engine, Ray; needs "
+        "pdpfl[simulation]); overrides the config."
     ),
     plugins: list[str] | None = typer.Option(
         None, "--import", help="Python file or module to import first (e.g. one that calls "
@@ -171,21 +175,23 @@ def run_command(
     config = _load(config_path, extra, data_dir)
     check_device(config)
     out_dir = Path(out) if out is not None else Path(config.output_dir)
-    if config.runtime == "flower":
+    if config.runtime in FLOWER_RUNTIMES:
         if config.algorithm.simulation_only:
             fail(
                 f"algorithm.name: {config.algorithm.name!r} runs only in the simulator "
                 "(--runtime simulation)"
             )
+    if config.runtime == "flower-simulation":
+        check_simulation_engine(config, "--runtime" if runtime is not None else "runtime")
     existed = out_dir.exists()
     hint = _resume_hint(config_path, out_dir, list(overrides or []), data_dir, runtime,
                         list(plugins or []), device)
     with locked(out_dir, created=not existed):
         _prepare_out(out_dir, resume=resume, force=force)
         try:
-            if config.runtime == "flower":
+            if config.runtime in FLOWER_RUNTIMES:
                 summary = _flower(config, out_dir, resume, progress=not (quiet or as_json),
-                                  hint=hint)
+                                  hint=hint, engine=config.runtime == "flower-simulation")
             else:
                 summary = _simulate(config, out_dir, resume, progress=not (quiet or as_json),
                                     created=not existed)
@@ -208,8 +214,24 @@ def run_command(
                    f"  plots: {out_dir / 'accuracy.png'}, {out_dir / 'epsilon.png'}")
 
 
+def check_simulation_engine(config: Any, option: str) -> None:
+    """Exit 2 when Flower's Simulation Engine is not installed here (``pdpfl[simulation]``) or
+    cannot run ``config`` (a protocol that keeps secrets in a silo's memory between stages)."""
+    import importlib.util
+
+    if importlib.util.find_spec("flwr") is None or importlib.util.find_spec("ray") is None:
+        fail(f"{option}: flower-simulation needs the simulation extra: "
+             "pip install 'pdpfl[simulation]'")
+    from pdpfl.runtime.flower.simulation_engine import check_simulation
+
+    try:
+        check_simulation(config)
+    except ValueError as err:
+        fail(str(err))
+
+
 def _flower(config: Any, out_dir: Path, resume: bool, *, progress: bool,
-            hint: str) -> dict[str, Any]:
+            hint: str, engine: bool = False) -> dict[str, Any]:
     from pdpfl.errors import TrainingDiverged
     from pdpfl.runtime.flower import (  # lazy: flwr is optional
         FlowerInterrupted,
@@ -218,6 +240,10 @@ def _flower(config: Any, out_dir: Path, resume: bool, *, progress: bool,
     )
 
     try:
+        if engine:
+            from pdpfl.runtime.flower.simulation_engine import run_flower_simulation
+
+            return run_flower_simulation(config, out_dir, resume, progress=progress)
         return run_flower(config, out_dir, resume, progress=progress)
     except TrainingDiverged as err:  # outputs (completed: false) are written; exit 3
         typer.echo(f"error: {err}\n  every finished round and every ledger charge is kept in "

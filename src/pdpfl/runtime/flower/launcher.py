@@ -636,6 +636,54 @@ class CoordinatorProgress:
 # ------------------------------------------------------------------------------ run_flower
 
 
+def app_run_config(
+    config_dict: dict[str, Any],
+    out: Path,
+    resume: bool,
+    *,
+    hooks: str,
+    round_timeout_s: float,
+    startup_timeout_s: float,
+    min_silos: int,
+    prefetch: bool,
+) -> dict[str, Any]:
+    """The app's run config (see :mod:`pdpfl.runtime.flower.apps`)."""
+    return {
+        "pdpfl-config": encode_config(config_dict),
+        "pdpfl-hooks": hooks,
+        "pdpfl-out-dir": str(out),
+        "pdpfl-resume": bool(resume),
+        "pdpfl-round-timeout": float(round_timeout_s),
+        "pdpfl-startup-timeout": float(startup_timeout_s),
+        "pdpfl-min-silos": int(min_silos),
+        "pdpfl-prefetch": bool(prefetch),
+    }
+
+
+def silo_node_configs(
+    flower_dir: Path,
+    num_silos: int,
+    *,
+    data_dirs: Mapping[int, str] | None = None,
+    hooks: str = DEFAULT_HOOKS,
+) -> list[dict[str, Any]]:
+    """One node config per local silo: its index, the number of silos, its state folder
+    ``<flower_dir>/silo-<i>``, and its data folder and hooks spec when given."""
+    node_configs = []
+    for i in range(num_silos):
+        node_config: dict[str, Any] = {
+            PARTITION_ID: i,
+            NUM_PARTITIONS: num_silos,
+            STATE_DIR: str(flower_dir / f"silo-{i}"),
+        }
+        if data_dirs and i in data_dirs:
+            node_config[DATA_DIR] = str(Path(data_dirs[i]).resolve())
+        if hooks != DEFAULT_HOOKS:
+            node_config[HOOKS_KEY] = hooks
+        node_configs.append(node_config)
+    return node_configs
+
+
 def default_startup_timeout(num_silos: int) -> float:
     """Seconds to wait for all silos: grows with their number (start-up is CPU-bound)."""
     return 60.0 + 10.0 * num_silos
@@ -728,29 +776,12 @@ def run_flower(
     rounds = int(getattr(getattr(config, "training", None), "rounds", 1))
     if run_timeout_s is None:
         run_timeout_s = startup_timeout_s + 2 * rounds * round_timeout_s + 60.0
-    run_config = {
-        "pdpfl-config": encode_config(spec.config_to_dict(config)),
-        "pdpfl-hooks": hooks,
-        "pdpfl-out-dir": str(out),
-        "pdpfl-resume": bool(resume),
-        "pdpfl-round-timeout": float(round_timeout_s),
-        "pdpfl-startup-timeout": float(startup_timeout_s),
-        "pdpfl-min-silos": int(min_silos),
-        "pdpfl-prefetch": bool(prefetch),
-    }
+    run_config = app_run_config(
+        spec.config_to_dict(config), out, resume, hooks=hooks, round_timeout_s=round_timeout_s,
+        startup_timeout_s=startup_timeout_s, min_silos=min_silos, prefetch=prefetch,
+    )
     app_dir = write_app(flower_dir / "app", run_config)
-    node_configs = []
-    for i in range(num_silos):
-        node_config: dict[str, Any] = {
-            PARTITION_ID: i,
-            NUM_PARTITIONS: num_silos,
-            STATE_DIR: str(flower_dir / f"silo-{i}"),
-        }
-        if data_dirs and i in data_dirs:
-            node_config[DATA_DIR] = str(Path(data_dirs[i]).resolve())
-        if hooks != DEFAULT_HOOKS:
-            node_config[HOOKS_KEY] = hooks
-        node_configs.append(node_config)
+    node_configs = silo_node_configs(flower_dir, num_silos, data_dirs=data_dirs, hooks=hooks)
     display = CoordinatorProgress(out, rounds, num_silos, enabled=progress)
     try:
         with (
@@ -774,12 +805,21 @@ def run_flower(
         raise FlowerInterrupted(out, len(read_metrics(out))) from None
     finally:
         display.close()
+    return collect_result(
+        config, out, num_silos,
+        missing=f"flwr run exit code {code}; see {flower_dir}/flwr-run.log and superlink.log",
+    )
+
+
+def collect_result(config: Any, out: Path, num_silos: int, *, missing: str) -> dict[str, Any]:
+    """After a local Flower run: the ServerApp's result, the silos' ledgers copied to
+    ``out/ledgers/`` and their privacy summaries merged into the operator's summary (one
+    operator owns every local silo); raises on a failed or diverged run (``missing`` says
+    where to look when the ServerApp wrote no result)."""
+    flower_dir = out / "flower"
     result_path = flower_dir / RESULT_FILE
     if not result_path.exists():
-        raise FlowerRunError(
-            f"the ServerApp wrote no result (flwr run exit code {code}); "
-            f"see {flower_dir}/flwr-run.log and superlink.log"
-        )
+        raise FlowerRunError(f"the ServerApp wrote no result ({missing})")
     result = json.loads(result_path.read_text())
     if result.get("status") not in ("ok", "diverged"):
         raise FlowerRunError(f"the Flower run failed: {result.get('error')}")
