@@ -64,3 +64,22 @@ def test_a_run_cannot_be_shortened_on_resume(tmp_path) -> None:
     with pytest.raises(ValueError, match="shorten"):
         run_simulation(config_from_dict(TINY), out, resume=True, progress=False)
     assert Path(out / "summary.json").is_file()
+
+
+def test_a_runtime_that_rebuilds_at_the_new_t_refuses_to_extend(tmp_path) -> None:
+    """The Flower runtimes rebuild every silo at the configured T and restore only the ledgers'
+    counts: extending there would re-price the rounds already charged at the smaller rates of a
+    larger T (an under-count). Refused before any process starts; the simulator extends."""
+    from pdpfl.runtime.flower.launcher import check_resume
+    from pdpfl.runtime.loop import check_planned_rounds, load_checkpoint
+
+    out = tmp_path / "run"
+    run_simulation(config_from_dict(TINY), out, progress=False)
+    ckpt = load_checkpoint(out)
+    assert ckpt is not None and int(ckpt["planned_rounds"]) == 2
+    check_resume(config_from_dict(TINY), out, True)  # the same T resumes
+    check_resume(config_from_dict(TINY, ["rounds=4"]), out, False)  # not a resume
+    with pytest.raises(ValueError, match=r"training.rounds: .*calibrated for 2 rounds"):
+        check_resume(config_from_dict(TINY, ["rounds=4"]), out, True)
+    with pytest.raises(ValueError, match="re-price"):  # what the Flower ServerApp's loop checks
+        check_planned_rounds(ckpt, 4, out)

@@ -166,6 +166,24 @@ def save_checkpoint(out_dir: Path, state: dict[str, Any]) -> None:
     record_progress(run_id, int(state["next_round"]))
 
 
+def check_planned_rounds(ckpt: dict[str, Any], planned: int, out: Path | str) -> None:
+    """Refuse to resume a checkpoint under a mechanism calibrated for another T.
+
+    σ and the sampling rates are calibrated for the planned number of rounds, and a resumed
+    ledger restores only its counts: a silo rebuilt for a larger T (smaller rates) would
+    re-price the rounds already charged at the new, smaller rates and under-count ε. The
+    simulator extends a run by rebuilding at the checkpoint's T (``planned_rounds``); a runtime
+    that rebuilds at the new T must stop here."""
+    was = int(ckpt.get("planned_rounds", planned))
+    if was != int(planned):
+        raise ValueError(
+            f"training.rounds: the run in {out} was calibrated for {was} rounds; this runtime "
+            f"would rebuild its mechanism for {planned} and re-price the rounds already charged; "
+            "extend a finished run with the simulator (--runtime simulation --resume --set "
+            "rounds=N), which keeps the published mechanism"
+        )
+
+
 def load_checkpoint(out_dir: str | Path) -> dict[str, Any] | None:
     """The last checkpoint written by :func:`run_federation`, or None.
 
@@ -324,6 +342,7 @@ def run_rounds(
                 raise ValueError(
                     f"cannot resume: the checkpoint in {out} was written by a different config"
                 )
+            check_planned_rounds(ckpt, settings.planned_rounds or rounds, out)
             start = int(ckpt["next_round"])
             if start > rounds:
                 raise ValueError(

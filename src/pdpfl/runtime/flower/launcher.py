@@ -769,6 +769,7 @@ def run_flower(
         if not value > 0:
             raise ValueError(f"{name}: must be > 0, got {value}")
     out = Path(out_dir).resolve()
+    check_resume(config, out, resume)
     flower_dir = out / "flower"
     flower_dir.mkdir(parents=True, exist_ok=True)
     for name in (RESULT_FILE, STATUS_FILE):
@@ -847,6 +848,20 @@ def raise_if_diverged(result: Mapping[str, Any], summary: dict[str, Any]) -> Non
     )
     err.result = summary
     raise err
+
+
+def check_resume(config: Any, out: Path, resume: bool) -> None:
+    """Before any process starts: a resume must keep the T its mechanism was calibrated for
+    (:func:`pdpfl.runtime.loop.check_planned_rounds`; the Flower runtimes rebuild every silo
+    at the configured T, so extending a finished run is the simulator's)."""
+    if not resume:
+        return
+    from pdpfl.runtime.loop import check_planned_rounds, load_checkpoint
+
+    ckpt = load_checkpoint(out)
+    rounds = getattr(getattr(config, "training", None), "rounds", None)
+    if ckpt is not None and rounds is not None:
+        check_planned_rounds(ckpt, int(rounds), out)
 
 
 def check_mode(config: Any, mode: str) -> None:

@@ -340,6 +340,7 @@ def run_flower_simulation(
     from pdpfl.runtime.flower.launcher import (
         CoordinatorProgress,
         app_run_config,
+        check_resume,
         collect_result,
         default_startup_timeout,
         silo_node_configs,
@@ -365,6 +366,7 @@ def run_flower_simulation(
         check_resources(float(client_resources.get("num_cpus", 1.0)),
                         float(client_resources.get("num_gpus", 0.0)))
     out = Path(out_dir).resolve()
+    check_resume(config, out, resume)
     flower_dir = out / "flower"
     flower_dir.mkdir(parents=True, exist_ok=True)
     for name in (RESULT_FILE, STATUS_FILE):
