@@ -9,7 +9,8 @@ claimed ε).
 Under ``randomness: secure`` the mechanism's noise is fresh in every run, so the audit's own
 guarantee is what the test can check: the control group (ε = 0) gets ε̂ > 0 in at most
 level/(observers · groups) ≈ 1 % of runs, and then a small one; those runs assert ε̂ < 0.5 there
-(a canary that leaked into the control would certify far more) instead of exactly 0.
+(a canary that leaked into the control would certify far more) instead of exactly 0, and
+allow the budget groups the same 0.5 of chance above their ε, so that CI cannot fail by chance.
 """
 
 from __future__ import annotations
@@ -59,8 +60,12 @@ def _consistent(record: dict[str, Any], observers: tuple[str, ...]) -> None:
         assert control["label"] == CONTROL_LABEL
         assert control["epsilon_lower"] == 0.0 if exact else control["epsilon_lower"] < 0.5
         for g in groups:
-            assert not g["violated"]
-            assert 0.0 <= g["epsilon_lower"] <= g["spent_at_audit_delta"]
+            # secure: the same chance allowance as the control (a group can exceed its ε by
+            # chance in a correct audit, and then by little; a real leak certifies far more)
+            slack = 0.0 if exact else 0.5
+            if exact:
+                assert not g["violated"]
+            assert 0.0 <= g["epsilon_lower"] <= g["spent_at_audit_delta"] + slack
             assert g["spent_at_audit_delta"] >= g["spent"] > 0
 
 
