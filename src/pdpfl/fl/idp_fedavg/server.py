@@ -21,6 +21,7 @@ to C_t, counted in the unclipped fraction and added to the clipped sum before th
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
@@ -35,7 +36,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["CentralIdpServer", "DistributedIdpServer", "IdpFedAvgServer"]
 
 
-class IdpFedAvgServer:
+class IdpFedAvgServer(ABC):
     """The IDP-FedAvg server (Algorithm 2). Subclasses fix the trust model.
 
     Parameters
@@ -87,8 +88,9 @@ class IdpFedAvgServer:
         """Public per-round values: the round and the current clip norm C_t."""
         return {"round": int(round_index), "clip_norm": float(self.clip_norm)}
 
+    @abstractmethod
     def aggregate(self, round_index: int, global_params: Params, aggregate: Aggregate) -> Params:
-        raise NotImplementedError  # pragma: no cover - every variant overrides it
+        """The next global model from this round's aggregate (the variant's trust model)."""
 
     def _step(self, global_params: Params, mean: list[np.ndarray]) -> Params:
         eta = self.setup.server_lr
