@@ -18,7 +18,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 LAYERS: dict[str, int] = {
     "_version": 0, "registry": 0, "io": 0, "seeding": 0, "privacy": 0, "errors": 0,
     "integrity": 0, "logs": 0, "safe_yaml": 0, "config_checks": 0,
-    "budgets": 1, "calibration": 1, "crypto": 1, "data": 1, "randomness": 1,
+    "budgets": 1, "calibration": 1, "checkpoint": 1, "crypto": 1, "data": 1, "randomness": 1,
     "ledger": 2, "models": 2,
     "dp": 3,
     "config": 4,

@@ -173,9 +173,9 @@ def test_compare_out_follows_the_same_rule(tmp_path: Path) -> None:
 
 
 def test_ctrl_c_says_how_to_resume_and_resume_finishes(tmp_path: Path, monkeypatch) -> None:
-    import pdpfl.runtime.loop as loop
+    import pdpfl.checkpoint as checkpoint  # the round loop saves through pdpfl.checkpoint
 
-    real = loop.save_checkpoint
+    real = checkpoint.save_checkpoint
     state = {"n": 0}
 
     def interrupt_after_first_round(out_dir, st):
@@ -184,7 +184,7 @@ def test_ctrl_c_says_how_to_resume_and_resume_finishes(tmp_path: Path, monkeypat
         if state["n"] == 1:
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(loop, "save_checkpoint", interrupt_after_first_round)
+    monkeypatch.setattr(checkpoint, "save_checkpoint", interrupt_after_first_round)
     cfg = _cfg(tmp_path)
     out = tmp_path / "run"
     res = _invoke("run", str(cfg), "--out", str(out), "--quiet", "--set", "lr=0.3")

@@ -43,6 +43,7 @@ __all__ = [
     "MODELS",
     "create_model",
     "get_params",
+    "initial_model",
     "loss_fn",
     "num_parameters",
     "predict",
@@ -89,6 +90,24 @@ def create_model(
     if int(num_classes) < 2:
         raise ValueError(f"num_classes must be >= 2, got {num_classes}")
     return MODELS[name](shape, int(num_classes), **kwargs)
+
+
+def initial_model(
+    name: str,
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    options: dict[str, Any],
+    *,
+    seed: int,
+) -> nn.Module:
+    """The public initial model x⁰ of a run: :func:`create_model` under torch's generator
+    seeded from ``(seed, "model-init")`` (x⁰ is public; the caller's global torch random state
+    is left as it was). Drawn on the CPU, so it is the same on every device."""
+    from pdpfl.seeding import derive_seed
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(derive_seed(seed, "model-init"))
+        return create_model(name, input_shape, num_classes, **options)
 
 
 def num_parameters(model: nn.Module, trainable_only: bool = True) -> int:

@@ -277,7 +277,7 @@ def compare_command(
         if keep:
             _write_compare_plot(out_dir / "compare.png", base.name, curves)
         if as_json:
-            from pdpfl.runtime.loop import _finite
+            from pdpfl.checkpoint import finite as _finite
 
             print_json(_finite({"methods": table, "runs": rows}))  # ε = ∞ (no DP) becomes null
             return

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["DEVICE_CHOICES", "math_device", "resolve_device"]
+__all__ = ["DEVICE_CHOICES", "math_device", "resolve_device", "training_device_for"]
 
 #: What a configuration may say (``cuda:<index>`` selects one GPU).
 DEVICE_CHOICES = ("auto", "cpu", "cuda", "mps")
@@ -58,6 +58,21 @@ def resolve_device(device: str | torch.device | None) -> torch.device | None:
     if dev.type == "mps" and not _mps_available():
         raise ValueError("device: 'mps' requested but torch.backends.mps.is_available() is False")
     return dev
+
+
+def training_device_for(setting: str) -> torch.device:
+    """The device of a ``training.device`` setting (``auto``: cuda, else mps, else cpu).
+
+    Raises ``ValueError("training.device: ...")`` when the named device is not available here
+    (a silo checks its own machine: in a Flower federation each silo resolves it for itself).
+    """
+    try:
+        dev = resolve_device(setting)
+    except ValueError as err:
+        raise ValueError(
+            f"training.{err}; use one that exists here (auto picks cuda, else mps, else cpu)"
+        ) from None
+    return torch.device("cpu") if dev is None else dev
 
 
 def math_device(device: torch.device) -> torch.device:

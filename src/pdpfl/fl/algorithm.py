@@ -28,12 +28,7 @@ from pdpfl.config import AlgorithmConfig, ExperimentConfig, register_algorithm_c
 from pdpfl.fl.aggregation import SumProtocol, check_compatible, protocol_from_config
 from pdpfl.fl.api import ClientAlgorithm, FederationInfo, ServerAlgorithm
 from pdpfl.fl.checks import check_federation
-from pdpfl.fl.common import (
-    federation_info,
-    parameter_names,
-    party_randomness,
-    training_device,
-)
+from pdpfl.fl.environment import Environment, resolve_environment
 
 if TYPE_CHECKING:  # pragma: no cover
     from pdpfl.data.federation import ClientData, Federation
@@ -128,36 +123,47 @@ class Algorithm(AlgorithmConfig):
         """Simulation-only preparation before building (e.g. pooling for ``centralized``)."""
         return config, federation
 
+    def algorithm_checks(self, config: ExperimentConfig, federation: Federation) -> list[str]:
+        """The algorithm's own checks of the federation, after the shared ones: errors raise
+        (naming the silo and the remedy), warnings are returned. None by default."""
+        return []
+
     def check_federation(self, config: ExperimentConfig, federation: Federation) -> list[str]:
-        """Problems before training: errors raise (naming the silo and the remedy), warnings
-        are returned (they reach the run's headline and ``summary.json``)."""
-        return check_federation(config, federation)
+        """Every problem before training: the shared checks (:mod:`pdpfl.fl.checks`) and
+        :meth:`algorithm_checks`. Warnings reach the run's headline and ``summary.json``."""
+        return [*check_federation(config, federation), *self.algorithm_checks(config, federation)]
 
     def assemble(self, config: ExperimentConfig, federation: Federation) -> Assembly:
-        """In one call, for the in-process runtime: prepare, check, build, and the summation
-        protocol of the (prepared) config, checked against the server."""
+        """In one call, for the in-process runtime: prepare, the summation protocol, the
+        environment (shared checks, device, randomness; :func:`resolve_environment`), the
+        algorithm's own checks, and the server and silos, checked against the protocol."""
         config, federation = self.prepare(config, federation)
         algorithm = as_algorithm(config.algorithm)
-        warnings = algorithm.check_federation(config, federation)
-        server, clients = algorithm.build(config, federation)
         protocol = protocol_from_config(config)
+        env = resolve_environment(config, federation)
+        warnings = [*env.warnings, *algorithm.algorithm_checks(config, federation)]
+        server, clients = algorithm.build_parties(config, federation, env)
         check_compatible(server, protocol)
-        names = parameter_names(config, federation_info(federation, config))
-        return Assembly(config, federation, server, clients, protocol, warnings, names)
+        return Assembly(config, federation, server, clients, protocol, warnings,
+                        list(env.parameter_names))
 
     def build(
         self, config: ExperimentConfig, federation: Federation
     ) -> tuple[ServerAlgorithm, dict[int, ClientAlgorithm]]:
-        """The server and every silo of an in-process federation (setup computed once)."""
-        training_device(config)  # an unavailable training.device fails before any work
-        info = federation_info(federation, config)
-        setup = self.setup(config, info)
-        # every party's own randomness first (the server's and each silo's, never shared)
-        parties = ["server", *(f"silo-{i}" for i in range(len(federation.clients)))]
-        rngs = {party: party_randomness(config, party) for party in parties}
-        server = self.server(config, info, setup, rngs["server"])
+        """The server and every silo of an in-process federation (setup computed once; the
+        federation is not checked: :meth:`assemble` does that)."""
+        return self.build_parties(config, federation, resolve_environment(config, federation,
+                                                                       check=False))
+
+    def build_parties(
+        self, config: ExperimentConfig, federation: Federation, env: Environment
+    ) -> tuple[ServerAlgorithm, dict[int, ClientAlgorithm]]:
+        """The server and every silo from the resolved environment: :meth:`setup` once, then
+        :meth:`server` and :meth:`client` with each party's own randomness."""
+        setup = self.setup(config, env.info)
+        server = self.server(config, env.info, setup, env.randomness["server"])
         clients = {
-            i: self.client(config, i, c, info, setup, rngs[f"silo-{i}"])
+            i: self.client(config, i, c, env.info, setup, env.randomness[f"silo-{i}"])
             for i, c in enumerate(federation.clients)
         }
         return server, clients

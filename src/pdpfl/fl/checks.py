@@ -1,7 +1,8 @@
 """Checks of a federation before training that every algorithm shares (operator's view).
 
 An algorithm adds its own (e.g. rPDP-FL's budget-mix check) by overriding
-:meth:`pdpfl.fl.algorithm.Algorithm.check_federation` and calling these first.
+:meth:`pdpfl.fl.algorithm.Algorithm.algorithm_checks`; these run first, while the run's
+environment is resolved (:func:`pdpfl.fl.environment.resolve_environment`).
 """
 
 from __future__ import annotations
@@ -10,19 +11,25 @@ from typing import Any
 
 from pdpfl.config import ExperimentConfig
 
-__all__ = ["check_federation", "few"]
+__all__ = ["check_federation", "check_silos", "few"]
 
 
 def check_federation(config: ExperimentConfig, federation: Any) -> list[str]:
-    """Problems that make a run meaningless (raised) and warnings (returned), before training.
+    """Problems that make a run meaningless (raised) and warnings (returned), before training:
+    :func:`check_silos`, then the budget table
+    (:func:`pdpfl.data.budget_table.check_budget_file`)."""
+    from pdpfl.data.budget_table import check_budget_file
+
+    return [*check_silos(config, federation), *check_budget_file(config, federation)]
+
+
+def check_silos(config: ExperimentConfig, federation: Any) -> list[str]:
+    """The silos' own problems (raised) and warnings (returned), before training.
 
     * a silo without training records is an error naming the silo;
     * silos without test records are left out of the pooled metrics (one warning naming them;
       when no silo has any, accuracy and loss are not measured at all);
-    * a public batch size B larger than a silo's training set is a warning;
-    * a ``budgets.file`` table with budgets for record ids that are not in the data is an
-      error, or a warning under ``budgets.on_unmatched: ignore``
-      (:func:`pdpfl.data.budget_table.check_budget_file`).
+    * a public batch size B larger than a silo's training set is a warning.
     """
     clients = list(federation.clients)
     empty = [f"{k} ({c.name!r})" for k, c in enumerate(clients) if len(c.y_train) == 0]
@@ -46,9 +53,6 @@ def check_federation(config: ExperimentConfig, federation: Any) -> list[str]:
             f"other {len(clients) - len(no_test)} silo(s)"
         )
     warnings.extend(_batch_size_warnings(config, clients))
-    from pdpfl.data.budget_table import check_budget_file
-
-    warnings.extend(check_budget_file(config, federation))
     return warnings
 
 

@@ -16,7 +16,7 @@ import numpy as np
 
 from pdpfl.fl.api import FederationInfo, Params
 from pdpfl.randomness import Randomness, make_randomness
-from pdpfl.seeding import derive_seed, numpy_generator
+from pdpfl.seeding import numpy_generator
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -28,7 +28,6 @@ __all__ = [
     "federation_info",
     "initial_params",
     "noise_for_max_budget_cached",
-    "parameter_names",
     "party_randomness",
     "public_budget_statistics",
     "silo_model",
@@ -125,22 +124,10 @@ def public_budget_statistics(config: ExperimentConfig) -> tuple[float | None, fl
 
 
 def training_device(config: ExperimentConfig) -> torch.device:
-    """The device of ``training.device`` (``auto``: cuda, else mps, else cpu).
+    """The device of ``training.device`` (:func:`pdpfl.dp.device.training_device_for`)."""
+    from pdpfl.dp.device import training_device_for
 
-    Raises ``ValueError("training.device: ...")`` when the named device is not available here
-    (a silo checks its own machine: in a Flower federation each silo resolves it for itself).
-    """
-    import torch
-
-    from pdpfl.dp.device import resolve_device
-
-    try:
-        dev = resolve_device(config.training.device)
-    except ValueError as err:
-        raise ValueError(
-            f"training.{err}; use one that exists here (auto picks cuda, else mps, else cpu)"
-        ) from None
-    return torch.device("cpu") if dev is None else dev
+    return training_device_for(config.training.device)
 
 
 def silo_model(
@@ -151,27 +138,15 @@ def silo_model(
     x⁰ is drawn on the CPU, so it is the same on every device; with ``on_device`` the model is
     then moved to :func:`training_device` (where the silo trains it).
     """
-    import torch
+    from pdpfl.models import initial_model
 
-    from pdpfl.models import create_model
-
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(derive_seed(config.seed, "model-init"))
-        model = create_model(
-            config.model.name, info.input_shape, info.num_classes, **dict(config.model.options)
-        )
+    model = initial_model(config.model.name, info.input_shape, info.num_classes,
+                          dict(config.model.options), seed=config.seed)
     if on_device:
         dev = training_device(config)
         if dev.type != "cpu":
             model.to(dev)
     return model
-
-
-def parameter_names(config: ExperimentConfig, info: FederationInfo) -> list[str]:
-    """The torch names of the model's trainable parameters, in the order of :data:`Params`."""
-    from pdpfl.models import trainable_parameters
-
-    return [name for name, _ in trainable_parameters(silo_model(config, info, on_device=False))]
 
 
 def initial_params(config: ExperimentConfig, info: FederationInfo) -> Params:

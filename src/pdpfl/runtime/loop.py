@@ -24,7 +24,6 @@ skeleton (:func:`pdpfl.io.encode_state`); a truncated or tampered checkpoint is 
 
 from __future__ import annotations
 
-import json
 import logging
 import secrets
 import time
@@ -32,138 +31,54 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import numpy as np
 
-from pdpfl.errors import LIKELY_CAUSES, TrainingDiverged
+from pdpfl.checkpoint import (
+    CHECKPOINT_NAME,
+    LEGACY_CHECKPOINT_NAME,
+    METRICS_NAME,
+    has_checkpoint,
+    load_checkpoint,
+    read_metrics,
+    save_checkpoint,
+    save_round,
+)
+from pdpfl.errors import TrainingDiverged
 from pdpfl.fl.aggregation import SumProtocol, check_compatible, protocol_from_config
-from pdpfl.fl.api import Contribution, Params, Scalars, ServerAlgorithm, check_evaluation
-from pdpfl.integrity import IntegrityError, check_progress, record_progress, seal, unseal
-from pdpfl.io import decode_state, encode_state, write_bytes, write_text
-from pdpfl.ledger import PrivacySummary
+from pdpfl.fl.api import Params, ServerAlgorithm
+from pdpfl.fl.rounds import (
+    Transport,
+    aggregate_round,
+    collect_privacy,
+    diverged_round,
+    evaluate_round,
+    pooled_evaluation,
+)
+
+__all__ = [
+    "CHECKPOINT_NAME",
+    "LEGACY_CHECKPOINT_NAME",
+    "METRICS_NAME",
+    "LoopSettings",
+    "RoundCallback",
+    "Transport",
+    "check_planned_rounds",
+    "collect_privacy",
+    "has_checkpoint",
+    "load_checkpoint",
+    "pooled_evaluation",
+    "read_metrics",
+    "run_federation",
+    "run_rounds",
+    "save_checkpoint",
+]
 
 log = logging.getLogger(__name__)
 
-CHECKPOINT_NAME = "checkpoint.npz"
-#: The first release's pickle checkpoint: never loaded (it could run code).
-LEGACY_CHECKPOINT_NAME = "checkpoint.pkl"
-METRICS_NAME = "metrics.jsonl"
-
-
-@runtime_checkable
-class Transport(Protocol):
-    """How the round loop reaches the silos (direct calls in-process, messages with Flower)."""
-
-    client_ids: list[int]
-
-    def fit(
-        self, selected: list[int], params: Params, round_index: int, config: Scalars
-    ) -> list[Contribution]:
-        """Local training on each selected silo; their contributions in ``selected`` order.
-
-        A silo that is lost (deployment runtimes) is simply missing from the result.
-        """
-        ...
-
-    def evaluate(
-        self, client_ids: list[int], params: Params, round_index: int, config: Scalars
-    ) -> dict[int, Scalars]:
-        """Test metrics (``loss``, ``accuracy``, ``n``) of ``params`` on each silo's test split.
-
-        Every silo is told ``round_index`` so that one not selected this round catches up its
-        third-party (Type II) accounting for the rounds it did not train in.
-        """
-        ...
-
-    def privacy_summaries(self) -> dict[int, PrivacySummary | None]:
-        """The operator's view of each silo's privacy state (aggregates only).
-
-        Only meaningful where one operator owns every silo (the in-process simulator). A
-        deployment transport returns ``{}``: privacy summaries stay at the silos.
-        """
-        ...
-
-    def exchange(
-        self, protocol: str, stage: str, requests: dict[int, dict[str, Any]], round_index: int
-    ) -> dict[int, dict[str, Any]]:
-        """One stage of a multi-message protocol: send each silo its request payload and return
-        the replies of the silos that answered (see :mod:`pdpfl.fl.aggregation`)."""
-        ...
-
-    def client_states(self) -> dict[int, dict]:
-        """Everything needed to resume each silo exactly."""
-        ...
-
-    def load_client_states(self, states: dict[int, dict]) -> None: ...
-
-
 #: Called after each round with (round_index, metrics line); used for progress bars.
 RoundCallback = Callable[[int, dict[str, Any]], None]
-
-
-def pooled_evaluation(evals: dict[int, Scalars]) -> dict[str, float]:
-    """Pooled (example-weighted) and client-mean test loss/accuracy over the test records
-    that exist (silos with an empty test split are left out)."""
-    evals = {c: e for c, e in evals.items() if float(e.get("n", 0)) > 0}
-    if not evals:
-        nan = float("nan")
-        return {"accuracy": nan, "loss": nan, "mean_client_accuracy": nan}
-    n = np.array([float(e.get("n", 0)) for e in evals.values()])
-    acc = np.array([float(e["accuracy"]) for e in evals.values()])
-    loss = np.array([float(e["loss"]) for e in evals.values()])
-    total = n.sum()
-    weights = n / total if total > 0 else np.full(len(n), 1.0 / len(n))
-    return {
-        "accuracy": float(np.dot(weights, acc)),
-        "loss": float(np.dot(weights, loss)),
-        "mean_client_accuracy": float(acc.mean()),
-    }
-
-
-def collect_privacy(
-    summaries: dict[int, Any], server: ServerAlgorithm, unit: str
-) -> PrivacySummary | None:
-    """One typed summary of every unit this view can see: the silos' own summaries (the
-    operator's view; empty in a deployment) merged with the server's (e.g. ULDP-FL's users,
-    whose ledger lives at the server). None when nothing is accounted in this view."""
-    parts: list[PrivacySummary | None] = list(summaries.values())
-    own = getattr(server, "privacy_summary", None)
-    if callable(own):
-        parts.append(own())
-    present = [p for p in parts if p is not None]
-    return PrivacySummary.merge(present) if present else None
-
-
-def _finite(obj: Any) -> Any:
-    """JSON-safe copy: NaN/inf become None, numpy scalars become Python scalars."""
-    if isinstance(obj, dict):
-        return {str(k): _finite(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [_finite(v) for v in obj]
-    if isinstance(obj, np.generic):
-        obj = obj.item()
-    if isinstance(obj, float) and not np.isfinite(obj):
-        return None
-    return obj
-
-
-def read_metrics(out_dir: str | Path) -> list[dict[str, Any]]:
-    """The per-round metrics lines written so far (empty list if none)."""
-    path = Path(out_dir) / METRICS_NAME
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def save_checkpoint(out_dir: Path, state: dict[str, Any]) -> None:
-    """Write the round loop's state atomically as a pickle-free, sealed ``checkpoint.npz``
-    (:mod:`pdpfl.integrity`: an HMAC under the operator's key over the run id and the bytes),
-    then raise the run's high-water mark to its ``next_round``."""
-    run_id = str(state["run_id"])
-    write_bytes(out_dir / CHECKPOINT_NAME,
-                seal(encode_state(state), purpose="checkpoint", identity=run_id))
-    record_progress(run_id, int(state["next_round"]))
 
 
 def check_planned_rounds(ckpt: dict[str, Any], planned: int, out: Path | str) -> None:
@@ -182,45 +97,6 @@ def check_planned_rounds(ckpt: dict[str, Any], planned: int, out: Path | str) ->
             "extend a finished run with the simulator (--runtime simulation --resume --set "
             "rounds=N), which keeps the published mechanism"
         )
-
-
-def load_checkpoint(out_dir: str | Path) -> dict[str, Any] | None:
-    """The last checkpoint written by :func:`run_federation`, or None.
-
-    Raises ``ValueError`` for a truncated or tampered file, and for a first-release
-    ``checkpoint.pkl`` (pickle is never loaded: it could execute code).
-    """
-    out = Path(out_dir)
-    path = out / CHECKPOINT_NAME
-    if not path.exists():
-        if (out / LEGACY_CHECKPOINT_NAME).exists():
-            raise ValueError(
-                f"cannot resume: {out / LEGACY_CHECKPOINT_NAME} is a pickle checkpoint, which "
-                "pdpfl no longer loads (it could execute code); start the run again"
-            )
-        return None
-    try:
-        payload, run_id = unseal(path.read_bytes(), purpose="checkpoint", what=str(path))
-        state = decode_state(payload)
-        if not isinstance(state, dict) or "next_round" not in state or "params" not in state:
-            raise ValueError("missing fields")
-        if state.get("run_id") != run_id:
-            raise IntegrityError("its run id does not match its seal")
-        check_progress(run_id, int(state["next_round"]))
-        state["params"] = [np.asarray(p, dtype=np.float32) for p in state["params"]]
-        if not all(np.all(np.isfinite(p)) for p in state["params"]):
-            raise ValueError("its model parameters are not finite")
-        return state
-    except IntegrityError as exc:
-        raise IntegrityError(f"cannot resume: {exc}") from None
-    except ValueError as exc:
-        raise ValueError(f"cannot resume: {path} is not a valid pdpfl checkpoint ({exc})") from None
-
-
-def has_checkpoint(out_dir: str | Path) -> bool:
-    """True if ``out_dir`` holds a run checkpoint (current or first-release format)."""
-    out = Path(out_dir)
-    return (out / CHECKPOINT_NAME).exists() or (out / LEGACY_CHECKPOINT_NAME).exists()
 
 
 @dataclass(frozen=True)
@@ -356,6 +232,9 @@ def run_rounds(
             seconds_before = float(ckpt["seconds"])
             metrics = [m for m in read_metrics(out) if int(m["round"]) < start]
     last_round = rounds if stop_after is None else min(rounds, int(stop_after))
+    # the privacy summary of this view; each round replaces it (no round: computed now)
+    privacy = collect_privacy(transport.privacy_summaries(), server, unit) \
+        if start >= last_round else None
 
     bar = _ProgressBar(rounds, start, enabled=progress)
     t0 = time.perf_counter()
@@ -366,6 +245,7 @@ def run_rounds(
         # events at every silo and the results are the same as without the announcement.
         prefetch = getattr(transport, "prefetch_fit", None) if protocol.name == "plain" else None
         planned: tuple[list[int], dict[str, Any]] | None = None
+        diverged: TrainingDiverged | None = None
         for t in range(start, last_round):
             if planned is not None:
                 selected, round_config = planned
@@ -376,49 +256,41 @@ def run_rounds(
                 selected = list(server.select_clients(t, list(transport.client_ids)))
                 round_config = dict(server.round_config(t))
             planned = None
-            aggregate = protocol.collect(transport, selected, params, t, round_config, server)
-            new_params = server.aggregate(t, params, aggregate)
-            server.record_round(t, selected)  # the round happened: the server's view counts it
-            _check_model(new_params, t)
-            params = new_params
-            if prefetch is not None and t + 1 < last_round:
-                planned = (
-                    list(server.select_clients(t + 1, list(transport.client_ids))),
-                    dict(server.round_config(t + 1)),
-                )
-                if planned[0]:
-                    prefetch(planned[0], params, t + 1, planned[1])
-            evals = transport.evaluate(list(transport.client_ids), params, t, round_config)
-            for c, e in evals.items():
-                check_evaluation(e)
-                if not np.isfinite(float(e.get("loss", 0.0))) and float(e.get("n", 0)) > 0:
-                    raise TrainingDiverged(
-                        f"the test loss of the new global model is not finite; likely "
-                        f"{LIKELY_CAUSES}", round_index=t, silo=int(c),
+            try:
+                aggregate, params = aggregate_round(server, transport, protocol, params, t,
+                                                    selected, round_config)
+                if prefetch is not None and t + 1 < last_round:
+                    planned = (
+                        list(server.select_clients(t + 1, list(transport.client_ids))),
+                        dict(server.round_config(t + 1)),
                     )
-            privacy = collect_privacy(transport.privacy_summaries(), server, unit)
-            line = _metrics_line(t, selected, aggregate.count, evals, privacy)
+                    if planned[0]:
+                        prefetch(planned[0], params, t + 1, planned[1])
+                line, privacy = evaluate_round(server, transport, params, t, round_config,
+                                               selected, aggregate.count, unit)
+            except TrainingDiverged as err:
+                # Nothing non-finite was published. Keep what happened: the round is recorded
+                # (its charges stay -- other silos may have released), the model stays the
+                # last finite one.
+                log.error("%s", err)
+                diverged = err
+                line, privacy = diverged_round(err, server, transport, unit)
             line["seconds"] = seconds_before + time.perf_counter() - t0
             metrics.append(line)
-            if save_model is not None:
+            if save_model is not None and diverged is None:
                 save_model(t, params)
-            write_text(
-                out / METRICS_NAME,
-                "".join(json.dumps(_finite(m), allow_nan=False) + "\n" for m in metrics),
-            )
-            save_checkpoint(
-                out,
-                {
-                    "next_round": t + 1,
-                    "params": params,
-                    "server_state": server.state_dict(),
-                    "client_states": transport.client_states(),
-                    "seconds": line["seconds"],
-                    "config_hash": settings.fingerprint,
-                    "run_id": run_id,
-                    "planned_rounds": settings.planned_rounds or rounds,
-                },
-            )
+            save_round(out, metrics, {
+                "next_round": int(line["round"]) + 1,
+                "params": params,
+                "server_state": server.state_dict(),
+                "client_states": transport.client_states(),
+                "seconds": line["seconds"],
+                "config_hash": settings.fingerprint,
+                "run_id": run_id,
+                "planned_rounds": settings.planned_rounds or rounds,
+            })
+            if diverged is not None:
+                break
             log.info("round %d/%d: %d silo(s) selected, %d contribution(s), accuracy %s, "
                      "max ε %s", t + 1, rounds, len(selected), aggregate.count,
                      _short(line.get("accuracy")),
@@ -426,65 +298,28 @@ def run_rounds(
             bar.advance(line)
             if on_round is not None:
                 on_round(t, line)
-    except TrainingDiverged as err:
-        log.error("%s", err)
-        # Nothing non-finite was published. Keep what happened: the round is recorded (its
-        # charges stay -- other silos may have released), the model stays the last finite one.
-        seconds = seconds_before + time.perf_counter() - t0
-        line = {"round": err.round_index, "diverged": err.to_dict(), "seconds": seconds,
-                "selected": [], "contributions": 0, "accuracy": None, "loss": None}
-        metrics.append(line)
-        write_text(out / METRICS_NAME,
-                   "".join(json.dumps(_finite(m), allow_nan=False) + "\n" for m in metrics))
-        save_checkpoint(out, {
-            "next_round": err.round_index + 1,
-            "params": params,
-            "server_state": server.state_dict(),
-            "client_states": transport.client_states(),
-            "seconds": seconds,
-            "config_hash": settings.fingerprint,
-            "run_id": run_id,
-            "planned_rounds": settings.planned_rounds or rounds,
-        })
-        err.result = {
-            "params": params,
-            "metrics": metrics,
-            "seconds": seconds,
-            "privacy": collect_privacy(transport.privacy_summaries(), server, unit),
-            "server_state": server.state_dict(),
-            "completed": False,
-            "fingerprint": settings.fingerprint,
-            "run_id": run_id,
-            "diverged": err.to_dict(),
-        }
-        raise
     finally:
         bar.close()
-    seconds = seconds_before + time.perf_counter() - t0
-    return {
+    record: dict[str, Any] = {
         "params": params,
         "metrics": metrics,
-        "seconds": seconds,
-        "privacy": collect_privacy(transport.privacy_summaries(), server, unit),
+        "seconds": metrics[-1]["seconds"] if diverged is not None else
+        seconds_before + time.perf_counter() - t0,
+        "privacy": privacy,
         "server_state": server.state_dict(),
-        "completed": last_round == rounds,
+        "completed": diverged is None and last_round == rounds,
         "fingerprint": settings.fingerprint,
         "run_id": run_id,
     }
+    if diverged is not None:
+        record["diverged"] = diverged.to_dict()
+        diverged.result = record
+        raise diverged
+    return record
 
 
 def _short(x: Any) -> str:
     return "-" if x is None else f"{float(x):.4g}"
-
-
-def _check_model(params: Params, t: int) -> None:
-    """The aggregated global model must be finite (else nothing is published)."""
-    for k, p in enumerate(params):
-        if not np.all(np.isfinite(np.asarray(p))):
-            raise TrainingDiverged(
-                f"the aggregated global model (parameter {k}) is not finite; likely "
-                f"{LIKELY_CAUSES}", round_index=t,
-            )
 
 
 def _fingerprint(config: Any) -> str | None:
@@ -494,29 +329,6 @@ def _fingerprint(config: Any) -> str | None:
         return run_fingerprint(config)
     except Exception:  # pragma: no cover - non-pdpfl configs (tests with stubs)
         return None
-
-
-def _metrics_line(
-    t: int,
-    selected: list[int],
-    contributions: int,
-    evals: dict[int, Scalars],
-    privacy: PrivacySummary | None,
-) -> dict[str, Any]:
-    pooled = pooled_evaluation(evals)
-    return {
-        "round": t,
-        "selected": sorted(int(c) for c in selected),
-        "contributions": int(contributions),
-        "accuracy": pooled["accuracy"],
-        "loss": pooled["loss"],
-        "mean_client_accuracy": pooled["mean_client_accuracy"],
-        "clients": {
-            str(cid): {"accuracy": float(e["accuracy"]), "loss": float(e["loss"]), "n": int(e["n"])}
-            for cid, e in sorted(evals.items())
-        },
-        "privacy": None if privacy is None else privacy.to_dict(),
-    }
 
 
 class _ProgressBar:

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from pdpfl._version import __version__
+from pdpfl.checkpoint import finite
 from pdpfl.io import write_bytes
 
 __all__ = ["FORMAT", "MODEL_NAME", "model_metadata", "read_model", "write_model"]
@@ -25,8 +26,9 @@ FORMAT = "pdpfl-model-v1"
 
 
 def model_metadata(summary: dict[str, Any], round_index: int | None = None) -> dict[str, str]:
-    """The header of a run's model file (every value a string, as safetensors requires)."""
-    privacy = summary.get("privacy")
+    """The header of a run's model file (every value a string, as safetensors requires; a
+    value that is not a finite number, such as ε = ∞ without DP, is ``null``)."""
+    privacy = finite(summary.get("privacy"))
     rounds = summary.get("rounds_completed") if round_index is None else round_index + 1
     meta = {
         "format": FORMAT,
@@ -35,7 +37,7 @@ def model_metadata(summary: dict[str, Any], round_index: int | None = None) -> d
         "algorithm": str(summary.get("algorithm")),
         "privacy_unit": str(summary.get("privacy_unit")),
         "rounds": str(rounds),
-        "epsilon": json.dumps(summary.get("epsilon")),
+        "epsilon": json.dumps(finite(summary.get("epsilon"))),
         "adversary": str(summary.get("adversary")),
     }
     if privacy is not None and round_index is None:

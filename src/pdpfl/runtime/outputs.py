@@ -17,18 +17,18 @@ from typing import Any
 
 import numpy as np
 
-from pdpfl.config import ExperimentConfig, config_hash
+from pdpfl.checkpoint import (
+    CHECKPOINT_NAME,
+    LEGACY_CHECKPOINT_NAME,
+    METRICS_NAME,
+    finite,
+    has_checkpoint,
+)
+from pdpfl.config import ExperimentConfig
 from pdpfl.fl.aggregation import summary_fields
 from pdpfl.io import save_npz, write_json
 from pdpfl.ledger import PrivacyLedger, PrivacySummary, observers_of, save_ledger
 from pdpfl.runtime.lock import LOCK_NAME
-from pdpfl.runtime.loop import (
-    CHECKPOINT_NAME,
-    LEGACY_CHECKPOINT_NAME,
-    METRICS_NAME,
-    _finite,
-    has_checkpoint,
-)
 from pdpfl.runtime.model_file import MODEL_NAME, model_metadata, write_model
 
 #: What a run writes into its output folder; ``overwrite=True`` removes exactly these.
@@ -267,7 +267,8 @@ def build_summary(
         "empty_rounds": server_state.get("empty_rounds"),
         "seconds": float(result["seconds"]),
         "config": config.model_dump(mode="json"),
-        "config_hash": result.get("fingerprint") or config_hash(config),
+        # the run's fingerprint (pdpfl.config.run_fingerprint), which its checkpoints carry
+        "config_hash": result.get("fingerprint"),
     }
     summary.update(privacy_fields(config, result.get("privacy"), view))
     summary["warnings"] = list(summary["warnings"]) + list(server_state.get("warnings") or [])
@@ -310,9 +311,9 @@ def write_outputs(
         ledger = getattr(holder, "ledger", None)
         if isinstance(ledger, PrivacyLedger):
             save_ledger(ledger, out / "ledgers" / f"{name}.npz", identity=result.get("run_id"))
-    summary = _finite(summary)  # what is returned is what is on disk: NaN/inf become None
-    write_model(out / MODEL_NAME, result["params"], parameter_names, model_metadata(summary))
-    if plots:
+    if plots:  # the plots and the model's header read ε = ∞ (no DP) as such
         write_plots(result["metrics"], summary, out)
+    write_model(out / MODEL_NAME, result["params"], parameter_names, model_metadata(summary))
+    summary = finite(summary)  # what is returned is what is on disk: NaN/inf become None
     write_json(out / "summary.json", summary)
     return summary

@@ -28,6 +28,10 @@ def check_budget_mix(config: ExperimentConfig, clients: list[Any]) -> None:
 
     if config.budgets.file is not None:
         return  # per-record budgets from a file: no configured shares
+    # what the silos will draw (cheap: one draw per record), then the mix they should keep
+    realized = np.concatenate(
+        [client_budgets(config, k, c) for k, c in enumerate(clients)]
+    )
     scenario = budgets_mod.make_scenario(config.budgets.scenario, **config.budgets.params)
     if isinstance(scenario, budgets_mod.PerLabel):
         return  # the labels decide: no configured shares to keep
@@ -38,9 +42,6 @@ def check_budget_mix(config: ExperimentConfig, clients: list[Any]) -> None:
     levels, want = np.unique(reference, return_counts=True)
     if len(levels) > 8:
         return  # a continuous scenario: no exact shares
-    realized = np.concatenate(
-        [client_budgets(config, k, c) for k, c in enumerate(clients)]
-    )
     got = np.array([np.sum(np.isclose(realized, v)) for v in levels], dtype=float)
     want_share, got_share = want / total, got / max(len(realized), 1)
     if np.max(np.abs(want_share - got_share)) <= MIX_TOLERANCE:

@@ -15,7 +15,6 @@ from pydantic import Field
 from pdpfl.config import ExperimentConfig
 from pdpfl.fl.algorithm import Algorithm, PublicSetup, register_algorithm
 from pdpfl.fl.api import FederationInfo
-from pdpfl.fl.checks import check_federation
 from pdpfl.fl.common import client_budgets, initial_params, noise_source_problems, silo_model
 from pdpfl.fl.rpdp.checks import check_budget_mix
 from pdpfl.fl.rpdp.mechanism import DpFedAvgSetup, personalized_setup
@@ -58,12 +57,11 @@ class DpFedAvgConfig(Algorithm):
             problems += noise_source_problems(config, "σ such that q = 1 spends ε_max")
         return problems
 
-    def check_federation(self, config: ExperimentConfig, federation: Federation) -> list[str]:
-        """The shared checks, and that each silo can keep the configured budget mix."""
-        warnings = check_federation(config, federation)
+    def algorithm_checks(self, config: ExperimentConfig, federation: Federation) -> list[str]:
+        """Each silo can keep the configured budget mix (after the shared checks)."""
         if self.private:
             check_budget_mix(config, list(federation.clients))
-        return warnings
+        return []
 
     def server(
         self, config: ExperimentConfig, info: FederationInfo, setup: PublicSetup,

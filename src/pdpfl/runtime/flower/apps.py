@@ -512,7 +512,7 @@ def _main(grid: Grid, context: Context) -> None:
 
 
 def _finite(obj: Any) -> Any:
-    from pdpfl.runtime.loop import _finite as finite
+    from pdpfl.checkpoint import finite
 
     return finite(obj)
 

@@ -903,9 +903,9 @@ def _operator_summary(
     silos = _silo_summaries(flower_dir, run_key, n)
     if silos is None or not hasattr(config, "privacy"):
         return summary
+    from pdpfl.checkpoint import finite as _finite
     from pdpfl.io import write_json
     from pdpfl.ledger import PrivacySummary
-    from pdpfl.runtime.loop import _finite
     from pdpfl.runtime.outputs import privacy_fields
 
     own = summary.get("privacy")

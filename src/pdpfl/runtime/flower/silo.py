@@ -362,8 +362,8 @@ class Silo:
             fh.write(json.dumps(timing) + "\n")
 
     def _persist(self, client: Any) -> None:
+        from pdpfl.checkpoint import finite as _finite
         from pdpfl.ledger import PrivacyLedger, PrivacySummary, save_ledger
-        from pdpfl.runtime.loop import _finite
 
         # Every state file is rewritten under the new generation (no file of an older write
         # can be mixed in): the state file (the silo's counters and ledger) first -- a crash

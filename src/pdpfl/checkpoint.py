@@ -1,0 +1,118 @@
+"""What a run keeps on disk between rounds: ``metrics.jsonl`` and the sealed checkpoint.
+
+After every round the round loop (:mod:`pdpfl.runtime.loop`) appends the round's line to
+``metrics.jsonl`` and writes ``checkpoint.npz`` atomically (:func:`save_round`); a resumed run
+reads both back. Checkpoints contain no pickle: arrays in an ``.npz`` read with
+``allow_pickle=False`` and a JSON skeleton (:func:`pdpfl.io.encode_state`), sealed with the
+operator's key (:mod:`pdpfl.integrity`: an HMAC over the run id and the bytes) and checked
+against the run's high-water mark, so a truncated, tampered or rolled-back checkpoint is a clear
+error.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pdpfl.integrity import IntegrityError, check_progress, record_progress, seal, unseal
+from pdpfl.io import decode_state, encode_state, write_bytes, write_text
+
+__all__ = [
+    "CHECKPOINT_NAME",
+    "LEGACY_CHECKPOINT_NAME",
+    "METRICS_NAME",
+    "finite",
+    "has_checkpoint",
+    "load_checkpoint",
+    "read_metrics",
+    "save_checkpoint",
+    "save_round",
+]
+
+CHECKPOINT_NAME = "checkpoint.npz"
+#: The first release's pickle checkpoint: never loaded (it could run code).
+LEGACY_CHECKPOINT_NAME = "checkpoint.pkl"
+METRICS_NAME = "metrics.jsonl"
+
+
+def finite(obj: Any) -> Any:
+    """JSON-safe copy: NaN/inf become None, numpy scalars become Python scalars."""
+    if isinstance(obj, dict):
+        return {str(k): finite(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [finite(v) for v in obj]
+    if isinstance(obj, np.generic):
+        obj = obj.item()
+    if isinstance(obj, float) and not np.isfinite(obj):
+        return None
+    return obj
+
+
+def read_metrics(out_dir: str | Path) -> list[dict[str, Any]]:
+    """The per-round metrics lines written so far (empty list if none)."""
+    path = Path(out_dir) / METRICS_NAME
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def save_round(out_dir: Path, metrics: list[dict[str, Any]], state: dict[str, Any]) -> None:
+    """After a round: every metrics line so far to ``metrics.jsonl``, then the checkpoint
+    (both atomic: a crash leaves the previous round's files, never half-written ones)."""
+    write_text(
+        out_dir / METRICS_NAME,
+        "".join(json.dumps(finite(m), allow_nan=False) + "\n" for m in metrics),
+    )
+    save_checkpoint(out_dir, state)
+
+
+def save_checkpoint(out_dir: Path, state: dict[str, Any]) -> None:
+    """Write the round loop's state atomically as a pickle-free, sealed ``checkpoint.npz``
+    (:mod:`pdpfl.integrity`: an HMAC under the operator's key over the run id and the bytes),
+    then raise the run's high-water mark to its ``next_round``."""
+    run_id = str(state["run_id"])
+    write_bytes(out_dir / CHECKPOINT_NAME,
+                seal(encode_state(state), purpose="checkpoint", identity=run_id))
+    record_progress(run_id, int(state["next_round"]))
+
+
+def load_checkpoint(out_dir: str | Path) -> dict[str, Any] | None:
+    """The last checkpoint written by the round loop, or None.
+
+    Raises ``ValueError`` for a truncated or tampered file, and for a first-release
+    ``checkpoint.pkl`` (pickle is never loaded: it could execute code).
+    """
+    out = Path(out_dir)
+    path = out / CHECKPOINT_NAME
+    if not path.exists():
+        if (out / LEGACY_CHECKPOINT_NAME).exists():
+            raise ValueError(
+                f"cannot resume: {out / LEGACY_CHECKPOINT_NAME} is a pickle checkpoint, which "
+                "pdpfl no longer loads (it could execute code); start the run again"
+            )
+        return None
+    try:
+        payload, run_id = unseal(path.read_bytes(), purpose="checkpoint", what=str(path))
+        state = decode_state(payload)
+        if not isinstance(state, dict) or "next_round" not in state or "params" not in state:
+            raise ValueError("missing fields")
+        if state.get("run_id") != run_id:
+            raise IntegrityError("its run id does not match its seal")
+        check_progress(run_id, int(state["next_round"]))
+        state["params"] = [np.asarray(p, dtype=np.float32) for p in state["params"]]
+        if not all(np.all(np.isfinite(p)) for p in state["params"]):
+            raise ValueError("its model parameters are not finite")
+        return state
+    except IntegrityError as exc:
+        raise IntegrityError(f"cannot resume: {exc}") from None
+    except ValueError as exc:
+        raise ValueError(f"cannot resume: {path} is not a valid pdpfl checkpoint ({exc})") from None
+
+
+def has_checkpoint(out_dir: str | Path) -> bool:
+    """True if ``out_dir`` holds a run checkpoint (current or first-release format)."""
+    out = Path(out_dir)
+    return (out / CHECKPOINT_NAME).exists() or (out / LEGACY_CHECKPOINT_NAME).exists()

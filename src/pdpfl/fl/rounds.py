@@ -1,0 +1,215 @@
+"""The server's side of one federated round, for every algorithm and every runtime.
+
+The round loop (:mod:`pdpfl.runtime.loop`) owns the order of rounds, resume and storage; the
+steps of one round (Algorithm 3 of the rPDP-FL paper, §6.2) are here, independent of how a
+runtime reaches its silos (a :class:`Transport`):
+
+1. :func:`aggregate_round` -- the summation protocol (:mod:`pdpfl.fl.aggregation`) collects the
+   selected silos' :class:`~pdpfl.fl.api.Contribution` s -- the only thing a silo releases --
+   and hands the server their sum; the server computes the next global model, records the
+   round in its Type I view, and the model is checked finite (else nothing is published);
+2. :func:`evaluate_round` -- every silo evaluates the new global model on its test split
+   (aggregate metrics only) and catches up its own ledger for the round; the round's metrics
+   line and the privacy summary of this view follow;
+3. :func:`diverged_round` -- the same line for a round that diverged (nothing non-finite is
+   published; the charges already made stay).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from pdpfl.errors import LIKELY_CAUSES, TrainingDiverged
+from pdpfl.fl.aggregation import SumProtocol
+from pdpfl.fl.api import (
+    Aggregate,
+    Contribution,
+    Params,
+    Scalars,
+    ServerAlgorithm,
+    check_evaluation,
+)
+from pdpfl.ledger import PrivacySummary
+
+__all__ = [
+    "Transport",
+    "aggregate_round",
+    "check_model",
+    "collect_privacy",
+    "diverged_round",
+    "evaluate_round",
+    "metrics_line",
+    "pooled_evaluation",
+]
+
+
+@runtime_checkable
+class Transport(Protocol):
+    """How the round loop reaches the silos (direct calls in-process, messages with Flower)."""
+
+    client_ids: list[int]
+
+    def fit(
+        self, selected: list[int], params: Params, round_index: int, config: Scalars
+    ) -> list[Contribution]:
+        """Local training on each selected silo; their contributions in ``selected`` order.
+
+        A silo that is lost (deployment runtimes) is simply missing from the result.
+        """
+        ...
+
+    def evaluate(
+        self, client_ids: list[int], params: Params, round_index: int, config: Scalars
+    ) -> dict[int, Scalars]:
+        """Test metrics (``loss``, ``accuracy``, ``n``) of ``params`` on each silo's test split.
+
+        Every silo is told ``round_index`` so that one not selected this round catches up its
+        third-party (Type II) accounting for the rounds it did not train in.
+        """
+        ...
+
+    def privacy_summaries(self) -> dict[int, PrivacySummary | None]:
+        """The operator's view of each silo's privacy state (aggregates only).
+
+        Only meaningful where one operator owns every silo (the in-process simulator). A
+        deployment transport returns ``{}``: privacy summaries stay at the silos.
+        """
+        ...
+
+    def exchange(
+        self, protocol: str, stage: str, requests: dict[int, dict[str, Any]], round_index: int
+    ) -> dict[int, dict[str, Any]]:
+        """One stage of a multi-message protocol: send each silo its request payload and return
+        the replies of the silos that answered (see :mod:`pdpfl.fl.aggregation`)."""
+        ...
+
+    def client_states(self) -> dict[int, dict]:
+        """Everything needed to resume each silo exactly."""
+        ...
+
+    def load_client_states(self, states: dict[int, dict]) -> None: ...
+
+
+def aggregate_round(
+    server: ServerAlgorithm,
+    transport: Transport,
+    protocol: SumProtocol,
+    params: Params,
+    t: int,
+    selected: list[int],
+    round_config: dict[str, Any],
+) -> tuple[Aggregate, Params]:
+    """Step 1: the selected silos' sum through ``protocol``, the server's new global model
+    (checked finite: :class:`~pdpfl.errors.TrainingDiverged` otherwise) and the round recorded
+    in the server's view. Returns the aggregate and the new model."""
+    aggregate = protocol.collect(transport, selected, params, t, round_config, server)
+    new_params = server.aggregate(t, params, aggregate)
+    server.record_round(t, selected)  # the round happened: the server's view counts it
+    check_model(new_params, t)
+    return aggregate, new_params
+
+
+def evaluate_round(
+    server: ServerAlgorithm,
+    transport: Transport,
+    params: Params,
+    t: int,
+    round_config: dict[str, Any],
+    selected: list[int],
+    contributions: int,
+    unit: str,
+) -> tuple[dict[str, Any], PrivacySummary | None]:
+    """Step 2: every silo's test metrics of ``params`` (each silo also catches up its ledger
+    for round ``t``), checked; returns the round's metrics line and the privacy summary of
+    this view (``unit``: the algorithm's privacy unit)."""
+    evals = transport.evaluate(list(transport.client_ids), params, t, round_config)
+    for c, e in evals.items():
+        check_evaluation(e)
+        if not np.isfinite(float(e.get("loss", 0.0))) and float(e.get("n", 0)) > 0:
+            raise TrainingDiverged(
+                f"the test loss of the new global model is not finite; likely "
+                f"{LIKELY_CAUSES}", round_index=t, silo=int(c),
+            )
+    privacy = collect_privacy(transport.privacy_summaries(), server, unit)
+    return metrics_line(t, selected, contributions, evals, privacy), privacy
+
+
+def diverged_round(
+    err: TrainingDiverged, server: ServerAlgorithm, transport: Transport, unit: str
+) -> tuple[dict[str, Any], PrivacySummary | None]:
+    """Step 3, for a round that diverged: its metrics line (no model, no metrics: nothing
+    non-finite was published) and the privacy summary, whose charges stay (other silos may
+    have released)."""
+    line = {"round": err.round_index, "diverged": err.to_dict(), "selected": [],
+            "contributions": 0, "accuracy": None, "loss": None}
+    return line, collect_privacy(transport.privacy_summaries(), server, unit)
+
+
+def pooled_evaluation(evals: dict[int, Scalars]) -> dict[str, float]:
+    """Pooled (example-weighted) and client-mean test loss/accuracy over the test records
+    that exist (silos with an empty test split are left out)."""
+    evals = {c: e for c, e in evals.items() if float(e.get("n", 0)) > 0}
+    if not evals:
+        nan = float("nan")
+        return {"accuracy": nan, "loss": nan, "mean_client_accuracy": nan}
+    n = np.array([float(e.get("n", 0)) for e in evals.values()])
+    acc = np.array([float(e["accuracy"]) for e in evals.values()])
+    loss = np.array([float(e["loss"]) for e in evals.values()])
+    total = n.sum()
+    weights = n / total if total > 0 else np.full(len(n), 1.0 / len(n))
+    return {
+        "accuracy": float(np.dot(weights, acc)),
+        "loss": float(np.dot(weights, loss)),
+        "mean_client_accuracy": float(acc.mean()),
+    }
+
+
+def collect_privacy(
+    summaries: dict[int, Any], server: ServerAlgorithm, unit: str
+) -> PrivacySummary | None:
+    """One typed summary of every unit this view can see: the silos' own summaries (the
+    operator's view; empty in a deployment) merged with the server's (e.g. ULDP-FL's users,
+    whose ledger lives at the server). None when nothing is accounted in this view."""
+    parts: list[PrivacySummary | None] = list(summaries.values())
+    own = getattr(server, "privacy_summary", None)
+    if callable(own):
+        parts.append(own())
+    present = [p for p in parts if p is not None]
+    return PrivacySummary.merge(present) if present else None
+
+
+def check_model(params: Params, t: int) -> None:
+    """The aggregated global model must be finite (else nothing is published)."""
+    for k, p in enumerate(params):
+        if not np.all(np.isfinite(np.asarray(p))):
+            raise TrainingDiverged(
+                f"the aggregated global model (parameter {k}) is not finite; likely "
+                f"{LIKELY_CAUSES}", round_index=t,
+            )
+
+
+def metrics_line(
+    t: int,
+    selected: list[int],
+    contributions: int,
+    evals: dict[int, Scalars],
+    privacy: PrivacySummary | None,
+) -> dict[str, Any]:
+    """The round's line of ``metrics.jsonl``: who took part, the pooled and per-silo test
+    metrics (aggregates only) and the privacy summary of this view."""
+    pooled = pooled_evaluation(evals)
+    return {
+        "round": t,
+        "selected": sorted(int(c) for c in selected),
+        "contributions": int(contributions),
+        "accuracy": pooled["accuracy"],
+        "loss": pooled["loss"],
+        "mean_client_accuracy": pooled["mean_client_accuracy"],
+        "clients": {
+            str(cid): {"accuracy": float(e["accuracy"]), "loss": float(e["loss"]), "n": int(e["n"])}
+            for cid, e in sorted(evals.items())
+        },
+        "privacy": None if privacy is None else privacy.to_dict(),
+    }
