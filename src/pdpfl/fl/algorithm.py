@@ -134,15 +134,15 @@ class Algorithm(AlgorithmConfig):
         return [*check_federation(config, federation), *self.algorithm_checks(config, federation)]
 
     def assemble(self, config: ExperimentConfig, federation: Federation) -> Assembly:
-        """In one call, for the in-process runtime: prepare, the summation protocol, the
-        environment (shared checks, device, randomness; :func:`resolve_environment`), the
-        algorithm's own checks, and the server and silos, checked against the protocol."""
+        """In one call, for the in-process runtime: prepare, the environment (shared checks,
+        device, randomness; :func:`resolve_environment`), the algorithm's own checks, the server
+        and silos, and the summation protocol, checked against the server."""
         config, federation = self.prepare(config, federation)
         algorithm = as_algorithm(config.algorithm)
-        protocol = protocol_from_config(config)
         env = resolve_environment(config, federation)
         warnings = [*env.warnings, *algorithm.algorithm_checks(config, federation)]
         server, clients = algorithm.build_parties(config, federation, env)
+        protocol = protocol_from_config(config)
         check_compatible(server, protocol)
         return Assembly(config, federation, server, clients, protocol, warnings,
                         list(env.parameter_names))

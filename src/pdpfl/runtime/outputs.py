@@ -304,6 +304,10 @@ def write_outputs(
         summary["warnings"] = [*warnings, *summary.get("warnings", [])]
     if data is not None:
         summary["data"] = data
+    if plots:  # the plots and the model's header read ε = ∞ (no DP) as such
+        write_plots(result["metrics"], summary, out)
+    write_model(out / MODEL_NAME, result["params"], parameter_names, model_metadata(summary))
+    summary = finite(summary)  # what is returned is what is on disk: NaN/inf become None
     save_npz(out / "model.npz", **{f"p{i:03d}": p for i, p in enumerate(result["params"])})
     holders = [(f"client_{cid}", c) for cid, c in (clients or {}).items()]
     holders.append(("server", server))
@@ -311,9 +315,5 @@ def write_outputs(
         ledger = getattr(holder, "ledger", None)
         if isinstance(ledger, PrivacyLedger):
             save_ledger(ledger, out / "ledgers" / f"{name}.npz", identity=result.get("run_id"))
-    if plots:  # the plots and the model's header read ε = ∞ (no DP) as such
-        write_plots(result["metrics"], summary, out)
-    write_model(out / MODEL_NAME, result["params"], parameter_names, model_metadata(summary))
-    summary = finite(summary)  # what is returned is what is on disk: NaN/inf become None
     write_json(out / "summary.json", summary)
     return summary

@@ -364,16 +364,16 @@ def _simulate(
         log.warning("%s", message)
         warnings.warn(message, SetupWarning, stacklevel=3)
     diverged: TrainingDiverged | None = None
-    save_model = None
-    if config.save_models == "every-round":
-        save_model = round_model_writer(Path(out_dir), run.parameter_names, LoopSettings.of(
-            run.config).fingerprint, config.algorithm.name)
+    transport = InProcessTransport(run.clients)
     with torch_threads(config.threads):
+        save_model = None
+        if config.save_models == "every-round":
+            save_model = round_model_writer(Path(out_dir), run.parameter_names,
+                                            settings.fingerprint, config.algorithm.name)
         try:
             result = run_rounds(
-                run.server, InProcessTransport(run.clients), out_dir,
-                settings, run.protocol, resume=resume, progress=progress,
-                stop_after=stop_after, save_model=save_model,
+                run.server, transport, out_dir, settings, run.protocol, resume=resume,
+                progress=progress, stop_after=stop_after, save_model=save_model,
             )
         except TrainingDiverged as err:
             if err.result is None:
