@@ -26,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pdpfl.runtime.flower.launcher import LocalFederation, _signal, descendants
+from pdpfl.runtime.flower.processes import LocalFederation, _signal, descendants
 from pdpfl.runtime.simulation import InProcessTransport
 
 Event = dict[str, Any]

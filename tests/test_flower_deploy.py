@@ -26,12 +26,7 @@ import pytest
 
 pytest.importorskip("flwr")
 
-from pdpfl.runtime.flower.launcher import (  # noqa: E402
-    _alive,
-    descendants,
-    flower_binary,
-    free_port,
-)
+from pdpfl.runtime.flower.processes import _alive, descendants, flower_binary, free_port  # noqa: E402
 from pdpfl.runtime.flower.transport import FlowerRunError  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -202,7 +202,7 @@ def test_pdpfl_run_on_a_real_flower_federation_exits_3(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
     from pdpfl.cli import app
-    from pdpfl.runtime.flower.launcher import flower_binary
+    from pdpfl.runtime.flower.processes import flower_binary
     from pdpfl.runtime.flower.transport import FlowerRunError
 
     try:

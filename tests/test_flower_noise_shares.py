@@ -22,7 +22,7 @@ import pytest
 pytest.importorskip("flwr")
 
 from flower_faults import FaultDrill, read_events, replay_transport, stage_event  # noqa: E402
-from pdpfl.runtime.flower.launcher import flower_binary  # noqa: E402
+from pdpfl.runtime.flower.processes import flower_binary  # noqa: E402
 from pdpfl.runtime.flower.transport import FlowerRunError  # noqa: E402
 
 try:

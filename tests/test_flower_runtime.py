@@ -22,12 +22,7 @@ import pytest
 
 pytest.importorskip("flwr")
 
-from pdpfl.runtime.flower.launcher import (  # noqa: E402
-    LocalFederation,
-    _alive,
-    descendants,
-    flower_binary,
-)
+from pdpfl.runtime.flower.processes import LocalFederation, _alive, descendants, flower_binary  # noqa: E402
 from pdpfl.runtime.flower.transport import FlowerRunError  # noqa: E402
 
 TESTS_DIR = Path(__file__).resolve().parent

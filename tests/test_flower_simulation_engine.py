@@ -220,7 +220,7 @@ def test_ctrl_c_stops_the_engine_and_prints_the_resume_command(tmp_path: Path) -
     import sys
     import time
 
-    from pdpfl.runtime.flower.launcher import descendants
+    from pdpfl.runtime.flower.processes import descendants
 
     out = tmp_path / "run"
     cmd = [str(Path(sys.executable).parent / "pdpfl"), "run", str(DEMO),

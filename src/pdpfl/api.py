@@ -165,7 +165,8 @@ def make_config(
     """The validated config :func:`train` runs (``settings`` are config leaf names such as
     ``rounds``, ``local_steps``, ``batch_size``, ``epsilon_max``, ``lr``; ``algorithm`` sets
     ``algorithm.name``, ``name`` the experiment name)."""
-    from pdpfl.config import ConfigError, _leaf_index, config_from_dict
+    from pdpfl.config import ConfigError, config_from_dict
+    from pdpfl.config.loading import _leaf_index
 
     raw = _raw_config(config)
     settings = dict(settings)

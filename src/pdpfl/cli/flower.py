@@ -84,7 +84,7 @@ def _exec(cmd: list[str], dry_run: bool, env: dict[str, str] | None = None) -> N
 
 
 def _binary(name: str) -> str:
-    from pdpfl.runtime.flower.launcher import flower_binary
+    from pdpfl.runtime.flower.processes import flower_binary
     from pdpfl.runtime.flower.transport import FlowerRunError
 
     try:
@@ -163,7 +163,7 @@ def keygen(
 def _connection_home(
     superlink_address: str, insecure: bool, root_certificates: Path | None
 ) -> Path:
-    from pdpfl.runtime.flower.launcher import write_connection
+    from pdpfl.runtime.flower.processes import write_connection
 
     home = Path(tempfile.mkdtemp(prefix="pdpfl-flwr-home-"))
     write_connection(
@@ -240,7 +240,7 @@ def supernode(
     Runs in the foreground until Ctrl-C / SIGTERM, which stops both processes.
     """
     from pdpfl.runtime.flower.hooks import DATA_DIR, NUM_PARTITIONS, PARTITION_ID, STATE_DIR
-    from pdpfl.runtime.flower.launcher import MODES, SECRET_NAME, node_config_arg, worker_command
+    from pdpfl.runtime.flower.processes import MODES, SECRET_NAME, node_config_arg, worker_command
 
     if silo >= num_silos:
         fail(f"--silo: must be in [0, {num_silos - 1}] for --num-silos {num_silos}, got {silo}")
@@ -304,7 +304,7 @@ def _run_services(commands: list[list[str]]) -> int:
     Ctrl-C/SIGTERM. Returns the first exit code (130 on interruption)."""
     import time
 
-    from pdpfl.runtime.flower.launcher import stop_processes
+    from pdpfl.runtime.flower.processes import stop_processes
 
     env = _environment()
     procs: list[subprocess.Popen[Any]] = []
@@ -343,7 +343,8 @@ def _app_for(
     from pdpfl.config import ConfigError, config_to_dict, load_config
     from pdpfl.runtime.flower.codec import encode_config
     from pdpfl.runtime.flower.hooks import DEFAULT_HOOKS
-    from pdpfl.runtime.flower.launcher import default_startup_timeout, write_app
+    from pdpfl.runtime.flower.launcher import default_startup_timeout
+    from pdpfl.runtime.flower.processes import write_app
 
     if out.expanduser().exists() and not out.expanduser().is_dir():
         fail(f"--out: {out} is a file, not a folder (the run's outputs go there)")

@@ -13,7 +13,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from pdpfl.runtime.flower.launcher import FlowerInterrupted, LocalFederation, run_flower
+    from pdpfl.runtime.flower.launcher import run_flower
+    from pdpfl.runtime.flower.processes import FlowerInterrupted, LocalFederation
     from pdpfl.runtime.flower.simulation_engine import run_flower_simulation
     from pdpfl.runtime.flower.transport import FlowerRunError, FlowerTransport
 

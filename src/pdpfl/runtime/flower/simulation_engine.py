@@ -414,7 +414,7 @@ def run_flower_simulation(
     finally:
         display.close()
     if interrupted.is_set():
-        from pdpfl.runtime.flower.launcher import FlowerInterrupted
+        from pdpfl.runtime.flower.processes import FlowerInterrupted
         from pdpfl.runtime.loop import read_metrics
 
         raise FlowerInterrupted(out, len(read_metrics(out)))

@@ -1,0 +1,234 @@
+"""The experiment configuration (:class:`ExperimentConfig`), the base of every algorithm's
+section (:class:`AlgorithmConfig`) and the registries of algorithm sections and ``--methods``
+names (:mod:`pdpfl.config`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Annotated, Any, ClassVar, Literal, Union
+
+from pydantic import (
+    ConfigDict,
+    Field,
+    create_model,
+    model_validator,
+)
+
+from pdpfl.config.base import _PROBLEM_SEPARATOR, _Section
+from pdpfl.config.sections import (
+    BudgetsConfig,
+    DataConfig,
+    FlowerConfig,
+    ModelConfig,
+    PrivacyConfig,
+    SecureConfig,
+    TrainingConfig,
+)
+from pdpfl.registry import Registry
+
+#: What one budget protects: the unit the neighbouring relation adds or removes.
+PrivacyUnitName = Literal["record", "client", "user", "none"]
+
+#: Modules that register pdpfl's own algorithms and ``compare`` methods (imported on first use).
+BUILTIN_ALGORITHMS: tuple[str, ...] = (
+    "pdpfl.fl.rpdp",
+    "pdpfl.fl.rpdp.baselines",
+    "pdpfl.fl.idp_fedavg",
+    "pdpfl.fl.prifedsync",
+    "pdpfl.fl.uldp",
+)
+
+
+class AlgorithmConfig(_Section):
+    """Base of every algorithm's config section (``algorithm:`` in the YAML).
+
+    A concrete algorithm subclasses :class:`pdpfl.fl.algorithm.Algorithm` (which adds how the
+    parsed section builds its server and silos), declares ``name: Literal["..."]`` and is
+    registered once (:func:`pdpfl.fl.algorithm.register_algorithm`); the experiment config's
+    ``algorithm`` section is then a discriminated union on ``name`` over every registered class.
+    """
+
+    # Non-finite numbers are refused before pydantic runs (pdpfl.config_checks), except in a
+    # field that declares json_schema_extra={"allow_infinity": True} (e.g. IDP-FedAvg's ∞ budget
+    # of non-private clients), so pydantic itself must let ∞ through here.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=True)
+
+    name: str
+
+    #: The privacy unit of the algorithm's guarantee.
+    unit: ClassVar[PrivacyUnitName] = "record"
+    #: One line for ``pdpfl --help``, the docs and ``pdpfl compare``.
+    summary: ClassVar[str] = ""
+    #: Whether the algorithm adds DP noise (False for the privacy-free baselines).
+    private: ClassVar[bool] = True
+    #: Silos draw their own participation coin under ``participation: hidden``.
+    supports_hidden_participation: ClassVar[bool] = False
+    #: True if the algorithm cannot run on a Flower deployment (e.g. centralized).
+    simulation_only: ClassVar[bool] = False
+    #: ``--set`` overrides turning :data:`pdpfl.testing.TOY_CONFIG` into a toy run of it.
+    toy_overrides: ClassVar[tuple[str, ...]] = ()
+
+    def check(self, config: ExperimentConfig) -> list[str]:
+        """Cross-section checks; one ``dotted.field: message`` per problem (empty: all well)."""
+        return []
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """A ``pdpfl compare`` method: config overrides, optionally parameterised (``name:ARG``)."""
+
+    name: str
+    overrides: Callable[[str | None], list[str]]
+    help: str = ""
+    takes_argument: bool = False
+
+
+#: Every registered algorithm's config class, by ``algorithm.name``.
+ALGORITHMS: Registry[type[AlgorithmConfig]] = Registry("algorithm.name", BUILTIN_ALGORITHMS)
+#: ``pdpfl compare --methods``: an algorithm plus overrides (``uniform:0.5``, ``strict``, ...).
+METHODS: Registry[MethodSpec] = Registry("--methods", BUILTIN_ALGORITHMS)
+
+
+def _name_override(name: str) -> Callable[[str | None], list[str]]:
+    """The ``pdpfl compare`` overrides that select algorithm ``name``."""
+    return lambda _arg: [f"algorithm.name={name}"]
+
+
+def register_algorithm_config(cls: type[AlgorithmConfig], *, replace: bool = False
+                              ) -> type[AlgorithmConfig]:
+    """Register an algorithm's config class (and a ``compare`` method of the same name)."""
+    field = cls.model_fields.get("name")
+    name = getattr(field.annotation, "__args__", (None,))[0] if field is not None else None
+    if field is None or getattr(field.annotation, "__args__", None) != (name,) or not name:
+        raise ValueError(
+            f"algorithm: the config class {cls.__name__} must declare name: Literal['<name>']"
+        )
+    ALGORITHMS.register(str(name), cls, replace=replace)
+    if not METHODS.registered(str(name)) or replace:
+        METHODS.register(
+            str(name),
+            MethodSpec(str(name), _name_override(str(name)), cls.summary),
+            replace=True,
+        )
+    return cls
+
+
+def get_method(text: str) -> tuple[MethodSpec, list[str]]:
+    """Resolve ``name`` or ``name:ARG`` to its spec and config overrides (ValueError if unknown)."""
+    name, sep, arg = text.partition(":")
+    if name not in METHODS:
+        raise ValueError(f"unknown method {text!r}; choose from {', '.join(method_names())}")
+    spec = METHODS.get(name)
+    if sep and not spec.takes_argument:
+        raise ValueError(f"method {name!r} takes no argument (got {text!r})")
+    if spec.takes_argument and not sep and name not in ALGORITHMS:
+        raise ValueError(f"method {name!r} needs an argument: {name}:VALUE")
+    return spec, spec.overrides(arg if sep else None)
+
+
+def method_names() -> list[str]:
+    return [f"{m.name}:ARG" if m.takes_argument else m.name for m in METHODS.values()]
+
+
+class ExperimentConfig(_Section):
+    """A complete, validated experiment.
+
+    Validate raw dictionaries with :func:`config_from_dict` / :func:`load_config` (or
+    ``ExperimentConfig.model_validate``): the ``algorithm`` section is then parsed as the config
+    class of the registered algorithm it names.
+    """
+
+    @classmethod
+    def model_validate(cls, obj: Any, *args: Any, **kwargs: Any) -> ExperimentConfig:
+        if cls is ExperimentConfig:
+            return experiment_model().model_validate(obj, *args, **kwargs)
+        return super().model_validate(obj, *args, **kwargs)
+
+    name: str = "experiment"
+    seed: int = Field(42, ge=0, lt=2**63)
+    runtime: Literal["simulation", "flower", "flower-simulation"] = Field(
+        "simulation", description="simulation (in-process), flower (SuperLink + SuperNodes on "
+        "loopback) or flower-simulation (Flower's Simulation Engine, Ray: pdpfl[simulation])"
+    )
+    randomness: Literal["secure", "reproducible"] = Field(
+        "secure",
+        description="secure: noise and sampling coins from a CSPRNG with a fresh secret key per "
+        "party (default); reproducible: derived from the seed -- no guarantee against anyone "
+        "who knows the seed (research and tests only)",
+    )
+    aggregation: Literal["plain", "secure"] = Field(
+        "plain", description="how the silos' contributions are summed: plain (the server sees "
+        "each update) or secure (pairwise-masked summation: the server learns only the sum)"
+    )
+    participation: Literal["visible", "hidden"] = Field(
+        "visible", description="visible: the server samples the silos (it sees who took part); "
+        "hidden (needs aggregation: secure): every silo sends a masked contribution every "
+        "round, drawing its own λ-coin, so the server's view equals a third party's"
+    )
+    secure: SecureConfig = Field(default_factory=lambda: SecureConfig.model_validate({}))
+    flower: FlowerConfig = Field(default_factory=lambda: FlowerConfig.model_validate({}))
+    output_dir: str = "runs/experiment"
+    save_models: Literal["final", "every-round"] = Field(
+        "final", description="final: model.safetensors only; every-round: also the global "
+        "model after each round, models/round-NNNN.safetensors"
+    )
+    threads: int | None = Field(
+        None, ge=1, le=256, description="torch intra-op threads while training (1 is fastest "
+        "for small models such as logreg); None keeps torch's setting"
+    )
+    data: DataConfig
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    algorithm: AlgorithmConfig = Field(default_factory=lambda: _default_algorithm())
+    budgets: BudgetsConfig = Field(default_factory=lambda: BudgetsConfig.model_validate({}))
+    privacy: PrivacyConfig = Field(default_factory=lambda: PrivacyConfig.model_validate({}))
+    training: TrainingConfig
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> ExperimentConfig:
+        problems = list(self.algorithm.check(self))
+        if self.participation == "hidden":
+            if self.aggregation != "secure":
+                problems.append(
+                    "participation: hidden needs aggregation: secure (with plain summation the "
+                    "server sees which silos sent a non-zero update)"
+                )
+            if not getattr(type(self.algorithm), "supports_hidden_participation", False):
+                problems.append(
+                    f"participation: hidden is not supported by algorithm {self.algorithm.name!r} "
+                    "(its silos do not draw their own participation coin)"
+                )
+        if problems:
+            raise ValueError(_PROBLEM_SEPARATOR.join(problems))
+        return self
+
+    @property
+    def reproducible(self) -> bool:
+        """True in the research mode where noise and coins derive from the seed."""
+        return self.randomness == "reproducible"
+
+
+def _default_algorithm() -> AlgorithmConfig:
+    return ALGORITHMS.get("rpdp").model_validate({})
+
+
+#: The experiment-config model built over the registered algorithms, per registry version.
+_MODEL_CACHE: dict[int, type[ExperimentConfig]] = {}
+
+
+def experiment_model() -> type[ExperimentConfig]:
+    """:class:`ExperimentConfig` whose ``algorithm`` is a discriminated union on ``name``."""
+    classes = tuple(ALGORITHMS.values())  # loads the built-in algorithms first
+    model = _MODEL_CACHE.get(ALGORITHMS.version)
+    if model is None:
+        union = classes[0] if len(classes) == 1 else Union[classes]  # noqa: UP007
+        tagged: Any = Annotated[union, Field(discriminator="name")]
+        model = create_model(
+            "ExperimentConfig",
+            __base__=ExperimentConfig,
+            algorithm=(tagged, Field(default_factory=_default_algorithm)),
+        )
+        _MODEL_CACHE.clear()
+        _MODEL_CACHE[ALGORITHMS.version] = model
+    return model
