@@ -8,7 +8,8 @@ code's bugs D1-D29 and how pdpfl treats each, in ``docs/uldp_spec.md`` (Part A),
 docstrings here cite as "spec".
 
 * :mod:`~pdpfl.fl.uldp.config` -- the variants as registered config sections (``uldp-naive``,
-  ``uldp-group``, ``uldp-avg``, ``uldp-sgd``, ``uldp-default``) and the ``compare`` methods;
+  ``uldp-group``, ``uldp-avg``, ``uldp-sgd``, ``uldp-default``); :mod:`~pdpfl.fl.uldp.methods`
+  -- their ``compare`` methods;
 * :mod:`~pdpfl.fl.uldp.mechanism` -- the published setups (frozen dataclasses) and the
   server's user-level mechanism (:class:`~pdpfl.privacy.uldp.UserLevelPlan`, σ from ε_max,
   personal budgets → q_u);
