@@ -153,8 +153,12 @@ def _hook_chunk(
     if out.shape[0] != x.shape[0]:
         raise _Unsupported("model output does not have one row per record")
     B = x.shape[0]
-    total = loss(out, y) * B  # the loss is a mean over records: this is Σ_i loss_i
-    backprops = torch.autograd.grad(total, [o for _, _, o in records], allow_unused=True)
+    mean = loss(out, y)
+    # the loss is a mean over records: seeding its gradient with B gives the backprops of
+    # Σ_i loss_i (bit for bit those of `mean * B`, without the extra graph node)
+    backprops = torch.autograd.grad(
+        mean, [o for _, _, o in records], torch.full_like(mean, B), allow_unused=True
+    )
     pairs = [
         (module, a, torch.zeros_like(o) if g is None else g.detach())
         for (module, a, o), g in zip(records, backprops, strict=True)
@@ -162,7 +166,7 @@ def _hook_chunk(
     dev = math_device(x.device)
     if dev != x.device:  # mps: no float64 there, the book-keeping runs on the CPU
         pairs = [(m, a.to(dev), g.to(dev)) for m, a, g in pairs]
-    total_loss = float(total.detach())
+    total_loss = float(mean.detach()) * B
     linear = not materialise and bool(pairs) and _small_linear(pairs)
     if linear:
         pairs = [(m, a.to(_F64), g.to(_F64)) for m, a, g in pairs]
