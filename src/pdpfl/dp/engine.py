@@ -82,7 +82,8 @@ def as_rates(rates: np.ndarray | Tensor | Iterable[float], n: int) -> Tensor:
     q = np.array(rates, dtype=np.float64)  # a private copy: later edits of `rates` do not count
     if q.ndim != 1 or q.shape[0] != n:
         raise ValueError(f"rates must have shape ({n},) (one per record), got {tuple(q.shape)}")
-    if n and not (np.isfinite(q).all() and q.min() >= 0.0 and q.max() <= 1.0):
+    # NaN fails both comparisons (min/max propagate it), ±inf fails one: no isfinite pass
+    if n and not (q.min() >= 0.0 and q.max() <= 1.0):
         raise ValueError("rates must be finite and in [0, 1]")
     return torch.from_numpy(q)
 
@@ -183,6 +184,11 @@ class PersonalizedDPSGD:
         self._shapes = [tuple(p.shape) for p in self.params]
         self._sizes = [p.numel() for p in self.params]
         self._numel = sum(self._sizes)
+        self._index = {id(p): k for k, p in enumerate(self.params)}
+        # step() rounds the noisy gradient into this buffer and hands its views to the
+        # optimizer as `.grad` (overwritten by the next step, as backward() does)
+        self._grad_buf: Tensor | None = None
+        self._grad_views: list[Tensor] = []
         own = {id(p) for p in self.params}
         # parameters of the optimizer that this engine does not give a gradient to
         self._foreign = any(
@@ -231,6 +237,7 @@ class PersonalizedDPSGD:
                 modules=self._modules,
                 ws=self._workspace,
                 params=self.params,
+                index=self._index,
             )
         except RuntimeError:
             if before:  # torch.func refuses in-place buffer updates: name the module instead
@@ -253,14 +260,29 @@ class PersonalizedDPSGD:
         flat = torch.cat([s.detach().reshape(-1).to(dev, torch.float64) for s in sums])
         return self._noisy(flat, normalizer, as_stream(stream))
 
-    def _noisy(self, flat: Tensor, normalizer: float, stream: RandomStream) -> list[Tensor]:
-        """In place on the float64 vector ``flat``: add the noise, divide, round once."""
+    def _noisy(
+        self, flat: Tensor, normalizer: float, stream: RandomStream, reuse: bool = False
+    ) -> list[Tensor]:
+        """In place on the float64 vector ``flat``: add the noise, divide, round once.
+
+        ``reuse``: round into the engine's gradient buffer and return its views (the same
+        tensors every step; for :meth:`step`, whose gradients only the optimizer sees)."""
         std = self.noise_multiplier * self.max_grad_norm
         if std > 0:
             flat.add_(draw_normals(stream, self._shapes, device=flat.device), alpha=std)
         flat.div_(normalizer)
         dtype, device = self.params[0].dtype, self.params[0].device
         if all(p.dtype == dtype and p.device == device for p in self.params):
+            if reuse:
+                buf = self._grad_buf
+                if buf is None or buf.dtype != dtype or buf.device != device:
+                    buf = self._grad_buf = torch.empty(self._numel, dtype=dtype, device=device)
+                    self._grad_views = [
+                        t.view(s) for t, s in zip(buf.split(self._sizes), self._shapes,
+                                                  strict=True)
+                    ]  # fmt: skip
+                buf.copy_(flat)  # one rounding of every coordinate (as `to` rounds)
+                return self._grad_views
             rounded = flat.to(device, dtype)  # one rounding of every coordinate
             return [t.view(s) for t, s in zip(rounded.split(self._sizes), self._shapes,
                                               strict=True)]  # fmt: skip
@@ -313,7 +335,8 @@ class PersonalizedDPSGD:
         if self._foreign:  # otherwise every parameter's gradient is replaced below
             self.optimizer.zero_grad(set_to_none=True)
         for p, g in zip(self.params, grads, strict=True):
-            p.grad = g
+            if p.grad is not g:  # step()'s reused buffer: already attached
+                p.grad = g
         self.optimizer.step()
 
     def step(
@@ -345,14 +368,18 @@ class PersonalizedDPSGD:
         """:meth:`step` with validated rates, stream and normaliser."""
         idx = poisson_sample(q, stream)
         dev = self.device
-        xb = (x[idx] if x.device.type == "cpu" else x[idx.to(x.device)]).to(dev)
-        yb = (y[idx] if y.device.type == "cpu" else y[idx.to(y.device)]).to(dev)
+        xb = x.index_select(0, idx if x.device.type == "cpu" else idx.to(x.device))
+        yb = y.index_select(0, idx if y.device.type == "cpu" else idx.to(y.device))
+        if xb.device != dev:
+            xb = xb.to(dev)
+        if yb.device != dev:
+            yb = yb.to(dev)
         if self.private:
             assert normalizer is not None
             res = self.clipped_sum(xb, yb)
             if extra is not None:  # audit canaries: sampled after the records, before the noise
                 extra.add_sampled(res.sums, stream, self.max_grad_norm)
-            grads = self._noisy(_flat_of(res), normalizer, stream)
+            grads = self._noisy(_flat_of(res), normalizer, stream, reuse=True)
             loss_sum = res.loss_sum
         elif idx.numel() == 0:
             return StepResult(0, 0.0, idx)  # nothing to learn from; no privacy to protect

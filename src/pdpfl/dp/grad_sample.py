@@ -256,13 +256,14 @@ def _clipped_grad_sum(
     modules: list[nn.Module] | None = None,
     ws: Workspace | None = None,
     params: list[nn.Parameter] | None = None,
+    index: dict[int, int] | None = None,
 ) -> ClippedSum:
     """:func:`clipped_grad_sum` with an already resolved ``method`` ("hooks" or "func").
 
     ``out``: a zeroed float64 vector of all trainable parameters (in order) that receives the
     sums (the returned ``sums`` are views of it); ``modules``: :func:`hooked_modules` of the
     model, precomputed; ``ws``: buffers reused between calls; ``params``: the trainable
-    parameters, precomputed.
+    parameters, precomputed, and ``index`` their positions by ``id``.
     """
     per_record = max_grad_norm if isinstance(max_grad_norm, Tensor) else None
     if per_record is not None and per_record.shape != (x.shape[0],):
@@ -273,7 +274,8 @@ def _clipped_grad_sum(
     if out is None:
         out = torch.zeros(sum(p.numel() for p in params), dtype=_F64, device=device)
     sums = _param_views(params, out)
-    index = {id(p): k for k, p in enumerate(params)}
+    if index is None:
+        index = {id(p): k for k, p in enumerate(params)}
     loss_sum = 0.0
     norms: list[Tensor] = []
     factors: list[Tensor] = []

@@ -51,7 +51,7 @@ def poisson_sample(rates: Tensor | np.ndarray, stream: RandomStream) -> Tensor:
     else:
         q = np.asarray(rates, dtype=np.float64).reshape(-1)
     u = np.asarray(stream.uniform(q.shape[0]), dtype=np.float64)
-    return torch.from_numpy(np.flatnonzero(u < q).astype(np.int64))
+    return torch.from_numpy(np.flatnonzero(u < q).astype(np.int64, copy=False))
 
 
 def wor_sample(num_units: int, batch_size: int, stream: RandomStream) -> Tensor:
