@@ -189,6 +189,9 @@ class PersonalizedDPSGD:
         # optimizer as `.grad` (overwritten by the next step, as backward() does)
         self._grad_buf: Tensor | None = None
         self._grad_views: list[Tensor] = []
+        # ... and accumulates the clipped sum in this one (zeroed every step)
+        self._sum_buf: Tensor | None = None
+        self._sum_views_buf: list[Tensor] = []
         own = {id(p) for p in self.params}
         # parameters of the optimizer that this engine does not give a gradient to
         self._foreign = any(
@@ -212,11 +215,29 @@ class PersonalizedDPSGD:
         forward changed a buffer (running statistics computed from the batch). The sums are
         views of one float64 vector (all parameters, in order).
         """
-        flat = torch.zeros(self._numel, dtype=torch.float64, device=math_device(self.device))
+        return self._clipped_sum(xb, yb)
+
+    def _sum_views(self, flat: Tensor) -> list[Tensor]:
+        return [t.view(s) for t, s in zip(flat.split(self._sizes), self._shapes, strict=True)]
+
+    def _clipped_sum(self, xb: Tensor, yb: Tensor, reuse: bool = False) -> ClippedSum:
+        """:meth:`clipped_sum`; ``reuse``: accumulate in the engine's float64 buffer (zeroed
+        here; for :meth:`step`, which consumes the sums before the next call)."""
+        dev = math_device(self.device)
+        if reuse:
+            flat = self._sum_buf
+            if flat is None or flat.device != dev:
+                flat = self._sum_buf = torch.zeros(self._numel, dtype=torch.float64, device=dev)
+                self._sum_views_buf = self._sum_views(flat)
+            else:
+                flat.zero_()
+            sums = self._sum_views_buf
+        else:
+            flat = torch.zeros(self._numel, dtype=torch.float64, device=dev)
+            sums = self._sum_views(flat)
         if xb.shape[0] == 0:
             return ClippedSum(
-                sums=[t.view(s) for t, s in zip(flat.split(self._sizes), self._shapes,
-                                                  strict=True)],
+                sums=sums,
                 loss_sum=0.0,
                 norms=torch.zeros(0, dtype=torch.float64),
                 factors=torch.zeros(0, dtype=torch.float64),
@@ -238,6 +259,7 @@ class PersonalizedDPSGD:
                 ws=self._workspace,
                 params=self.params,
                 index=self._index,
+                sums=sums,
             )
         except RuntimeError:
             if before:  # torch.func refuses in-place buffer updates: name the module instead
@@ -376,7 +398,7 @@ class PersonalizedDPSGD:
             yb = yb.to(dev)
         if self.private:
             assert normalizer is not None
-            res = self.clipped_sum(xb, yb)
+            res = self._clipped_sum(xb, yb, reuse=True)
             if extra is not None:  # audit canaries: sampled after the records, before the noise
                 extra.add_sampled(res.sums, stream, self.max_grad_norm)
             grads = self._noisy(_flat_of(res), normalizer, stream, reuse=True)

@@ -47,7 +47,10 @@ def poisson_sample(rates: Tensor | np.ndarray, stream: RandomStream) -> Tensor:
     unit with ``q_u = 1`` always is (the uniforms lie in the open interval (0, 1)).
     """
     if isinstance(rates, Tensor):
-        q = rates.detach().to("cpu", torch.float64).reshape(-1).numpy()
+        if rates.dtype == torch.float64 and rates.device.type == "cpu" and rates.dim() == 1:
+            q = rates.detach().numpy()  # validated rates (engine.as_rates): no copy
+        else:
+            q = rates.detach().to("cpu", torch.float64).reshape(-1).numpy()
     else:
         q = np.asarray(rates, dtype=np.float64).reshape(-1)
     u = np.asarray(stream.uniform(q.shape[0]), dtype=np.float64)
