@@ -65,3 +65,23 @@ def test_gradients_returned_by_privatized_gradient_are_not_overwritten_by_step()
     for _ in range(3):
         fast.step(x, y, np.full(30, 0.5), gen, normalizer=10.0)
     assert all(torch.equal(a, b) for a, b in zip(kept, copy, strict=True))
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [[0.5, float("nan"), 0.1], [float("inf"), 0.1, 0.1], [-float("inf"), 0.1, 0.1],
+     [0.5, -1e-300, 0.1], [0.5, 1.0 + 2**-52, 0.1], [float("nan")] * 3],
+)  # fmt: skip
+def test_step_validates_rates_without_copying_them(bad):
+    """step() checks its rates in place (no private copy: they are used at once); the checks
+    are those of as_rates (NaN and ±inf rejected through min/max alone)."""
+    fast, _ = _pair("logreg", "sgd")
+    x, y = torch.randn(3, 6), torch.randint(0, 3, (3,))
+    for rates in (np.array(bad), torch.tensor(bad, dtype=torch.float64), bad):
+        with pytest.raises(ValueError, match=r"rates must be finite and in \[0, 1\]"):
+            fast.step(x, y, rates, torch.Generator(), normalizer=1.0)
+    with pytest.raises(ValueError, match=r"rates must have shape \(3,\)"):
+        fast.step(x, y, np.full(4, 0.5), torch.Generator(), normalizer=1.0)
+    for ok in (np.array([0.0, 1.0, 0.5]), torch.tensor([0.0, 1.0, 0.5]), [0.0, 1.0, 0.5]):
+        res = fast.step(x, y, ok, torch.Generator().manual_seed(0), normalizer=1.0)
+        assert res.indices.tolist() in ([1], [1, 2])  # q = 0 never, q = 1 always

@@ -80,12 +80,21 @@ def as_rates(rates: np.ndarray | Tensor | Iterable[float], n: int) -> Tensor:
     if isinstance(rates, Tensor):
         rates = rates.detach().to("cpu", torch.float64).numpy()
     q = np.array(rates, dtype=np.float64)  # a private copy: later edits of `rates` do not count
+    return torch.from_numpy(_checked_rates(q, n))
+
+
+def _checked_rates(rates: np.ndarray | Tensor | Iterable[float], n: int) -> np.ndarray:
+    """:func:`as_rates` without the copy (float64 numpy; a view of ``rates`` when it already is
+    one): for rates used at once (one :meth:`PersonalizedDPSGD.step`)."""
+    if isinstance(rates, Tensor):
+        rates = rates.detach().to("cpu", torch.float64).numpy()
+    q = np.asarray(rates, dtype=np.float64)
     if q.ndim != 1 or q.shape[0] != n:
         raise ValueError(f"rates must have shape ({n},) (one per record), got {tuple(q.shape)}")
     # NaN fails both comparisons (min/max propagate it), ±inf fails one: no isfinite pass
     if n and not (q.min() >= 0.0 and q.max() <= 1.0):
         raise ValueError("rates must be finite and in [0, 1]")
-    return torch.from_numpy(q)
+    return q
 
 
 @dataclass
@@ -376,7 +385,7 @@ class PersonalizedDPSGD:
         ``normalizer`` (required when private) and let the optimizer step. ``extra``: audit
         canaries added to the clipped sum (private steps only; see :mod:`pdpfl.dp.extra_rows`).
         """
-        q = as_rates(rates, x.shape[0])
+        q = _checked_rates(rates, x.shape[0])  # validated and sampled at once: no copy
         if self.private:
             normalizer = check_normalizer(normalizer)
         elif extra is not None:
@@ -384,7 +393,8 @@ class PersonalizedDPSGD:
         return self._step(x, y, q, as_stream(stream), normalizer, extra)
 
     def _step(
-        self, x: Tensor, y: Tensor, q: Tensor, stream: RandomStream, normalizer: float | None,
+        self, x: Tensor, y: Tensor, q: Tensor | np.ndarray, stream: RandomStream,
+        normalizer: float | None,
         extra: ExtraRows | None = None,
     ) -> StepResult:
         """:meth:`step` with validated rates, stream and normaliser."""

@@ -19,6 +19,7 @@ exact in float64 and can neither underflow nor overflow there.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -44,14 +45,13 @@ def clip_linear(
     records or None when every record counts).
 
     ``layers``: (Linear module, float64 input ``(B, d_in)``, float64 backprop ``(B, d_out)``)
-    per recorded call, converted from float32 (or narrower) values. ``bound``: C for every
-    record or per-record bounds ``(B,)``. A record whose norm is not finite adds nothing
-    (c_i = 0, norm ``inf``). On the CPU the arithmetic runs in numpy (the same float64
-    operations with a fraction of torch's per-operation overhead: these arrays are tiny).
+    per recorded call, converted from float32 (or narrower) values, on one device with
+    ``sums``. ``bound``: C for every record or per-record bounds ``(B,)``. A record whose norm
+    is not finite adds nothing (c_i = 0, norm ``inf``). On the CPU the arithmetic runs in numpy
+    (the same float64 operations with a fraction of torch's per-operation overhead: these
+    arrays are tiny).
     """
-    if all(a.device.type == "cpu" for _, a, _ in layers) and all(
-        s.device.type == "cpu" for s in sums
-    ):
+    if layers[0][1].device.type == "cpu":
         return _clip_linear_np(layers, bound, sums, index)
     return _clip_linear_torch(layers, bound, sums, index)
 
@@ -66,7 +66,16 @@ def _norm_factor(layers: list[tuple[nn.Module, Tensor, Tensor]], b: int) -> floa
     squares and sums (γ_{terms}), products and the layer sum (a few u), the square root and
     the float64 weighted sums over the ``b`` records (γ_{b+2})."""
     terms = sum(a.shape[1] + g.shape[1] + 2 for _, a, g in layers)
-    return (1.0 + gamma(terms + 2 * len(layers) + 8, U64)) * (1.0 + gamma(b + 2, U64))
+    return _factor(terms + 2 * len(layers) + 8, b)
+
+
+@functools.lru_cache(maxsize=256)
+def _factor(n: int, b: int) -> float:
+    return (1.0 + gamma(n, U64)) * (1.0 + gamma(b + 2, U64))
+
+
+#: Shrinks a clipping factor by 4 ulps (float64) so that rounding cannot push c·N above C.
+_SHRINK = 1.0 - 4 * U64
 
 
 def _clip_linear_np(
@@ -76,25 +85,33 @@ def _clip_linear_np(
     index: dict[int, int],
 ) -> tuple[Tensor, Tensor, Tensor | None]:
     """:func:`clip_linear` in numpy (CPU tensors; ``sums`` are updated through their numpy
-    views). Same formulas, same rounding analysis as :func:`_clip_linear_torch`."""
+    views). Same formulas and rounding analysis as :func:`_clip_linear_torch`, in place where
+    possible; for one bound C the factor is ``fl(C·(1 − 4u)) / (N + 1e-6)``, at most
+    ``C/(N + 1e-6)·(1 − 4u)(1 + u)² < C/(N + 1e-6)``."""
     arrays = [(m, _flags(m), a.numpy(), g.numpy()) for m, a, g in layers]
     b = arrays[0][2].shape[0]
     with np.errstate(all="ignore"):  # inf·0 of a non-finite record: it is dropped below
         sq: np.ndarray | None = None
         for _, (w_grad, has_bias), a, g in arrays:
-            g2 = np.einsum("ij,ij->i", g, g)
+            part = np.einsum("ij,ij->i", g, g)
             if w_grad:
                 a2 = np.einsum("ij,ij->i", a, a)
-                part = (a2 + 1.0) * g2 if has_bias else a2 * g2
+                if has_bias:
+                    a2 += 1.0
+                part *= a2
+            if sq is None:
+                sq = part
             else:
-                part = g2
-            sq = part if sq is None else sq + part
+                sq += part
         assert sq is not None
-        norm = np.sqrt(sq)
+        norm = np.sqrt(sq, out=sq)
         norm *= _norm_factor(layers, b)
-        c_bound = bound.numpy() if isinstance(bound, Tensor) else float(bound)
-        c = c_bound / (norm + _NORM_EPS)
-        c *= 1.0 - 4 * U64
+        c = norm + _NORM_EPS
+        if isinstance(bound, Tensor):
+            np.divide(bound.numpy(), c, out=c)
+            c *= _SHRINK
+        else:
+            np.divide(float(bound) * _SHRINK, c, out=c)
         np.minimum(c, 1.0, out=c)
         bad: np.ndarray | None = None
         if not norm.max(initial=0.0) < math.inf:  # NaN compares false as well
@@ -141,7 +158,7 @@ def _clip_linear_torch(
     if not isinstance(bound, Tensor):
         bound = torch.full((b,), float(bound), dtype=_F64, device=norm.device)
     bad = ~torch.isfinite(norm)
-    c = torch.div(bound, norm + _NORM_EPS).mul_(1.0 - 4 * U64).clamp_(max=1.0)
+    c = torch.div(bound, norm + _NORM_EPS).mul_(_SHRINK).clamp_(max=1.0)
     any_bad = bool(bad.any())
     if any_bad:
         c = torch.where(bad, torch.zeros_like(c), c)
