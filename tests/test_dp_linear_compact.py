@@ -125,7 +125,9 @@ def test_numpy_and_torch_compact_paths_agree(case):
     assert norm_np.dtype == norm_t.dtype == c_np.dtype == torch.float64
     torch.testing.assert_close(norm_np, norm_t, rtol=1e-14, atol=0)
     torch.testing.assert_close(c_np, c_t, rtol=1e-14, atol=0)
-    torch.testing.assert_close(flat_np, flat_t, rtol=1e-12, atol=1e-300)
+    # the sums agree to the rounding of Σ_i c_i |G_i| (records may cancel each other)
+    scale = _run(_clip_linear_torch, [(m, a.abs(), g.abs()) for m, a, g in layers], bound)[0]
+    assert bool(((flat_np - flat_t).abs() <= 1e-14 * scale + 1e-300).all())
 
 
 def test_cpu_tensors_take_the_numpy_path(monkeypatch):

@@ -65,10 +65,10 @@ class _Recorder:
 
     def modified(self) -> tuple[bool, bool]:
         """(some recorded input, some recorded output) was modified in place afterwards."""
-        inputs = any(a._version != v for (_, a, _), (v, _) in zip(self.records, self.versions,
-                                                                  strict=True))
-        outputs = any(o._version != v for (_, _, o), (_, v) in zip(self.records, self.versions,
-                                                                   strict=True))
+        inputs = outputs = False
+        for (_, a, o), (va, vo) in zip(self.records, self.versions, strict=True):
+            inputs = inputs or a._version != va
+            outputs = outputs or o._version != vo
         return inputs, outputs
 
     def close(self) -> None:
@@ -144,7 +144,9 @@ def _hook_chunk(
     records = recorder.records
     owners: set[int] = set()
     for module, _, _ in records:
-        for p in module.parameters(recurse=False):
+        for p in module._parameters.values():  # parameters(recurse=False), without the
+            if p is None:  # generator machinery
+                continue
             if id(p) in owners:
                 # a layer called twice, or a parameter shared by two called layers: the norm of
                 # the summed gradient is not the sum of per-call norms -> exact path

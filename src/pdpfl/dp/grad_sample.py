@@ -282,8 +282,13 @@ def _clipped_grad_sum(
     loss_sum = 0.0
     norms: list[Tensor] = []
     factors: list[Tensor] = []
+    whole = x.shape[0] <= physical_batch_size
     for start in range(0, x.shape[0], physical_batch_size):
-        xs, ys = x[start : start + physical_batch_size], y[start : start + physical_batch_size]
+        if whole:  # one chunk: no slicing
+            xs, ys = x, y
+        else:
+            xs = x[start : start + physical_batch_size]
+            ys = y[start : start + physical_batch_size]
         bound: Tensor | float
         if per_record is not None:
             bound = per_record[start : start + physical_batch_size].to(device, _F64)
