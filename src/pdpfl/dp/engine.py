@@ -41,7 +41,7 @@ products, clipping factors, the float64 sum, the noise and the update then stay 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -52,9 +52,14 @@ from pdpfl.dp.bookkeeping import Workspace
 from pdpfl.dp.device import math_device, resolve_device
 from pdpfl.dp.extra_rows import ExtraRows
 from pdpfl.dp.grad_sample import ClippedSum, _clipped_grad_sum, hooked_modules, resolve_method
-from pdpfl.dp.steps import check_normalizer, poisson_sample
+from pdpfl.dp.steps import _checked_rates, as_rates, check_normalizer, poisson_sample
 from pdpfl.dp.training import evaluate, make_optimizer, move_to_device
-from pdpfl.dp.validate import replace_batchnorm, validate_model
+from pdpfl.dp.validate import (
+    _buffer_snapshot,
+    check_buffers_unchanged,
+    replace_batchnorm,
+    validate_model,
+)
 from pdpfl.models import loss_fn
 from pdpfl.randomness import RandomStream, draw_normals, stream_from_generator
 
@@ -73,28 +78,6 @@ __all__ = [
 ]
 
 LossFn = Callable[[Tensor, Tensor], Tensor]
-
-
-def as_rates(rates: np.ndarray | Tensor | Iterable[float], n: int) -> Tensor:
-    """Validate per-record sampling rates: shape ``(n,)``, finite, in ``[0, 1]`` → float64 CPU."""
-    if isinstance(rates, Tensor):
-        rates = rates.detach().to("cpu", torch.float64).numpy()
-    q = np.array(rates, dtype=np.float64)  # a private copy: later edits of `rates` do not count
-    return torch.from_numpy(_checked_rates(q, n))
-
-
-def _checked_rates(rates: np.ndarray | Tensor | Iterable[float], n: int) -> np.ndarray:
-    """:func:`as_rates` without the copy (float64 numpy; a view of ``rates`` when it already is
-    one): for rates used at once (one :meth:`PersonalizedDPSGD.step`)."""
-    if isinstance(rates, Tensor):
-        rates = rates.detach().to("cpu", torch.float64).numpy()
-    q = np.asarray(rates, dtype=np.float64)
-    if q.ndim != 1 or q.shape[0] != n:
-        raise ValueError(f"rates must have shape ({n},) (one per record), got {tuple(q.shape)}")
-    # NaN fails both comparisons (min/max propagate it), ±inf fails one: no isfinite pass
-    if n and not (q.min() >= 0.0 and q.max() <= 1.0):
-        raise ValueError("rates must be finite and in [0, 1]")
-    return q
 
 
 @dataclass
@@ -384,6 +367,9 @@ class PersonalizedDPSGD:
         Sample (coins from ``stream``), clip, add noise (from ``stream``), divide by the public
         ``normalizer`` (required when private) and let the optimizer step. ``extra``: audit
         canaries added to the clipped sum (private steps only; see :mod:`pdpfl.dp.extra_rows`).
+        A private step leaves its gradient in each parameter's ``.grad``: views of an engine
+        buffer that the next step overwrites (as ``backward()`` accumulates into ``.grad``);
+        :meth:`privatized_gradient` returns fresh tensors.
         """
         q = _checked_rates(rates, x.shape[0])  # validated and sampled at once: no copy
         if self.private:
@@ -426,42 +412,6 @@ def _flat_of(res: ClippedSum) -> Tensor:
     if res.flat is not None:
         return res.flat
     return torch.cat([s.reshape(-1).to(torch.float64) for s in res.sums])
-
-
-def _buffer_snapshot(model: nn.Module) -> list[tuple[str, str, Tensor]]:
-    return [
-        (mname, bname, b.detach().clone())
-        for mname, module in model.named_modules()
-        for bname, b in module.named_buffers(recurse=False)
-        if b is not None
-    ]
-
-
-def check_buffers_unchanged(model: nn.Module, before: list[tuple[str, str, Tensor]]) -> None:
-    """Raise ``ValueError`` naming the module whose buffer differs from the ``before`` snapshot.
-
-    A buffer that changes in a training-mode forward (running statistics) is a function of the
-    batch computed without noise; it would reach later outputs (and evaluation) unprotected.
-    """
-    modules = dict(model.named_modules())
-    for mname, bname, old in before:
-        module = modules.get(mname)
-        new = None if module is None else getattr(module, bname, None)
-        same = isinstance(new, Tensor) and new.shape == old.shape and new.dtype == old.dtype
-        if same and isinstance(new, Tensor):
-            if new.is_floating_point() or new.is_complex():
-                same = bool(torch.equal(new.isnan(), old.isnan())) and bool(
-                    torch.equal(new.nan_to_num(0.0), old.nan_to_num(0.0))
-                )
-            else:
-                same = bool(torch.equal(new, old))
-        if not same:
-            raise ValueError(
-                f"model: module {mname or '<root>'!r} ({type(module).__name__}) changed its "
-                f"buffer {bname!r} during a training-mode forward; buffers computed from the "
-                "batch bypass the noise, so DP-SGD rejects such modules (e.g. set "
-                "track_running_stats=False)"
-            )
 
 
 def as_stream(stream: RandomStream | torch.Generator) -> RandomStream:
