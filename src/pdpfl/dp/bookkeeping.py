@@ -35,6 +35,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from pdpfl.dp.bounds import SMALL, U64, block_norm_bounds, gamma, norm_bounds, unit_roundoff
+from pdpfl.dp.workspace import Workspace, padded
+from pdpfl.dp.workspace import empty as _empty
 
 __all__ = ["Part", "Workspace", "layer_parts"]
 
@@ -47,37 +49,6 @@ _MATERIALISE_LIMIT = 2**24
 _BLOCK_ELEMENTS = 2**20
 #: Elements per block when converting float32 per-sample gradients to float64 for the sum.
 _SUM_BLOCK = 2**17
-
-
-class Workspace:
-    """Buffers reused from one step to the next.
-
-    Allocating tens of MB afresh every step costs page faults comparable to the arithmetic;
-    one workspace belongs to one engine (never shared between threads).
-    """
-
-    def __init__(self) -> None:
-        self._buffers: dict[object, Tensor] = {}
-        #: The model modifies a recorded layer output in place: the hooks hand out copies.
-        self.clone_outputs = False
-
-    def get(
-        self, key: object, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
-    ) -> Tensor:
-        n = math.prod(shape)
-        buf = self._buffers.get(key)
-        if buf is None or buf.numel() < n or buf.dtype != dtype or buf.device != device:
-            buf = torch.empty(max(n, 1), dtype=dtype, device=device)
-            self._buffers[key] = buf
-        return buf[:n].view(shape)
-
-
-def _empty(
-    ws: Workspace | None, key: object, shape: tuple[int, ...], dtype: torch.dtype, device
-) -> Tensor:
-    if ws is None:
-        return torch.empty(shape, dtype=dtype, device=device)
-    return ws.get(key, shape, dtype, device)
 
 
 @dataclass
@@ -284,12 +255,15 @@ def _im2col_index(
     return _unfold_rows(pos, kernel, dilation, (0, 0), stride).reshape(-1).to(device)
 
 
-def _patches_into(a: Tensor, geometry: _Geometry, out: Tensor) -> Tensor:
+def _patches_into(
+    a: Tensor, geometry: _Geometry, out: Tensor, ws: Workspace | None = None
+) -> Tensor:
     """``_unfold_rows(a, *geometry)`` written into ``out`` (``(b, L, C·kh·kw)``, any float
-    dtype) with one gather: several times faster than a permuted copy on the CPU."""
+    dtype) with one gather: several times faster than a permuted copy on the CPU. Padding
+    goes through a reused buffer of ``ws`` when given."""
     ph, pw = geometry[2]
     if ph or pw:
-        a = F.pad(a, (pw, pw, ph, ph))
+        a = padded(a, ph, pw, out.dtype, ws)
     a = a.to(out.dtype)
     idx = _im2col_index(tuple(a.shape[1:]), geometry, a.device)
     torch.index_select(a.reshape(a.shape[0], -1), 1, idx, out=out.view(a.shape[0], -1))
@@ -386,7 +360,7 @@ def _conv_pass(
         if bias:
             torch.sum(gb, dim=2, out=out["bias"][i : i + b])
         if weight:
-            u = _patches_into(ab, geometry, patches[:b])
+            u = _patches_into(ab, geometry, patches[:b], ws)
             if groups > 1:
                 u = u.reshape(b, L, groups, K).transpose(1, 2)
             blk = out["grads"][i : i + b]

@@ -41,7 +41,7 @@ products, clipping factors, the float64 sum, the noise and the update then stay 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -52,9 +52,14 @@ from pdpfl.dp.bookkeeping import Workspace
 from pdpfl.dp.device import math_device, resolve_device
 from pdpfl.dp.extra_rows import ExtraRows
 from pdpfl.dp.grad_sample import ClippedSum, _clipped_grad_sum, hooked_modules, resolve_method
-from pdpfl.dp.steps import check_normalizer, poisson_sample
+from pdpfl.dp.steps import _checked_rates, as_rates, check_normalizer, poisson_sample
 from pdpfl.dp.training import evaluate, make_optimizer, move_to_device
-from pdpfl.dp.validate import replace_batchnorm, validate_model
+from pdpfl.dp.validate import (
+    _buffer_snapshot,
+    check_buffers_unchanged,
+    replace_batchnorm,
+    validate_model,
+)
 from pdpfl.models import loss_fn
 from pdpfl.randomness import RandomStream, draw_normals, stream_from_generator
 
@@ -73,18 +78,6 @@ __all__ = [
 ]
 
 LossFn = Callable[[Tensor, Tensor], Tensor]
-
-
-def as_rates(rates: np.ndarray | Tensor | Iterable[float], n: int) -> Tensor:
-    """Validate per-record sampling rates: shape ``(n,)``, finite, in ``[0, 1]`` → float64 CPU."""
-    if isinstance(rates, Tensor):
-        rates = rates.detach().to("cpu", torch.float64).numpy()
-    q = np.array(rates, dtype=np.float64)  # a private copy: later edits of `rates` do not count
-    if q.ndim != 1 or q.shape[0] != n:
-        raise ValueError(f"rates must have shape ({n},) (one per record), got {tuple(q.shape)}")
-    if n and not (np.isfinite(q).all() and q.min() >= 0.0 and q.max() <= 1.0):
-        raise ValueError("rates must be finite and in [0, 1]")
-    return torch.from_numpy(q)
 
 
 @dataclass
@@ -183,6 +176,14 @@ class PersonalizedDPSGD:
         self._shapes = [tuple(p.shape) for p in self.params]
         self._sizes = [p.numel() for p in self.params]
         self._numel = sum(self._sizes)
+        self._index = {id(p): k for k, p in enumerate(self.params)}
+        # step() rounds the noisy gradient into this buffer and hands its views to the
+        # optimizer as `.grad` (overwritten by the next step, as backward() does)
+        self._grad_buf: Tensor | None = None
+        self._grad_views: list[Tensor] = []
+        # ... and accumulates the clipped sum in this one (zeroed every step)
+        self._sum_buf: Tensor | None = None
+        self._sum_views_buf: list[Tensor] = []
         own = {id(p) for p in self.params}
         # parameters of the optimizer that this engine does not give a gradient to
         self._foreign = any(
@@ -206,11 +207,29 @@ class PersonalizedDPSGD:
         forward changed a buffer (running statistics computed from the batch). The sums are
         views of one float64 vector (all parameters, in order).
         """
-        flat = torch.zeros(self._numel, dtype=torch.float64, device=math_device(self.device))
+        return self._clipped_sum(xb, yb)
+
+    def _sum_views(self, flat: Tensor) -> list[Tensor]:
+        return [t.view(s) for t, s in zip(flat.split(self._sizes), self._shapes, strict=True)]
+
+    def _clipped_sum(self, xb: Tensor, yb: Tensor, reuse: bool = False) -> ClippedSum:
+        """:meth:`clipped_sum`; ``reuse``: accumulate in the engine's float64 buffer (zeroed
+        here; for :meth:`step`, which consumes the sums before the next call)."""
+        dev = math_device(self.device)
+        if reuse:
+            flat = self._sum_buf
+            if flat is None or flat.device != dev:
+                flat = self._sum_buf = torch.zeros(self._numel, dtype=torch.float64, device=dev)
+                self._sum_views_buf = self._sum_views(flat)
+            else:
+                flat.zero_()
+            sums = self._sum_views_buf
+        else:
+            flat = torch.zeros(self._numel, dtype=torch.float64, device=dev)
+            sums = self._sum_views(flat)
         if xb.shape[0] == 0:
             return ClippedSum(
-                sums=[t.view(s) for t, s in zip(flat.split(self._sizes), self._shapes,
-                                                  strict=True)],
+                sums=sums,
                 loss_sum=0.0,
                 norms=torch.zeros(0, dtype=torch.float64),
                 factors=torch.zeros(0, dtype=torch.float64),
@@ -231,6 +250,8 @@ class PersonalizedDPSGD:
                 modules=self._modules,
                 ws=self._workspace,
                 params=self.params,
+                index=self._index,
+                sums=sums,
             )
         except RuntimeError:
             if before:  # torch.func refuses in-place buffer updates: name the module instead
@@ -253,14 +274,29 @@ class PersonalizedDPSGD:
         flat = torch.cat([s.detach().reshape(-1).to(dev, torch.float64) for s in sums])
         return self._noisy(flat, normalizer, as_stream(stream))
 
-    def _noisy(self, flat: Tensor, normalizer: float, stream: RandomStream) -> list[Tensor]:
-        """In place on the float64 vector ``flat``: add the noise, divide, round once."""
+    def _noisy(
+        self, flat: Tensor, normalizer: float, stream: RandomStream, reuse: bool = False
+    ) -> list[Tensor]:
+        """In place on the float64 vector ``flat``: add the noise, divide, round once.
+
+        ``reuse``: round into the engine's gradient buffer and return its views (the same
+        tensors every step; for :meth:`step`, whose gradients only the optimizer sees)."""
         std = self.noise_multiplier * self.max_grad_norm
         if std > 0:
             flat.add_(draw_normals(stream, self._shapes, device=flat.device), alpha=std)
         flat.div_(normalizer)
         dtype, device = self.params[0].dtype, self.params[0].device
         if all(p.dtype == dtype and p.device == device for p in self.params):
+            if reuse:
+                buf = self._grad_buf
+                if buf is None or buf.dtype != dtype or buf.device != device:
+                    buf = self._grad_buf = torch.empty(self._numel, dtype=dtype, device=device)
+                    self._grad_views = [
+                        t.view(s) for t, s in zip(buf.split(self._sizes), self._shapes,
+                                                  strict=True)
+                    ]  # fmt: skip
+                buf.copy_(flat)  # one rounding of every coordinate (as `to` rounds)
+                return self._grad_views
             rounded = flat.to(device, dtype)  # one rounding of every coordinate
             return [t.view(s) for t, s in zip(rounded.split(self._sizes), self._shapes,
                                               strict=True)]  # fmt: skip
@@ -313,7 +349,8 @@ class PersonalizedDPSGD:
         if self._foreign:  # otherwise every parameter's gradient is replaced below
             self.optimizer.zero_grad(set_to_none=True)
         for p, g in zip(self.params, grads, strict=True):
-            p.grad = g
+            if p.grad is not g:  # step()'s reused buffer: already attached
+                p.grad = g
         self.optimizer.step()
 
     def step(
@@ -330,8 +367,11 @@ class PersonalizedDPSGD:
         Sample (coins from ``stream``), clip, add noise (from ``stream``), divide by the public
         ``normalizer`` (required when private) and let the optimizer step. ``extra``: audit
         canaries added to the clipped sum (private steps only; see :mod:`pdpfl.dp.extra_rows`).
+        A private step leaves its gradient in each parameter's ``.grad``: views of an engine
+        buffer that the next step overwrites (as ``backward()`` accumulates into ``.grad``);
+        :meth:`privatized_gradient` returns fresh tensors.
         """
-        q = as_rates(rates, x.shape[0])
+        q = _checked_rates(rates, x.shape[0])  # validated and sampled at once: no copy
         if self.private:
             normalizer = check_normalizer(normalizer)
         elif extra is not None:
@@ -339,20 +379,25 @@ class PersonalizedDPSGD:
         return self._step(x, y, q, as_stream(stream), normalizer, extra)
 
     def _step(
-        self, x: Tensor, y: Tensor, q: Tensor, stream: RandomStream, normalizer: float | None,
+        self, x: Tensor, y: Tensor, q: Tensor | np.ndarray, stream: RandomStream,
+        normalizer: float | None,
         extra: ExtraRows | None = None,
     ) -> StepResult:
         """:meth:`step` with validated rates, stream and normaliser."""
         idx = poisson_sample(q, stream)
         dev = self.device
-        xb = (x[idx] if x.device.type == "cpu" else x[idx.to(x.device)]).to(dev)
-        yb = (y[idx] if y.device.type == "cpu" else y[idx.to(y.device)]).to(dev)
+        xb = x.index_select(0, idx if x.device.type == "cpu" else idx.to(x.device))
+        yb = y.index_select(0, idx if y.device.type == "cpu" else idx.to(y.device))
+        if xb.device != dev:
+            xb = xb.to(dev)
+        if yb.device != dev:
+            yb = yb.to(dev)
         if self.private:
             assert normalizer is not None
-            res = self.clipped_sum(xb, yb)
+            res = self._clipped_sum(xb, yb, reuse=True)
             if extra is not None:  # audit canaries: sampled after the records, before the noise
                 extra.add_sampled(res.sums, stream, self.max_grad_norm)
-            grads = self._noisy(_flat_of(res), normalizer, stream)
+            grads = self._noisy(_flat_of(res), normalizer, stream, reuse=True)
             loss_sum = res.loss_sum
         elif idx.numel() == 0:
             return StepResult(0, 0.0, idx)  # nothing to learn from; no privacy to protect
@@ -367,42 +412,6 @@ def _flat_of(res: ClippedSum) -> Tensor:
     if res.flat is not None:
         return res.flat
     return torch.cat([s.reshape(-1).to(torch.float64) for s in res.sums])
-
-
-def _buffer_snapshot(model: nn.Module) -> list[tuple[str, str, Tensor]]:
-    return [
-        (mname, bname, b.detach().clone())
-        for mname, module in model.named_modules()
-        for bname, b in module.named_buffers(recurse=False)
-        if b is not None
-    ]
-
-
-def check_buffers_unchanged(model: nn.Module, before: list[tuple[str, str, Tensor]]) -> None:
-    """Raise ``ValueError`` naming the module whose buffer differs from the ``before`` snapshot.
-
-    A buffer that changes in a training-mode forward (running statistics) is a function of the
-    batch computed without noise; it would reach later outputs (and evaluation) unprotected.
-    """
-    modules = dict(model.named_modules())
-    for mname, bname, old in before:
-        module = modules.get(mname)
-        new = None if module is None else getattr(module, bname, None)
-        same = isinstance(new, Tensor) and new.shape == old.shape and new.dtype == old.dtype
-        if same and isinstance(new, Tensor):
-            if new.is_floating_point() or new.is_complex():
-                same = bool(torch.equal(new.isnan(), old.isnan())) and bool(
-                    torch.equal(new.nan_to_num(0.0), old.nan_to_num(0.0))
-                )
-            else:
-                same = bool(torch.equal(new, old))
-        if not same:
-            raise ValueError(
-                f"model: module {mname or '<root>'!r} ({type(module).__name__}) changed its "
-                f"buffer {bname!r} during a training-mode forward; buffers computed from the "
-                "batch bypass the noise, so DP-SGD rejects such modules (e.g. set "
-                "track_running_stats=False)"
-            )
 
 
 def as_stream(stream: RandomStream | torch.Generator) -> RandomStream:

@@ -256,13 +256,16 @@ def _clipped_grad_sum(
     modules: list[nn.Module] | None = None,
     ws: Workspace | None = None,
     params: list[nn.Parameter] | None = None,
+    index: dict[int, int] | None = None,
+    sums: list[Tensor] | None = None,
 ) -> ClippedSum:
     """:func:`clipped_grad_sum` with an already resolved ``method`` ("hooks" or "func").
 
     ``out``: a zeroed float64 vector of all trainable parameters (in order) that receives the
     sums (the returned ``sums`` are views of it); ``modules``: :func:`hooked_modules` of the
     model, precomputed; ``ws``: buffers reused between calls; ``params``: the trainable
-    parameters, precomputed.
+    parameters, precomputed, ``index`` their positions by ``id`` and ``sums`` the views of
+    ``out`` per parameter.
     """
     per_record = max_grad_norm if isinstance(max_grad_norm, Tensor) else None
     if per_record is not None and per_record.shape != (x.shape[0],):
@@ -272,23 +275,31 @@ def _clipped_grad_sum(
     device = math_device(params[0].device if params else x.device)
     if out is None:
         out = torch.zeros(sum(p.numel() for p in params), dtype=_F64, device=device)
-    sums = _param_views(params, out)
-    index = {id(p): k for k, p in enumerate(params)}
+    if sums is None:
+        sums = _param_views(params, out)
+    if index is None:
+        index = {id(p): k for k, p in enumerate(params)}
     loss_sum = 0.0
     norms: list[Tensor] = []
     factors: list[Tensor] = []
+    whole = x.shape[0] <= physical_batch_size
     for start in range(0, x.shape[0], physical_batch_size):
-        xs, ys = x[start : start + physical_batch_size], y[start : start + physical_batch_size]
+        if whole:  # one chunk: no slicing
+            xs, ys = x, y
+        else:
+            xs = x[start : start + physical_batch_size]
+            ys = y[start : start + physical_batch_size]
+        bound: Tensor | float
         if per_record is not None:
             bound = per_record[start : start + physical_batch_size].to(device, _F64)
         else:
-            bound = torch.full((xs.shape[0],), float(max_grad_norm), dtype=_F64, device=device)
+            bound = float(max_grad_norm)
         try:
             chunk = _chunk(model, xs, ys, loss, method, False, modules, ws)
         except _Unsupported:
             method = "func"
             chunk = _chunk(model, xs, ys, loss, method, False)
-        norm, c, chunk_loss = _clip_chunk(chunk, bound, sums, index)
+        norm, c, chunk_loss = _clip_chunk(chunk, bound, sums, index, xs.shape[0], device)
         loss_sum += chunk_loss
         norms.append(norm)
         factors.append(c)
@@ -339,9 +350,16 @@ def _undecided(parts: list[Part], est2: Tensor, norm: Tensor) -> Tensor:
 
 
 def _clip_chunk(
-    chunk: _Chunk, bound: Tensor, sums: list[Tensor], index: dict[int, int]
+    chunk: _Chunk,
+    bound: Tensor | float,
+    sums: list[Tensor],
+    index: dict[int, int],
+    b: int = 0,
+    device: torch.device | None = None,
 ) -> tuple[Tensor, Tensor, float]:
     """Add Σ_i c_i g_i of one chunk to ``sums``; returns (norms, factors, Σ loss over kept).
+    ``bound``: the records' bounds ``(b,)`` (float64, on the math device), or one C for the
+    ``b`` records of the chunk (then ``b`` and ``device`` are required).
 
     Records whose float32 bound is ambiguous are recomputed in float64 (module docstring); a
     record whose norm is not finite adds nothing (c_i = 0, its rows dropped).
@@ -349,6 +367,8 @@ def _clip_chunk(
     if chunk.linear is not None:
         norm, c, dropped = clip_linear(chunk.linear, bound, sums, index)
         return norm, c, chunk.losses(None if dropped is None else ~dropped)
+    if not isinstance(bound, Tensor):
+        bound = torch.full((b,), bound, dtype=_F64, device=device)
     b, device = bound.shape[0], bound.device
     check = chunk.redo is not None and any(p.fast for p in chunk.parts)
     est2, norm = _total_norm(chunk.parts, b, device, estimate=check)

@@ -22,7 +22,7 @@ through float32 cancellation; a unit whose gradient or vector is not finite adds
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import torch
@@ -31,6 +31,7 @@ from torch import Tensor
 from pdpfl.randomness import RandomStream
 
 __all__ = [
+    "as_rates",
     "check_normalizer",
     "clip_vectors",
     "noisy_normalised_sum",
@@ -47,11 +48,14 @@ def poisson_sample(rates: Tensor | np.ndarray, stream: RandomStream) -> Tensor:
     unit with ``q_u = 1`` always is (the uniforms lie in the open interval (0, 1)).
     """
     if isinstance(rates, Tensor):
-        q = rates.detach().to("cpu", torch.float64).reshape(-1).numpy()
+        if rates.dtype == torch.float64 and rates.device.type == "cpu" and rates.dim() == 1:
+            q = rates.detach().numpy()  # validated rates (as_rates): no copy
+        else:
+            q = rates.detach().to("cpu", torch.float64).reshape(-1).numpy()
     else:
         q = np.asarray(rates, dtype=np.float64).reshape(-1)
     u = np.asarray(stream.uniform(q.shape[0]), dtype=np.float64)
-    return torch.from_numpy(np.flatnonzero(u < q).astype(np.int64))
+    return torch.from_numpy(np.flatnonzero(u < q).astype(np.int64, copy=False))
 
 
 def wor_sample(num_units: int, batch_size: int, stream: RandomStream) -> Tensor:
@@ -171,3 +175,25 @@ def clip_vectors(
         v64 = torch.where(keep, v.detach().to(torch.float64), torch.zeros((), dtype=torch.float64))
         out.append((v64 * f).to(v.dtype))
     return out, factors
+
+
+def as_rates(rates: np.ndarray | Tensor | Iterable[float], n: int) -> Tensor:
+    """Validate per-record sampling rates: shape ``(n,)``, finite, in ``[0, 1]`` → float64 CPU."""
+    if isinstance(rates, Tensor):
+        rates = rates.detach().to("cpu", torch.float64).numpy()
+    q = np.array(rates, dtype=np.float64)  # a private copy: later edits of `rates` do not count
+    return torch.from_numpy(_checked_rates(q, n))
+
+
+def _checked_rates(rates: np.ndarray | Tensor | Iterable[float], n: int) -> np.ndarray:
+    """:func:`as_rates` without the copy (float64 numpy; a view of ``rates`` when it already is
+    one): for rates used at once (one :meth:`PersonalizedDPSGD.step`)."""
+    if isinstance(rates, Tensor):
+        rates = rates.detach().to("cpu", torch.float64).numpy()
+    q = np.asarray(rates, dtype=np.float64)
+    if q.ndim != 1 or q.shape[0] != n:
+        raise ValueError(f"rates must have shape ({n},) (one per record), got {tuple(q.shape)}")
+    # NaN fails both comparisons (min/max propagate it), ±inf fails one: no isfinite pass
+    if n and not (q.min() >= 0.0 and q.max() <= 1.0):
+        raise ValueError("rates must be finite and in [0, 1]")
+    return q

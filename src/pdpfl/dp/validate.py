@@ -8,7 +8,7 @@
   running mean/variance, BatchNorm's) are functions of the training batches computed without
   noise; they would shape every later output, evaluation included (issue #10 §3). Known module
   types are rejected here, before training; the engine also checks after every private forward
-  that no buffer changed (:func:`pdpfl.dp.engine.check_buffers_unchanged`), which catches
+  that no buffer changed (:func:`check_buffers_unchanged`), which catches
   custom modules.
 
 Only trainable parameters ever leave a silo (:func:`pdpfl.models.get_params`).
@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import math
 
-from torch import nn
+import torch
+from torch import Tensor, nn
 
-__all__ = ["replace_batchnorm", "validate_model"]
+__all__ = ["check_buffers_unchanged", "replace_batchnorm", "validate_model"]
 
 _BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
 
@@ -75,3 +76,39 @@ def _group_norm_for(bn: nn.modules.batchnorm._NormBase, num_groups: int) -> nn.G
     if bn.affine and bn.weight is not None:
         gn = gn.to(bn.weight.device, bn.weight.dtype)
     return gn
+
+
+def _buffer_snapshot(model: nn.Module) -> list[tuple[str, str, Tensor]]:
+    return [
+        (mname, bname, b.detach().clone())
+        for mname, module in model.named_modules()
+        for bname, b in module.named_buffers(recurse=False)
+        if b is not None
+    ]
+
+
+def check_buffers_unchanged(model: nn.Module, before: list[tuple[str, str, Tensor]]) -> None:
+    """Raise ``ValueError`` naming the module whose buffer differs from the ``before`` snapshot.
+
+    A buffer that changes in a training-mode forward (running statistics) is a function of the
+    batch computed without noise; it would reach later outputs (and evaluation) unprotected.
+    """
+    modules = dict(model.named_modules())
+    for mname, bname, old in before:
+        module = modules.get(mname)
+        new = None if module is None else getattr(module, bname, None)
+        same = isinstance(new, Tensor) and new.shape == old.shape and new.dtype == old.dtype
+        if same and isinstance(new, Tensor):
+            if new.is_floating_point() or new.is_complex():
+                same = bool(torch.equal(new.isnan(), old.isnan())) and bool(
+                    torch.equal(new.nan_to_num(0.0), old.nan_to_num(0.0))
+                )
+            else:
+                same = bool(torch.equal(new, old))
+        if not same:
+            raise ValueError(
+                f"model: module {mname or '<root>'!r} ({type(module).__name__}) changed its "
+                f"buffer {bname!r} during a training-mode forward; buffers computed from the "
+                "batch bypass the noise, so DP-SGD rejects such modules (e.g. set "
+                "track_running_stats=False)"
+            )
