@@ -1,0 +1,107 @@
+"""The console-script entry point ends the process lightly, and only when nothing is lost
+(issue #26 item 4).
+
+:func:`pdpfl.cli.main` freezes the module graph after a command (so that the interpreter's
+exit does not traverse it again), but only when no object has a finalizer that exit would have
+to run: an unflushed file or a user's ``__del__`` keeps the normal exit. Each end-to-end case
+runs in a fresh interpreter: ``main`` is meant to end its process.
+"""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+from pdpfl import __version__
+from pdpfl.cli import _exit_needs_collector
+
+MAIN = (
+    "import atexit, gc, sys\n"
+    "from pdpfl.cli import main\n"
+    "sys.argv = ['pdpfl', '--version']\n"
+    "atexit.register(lambda: open('atexit.txt', 'w').write('ran'))\n"
+    "try:\n"
+    "    main()\n"
+    "finally:\n"
+    "    sys.stderr.write(f'frozen={gc.get_freeze_count()}\\n')\n"
+)
+
+
+def _run(setup: str, tmp_path: Path) -> int:
+    """Run ``setup`` then ``pdpfl --version`` through ``main``; the frozen-object count."""
+    res = subprocess.run([sys.executable, "-c", setup + MAIN], capture_output=True,
+                         text=True, check=False, timeout=120, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == __version__
+    assert (tmp_path / "atexit.txt").read_text() == "ran"
+    return int(res.stderr.strip().splitlines()[-1].removeprefix("frozen="))
+
+
+def test_a_clean_exit_freezes_the_module_graph(tmp_path: Path) -> None:
+    assert _run("", tmp_path) > 1000
+
+
+def test_an_unflushed_file_keeps_the_normal_exit(tmp_path: Path) -> None:
+    # left open and unflushed in a module whose globals are in a cycle (the function): only
+    # the exit's collector flushes it, so nothing may be frozen
+    setup = "log = open('buffered.txt', 'w')\nlog.write('flushed')\ndef f(): pass\n"
+    assert _run(setup, tmp_path) == 0
+    assert (tmp_path / "buffered.txt").read_text() == "flushed"
+
+
+def test_a_finalizer_in_a_cycle_keeps_the_normal_exit(tmp_path: Path) -> None:
+    setup = (
+        "class Holder:\n"
+        "    def __del__(self, _open=open):\n"  # builtins may be gone when it runs
+        "        _open('finalized.txt', 'w').write('yes')\n"
+        "a, b = Holder(), Holder()\n"
+        "a.other, b.other = b, a\n"
+    )
+    assert _run(setup, tmp_path) == 0
+    assert (tmp_path / "finalized.txt").read_text() == "yes"
+
+
+def test_main_keeps_the_exit_code_of_a_bad_input(tmp_path: Path) -> None:
+    code = "import sys\nfrom pdpfl.cli import main\nsys.argv = ['pdpfl', 'run']\nmain()\n"
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=False, timeout=120, cwd=tmp_path)
+    assert res.returncode == 2
+    assert res.stderr.startswith("error: ")
+    assert "Traceback" not in res.stderr
+
+
+def _plain() -> Iterator[int]:
+    yield 1
+
+
+def _cleanup() -> Iterator[int]:
+    try:
+        yield 1
+    finally:
+        pass
+
+
+class _UserFinalizer:
+    def __del__(self) -> None:
+        pass
+
+
+def test_which_finalizers_need_the_collector(tmp_path: Path) -> None:
+    from pyparsing import Forward
+
+    plain, cleanup = _plain(), _cleanup()
+    next(plain)
+    next(cleanup)
+    closed = open(tmp_path / "closed.txt", "w")  # noqa: SIM115
+    closed.close()
+    (tmp_path / "read.txt").write_text("x")
+    with open(tmp_path / "read.txt") as read, open(tmp_path / "w.txt", "w") as written:
+        assert not _exit_needs_collector([plain, closed, read, io.BytesIO(), io.StringIO(),
+                                          Forward(), sys.stdout, sys.stderr.buffer, object()])
+        assert _exit_needs_collector([cleanup])
+        assert _exit_needs_collector([written])
+        assert _exit_needs_collector([_UserFinalizer()])
+    cleanup.close()
