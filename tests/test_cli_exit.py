@@ -9,14 +9,17 @@ runs in a fresh interpreter: ``main`` is meant to end its process.
 
 from __future__ import annotations
 
+import gc
 import io
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 from pdpfl import __version__
-from pdpfl.cli import _exit_needs_collector
+from pdpfl.cli._process import exit_needs_collector
 
 MAIN = (
     "import atexit, gc, sys\n"
@@ -99,9 +102,49 @@ def test_which_finalizers_need_the_collector(tmp_path: Path) -> None:
     closed.close()
     (tmp_path / "read.txt").write_text("x")
     with open(tmp_path / "read.txt") as read, open(tmp_path / "w.txt", "w") as written:
-        assert not _exit_needs_collector([plain, closed, read, io.BytesIO(), io.StringIO(),
+        assert not exit_needs_collector([plain, closed, read, io.BytesIO(), io.StringIO(),
                                           Forward(), sys.stdout, sys.stderr.buffer, object()])
-        assert _exit_needs_collector([cleanup])
-        assert _exit_needs_collector([written])
-        assert _exit_needs_collector([_UserFinalizer()])
+        assert exit_needs_collector([cleanup])
+        assert exit_needs_collector([written])
+        assert exit_needs_collector([_UserFinalizer()])
     cleanup.close()
+
+
+def test_the_collector_pauses_only_for_a_console_command(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from pdpfl.cli import _process
+
+    with _process.collector_paused():  # under CliRunner / embedded: nothing changes
+        assert gc.isenabled()
+    assert gc.get_freeze_count() == 0
+    monkeypatch.setattr(_process, "ENDS_PROCESS", True)
+    try:
+        try:
+            with _process.collector_paused():
+                assert not gc.isenabled()
+                raise ValueError("bad config")
+        except ValueError:
+            pass
+        assert gc.isenabled()  # on again however the block ended ...
+        assert gc.get_freeze_count() > 0  # ... with what the block built frozen
+    finally:
+        gc.unfreeze()
+
+
+def test_a_refused_run_leaves_the_collector_on(tmp_path: Path) -> None:
+    (tmp_path / "bad.yaml").write_text("algorithm:\n  name: nope\n")
+    code = (
+        "import gc, sys\n"
+        "from pdpfl.cli import main\n"
+        "sys.argv = ['pdpfl', 'run', 'bad.yaml']\n"
+        "try:\n"
+        "    main()\n"
+        "except SystemExit as stop:\n"
+        "    print(stop.code, gc.isenabled())\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=False, timeout=120, cwd=tmp_path)
+    assert res.stdout.split() == ["2", "True"], res.stderr
+    assert res.stderr.startswith("error: ")
+    assert "algorithm.name: unknown algorithm 'nope'" in res.stderr

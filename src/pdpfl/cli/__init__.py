@@ -129,82 +129,16 @@ def hoist_global_options(argv: list[str]) -> list[str]:
 def main() -> None:
     """Console-script entry point (the process ends when it returns or raises).
 
-    Tests and embedders call :data:`app` (e.g. through click's ``CliRunner``), not this.
+    Tests and embedders call :data:`app` (e.g. through click's ``CliRunner``), not this: only
+    here do commands pause the garbage collector while they import and parse, and does the
+    exit skip the collector's passes over the module graph (:mod:`pdpfl.cli._process`).
     """
     import sys
 
+    from pdpfl.cli import _process
+
+    _process.ENDS_PROCESS = True
     try:
         app(args=hoist_global_options(sys.argv[1:]), prog_name="pdpfl")
     finally:
-        lighten_exit()
-
-
-def lighten_exit() -> None:
-    """Spare the interpreter's exit its collector passes over the module graph, when safe.
-
-    At exit CPython clears every module and runs full collections over everything a command
-    imported (torch, ``torch._dynamo``, sympy, matplotlib: ~0.4 s for the ~360,000 tracked
-    objects after ``pdpfl run``). :func:`gc.freeze` moves them out of the collector's reach,
-    which also means that objects freed only by the collector (reference cycles, and what
-    they hold) are not finalized at exit. So the freeze happens only when no tracked object
-    has a finalizer that would matter (see :func:`_exit_needs_collector`): then nothing is
-    skipped. ``atexit`` handlers (logging's flush and close, ``weakref.finalize``, child
-    processes) run either way, the standard streams are flushed either way, and the kernel
-    releases file locks and descriptors. Called only by :func:`main`, whose process ends next.
-    """
-    import gc
-
-    if not _exit_needs_collector(gc.get_objects()):
-        gc.freeze()
-
-
-#: Finalizers that only warn (a misused grammar), harmless to skip at exit.
-_HARMLESS_FINALIZERS = {("pyparsing.core", "Forward")}
-
-
-def _exit_needs_collector(objects: list[Any]) -> bool:
-    """Whether any object has a finalizer with an effect: an open writable file other than
-    the standard streams (its buffer is flushed on finalization), a suspended generator or
-    coroutine with cleanup code (``finally``/``with``), or any other ``__del__`` (temporary
-    files, user classes), except the few in :data:`_HARMLESS_FINALIZERS`."""
-    import io
-    import sys
-    import types
-
-    std = set()
-    for stream in (sys.stdin, sys.stdout, sys.stderr, sys.__stdin__, sys.__stdout__,
-                   sys.__stderr__):
-        for part in (stream, getattr(stream, "buffer", None),
-                     getattr(getattr(stream, "buffer", None), "raw", None)):
-            if part is not None:
-                std.add(id(part))
-    frames = {types.GeneratorType: ("gi_frame", "gi_code"),
-              types.CoroutineType: ("cr_frame", "cr_code"),
-              types.AsyncGeneratorType: ("ag_frame", "ag_code")}
-    plain: dict[type, bool] = {}  # type -> has no finalizer at all
-    for obj in objects:
-        kind = type(obj)
-        no_finalizer = plain.get(kind)
-        if no_finalizer is None:
-            no_finalizer = plain[kind] = not hasattr(kind, "__del__") or (
-                (kind.__module__, kind.__qualname__) in _HARMLESS_FINALIZERS)
-        if no_finalizer:
-            continue
-        if isinstance(obj, io.IOBase):
-            if id(obj) in std or kind in (io.BytesIO, io.StringIO):  # in memory: nothing lost
-                continue
-            try:
-                harmless = bool(obj.closed or not obj.writable())
-            except Exception:  # a file that cannot say needs the collector
-                harmless = False
-            if harmless:
-                continue
-            return True
-        attrs = frames.get(kind)
-        if attrs is not None:
-            frame, code = (getattr(obj, a) for a in attrs)
-            # finished, or no cleanup code (Python < 3.11 has no exception table: keep it)
-            if frame is None or not getattr(code, "co_exceptiontable", b"?"):
-                continue
-        return True
-    return False
+        _process.lighten_exit()
