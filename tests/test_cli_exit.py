@@ -115,13 +115,15 @@ def test_the_collector_pauses_only_for_a_console_command(
 ) -> None:
     from pdpfl.cli import _process
 
-    with _process.collector_paused():  # under CliRunner / embedded: nothing changes
+    with _process.collector_paused() as paused:  # under CliRunner / embedded: nothing changes
+        assert not paused
         assert gc.isenabled()
     assert gc.get_freeze_count() == 0
     monkeypatch.setattr(_process, "ENDS_PROCESS", True)
     try:
         try:
-            with _process.collector_paused():
+            with _process.collector_paused() as paused:
+                assert paused
                 assert not gc.isenabled()
                 raise ValueError("bad config")
         except ValueError:

@@ -9,9 +9,11 @@ measures, both only when :func:`pdpfl.cli.main` runs the command in a process of
 
 * :func:`collector_paused` around a command's imports and config parsing: the collector is
   off there, and the graph built is then frozen (:func:`gc.freeze`) before the work starts, so
-  later collections skip it. The few thousand garbage objects of the setup (~7,700 for
-  ``pdpfl run``, mostly import-time temporaries) are frozen with it: they are freed at exit
-  instead of during the run (see :func:`lighten_exit`), nothing of theirs is skipped.
+  later collections skip it. ``pdpfl run`` (simulator) also imports its plotting library
+  there: imported amid the run's objects after training, it cost ~0.07 s more. The few
+  thousand garbage objects of the setup (~7,700 for ``pdpfl run``, mostly import-time
+  temporaries) are frozen with it: they are freed at exit instead of during the run (see
+  :func:`lighten_exit`), nothing of theirs is skipped.
 * :func:`lighten_exit` after the command: the whole graph is frozen, so that exit's
   collections skip it, but only when no object has a finalizer that exit would run through
   the collector (:func:`exit_needs_collector`); otherwise the exit is the normal one.
@@ -40,18 +42,19 @@ _HARMLESS_FINALIZERS = {("pyparsing.core", "Forward")}
 
 
 @contextlib.contextmanager
-def collector_paused() -> Iterator[None]:
+def collector_paused() -> Iterator[bool]:
     """Imports and config parsing without the collector; the graph they built is then frozen.
 
-    A no-op unless :data:`ENDS_PROCESS` (and the collector is on). The collector is on again
-    when the block ends, however it ends; objects created after it are collected as usual.
+    A no-op unless :data:`ENDS_PROCESS` (and the collector is on); yields whether it paused.
+    The collector is on again when the block ends, however it ends; objects created after it
+    are collected as usual.
     """
     if not ENDS_PROCESS or not gc.isenabled():
-        yield
+        yield False
         return
     gc.disable()
     try:
-        yield
+        yield True
     finally:
         gc.freeze()
         gc.enable()

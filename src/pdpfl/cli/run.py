@@ -172,9 +172,13 @@ def run_command(
         fail("--resume and --force: choose one (continue the run, or replace it)")
     extra = [*(overrides or []), *([f"runtime={runtime}"] if runtime is not None else []),
              *([f"training.device={device}"] if device is not None else [])]
-    with collector_paused():  # imports and parsing: no garbage worth the collector's passes
+    with collector_paused() as paused:  # imports and parsing: no garbage worth its passes
         import_plugins(plugins)
         config = _load(config_path, extra, data_dir)
+        if paused and config.runtime == "simulation":  # the plots are drawn in this process
+            from pdpfl.runtime.plots import import_matplotlib
+
+            import_matplotlib()
     check_device(config)
     out_dir = Path(out) if out is not None else Path(config.output_dir)
     if config.runtime in FLOWER_RUNTIMES:
