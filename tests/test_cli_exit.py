@@ -150,3 +150,14 @@ def test_a_refused_run_leaves_the_collector_on(tmp_path: Path) -> None:
     assert res.stdout.split() == ["2", "True"], res.stderr
     assert res.stderr.startswith("error: ")
     assert "algorithm.name: unknown algorithm 'nope'" in res.stderr
+
+
+def test_a_failing_check_keeps_the_normal_exit(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pdpfl.cli import _process
+
+    def broken(objects: object) -> bool:
+        raise RuntimeError("an object that cannot be inspected")
+
+    monkeypatch.setattr(_process, "exit_needs_collector", broken)
+    _process.lighten_exit()  # no exception: the command's own exit code stands
+    assert gc.get_freeze_count() == 0
