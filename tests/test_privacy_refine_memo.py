@@ -4,7 +4,9 @@
 up to 16 Brent steps; the exact values at the integer orders around those orders are computed
 once per (rate, order) and reused. Reusing them must not change a single bit: every value
 through the memo equals :func:`~pdpfl.privacy.rdp.poisson_gaussian_rdp_pairs`, whether it was
-computed in this call, an earlier one, or in a batch of other pairs.
+computed in this call, an earlier one, or in a batch of other pairs. The memo is seeded with
+the grid search's exact values at integer orders (the matrix path, many rates × many orders at
+once), which must be the paired kernel's bits too.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from hypothesis import strategies as st
 
 from pdpfl.privacy._rdp_pairs import integer_rdp_pairs
 from pdpfl.privacy._search_orders import _IntegerMemo
-from pdpfl.privacy.rdp import _subsampled_pairs, poisson_gaussian_rdp_pairs
+from pdpfl.privacy.rdp import _subsampled_pairs, poisson_gaussian_rdp, poisson_gaussian_rdp_pairs
 
 
 def _bits(x: np.ndarray) -> np.ndarray:
@@ -52,3 +54,18 @@ def test_memo_computes_each_pair_once() -> None:
     memo.q = np.full(q.size, np.nan)  # a recomputation would now give NaN
     again = memo(rows[::-1], k[::-1])
     assert np.array_equal(_bits(again), _bits(first[::-1]))
+
+
+@settings(max_examples=25, deadline=None)
+@given(sigma=st.floats(0.4, 30.0), seed=st.integers(0, 2**32 - 1),
+       top=st.sampled_from([12, 64, 700]))
+def test_grid_values_at_integer_orders_are_the_paired_bits(
+    sigma: float, seed: int, top: int
+) -> None:
+    rng = np.random.default_rng(seed)
+    q = np.unique(10.0 ** rng.uniform(-9, -1e-4, size=80))
+    orders = np.unique(rng.integers(2, top + 1, size=12)).astype(np.float64)
+    grid = poisson_gaussian_rdp(q, sigma, orders)  # the skeleton's matrix path
+    rows, cols = np.meshgrid(np.arange(q.size), np.arange(orders.size), indexing="ij")
+    paired = integer_rdp_pairs(q[rows.ravel()], sigma, orders[cols.ravel()].astype(np.int64))
+    assert np.array_equal(_bits(grid.ravel()), _bits(paired))
