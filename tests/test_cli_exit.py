@@ -13,7 +13,7 @@ import gc
 import io
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
@@ -80,7 +80,7 @@ def _plain() -> Iterator[int]:
     yield 1
 
 
-def _cleanup() -> Iterator[int]:
+def _cleanup() -> Generator[int, None, None]:
     try:
         yield 1
     finally:

@@ -38,8 +38,11 @@ def test_memo_values_are_the_direct_values(sigma: float, seed: int, steps: int) 
         rows = np.sort(rng.choice(q.size, size=rng.integers(1, q.size + 1), replace=False))
         base = rng.choice([1.5, 2.0, 4.0, 7.5, 12.0, 31.0], size=rows.size)
         alpha = base + rng.uniform(0.0, 1.0, size=rows.size) * rng.integers(0, 2, size=rows.size)
-        via_memo = _subsampled_pairs(q[rows], sigma, alpha,
-                                     integer=lambda i, k, rows=rows: memo(rows[i], k))
+
+        def integer(i: np.ndarray, k: np.ndarray, rows: np.ndarray = rows) -> np.ndarray:
+            return memo(rows[i], k)
+
+        via_memo = _subsampled_pairs(q[rows], sigma, alpha, integer=integer)
         direct = poisson_gaussian_rdp_pairs(q[rows], sigma, alpha)
         assert np.array_equal(_bits(via_memo), _bits(direct))
 
