@@ -1,7 +1,7 @@
 """The garbage collector around a console command (issue #26 item 4: ``pdpfl run``'s wall time).
 
 Importing torch (and, at its first optimizer step, ``torch._dynamo`` and sympy), scipy and
-matplotlib builds a graph of ~360,000 objects that the collector traverses again and again:
+matplotlib builds a graph of ~470,000 objects that the collector traverses again and again:
 during the imports (each full collection scans everything imported so far), during the run
 and twice more at interpreter exit, ~0.4 s of exit alone, without finding garbage in it. Two
 measures, both only when :func:`pdpfl.cli.main` runs the command in a process of its own
