@@ -127,7 +127,18 @@ def hoist_global_options(argv: list[str]) -> list[str]:
 
 
 def main() -> None:
-    """Console-script entry point."""
+    """Console-script entry point (the process ends when it returns or raises).
+
+    Tests and embedders call :data:`app` (e.g. through click's ``CliRunner``), not this: only
+    here do commands pause the garbage collector while they import and parse, and does the
+    exit skip the collector's passes over the module graph (:mod:`pdpfl.cli._process`).
+    """
     import sys
 
-    app(args=hoist_global_options(sys.argv[1:]), prog_name="pdpfl")
+    from pdpfl.cli import _process
+
+    _process.ENDS_PROCESS = True
+    try:
+        app(args=hoist_global_options(sys.argv[1:]), prog_name="pdpfl")
+    finally:
+        _process.lighten_exit()

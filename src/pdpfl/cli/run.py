@@ -22,6 +22,7 @@ from typing import Any
 import typer
 
 from pdpfl.cli._common import fail, import_plugins, print_json
+from pdpfl.cli._process import collector_paused
 
 #: Exit code after Ctrl-C (128 + SIGINT), as shells report it.
 EXIT_INTERRUPTED = 130
@@ -169,10 +170,15 @@ def run_command(
     """Train one federation (rPDP-FL or a baseline) and write metrics, summary, ledgers, plots."""
     if resume and force:
         fail("--resume and --force: choose one (continue the run, or replace it)")
-    import_plugins(plugins)
     extra = [*(overrides or []), *([f"runtime={runtime}"] if runtime is not None else []),
              *([f"training.device={device}"] if device is not None else [])]
-    config = _load(config_path, extra, data_dir)
+    with collector_paused() as paused:  # imports and parsing: no garbage worth its passes
+        import_plugins(plugins)
+        config = _load(config_path, extra, data_dir)
+        if paused and config.runtime == "simulation":  # the plots are drawn in this process
+            from pdpfl.runtime.plots import import_matplotlib
+
+            import_matplotlib()
     check_device(config)
     out_dir = Path(out) if out is not None else Path(config.output_dir)
     if config.runtime in FLOWER_RUNTIMES:

@@ -27,8 +27,14 @@ from collections.abc import Callable
 
 import numpy as np
 
+from pdpfl.privacy._rdp_pairs import integer_rdp_pairs
 from pdpfl.privacy.conversion import epsilon_per_order
-from pdpfl.privacy.rdp import poisson_gaussian_rdp, poisson_gaussian_rdp_pairs
+from pdpfl.privacy.rdp import (
+    _subsampled_pairs,
+    gaussian_rdp_upper,
+    poisson_gaussian_rdp,
+    poisson_gaussian_rdp_pairs,
+)
 
 __all__ = ["min_epsilon"]
 
@@ -202,9 +208,28 @@ def _refine(
     if rows.size == 0:
         return eps, order
 
+    exact = _IntegerMemo(q, sigma)
+    # the grid search's exact values at integer orders are the same bits (the one-order and
+    # the paired kernels agree bit for bit: tests/test_privacy_rdp.py)
+    inner = (q > 0.0) & (q < 1.0)
+    for c in np.flatnonzero(a == np.floor(a)):
+        have = np.flatnonzero(known[:, c] & inner)
+        if have.size:
+            exact.values.setdefault(int(a[c]), np.full(q.size, np.nan))[have] = rho_grid[have, c]
+
     def at(r: np.ndarray, alpha: np.ndarray) -> np.ndarray:
-        rho = poisson_gaussian_rdp_pairs(q[r], sigma, alpha)[:, None]
-        total = compose(rho, r, alpha[:, None])
+        # poisson_gaussian_rdp_pairs(q[r], sigma, alpha), with the exact values at the
+        # integer orders around α (a few per rate over all the steps) computed once
+        rho = np.zeros(r.size)
+        qr = q[r]
+        full = qr == 1.0
+        rho[full] = gaussian_rdp_upper(alpha[full], sigma)
+        inner = np.flatnonzero((qr > 0.0) & (qr < 1.0))
+        if inner.size:
+            rows = r[inner]
+            rho[inner] = _subsampled_pairs(qr[inner], sigma, alpha[inner],
+                                           integer=lambda i, k: exact(rows[i], k))
+        total = compose(rho[:, None], r, alpha[:, None])
         return epsilon_per_order(np.maximum(total, 0.0), alpha[:, None], delta)[:, 0]
 
     x = order[rows].copy()
@@ -289,3 +314,33 @@ def _refine(
     eps[rows] = np.where(improved, np.maximum(fx, 0.0), eps[rows])
     order[rows] = np.where(improved, x, order[rows])
     return eps, order
+
+
+class _IntegerMemo:
+    """Exact ρ_SGM(q_i, k) at integer orders k ≥ 2 for rows i of ``q``, each computed once.
+
+    The same bits as computing them anew: :func:`~pdpfl.privacy._rdp_pairs.integer_rdp_pairs`
+    evaluates every pair with the same float operations whatever the other pairs of its call
+    (per-order constants, then one segment per pair). Brent's steps stay between two grid
+    orders, so a rate needs only the few integers around its optimum over all steps.
+    """
+
+    def __init__(self, q: np.ndarray, sigma: float) -> None:
+        self.q, self.sigma = q, sigma
+        self.values: dict[int, np.ndarray] = {}  # k -> ρ per row, NaN where not computed yet
+
+    def __call__(self, rows: np.ndarray, k: np.ndarray) -> np.ndarray:
+        out = np.full(rows.size, np.nan)
+        for kv in np.unique(k):
+            known = self.values.get(int(kv))
+            if known is not None:
+                sel = k == kv
+                out[sel] = known[rows[sel]]
+        miss = np.flatnonzero(np.isnan(out))
+        if miss.size:
+            out[miss] = integer_rdp_pairs(self.q[rows[miss]], self.sigma, k[miss])
+            for kv in np.unique(k[miss]):
+                sel = miss[k[miss] == kv]
+                slot = self.values.setdefault(int(kv), np.full(self.q.size, np.nan))
+                slot[rows[sel]] = out[sel]
+        return out

@@ -69,6 +69,7 @@ from __future__ import annotations
 import decimal
 import functools
 import math
+from collections.abc import Callable
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -85,6 +86,9 @@ from pdpfl.privacy._rdp_constants import (
 )
 from pdpfl.privacy._rdp_pairs import integer_rdp_pairs, series_log_a_upper_pairs
 from pdpfl.privacy.orders import DEFAULT_ORDERS, check_orders
+
+#: ``(positions, integer orders) -> exact ρ`` for a fixed vector of rates (see _subsampled_pairs).
+IntegerRho = Callable[[np.ndarray, np.ndarray], np.ndarray]
 
 __all__ = [
     "gaussian_rdp",
@@ -219,8 +223,15 @@ def _subsampled_rdp(q: np.ndarray, sigma: float, a: np.ndarray) -> np.ndarray:
     return out
 
 
-def _subsampled_pairs(q: np.ndarray, sigma: float, a: np.ndarray) -> np.ndarray:
-    """ρ_SGM(α_i, q_i) for q in (0, 1), paired, grouped by the integer orders involved."""
+def _subsampled_pairs(
+    q: np.ndarray, sigma: float, a: np.ndarray, integer: IntegerRho | None = None
+) -> np.ndarray:
+    """ρ_SGM(α_i, q_i) for q in (0, 1), paired, grouped by the integer orders involved.
+
+    ``integer(idx, k)``, if given, returns the exact ρ at integer orders ``k`` for the rates
+    ``q[idx]`` (a memo of :func:`integer_rdp_pairs`, whose value for a pair does not depend on
+    the other pairs of its call), instead of computing them here.
+    """
     out = np.empty(q.size, dtype=np.float64)
     is_int = a == np.floor(a)
     lo = np.floor(a).astype(np.int64)
@@ -229,9 +240,9 @@ def _subsampled_pairs(q: np.ndarray, sigma: float, a: np.ndarray) -> np.ndarray:
     # one batched pass (:mod:`pdpfl.privacy._rdp_pairs`) over every (q_i, ⌈α_i⌉) and
     # (q_i, ⌊α_i⌋ ≥ 2) pair instead of one call per distinct integer order.
     need_lo = np.flatnonzero(~is_int & (lo >= 2))
-    vals = integer_rdp_pairs(
-        np.concatenate([q, q[need_lo]]), sigma, np.concatenate([hi, lo[need_lo]])
-    )
+    k = np.concatenate([hi, lo[need_lo]])
+    vals = (integer_rdp_pairs(np.concatenate([q, q[need_lo]]), sigma, k) if integer is None
+            else integer(np.concatenate([np.arange(q.size), need_lo]), k))
     rho_hi = vals[: q.size]
     rho_lo = np.zeros(q.size)
     rho_lo[need_lo] = vals[q.size :]

@@ -14,7 +14,18 @@ import numpy as np
 from pdpfl.io import write_bytes
 from pdpfl.ledger import PrivacySummary
 
-__all__ = ["accuracy_figure", "epsilon_figure", "write_plots"]
+__all__ = ["accuracy_figure", "epsilon_figure", "import_matplotlib", "write_plots"]
+
+
+def import_matplotlib() -> None:
+    """Import what :func:`write_plots` draws with (``Figure``, the Agg canvas, ``ticker``) now.
+
+    For a caller that will draw the plots and can import them earlier at less cost: ``pdpfl
+    run`` does it while the garbage collector is paused (:mod:`pdpfl.cli._process`).
+    """
+    import matplotlib.backends.backend_agg
+    import matplotlib.figure
+    import matplotlib.ticker  # noqa: F401
 
 
 def write_plots(metrics: list[dict[str, Any]], summary: dict[str, Any], out: Path) -> None:
