@@ -53,6 +53,7 @@ from flwr.app import ConfigRecord, Context, Message, MessageType, MetricRecord, 
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
+from pdpfl.checkpoint import finite
 from pdpfl.errors import TrainingDiverged
 from pdpfl.fl.api import Contribution, PrivacyBoundaryError, check_evaluation
 from pdpfl.io import write_json, write_text
@@ -488,7 +489,7 @@ def _main(grid: Grid, context: Context) -> None:
                 "startup_seconds": startup_s,
                 "seconds": time.perf_counter() - t0,
                 "completed": bool(result.get("completed", True)),
-                "summary": _finite(summary),
+                "summary": finite(summary),
             },
         )
         if diverged is not None:  # the outputs (completed: false) are written; now say it loudly
@@ -509,12 +510,6 @@ def _main(grid: Grid, context: Context) -> None:
         )
         status.update(phase="error", error=f"{type(err).__name__}: {err}")
         raise
-
-
-def _finite(obj: Any) -> Any:
-    from pdpfl.checkpoint import finite
-
-    return finite(obj)
 
 
 __all__ = ["client_app", "discover_silos", "server_app"]
