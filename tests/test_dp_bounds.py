@@ -121,12 +121,16 @@ def _cancelling(shape, out_shape, scale, gscale, gen):
     gscale=st.sampled_from([1e-6, 1.0, 1e3]),
     pattern=st.sampled_from(["random", "cancel"]),
     seed=st.integers(0, 2**16),
+    channels_last=st.booleans(),
 )
-@example(kind="conv-L196", scale=1e4, gscale=1e3, pattern="cancel", seed=0)
+@example(kind="conv-L196", scale=1e4, gscale=1e3, pattern="cancel", seed=0, channels_last=False)
+@example(kind="conv-L25", scale=1e4, gscale=1e3, pattern="cancel", seed=0, channels_last=True)
 def test_float32_parts_bound_the_exact_gradient_and_what_is_added(
-    kind, scale, gscale, pattern, seed
+    kind, scale, gscale, pattern, seed, channels_last
 ):
-    """For every float32 part: up ≥ ‖exact G‖, up ≥ ‖Ĝ‖ (what is added) and ‖Ĝ − G‖ ≤ err."""
+    """For every float32 part: up ≥ ‖exact G‖, up ≥ ‖Ĝ‖ (what is added) and ‖Ĝ − G‖ ≤ err;
+    ``channels_last``: the recorded 2-D convolution tensors are stored NHWC (the MNIST CNN's
+    conv2), read by the norms and the im2col gather in that memory order."""
     layer, shape = _layer(kind)
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -138,6 +142,10 @@ def test_float32_parts_bound_the_exact_gradient_and_what_is_added(
         rows = [_cancelling(shape, out_shape, scale, gscale, gen) for _ in range(3)]
         a, g = torch.stack([r[0] for r in rows]), torch.stack([r[1] for r in rows])
     a, g = a.float(), g.float()
+    if channels_last and a.dim() == 4:
+        a = a.contiguous(memory_format=torch.channels_last)
+        g = g.contiguous(memory_format=torch.channels_last)
+        assert bookkeeping._channels_last(g)
     parts = bookkeeping.layer_parts(layer, a, g, torch.float32, materialise=True)
     exact = bookkeeping.layer_parts(layer, a.double(), g.double(), torch.float64, True)
     for p32, p64 in zip(parts, exact, strict=True):
@@ -249,13 +257,18 @@ def test_patch_gather_and_norm_bound_match_the_unfolded_matrix(k, d, p, s):
     out = torch.empty(u.shape, dtype=torch.float32)
     bookkeeping._patches_into(a, geometry, out)
     torch.testing.assert_close(out, u.float())
+    nhwc = a.contiguous(memory_format=torch.channels_last)  # gathered in its memory order
+    out.fill_(float("nan"))
+    bookkeeping._patches_into(nhwc, geometry, out)
+    torch.testing.assert_close(out, u.float())
     for dtype in (torch.float64, torch.float32):
         ad = a.to(dtype)
         bound = bookkeeping._patch_norm_bounds(ad, geometry)
-        per_channel = torch.linalg.vector_norm(ad.flatten(2), dim=2)
-        torch.testing.assert_close(
-            bookkeeping._patch_norm_bounds(ad, geometry, per_channel), bound, rtol=1e-5, atol=0
-        )
+        for layout in (ad, ad.contiguous(memory_format=torch.channels_last)):
+            rows = torch.linalg.vector_norm(bookkeeping._memory_rows(layout), dim=2)
+            torch.testing.assert_close(
+                bookkeeping._patch_norm_bounds(layout, geometry, rows), bound, rtol=1e-5, atol=0
+            )
         exact = torch.tensor(_exact_norms(bookkeeping._unfold_rows(a.to(dtype), *geometry)))
         assert bool((bound >= exact).all())
     # with every input element covered equally often the bound is tight

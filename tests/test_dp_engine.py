@@ -105,6 +105,9 @@ def _case(name: str, n: int = 6, seed: int = 0):
         model, x, y = _OddConv(), torch.randn(n, 4, 9, 7), torch.randint(0, 3, (n,))
     elif name == "ghost":
         model, x, y = _Ghost(), torch.randn(n, 8, 4, 8), torch.randint(0, 3, (n,))
+    elif name.endswith("-nhwc"):  # channels-last inputs: the convolutions record NHWC tensors
+        model, x, y = _case(name.removesuffix("-nhwc"), n, seed)
+        return model, x.contiguous(memory_format=torch.channels_last), y
     else:
         raise AssertionError(name)
     return model.double(), x.double(), y
@@ -127,7 +130,9 @@ def _gram_for_ghost(request, monkeypatch):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["logreg", "mlp", "cnn", "mixed", "ghost", "oddconv"])
+@pytest.mark.parametrize(
+    "name", ["logreg", "mlp", "cnn", "mixed", "ghost", "oddconv", "ghost-nhwc", "oddconv-nhwc"]
+)
 @pytest.mark.parametrize("method", ["hooks", "func"])
 def test_per_sample_gradients_match_loop(name, method):
     model, x, y = _case(name)
@@ -138,7 +143,9 @@ def test_per_sample_gradients_match_loop(name, method):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["logreg", "mlp", "cnn", "mixed", "ghost", "oddconv"])
+@pytest.mark.parametrize(
+    "name", ["logreg", "mlp", "cnn", "mixed", "ghost", "oddconv", "ghost-nhwc", "oddconv-nhwc"]
+)
 def test_clipped_sum_matches_explicit_clipping(name):
     model, x, y = _case(name, n=9)
     C = 0.05

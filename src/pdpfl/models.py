@@ -156,12 +156,22 @@ class MnistCNN(nn.Module):
         self.fc2 = nn.Linear(32, num_classes)
 
     def _features(self, x: Tensor) -> Tensor:
-        x = F.max_pool2d(torch.tanh(self.conv1(x)), 2, 1)
+        # From conv1's output on, activations are stored channels-last (same values): torch's
+        # CPU tanh and stride-1 max-pool kernels on small NCHW planes (14×14) are several times
+        # slower than on channels-last tensors, and they were half of a training step
+        # (benchmarks/RESULTS.md, "The MNIST CNN in channels-last").
+        x = F.max_pool2d(torch.tanh(_channels_last(self.conv1(x))), 2, 1)
         x = F.max_pool2d(torch.tanh(self.conv2(x)), 2, 1)
         return x.flatten(1)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.fc2(torch.tanh(self.fc1(self._features(x))))
+
+
+def _channels_last(x: Tensor) -> Tensor:
+    """``x`` (N, C, H, W) copied into channels-last memory order; permutes rather than
+    ``contiguous(memory_format=...)``, which ``torch.func.vmap`` does not support."""
+    return x.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
 
 
 @register_model("mnist-cnn")

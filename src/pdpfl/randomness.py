@@ -45,6 +45,7 @@ import hashlib
 import math
 import secrets
 import struct
+import threading
 import warnings
 from collections.abc import Sequence
 from typing import Literal, Protocol, runtime_checkable
@@ -79,6 +80,25 @@ _TAIL_CUT = 2.0**-30
 _TAIL_SHIFT = 30.0 * math.log(2.0)
 #: Up to this many normals, the CPU draws them with numpy (fewer fixed costs than torch).
 _NUMPY_NORMALS = 2048
+#: Uniforms per CPU draw that go through a reused per-thread scratch buffer: fresh buffers of
+#: a few MB cost more in page faults than the keystream and the arithmetic together.
+_SCRATCH_WORDS = 2**20
+#: The keystream is ChaCha20 applied to zeros, read in blocks of this many 64-bit words.
+_ZERO_WORDS = 2**16
+_ZEROS = bytes(8 * _ZERO_WORDS)
+_SCRATCH = threading.local()
+
+
+def _scratch(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """This thread's reused ``n``-element int64 and float64 buffers (grown on demand, at most
+    :data:`_SCRATCH_WORDS` elements). Callers return fresh tensors, never views of them."""
+    words = getattr(_SCRATCH, "words", None)
+    if words is None or words.numel() < n:
+        size = max(n, 2 * words.numel() if words is not None else 0)
+        size = min(size, _SCRATCH_WORDS)
+        _SCRATCH.words = torch.empty(size, dtype=torch.int64)
+        _SCRATCH.floats = torch.empty(size, dtype=torch.float64)
+    return _SCRATCH.words[:n], _SCRATCH.floats[:n]
 
 
 class ReproducibleRandomnessWarning(UserWarning):
@@ -142,21 +162,38 @@ class _ChaChaStream:
     def __getstate__(self) -> None:  # never serialise keystream state
         raise TypeError("random streams cannot be pickled or copied")
 
-    def _words_np(self, n: int) -> np.ndarray:
-        """``n`` 53-bit integers (int64): the top 53 bits of 64-bit keystream words."""
-        w = np.frombuffer(self._enc.update(bytes(8 * n)), dtype=np.uint64, count=n)
-        return (w >> np.uint64(11)).astype(np.int64)  # < 2**53: exact in float64
+    def _words_into(self, out: np.ndarray) -> np.ndarray:
+        """Fill ``out`` (int64) with 53-bit integers, the top 53 bits of 64-bit keystream
+        words (< 2**53: exact in float64), without temporaries."""
+        w = out.view(np.uint64)
+        for i in range(0, w.size, _ZERO_WORDS):  # keystream = ChaCha20(zeros)
+            blk = w[i : i + _ZERO_WORDS]
+            self._enc.update_into(_ZEROS[: 8 * blk.size], blk.view(np.uint8))
+        np.right_shift(w, np.uint64(11), out=w)
+        return out
 
-    def _words(self, n: int) -> torch.Tensor:
-        return torch.from_numpy(self._words_np(n))
+    def _words_np(self, n: int) -> np.ndarray:
+        """``n`` 53-bit integers (int64), see :meth:`_words_into`."""
+        return self._words_into(np.empty(n, dtype=np.int64))
 
     @staticmethod
-    def _to_uniform(k: torch.Tensor) -> torch.Tensor:
-        """Float64 uniforms ``(k + 1/2)·2⁻⁵³`` in the open interval (0, 1)."""
-        return k.to(torch.float64).add_(0.5).mul_(_INV_2_53)
+    def _to_uniform(k: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Float64 uniforms ``(k + 1/2)·2⁻⁵³`` in the open interval (0, 1) (into ``out``)."""
+        u = k.to(torch.float64) if out is None else out.copy_(k)
+        return u.add_(0.5).mul_(_INV_2_53)
 
-    def _uniform_tensor(self, n: int, device: torch.device | None = None) -> torch.Tensor:
-        k = self._words(n)
+    def _uniform_tensor(
+        self, n: int, device: torch.device | None = None, scratch: bool = True
+    ) -> torch.Tensor:
+        """``n`` float64 uniforms on ``device``; on the CPU (``scratch``), up to
+        :data:`_SCRATCH_WORDS` of them in this thread's scratch buffer (valid until the next
+        call in the thread)."""
+        cpu = device is None or device.type == "cpu"
+        if scratch and cpu and n <= _SCRATCH_WORDS:
+            words, floats = _scratch(n)
+            self._words_into(words.numpy())
+            return self._to_uniform(words, floats)
+        k = torch.from_numpy(self._words_np(n))
         return self._to_uniform(k if device is None else k.to(device))
 
     def uniform(self, n: int) -> np.ndarray:
@@ -165,7 +202,9 @@ class _ChaChaStream:
             raise ValueError(f"n: must be >= 0, got {n}")
         if n == 0:
             return np.zeros(0, dtype=np.float64)
-        return (self._words_np(n).astype(np.float64) + 0.5) * _INV_2_53
+        out = np.empty(n, dtype=np.float64)
+        np.add(self._words_np(n), 0.5, out=out)  # the int64 words convert exactly
+        return np.multiply(out, _INV_2_53, out=out)
 
     def _standard_normals(self, n: int, device: torch.device | None) -> torch.Tensor:
         """``n`` normals, each (N₁ + N₂ + N₃ + N₄)/2 from two Box–Muller pairs.
@@ -183,11 +222,12 @@ class _ChaChaStream:
         count = int(small.sum())
         e = radius.log_().neg_()  # Exp(1)
         if count:  # memoryless tail: -log U given U < 2⁻³⁰ is 30·log 2 + Exp(1)
-            e[small] = _TAIL_SHIFT - torch.log(self._uniform_tensor(count, device))
+            refine = self._uniform_tensor(count, device, scratch=False).log_()  # u is scratch
+            e[small] = _TAIL_SHIFT - refine
         r = e.mul_(2.0).sqrt_()  # R = √(2·Exp(1)), R² ≤ 115
         theta.mul_(_TWO_PI)
-        s = r.mul_(torch.cos(theta).add_(torch.sin(theta)))
-        return (s[:n] + s[n:]).mul_(0.5)
+        s = r.mul_(torch.cos(theta).add_(theta.sin_()))
+        return torch.add(s[:n], s[n:]).mul_(0.5)  # a fresh tensor (u may be scratch)
 
     def _standard_normals_np(self, n: int) -> np.ndarray:
         """:meth:`_standard_normals` in numpy (same keystream layout and arithmetic): fewer

@@ -18,6 +18,7 @@ blocks), so the relative error of a float32 norm is ~γ₁₃₂ ≈ 8e-6 instea
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -112,12 +113,18 @@ def block_norm_bounds(partial: Tensor, k: int, dtype: torch.dtype) -> tuple[Tens
 
     The blocks are combined in float64: squares, a sum of ``m`` terms and a square root.
     """
-    u = unit_roundoff(dtype)
+    scale, shift = _block_constants(k, dtype)
     p = partial.to(_F64)
-    ups = p * (1.0 + gamma(k + 6, u)) + math.sqrt(k * _tiny(dtype))
-    est = p.square().sum(1).sqrt()
-    up = ups.square_().sum(1).sqrt_() * (1.0 + gamma(p.shape[1] + 6, U64))
-    return est, up
+    est = torch.linalg.vector_norm(p, dim=1)
+    # a float64 norm of m terms is within the same γ_{m+6} as squares, sum and square root
+    up = torch.linalg.vector_norm(p.mul(scale).add_(shift), dim=1)
+    return est, up.mul_(1.0 + gamma(p.shape[1] + 6, U64))
+
+
+@functools.lru_cache(maxsize=256)
+def _block_constants(k: int, dtype: torch.dtype) -> tuple[float, float]:
+    """``(1 + γ_{k+6}, √(k·tiny))`` of :func:`block_norm_bounds` for blocks of ``k``."""
+    return 1.0 + gamma(k + 6, unit_roundoff(dtype)), math.sqrt(k * _tiny(dtype))
 
 
 def _flag(module: object, name: str) -> str | None:
