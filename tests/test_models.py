@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from pdpfl.dp import hooks_supported, validate_model
@@ -120,3 +121,28 @@ def test_only_trainable_parameters_are_exchanged():
     set_params(model, other)
     assert all(torch.all(p == 0.5) for p in trainable)
     assert torch.equal(model[1].running_mean, running) and torch.equal(model[0].bias, frozen)
+
+
+def test_mnist_cnn_channels_last_activations_keep_the_nchw_values():
+    """From conv1 on the MNIST CNN stores activations channels-last (a speed choice of the
+    CPU kernels): the outputs and gradients are those of the plain NCHW network."""
+    torch.manual_seed(0)
+    model = create_model("mnist-cnn", (1, 28, 28), 10)
+    x, y = torch.randn(5, 1, 28, 28), torch.randint(0, 10, (5,))
+    seen = []
+    model.conv2.register_forward_hook(lambda m, i, o: seen.append(i[0]))
+    out = model(x)
+    assert seen[0].is_contiguous(memory_format=torch.channels_last)
+    assert not seen[0].is_contiguous()
+
+    def nchw(m, x):
+        h = F.max_pool2d(torch.tanh(m.conv1(x)), 2, 1)
+        h = F.max_pool2d(torch.tanh(F.conv2d(h, m.conv2.weight, m.conv2.bias, 2)), 2, 1)
+        return m.fc2(torch.tanh(m.fc1(h.flatten(1))))
+
+    ref = nchw(model, x)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
+    g = torch.autograd.grad(loss_fn(out, y), list(model.parameters()))
+    g_ref = torch.autograd.grad(loss_fn(ref, y), list(model.parameters()))
+    for a, b in zip(g, g_ref, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)

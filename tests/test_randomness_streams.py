@@ -50,6 +50,34 @@ def test_numpy_and_torch_paths_share_the_keystream_layout():
     np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
 
 
+def test_words_are_the_chacha20_keystream_read_in_order(monkeypatch):
+    """The reused-buffer reads (blocks of ``_ZERO_WORDS``) give exactly the ChaCha20
+    keystream of the stream's subkey, read sequentially across calls and block boundaries."""
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+
+    monkeypatch.setattr(randomness, "_ZERO_WORDS", 1000)
+    key, sizes = bytes(range(32)), [3, 2500, 1000, 7]
+    s = SecureRandomness(key=key).stream("w", 4)
+    got = np.concatenate([s._words_np(n) for n in sizes])  # type: ignore[attr-defined]
+    subkey = randomness.hashlib.blake2b(
+        randomness._stream_message("w", (4,)), key=key, digest_size=32, person=b"pdpfl-rng-v1"
+    ).digest()
+    enc = Cipher(algorithms.ChaCha20(subkey, bytes(16)), mode=None).encryptor()
+    ref = np.frombuffer(enc.update(bytes(8 * sum(sizes))), dtype=np.uint64) >> np.uint64(11)
+    np.testing.assert_array_equal(got, ref.astype(np.int64))
+
+
+def test_scratch_buffers_never_leak_into_returned_normals():
+    """Draws reuse this thread's scratch buffer: earlier results must stay untouched."""
+    s = SecureRandomness().stream("scratch")
+    a = s.normal((5000,))
+    kept = a.clone()
+    b = s.normal((5000,))
+    u = s.uniform(5000)
+    assert torch.equal(a, kept) and not torch.equal(a, b)
+    assert a.data_ptr() != b.data_ptr() and u.min() > 0 and u.max() < 1
+
+
 @pytest.mark.parametrize("path", ["numpy", "torch"])
 def test_tail_refinement_keeps_the_distribution(monkeypatch, path):
     """Refine every radius uniform below 1/2 (instead of 2⁻³⁰): by the memoryless property the

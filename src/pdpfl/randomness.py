@@ -85,7 +85,7 @@ _NUMPY_NORMALS = 2048
 _SCRATCH_WORDS = 2**20
 #: The keystream is ChaCha20 applied to zeros, read in blocks of this many 64-bit words.
 _ZERO_WORDS = 2**16
-_ZEROS = bytes(8 * _ZERO_WORDS)
+_ZEROS = memoryview(bytes(8 * _ZERO_WORDS))  # sliced without copying
 _SCRATCH = threading.local()
 
 
@@ -168,7 +168,7 @@ class _ChaChaStream:
         w = out.view(np.uint64)
         for i in range(0, w.size, _ZERO_WORDS):  # keystream = ChaCha20(zeros)
             blk = w[i : i + _ZERO_WORDS]
-            self._enc.update_into(_ZEROS[: 8 * blk.size], blk.view(np.uint8))
+            self._enc.update_into(_ZEROS[: 8 * blk.size], blk.view(np.uint8).data)
         np.right_shift(w, np.uint64(11), out=w)
         return out
 
