@@ -278,6 +278,31 @@ def test_patch_gather_and_norm_bound_match_the_unfolded_matrix(k, d, p, s):
     torch.testing.assert_close(bookkeeping._patch_norm_bounds(flat, g2), exact, rtol=1e-12, atol=0)
 
 
+def test_channels_last_convolutions_give_the_nchw_clipped_sum_and_per_sample_gradients():
+    """A channels-last input takes the strided-copy patches and (Cout, kh, kw, Cin) rows; the
+    clipped sum and the per-sample gradients are those of the same records stored NCHW."""
+    from pdpfl.dp import per_sample_gradients
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, stride=2), nn.Tanh(), nn.Flatten(),
+                          nn.Linear(4 * 4 * 4, 2)).double()  # fmt: skip
+    x = torch.randn(6, 3, 9, 9, dtype=torch.float64)
+    y = torch.randn(6, 2, dtype=torch.float64)
+    nhwc = x.contiguous(memory_format=torch.channels_last)
+    seen = []
+    model[0].register_forward_hook(lambda m, i, o: seen.append(bookkeeping._channels_last(i[0])))
+    a = clipped_grad_sum(model, x, y, _linear_loss, 0.05)
+    b = clipped_grad_sum(model, nhwc, y, _linear_loss, 0.05)
+    assert seen == [False, True]
+    for s, t in zip(a.sums, b.sums, strict=True):
+        torch.testing.assert_close(s, t, rtol=1e-12, atol=1e-15)
+    torch.testing.assert_close(a.norms, b.norms, rtol=1e-12, atol=0)
+    pa = per_sample_gradients(model, x, y, _linear_loss)
+    pb = per_sample_gradients(model, nhwc, y, _linear_loss)
+    for k in pa:
+        torch.testing.assert_close(pa[k], pb[k], rtol=1e-12, atol=1e-15)
+
+
 # -- the compact path for small Linear layers (logistic regression, MLPs) --------------------
 
 

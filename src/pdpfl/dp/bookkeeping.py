@@ -60,7 +60,9 @@ class Part:
     that record; ``err`` bounds the distance between the two (None: exact up to float64
     rounding). Exactly one of ``grads`` (``(B, numel)``, materialised) and ``outer``
     (``(g, a)`` with shapes ``(B, T, d_out)``, ``(B, T, d_in)``: Σ_t g_t a_tᵀ per record) is set.
-    ``fast``: computed in float32 (the record may be recomputed in float64).
+    ``fast``: computed in float32 (the record may be recomputed in float64). ``layout``: the
+    rows of ``grads`` hold ``G.permute(layout)`` flattened (None: the parameter's own order;
+    a convolution on channels-last inputs forms ``(Cout, kh, kw, Cin)`` rows).
     """
 
     param: Tensor
@@ -70,6 +72,17 @@ class Part:
     outer: tuple[Tensor, Tensor] | None = None
     fast: bool = False
     err: Tensor | None = None
+    layout: tuple[int, ...] | None = None
+
+    def per_sample(self) -> Tensor:
+        """The materialised per-sample gradients as ``(B, *param.shape)`` (a view)."""
+        assert self.grads is not None
+        b = self.grads.shape[0]
+        if self.layout is None:
+            return self.grads.reshape(b, *self.param.shape)
+        shape = [self.param.shape[d] for d in self.layout]
+        inverse = sorted(range(len(self.layout)), key=self.layout.__getitem__)
+        return self.grads.reshape(b, *shape).permute(0, *(1 + d for d in inverse))
 
     def weighted_sum(self, c: Tensor, drop: Tensor | None = None) -> Tensor:
         """Σ_b c_b G_b in float64 (shape of the parameter); records in ``drop`` add nothing
@@ -92,7 +105,14 @@ class Part:
             if keep is not None:
                 zero = torch.zeros((), dtype=grads.dtype, device=grads.device)
                 grads = torch.where(keep[:, None], grads, zero)
-            _rows_dot_into(flat, c, grads)
+            if self.layout is None:
+                _rows_dot_into(flat, c, grads)
+                return
+            shape = [self.param.shape[d] for d in self.layout]
+            tmp = torch.zeros(shape, dtype=_F64, device=out.device)
+            _rows_dot_into(tmp.view(-1), c, grads)
+            inverse = sorted(range(len(self.layout)), key=self.layout.__getitem__)
+            out.add_(tmp.permute(*inverse))  # exact: one float64 addition to zero per entry
             return
         assert self.outer is not None
         g, a = (t.to(_F64) for t in self.outer)
@@ -359,6 +379,7 @@ def _conv_pass(
     ws: Workspace | None,
     weight: bool,
     bias: bool,
+    nhwc: bool = False,
 ) -> dict[str, Tensor]:
     """One pass over blocks of records, each block handled while it is in cache: norms of the
     rows of :func:`_memory_rows` of the input and of the backprop (``g``: ``(B, Cout, Ho,
@@ -366,7 +387,8 @@ def _conv_pass(
     (im2col gathered into a reused buffer, then ``bmm``) and their per-output-channel norms.
     Everything in ``a``'s dtype (the working dtype). NCHW and channels-last tensors are both
     read in their memory order: the norms reduce contiguous rows (a strided reduction is
-    ~10× slower on the CPU) and ``bmm`` takes the transposed backprop as it is."""
+    ~10× slower on the CPU) and ``bmm`` takes the transposed backprop as it is. ``nhwc``
+    (:func:`_nhwc_patches`): the weight rows are formed in ``(Cout, kh, kw, Cin)`` order."""
     B, cout = g.shape[:2]
     g3 = g.reshape(B, cout, -1)  # (B, Cout, L): a view in both layouts
     L = g3.shape[2]
@@ -398,7 +420,10 @@ def _conv_pass(
         if bias:
             torch.sum(gb, dim=2, out=out["bias"][i : i + b])
         if weight:
-            u = _patches_into(ab, geometry, patches[:b], ws)
+            if nhwc:
+                u = _nhwc_patches_into(ab, geometry, patches[:b])
+            else:
+                u = _patches_into(ab, geometry, patches[:b], ws)
             if groups > 1:
                 u = u.reshape(b, L, groups, K).transpose(1, 2)
             blk = out["grads"][i : i + b]
@@ -408,6 +433,24 @@ def _conv_pass(
                 out=blk.view(b * groups, cout // groups, K),
             )
             torch.linalg.vector_norm(blk, dim=2, out=out["grad_norms"][i : i + b])
+    return out
+
+
+def _nhwc_patches(a: Tensor, geometry: _Geometry, groups: int) -> bool:
+    """Form im2col rows in ``(kh, kw, C)`` order by one strided copy: a channels-last input
+    without padding or groups, whose patch rows are runs of ``kw·C`` contiguous elements
+    (3–4× faster than the gather for the MNIST CNN's conv2)."""
+    return groups == 1 and _channels_last(a) and not any(geometry[2])
+
+
+def _nhwc_patches_into(a: Tensor, geometry: _Geometry, out: Tensor) -> Tensor:
+    """Patches of a channels-last ``a`` as ``(b, L, kh·kw·C)`` rows in ``(kh, kw, C)`` order."""
+    (kh, kw), (dh, dw), _, (sh, sw) = geometry
+    v = a.permute(0, 2, 3, 1).unfold(1, (kh - 1) * dh + 1, sh).unfold(2, (kw - 1) * dw + 1, sw)
+    if dh > 1 or dw > 1:
+        v = v[..., ::dh, ::dw]
+    b, ho, wo, c = v.shape[:4]  # (b, Ho, Wo, C, kh, kw)
+    out.view(b, ho, wo, kh, kw, c).copy_(v.permute(0, 1, 2, 4, 5, 3))
     return out
 
 
@@ -430,7 +473,9 @@ def _conv_parts(
         m.weight.requires_grad and m.groups == 1 and _use_gram(B, L, K, cout, materialise)
     )
     want_bias = m.bias is not None and m.bias.requires_grad
-    res = _conv_pass(m, a, g, geometry, ws, m.weight.requires_grad and not gram, want_bias)
+    weight = m.weight.requires_grad and not gram
+    nhwc = weight and _nhwc_patches(a, geometry, int(m.groups))
+    res = _conv_pass(m, a, g, geometry, ws, weight, want_bias, nhwc)
     g_up = block_norm_bounds(res["g"], _memory_rows(g[:1]).shape[2], wd)[1]
     parts: list[Part] = []
     if gram:
@@ -441,8 +486,9 @@ def _conv_parts(
         err = gamma(L, u) * (1.0 + 4 * U64) * u_up * g_up  # ‖Ĝ − G‖ ≤ γ_L ‖g‖‖u‖
         est, up = block_norm_bounds(res["grad_norms"], K, wd)
         grads = res["grads"].reshape(B, -1)
+        layout = (0, 2, 3, 1) if nhwc else None
         parts.append(Part(m.weight, est, (up + err) * _share(B), grads=grads, fast=fast,
-                          err=err))  # fmt: skip
+                          err=err, layout=layout))  # fmt: skip
     if want_bias:  # Σ_l |g_l| ≤ √L ‖g‖_F
         assert m.bias is not None
         err = gamma(L, u) * math.sqrt(L) * g_up

@@ -189,8 +189,7 @@ def per_sample_gradients(
             parts = _chunk(model, xs, ys, loss, "func", materialise=True).parts
         seen = set()
         for part in parts:
-            assert part.grads is not None
-            g = part.grads.reshape(xs.shape[0], *part.param.shape)
+            g = part.per_sample()
             chunks[names[id(part.param)]].append(g.to(part.param.dtype))
             seen.add(id(part.param))
         for n, p in named.items():  # parameters the loss does not depend on
