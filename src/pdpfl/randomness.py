@@ -29,7 +29,8 @@ Standard normals are produced in float64 by the Box–Muller transform from 53-b
 (0, 1) (the radius uses a memoryless tail extension, so it is truncated only at R² ≤ 115, an
 event of probability below 1e-25 per pair). As Opacus' ``secure_mode`` does (after Holohan &
 Braghin 2021), each returned normal is the sum of four independent standard normals divided by
-two, which smooths the float64 lattice of a single draw. All the normals of one DP step are drawn
+two, which smooths the float64 lattice of a single draw (the two normals R·cos θ, R·sin θ of a
+Box–Muller pair sum to √2·R·sin(θ + π/4), so one sine per pair suffices). All the normals of one DP step are drawn
 at once (``normals``): one keystream read, then vectorised float64 arithmetic -- on the device
 that needs them (the keystream words cross to the accelerator, the key never does). The caller
 adds the float64 noise to a float64 copy of the clipped sum and rounds once to the parameter
@@ -74,6 +75,7 @@ SECURE_LABEL = "secure (ChaCha20 keystream, fresh secret key per party)"
 REPRODUCIBLE_LABEL = "reproducible (no guarantee against anyone who knows the seed)"
 
 _TWO_PI = 2.0 * math.pi
+_QUARTER_PI = 0.25 * math.pi
 _INV_2_53 = 2.0**-53
 #: Box–Muller radius: uniforms below this are refined (memoryless property of Exp(1)).
 _TAIL_CUT = 2.0**-30
@@ -210,40 +212,42 @@ class _ChaChaStream:
         """``n`` normals, each (N₁ + N₂ + N₃ + N₄)/2 from two Box–Muller pairs.
 
         Keystream layout: 2n radius uniforms and 2n angle uniforms (one read), then (rarely) one
-        refinement uniform per radius uniform below 2⁻³⁰. A pair (R, θ) gives the two
-        independent normals R·cos θ and R·sin θ; normal k sums those of pairs k and n + k.
+        refinement uniform per radius uniform below 2⁻³⁰. A pair (R = √(2E), θ), E ~ Exp(1),
+        gives the two independent normals R·cos θ and R·sin θ, whose sum is
+        √2·R·sin(θ + π/4); normal k sums those of pairs k and n + k and halves, i.e.
+        √E_k·sin φ_k + √E_{n+k}·sin φ_{n+k} with φ = θ + π/4 (one sine, no cosine).
         """
         pairs = 2 * n
         if n <= _NUMPY_NORMALS and (device is None or device.type == "cpu"):
             return torch.from_numpy(self._standard_normals_np(n))
         u = self._uniform_tensor(2 * pairs, device)
         radius, theta = u[:pairs], u[pairs:]
-        small = radius < _TAIL_CUT
-        count = int(small.sum())
+        small = radius < _TAIL_CUT if float(radius.min()) < _TAIL_CUT else None
         e = radius.log_().neg_()  # Exp(1)
-        if count:  # memoryless tail: -log U given U < 2⁻³⁰ is 30·log 2 + Exp(1)
+        if small is not None:  # memoryless tail: -log U given U < 2⁻³⁰ is 30·log 2 + Exp(1)
+            count = int(small.sum())
             refine = self._uniform_tensor(count, device, scratch=False).log_()  # u is scratch
             e[small] = _TAIL_SHIFT - refine
-        r = e.mul_(2.0).sqrt_()  # R = √(2·Exp(1)), R² ≤ 115
-        theta.mul_(_TWO_PI)
-        s = r.mul_(torch.cos(theta).add_(theta.sin_()))
-        return torch.add(s[:n], s[n:]).mul_(0.5)  # a fresh tensor (u may be scratch)
+        s = e.sqrt_().mul_(theta.mul_(_TWO_PI).add_(_QUARTER_PI).sin_())  # √E·sin φ, E ≤ 58
+        return torch.add(s[:n], s[n:])  # a fresh tensor (u may be scratch)
 
     def _standard_normals_np(self, n: int) -> np.ndarray:
         """:meth:`_standard_normals` in numpy (same keystream layout and arithmetic): fewer
         fixed costs for the few normals of a small model."""
         pairs = 2 * n
-        u = (self._words_np(2 * pairs).astype(np.float64) + 0.5) * _INV_2_53
+        u = self.uniform(2 * pairs)
         radius, theta = u[:pairs], u[pairs:]
-        small = radius < _TAIL_CUT
-        count = int(small.sum())
-        e = -np.log(radius)
-        if count:
-            e[small] = _TAIL_SHIFT - np.log((self._words_np(count) + 0.5) * _INV_2_53)
-        r = np.sqrt(2.0 * e)
-        theta = theta * _TWO_PI
-        s = r * (np.cos(theta) + np.sin(theta))
-        return (s[:n] + s[n:]) * 0.5
+        small = radius < _TAIL_CUT if radius.min() < _TAIL_CUT else None
+        e = np.log(radius)
+        np.negative(e, out=e)
+        if small is not None:
+            count = int(small.sum())
+            e[small] = _TAIL_SHIFT - np.log(self.uniform(count))
+        np.multiply(theta, _TWO_PI, out=theta)
+        np.add(theta, _QUARTER_PI, out=theta)
+        s = np.sqrt(e, out=e)
+        s *= np.sin(theta, out=theta)
+        return s[:n] + s[n:]
 
     def normal(
         self, shape: tuple[int, ...] | torch.Size, *, device: torch.device | str | None = None
