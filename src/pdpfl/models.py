@@ -160,7 +160,7 @@ class MnistCNN(nn.Module):
         # CPU tanh and stride-1 max-pool kernels on small NCHW planes (14×14) are several times
         # slower than on channels-last tensors, and they were half of a training step
         # (benchmarks/RESULTS.md, "The MNIST CNN in channels-last").
-        x = F.max_pool2d(torch.tanh(_channels_last(self.conv1(x))), 2, 1)
+        x = F.max_pool2d(torch.tanh(_to_channels_last(self.conv1(x))), 2, 1)
         x = F.max_pool2d(torch.tanh(self.conv2(x)), 2, 1)
         return x.flatten(1)
 
@@ -168,7 +168,7 @@ class MnistCNN(nn.Module):
         return self.fc2(torch.tanh(self.fc1(self._features(x))))
 
 
-def _channels_last(x: Tensor) -> Tensor:
+def _to_channels_last(x: Tensor) -> Tensor:
     """``x`` (N, C, H, W) copied into channels-last memory order; permutes rather than
     ``contiguous(memory_format=...)``, which ``torch.func.vmap`` does not support."""
     return x.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)

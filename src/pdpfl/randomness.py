@@ -32,8 +32,8 @@ Braghin 2021), each returned normal is the sum of four independent standard norm
 two, which smooths the float64 lattice of a single draw (the two normals R·cos θ, R·sin θ of a
 Box–Muller pair sum to √2·R·sin(θ + π/4), so one sine per pair suffices). All the normals of
 one DP step are drawn at once (``normals``): one keystream read, then vectorised float64
-arithmetic -- on the device
-that needs them (the keystream words cross to the accelerator, the key never does). The caller
+arithmetic -- on the device that needs them (the keystream words cross to the accelerator, the
+key never does). The caller
 adds the float64 noise to a float64 copy of the clipped sum and rounds once to the parameter
 dtype (float32), so the released value lives on a grid much coarser than the noise's. Residual
 risk, stated as Opacus states it: these measures make the known attacks impractical but are not

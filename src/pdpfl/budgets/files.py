@@ -12,6 +12,16 @@ import numpy as np
 from pdpfl.budgets.scenarios import validate_budgets
 
 
+def is_number(text: str) -> bool:
+    """Whether ``text`` parses as a float (``inf`` and ``nan`` included): a budget cell, not a
+    header."""
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
 def load_budgets(path: str | Path, column: str | int | None = None) -> np.ndarray:
     """Read budgets from ``.npy`` (1-D array) or ``.csv`` and validate them.
 
@@ -61,13 +71,6 @@ def _read_csv_column(p: Path, column: str | int | None) -> list[float]:
     rows = [row for _, row in numbered if any(cell.strip() for cell in row)]
     if not rows:
         raise ValueError(f"budgets file {p.name}: empty file")
-
-    def is_number(cell: str) -> bool:
-        try:
-            float(cell)
-        except ValueError:
-            return False
-        return True
 
     header = None if all(is_number(c) for c in rows[0]) else [c.strip() for c in rows[0]]
     body = rows[1:] if header is not None else rows

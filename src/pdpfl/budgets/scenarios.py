@@ -92,6 +92,15 @@ def _exact_counts(p: np.ndarray, n: int) -> np.ndarray:
     return counts
 
 
+def _sample_levels(
+    values: tuple[float, ...], ratios: tuple[float, ...], n: int, rng: np.random.Generator
+) -> np.ndarray:
+    """``n`` budgets, level ``values[k]`` with probability ``ratios[k]`` (validated here)."""
+    n = _check_n(n)
+    p = _probabilities(ratios, "ratios")
+    return _levels(_positive_values(values, "values"), p, n, rng)
+
+
 def _levels(values: np.ndarray, p: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
     out = np.repeat(values, _exact_counts(p, n))
     return rng.permutation(out)
@@ -118,9 +127,7 @@ class ThreeLevels:
         _positive_values(self.values, "values", size=p.size)
 
     def sample(self, n: int, rng: np.random.Generator) -> np.ndarray:
-        n = _check_n(n)
-        p = _probabilities(self.ratios, "ratios")
-        return _levels(_positive_values(self.values, "values"), p, n, rng)
+        return _sample_levels(self.values, self.ratios, n, rng)
 
 
 @dataclass(frozen=True)
@@ -220,9 +227,7 @@ class UserStudyGroups:
         return cls(USER_STUDY_2, tuple(values))
 
     def sample(self, n: int, rng: np.random.Generator) -> np.ndarray:
-        n = _check_n(n)
-        p = _probabilities(self.ratios, "ratios")
-        return _levels(_positive_values(self.values, "values"), p, n, rng)
+        return _sample_levels(self.values, self.ratios, n, rng)
 
 
 @dataclass(frozen=True)

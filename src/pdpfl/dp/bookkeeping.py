@@ -74,14 +74,19 @@ class Part:
     err: Tensor | None = None
     layout: tuple[int, ...] | None = None
 
+    def _permuted(self) -> tuple[list[int], list[int]]:
+        """The shape of one ``grads`` row under ``layout``, and the permutation undoing it."""
+        assert self.layout is not None
+        shape = [self.param.shape[d] for d in self.layout]
+        return shape, sorted(range(len(self.layout)), key=self.layout.__getitem__)
+
     def per_sample(self) -> Tensor:
         """The materialised per-sample gradients as ``(B, *param.shape)`` (a view)."""
         assert self.grads is not None
         b = self.grads.shape[0]
         if self.layout is None:
             return self.grads.reshape(b, *self.param.shape)
-        shape = [self.param.shape[d] for d in self.layout]
-        inverse = sorted(range(len(self.layout)), key=self.layout.__getitem__)
+        shape, inverse = self._permuted()
         return self.grads.reshape(b, *shape).permute(0, *(1 + d for d in inverse))
 
     def weighted_sum(self, c: Tensor, drop: Tensor | None = None) -> Tensor:
@@ -108,11 +113,12 @@ class Part:
             if self.layout is None:
                 _rows_dot_into(flat, c, grads)
                 return
-            shape = [self.param.shape[d] for d in self.layout]
+            shape, inverse = self._permuted()
             tmp = torch.zeros(shape, dtype=_F64, device=out.device)
             _rows_dot_into(tmp.view(-1), c, grads)
-            inverse = sorted(range(len(self.layout)), key=self.layout.__getitem__)
-            out.add_(tmp.permute(*inverse))  # exact: one float64 addition to zero per entry
+            # one more float64 addition per entry than summing into ``out`` directly: the
+            # chunk's B products and B additions stay within the γ_{B+2} of ``_share``
+            out.add_(tmp.permute(*inverse))
             return
         assert self.outer is not None
         g, a = (t.to(_F64) for t in self.outer)

@@ -26,6 +26,7 @@ from typing import Protocol
 
 import numpy as np
 
+from pdpfl.budgets.files import is_number
 from pdpfl.seeding import numpy_generator
 
 __all__ = [
@@ -64,14 +65,6 @@ def _largest_remainder(total: int, ratios: np.ndarray) -> np.ndarray:
     return counts
 
 
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
-
-
 def read_budget_file(path: str | Path) -> np.ndarray:
     """ε per client from ``.npy``, ``.json`` (a list) or text/CSV (one number per line; ``inf``
     allowed, an optional header line is skipped). No pickle."""
@@ -86,7 +79,7 @@ def read_budget_file(path: str | Path) -> np.ndarray:
         else:
             lines = [ln.split(",")[0].strip() for ln in p.read_text().splitlines()]
             lines = [ln for ln in lines if ln]
-            if lines and not _is_number(lines[0]):
+            if lines and not is_number(lines[0]):
                 lines = lines[1:]
             values = np.asarray([float(v) for v in lines], dtype=np.float64)
     except (ValueError, OSError, TypeError) as exc:
