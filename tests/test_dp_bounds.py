@@ -17,7 +17,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from pdpfl.dp import bookkeeping, clipped_grad_sum
+from pdpfl.dp import bookkeeping, clipped_grad_sum, im2col
 from pdpfl.dp.bounds import U32, float32_is_ieee, gamma, norm_bounds
 from pdpfl.dp.grad_sample import F32_ACCURACY, _hook_chunk
 
@@ -145,7 +145,7 @@ def test_float32_parts_bound_the_exact_gradient_and_what_is_added(
     if channels_last and a.dim() == 4:
         a = a.contiguous(memory_format=torch.channels_last)
         g = g.contiguous(memory_format=torch.channels_last)
-        assert bookkeeping._channels_last(g)
+        assert im2col.channels_last(g)
     parts = bookkeeping.layer_parts(layer, a, g, torch.float32, materialise=True)
     exact = bookkeeping.layer_parts(layer, a.double(), g.double(), torch.float64, True)
     for p32, p64 in zip(parts, exact, strict=True):
@@ -253,29 +253,89 @@ def test_tf32_like_switches_send_everything_to_float64():
 def test_patch_gather_and_norm_bound_match_the_unfolded_matrix(k, d, p, s):
     a = torch.randn(3, 2, 7, 8, dtype=torch.float64)
     geometry = (k, d, p, s)
-    u = bookkeeping._unfold_rows(a, *geometry)
+    u = im2col.unfold_rows(a, *geometry)
     out = torch.empty(u.shape, dtype=torch.float32)
-    bookkeeping._patches_into(a, geometry, out)
+    im2col.patches_into(a, geometry, out)
     torch.testing.assert_close(out, u.float())
     nhwc = a.contiguous(memory_format=torch.channels_last)  # gathered in its memory order
     out.fill_(float("nan"))
-    bookkeeping._patches_into(nhwc, geometry, out)
+    im2col.patches_into(nhwc, geometry, out)
     torch.testing.assert_close(out, u.float())
     for dtype in (torch.float64, torch.float32):
         ad = a.to(dtype)
         bound = bookkeeping._patch_norm_bounds(ad, geometry)
         for layout in (ad, ad.contiguous(memory_format=torch.channels_last)):
-            rows = torch.linalg.vector_norm(bookkeeping._memory_rows(layout), dim=2)
+            rows = torch.linalg.vector_norm(im2col.memory_rows(layout), dim=2)
             torch.testing.assert_close(
                 bookkeeping._patch_norm_bounds(layout, geometry, rows), bound, rtol=1e-5, atol=0
             )
-        exact = torch.tensor(_exact_norms(bookkeeping._unfold_rows(a.to(dtype), *geometry)))
+        exact = torch.tensor(_exact_norms(im2col.unfold_rows(a.to(dtype), *geometry)))
         assert bool((bound >= exact).all())
     # with every input element covered equally often the bound is tight
     flat = torch.ones(2, 3, 8, 8, dtype=torch.float64)
     g2 = ((2, 2), (1, 1), (0, 0), (2, 2))  # non-overlapping 2x2 patches: coverage 1
-    exact = torch.tensor(_exact_norms(bookkeeping._unfold_rows(flat, *g2)))
+    exact = torch.tensor(_exact_norms(im2col.unfold_rows(flat, *g2)))
     torch.testing.assert_close(bookkeeping._patch_norm_bounds(flat, g2), exact, rtol=1e-12, atol=0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    c=st.integers(1, 3),
+    q=st.integers(2, 3),
+    sh=st.integers(1, 3),
+    kw=st.integers(1, 4),
+    sw=st.integers(1, 3),
+    p=st.tuples(st.integers(0, 2), st.integers(0, 2)),
+    cl=st.booleans(),
+)
+def test_row_patches_give_the_im2col_per_sample_gradients_within_the_float32_bound(
+    c, q, sh, kw, sw, p, cl
+):
+    """Row-wise patches (kernel height q·s_h) form the per-sample weight gradients of full
+    im2col: equal in float64, and in float32 within the γ_L‖g‖‖u‖ error term that the
+    book-keeping charges (the exact gradient of the stored float32 values as reference)."""
+    gen = torch.Generator().manual_seed(c * 1000 + q * 100 + sh * 10 + kw)
+    b, cout, h, w = 3, 2, 9 + sh * q, 8 + kw
+    geometry = ((q * sh, kw), (1, 1), p, (sh, sw))
+    a = torch.randn(b, c, h, w, generator=gen, dtype=torch.float64)
+    if cl:
+        a = a.contiguous(memory_format=torch.channels_last)
+    u = im2col.unfold_rows(a, *geometry)  # (b, L, C·kh·kw)
+    ho = (h + 2 * p[0] - q * sh) // sh + 1
+    L = u.shape[1]
+    g = torch.randn(b, cout, L, generator=gen, dtype=torch.float64)
+    full = torch.bmm(g, u)
+    for dtype in (torch.float64, torch.float32):
+        rows_n = (ho + q - 1) * (L // ho)
+        buf = torch.full((b, rows_n, c * sh * kw), float("nan"), dtype=dtype)
+        rows = im2col.row_patches_into(a.to(dtype), geometry, buf)
+        scratch = torch.empty(q, b, cout, c * sh * kw, dtype=dtype)
+        got = torch.full((b, cout, u.shape[2]), float("nan"), dtype=dtype)
+        im2col.row_products(g.to(dtype), rows, geometry, ho, scratch, got)
+        if dtype == torch.float64:
+            torch.testing.assert_close(got, full, rtol=1e-12, atol=1e-12)
+            continue
+        exact = torch.bmm(g.float().double(), im2col.unfold_rows(a.float().double(), *geometry))
+        dist = (got.double() - exact).flatten(1).norm(dim=1)
+        budget = gamma(L, U32) * g.float().double().flatten(1).norm(dim=1)
+        budget = budget * im2col.unfold_rows(a.float().double(), *geometry).flatten(1).norm(dim=1)
+        assert bool((dist <= budget).all())
+
+
+def test_row_patches_are_chosen_where_they_pay():
+    """Row-wise patches for the MNIST CNN's conv1 (8×8, stride 2, one channel, 28×28), not for
+    3×3 stride-1 kernels (narrow products), dilated, grouped or kh ≠ q·s_h convolutions."""
+    conv1 = ((8, 8), (1, 1), (3, 3), (2, 2))
+    assert im2col.row_patches((1, 28, 28), 16, conv1, 1)
+    assert not im2col.row_patches((1, 28, 28), 16, conv1, 2)
+    assert not im2col.row_patches((1, 28, 28), 16, ((8, 8), (2, 2), (3, 3), (2, 2)), 1)
+    assert not im2col.row_patches((1, 28, 28), 16, ((7, 7), (1, 1), (3, 3), (2, 2)), 1)
+    assert not im2col.row_patches((3, 32, 32), 32, ((3, 3), (1, 1), (0, 0), (1, 1)), 1)
+    assert not im2col.row_patches((16, 13, 13), 32, ((4, 4), (1, 1), (0, 0), (2, 2)), 1)
+    x = torch.zeros(2, 1, 28, 28)
+    assert bookkeeping._patch_strategy(x, 16, conv1, 1) == "rows"
+    nhwc = torch.zeros(2, 16, 13, 13).contiguous(memory_format=torch.channels_last)
+    assert bookkeeping._patch_strategy(nhwc, 32, ((4, 4), (1, 1), (0, 0), (2, 2)), 1) == "nhwc"
 
 
 def test_channels_last_convolutions_give_the_nchw_clipped_sum_and_per_sample_gradients():
@@ -290,7 +350,7 @@ def test_channels_last_convolutions_give_the_nchw_clipped_sum_and_per_sample_gra
     y = torch.randn(6, 2, dtype=torch.float64)
     nhwc = x.contiguous(memory_format=torch.channels_last)
     seen = []
-    model[0].register_forward_hook(lambda m, i, o: seen.append(bookkeeping._channels_last(i[0])))
+    model[0].register_forward_hook(lambda m, i, o: seen.append(im2col.channels_last(i[0])))
     a = clipped_grad_sum(model, x, y, _linear_loss, 0.05)
     b = clipped_grad_sum(model, nhwc, y, _linear_loss, 0.05)
     assert seen == [False, True]

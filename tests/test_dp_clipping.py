@@ -27,6 +27,7 @@ from pdpfl.dp import (
     clipped_grad_sum,
     grad_sample,
     hooks_supported,
+    im2col,
     make_optimizer,
     train_steps,
 )
@@ -291,10 +292,10 @@ class spy_redo:
 )
 def test_unfold_rows_matches_the_unfolded_matrix(k, d, p, s):
     a = torch.randn(3, 2, 7, 8, dtype=torch.float64)
-    u = bookkeeping._unfold2d(a, k, d, p, s)
-    torch.testing.assert_close(bookkeeping._unfold_rows(a, k, d, p, s), u.transpose(1, 2))
+    u = im2col.unfold2d(a, k, d, p, s)
+    torch.testing.assert_close(im2col.unfold_rows(a, k, d, p, s), u.transpose(1, 2))
     out = torch.empty(3, u.shape[2], u.shape[1], dtype=torch.float32)
-    bookkeeping._unfold_rows(a, k, d, p, s, out=out)  # into a buffer, converting the dtype
+    im2col.unfold_rows(a, k, d, p, s, out=out)  # into a buffer, converting the dtype
     torch.testing.assert_close(out, u.transpose(1, 2).float())
 
 
@@ -309,11 +310,15 @@ def _builtin(name):
         return create_model("mlp", (7,), 4), (7,), 4
     if name == "mnist-cnn":
         return create_model("mnist-cnn", (1, 14, 14), 10), (1, 14, 14), 10
+    if name == "mnist-cnn-28":  # full size: conv1 takes the row-wise patches
+        return create_model("mnist-cnn", (1, 28, 28), 10), (1, 28, 28), 10
     return create_model("resnet18-gn", (3, 8, 8), 10, num_groups=4), (3, 8, 8), 10
 
 
 @pytest.mark.parametrize(
-    "name", ["logreg", "mlp", "mnist-cnn", pytest.param("resnet18-gn", marks=pytest.mark.slow)]
+    "name",
+    ["logreg", "mlp", "mnist-cnn", "mnist-cnn-28",
+     pytest.param("resnet18-gn", marks=pytest.mark.slow)],  # fmt: skip
 )
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_builtin_models_bound_adversarial_records(name, dtype):
@@ -339,6 +344,10 @@ def test_builtin_models_bound_adversarial_records(name, dtype):
         x, y = x[1:3], y[1:3]
     C = 1e-2
     assert resolve_method(model, "auto") == "hooks"
+    if name == "mnist-cnn-28":
+        conv1 = model.conv1
+        geometry = (conv1.kernel_size, conv1.dilation, conv1.padding, conv1.stride)
+        assert bookkeeping._patch_strategy(x, 16, geometry, 1) == "rows"
     if dtype == torch.float64:
         assert_contributions_bounded(model, x, y, loss_fn, C)
         return

@@ -21,8 +21,8 @@ from pdpfl.dp import (
     train_steps,
     validate_model,
 )
-from pdpfl.dp.bookkeeping import _unfold2d
 from pdpfl.dp.engine import evaluate
+from pdpfl.dp.im2col import unfold2d
 from pdpfl.models import create_model, get_params, loss_fn
 
 torch.set_num_threads(2)
@@ -72,6 +72,18 @@ class _Twice(nn.Module):
         return self.lin(torch.tanh(self.lin(x))) + self.emb.weight[:1]
 
 
+class _RowConv(nn.Module):
+    """A padded stride-2 convolution whose kernel height is 3 strides: row-wise patches."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(2, 3, 6, stride=2, padding=2)
+        self.head = nn.Linear(3 * 8 * 8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.tanh(self.conv(x)).flatten(1))
+
+
 class _OddConv(nn.Module):
     """Grouped, dilated, strided, asymmetric-padded convolution (materialised branch)."""
 
@@ -103,6 +115,8 @@ def _case(name: str, n: int = 6, seed: int = 0):
         model, x, y = _Mixed(), torch.randn(n, 2, 6), torch.randint(0, 3, (n,))
     elif name == "oddconv":
         model, x, y = _OddConv(), torch.randn(n, 4, 9, 7), torch.randint(0, 3, (n,))
+    elif name == "rowconv":
+        model, x, y = _RowConv(), torch.randn(n, 2, 16, 16), torch.randint(0, 3, (n,))
     elif name == "ghost":
         model, x, y = _Ghost(), torch.randn(n, 8, 4, 8), torch.randint(0, 3, (n,))
     elif name.endswith("-nhwc"):  # channels-last inputs: the convolutions record NHWC tensors
@@ -131,12 +145,18 @@ def _gram_for_ghost(request, monkeypatch):
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "name", ["logreg", "mlp", "cnn", "mixed", "ghost", "oddconv", "ghost-nhwc", "oddconv-nhwc"]
+    "name",
+    ["logreg", "mlp", "cnn", "mixed", "ghost", "oddconv", "rowconv", "ghost-nhwc",
+     "oddconv-nhwc", "rowconv-nhwc"],  # fmt: skip
 )
 @pytest.mark.parametrize("method", ["hooks", "func"])
 def test_per_sample_gradients_match_loop(name, method):
     model, x, y = _case(name)
     assert hooks_supported(model)
+    if name.startswith("rowconv"):  # the case exists for this path
+        conv = model.conv
+        geometry = (conv.kernel_size, conv.dilation, conv.padding, conv.stride)
+        assert bookkeeping._patch_strategy(x, conv.out_channels, geometry, 1) == "rows"
     ps = per_sample_gradients(model, x, y, loss_fn, method=method, physical_batch_size=4)
     flat = torch.cat([ps[n].flatten(1) for n, _ in model.named_parameters()], 1)
     torch.testing.assert_close(flat, _loop_grads(model, x, y), atol=1e-6, rtol=0)
@@ -144,7 +164,9 @@ def test_per_sample_gradients_match_loop(name, method):
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "name", ["logreg", "mlp", "cnn", "mixed", "ghost", "oddconv", "ghost-nhwc", "oddconv-nhwc"]
+    "name",
+    ["logreg", "mlp", "cnn", "mixed", "ghost", "oddconv", "rowconv", "ghost-nhwc",
+     "oddconv-nhwc", "rowconv-nhwc"],  # fmt: skip
 )
 def test_clipped_sum_matches_explicit_clipping(name):
     model, x, y = _case(name, n=9)
@@ -480,7 +502,7 @@ def test_unfold_matches_torch_im2col(kh, kw, dh, dw, ph, pw, sh, sw):
     expected = torch.nn.functional.unfold(
         a, *args[:1], dilation=args[1], padding=args[2], stride=args[3]
     )
-    assert torch.equal(_unfold2d(a, *args), expected)
+    assert torch.equal(unfold2d(a, *args), expected)
 
 
 class _CountingNorm(nn.Module):

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pdpfl.dp import bookkeeping
+from pdpfl.dp import im2col
 from pdpfl.dp.workspace import Workspace, padded
 
 
@@ -36,7 +36,7 @@ def test_patch_gather_with_a_workspace_matches_the_unfolded_matrix():
     geometry = ((3, 2), (1, 1), (2, 1), (2, 1))
     for b in (4, 2, 5, 1):
         a = torch.randn(b, 3, 7, 6) + 1.0
-        u = bookkeeping._unfold_rows(a, *geometry)
+        u = im2col.unfold_rows(a, *geometry)
         out = torch.empty(u.shape, dtype=torch.float32)
-        bookkeeping._patches_into(a, geometry, out, ws)
+        im2col.patches_into(a, geometry, out, ws)
         torch.testing.assert_close(out, u, rtol=0, atol=0)

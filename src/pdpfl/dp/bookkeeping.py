@@ -26,7 +26,6 @@ term ``4u(d_in + d_out + T² + 3BT + 4)·M²``, M = ‖g‖_F‖a‖_F; GroupNor
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 
@@ -35,7 +34,19 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from pdpfl.dp.bounds import SMALL, U64, block_norm_bounds, gamma, norm_bounds, unit_roundoff
-from pdpfl.dp.workspace import Workspace, padded
+from pdpfl.dp.im2col import (
+    Geometry,
+    max_coverage,
+    memory_rows,
+    nhwc_patches,
+    nhwc_patches_into,
+    patches_into,
+    row_patches,
+    row_patches_into,
+    row_products,
+    unfold_rows,
+)
+from pdpfl.dp.workspace import Workspace
 from pdpfl.dp.workspace import empty as _empty
 
 __all__ = ["Part", "Workspace", "layer_parts"]
@@ -223,150 +234,24 @@ def _linear_parts(
     return parts
 
 
-def _unfold2d(
-    a: Tensor,
-    kernel: tuple[int, ...],
-    dilation: tuple[int, ...],
-    padding: tuple[int, ...],
-    stride: tuple[int, ...],
-) -> Tensor:
-    """``F.unfold`` (im2col, same layout ``(B, C·kh·kw, L)``) via strided views: one copy."""
-    B, C = a.shape[:2]
-    (kh, kw), (dh, dw), (ph, pw), (sh, sw) = kernel, dilation, padding, stride
-    if ph or pw:
-        a = F.pad(a, (pw, pw, ph, ph))
-    v = a.unfold(2, (kh - 1) * dh + 1, sh).unfold(3, (kw - 1) * dw + 1, sw)
-    if dh > 1 or dw > 1:
-        v = v[..., ::dh, ::dw]
-    L = v.shape[2] * v.shape[3]
-    return v.permute(0, 1, 4, 5, 2, 3).reshape(B, C * kh * kw, L)
-
-
-def _unfold_rows(
-    a: Tensor,
-    kernel: tuple[int, ...],
-    dilation: tuple[int, ...],
-    padding: tuple[int, ...],
-    stride: tuple[int, ...],
-    out: Tensor | None = None,
-) -> Tensor:
-    """``_unfold2d(...).transpose(1, 2)``: patches as rows ``(B, L, C·kh·kw)`` (into ``out``).
-
-    This layout copies several times faster (contiguous kernel rows) and feeds ``bmm`` directly.
-    """
-    B, C = a.shape[:2]
-    (kh, kw), (dh, dw), (ph, pw), (sh, sw) = kernel, dilation, padding, stride
-    if ph or pw:
-        a = F.pad(a, (pw, pw, ph, ph))
-    v = a.unfold(2, (kh - 1) * dh + 1, sh).unfold(3, (kw - 1) * dw + 1, sw)
-    if dh > 1 or dw > 1:
-        v = v[..., ::dh, ::dw]
-    ho, wo = v.shape[2], v.shape[3]
-    if out is None:
-        return v.permute(0, 2, 3, 1, 4, 5).reshape(B, ho * wo, C * kh * kw)
-    out.view(B, ho, wo, C, kh, kw).copy_(v.permute(0, 2, 3, 1, 4, 5))
-    return out
-
-
-_Geometry = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...]]
-
-
-def _channels_last(t: Tensor) -> bool:
-    """A 4-D tensor stored channels-last (NHWC) that is not also NCHW-contiguous."""
-    return (
-        t.dim() == 4
-        and not t.is_contiguous()
-        and t.is_contiguous(memory_format=torch.channels_last)
-    )
-
-
-def _memory_rows(t: Tensor) -> Tensor:
-    """``(B, rows, n)`` view of a 4-D tensor in its memory order, one row per contiguous run:
-    ``(B, C, H·W)`` for NCHW, ``(B, H, W·C)`` for channels-last (a copy for other layouts).
-    Per-row norms of either cover each record's elements exactly once."""
-    if _channels_last(t):
-        return t.permute(0, 2, 3, 1).reshape(t.shape[0], t.shape[2], -1)
-    return t.reshape(t.shape[0], t.shape[1], -1)
-
-
-@functools.lru_cache(maxsize=64)
-def _im2col_index(
-    shape: tuple[int, int, int],
-    geometry: _Geometry,
-    device: torch.device,
-    channels_last: bool = False,
-) -> Tensor:
-    """Flat positions in a (padded) ``(C, H, W)`` input of :func:`_unfold_rows`' entries;
-    ``channels_last``: positions in the input's ``(H, W, C)`` memory order."""
-    kernel, dilation, _, stride = geometry
-    c, h, w = shape
-    pos = torch.arange(math.prod(shape), dtype=torch.int64)
-    if channels_last:
-        pos = pos.reshape(1, h, w, c).permute(0, 3, 1, 2)
-    else:
-        pos = pos.reshape(1, c, h, w)
-    idx = _unfold_rows(pos, kernel, dilation, (0, 0), stride).reshape(-1)
-    # int32 positions gather ~12% faster than int64 (index_select takes either)
-    return idx.to(device, torch.int32 if pos.numel() < 2**31 else torch.int64)
-
-
-def _patches_into(
-    a: Tensor, geometry: _Geometry, out: Tensor, ws: Workspace | None = None
-) -> Tensor:
-    """``_unfold_rows(a, *geometry)`` written into ``out`` (``(b, L, C·kh·kw)``, any float
-    dtype) with one gather: several times faster than a permuted copy on the CPU. Padding
-    goes through a reused buffer of ``ws`` when given; a channels-last ``a`` is read in its
-    own memory order (no copy)."""
-    ph, pw = geometry[2]
-    if ph or pw:
-        a = padded(a, ph, pw, out.dtype, ws)
-    a = a.to(out.dtype)
-    cl = _channels_last(a)
-    idx = _im2col_index(tuple(a.shape[1:]), geometry, a.device, cl)
-    src = a.permute(0, 2, 3, 1) if cl else a
-    torch.index_select(src.reshape(a.shape[0], -1), 1, idx, out=out.view(a.shape[0], -1))
-    return out
-
-
-def _coverage(size: int, out: int, k: int, d: int, pad: int, stride: int) -> list[int]:
-    """How many (output position, kernel offset) pairs read each input position along an axis."""
-    count = [0] * size
-    for o in range(out):
-        for i in range(k):
-            h = o * stride + i * d - pad
-            if 0 <= h < size:
-                count[h] += 1
-    return count
-
-
-@functools.lru_cache(maxsize=64)
-def _max_coverage(hw: tuple[int, int], geometry: _Geometry) -> int:
-    """max over (h, w) of n_h(h)·n_w(w): how often one input element appears in im2col."""
-    (kh, kw), (dh, dw), (ph, pw), (sh, sw) = geometry
-    H, W = hw
-    ho = (H + 2 * ph - dh * (kh - 1) - 1) // sh + 1
-    wo = (W + 2 * pw - dw * (kw - 1) - 1) // sw + 1
-    return max(_coverage(H, ho, kh, dh, ph, sh)) * max(_coverage(W, wo, kw, dw, pw, sw))
-
-
 def _patch_norm_bounds(
-    a: Tensor, geometry: _Geometry, row_norms: Tensor | None = None
+    a: Tensor, geometry: Geometry, row_norms: Tensor | None = None
 ) -> Tensor:
     """An upper bound on ‖u_b‖_F, u_b the im2col matrix of record b, without forming it:
     ‖u‖_F² = Σ n_h(h) n_w(w) a_{c,h,w}² ≤ max(n_h n_w)·‖a‖_F² (tight up to border effects;
     it only scales the float32 error term). ``row_norms``: the norms of the rows of
-    :func:`_memory_rows` ``(a)``, already computed in ``a``'s dtype."""
-    cover = _max_coverage(tuple(a.shape[-2:]), geometry)
+    :func:`memory_rows` ``(a)``, already computed in ``a``'s dtype."""
+    cover = max_coverage(tuple(a.shape[-2:]), geometry)
     if row_norms is None:
         a_up = norm_bounds(a)[1]
     else:
-        a_up = block_norm_bounds(row_norms, _memory_rows(a[:1]).shape[2], a.dtype)[1]
+        a_up = block_norm_bounds(row_norms, memory_rows(a[:1]).shape[2], a.dtype)[1]
     return a_up * (math.sqrt(cover) * (1.0 + 4 * U64))
 
 
 def _conv_geometry(
     m: nn.Conv1d | nn.Conv2d, a: Tensor, g: Tensor
-) -> tuple[Tensor, Tensor, _Geometry]:
+) -> tuple[Tensor, Tensor, Geometry]:
     """2-D views of the recorded tensors and (kernel, dilation, padding, stride)."""
     pad = tuple(int(p) for p in m.padding) if not isinstance(m.padding, str) else (0,)
     if m.padding == "valid":
@@ -381,27 +266,30 @@ def _conv_pass(
     m: nn.Conv1d | nn.Conv2d,
     a: Tensor,
     g: Tensor,
-    geometry: _Geometry,
+    geometry: Geometry,
     ws: Workspace | None,
     weight: bool,
     bias: bool,
-    nhwc: bool = False,
+    patches: str = "gather",
 ) -> dict[str, Tensor]:
     """One pass over blocks of records, each block handled while it is in cache: norms of the
-    rows of :func:`_memory_rows` of the input and of the backprop (``g``: ``(B, Cout, Ho,
+    rows of :func:`memory_rows` of the input and of the backprop (``g``: ``(B, Cout, Ho,
     Wo)``), the bias sums, and (``weight``) the per-sample weight gradients ``(B, Cout, K)``
-    (im2col gathered into a reused buffer, then ``bmm``) and their per-output-channel norms.
+    (patches formed into a reused buffer, then ``bmm``) and their per-output-channel norms.
     Everything in ``a``'s dtype (the working dtype). NCHW and channels-last tensors are both
     read in their memory order: the norms reduce contiguous rows (a strided reduction is
-    ~10× slower on the CPU) and ``bmm`` takes the transposed backprop as it is. ``nhwc``
-    (:func:`_nhwc_patches`): the weight rows are formed in ``(Cout, kh, kw, Cin)`` order."""
+    ~10× slower on the CPU) and ``bmm`` takes the transposed backprop as it is.
+
+    ``patches`` (:mod:`pdpfl.dp.im2col`): ``"gather"`` (:func:`patches_into`), ``"nhwc"``
+    (:func:`nhwc_patches_into`: the weight rows come in ``(Cout, kh, kw, Cin)`` order) or
+    ``"rows"`` (:func:`row_patches_into` and :func:`row_products`)."""
     B, cout = g.shape[:2]
     g3 = g.reshape(B, cout, -1)  # (B, Cout, L): a view in both layouts
     L = g3.shape[2]
-    a_rows, g_rows = _memory_rows(a), _memory_rows(g)
+    a_rows, g_rows = memory_rows(a), memory_rows(g)
     groups = int(m.groups)
     cin = a.shape[1]
-    kh, kw = geometry[0]
+    (kh, kw), _, _, (sh, _) = geometry
     ckk = cin * kh * kw
     K = ckk // groups
     dev, wd = a.device, a.dtype
@@ -414,8 +302,17 @@ def _conv_pass(
     if weight:
         out["grads"] = _empty(ws, (id(m), "weight"), (B, cout, K), wd, dev)
         out["grad_norms"] = torch.empty(B, cout, dtype=wd, device=dev)
-        step = max(1, min(B, _BLOCK_ELEMENTS // max(1, ckk * L)))
-        patches = _empty(ws, "im2col", (step, L, ckk), wd, dev)
+        if patches == "rows":
+            ho = g.shape[2]
+            q = kh // sh
+            width = cin * sh * kw
+            per_record = (ho + q - 1) * g.shape[3] * width
+            step = max(1, min(B, _BLOCK_ELEMENTS // max(1, per_record)))
+            buf = _empty(ws, "im2col", (step, per_record // width, width), wd, dev)
+            products = _empty(ws, "row-products", (q, step, cout, width), wd, dev)
+        else:
+            step = max(1, min(B, _BLOCK_ELEMENTS // max(1, ckk * L)))
+            buf = _empty(ws, "im2col", (step, L, ckk), wd, dev)
     else:
         step = B
     for i in range(0, B, step):
@@ -425,39 +322,38 @@ def _conv_pass(
         torch.linalg.vector_norm(g_rows[i : i + b], dim=2, out=out["g"][i : i + b])
         if bias:
             torch.sum(gb, dim=2, out=out["bias"][i : i + b])
-        if weight:
-            if nhwc:
-                u = _nhwc_patches_into(ab, geometry, patches[:b])
+        if not weight:
+            continue
+        blk = out["grads"][i : i + b]
+        if patches == "rows":
+            u = row_patches_into(ab, geometry, buf[:b], ws)
+            scratch = products.view(-1)[: q * b * cout * width].view(q, b, cout, width)
+            row_products(gb, u, geometry, ho, scratch, blk)
+        else:
+            if patches == "nhwc":
+                u = nhwc_patches_into(ab, geometry, buf[:b])
             else:
-                u = _patches_into(ab, geometry, patches[:b], ws)
+                u = patches_into(ab, geometry, buf[:b], ws)
             if groups > 1:
                 u = u.reshape(b, L, groups, K).transpose(1, 2)
-            blk = out["grads"][i : i + b]
             torch.bmm(
                 gb.reshape(b * groups, cout // groups, L),
                 u.reshape(b * groups, L, K),
                 out=blk.view(b * groups, cout // groups, K),
             )
-            torch.linalg.vector_norm(blk, dim=2, out=out["grad_norms"][i : i + b])
+        torch.linalg.vector_norm(blk, dim=2, out=out["grad_norms"][i : i + b])
     return out
 
 
-def _nhwc_patches(a: Tensor, geometry: _Geometry, groups: int) -> bool:
-    """Form im2col rows in ``(kh, kw, C)`` order by one strided copy: a channels-last input
-    without padding or groups, whose patch rows are runs of ``kw·C`` contiguous elements
-    (3–4× faster than the gather for the MNIST CNN's conv2)."""
-    return groups == 1 and _channels_last(a) and not any(geometry[2])
-
-
-def _nhwc_patches_into(a: Tensor, geometry: _Geometry, out: Tensor) -> Tensor:
-    """Patches of a channels-last ``a`` as ``(b, L, kh·kw·C)`` rows in ``(kh, kw, C)`` order."""
-    (kh, kw), (dh, dw), _, (sh, sw) = geometry
-    v = a.permute(0, 2, 3, 1).unfold(1, (kh - 1) * dh + 1, sh).unfold(2, (kw - 1) * dw + 1, sw)
-    if dh > 1 or dw > 1:
-        v = v[..., ::dh, ::dw]
-    b, ho, wo, c = v.shape[:4]  # (b, Ho, Wo, C, kh, kw)
-    out.view(b, ho, wo, kh, kw, c).copy_(v.permute(0, 1, 2, 4, 5, 3))
-    return out
+def _patch_strategy(a: Tensor, cout: int, geometry: Geometry, groups: int) -> str:
+    """How :func:`_conv_pass` forms patches: the strided channels-last copy, else row-wise
+    patches when they apply, else the gather."""
+    if nhwc_patches(a, geometry, groups):
+        return "nhwc"
+    c, h, w = a.shape[1:]
+    if row_patches((c, h, w), cout, geometry, groups):
+        return "rows"
+    return "gather"
 
 
 def _conv_parts(
@@ -480,19 +376,19 @@ def _conv_parts(
     )
     want_bias = m.bias is not None and m.bias.requires_grad
     weight = m.weight.requires_grad and not gram
-    nhwc = weight and _nhwc_patches(a, geometry, int(m.groups))
-    res = _conv_pass(m, a, g, geometry, ws, weight, want_bias, nhwc)
-    g_up = block_norm_bounds(res["g"], _memory_rows(g[:1]).shape[2], wd)[1]
+    strategy = _patch_strategy(a, cout, geometry, int(m.groups)) if weight else "gather"
+    res = _conv_pass(m, a, g, geometry, ws, weight, want_bias, strategy)
+    g_up = block_norm_bounds(res["g"], memory_rows(g[:1]).shape[2], wd)[1]
     parts: list[Part] = []
     if gram:
-        patches = _unfold_rows(a.to(_F64), *geometry)  # (B, L, K)
+        patches = unfold_rows(a.to(_F64), *geometry)  # (B, L, K)
         parts.append(_gram_part(m.weight, g.reshape(B, cout, L).transpose(1, 2), patches))
     elif m.weight.requires_grad:
         u_up = _patch_norm_bounds(a, geometry, res["a"])
         err = gamma(L, u) * (1.0 + 4 * U64) * u_up * g_up  # ‖Ĝ − G‖ ≤ γ_L ‖g‖‖u‖
         est, up = block_norm_bounds(res["grad_norms"], K, wd)
         grads = res["grads"].reshape(B, -1)
-        layout = (0, 2, 3, 1) if nhwc else None
+        layout = (0, 2, 3, 1) if strategy == "nhwc" else None
         parts.append(Part(m.weight, est, (up + err) * _share(B), grads=grads, fast=fast,
                           err=err, layout=layout))  # fmt: skip
     if want_bias:  # Σ_l |g_l| ≤ √L ‖g‖_F
