@@ -209,7 +209,8 @@ class PersonalizedDPSGD:
         """
         return self._clipped_sum(xb, yb)
 
-    def _sum_views(self, flat: Tensor) -> list[Tensor]:
+    def _views(self, flat: Tensor) -> list[Tensor]:
+        """Per-parameter views of a vector of all trainable parameters (in order)."""
         return [t.view(s) for t, s in zip(flat.split(self._sizes), self._shapes, strict=True)]
 
     def _clipped_sum(self, xb: Tensor, yb: Tensor, reuse: bool = False) -> ClippedSum:
@@ -220,13 +221,13 @@ class PersonalizedDPSGD:
             flat = self._sum_buf
             if flat is None or flat.device != dev:
                 flat = self._sum_buf = torch.zeros(self._numel, dtype=torch.float64, device=dev)
-                self._sum_views_buf = self._sum_views(flat)
+                self._sum_views_buf = self._views(flat)
             else:
                 flat.zero_()
             sums = self._sum_views_buf
         else:
             flat = torch.zeros(self._numel, dtype=torch.float64, device=dev)
-            sums = self._sum_views(flat)
+            sums = self._views(flat)
         if xb.shape[0] == 0:
             return ClippedSum(
                 sums=sums,
@@ -291,15 +292,10 @@ class PersonalizedDPSGD:
                 buf = self._grad_buf
                 if buf is None or buf.dtype != dtype or buf.device != device:
                     buf = self._grad_buf = torch.empty(self._numel, dtype=dtype, device=device)
-                    self._grad_views = [
-                        t.view(s) for t, s in zip(buf.split(self._sizes), self._shapes,
-                                                  strict=True)
-                    ]  # fmt: skip
+                    self._grad_views = self._views(buf)
                 buf.copy_(flat)  # one rounding of every coordinate (as `to` rounds)
                 return self._grad_views
-            rounded = flat.to(device, dtype)  # one rounding of every coordinate
-            return [t.view(s) for t, s in zip(rounded.split(self._sizes), self._shapes,
-                                              strict=True)]  # fmt: skip
+            return self._views(flat.to(device, dtype))  # one rounding of every coordinate
         return [
             t.view(p.shape).to(p.device, p.dtype)
             for t, p in zip(flat.split(self._sizes), self.params, strict=True)

@@ -179,10 +179,8 @@ def clip_vectors(
 
 def as_rates(rates: np.ndarray | Tensor | Iterable[float], n: int) -> Tensor:
     """Validate per-record sampling rates: shape ``(n,)``, finite, in ``[0, 1]`` → float64 CPU."""
-    if isinstance(rates, Tensor):
-        rates = rates.detach().to("cpu", torch.float64).numpy()
-    q = np.array(rates, dtype=np.float64)  # a private copy: later edits of `rates` do not count
-    return torch.from_numpy(_checked_rates(q, n))
+    # a private copy: later edits of `rates` do not count
+    return torch.from_numpy(_checked_rates(rates, n).copy())
 
 
 def _checked_rates(rates: np.ndarray | Tensor | Iterable[float], n: int) -> np.ndarray:

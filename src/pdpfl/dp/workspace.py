@@ -24,12 +24,19 @@ class Workspace:
         self.clone_outputs = False
 
     def get(
-        self, key: object, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
+        self,
+        key: object,
+        shape: tuple[int, ...],
+        dtype: torch.dtype,
+        device: torch.device,
+        zeros: bool = False,
     ) -> Tensor:
+        """The buffer ``key`` as a ``shape`` view; a new buffer is zeroed when ``zeros``."""
         n = math.prod(shape)
         buf = self._buffers.get(key)
         if buf is None or buf.numel() < n or buf.dtype != dtype or buf.device != device:
-            buf = torch.empty(max(n, 1), dtype=dtype, device=device)
+            make = torch.zeros if zeros else torch.empty
+            buf = make(max(n, 1), dtype=dtype, device=device)
             self._buffers[key] = buf
         return buf[:n].view(shape)
 
@@ -55,12 +62,6 @@ def padded(a: Tensor, ph: int, pw: int, dtype: torch.dtype, ws: Workspace | None
     if ws is None:
         out = torch.zeros(shape, dtype=dtype, device=a.device)
     else:
-        key = ("padded", c, h, w, ph, pw)
-        n = math.prod(shape)
-        buf = ws._buffers.get(key)
-        if buf is None or buf.numel() < n or buf.dtype != dtype or buf.device != a.device:
-            buf = torch.zeros(n, dtype=dtype, device=a.device)
-            ws._buffers[key] = buf
-        out = buf[:n].view(shape)
+        out = ws.get(("padded", c, h, w, ph, pw), shape, dtype, a.device, zeros=True)
     out[:, :, ph : ph + h, pw : pw + w].copy_(a)
     return out
