@@ -3,7 +3,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-fast demo bench lint typecheck clean
+.PHONY: install test test-fast demo bench lint format typecheck clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -27,6 +27,11 @@ test-fast: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff format --check src tests benchmarks
+
+# The formatter policy: `ruff format` (line length 100, pyproject.toml); CI checks it in `make lint`.
+format: $(STAMP)
+	$(BIN)/ruff format src tests benchmarks
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

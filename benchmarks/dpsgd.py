@@ -50,9 +50,7 @@ CASES = [
 _CLOCK = time.perf_counter
 
 
-def _interleaved_medians(
-    fns: dict, steps: int, warmup: int, repeats: int = 1
-) -> dict[str, float]:
+def _interleaved_medians(fns: dict, steps: int, warmup: int, repeats: int = 1) -> dict[str, float]:
     """Median ms per variant; variants alternate step by step so machine load hits all alike
     (``repeats`` rounds of ``steps`` steps, pooled)."""
     for fn in fns.values():

@@ -50,27 +50,43 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="pdpfl-bench-"))
     try:
         for ds in args.datasets:
-            base = load_config(ROOT / "examples" / f"{ds}.yaml", args.overrides,
-                               data_dir=args.data_dir)
+            base = load_config(
+                ROOT / "examples" / f"{ds}.yaml", args.overrides, data_dir=args.data_dir
+            )
             for scenario in args.scenarios:
                 for seed in args.seeds:
                     cfg_s = with_updates(base, [f"budgets.scenario={scenario}", f"seed={seed}"])
-                    cfg_s = cfg_s.model_copy(update={"budgets": cfg_s.budgets.model_copy(
-                        update={"params": SCENARIOS[scenario]})})
+                    cfg_s = cfg_s.model_copy(
+                        update={
+                            "budgets": cfg_s.budgets.model_copy(
+                                update={"params": SCENARIOS[scenario]}
+                            )
+                        }
+                    )
                     fed = load_federation_for(cfg_s)
                     for method in args.methods:
                         cfg = with_updates(cfg_s, [f"algorithm.name={method}"])
                         t0 = time.perf_counter()
-                        s = run_simulation(cfg, tmp / f"{ds}-{scenario}-{method}-{seed}",
-                                           progress=False, federation=fed)
+                        s = run_simulation(
+                            cfg,
+                            tmp / f"{ds}-{scenario}-{method}-{seed}",
+                            progress=False,
+                            federation=fed,
+                        )
                         wall = time.perf_counter() - t0
-                        results.append({
-                            "dataset": ds, "scenario": scenario, "method": method, "seed": seed,
-                            "final_accuracy": s["final_accuracy"],
-                            "last3_mean_accuracy": s["last3_mean_accuracy"],
-                            "over_budget": s["over_budget"], "train_seconds": s["seconds"],
-                            "wall_seconds": wall,
-                        })
+                        results.append(
+                            {
+                                "dataset": ds,
+                                "scenario": scenario,
+                                "method": method,
+                                "seed": seed,
+                                "final_accuracy": s["final_accuracy"],
+                                "last3_mean_accuracy": s["last3_mean_accuracy"],
+                                "over_budget": s["over_budget"],
+                                "train_seconds": s["seconds"],
+                                "wall_seconds": wall,
+                            }
+                        )
                         print(json.dumps(results[-1]), file=sys.stderr)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -83,19 +99,26 @@ def main() -> None:
             "seeds": len(rs),
             "final_accuracy_mean": float(np.mean([r["final_accuracy"] for r in rs])),
             "final_accuracy_std": float(np.std([r["final_accuracy"] for r in rs], ddof=1))
-            if len(rs) > 1 else 0.0,
+            if len(rs) > 1
+            else 0.0,
             "wall_seconds_mean": float(np.mean([r["wall_seconds"] for r in rs])),
             "over_budget": int(sum(r["over_budget"] for r in rs)),
         }
         for key, rs in table.items()
     }
-    print(json.dumps({
-        "benchmark": "federated",
-        "machine": f"{platform.machine()} {platform.python_version()} torch {torch.__version__}",
-        "args": {k: v for k, v in vars(args).items() if k != "json"},
-        "summary": summary,
-        "runs": results,
-    }))
+    print(
+        json.dumps(
+            {
+                "benchmark": "federated",
+                "machine": (
+                    f"{platform.machine()} {platform.python_version()} torch {torch.__version__}"
+                ),
+                "args": {k: v for k, v in vars(args).items() if k != "json"},
+                "summary": summary,
+                "runs": results,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -51,8 +51,9 @@ def per_round(out: Path) -> float | None:
 
 def silo_timings(out: Path) -> dict[str, Any]:
     """Medians of the clients' own per-message timings (engine run)."""
-    rows = [t for p in (out / "flower").glob("silo-*/run-*/timings-silo-*.jsonl")
-            for t in _lines(p)]
+    rows = [
+        t for p in (out / "flower").glob("silo-*/run-*/timings-silo-*.jsonl") for t in _lines(p)
+    ]
     return {
         "messages": len(rows),
         "build_s": _median([t["build_s"] for t in rows]),
@@ -82,8 +83,13 @@ def main() -> None:
     load_before = os.getloadavg()[0]
     config = load_config(
         args.config,
-        [f"rounds={args.rounds}", f"data.num_clients={args.clients}", "randomness=reproducible",
-         f"flower.simulation.client_resources.num_cpus={args.num_cpus}", *args.overrides],
+        [
+            f"rounds={args.rounds}",
+            f"data.num_clients={args.clients}",
+            "randomness=reproducible",
+            f"flower.simulation.client_resources.num_cpus={args.num_cpus}",
+            *args.overrides,
+        ],
         data_dir=args.data_dir,
     )
     report: dict[str, Any] = {
@@ -103,9 +109,11 @@ def main() -> None:
         if not args.skip_simulation:
             t0 = time.perf_counter()
             sim = run_simulation(config, out / "sim", progress=False)
-            report["simulation"] = {"total_s": time.perf_counter() - t0,
-                                    "s_per_round": per_round(out / "sim"),
-                                    "final_accuracy": sim.get("final_accuracy")}
+            report["simulation"] = {
+                "total_s": time.perf_counter() - t0,
+                "s_per_round": per_round(out / "sim"),
+                "final_accuracy": sim.get("final_accuracy"),
+            }
             sim_round = report["simulation"]["s_per_round"]
         t0 = time.perf_counter()
         eng = run_flower_simulation(config, out / "engine", round_timeout_s=3600.0)
@@ -123,8 +131,7 @@ def main() -> None:
             report["ratio_per_round"] = eng_round / sim_round
         if not args.skip_simulation:
             a, b = np.load(out / "sim" / "model.npz"), np.load(out / "engine" / "model.npz")
-            report["max_abs_param_diff"] = max(float(np.max(np.abs(a[k] - b[k])))
-                                               for k in a.files)
+            report["max_abs_param_diff"] = max(float(np.max(np.abs(a[k] - b[k]))) for k in a.files)
     report["machine"] = (
         f"{platform.machine()} {os.cpu_count()} cpu, Python {platform.python_version()}, "
         f"load {load_before:.1f} before / {os.getloadavg()[0]:.1f} after"

@@ -56,8 +56,9 @@ def _plan(setting: dict) -> TrainingPlan:
 
 
 def _eps(plan: TrainingPlan, qs: np.ndarray) -> dict[str, list[float]]:
-    grid, _ = mechanism_epsilon(plan, qs, "third-party",
-                                accountant=RdpAccountant(DEFAULT_ORDERS, refine=False))
+    grid, _ = mechanism_epsilon(
+        plan, qs, "third-party", accountant=RdpAccountant(DEFAULT_ORDERS, refine=False)
+    )
     best, _ = mechanism_epsilon(plan, qs, "third-party", accountant="rdp")
     pld, _ = mechanism_epsilon(plan, qs, "third-party", accountant="pld")
     return {"rdp_grid": grid.tolist(), "rdp_optimal": best.tolist(), "pld": pld.tolist()}
@@ -90,8 +91,13 @@ def _scale(plan: TrainingPlan, n: int, seed: int) -> dict[str, float]:
     t0 = time.perf_counter()
     est.rates(budgets)
     apply_s = time.perf_counter() - t0
-    return {"pld_grid_fit_s": fit_s, "pld_apply_s": apply_s, "budgets": int(budgets.size),
-            "distinct": int(np.unique(budgets).size), "grid_points": int(est.q_grid.size)}
+    return {
+        "pld_grid_fit_s": fit_s,
+        "pld_apply_s": apply_s,
+        "budgets": int(budgets.size),
+        "distinct": int(np.unique(budgets).size),
+        "grid_points": int(est.q_grid.size),
+    }
 
 
 def main() -> None:
@@ -132,8 +138,10 @@ def main() -> None:
         print(f"  {'q':>8} {'RDP grid':>10} {'RDP opt':>10} {'PLD':>10}")
         for i, q in enumerate(QS):
             e = r["eps"]
-            print(f"  {q:>8g} {e['rdp_grid'][i]:>10.4f} {e['rdp_optimal'][i]:>10.4f} "
-                  f"{e['pld'][i]:>10.4f}")
+            print(
+                f"  {q:>8g} {e['rdp_grid'][i]:>10.4f} {e['rdp_optimal'][i]:>10.4f} "
+                f"{e['pld'][i]:>10.4f}"
+            )
         for acc, rates in r["rates"].items():
             print(f"  rates ({acc}): " + ", ".join(f"{k}: {v:.4g}" for k, v in rates.items()))
     if "scale" in result:

@@ -40,18 +40,31 @@ from pdpfl.privacy.wor import (
 DELTA = 1e-5
 #: (table, σ_j, B, n, K, R, μ_max as printed in the paper)
 ROWS = [
-    ("T1", 1.0, 16, 600, 38, 93, 2.71), ("T1", 0.9, 16, 600, 38, 83, 3.10),
-    ("T1", 0.75, 16, 600, 38, 64, 3.96), ("T1", 1.0, 16, 600, 38, 194, 3.92),
-    ("T1", 0.9, 16, 600, 38, 176, 4.51), ("T1", 0.75, 16, 600, 38, 127, 5.58),
-    ("T1", 1.0, 16, 600, 38, 386, 5.52), ("T1", 0.9, 16, 600, 38, 325, 6.13),
+    ("T1", 1.0, 16, 600, 38, 93, 2.71),
+    ("T1", 0.9, 16, 600, 38, 83, 3.10),
+    ("T1", 0.75, 16, 600, 38, 64, 3.96),
+    ("T1", 1.0, 16, 600, 38, 194, 3.92),
+    ("T1", 0.9, 16, 600, 38, 176, 4.51),
+    ("T1", 0.75, 16, 600, 38, 127, 5.58),
+    ("T1", 1.0, 16, 600, 38, 386, 5.52),
+    ("T1", 0.9, 16, 600, 38, 325, 6.13),
     ("T1", 0.75, 16, 600, 38, 245, 7.75),
-    ("T2", 1.0, 8, 600, 76, 266, 3.24), ("T2", 0.9, 8, 600, 76, 229, 3.64),
+    ("T2", 1.0, 8, 600, 76, 266, 3.24),
+    ("T2", 0.9, 8, 600, 76, 229, 3.64),
     ("T2", 0.75, 8, 600, 76, 191, 4.84),
-    ("T3", 1.0, 16, 500, 32, 468, 6.70), ("T3", 0.75, 16, 500, 32, 321, 9.77),
+    ("T3", 1.0, 16, 500, 32, 468, 6.70),
+    ("T3", 0.75, 16, 500, 32, 321, 9.77),
     ("T3", 0.5, 16, 500, 32, 207, 26.81),
 ]
-FEW_STEPS = [(16 / 600, 1.0, 1), (16 / 600, 1.0, 10), (16 / 600, 0.75, 10), (0.1, 1.0, 10),
-             (0.1, 2.0, 10), (0.25, 1.0, 20), (0.5, 1.0, 10)]
+FEW_STEPS = [
+    (16 / 600, 1.0, 1),
+    (16 / 600, 1.0, 10),
+    (16 / 600, 0.75, 10),
+    (0.1, 1.0, 10),
+    (0.1, 2.0, 10),
+    (0.25, 1.0, 20),
+    (0.5, 1.0, 10),
+]
 
 
 def _pld_lower(gamma: float, sigma: float, steps: int) -> float:
@@ -61,8 +74,12 @@ def _pld_lower(gamma: float, sigma: float, steps: int) -> float:
         warnings.simplefilter("ignore")
         logging_off()
         pld = pldm.from_gaussian_mechanism(
-            sigma, sensitivity=1.0, sampling_prob=gamma, pessimistic_estimate=False,
-            value_discretization_interval=2e-5, use_connect_dots=False,
+            sigma,
+            sensitivity=1.0,
+            sampling_prob=gamma,
+            pessimistic_estimate=False,
+            value_discretization_interval=2e-5,
+            use_connect_dots=False,
         )
         return float(pld.self_compose(steps).get_epsilon_for_delta(DELTA))
 
@@ -87,23 +104,36 @@ def accounting() -> dict:
     for table, sigma, b, n, k, r, printed in ROWS:
         steps = k * r
         mu = float(prifedsync_mu(sigma, b, n, k, r))
-        rows.append({
-            "table": table, "sigma": sigma, "B": b, "n": n, "K": k, "R": r,
-            "mu_printed": printed, "mu": mu,
-            "eps_clt": float(gdp_epsilon(mu, DELTA)),
-            "eps_lower_poisson_pair": _pld_lower(b / n, sigma, steps),
-            "eps_rigorous": wor_gaussian_epsilon(b / n, sigma, steps, DELTA)[0],
-            "eps_dp_accounting_rdp": _dpa_rdp_epsilon(n, b, sigma, steps),
-        })
+        rows.append(
+            {
+                "table": table,
+                "sigma": sigma,
+                "B": b,
+                "n": n,
+                "K": k,
+                "R": r,
+                "mu_printed": printed,
+                "mu": mu,
+                "eps_clt": float(gdp_epsilon(mu, DELTA)),
+                "eps_lower_poisson_pair": _pld_lower(b / n, sigma, steps),
+                "eps_rigorous": wor_gaussian_epsilon(b / n, sigma, steps, DELTA)[0],
+                "eps_dp_accounting_rdp": _dpa_rdp_epsilon(n, b, sigma, steps),
+            }
+        )
     few = []
     for gamma, sigma, steps in FEW_STEPS:
         mu = float(prifedsync_mu(sigma, gamma * 600, 600, steps, 1))
-        few.append({
-            "gamma": gamma, "sigma": sigma, "steps": steps, "mu": mu,
-            "eps_clt": float(gdp_epsilon(mu, DELTA)),
-            "eps_lower": wor_gaussian_epsilon_lower_bound(gamma, sigma, steps, DELTA),
-            "eps_rigorous": wor_gaussian_epsilon(gamma, sigma, steps, DELTA)[0],
-        })
+        few.append(
+            {
+                "gamma": gamma,
+                "sigma": sigma,
+                "steps": steps,
+                "mu": mu,
+                "eps_clt": float(gdp_epsilon(mu, DELTA)),
+                "eps_lower": wor_gaussian_epsilon_lower_bound(gamma, sigma, steps, DELTA),
+                "eps_rigorous": wor_gaussian_epsilon(gamma, sigma, steps, DELTA)[0],
+            }
+        )
     return {"delta": DELTA, "tables": rows, "few_steps": few}
 
 
@@ -134,7 +164,9 @@ def speed(repeats: int = 3) -> dict:
     t_seeded = _best(lambda: [wor_sample(n, b, seeded) for _ in range(draws)], repeats)
     t_loop = _best(lambda: [torch.randperm(n, generator=gen)[:b] for _ in range(draws)], repeats)
     return {
-        "wor_rdp_orders_2_64_s": ours, "dp_accounting_wor_rdp_s": ref, "rdp_speedup": ref / ours,
+        "wor_rdp_orders_2_64_s": ours,
+        "dp_accounting_wor_rdp_s": ref,
+        "rdp_speedup": ref / ours,
         "wor_sample_secure_per_batch_us": 1e6 * t_secure / draws,
         "wor_sample_seeded_per_batch_us": 1e6 * t_seeded / draws,
         "randperm_per_batch_us": 1e6 * t_loop / draws,
@@ -163,24 +195,43 @@ def train(seeds: list[int], rounds: int, data_dir: str | None, config_path: str)
             with torch_threads(config.threads):
                 server, clients = build_federation_algorithms(config, federation)
                 result = run_federation(
-                    config, server, InProcessTransport(clients),
-                    Path("runs") / "bench_prifedsync" / f"seed{seed}", progress=False,
+                    config,
+                    server,
+                    InProcessTransport(clients),
+                    Path("runs") / "bench_prifedsync" / f"seed{seed}",
+                    progress=False,
                 )
         both = evaluate_models(clients, result["params"])
         report = federation_report(clients)
-        out.append({
-            "seed": seed, **both, "seconds": time.perf_counter() - t0,
-            "eps_rigorous_max": report["eps_rigorous_max"],
-            "clt_mu_weak": report["clt_mu_weak"], "clt_mu_strong": report["clt_mu_strong"],
-            "clt_eps_weak": report["clt_eps_weak"],
-            "curve_local": [m["mean_client_accuracy"] for m in result["metrics"]],
-        })
-        print(json.dumps({k: v for k, v in out[-1].items() if k != "curve_local"}),
-              file=sys.stderr, flush=True)
-    keys = ("local_mean_client_accuracy", "global_mean_client_accuracy",
-            "local_pooled_accuracy", "global_pooled_accuracy")
-    return {"config": config_path, "rounds": rounds, "runs": out,
-            "mean": {k: float(np.mean([r[k] for r in out])) for k in keys}}
+        out.append(
+            {
+                "seed": seed,
+                **both,
+                "seconds": time.perf_counter() - t0,
+                "eps_rigorous_max": report["eps_rigorous_max"],
+                "clt_mu_weak": report["clt_mu_weak"],
+                "clt_mu_strong": report["clt_mu_strong"],
+                "clt_eps_weak": report["clt_eps_weak"],
+                "curve_local": [m["mean_client_accuracy"] for m in result["metrics"]],
+            }
+        )
+        print(
+            json.dumps({k: v for k, v in out[-1].items() if k != "curve_local"}),
+            file=sys.stderr,
+            flush=True,
+        )
+    keys = (
+        "local_mean_client_accuracy",
+        "global_mean_client_accuracy",
+        "local_pooled_accuracy",
+        "global_pooled_accuracy",
+    )
+    return {
+        "config": config_path,
+        "rounds": rounds,
+        "runs": out,
+        "mean": {k: float(np.mean([r[k] for r in out])) for k in keys},
+    }
 
 
 def _markdown(result: dict) -> str:
@@ -203,8 +254,12 @@ def _markdown(result: dict) -> str:
                 f"{r['eps_lower_poisson_pair']:.2f} | {r['eps_rigorous']:.2f} | "
                 f"{r['eps_dp_accounting_rdp']:.2f} |"
             )
-        lines += ["", "| γ = B/n | σ_j | steps | μ (Thm 2) | ε CLT | ε lower (explicit pair) | "
-                  "ε rigorous | CLT under-reports? |", "|---|---|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            "| γ = B/n | σ_j | steps | μ (Thm 2) | ε CLT | ε lower (explicit pair) | "
+            "ε rigorous | CLT under-reports? |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
         for r in acc["few_steps"]:
             flag = "**yes**" if r["eps_clt"] < r["eps_lower"] else "no"
             lines.append(
@@ -213,17 +268,23 @@ def _markdown(result: dict) -> str:
             )
     if "speed" in result:
         s = result["speed"]
-        lines += ["", f"wor_gaussian_rdp (orders 2-64): {s['wor_rdp_orders_2_64_s'] * 1e3:.2f} ms "
-                  f"vs dp-accounting {s['dp_accounting_wor_rdp_s'] * 1e3:.1f} ms "
-                  f"(×{s['rdp_speedup']:.0f}); wor_sample: "
-                  f"{s['wor_sample_secure_per_batch_us']:.0f}"
-                  f" µs/batch (secure), {s['wor_sample_seeded_per_batch_us']:.0f} µs (seeded) vs "
-                  f"torch.randperm {s['randperm_per_batch_us']:.0f} µs"]
+        lines += [
+            "",
+            f"wor_gaussian_rdp (orders 2-64): {s['wor_rdp_orders_2_64_s'] * 1e3:.2f} ms "
+            f"vs dp-accounting {s['dp_accounting_wor_rdp_s'] * 1e3:.1f} ms "
+            f"(×{s['rdp_speedup']:.0f}); wor_sample: "
+            f"{s['wor_sample_secure_per_batch_us']:.0f}"
+            f" µs/batch (secure), {s['wor_sample_seeded_per_batch_us']:.0f} µs (seeded) vs "
+            f"torch.randperm {s['randperm_per_batch_us']:.0f} µs",
+        ]
     if "train" in result:
         t = result["train"]
-        lines += ["", "| seed | local (mean over clients) | global (mean over clients) | local "
-                  "pooled | global pooled | ε rigorous max | CLT μ weak | CLT μ strong | s |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            "| seed | local (mean over clients) | global (mean over clients) | local "
+            "pooled | global pooled | ε rigorous max | CLT μ weak | CLT μ strong | s |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
         for r in t["runs"]:
             lines.append(
                 f"| {r['seed']} | {r['local_mean_client_accuracy']:.4f} | "
@@ -232,9 +293,11 @@ def _markdown(result: dict) -> str:
                 f"{r['clt_mu_weak']:.3f} | {r['clt_mu_strong']:.2f} | {r['seconds']:.0f} |"
             )
         m = t["mean"]
-        lines.append(f"| mean | {m['local_mean_client_accuracy']:.4f} | "
-                     f"{m['global_mean_client_accuracy']:.4f} | {m['local_pooled_accuracy']:.4f} | "
-                     f"{m['global_pooled_accuracy']:.4f} | | | | |")
+        lines.append(
+            f"| mean | {m['local_mean_client_accuracy']:.4f} | "
+            f"{m['global_mean_client_accuracy']:.4f} | {m['local_pooled_accuracy']:.4f} | "
+            f"{m['global_pooled_accuracy']:.4f} | | | | |"
+        )
     return "\n".join(lines)
 
 

@@ -35,16 +35,31 @@ def one_run(data_dir: Path, src: str | None) -> dict[str, float]:
         env["PYTHONPATH"] = src
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "run"
-        cmd = [sys.executable, "-c", "from pdpfl.cli import main; main()", "run", str(CONFIG),
-               "--data-dir", str(data_dir), "--quiet", "--json", "--out", str(out)]
+        cmd = [
+            sys.executable,
+            "-c",
+            "from pdpfl.cli import main; main()",
+            "run",
+            str(CONFIG),
+            "--data-dir",
+            str(data_dir),
+            "--quiet",
+            "--json",
+            "--out",
+            str(out),
+        ]
         t0 = time.perf_counter()
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
         wall = time.perf_counter() - t0
         if proc.returncode != 0:
             raise SystemExit(f"run failed ({proc.returncode}): {proc.stderr[-2000:]}")
         training = float(json.loads((out / "summary.json").read_text())["seconds"])
-    return {"wall_s": wall, "training_s": training, "gap_s": wall - training,
-            "load1": os.getloadavg()[0]}
+    return {
+        "wall_s": wall,
+        "training_s": training,
+        "gap_s": wall - training,
+        "load1": os.getloadavg()[0],
+    }
 
 
 def fit_seconds() -> dict[str, float]:
@@ -78,8 +93,10 @@ def main() -> None:
             before.append(one_run(args.data_dir, args.before))
         after.append(one_run(args.data_dir, None))
     out: dict[str, object] = {
-        "machine": platform.machine(), "python": platform.python_version(),
-        "cpus": os.cpu_count(), "runs": after,
+        "machine": platform.machine(),
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "runs": after,
         "min_wall_s": min(r["wall_s"] for r in after),
         "min_gap_s": min(r["gap_s"] for r in after),
         **fit_seconds(),

@@ -73,7 +73,10 @@ def legacy_protocol() -> Any:
     try:
         source = subprocess.run(
             ["git", "show", f"{LEGACY_COMMIT}:src/pdpfl/fl/aggregation/secure.py"],
-            cwd=ROOT, capture_output=True, text=True, check=True,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
         ).stdout
     except (OSError, subprocess.CalledProcessError):
         return None
@@ -158,8 +161,11 @@ def time_rounds(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {}
     fed = None
     for agg in ("plain", "secure"):
-        cfg = load_config(ROOT / "examples" / "mnist10k_iid.yaml", [*base, f"aggregation={agg}"],
-                          data_dir=args.data_dir)
+        cfg = load_config(
+            ROOT / "examples" / "mnist10k_iid.yaml",
+            [*base, f"aggregation={agg}"],
+            data_dir=args.data_dir,
+        )
         fed = fed or load_federation_for(cfg)
         server, clients = build_federation_algorithms(cfg, fed)
         marks = [(time.perf_counter(), time.process_time())]
@@ -168,8 +174,9 @@ def time_rounds(args: argparse.Namespace) -> dict[str, Any]:
             marks.append((time.perf_counter(), time.process_time()))
 
         with tempfile.TemporaryDirectory() as tmp:
-            run_federation(cfg, server, InProcessTransport(clients), tmp, progress=False,
-                           on_round=on_round)
+            run_federation(
+                cfg, server, InProcessTransport(clients), tmp, progress=False, on_round=on_round
+            )
         out[agg] = {
             "wall_s": [b[0] - a[0] for a, b in zip(marks[:-1], marks[1:], strict=True)],
             "cpu_s": [b[1] - a[1] for a, b in zip(marks[:-1], marks[1:], strict=True)],
@@ -196,8 +203,12 @@ def main() -> None:
         "benchmark": "secure_sum",
         "parameters": MNIST_CNN_PARAMS,
         "legacy_commit": LEGACY_COMMIT,
-        "machine": {"platform": platform.platform(), "python": platform.python_version(),
-                    "cpus": os.cpu_count(), "load_average_start": os.getloadavg()},
+        "machine": {
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+            "load_average_start": os.getloadavg(),
+        },
         "protocol": {
             "10": time_protocols(10, args.repeats, MNIST_CNN_PARAMS),
             "100": time_protocols(100, args.repeats_100, MNIST_CNN_PARAMS),

@@ -146,19 +146,25 @@ def run_subsampling(users: int, silos: int, bits: int, workers: int, p: int) -> 
     for mode in ("server", "private"):
         clients: dict[int, Any] = {s: BenchClient(s, hist[s], d) for s in range(silos)}
         transport = InProcessTransport(clients)
-        proto = PrivateWeightedSum(paillier_bits=bits, workers=workers,
-                                   allow_weak_keys=bits < 3072,  # (smoke runs only)
-                                   n_max=2000 if bits >= 3072 else 200)
+        proto = PrivateWeightedSum(
+            paillier_bits=bits,
+            workers=workers,
+            allow_weak_keys=bits < 3072,  # (smoke runs only)
+            n_max=2000 if bits >= 3072 else 200,
+        )
         server: Any = SamplingBenchServer(users, mode, k, p)
         params = [np.zeros(d, dtype=np.float32)]
         proto.collect(transport, list(range(silos)), params, 0, {}, server)
         t0, c0 = time.perf_counter(), cpu_seconds()
         proto.collect(transport, list(range(silos)), params, 1, {}, server)
-        out[mode] = {"round_s": time.perf_counter() - t0, "round_cpu_s": cpu_seconds() - c0,
-                     "encrypt_weights_s": proto.timings.get("encrypt_weights", 0.0),
-                     "server_ot_s": proto.timings.get("ot_transfer", 0.0),
-                     "weights_stages_s": proto.timings.get("weights-ot", 0.0)
-                     + proto.timings.get("weights", 0.0)}
+        out[mode] = {
+            "round_s": time.perf_counter() - t0,
+            "round_cpu_s": cpu_seconds() - c0,
+            "encrypt_weights_s": proto.timings.get("encrypt_weights", 0.0),
+            "server_ot_s": proto.timings.get("ot_transfer", 0.0),
+            "weights_stages_s": proto.timings.get("weights-ot", 0.0)
+            + proto.timings.get("weights", 0.0),
+        }
     extra = out["private"]["round_s"] - out["server"]["round_s"]
     extra_cpu = out["private"]["round_cpu_s"] - out["server"]["round_cpu_s"]
     out["extra_round_s"] = extra
@@ -197,19 +203,23 @@ def run_ours(d: int, users: int, silos: int, bits: int, workers: int, max_coords
     t0, c0 = time.perf_counter(), cpu_seconds()
     agg = proto.collect(transport, list(range(silos)), params, 1, {}, server)
     steady, steady_cpu = time.perf_counter() - t0, cpu_seconds() - c0
-    ref = plain_weighted_sum({s: hist[s] for s in range(silos)},
-                             {s: clients[s].updates[1] for s in range(silos)})
+    ref = plain_weighted_sum(
+        {s: hist[s] for s in range(silos)}, {s: clients[s].updates[1] for s in range(silos)}
+    )
     err = float(np.max(np.abs(agg.total[0] - ref)))
-    silo_round = [transport._silo_memory[s]["private-weighting"].timings["round"]
-                  for s in range(silos)]
-    silo_cpu = [transport._silo_memory[s]["private-weighting"].timings["round_cpu"]
-                for s in range(silos)]
+    silo_round = [
+        transport._silo_memory[s]["private-weighting"].timings["round"] for s in range(silos)
+    ]
+    silo_cpu = [
+        transport._silo_memory[s]["private-weighting"].timings["round_cpu"] for s in range(silos)
+    ]
     scale = d / coords
     out: dict[str, Any] = {
         "key_exchange": setup["keygen"] + setup["setup-keys"] + setup["setup-seed"],
         "blinded_histogram": setup["setup-histogram"] + setup["inverses"],
-        "weights_setup": sum(setup.get(k, 0.0) for k in
-                             ("encrypt_weights", "weights", "install", "verify")),
+        "weights_setup": sum(
+            setup.get(k, 0.0) for k in ("encrypt_weights", "weights", "install", "verify")
+        ),
         "silo_weighting": float(np.mean(silo_round)) * scale,
         "silo_weighting_cpu": float(np.mean(silo_cpu)) * scale,
         "aggregation": proto.timings["aggregate"] * scale,
@@ -243,9 +253,14 @@ def run_reference(d: int, users: int, silos: int, bits: int, sample: dict) -> di
     n = pk.n
     dh_priv = [int.from_bytes(os.urandom(32), "big") for _ in range(silos)]
     dh_pub = [pow(2, a, MODP_3072) for a in dh_priv]
-    shared = {(s, o): int(hashlib.sha256(str(pow(dh_pub[o], dh_priv[s], MODP_3072)).encode())
-                          .hexdigest(), 16)
-              for s in range(silos) for o in range(silos) if s != o}
+    shared = {
+        (s, o): int(
+            hashlib.sha256(str(pow(dh_pub[o], dh_priv[s], MODP_3072)).encode()).hexdigest(), 16
+        )
+        for s in range(silos)
+        for o in range(silos)
+        if s != o
+    }
     out["key_exchange"] = time.perf_counter() - t0
     # blinded histograms: r_u, pairwise masks mod n, server sums and inverts
     t0 = time.perf_counter()
@@ -311,8 +326,9 @@ def run_reference(d: int, users: int, silos: int, bits: int, sample: dict) -> di
     finish = (time.perf_counter() - t0) / k_coords
     finish_cpu = (time.process_time() - cpu0) / k_coords
     out["silo_weighting"] = len(present) * prep + len(present) * d * product + d * finish
-    out["silo_weighting_cpu"] = (len(present) * prep_cpu + len(present) * d * product_cpu
-                                 + d * finish_cpu)
+    out["silo_weighting_cpu"] = (
+        len(present) * prep_cpu + len(present) * d * product_cpu + d * finish_cpu
+    )
     if k_prep < len(present) or pairs < len(present) * d or k_coords < d:
         scaled.append(
             f"silo weighting from {k_prep} user preparations, {pairs} (user, parameter) "
@@ -332,10 +348,12 @@ def run_reference(d: int, users: int, silos: int, bits: int, sample: dict) -> di
     out["aggregation_cpu"] = (time.process_time() - cpu0) * d / k_coords
     if k_coords < d:
         scaled.append(f"aggregation from {k_coords} of {d} coordinates")
-    out["steady_round_total"] = silos * out["silo_weighting"] + out["aggregation"] + out[
-        "weights_setup"]
-    out["first_round_total"] = out["key_exchange"] + out["blinded_histogram"] + out[
-        "steady_round_total"]
+    out["steady_round_total"] = (
+        silos * out["silo_weighting"] + out["aggregation"] + out["weights_setup"]
+    )
+    out["first_round_total"] = (
+        out["key_exchange"] + out["blinded_histogram"] + out["steady_round_total"]
+    )
     if scaled:
         out["scaled"] = "; ".join(scaled)
     return out
@@ -358,23 +376,39 @@ def main() -> None:
     ap.add_argument("--ref-products", type=int, default=40)
     ap.add_argument("--ref-coords", type=int, default=16)
     ap.add_argument("--heart-only", action="store_true", help="only the Heart round")
-    ap.add_argument("--subsampling", action="store_true",
-                    help="only the extra cost of private user-level sub-sampling")
+    ap.add_argument(
+        "--subsampling",
+        action="store_true",
+        help="only the extra cost of private user-level sub-sampling",
+    )
     ap.add_argument("--ot-items", type=int, default=10, help="P of --subsampling")
     args = ap.parse_args()
     if args.subsampling:
-        rows = [run_subsampling(u, args.silos[0], args.bits, args.workers, args.ot_items)
-                for u in args.users]
+        rows = [
+            run_subsampling(u, args.silos[0], args.bits, args.workers, args.ot_items)
+            for u in args.users
+        ]
         per_user = [r["extra_per_user_s"] for r in rows]
         per_user_cpu = [r["extra_per_user_cpu_s"] for r in rows]
-        print(json.dumps({
-            "benchmark": "secure_weighting/private_subsampling",
-            "machine": {"platform": platform.platform(), "python": platform.python_version(),
-                        "cpus": os.cpu_count(), "load_average": os.getloadavg()},
-            "workers": args.workers, "bits": args.bits, "rows": rows,
-            "extra_per_user_s": {"min": min(per_user), "max": max(per_user)},
-            "extra_per_user_cpu_s": {"min": min(per_user_cpu), "max": max(per_user_cpu)},
-        }, indent=1))
+        print(
+            json.dumps(
+                {
+                    "benchmark": "secure_weighting/private_subsampling",
+                    "machine": {
+                        "platform": platform.platform(),
+                        "python": platform.python_version(),
+                        "cpus": os.cpu_count(),
+                        "load_average": os.getloadavg(),
+                    },
+                    "workers": args.workers,
+                    "bits": args.bits,
+                    "rows": rows,
+                    "extra_per_user_s": {"min": min(per_user), "max": max(per_user)},
+                    "extra_per_user_cpu_s": {"min": min(per_user_cpu), "max": max(per_user_cpu)},
+                },
+                indent=1,
+            )
+        )
         return
     if args.heart_only:
         args.d = []
@@ -387,33 +421,52 @@ def main() -> None:
             for d in args.d:
                 ours = run_ours(d, users, silos, args.bits, args.workers, args.max_coords)
                 ref = run_reference(d, users, silos, args.bits, sample)
-                rows.append({
-                    "d": d, "users": users, "silos": silos, "bits": args.bits,
-                    "pdpfl": ours, "straightforward": ref,
-                    "speedup_silo_weighting": ref["silo_weighting"] / ours["silo_weighting"],
-                    "speedup_silo_weighting_cpu": ref["silo_weighting_cpu"]
-                    / ours["silo_weighting_cpu"],
-                    "speedup_steady_round": ref["steady_round_total"] / ours["steady_round_total"],
-                    "speedup_first_round": ref["first_round_total"] / ours["first_round_total"],
-                })
-                print(f"d={d} U={users} S={silos}: silo weighting "
-                      f"{ours['silo_weighting']:.3f}s vs {ref['silo_weighting']:.2f}s "
-                      f"({rows[-1]['speedup_silo_weighting']:.0f}x wall, "
-                      f"{rows[-1]['speedup_silo_weighting_cpu']:.0f}x CPU)", file=sys.stderr)
+                rows.append(
+                    {
+                        "d": d,
+                        "users": users,
+                        "silos": silos,
+                        "bits": args.bits,
+                        "pdpfl": ours,
+                        "straightforward": ref,
+                        "speedup_silo_weighting": ref["silo_weighting"] / ours["silo_weighting"],
+                        "speedup_silo_weighting_cpu": ref["silo_weighting_cpu"]
+                        / ours["silo_weighting_cpu"],
+                        "speedup_steady_round": ref["steady_round_total"]
+                        / ours["steady_round_total"],
+                        "speedup_first_round": ref["first_round_total"] / ours["first_round_total"],
+                    }
+                )
+                print(
+                    f"d={d} U={users} S={silos}: silo weighting "
+                    f"{ours['silo_weighting']:.3f}s vs {ref['silo_weighting']:.2f}s "
+                    f"({rows[-1]['speedup_silo_weighting']:.0f}x wall, "
+                    f"{rows[-1]['speedup_silo_weighting_cpu']:.0f}x CPU)",
+                    file=sys.stderr,
+                )
     t0 = time.perf_counter()
     heart = run_ours(14, 100, 4, args.bits, args.workers, 14)
     heart["wall"] = time.perf_counter() - t0
     result = {
         "benchmark": "secure_weighting",
-        "machine": {"platform": platform.platform(), "python": platform.python_version(),
-                    "cpus": os.cpu_count(), "load_average": os.getloadavg()},
+        "machine": {
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+            "load_average": os.getloadavg(),
+        },
         "workers": args.workers,
         "rows": rows,
-        "heart_round": {"d": 14, "users": 100, "silos": 4,
-                        "setup_plus_first_round_s": heart["first_round_total"],
-                        "setup_plus_first_round_cpu_s": heart["first_round_cpu"],
-                        "steady_round_s": heart["steady_round_total"],
-                        "steady_round_cpu_s": heart["steady_round_cpu"], "phases": heart},
+        "heart_round": {
+            "d": 14,
+            "users": 100,
+            "silos": 4,
+            "setup_plus_first_round_s": heart["first_round_total"],
+            "setup_plus_first_round_cpu_s": heart["first_round_cpu"],
+            "steady_round_s": heart["steady_round_total"],
+            "steady_round_cpu_s": heart["steady_round_cpu"],
+            "phases": heart,
+        },
     }
     print(json.dumps(result, indent=1))
 

@@ -93,8 +93,12 @@ def run(args) -> dict:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         fed = load_federation(
-            args.dataset, num_clients=args.silos, num_users=args.users,
-            user_distribution=args.distribution, data_dir=args.data_dir, seed=0,
+            args.dataset,
+            num_clients=args.silos,
+            num_users=args.users,
+            user_distribution=args.distribution,
+            data_dir=args.data_dir,
+            seed=0,
         )
     silos = _silo_datasets(fed)
     spec = LocalTrainingSpec(epochs=args.epochs, batch_size=args.batch, lr=args.lr)
@@ -121,18 +125,20 @@ def run(args) -> dict:
                 times[label].append(spent[label])
         b, loop = float(np.median(times["batched"])), float(np.median(times["loop"]))
         floor = float(np.median([_floor(model, silos, spec) for _ in range(args.rounds)]))
-        rows.append({
-            "model": name,
-            "parameters": sum(p.numel() for p in model.parameters()),
-            "seconds_per_round_batched": round(b, 4),
-            "seconds_per_round_loop": round(loop, 4),
-            "speedup": round(loop / b, 2),
-            # One model, minibatches of 256, the same record passes: the compute floor.
-            "seconds_per_round_floor": round(floor, 4),
-            "max_speedup_at_floor": round(loop / floor, 2),
-            "max_abs_diff_clipped_deltas": worst,
-            "identical_within_1e-5": worst <= 1e-5,
-        })
+        rows.append(
+            {
+                "model": name,
+                "parameters": sum(p.numel() for p in model.parameters()),
+                "seconds_per_round_batched": round(b, 4),
+                "seconds_per_round_loop": round(loop, 4),
+                "speedup": round(loop / b, 2),
+                # One model, minibatches of 256, the same record passes: the compute floor.
+                "seconds_per_round_floor": round(floor, 4),
+                "max_speedup_at_floor": round(loop / floor, 2),
+                "max_abs_diff_clipped_deltas": worst,
+                "identical_within_1e-5": worst <= 1e-5,
+            }
+        )
     users_per_silo = [len(s) for s in silos]
     return {
         "benchmark": "uldp-avg local training, batched vs per-user loop",
@@ -141,9 +147,7 @@ def run(args) -> dict:
         "users": args.users,
         "distribution": args.distribution,
         "users_per_silo": users_per_silo,
-        "records_per_user_silo_median": float(np.median(
-            [len(y) for s in silos for _, _, y in s]
-        )),
+        "records_per_user_silo_median": float(np.median([len(y) for s in silos for _, _, y in s])),
         "epochs_Q": args.epochs,
         "batch_B": args.batch,
         "clip_C": args.clip,
@@ -159,8 +163,12 @@ def run(args) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--dataset", default="mnist-10k")
-    p.add_argument("--data-dir", default=os.environ.get(
-        "PDPFL_DATA_DIR", str(Path(__file__).resolve().parents[2] / "shared" / "data" / "mnist")))
+    p.add_argument(
+        "--data-dir",
+        default=os.environ.get(
+            "PDPFL_DATA_DIR", str(Path(__file__).resolve().parents[2] / "shared" / "data" / "mnist")
+        ),
+    )
     p.add_argument("--silos", type=int, default=5)
     p.add_argument("--users", type=int, default=100)
     p.add_argument("--distribution", default="uniform", choices=["uniform", "zipf"])
@@ -177,14 +185,18 @@ def main() -> None:
     if args.json:
         print(json.dumps(out))
         return
-    print(f"{out['benchmark']}: {out['dataset']}, {out['users']} users over {out['silos']} "
-          f"silos, Q={out['epochs_Q']}, B={out['batch_B']}, {out['threads']} thread(s)")
+    print(
+        f"{out['benchmark']}: {out['dataset']}, {out['users']} users over {out['silos']} "
+        f"silos, Q={out['epochs_Q']}, B={out['batch_B']}, {out['threads']} thread(s)"
+    )
     for r in out["rows"]:
-        print(f"  {r['model']:>9}: batched {r['seconds_per_round_batched']:.3f} s/round, "
-              f"loop {r['seconds_per_round_loop']:.3f} s/round, speed-up {r['speedup']}x, "
-              f"max |Δ| {r['max_abs_diff_clipped_deltas']:.2e}; floor (one model, batch 256) "
-              f"{r['seconds_per_round_floor']:.3f} s/round = at most "
-              f"{r['max_speedup_at_floor']}x over the loop")
+        print(
+            f"  {r['model']:>9}: batched {r['seconds_per_round_batched']:.3f} s/round, "
+            f"loop {r['seconds_per_round_loop']:.3f} s/round, speed-up {r['speedup']}x, "
+            f"max |Δ| {r['max_abs_diff_clipped_deltas']:.2e}; floor (one model, batch 256) "
+            f"{r['seconds_per_round_floor']:.3f} s/round = at most "
+            f"{r['max_speedup_at_floor']}x over the loop"
+        )
 
 
 if __name__ == "__main__":

@@ -78,8 +78,10 @@ def main() -> None:
     }
     hostile = {}
     for name, text in HOSTILE.items():
-        hostile[name] = {"seconds": _best(lambda t=text: _refuse(t), args.repeats),
-                         "result": _refuse(text)}
+        hostile[name] = {
+            "seconds": _best(lambda t=text: _refuse(t), args.repeats),
+            "result": _refuse(text),
+        }
     out["hostile"] = hostile
 
     rng = np.random.default_rng(0)
@@ -87,10 +89,14 @@ def main() -> None:
     y = rng.integers(0, 10, 60_000)
     ids = rng.permutation(60_000)
     copy = _best(lambda: x.astype(np.float64), args.repeats)
-    checks = _best(lambda: (check_features(x), check_labels(y), check_record_ids(ids)),
-                   args.repeats)
-    out["data_checks_mnist_60k"] = {"checks_s": checks, "float64_copy_s": copy,
-                                    "ratio": checks / copy}
+    checks = _best(
+        lambda: (check_features(x), check_labels(y), check_record_ids(ids)), args.repeats
+    )
+    out["data_checks_mnist_60k"] = {
+        "checks_s": checks,
+        "float64_copy_s": copy,
+        "ratio": checks / copy,
+    }
     print(json.dumps(out, indent=None if args.json else 2))
 
 

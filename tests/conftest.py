@@ -10,9 +10,7 @@ from hypothesis import HealthCheck, settings
 
 # Property-based tests: no per-example deadline (CI machines vary), and a derandomized,
 # reproducible profile on CI so a failure there can be replayed locally.
-settings.register_profile(
-    "default", deadline=None, suppress_health_check=[HealthCheck.too_slow]
-)
+settings.register_profile("default", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile(
     "ci", deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
 )

@@ -141,7 +141,8 @@ def replay_transport(clients: dict[int, Any], events: list[Event]) -> InProcessT
     Flower run (``events`` of its ``transport.jsonl``) answer."""
     replied = {
         (e["round"], e["action"].split("/", 1)[1]): set(e["replied"])
-        for e in events if str(e.get("action", "")).startswith("stage:")
+        for e in events
+        if str(e.get("action", "")).startswith("stage:")
     }
     # A training reply counts if it arrived from a silo not lost by then (the transport drops
     # replies of silos it has given up on).

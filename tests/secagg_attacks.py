@@ -45,8 +45,10 @@ def legacy_abort_and_retry(
 
     everyone = sorted(updates)
     survivors = [c for c in everyone if c != victim]
-    return ({c: upload(c, everyone, 0) for c in everyone},
-            {c: upload(c, survivors, 1) for c in survivors})
+    return (
+        {c: upload(c, everyone, 0) for c in everyone},
+        {c: upload(c, survivors, 1) for c in survivors},
+    )
 
 
 def attempt_difference(
@@ -67,8 +69,9 @@ def attempt_difference(
 class RecordingDropTransport(InProcessTransport):
     """Loses the replies of ``victims`` at ``stage`` (kept in ``late``); records the rest."""
 
-    def __init__(self, clients: dict[int, Any], victims: tuple[int, ...] = (),
-                 stage: str = "upload") -> None:
+    def __init__(
+        self, clients: dict[int, Any], victims: tuple[int, ...] = (), stage: str = "upload"
+    ) -> None:
         super().__init__(clients)
         self.victims, self.stage = set(victims), stage
         self.late: dict[int, dict[str, Any]] = {}

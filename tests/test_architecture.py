@@ -16,15 +16,32 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 #: Layer of each top-level part of pdpfl: a module may import only parts of its own layer or
 #: below. ``pdpfl`` itself (the package face) and ``testing`` sit on top.
 LAYERS: dict[str, int] = {
-    "_version": 0, "registry": 0, "io": 0, "seeding": 0, "privacy": 0, "errors": 0,
-    "integrity": 0, "logs": 0, "safe_yaml": 0, "config_checks": 0,
-    "budgets": 1, "calibration": 1, "checkpoint": 1, "crypto": 1, "data": 1, "randomness": 1,
-    "ledger": 2, "models": 2,
+    "_version": 0,
+    "registry": 0,
+    "io": 0,
+    "seeding": 0,
+    "privacy": 0,
+    "errors": 0,
+    "integrity": 0,
+    "logs": 0,
+    "safe_yaml": 0,
+    "config_checks": 0,
+    "budgets": 1,
+    "calibration": 1,
+    "checkpoint": 1,
+    "crypto": 1,
+    "data": 1,
+    "randomness": 1,
+    "ledger": 2,
+    "models": 2,
     "dp": 3,
     "config": 4,
     "fl": 5,
     "runtime": 6,
-    "api": 7, "audit": 7, "reproduce": 7, "testing": 7,
+    "api": 7,
+    "audit": 7,
+    "reproduce": 7,
+    "testing": 7,
     "cli": 8,
     "__init__": 9,
 }
@@ -49,10 +66,13 @@ def _graph() -> dict[str, set[str]]:
             elif isinstance(node, ast.ImportFrom):
                 base = node.module or ""
                 if node.level:
-                    base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1]
-                                    + ([base] if base else []))
-                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in files else base
-                           for a in node.names]
+                    base = ".".join(
+                        package.split(".")[: len(package.split(".")) - node.level + 1]
+                        + ([base] if base else [])
+                    )
+                targets = [
+                    f"{base}.{a.name}" if f"{base}.{a.name}" in files else base for a in node.names
+                ]
             for target in targets:
                 while target and target not in files:
                     target = target.rpartition(".")[0]
@@ -125,8 +145,9 @@ def test_algorithm_packages_do_not_import_each_other(algorithm: str) -> None:
     prefix = f"pdpfl.fl.{algorithm}"
     bad = sorted(
         f"{a} -> {b}"
-        for a, targets in _graph().items() if a == prefix or a.startswith(prefix + ".")
-        for b in targets if any(b == f"pdpfl.fl.{o}" or b.startswith(f"pdpfl.fl.{o}.")
-                                for o in others)
+        for a, targets in _graph().items()
+        if a == prefix or a.startswith(prefix + ".")
+        for b in targets
+        if any(b == f"pdpfl.fl.{o}" or b.startswith(f"pdpfl.fl.{o}.") for o in others)
     )
     assert not bad, "\n".join(bad)

@@ -24,8 +24,12 @@ ROOT = Path(__file__).resolve().parents[1]
 DIGITS = ROOT / "examples" / "digits_demo.yaml"
 
 #: scikit-learn digits over 4 silos, 5 rounds of 20 DP-SGD steps (about 10 s per audit).
-SMALL = ["randomness=reproducible", "training.rounds=5", "training.local_steps=20",
-         "data.num_clients=4"]
+SMALL = [
+    "randomness=reproducible",
+    "training.rounds=5",
+    "training.local_steps=20",
+    "data.num_clients=4",
+]
 #: Budget groups whose canaries reach q = 1 at ε_max: a strong signal for the top group.
 STRONG = [*SMALL, "budgets.params.values=[1.0,3.0,10.0]"]
 #: Small budgets (ε_max = 2, σ ≈ 16): a 10× smaller noise is far outside what is claimed.
@@ -43,8 +47,9 @@ def _rows(result: Any, observer: str) -> dict[str, dict[str, Any]]:
 @pytest.fixture(scope="module")
 def strong(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Path]:
     out = tmp_path_factory.mktemp("audit")
-    result = run_audit(_config(STRONG), AuditSettings(canaries=200, seed=11, space="block"),
-                       out_dir=out)
+    result = run_audit(
+        _config(STRONG), AuditSettings(canaries=200, seed=11, space="block"), out_dir=out
+    )
     return result, out
 
 
@@ -88,8 +93,9 @@ def _break_noise(session: AuditSession) -> None:
     """The bug: every silo adds a tenth of the noise its ledger is charged for."""
     for silo in session.run.clients.values():
         assert isinstance(silo, DpFedAvgSilo)
-        silo.setup = dataclasses.replace(silo.setup,
-                                         noise_multiplier=silo.setup.noise_multiplier / 10)
+        silo.setup = dataclasses.replace(
+            silo.setup, noise_multiplier=silo.setup.noise_multiplier / 10
+        )
 
 
 class _LeakySilo:
@@ -107,8 +113,10 @@ class _LeakySilo:
         flat = np.concatenate([np.ravel(u) for u in c.update]).astype(np.float64)
         np.add.at(flat, rows.coords[:, 0], -(rows.counts - before) * rows.values[:, 0])
         cuts = np.cumsum([np.size(u) for u in c.update])[:-1]
-        update = [part.reshape(np.shape(u)).astype(np.float32)
-                  for part, u in zip(np.split(flat, cuts), c.update, strict=True)]
+        update = [
+            part.reshape(np.shape(u)).astype(np.float32)
+            for part, u in zip(np.split(flat, cuts), c.update, strict=True)
+        ]
         return Contribution(update=update, weight=c.weight, metrics=dict(c.metrics))
 
     def __getattr__(self, name: str) -> Any:
@@ -138,14 +146,18 @@ def test_a_broken_mechanism_is_caught(breaks: Any) -> None:
 
 def test_unsupported_and_nonprivate_algorithms_are_refused() -> None:
     with pytest.raises(AuditUnsupported, match="without differential privacy"):
-        AuditSession.create(_config([*SMALL, "algorithm.name=privacy-free"]),
-                            AuditSettings(canaries=10))
+        AuditSession.create(
+            _config([*SMALL, "algorithm.name=privacy-free"]), AuditSettings(canaries=10)
+        )
 
 
 # ------------------------------------------------------------------------------ the CLI
 
 TINY = {
-    "name": "audit-tiny", "seed": 3, "threads": 1, "randomness": "reproducible",
+    "name": "audit-tiny",
+    "seed": 3,
+    "threads": 1,
+    "randomness": "reproducible",
     "data": {"dataset": "breast-cancer", "num_clients": 2},
     "model": {"name": "logreg"},
     "privacy": {"epsilon_max": 5.0, "delta": 1e-3},
@@ -173,13 +185,25 @@ def _invoke(*args: str) -> Any:
         (["--set", "algorithm.name=privacy-free"], "without differential privacy"),
         (["--set", "training.rounds=0"], "training.rounds"),
         # central IDP-FedAvg trusts its aggregator: no claim against the server to audit
-        (["--set", "algorithm.name=idp-fedavg", "--set", "algorithm.clients_per_round=1",
-          "--set", "algorithm.clipping=fixed", "--observer", "server"], "third-party only"),
+        (
+            [
+                "--set",
+                "algorithm.name=idp-fedavg",
+                "--set",
+                "algorithm.clients_per_round=1",
+                "--set",
+                "algorithm.clipping=fixed",
+                "--observer",
+                "server",
+            ],
+            "third-party only",
+        ),
     ],
 )
 @pytest.mark.slow
-def test_cli_bad_input_exits_2_and_writes_nothing(tmp_path: Path, extra: list[str],
-                                                  message: str) -> None:
+def test_cli_bad_input_exits_2_and_writes_nothing(
+    tmp_path: Path, extra: list[str], message: str
+) -> None:
     out = tmp_path / "out"
     res = _invoke("audit", str(_write(tmp_path, TINY)), "--out", str(out), *extra)
     assert res.exit_code == 2, res.output
@@ -191,16 +215,25 @@ def test_cli_bad_input_exits_2_and_writes_nothing(tmp_path: Path, extra: list[st
 @pytest.mark.slow
 def test_cli_writes_the_audit_and_refuses_to_overwrite(tmp_path: Path) -> None:
     cfg, out = _write(tmp_path, TINY), tmp_path / "out"
-    res = _invoke("audit", str(cfg), "--out", str(out), "--canaries", "20", "--seed", "1",
-                  "--json")
+    res = _invoke("audit", str(cfg), "--out", str(out), "--canaries", "20", "--seed", "1", "--json")
     assert res.exit_code == 0, res.output
     record = json.loads(res.output.strip().splitlines()[-1])
     assert record["canaries_per_group"] == 20 and record["audit_coins"] == "seeded (1)"
     assert sorted(p.name for p in out.iterdir()) == ["AUDIT.md", "audit.json", "audit.png"]
     again = _invoke("audit", str(cfg), "--out", str(out), "--canaries", "20")
     assert again.exit_code == 2 and "--force" in again.output
-    forced = _invoke("audit", str(cfg), "--out", str(out), "--canaries", "20", "--force",
-                     "--observer", "server", "--quiet")
+    forced = _invoke(
+        "audit",
+        str(cfg),
+        "--out",
+        str(out),
+        "--canaries",
+        "20",
+        "--force",
+        "--observer",
+        "server",
+        "--quiet",
+    )
     assert forced.exit_code == 0, forced.output
     assert "audit: server" in forced.output and "third party" not in forced.output
 
@@ -211,19 +244,32 @@ def test_cli_exits_1_on_a_violation(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     from pdpfl.audit.bound import AuditBound
     from pdpfl.audit.session import AuditResult, GroupAudit
 
-    bound = AuditBound(epsilon=3.0, m=20, included=10, k=10, r=20, v=20, level=0.01,
-                       ks=(10,), per_k=(3.0,))
+    bound = AuditBound(
+        epsilon=3.0, m=20, included=10, k=10, r=20, v=20, level=0.01, ks=(10,), per_k=(3.0,)
+    )
     fake = AuditResult(
-        meta={"name": "x", "algorithm": "rpdp", "unit": "record", "rounds": 1, "silos": 1,
-              "randomness": "secure", "canaries_per_group": 20, "space": "block",
-              "delta": 1e-3, "audit_delta": 1e-4, "confidence": 0.95, "tests": 2,
-              "seconds": 0.1},
+        meta={
+            "name": "x",
+            "algorithm": "rpdp",
+            "unit": "record",
+            "rounds": 1,
+            "silos": 1,
+            "randomness": "secure",
+            "canaries_per_group": 20,
+            "space": "block",
+            "delta": 1e-3,
+            "audit_delta": 1e-4,
+            "confidence": 0.95,
+            "tests": 2,
+            "seconds": 0.1,
+        },
         groups={"server": [GroupAudit("1", 1.0, 0.2, 5, 1.0, 1.4, bound)]},
     )
     monkeypatch.setattr(AuditSession, "execute", lambda self, progress=False: fake)
     out = tmp_path / "out"
-    res = _invoke("audit", str(_write(tmp_path, TINY)), "--out", str(out), "--canaries", "20",
-                  "--quiet")
+    res = _invoke(
+        "audit", str(_write(tmp_path, TINY)), "--out", str(out), "--canaries", "20", "--quiet"
+    )
     assert res.exit_code == 1, res.output
     assert "group 1: audited ε̂ = 3 > the accountant's ε = 1.4" in res.output
     assert json.loads((out / "audit.json").read_text())["verdict"] == "violation"
@@ -248,13 +294,37 @@ def test_what_each_observer_scores() -> None:
     assert log.released(0, 2).tolist() == [True, False]
     initial, final = update(0.0), update(0.5)
     np.testing.assert_allclose(
-        observer_scores("third-party", hosts=hosts, log=log, initial=initial, final=final,
-                        hides_individual_updates=False), [-0.5, -5.0, -5.0])
+        observer_scores(
+            "third-party",
+            hosts=hosts,
+            log=log,
+            initial=initial,
+            final=final,
+            hides_individual_updates=False,
+        ),
+        [-0.5, -5.0, -5.0],
+    )
     np.testing.assert_allclose(
-        observer_scores("server", hosts=hosts, log=log, initial=initial, final=final,
-                        hides_individual_updates=False), [-0.5, -20.0, -5.0])
+        observer_scores(
+            "server",
+            hosts=hosts,
+            log=log,
+            initial=initial,
+            final=final,
+            hides_individual_updates=False,
+        ),
+        [-0.5, -20.0, -5.0],
+    )
     np.testing.assert_allclose(
-        observer_scores("server", hosts=hosts, log=log, initial=initial, final=final,
-                        hides_individual_updates=True), [-3.0, -30.0, -30.0])
+        observer_scores(
+            "server",
+            hosts=hosts,
+            log=log,
+            initial=initial,
+            final=final,
+            hides_individual_updates=True,
+        ),
+        [-3.0, -30.0, -30.0],
+    )
     with pytest.raises(ValueError, match="outside"):
         FlatIndex(shapes, np.array([7]))

@@ -23,14 +23,16 @@ from pdpfl.audit.bound import (
 def _reference_p_value(m: int, r: int, v: int, eps: float, delta: float) -> float:
     """The theorem's right-hand side in exact rational/mpmath arithmetic (independent code)."""
     mpmath.mp.dps = 50
-    p = mpmath.e ** eps / (1 + mpmath.e ** eps)
+    p = mpmath.e**eps / (1 + mpmath.e**eps)
 
     def pmf(x: int) -> mpmath.mpf:
         return mpmath.binomial(r, x) * p**x * (1 - p) ** (r - x)
 
     beta = mpmath.fsum(pmf(x) for x in range(v, r + 1))
-    alpha = max((mpmath.fsum(pmf(x) for x in range(v - i, v)) / i for i in range(1, v + 1)),
-                default=mpmath.mpf(0))
+    alpha = max(
+        (mpmath.fsum(pmf(x) for x in range(v - i, v)) / i for i in range(1, v + 1)),
+        default=mpmath.mpf(0),
+    )
     return float(min(beta + 2 * m * delta * alpha, 1))
 
 
@@ -40,8 +42,7 @@ def test_p_value_by_hand() -> None:
     assert p_value(10, 4, 4, eps, 0.0) == pytest.approx(0.75**4, rel=1e-12)
     # window sums below v = 4: P[B=3] = 4·(3/4)³·(1/4) = 27/64 is the largest average (i = 1)
     alpha = 27 / 64
-    assert p_value(10, 4, 4, eps, 0.01) == pytest.approx(0.75**4 + 2 * 10 * 0.01 * alpha,
-                                                         rel=1e-12)
+    assert p_value(10, 4, 4, eps, 0.01) == pytest.approx(0.75**4 + 2 * 10 * 0.01 * alpha, rel=1e-12)
     # 3 of 4 correct at ε = 0: P[Bin(4, 1/2) >= 3] = 5/16
     assert p_value(10, 4, 3, 0.0, 0.0) == pytest.approx(5 / 16, rel=1e-12)
     assert p_value(10, 4, 0, 2.0, 0.1) == 1.0
@@ -63,10 +64,14 @@ def test_p_value_matches_exact_arithmetic(r: int, frac: float, eps: float, delta
 
 
 @settings(max_examples=40, deadline=None)
-@given(r=st.integers(2, 400), delta=st.sampled_from([0.0, 1e-5, 1e-3]),
-       level=st.sampled_from([0.05, 0.01, 0.05 / 48]))
-def test_zero_at_chance_and_never_above_perfect_guessing(r: int, delta: float,
-                                                          level: float) -> None:
+@given(
+    r=st.integers(2, 400),
+    delta=st.sampled_from([0.0, 1e-5, 1e-3]),
+    level=st.sampled_from([0.05, 0.01, 0.05 / 48]),
+)
+def test_zero_at_chance_and_never_above_perfect_guessing(
+    r: int, delta: float, level: float
+) -> None:
     m = r + 7
     for v in range(0, r // 2 + 1):  # at most half right: no evidence against ε = 0
         assert epsilon_lower_bound(m, r, v, delta, level) == 0.0
@@ -95,8 +100,7 @@ def test_more_delta_never_raises_the_bound(r: int, frac: float) -> None:
 
 
 @settings(max_examples=25, deadline=None)
-@given(r=st.integers(10, 200), frac=st.floats(0.7, 1.0),
-       delta=st.sampled_from([0.0, 1e-5, 1e-3]))
+@given(r=st.integers(10, 200), frac=st.floats(0.7, 1.0), delta=st.sampled_from([0.0, 1e-5, 1e-3]))
 def test_the_bound_is_the_first_crossing(r: int, frac: float, delta: float) -> None:
     """Every ε below ε̂ is rejected at the level; at ε̂ the p-value reaches it."""
     m, v, level = 2 * r, int(frac * r), 0.05
@@ -115,8 +119,9 @@ def test_bound_validity_by_simulation() -> None:
     rng = np.random.default_rng(7)
     eps, r = 1.0, 200
     p = math.exp(eps) / (1 + math.exp(eps))
-    over = sum(epsilon_lower_bound(r, r, int(rng.binomial(r, p)), 0.0, 0.05) > eps
-               for _ in range(200))
+    over = sum(
+        epsilon_lower_bound(r, r, int(rng.binomial(r, p)), 0.0, 0.05) > eps for _ in range(200)
+    )
     assert over <= 20  # Binomial(200, 0.05): mean 10, P[> 20] < 0.2 %
 
 
@@ -153,13 +158,11 @@ def test_audit_scores_bonferroni_and_best_k() -> None:
 
 
 @settings(max_examples=30, deadline=None)
-@given(r=st.integers(1, 500), frac=st.floats(0.0, 1.0),
-       delta=st.sampled_from([0.0, 1e-6, 1e-3]))
+@given(r=st.integers(1, 500), frac=st.floats(0.0, 1.0), delta=st.sampled_from([0.0, 1e-6, 1e-3]))
 def test_grid_scan_equals_the_scalar_p_value(r: int, frac: float, delta: float) -> None:
     from pdpfl.audit.bound import _p_values
 
     v = int(round(frac * r))
     grid = np.linspace(0.0, 8.0, 17)
     scalar = [p_value(2 * r, r, v, float(e), delta) for e in grid]
-    np.testing.assert_allclose(_p_values(2 * r, r, v, grid, delta), scalar, rtol=1e-9,
-                               atol=1e-300)
+    np.testing.assert_allclose(_p_values(2 * r, r, v, grid, delta), scalar, rtol=1e-9, atol=1e-300)

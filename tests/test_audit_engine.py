@@ -21,21 +21,42 @@ def _logreg(seed: int = 0) -> torch.nn.Module:
     return create_model("logreg", (5,), 3)  # Linear(5, 3): 15 weights, then 3 biases
 
 
-def _train(model: torch.nn.Module, extra: ExtraRows | None, *, sigma: float, steps: int = 1,
-           rates: float = 0.0, lr: float = 1.0, batch: float = 4.0) -> None:
+def _train(
+    model: torch.nn.Module,
+    extra: ExtraRows | None,
+    *,
+    sigma: float,
+    steps: int = 1,
+    rates: float = 0.0,
+    lr: float = 1.0,
+    batch: float = 4.0,
+) -> None:
     x = torch.randn(20, 5, generator=torch.Generator().manual_seed(1))
     y = torch.arange(20) % 3
-    train_steps(model, x, y, rates=np.full(20, rates), steps=steps, noise_multiplier=sigma,
-                max_grad_norm=2.0, optimizer=make_optimizer("sgd", model.parameters(), lr=lr),
-                stream=SeededRandomness(5).stream("t"), normalizer=batch, extra=extra)
+    train_steps(
+        model,
+        x,
+        y,
+        rates=np.full(20, rates),
+        steps=steps,
+        noise_multiplier=sigma,
+        max_grad_norm=2.0,
+        optimizer=make_optimizer("sgd", model.parameters(), lr=lr),
+        stream=SeededRandomness(5).stream("t"),
+        normalizer=batch,
+        extra=extra,
+    )
 
 
 def test_a_sampled_row_adds_its_clipped_vector_to_the_sum() -> None:
     model = _logreg()
     before = np.concatenate([p.ravel() for p in get_params(model)])
     # rate 1: always sampled; the second row (norm 5 > C = 2) is clipped to norm 2
-    rows = ExtraRows(coords=np.array([[3, 0], [16, 2]]),
-                     values=np.array([[1.0, 0.0], [3.0, 4.0]]), rates=np.array([1.0, 1.0]))
+    rows = ExtraRows(
+        coords=np.array([[3, 0], [16, 2]]),
+        values=np.array([[1.0, 0.0], [3.0, 4.0]]),
+        rates=np.array([1.0, 1.0]),
+    )
     _train(model, rows, sigma=0.0)
     after = np.concatenate([p.ravel() for p in get_params(model)])
     delta = after - before
@@ -49,8 +70,7 @@ def test_a_sampled_row_adds_its_clipped_vector_to_the_sum() -> None:
 
 def test_rows_are_sampled_with_their_own_rates() -> None:
     model = _logreg()
-    rows = ExtraRows(coords=np.arange(4), values=np.ones(4),
-                     rates=np.array([0.0, 0.25, 0.6, 1.0]))
+    rows = ExtraRows(coords=np.arange(4), values=np.ones(4), rates=np.array([0.0, 0.25, 0.6, 1.0]))
     _train(model, rows, sigma=1.0, steps=400, lr=1e-3)
     assert rows.counts[0] == 0 and rows.counts[3] == 400
     for q, k in zip((0.25, 0.6), rows.counts[1:3], strict=True):
@@ -66,8 +86,13 @@ def test_rows_get_the_same_noise_as_every_coordinate() -> None:
     rows = ExtraRows(coords=np.array([0]), values=np.array([1.0]), rates=np.array([0.0]))
     x, y = torch.zeros(3, 1), torch.zeros(3)
     opt = make_optimizer("sgd", model.parameters(), lr=1.0)
-    engine = PersonalizedDPSGD(model, opt, noise_multiplier=1.5, max_grad_norm=2.0,
-                               loss=lambda o, t: ((o.squeeze(1) - t) ** 2).mean())
+    engine = PersonalizedDPSGD(
+        model,
+        opt,
+        noise_multiplier=1.5,
+        max_grad_norm=2.0,
+        loss=lambda o, t: ((o.squeeze(1) - t) ** 2).mean(),
+    )
     stream = SeededRandomness(3).stream("noise")
     moves = []
     for _ in range(300):
@@ -92,10 +117,19 @@ def test_extra_rows_are_checked() -> None:
         _train(model, outside, sigma=0.0)
     x, y = torch.zeros(2, 5), torch.zeros(2, dtype=torch.int64)
     with pytest.raises(ValueError, match="private"):
-        train_steps(model, x, y, rates=np.ones(2), steps=1, noise_multiplier=0.0,
-                    max_grad_norm=1.0, optimizer=make_optimizer("sgd", model.parameters(), 0.1),
-                    stream=SeededRandomness(1).stream("t"), private=False,
-                    extra=ExtraRows(coords=np.array([0]), values=np.ones(1), rates=np.ones(1)))
+        train_steps(
+            model,
+            x,
+            y,
+            rates=np.ones(2),
+            steps=1,
+            noise_multiplier=0.0,
+            max_grad_norm=1.0,
+            optimizer=make_optimizer("sgd", model.parameters(), 0.1),
+            stream=SeededRandomness(1).stream("t"),
+            private=False,
+            extra=ExtraRows(coords=np.array([0]), values=np.ones(1), rates=np.ones(1)),
+        )
 
 
 def test_the_block_changes_neither_outputs_nor_record_gradients() -> None:

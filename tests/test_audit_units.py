@@ -32,19 +32,29 @@ from pdpfl.testing import toy_config
 #: IDP-FedAvg on 6 digits clients, 5 rounds; budgets 2 and 8 (toy overrides).
 IDP = ["data.num_clients=6", "training.rounds=5"]
 #: IDP-FedAvg with small budgets and fixed clipping (σ ≈ 5, 15 rounds): noise/10 is far off.
-IDP_CLAIM = [*IDP, "algorithm.group_budgets=[0.5,1.0]", "training.rounds=15",
-             "algorithm.clipping=fixed"]
+IDP_CLAIM = [
+    *IDP,
+    "algorithm.group_budgets=[0.5,1.0]",
+    "training.rounds=15",
+    "algorithm.clipping=fixed",
+]
 #: ULDP at ε = 1 over 5 rounds (q = 1).
 ULDP = ["privacy.epsilon_max=1.0", "training.rounds=5"]
 #: PriFedSync, every client at target ε = 1, 4 rounds of 20 steps on batches of 50.
-PRIFEDSYNC = ["algorithm.target_epsilon=[1.0,1.0,1.0]", "training.batch_size=50",
-              "training.local_steps=20", "training.rounds=4"]
+PRIFEDSYNC = [
+    "algorithm.target_epsilon=[1.0,1.0,1.0]",
+    "training.batch_size=50",
+    "training.local_steps=20",
+    "training.rounds=4",
+]
 
 
-def _audit(name: str, overrides: list[str], canaries: int = 100,
-           breaks: Any = None) -> tuple[AuditSession, dict[str, Any]]:
-    session = AuditSession.create(toy_config(name, overrides),
-                                  AuditSettings(canaries=canaries, seed=3, space="block"))
+def _audit(
+    name: str, overrides: list[str], canaries: int = 100, breaks: Any = None
+) -> tuple[AuditSession, dict[str, Any]]:
+    session = AuditSession.create(
+        toy_config(name, overrides), AuditSettings(canaries=canaries, seed=3, space="block")
+    )
     if breaks is not None:
         breaks(session)
     return session, session.execute().to_dict()
@@ -81,9 +91,13 @@ def _caught(record: dict[str, Any], observer: str) -> None:
 
 @pytest.mark.parametrize(
     ("extra", "observers"),
-    [(["randomness=reproducible"], ("third-party",)),
-     (["randomness=secure", "algorithm.variant=distributed", "aggregation=secure"],
-      ("third-party", "server"))],
+    [
+        (["randomness=reproducible"], ("third-party",)),
+        (
+            ["randomness=secure", "algorithm.variant=distributed", "aggregation=secure"],
+            ("third-party", "server"),
+        ),
+    ],
     ids=["central-reproducible", "distributed-secure"],
 )
 def test_idp_fedavg_canary_clients(extra: list[str], observers: tuple[str, ...]) -> None:
@@ -116,7 +130,8 @@ def test_idp_fedavg_broken_noise_is_caught() -> None:
         server: Any = session.run.server
         setup = server.setup
         server.setup = dataclasses.replace(
-            setup, value_noise_multiplier=setup.value_noise_multiplier / 10)
+            setup, value_noise_multiplier=setup.value_noise_multiplier / 10
+        )
 
     _, record = _audit("idp-fedavg", IDP_CLAIM, canaries=200, breaks=breaks)
     _caught(record, "third-party")
@@ -124,16 +139,19 @@ def test_idp_fedavg_broken_noise_is_caught() -> None:
 
 def test_idp_fedavg_refuses_what_it_cannot_audit() -> None:
     with pytest.raises(AuditUnsupported, match="without differential privacy"):
-        AuditSession.create(toy_config("idp-fedavg", [*IDP, "algorithm.method=no-dp"]),
-                            AuditSettings(canaries=10))
+        AuditSession.create(
+            toy_config("idp-fedavg", [*IDP, "algorithm.method=no-dp"]), AuditSettings(canaries=10)
+        )
     with pytest.raises(AuditUnsupported, match="scale"):
-        AuditSession.create(toy_config("idp-fedavg", [*IDP, "algorithm.method=scale"]),
-                            AuditSettings(canaries=10))
+        AuditSession.create(
+            toy_config("idp-fedavg", [*IDP, "algorithm.method=scale"]), AuditSettings(canaries=10)
+        )
     # the central variant's guarantee is against third parties: its trusted aggregator is not
     # an observer the run claims anything against
     with pytest.raises(AuditUnsupported, match="third-party only"):
-        AuditSession.create(toy_config("idp-fedavg", IDP),
-                            AuditSettings(canaries=10, observers=("server",)))
+        AuditSession.create(
+            toy_config("idp-fedavg", IDP), AuditSettings(canaries=10, observers=("server",))
+        )
 
 
 # ------------------------------------------------------------------------------ ULDP-FL
@@ -141,9 +159,15 @@ def test_idp_fedavg_refuses_what_it_cannot_audit() -> None:
 
 @pytest.mark.parametrize(
     "extra",
-    [["randomness=reproducible"],
-     ["algorithm.name=uldp-sgd", "randomness=secure", "algorithm.weights=enhanced",
-      "data.public_user_histograms=true"]],
+    [
+        ["randomness=reproducible"],
+        [
+            "algorithm.name=uldp-sgd",
+            "randomness=secure",
+            "algorithm.weights=enhanced",
+            "data.public_user_histograms=true",
+        ],
+    ],
     ids=["avg-uniform-reproducible", "sgd-enhanced-secure"],
 )
 def test_uldp_canary_users(extra: list[str]) -> None:
@@ -171,8 +195,7 @@ def test_uldp_broken_noise_is_caught() -> None:
             broken = dataclasses.replace(silo.user_setup, noise_std=silo.user_setup.noise_std / 10)
             silo.setup = silo.user_setup = broken  # the noise shares are sized from user_setup
 
-    _, record = _audit("uldp-avg", [*ULDP, "randomness=reproducible"], canaries=200,
-                       breaks=breaks)
+    _, record = _audit("uldp-avg", [*ULDP, "randomness=reproducible"], canaries=200, breaks=breaks)
     _caught(record, "third-party")
     _caught(record, "server")
 
@@ -187,8 +210,14 @@ def test_uldp_refuses_variants_without_user_vectors() -> None:
 
 @pytest.mark.parametrize(
     "extra",
-    [["randomness=reproducible"],
-     ["randomness=secure", "algorithm.sampler=poisson", "algorithm.target_epsilon=[2.0,8.0,8.0]"]],
+    [
+        ["randomness=reproducible"],
+        [
+            "randomness=secure",
+            "algorithm.sampler=poisson",
+            "algorithm.target_epsilon=[2.0,8.0,8.0]",
+        ],
+    ],
     ids=["wor-reproducible", "poisson-secure"],
 )
 def test_prifedsync_canary_records(extra: list[str]) -> None:
@@ -219,10 +248,12 @@ def test_prifedsync_broken_noise_is_caught() -> None:
         silo: Any
         for silo in session.run.clients.values():
             silo.mechanism = dataclasses.replace(
-                silo.mechanism, noise_multiplier=silo.mechanism.noise_multiplier / 10)
+                silo.mechanism, noise_multiplier=silo.mechanism.noise_multiplier / 10
+            )
 
-    _, record = _audit("prifedsync", [*PRIFEDSYNC, "algorithm.sampler=poisson"],
-                       canaries=200, breaks=breaks)
+    _, record = _audit(
+        "prifedsync", [*PRIFEDSYNC, "algorithm.sampler=poisson"], canaries=200, breaks=breaks
+    )
     _caught(record, "server")
 
 
@@ -233,16 +264,17 @@ def test_group_hosts_confine_each_group_and_keep_the_default_draw() -> None:
     groups = [GroupSpec("a", 1.0), GroupSpec("b", 2.0), GroupSpec(CONTROL_LABEL, 0.0, True)]
     pool = np.arange(1000)
     plain = plan_canaries(groups, 50, pool, [0, 1, 2], 1.0, SeededRandomness(4))
-    same = plan_canaries(groups, 50, pool, [0, 1, 2], 1.0, SeededRandomness(4),
-                         group_hosts=[[0, 1, 2]] * 3)
+    same = plan_canaries(
+        groups, 50, pool, [0, 1, 2], 1.0, SeededRandomness(4), group_hosts=[[0, 1, 2]] * 3
+    )
     assert np.array_equal(plain.host, same.host)
-    narrow = plan_canaries(groups, 50, pool, [0, 1, 2], 1.0, SeededRandomness(4),
-                           group_hosts=[[2], [0, 1], [0, 1, 2]])
+    narrow = plan_canaries(
+        groups, 50, pool, [0, 1, 2], 1.0, SeededRandomness(4), group_hosts=[[2], [0, 1], [0, 1, 2]]
+    )
     assert set(narrow.host[narrow.group == 0].tolist()) == {2}
     assert set(narrow.host[narrow.group == 1].tolist()) == {0, 1}
     with pytest.raises(ValueError, match="no host for group b"):
-        plan_canaries(groups, 50, pool, [0], 1.0, SeededRandomness(4),
-                      group_hosts=[[0], [], [0]])
+        plan_canaries(groups, 50, pool, [0], 1.0, SeededRandomness(4), group_hosts=[[0], [], [0]])
     # null rows: the excluded canaries of the audited groups, value 0 (never the control's)
     narrow.rates[:] = 0.5
     rows = narrow.rows_for(2, nulls=True)

@@ -33,10 +33,18 @@ TUTORIAL = TrainingPlan(
     noise_multiplier=3.50830078125, delta=1e-3, steps=5, rounds=20, client_rate=0.5
 )
 #: The reference tutorial's printed rates at ε = linspace(0.5, 2, 10).
-TUTORIAL_RATES = [0.08135229915681517, 0.10469311662327863, 0.12760749376678526,
-                  0.15011073368242106, 0.1722173311781001, 0.1939410233080957,
-                  0.21529485397764742, 0.2362912049884681, 0.25694184635207606,
-                  0.27725798162213433]
+TUTORIAL_RATES = [
+    0.08135229915681517,
+    0.10469311662327863,
+    0.12760749376678526,
+    0.15011073368242106,
+    0.1722173311781001,
+    0.1939410233080957,
+    0.21529485397764742,
+    0.2362912049884681,
+    0.25694184635207606,
+    0.27725798162213433,
+]
 
 
 def test_the_reference_grid_and_orders() -> None:
@@ -49,8 +57,7 @@ def test_the_reference_grid_and_orders() -> None:
 def test_heart_fit_is_the_references_and_pdpfls_variant_is_kept() -> None:
     paper = fit_estimator(HEART, "scf-paper")
     assert isinstance(paper, PaperSCFEstimator) and paper.method == "scf-paper"
-    np.testing.assert_allclose([paper.a, paper.b, paper.c], [0.7077, 2.2768, -9.8223],
-                               atol=5e-5)
+    np.testing.assert_allclose([paper.a, paper.b, paper.c], [0.7077, 2.2768, -9.8223], atol=5e-5)
     assert paper.rates(np.array([0.1]))[0] == pytest.approx(0.0254, abs=5e-5)
     ours = fit_estimator(HEART, "scf")
     assert type(ours) is SCFEstimator
@@ -78,11 +85,29 @@ def test_cut_offs_round_trip_and_the_report() -> None:
 
 
 def test_cli_method_scf_paper() -> None:
-    res = CliRunner().invoke(app, [
-        "calibrate", "--scenario", "three-levels", "--n", "200", "--sigma", "3.50830078125",
-        "--delta", "1e-3", "--steps", "5", "--rounds", "20", "--client-rate", "0.5",
-        "--method", "scf-paper", "--json",
-    ])
+    res = CliRunner().invoke(
+        app,
+        [
+            "calibrate",
+            "--scenario",
+            "three-levels",
+            "--n",
+            "200",
+            "--sigma",
+            "3.50830078125",
+            "--delta",
+            "1e-3",
+            "--steps",
+            "5",
+            "--rounds",
+            "20",
+            "--client-rate",
+            "0.5",
+            "--method",
+            "scf-paper",
+            "--json",
+        ],
+    )
     assert res.exit_code == 0, res.output
     out = json.loads(res.stdout)
     assert out["method"] == "scf-paper" and out["details"]["a"] == pytest.approx(0.7973, abs=1e-4)

@@ -76,8 +76,7 @@ def test_find_noise_multiplier_is_the_same_search() -> None:
     def eps(sigma: float) -> float:
         return 3.0 / sigma
 
-    ours = calibrate_parameter(eps, 0.7, bracket=(0.1, 100.0), limits=(1e-3, 1e6),
-                               tolerance=1e-3)
+    ours = calibrate_parameter(eps, 0.7, bracket=(0.1, 100.0), limits=(1e-3, 1e6), tolerance=1e-3)
     assert ours == find_noise_multiplier(0.7, eps)
     assert eps(ours) <= 0.7 and eps(ours / (1 + 1e-3)) > 0.7
 
@@ -100,8 +99,9 @@ def test_continuous_result_meets_the_target_and_is_within_tolerance(target, scal
     def inc(q: float) -> float:
         return scale * q  # increasing (a rate)
 
-    y = calibrate_parameter(inc, target, bracket=(1e-3, 1.0), increasing=True,
-                            limits=(1e-12, 1.0), tolerance=tol)
+    y = calibrate_parameter(
+        inc, target, bracket=(1e-3, 1.0), increasing=True, limits=(1e-12, 1.0), tolerance=tol
+    )
     assert inc(y) <= target
     assert y == 1.0 or y * (1 + tol) * (1 + 1e-12) >= target / scale
 
@@ -141,12 +141,19 @@ def test_event_factory_form() -> None:
     assert float(np.max(RdpAccountant().epsilon(event(sigma / 1.001), 1e-5)[0])) > 2.0
     with pytest.raises(ValueError, match="delta"):
         calibrate_parameter(event, 2.0, bracket=(0.1, 100.0))
+
     def steps_event(k: float) -> Composed:
         return Composed(PoissonSampled(0.01, GaussianMechanism(2.0)), int(k))
 
     steps = calibrate_parameter(
-        steps_event, 1.0, bracket=(1, 100_000), discrete=True, increasing=True, delta=1e-5,
-        accountant="rdp", refine=False,
+        steps_event,
+        1.0,
+        bracket=(1, 100_000),
+        discrete=True,
+        increasing=True,
+        delta=1e-5,
+        accountant="rdp",
+        refine=False,
     )
     acc = RdpAccountant(refine=False)
     assert acc.epsilon(steps_event(steps), 1e-5)[0][0] <= 1.0
@@ -161,8 +168,9 @@ def test_bad_input_and_infeasible_targets() -> None:
     with pytest.raises(InfeasibleTargetError, match="target_epsilon"):
         calibrate_parameter(lambda s: 1.0 / s, 1e-3, bracket=(0.1, 10.0))  # strict bracket
     # widening within limits finds it
-    assert calibrate_parameter(lambda s: 1.0 / s, 1e-3, bracket=(0.1, 10.0),
-                               limits=(1e-3, 1e6)) >= 1e3
+    assert (
+        calibrate_parameter(lambda s: 1.0 / s, 1e-3, bracket=(0.1, 10.0), limits=(1e-3, 1e6)) >= 1e3
+    )
     # a strict bracket whose low end already meets the target returns it
     assert calibrate_parameter(lambda s: 1.0 / s, 100.0, bracket=(0.1, 10.0)) == 0.1
     plan = LocalStepsPlan("wor", 0.3, 50, 1e-5, 100)

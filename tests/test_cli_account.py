@@ -27,8 +27,21 @@ def test_json_matches_library_in_input_order(tmp_path) -> None:
     assert out["mechanism"]["rounds"] == 15
     path = tmp_path / "q.npy"
     np.save(path, np.array([0.2, 0.01, 0.05]))
-    res2 = runner.invoke(app, BASE + ["--q-file", str(path), "--steps", "50", "--rounds", "15",
-                                      "--client-rate", "0.5", "--json"])
+    res2 = runner.invoke(
+        app,
+        BASE
+        + [
+            "--q-file",
+            str(path),
+            "--steps",
+            "50",
+            "--rounds",
+            "15",
+            "--client-rate",
+            "0.5",
+            "--json",
+        ],
+    )
     assert json.loads(res2.stdout)["epsilon"] == out["epsilon"]
 
 
@@ -36,8 +49,23 @@ def test_centralized_and_server_and_table() -> None:
     res = runner.invoke(app, BASE + ["--q", "0.01", "--steps", "100", "--json"])
     eps = json.loads(res.stdout)["epsilon"][0]
     assert eps == pytest.approx(plan_epsilon([0.01], TrainingPlan(1.0, 1e-4, 100))[0][0])
-    res = runner.invoke(app, BASE + ["--q", "0.01", "--steps", "5", "--rounds", "10",
-                                     "--adversary", "server", "--participations", "4", "--json"])
+    res = runner.invoke(
+        app,
+        BASE
+        + [
+            "--q",
+            "0.01",
+            "--steps",
+            "5",
+            "--rounds",
+            "10",
+            "--adversary",
+            "server",
+            "--participations",
+            "4",
+            "--json",
+        ],
+    )
     assert res.exit_code == 0 and json.loads(res.stdout)["adversary"] == "server"
     table = runner.invoke(app, BASE + ["--q", "0.01"])
     assert table.exit_code == 0 and "0.01" in table.stdout
@@ -50,8 +78,21 @@ def test_centralized_and_server_and_table() -> None:
         (["--sigma", "1", "--delta", "1", "--q", "0.1"], "--delta"),
         (["--sigma", "1", "--delta", "1e-4", "--q", "1.5"], "--q"),
         (["--sigma", "1", "--delta", "1e-4", "--q", "nan"], "--q"),
-        (["--sigma", "1", "--delta", "1e-4", "--q", "0.1", "--rounds", "3",
-          "--participations", "4"], "--participations"),
+        (
+            [
+                "--sigma",
+                "1",
+                "--delta",
+                "1e-4",
+                "--q",
+                "0.1",
+                "--rounds",
+                "3",
+                "--participations",
+                "4",
+            ],
+            "--participations",
+        ),
         (["--sigma", "1", "--delta", "1e-4", "--q", "0.1", "--adversary", "x"], "--adversary"),
     ],
 )
@@ -87,8 +128,9 @@ def test_client_and_user_units_are_t_rounds_of_a_subsampled_gaussian() -> None:
     from pdpfl.privacy.unit import PrivacyUnit, SampledGaussianPlan
 
     for unit in ("client", "user"):
-        res = runner.invoke(app, BASE + ["--q", "0.1", "0.5", "--rounds", "30", "--unit", unit,
-                                         "--json"])
+        res = runner.invoke(
+            app, BASE + ["--q", "0.1", "0.5", "--rounds", "30", "--unit", unit, "--json"]
+        )
         assert res.exit_code == 0, res.output
         out = json.loads(res.stdout)
         mech = SampledGaussianPlan(PrivacyUnit(unit), 1.0, 1e-4, 30)
@@ -105,12 +147,18 @@ def test_client_and_user_units_are_t_rounds_of_a_subsampled_gaussian() -> None:
     [
         (["--unit", "client", "--q", "0.1"], "--rounds"),
         (["--unit", "user", "--q", "0.1", "--rounds", "5", "--steps", "3"], "--steps"),
-        (["--unit", "client", "--q", "0.1", "--rounds", "5", "--client-rate", "0.5"],
-         "--client-rate"),
-        (["--unit", "client", "--q", "0.1", "--rounds", "5", "--adversary", "server"],
-         "--adversary"),
-        (["--unit", "user", "--q", "0.1", "--rounds", "5", "--participations", "2"],
-         "--participations"),
+        (
+            ["--unit", "client", "--q", "0.1", "--rounds", "5", "--client-rate", "0.5"],
+            "--client-rate",
+        ),
+        (
+            ["--unit", "client", "--q", "0.1", "--rounds", "5", "--adversary", "server"],
+            "--adversary",
+        ),
+        (
+            ["--unit", "user", "--q", "0.1", "--rounds", "5", "--participations", "2"],
+            "--participations",
+        ),
         (["--unit", "silo", "--q", "0.1"], "--unit"),
         (["--accountant", "moments", "--q", "0.1"], "--accountant"),
     ],
@@ -122,15 +170,26 @@ def test_unit_and_accountant_combinations_that_make_no_sense_exit_2(extra, name)
 
 
 def test_pld_prints_both_and_reports_the_smaller() -> None:
-    args = BASE + ["--q", "0", "0.01", "0.3", "--steps", "10", "--rounds", "5",
-                   "--client-rate", "0.5"]
+    args = BASE + [
+        "--q",
+        "0",
+        "0.01",
+        "0.3",
+        "--steps",
+        "10",
+        "--rounds",
+        "5",
+        "--client-rate",
+        "0.5",
+    ]
     res = runner.invoke(app, args + ["--accountant", "pld", "--json"])
     assert res.exit_code == 0, res.output
     out = json.loads(res.stdout)
     rdp = json.loads(runner.invoke(app, args + ["--json"]).stdout)
     assert out["epsilon_rdp"] == rdp["epsilon"] and out["accountant"] == "pld"
-    assert out["epsilon"] == [min(a, b) for a, b in
-                              zip(out["epsilon_rdp"], out["epsilon_pld"], strict=True)]
+    assert out["epsilon"] == [
+        min(a, b) for a, b in zip(out["epsilon_rdp"], out["epsilon_pld"], strict=True)
+    ]
     assert out["epsilon"][0] == 0.0 and out["epsilon_pld"][2] < out["epsilon_rdp"][2]
     table = runner.invoke(app, args + ["--accountant", "pld"])
     assert table.exit_code == 0 and "ε PLD" in table.stdout and "ε RDP" in table.stdout

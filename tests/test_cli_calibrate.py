@@ -160,8 +160,18 @@ def test_client_unit_and_pld_accountant(tmp_path) -> None:
 
     budgets = tmp_path / "b.npy"
     np.save(budgets, np.array([0.5, 1.0, 2.0, 4.0]))
-    base = ["calibrate", "--budgets", str(budgets), "--sigma", "2.0", "--delta", "1e-5",
-            "--rounds", "20", "--json"]
+    base = [
+        "calibrate",
+        "--budgets",
+        str(budgets),
+        "--sigma",
+        "2.0",
+        "--delta",
+        "1e-5",
+        "--rounds",
+        "20",
+        "--json",
+    ]
     res = run([*base[1:], "--unit", "client", "--out", str(tmp_path / "q.npy")])
     assert res.exit_code == 0, res.output
     report = json.loads(res.stdout)

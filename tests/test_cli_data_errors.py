@@ -20,8 +20,9 @@ def _csv(tmp_path: Path, edit: tuple[int, int, str] | None = None) -> Path:
     rows = [["pid", "site", "f1", "f2", "label"]]
     for i in range(60):
         f1 = rng.normal()
-        rows.append([str(i), "ab"[i % 2], f"{f1:.3f}", f"{rng.normal():.3f}",
-                     "yes" if f1 > 0 else "no"])
+        rows.append(
+            [str(i), "ab"[i % 2], f"{f1:.3f}", f"{rng.normal():.3f}", "yes" if f1 > 0 else "no"]
+        )
     if edit is not None:
         rows[edit[0]][edit[1]] = edit[2]
     p = tmp_path / "patients.csv"
@@ -31,10 +32,19 @@ def _csv(tmp_path: Path, edit: tuple[int, int, str] | None = None) -> Path:
 
 def _config(tmp_path: Path, csv: Path, **sections) -> Path:
     raw = {
-        "name": "cli-data", "seed": 1, "threads": 1, "randomness": "reproducible",
-        "data": {"dataset": "csv", "options": {"path": str(csv), "label_column": "label",
-                                               "silo_column": "site",
-                                               "record_id_column": "pid"}},
+        "name": "cli-data",
+        "seed": 1,
+        "threads": 1,
+        "randomness": "reproducible",
+        "data": {
+            "dataset": "csv",
+            "options": {
+                "path": str(csv),
+                "label_column": "label",
+                "silo_column": "site",
+                "record_id_column": "pid",
+            },
+        },
         "privacy": {"epsilon_max": 5.0, "delta": 1e-3},
         "training": {"rounds": 1, "local_steps": 1, "lr": 0.3, "batch_size": 8},
         **sections,
@@ -74,8 +84,7 @@ def _refused(res, out: Path, *needles: str) -> None:
     ],
     ids=["empty-label", "nan-label", "empty-silo", "inf-feature", "duplicate-id"],
 )
-def test_run_refuses_csv_cells_that_would_change_silently(tmp_path: Path, edit, needles
-                                                          ) -> None:
+def test_run_refuses_csv_cells_that_would_change_silently(tmp_path: Path, edit, needles) -> None:
     csv = _csv(tmp_path, edit)
     out = tmp_path / "out"
     _refused(_run(_config(tmp_path, csv), out), out, str(csv), *needles)
@@ -86,8 +95,9 @@ def test_unmatched_budget_ids_are_an_error_unless_the_config_opts_in(tmp_path: P
     table = _budgets(tmp_path, {**{i: "1.0" for i in range(60)}, 999: "2.0"})
     cfg = _config(tmp_path, csv, budgets={"file": str(table)})
     out = tmp_path / "out"
-    _refused(_run(cfg, out), out, "error: budgets.file:", "999", "row 62",
-             "budgets.on_unmatched: ignore")
+    _refused(
+        _run(cfg, out), out, "error: budgets.file:", "999", "row 62", "budgets.on_unmatched: ignore"
+    )
     res = _run(cfg, out, "--set", "budgets.on_unmatched=ignore")
     assert res.exit_code == 0, res.output
     assert "1 budget(s)" in res.output and "were ignored" in res.output  # the headline
@@ -99,18 +109,25 @@ def test_nan_budget_is_reported_as_nan_not_as_a_missing_row(tmp_path: Path) -> N
     csv = _csv(tmp_path)
     table = _budgets(tmp_path, {i: ("nan" if i == 7 else "1.0") for i in range(60)})
     out = tmp_path / "out"
-    _refused(_run(_config(tmp_path, csv, budgets={"file": str(table)}), out), out,
-             "column 'epsilon': record id 7 (row 9) has no ε ('nan')")
+    _refused(
+        _run(_config(tmp_path, csv, budgets={"file": str(table)}), out),
+        out,
+        "column 'epsilon': record id 7 (row 9) has no ε ('nan')",
+    )
 
 
-def test_budgets_above_epsilon_max_are_an_error_unless_capping_is_opted_in(tmp_path: Path
-                                                                           ) -> None:
+def test_budgets_above_epsilon_max_are_an_error_unless_capping_is_opted_in(tmp_path: Path) -> None:
     csv = _csv(tmp_path)
     table = _budgets(tmp_path, {i: ("50.0" if i % 3 == 0 else "1.0") for i in range(60)})
     cfg = _config(tmp_path, csv, budgets={"file": str(table)})
     out = tmp_path / "out"
-    _refused(_run(cfg, out), out, "error: budgets: silo", "above ε_max = 5",
-             "budgets.cap_at_epsilon_max: true")
+    _refused(
+        _run(cfg, out),
+        out,
+        "error: budgets: silo",
+        "above ε_max = 5",
+        "budgets.cap_at_epsilon_max: true",
+    )
     res = _run(cfg, out, "--set", "budgets.cap_at_epsilon_max=true")
     assert res.exit_code == 0, res.output
     summary = json.loads((out / "summary.json").read_text())
@@ -127,23 +144,23 @@ def test_bad_budget_file_template_is_a_config_error(tmp_path: Path) -> None:
     _refused(_run(cfg, out), out, "error: budgets.file: placeholder {silo} is not supported")
 
 
-def test_python_train_refuses_unknown_budget_ids_before_writing_anything(tmp_path: Path
-                                                                         ) -> None:
+def test_python_train_refuses_unknown_budget_ids_before_writing_anything(tmp_path: Path) -> None:
     import pdpfl
     from pdpfl.data.validation import DataValidationError
 
     rng = np.random.default_rng(4)
     x = rng.normal(size=(60, 2))
-    fed = pdpfl.federation_from_arrays(x, (x[:, 0] > 0).astype(int), ["a", "b"] * 30,
-                                       record_ids=np.arange(500, 560))
+    fed = pdpfl.federation_from_arrays(
+        x, (x[:, 0] > 0).astype(int), ["a", "b"] * 30, record_ids=np.arange(500, 560)
+    )
     eps = {**{i: 1.0 for i in range(500, 560)}, 9999: 1.0}
-    settings = dict(rounds=1, local_steps=1, batch_size=8, epsilon_max=5.0, threads=1,
-                    randomness="reproducible")
+    settings = dict(
+        rounds=1, local_steps=1, batch_size=8, epsilon_max=5.0, threads=1, randomness="reproducible"
+    )
     with pytest.raises(DataValidationError, match=r"not in the data \(e.g. 9999"):
         pdpfl.train(fed, budgets=eps, out=tmp_path / "a", **settings)
     assert not (tmp_path / "a").exists()
-    summary = pdpfl.train(fed, budgets=eps, out=tmp_path / "b", on_unmatched="ignore",
-                          **settings)
+    summary = pdpfl.train(fed, budgets=eps, out=tmp_path / "b", on_unmatched="ignore", **settings)
     assert summary["config"]["budgets"]["on_unmatched"] == "ignore"
     assert any("9999" in w and "were ignored" in w for w in summary["warnings"])
 
@@ -153,15 +170,17 @@ def test_python_train_refuses_unknown_budget_ids_before_writing_anything(tmp_pat
     [
         (["--option", "undersample=NaN"], "--option undersample: must be a finite number"),
         (["--option", "undersample=1e999"], "--option undersample: must be a finite number"),
-        (["--partition", "dirichlet", "--param", "beta=Infinity"],
-         "--param beta: must be a finite number"),
+        (
+            ["--partition", "dirichlet", "--param", "beta=Infinity"],
+            "--param beta: must be a finite number",
+        ),
     ],
 )
-def test_data_describe_refuses_non_finite_option_values(tmp_path: Path, args: list[str],
-                                                        expected: str) -> None:
+def test_data_describe_refuses_non_finite_option_values(
+    tmp_path: Path, args: list[str], expected: str
+) -> None:
     csv = _csv(tmp_path)
-    res = CliRunner().invoke(app, ["data", "describe", "csv", "--option", f"path={csv}",
-                                   *args])
+    res = CliRunner().invoke(app, ["data", "describe", "csv", "--option", f"path={csv}", *args])
     assert res.exit_code == 2 and expected in res.output, res.output
 
 
@@ -169,8 +188,9 @@ def test_dirichlet_beta_must_be_finite() -> None:
     from pdpfl.data import load_federation
 
     with pytest.raises(ValueError, match="'beta' must be a finite number > 0"):
-        load_federation("digits", num_clients=3, partition="dirichlet",
-                        partition_params={"beta": float("inf")})
+        load_federation(
+            "digits", num_clients=3, partition="dirichlet", partition_params={"beta": float("inf")}
+        )
 
 
 def test_train_rechecks_a_federation_changed_after_it_was_built(tmp_path: Path) -> None:
@@ -182,10 +202,14 @@ def test_train_rechecks_a_federation_changed_after_it_was_built(tmp_path: Path) 
     fed = pdpfl.federation_from_arrays(x, (x[:, 0] > 0).astype(int), ["a", "b"] * 20)
     fed.clients[1].x_train[2, 1] = np.nan
     bad_id = int(fed.clients[1].record_ids[2])
-    with pytest.raises(DataValidationError, match=rf"silo 'b': 1 training record\(s\) have NaN "
-                       rf"or infinite features \(record ids e.g. \[{bad_id}\]\)"):
-        pdpfl.train(fed, rounds=1, local_steps=1, batch_size=8, epsilon_max=5.0,
-                    out=tmp_path / "run")
+    with pytest.raises(
+        DataValidationError,
+        match=rf"silo 'b': 1 training record\(s\) have NaN "
+        rf"or infinite features \(record ids e.g. \[{bad_id}\]\)",
+    ):
+        pdpfl.train(
+            fed, rounds=1, local_steps=1, batch_size=8, epsilon_max=5.0, out=tmp_path / "run"
+        )
     assert not (tmp_path / "run").exists()
 
 
@@ -197,6 +221,14 @@ def test_python_train_refused_for_capping_leaves_no_output(tmp_path: Path) -> No
     fed = pdpfl.federation_from_arrays(x, (x[:, 0] > 0).astype(int), ["a", "b"] * 20)
     eps = {i: 50.0 for i in range(40)}
     with pytest.raises(ValueError, match=r"above ε_max = 5 .*budgets.cap_at_epsilon_max"):
-        pdpfl.train(fed, budgets=eps, rounds=1, local_steps=1, batch_size=8, epsilon_max=5.0,
-                    threads=1, out=tmp_path / "run")
+        pdpfl.train(
+            fed,
+            budgets=eps,
+            rounds=1,
+            local_steps=1,
+            batch_size=8,
+            epsilon_max=5.0,
+            threads=1,
+            out=tmp_path / "run",
+        )
     assert not (tmp_path / "run").exists()

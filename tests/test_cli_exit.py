@@ -35,8 +35,14 @@ MAIN = (
 
 def _run(setup: str, tmp_path: Path) -> int:
     """Run ``setup`` then ``pdpfl --version`` through ``main``; the frozen-object count."""
-    res = subprocess.run([sys.executable, "-c", setup + MAIN], capture_output=True,
-                         text=True, check=False, timeout=120, cwd=tmp_path)
+    res = subprocess.run(
+        [sys.executable, "-c", setup + MAIN],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == __version__
     assert (tmp_path / "atexit.txt").read_text() == "ran"
@@ -69,8 +75,14 @@ def test_a_finalizer_in_a_cycle_keeps_the_normal_exit(tmp_path: Path) -> None:
 
 def test_main_keeps_the_exit_code_of_a_bad_input(tmp_path: Path) -> None:
     code = "import sys\nfrom pdpfl.cli import main\nsys.argv = ['pdpfl', 'run']\nmain()\n"
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=False, timeout=120, cwd=tmp_path)
+    res = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert res.returncode == 2
     assert res.stderr.startswith("error: ")
     assert "Traceback" not in res.stderr
@@ -102,8 +114,19 @@ def test_which_finalizers_need_the_collector(tmp_path: Path) -> None:
     closed.close()
     (tmp_path / "read.txt").write_text("x")
     with open(tmp_path / "read.txt") as read, open(tmp_path / "w.txt", "w") as written:
-        assert not exit_needs_collector([plain, closed, read, io.BytesIO(), io.StringIO(),
-                                          Forward(), sys.stdout, sys.stderr.buffer, object()])
+        assert not exit_needs_collector(
+            [
+                plain,
+                closed,
+                read,
+                io.BytesIO(),
+                io.StringIO(),
+                Forward(),
+                sys.stdout,
+                sys.stderr.buffer,
+                object(),
+            ]
+        )
         assert exit_needs_collector([cleanup])
         assert exit_needs_collector([written])
         assert exit_needs_collector([_UserFinalizer()])
@@ -145,8 +168,14 @@ def test_a_refused_run_leaves_the_collector_on(tmp_path: Path) -> None:
         "except SystemExit as stop:\n"
         "    print(stop.code, gc.isenabled())\n"
     )
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=False, timeout=120, cwd=tmp_path)
+    res = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert res.stdout.split() == ["2", "True"], res.stderr
     assert res.stderr.startswith("error: ")
     assert "algorithm.name: unknown algorithm 'nope'" in res.stderr

@@ -83,17 +83,40 @@ def test_run_writes_outputs_and_json(tmp_path: Path) -> None:
 def test_compare_table_and_csv(tmp_path: Path) -> None:
     cfg = _write(tmp_path, TINY)
     table = tmp_path / "runs.csv"
-    res = _invoke("compare", str(cfg), "--methods", "rpdp", "privacy-free",
-                  "--seeds", "1", "2", "--csv", str(table))
+    res = _invoke(
+        "compare",
+        str(cfg),
+        "--methods",
+        "rpdp",
+        "privacy-free",
+        "--seeds",
+        "1",
+        "2",
+        "--csv",
+        str(table),
+    )
     assert res.exit_code == 0, res.output
     assert "rpdp" in res.stdout and "±" in res.stdout
     with table.open() as fh:
         rows = list(csv.DictReader(fh))
     assert [(r["method"], r["seed"]) for r in rows] == [
-        ("rpdp", "1"), ("rpdp", "2"), ("privacy-free", "1"), ("privacy-free", "2")]
+        ("rpdp", "1"),
+        ("rpdp", "2"),
+        ("privacy-free", "1"),
+        ("privacy-free", "2"),
+    ]
     # the privacy unit of each run's ε and over-budget count is a column since the typed summary
-    assert list(rows[0]) == ["method", "seed", "final_accuracy", "last3_mean_accuracy",
-                             "over_budget", "seconds", "unit", "epsilon", "private"]
+    assert list(rows[0]) == [
+        "method",
+        "seed",
+        "final_accuracy",
+        "last3_mean_accuracy",
+        "over_budget",
+        "seconds",
+        "unit",
+        "epsilon",
+        "private",
+    ]
     assert all(int(r["over_budget"]) == 0 for r in rows if r["method"] == "rpdp")
 
 

@@ -27,8 +27,9 @@ def _imported_after(args: list[str]) -> set[str]:
         "    pass\n"
         f"print(json.dumps(sorted({{m.split('.')[0] for m in sys.modules}} & set({HEAVY!r}))))\n"
     )
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True, timeout=120)
+    res = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
     return set(json.loads(res.stdout.strip().splitlines()[-1]))
 
 
@@ -38,6 +39,16 @@ def test_help_imports_no_heavy_library(args: list[str]) -> None:
 
 
 def test_account_imports_scipy_only() -> None:
-    args = ["account", "--sigma", "1.0", "--delta", "1e-5", "--q", "0.01", "--steps", "10",
-            "--json"]
+    args = [
+        "account",
+        "--sigma",
+        "1.0",
+        "--delta",
+        "1e-5",
+        "--q",
+        "0.01",
+        "--steps",
+        "10",
+        "--json",
+    ]
     assert _imported_after(args) <= {"scipy"}

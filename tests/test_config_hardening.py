@@ -75,10 +75,28 @@ def _billion_laughs(levels: int = 9) -> str:
         ("- data\n- training\n", "holds a list; expected a mapping of sections"),
         ("just text\n", "holds a text value; expected a mapping"),
     ],
-    ids=["binary", "bad-utf8", "nul", "billion-laughs", "recursive-alias", "duplicate-key",
-         "nested-duplicate", "deep", "huge-int-digits", "int64-overflow", "float-overflow",
-         "python-tag", "binary-tag", "set-tag", "local-tag", "complex-key", "two-documents",
-         "unclosed", "list-top", "scalar-top"],
+    ids=[
+        "binary",
+        "bad-utf8",
+        "nul",
+        "billion-laughs",
+        "recursive-alias",
+        "duplicate-key",
+        "nested-duplicate",
+        "deep",
+        "huge-int-digits",
+        "int64-overflow",
+        "float-overflow",
+        "python-tag",
+        "binary-tag",
+        "set-tag",
+        "local-tag",
+        "complex-key",
+        "two-documents",
+        "unclosed",
+        "list-top",
+        "scalar-top",
+    ],
 )
 def test_hostile_yaml_is_refused_quickly_with_the_place(
     tmp_path: Path, content: str | bytes, expected: str
@@ -100,10 +118,21 @@ def test_oversized_file_and_special_files_are_refused(tmp_path: Path) -> None:
 
 def test_yaml_11_guesses_are_not_applied() -> None:
     """Values stay what they look like: no Norway problem, no dates, no octal, no base 60."""
-    got = load_yaml_text("a: yes\nb: off\nc: 2024-01-01\nd: 012\ne: 1:30\nf: 1e-5\n"
-                         "g: true\nh: ~\ni: .inf\nj: 0x10\n")
-    assert got == {"a": "yes", "b": "off", "c": "2024-01-01", "d": 12, "e": "1:30",
-                   "f": 1e-5, "g": True, "h": None, "i": float("inf"), "j": 16}
+    got = load_yaml_text(
+        "a: yes\nb: off\nc: 2024-01-01\nd: 012\ne: 1:30\nf: 1e-5\ng: true\nh: ~\ni: .inf\nj: 0x10\n"
+    )
+    assert got == {
+        "a": "yes",
+        "b": "off",
+        "c": "2024-01-01",
+        "d": 12,
+        "e": "1:30",
+        "f": 1e-5,
+        "g": True,
+        "h": None,
+        "i": float("inf"),
+        "j": 16,
+    }
 
 
 @pytest.mark.parametrize(
@@ -115,8 +144,10 @@ def test_yaml_11_guesses_are_not_applied() -> None:
         ("a: !!float 'abc'", "'abc' is not a valid float"),
         ("a: {<<: 5}", "expected a mapping or list of mappings for merging"),
         ("a: *nope", "found undefined alias 'nope'"),
-        ("%TAG !p! tag:yaml.org,2002:python/\n---\na: !p!object:os.system {}",
-         "tag '!!python/object:os.system' is not allowed"),
+        (
+            "%TAG !p! tag:yaml.org,2002:python/\n---\na: !p!object:os.system {}",
+            "tag '!!python/object:os.system' is not allowed",
+        ),
     ],
 )
 def test_explicit_tags_must_match_their_value(text: str, expected: str) -> None:
@@ -124,14 +155,19 @@ def test_explicit_tags_must_match_their_value(text: str, expected: str) -> None:
     with pytest.raises(YamlError, match=expected):
         load_yaml_text(text)
     assert load_yaml_text("a: !!int '12'\nb: !!float '3'\nc: !!str yes") == {
-        "a": 12, "b": 3.0, "c": "yes"}
+        "a": 12,
+        "b": 3.0,
+        "c": "yes",
+    }
 
 
 def test_merge_keys_and_moderate_aliases_still_work(tmp_path: Path) -> None:
-    text = ("defaults: &d {rounds: 1, local_steps: 1, batch_size: 8}\n"
-            "data: {dataset: digits, num_clients: 3}\n"
-            "privacy: {epsilon_max: 10.0, delta: 0.001}\n"
-            "training:\n  <<: *d\n  local_steps: 2\n")
+    text = (
+        "defaults: &d {rounds: 1, local_steps: 1, batch_size: 8}\n"
+        "data: {dataset: digits, num_clients: 3}\n"
+        "privacy: {epsilon_max: 10.0, delta: 0.001}\n"
+        "training:\n  <<: *d\n  local_steps: 2\n"
+    )
     raw = load_yaml_file(_file(tmp_path, text))
     assert raw["training"] == {"rounds": 1, "local_steps": 2, "batch_size": 8}
     lists = "a: &a [" + ", ".join(["1"] * 400) + "]\nb: [" + ", ".join(["*a"] * 100) + "]\n"
@@ -160,8 +196,10 @@ def test_yaml_error_is_a_value_error() -> None:
     [
         ("data.data_dir=[oops", "--set data.data_dir: not valid YAML"),
         ("data.options={a: 1, a: 2}", "--set data.options: line 1, column 8: duplicate key"),
-        ("data.options=!!python/object:os.system {}", "--set data.options: line 1, column 1: "
-         "tag '!!python/object:os.system'"),
+        (
+            "data.options=!!python/object:os.system {}",
+            "--set data.options: line 1, column 1: tag '!!python/object:os.system'",
+        ),
         ("seed=1" + "0" * 30, "--set seed: line 1, column 1: integer"),
         ("data.options=&a [*a]", "recursive alias"),
         ("training.lr=1e999", "--set training.lr: line 1, column 1: number 1e999 is too large"),
@@ -229,10 +267,17 @@ def test_non_finite_values_from_python_are_refused_too() -> None:
 
 def test_infinity_only_where_a_field_declares_it() -> None:
     """IDP-FedAvg's group budgets use .inf for non-private clients; NaN is still refused."""
-    raw = {**BASE, "data": {"dataset": "digits", "num_clients": 20},
-           "privacy": {"delta": 1e-3},
-           "algorithm": {"name": "idp-fedavg", "group_budgets": [1.0, float("inf")],
-                         "group_ratios": [0.5, 0.5], "clients_per_round": 5}}
+    raw = {
+        **BASE,
+        "data": {"dataset": "digits", "num_clients": 20},
+        "privacy": {"delta": 1e-3},
+        "algorithm": {
+            "name": "idp-fedavg",
+            "group_budgets": [1.0, float("inf")],
+            "group_ratios": [0.5, 0.5],
+            "clients_per_round": 5,
+        },
+    }
     cfg = config_from_dict(raw)
     assert cfg.algorithm.group_budgets[1] == float("inf")
     with pytest.raises(ConfigError, match=r"algorithm.group_budgets.1: must be a finite"):

@@ -61,8 +61,11 @@ def test_weighting_by_silo_size_needs_sizes_declared_public() -> None:
     problems = _problems({**BASE, "algorithm": {"name": "rpdp", "weighting": "num_examples"}})
     assert any(p.startswith("algorithm.weighting") and "public_silo_sizes" in p for p in problems)
     cfg = config_from_dict(
-        {**BASE, "algorithm": {"name": "rpdp", "weighting": "num_examples"},
-         "data": {**BASE["data"], "public_silo_sizes": True}}
+        {
+            **BASE,
+            "algorithm": {"name": "rpdp", "weighting": "num_examples"},
+            "data": {**BASE["data"], "public_silo_sizes": True},
+        }
     )
     assert cfg.algorithm.weighting == "num_examples"
 

@@ -185,8 +185,9 @@ def test_ciphertexts_are_fixed_width_and_validated(keypair) -> None:
 # ------------------------------------------------------------------------------ arithmetic
 
 
-@given(st.integers(1, 6), st.integers(1, 5), st.integers(1, 9), st.booleans(),
-       st.integers(0, 2**40))
+@given(
+    st.integers(1, 6), st.integers(1, 5), st.integers(1, 9), st.booleans(), st.integers(0, 2**40)
+)
 def test_multiexp_equals_the_naive_products(
     u: int, d: int, window: int, signed: bool, seed: int
 ) -> None:

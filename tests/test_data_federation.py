@@ -12,8 +12,9 @@ from pdpfl.data import ClientData, Federation
 
 def _client(name: str, ids: list[int], d: int = 3) -> ClientData:
     n = len(ids)
-    return ClientData(name, np.ones((n, d)), np.arange(n) % 2, np.zeros((2, d)), [0, 1],
-                      np.asarray(ids))
+    return ClientData(
+        name, np.ones((n, d)), np.arange(n) % 2, np.zeros((2, d)), [0, 1], np.asarray(ids)
+    )
 
 
 def test_dtypes_are_normalized() -> None:

@@ -15,8 +15,12 @@ def heart(shared_data_dir):
 
 
 def test_counts_and_features(heart) -> None:
-    assert [c.name for c in heart.clients] == ["cleveland", "hungary", "switzerland",
-                                               "va-long-beach"]
+    assert [c.name for c in heart.clients] == [
+        "cleveland",
+        "hungary",
+        "switzerland",
+        "va-long-beach",
+    ]
     totals = [c.num_train + c.num_test for c in heart.clients]
     assert totals == [303, 261, 46, 130]
     assert sum(c.num_train for c in heart.clients) == 486
@@ -69,9 +73,11 @@ def test_record_ids_stable_and_unique(heart, shared_data_dir) -> None:
 
 
 def test_encoding_of_synthetic_rows() -> None:
-    text = ("63,1,1,145,233,1,2,150,0,2.3,3,0,6,0\n"
-            "50,0,3,120,?,0,0,140,1,1.0,?,?,?,2\n"  # chol missing -> dropped
-            "40,0,4,110,200,0,1,160,0,0,?,?,?,3\n")
+    text = (
+        "63,1,1,145,233,1,2,150,0,2.3,3,0,6,0\n"
+        "50,0,3,120,?,0,0,140,1,1.0,?,?,?,2\n"  # chol missing -> dropped
+        "40,0,4,110,200,0,1,160,0,0,?,?,?,3\n"
+    )
     x, y, keep = encode(parse_processed(text))
     assert keep.tolist() == [True, False, True]
     assert y.tolist() == [0, 1]
@@ -79,7 +85,7 @@ def test_encoding_of_synthetic_rows() -> None:
     row = dict(zip(FEATURE_NAMES, x[1], strict=True))
     assert (row["cp_2"], row["cp_3"], row["cp_4"]) == (0, 0, 1)
     assert (row["restecg_1"], row["restecg_2"]) == (1, 0)
-    assert x[0, FEATURE_NAMES.index("cp_2"):FEATURE_NAMES.index("cp_4") + 1].sum() == 0
+    assert x[0, FEATURE_NAMES.index("cp_2") : FEATURE_NAMES.index("cp_4") + 1].sum() == 0
 
 
 def test_heart_silos_cannot_be_repartitioned(shared_data_dir) -> None:
@@ -90,8 +96,9 @@ def test_heart_silos_cannot_be_repartitioned(shared_data_dir) -> None:
 
 
 def test_heart_users_within_fixed_silos(heart, shared_data_dir) -> None:
-    fed = load_federation("heart-disease", data_dir=shared_data_dir, num_users=60,
-                          user_distribution="zipf")
+    fed = load_federation(
+        "heart-disease", data_dir=shared_data_dir, num_users=60, user_distribution="zipf"
+    )
     users = np.concatenate([c.user_ids for c in fed.clients])
     assert len(users) == 486 and set(users.tolist()) == set(range(60))
     for a, b in zip(heart.clients, fed.clients, strict=True):

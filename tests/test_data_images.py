@@ -59,9 +59,23 @@ def _cifar_folder(root, n_per_batch: int = 20) -> dict[str, tuple[np.ndarray, np
         data, images, labels = _cifar_records(rng, n_per_batch)
         (folder / name).write_bytes(data)
         written[name] = (images, labels)
-    (folder / "batches.meta.txt").write_text("\n".join(
-        ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship",
-         "truck"]) + "\n")
+    (folder / "batches.meta.txt").write_text(
+        "\n".join(
+            [
+                "airplane",
+                "automobile",
+                "bird",
+                "cat",
+                "deer",
+                "dog",
+                "frog",
+                "horse",
+                "ship",
+                "truck",
+            ]
+        )
+        + "\n"
+    )
     return written
 
 

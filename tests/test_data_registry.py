@@ -116,10 +116,12 @@ def test_data_layer_does_not_import_torch() -> None:
 
 def test_standard_normalization_uses_published_constants(shared_data_dir) -> None:
     raw = load_federation("mnist-10k", data_dir=shared_data_dir, num_clients=2, seed=4)
-    std = load_federation("mnist-10k", data_dir=shared_data_dir, num_clients=2, seed=4,
-                          normalize="standard")
-    np.testing.assert_allclose(std.clients[1].x_test, (raw.clients[1].x_test - 0.1307) / 0.3081,
-                               atol=1e-5)
+    std = load_federation(
+        "mnist-10k", data_dir=shared_data_dir, num_clients=2, seed=4, normalize="standard"
+    )
+    np.testing.assert_allclose(
+        std.clients[1].x_test, (raw.clients[1].x_test - 0.1307) / 0.3081, atol=1e-5
+    )
     with pytest.raises(ValueError, match="standard"):
         load_federation("digits", normalize="standard")
 

@@ -40,14 +40,22 @@ pd = pytest.importorskip("pandas")
 # ------------------------------------------------------------------------------ the CSV file
 
 
-def _csv(tmp_path: Path, edit: tuple[int, int, str] | None = None, n: int = 40,
-         extra: str = "") -> Path:
+def _csv(
+    tmp_path: Path, edit: tuple[int, int, str] | None = None, n: int = 40, extra: str = ""
+) -> Path:
     """pid,site,f1,f2,label with ``edit = (data row, column, value)`` applied."""
     rng = np.random.default_rng(0)
     rows = [["pid", "site", "f1", "f2", "label"]]
     for i in range(n):
-        rows.append([str(i), "ab"[i % 2], f"{rng.normal():.3f}", f"{rng.normal():.3f}",
-                     ["yes", "no"][i % 3 == 0]])
+        rows.append(
+            [
+                str(i),
+                "ab"[i % 2],
+                f"{rng.normal():.3f}",
+                f"{rng.normal():.3f}",
+                ["yes", "no"][i % 3 == 0],
+            ]
+        )
     if edit is not None:
         r, c, v = edit
         rows[r][c] = v
@@ -61,19 +69,27 @@ def _load_csv(path: Path, **options):
     return load_federation("csv", path=str(path), **{**base, **options})
 
 
-
 @pytest.mark.parametrize(
     ("edit", "expected"),
     [
-        ((5, 4, ""), r"column 'label' \(option 'label_column'\): 1 record\(s\) have no label "
-         r"\(empty\) at row 6"),
+        (
+            (5, 4, ""),
+            r"column 'label' \(option 'label_column'\): 1 record\(s\) have no label "
+            r"\(empty\) at row 6",
+        ),
         ((5, 4, "nan"), r"have no label \('nan'\) at row 6"),
         ((5, 4, "NA"), r"have no label \('NA'\) at row 6"),
-        ((5, 1, ""), r"column 'site' \(option 'silo_column'\): 1 record\(s\) have no silo "
-         r"\(empty\) at row 6"),
+        (
+            (5, 1, ""),
+            r"column 'site' \(option 'silo_column'\): 1 record\(s\) have no silo "
+            r"\(empty\) at row 6",
+        ),
         ((5, 1, "nan"), r"have no silo \('nan'\) at row 6"),
-        ((5, 2, "inf"), r"1 record\(s\) have NaN or infinite features \(row 6, column 'f1': "
-         r"inf\)"),
+        (
+            (5, 2, "inf"),
+            r"1 record\(s\) have NaN or infinite features \(row 6, column 'f1': "
+            r"inf\)",
+        ),
         ((5, 3, "nan"), r"row 6, column 'f2': nan"),
         ((5, 3, "-1e300"), r"beyond 3.403e\+38 in magnitude \(row 6, column 'f2'"),
         ((5, 2, "abc"), r"column 'f1' row 6 is not numeric: 'abc'"),
@@ -84,9 +100,23 @@ def _load_csv(path: Path, **options):
         ((5, 0, "99999999999999999999"), r"is not a 64-bit integer"),
         ((0, 3, "f1"), r"column names \['f1'\] appear more than once"),
     ],
-    ids=["empty-label", "nan-label", "NA-label", "empty-silo", "nan-silo", "inf-feature",
-         "nan-feature", "huge-feature", "text-feature", "empty-feature", "duplicate-id",
-         "fractional-id", "empty-id", "huge-id", "duplicate-column"],
+    ids=[
+        "empty-label",
+        "nan-label",
+        "NA-label",
+        "empty-silo",
+        "nan-silo",
+        "inf-feature",
+        "nan-feature",
+        "huge-feature",
+        "text-feature",
+        "empty-feature",
+        "duplicate-id",
+        "fractional-id",
+        "empty-id",
+        "huge-id",
+        "duplicate-column",
+    ],
 )
 def test_csv_cells_that_would_silently_change_are_refused_with_file_row_column(
     tmp_path: Path, edit: tuple[int, int, str], expected: str
@@ -145,20 +175,33 @@ def _from(df, **kw):
 @pytest.mark.parametrize(
     ("column", "value", "expected"),
     [
-        ("y", np.nan, r"label \(DataFrame column 'y'\): 1 record\(s\) have no label \(nan\) "
-         r"at index 7"),
+        (
+            "y",
+            np.nan,
+            r"label \(DataFrame column 'y'\): 1 record\(s\) have no label \(nan\) "
+            r"at index 7",
+        ),
         ("y", None, r"have no label \(None\) at index 7"),
         ("y", "", r"have no label \(empty\) at index 7"),
-        ("site", np.nan, r"silo \(DataFrame column 'site'\): 1 record\(s\) have no silo \(nan\)"
-         r" at index 7"),
+        (
+            "site",
+            np.nan,
+            r"silo \(DataFrame column 'site'\): 1 record\(s\) have no silo \(nan\)"
+            r" at index 7",
+        ),
         ("site", None, r"have no silo \(None\)"),
-        ("f1", np.inf, r"features \(DataFrame\): 1 record\(s\) have NaN or infinite features "
-         r"\(index 7, column 'f1': inf\)"),
+        (
+            "f1",
+            np.inf,
+            r"features \(DataFrame\): 1 record\(s\) have NaN or infinite features "
+            r"\(index 7, column 'f1': inf\)",
+        ),
         ("f2", np.nan, r"index 7, column 'f2': nan"),
     ],
 )
-def test_dataframe_missing_and_non_finite_cells_are_refused(column: str, value, expected: str
-                                                            ) -> None:
+def test_dataframe_missing_and_non_finite_cells_are_refused(
+    column: str, value, expected: str
+) -> None:
     df = _frame()
     df[column] = df[column].astype(object) if value is None or value == "" else df[column]
     df.loc[7, column] = value
@@ -182,14 +225,20 @@ def test_dataframe_nullable_dtypes_and_string_index() -> None:
 
 def test_dataframe_repeated_index_and_ids_name_the_rows() -> None:
     df = pd.concat([_frame(30), _frame(30)])  # forgot ignore_index=True
-    with pytest.raises(DataValidationError, match=r"record_id \(the DataFrame's index\): "
-                       r"record ids must be unique; id 0 appears 2 times"):
+    with pytest.raises(
+        DataValidationError,
+        match=r"record_id \(the DataFrame's index\): "
+        r"record ids must be unique; id 0 appears 2 times",
+    ):
         _from(df)
     df = _frame()
     df["pid"] = np.arange(60.0)
     df.loc[3, "pid"] = np.nan
-    with pytest.raises(DataValidationError, match=r"record_id \(DataFrame column 'pid'\): 1 "
-                       r"record\(s\) have no record id \(nan\) at index 3"):
+    with pytest.raises(
+        DataValidationError,
+        match=r"record_id \(DataFrame column 'pid'\): 1 "
+        r"record\(s\) have no record id \(nan\) at index 3",
+    ):
         _from(df, record_id="pid")
 
 
@@ -215,8 +264,11 @@ def test_dataframe_test_column_must_be_boolean() -> None:
     df = _frame()
     df["is_test"] = np.where(np.arange(60) % 4 == 0, 1.0, 0.0)
     df.loc[5, "is_test"] = np.nan  # to_numpy(dtype=bool) made this a test record
-    with pytest.raises(DataValidationError, match=r"test \(DataFrame column 'is_test'\): 1 "
-                       r"value\(s\) are not True/False"):
+    with pytest.raises(
+        DataValidationError,
+        match=r"test \(DataFrame column 'is_test'\): 1 "
+        r"value\(s\) are not True/False",
+    ):
         _from(df, test="is_test")
     df.loc[5, "is_test"] = 0.0
     assert sum(c.num_test for c in _from(df, test="is_test").clients) == 15
@@ -240,25 +292,48 @@ def _xy(n: int = 30):
 @pytest.mark.parametrize(
     ("change", "expected"),
     [
-        (lambda x, y, s: (x, np.eye(2)[y], s), r"y: expected one label per record \(shape "
-         r"\(n,\)\), got shape \(30, 2\) -- one-hot labels\? pass y.argmax"),
+        (
+            lambda x, y, s: (x, np.eye(2)[y], s),
+            r"y: expected one label per record \(shape "
+            r"\(n,\)\), got shape \(30, 2\) -- one-hot labels\? pass y.argmax",
+        ),
         (lambda x, y, s: (x[:-1], y, s), r"x and y: different numbers of records \(29 and 30\)"),
         (lambda x, y, s: (x, y, s[:-1]), r"silos: expected one silo per record \(30\), got 29"),
-        (lambda x, y, s: (np.where(np.arange(90).reshape(30, 3) == 7, np.inf, x), y, s),
-         r"x: 1 record\(s\) have NaN or infinite features \(index 2, feature 1: inf\)"),
+        (
+            lambda x, y, s: (np.where(np.arange(90).reshape(30, 3) == 7, np.inf, x), y, s),
+            r"x: 1 record\(s\) have NaN or infinite features \(index 2, feature 1: inf\)",
+        ),
         (lambda x, y, s: (x.astype(complex), y, s), "features must be real numbers"),
-        (lambda x, y, s: (np.array([["1", "2", "3"]] * 30, dtype=object), y, s),
-         r"x: index 0, feature 0 is not a number: '1'"),
-        (lambda x, y, s: (x, np.where(np.arange(30) == 4, np.nan, y), s),
-         r"y: 1 record\(s\) have no label \(nan\) at index 4"),
-        (lambda x, y, s: (x, np.array([None] + [1, 0] * 14 + [1], dtype=object), s),
-         r"y: 1 record\(s\) have no label \(None\) at index 0"),
-        (lambda x, y, s: (x, y, np.where(np.arange(30) == 3, None, s)),
-         r"silos: 1 record\(s\) have no silo \(None\) at index 3"),
+        (
+            lambda x, y, s: (np.array([["1", "2", "3"]] * 30, dtype=object), y, s),
+            r"x: index 0, feature 0 is not a number: '1'",
+        ),
+        (
+            lambda x, y, s: (x, np.where(np.arange(30) == 4, np.nan, y), s),
+            r"y: 1 record\(s\) have no label \(nan\) at index 4",
+        ),
+        (
+            lambda x, y, s: (x, np.array([None] + [1, 0] * 14 + [1], dtype=object), s),
+            r"y: 1 record\(s\) have no label \(None\) at index 0",
+        ),
+        (
+            lambda x, y, s: (x, y, np.where(np.arange(30) == 3, None, s)),
+            r"silos: 1 record\(s\) have no silo \(None\) at index 3",
+        ),
         (lambda x, y, s: (x, np.zeros(30), s), r"y: at least 2 classes are needed, found 1"),
     ],
-    ids=["one-hot", "x-y-length", "silo-length", "inf", "complex", "text-cells", "nan-label",
-         "none-label", "none-silo", "one-class"],
+    ids=[
+        "one-hot",
+        "x-y-length",
+        "silo-length",
+        "inf",
+        "complex",
+        "text-cells",
+        "nan-label",
+        "none-label",
+        "none-silo",
+        "one-class",
+    ],
 )
 def test_arrays_that_would_silently_change_are_refused(change, expected: str) -> None:
     x, y, s = change(*_xy())
@@ -308,12 +383,18 @@ def test_silos_name_the_silo_and_side() -> None:
     good = (rng.normal(size=(10, 2)), rng.integers(0, 2, 10))
     bad_x = good[0].copy()
     bad_x[4, 1] = np.nan
-    with pytest.raises(DataValidationError, match=r"silos\['b'\] x: 1 record\(s\) have NaN or "
-                       r"infinite features \(index 4, feature 1: nan\)"):
+    with pytest.raises(
+        DataValidationError,
+        match=r"silos\['b'\] x: 1 record\(s\) have NaN or "
+        r"infinite features \(index 4, feature 1: nan\)",
+    ):
         federation_from_silos({"a": good, "b": (bad_x, good[1])})
     bad_y = np.array([0, 1] * 4 + [None, 1], dtype=object)
-    with pytest.raises(DataValidationError, match=r"silos\['b'\] \(test\) y: 1 record\(s\) have"
-                       r" no label \(None\) at index 8"):
+    with pytest.raises(
+        DataValidationError,
+        match=r"silos\['b'\] \(test\) y: 1 record\(s\) have"
+        r" no label \(None\) at index 8",
+    ):
         federation_from_silos({"a": (*good, *good), "b": (*good, good[0], bad_y)})
     with pytest.raises(DataValidationError, match=r"silos\['b'\]: no records"):
         federation_from_silos({"a": good, "b": (np.zeros((0, 2)), np.zeros(0))})
@@ -323,15 +404,17 @@ def test_silos_name_the_silo_and_side() -> None:
     with pytest.raises(DataValidationError, match="labels mix booleans and numbers"):
         federation_from_silos({"a": good, "b": flags})
     with pytest.raises(DataValidationError, match=r"record_ids\['b'\]: 9 ids for 10 records"):
-        federation_from_silos({"a": good, "b": good}, record_ids=[np.arange(10),
-                                                                  np.arange(10, 19)])
+        federation_from_silos({"a": good, "b": good}, record_ids=[np.arange(10), np.arange(10, 19)])
 
 
 def test_client_data_refuses_non_finite_features_as_a_backstop() -> None:
     x = np.zeros((3, 2))
     x[1, 0] = 1e39  # finite in float64, inf in float32
-    with pytest.raises(ValueError, match=r"client 'c': 1 training record\(s\) have NaN or "
-                       r"infinite features as float32 \(record ids e.g. \[11\]\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"client 'c': 1 training record\(s\) have NaN or "
+        r"infinite features as float32 \(record ids e.g. \[11\]\)",
+    ):
         ClientData("c", x, np.zeros(3), np.zeros((0, 2)), np.zeros(0), np.array([10, 11, 12]))
 
 
@@ -362,8 +445,11 @@ def test_budgets_for_unknown_ids_are_an_error_unless_ignored() -> None:
     fed = _fed()
     eps = {i: 1.0 for i in range(100, 140)}
     eps[999] = 2.0
-    with pytest.raises(DataValidationError, match=r"1 budget\(s\) are for record ids that are "
-                       r"not in the data \(e.g. 999.*budgets.on_unmatched: ignore"):
+    with pytest.raises(
+        DataValidationError,
+        match=r"1 budget\(s\) are for record ids that are "
+        r"not in the data \(e.g. 999.*budgets.on_unmatched: ignore",
+    ):
         align_budgets(fed, eps)
     out = align_budgets(fed, eps, on_unmatched="ignore")
     assert sum(len(v) for v in out) == sum(c.num_train for c in fed.clients)
@@ -392,8 +478,11 @@ def test_a_bad_budget_is_reported_as_such_not_as_missing(value, expected: str) -
 def test_budget_series_and_arrays_name_the_index() -> None:
     s = pd.Series(1.0, index=[f"{i}" for i in range(100, 140)])
     s.iloc[3] = np.nan
-    with pytest.raises(DataValidationError, match=r"budgets \(Series\): record id 103 "
-                       r"\(index '103'\) has no ε \(nan\)"):
+    with pytest.raises(
+        DataValidationError,
+        match=r"budgets \(Series\): record id 103 "
+        r"\(index '103'\) has no ε \(nan\)",
+    ):
         budget_table(s)
     with pytest.raises(DataValidationError, match=r"id 5 appears 2 times"):
         budget_table(([5, 6, 5], [1.0, 1.0, 1.0]))
@@ -418,8 +507,9 @@ def _table(tmp_path: Path, rows: list[str]) -> Path:
         ("117", r"row 19 has fewer than 2 fields"),
     ],
 )
-def test_budget_table_rows_are_validated_with_their_row(tmp_path: Path, edit: str,
-                                                         expected: str) -> None:
+def test_budget_table_rows_are_validated_with_their_row(
+    tmp_path: Path, edit: str, expected: str
+) -> None:
     rows = [f"{i},1.0" for i in range(100, 140)]
     rows[17] = edit
     with pytest.raises(DataValidationError, match=expected):
@@ -437,8 +527,11 @@ def test_budget_file_check_against_the_whole_federation(tmp_path: Path) -> None:
     cfg = _Cfg()
     rows = [f"{i},1.0" for i in range(100, 140)] + ["7,1.0", "8,1.0"]
     cfg.budgets.file = str(_table(tmp_path, rows))
-    with pytest.raises(DataValidationError, match=r"budgets.file: .*budgets.csv: 2 budget\(s\) "
-                       r"are for record ids that are not in the data \(e.g. 7, 8; rows 42, 43\)"):
+    with pytest.raises(
+        DataValidationError,
+        match=r"budgets.file: .*budgets.csv: 2 budget\(s\) "
+        r"are for record ids that are not in the data \(e.g. 7, 8; rows 42, 43\)",
+    ):
         check_budget_file(cfg, fed)
     cfg.budgets.on_unmatched = "ignore"
     (warning,) = check_budget_file(cfg, fed)
@@ -452,8 +545,11 @@ def test_no_feature_columns_and_malformed_budget_containers() -> None:
     with pytest.raises(DataValidationError, match=r"x: no features \(shape \(30, 0\)\)"):
         federation_from_arrays(np.zeros((30, 0)), y, s)
     fed = _fed()
-    with pytest.raises(DataValidationError, match=r"expected a 1-D array indexed by record id, "
-                       r"got shape \(40, 2\)"):
+    with pytest.raises(
+        DataValidationError,
+        match=r"expected a 1-D array indexed by record id, "
+        r"got shape \(40, 2\)",
+    ):
         align_budgets(fed, np.ones((40, 2)))
     for bad in ("1.0", None):
         with pytest.raises(DataValidationError, match="budgets file is given as budgets.file"):
@@ -463,14 +559,19 @@ def test_no_feature_columns_and_malformed_budget_containers() -> None:
 def test_csv_numeric_labels_are_numbers(tmp_path: Path) -> None:
     """'1' and '1.0' are one class (not two); 0.5 is continuous; 'inf' and 'nan' are refused."""
     path = tmp_path / "num.csv"
-    path.write_text("f,label\n" + "".join(f"{i},{['0', '1', '1.0', '0.0'][i % 4]}\n"
-                                          for i in range(20)))
+    path.write_text(
+        "f,label\n" + "".join(f"{i},{['0', '1', '1.0', '0.0'][i % 4]}\n" for i in range(20))
+    )
     fed = load_federation("csv", path=str(path), num_clients=2)
     assert fed.class_names == ["0", "1"]
-    for bad, expected in (("0.5", "is not a whole number"), ("inf", "too large"),
-                          ("nan", r"have no label \(nan\) at row 4")):
-        path.write_text("f,label\n" + "".join(
-            f"{i},{bad if i == 2 else i % 2}\n" for i in range(20)))
+    for bad, expected in (
+        ("0.5", "is not a whole number"),
+        ("inf", "too large"),
+        ("nan", r"have no label \(nan\) at row 4"),
+    ):
+        path.write_text(
+            "f,label\n" + "".join(f"{i},{bad if i == 2 else i % 2}\n" for i in range(20))
+        )
         with pytest.raises(DataValidationError, match=expected):
             load_federation("csv", path=str(path), num_clients=2)
 

@@ -47,6 +47,7 @@ class _NanAfter(torch.nn.Module):
 
 
 if "nan-after-update" not in MODELS:
+
     @register_model("nan-after-update")
     def _build(input_shape: tuple[int, ...], num_classes: int) -> torch.nn.Module:
         model = _NanAfter(int(np.prod(input_shape)), 1 if num_classes == 2 else num_classes)

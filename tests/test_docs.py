@@ -93,8 +93,9 @@ def parse_blocks(page: Path) -> list[Block]:
             reason = None
             if marker:
                 reason = (marker.group(1) or "").strip()
-            blocks.append(Block(page, start + 1, lang, "\n".join(lines[start + 1 : j]) + "\n",
-                                reason))
+            blocks.append(
+                Block(page, start + 1, lang, "\n".join(lines[start + 1 : j]) + "\n", reason)
+            )
         i = j + 1
     return blocks
 
@@ -155,12 +156,15 @@ def _run_python(block: Block, namespace: dict, cwd: Path) -> Outcome:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
             exec(compile(block.text, block.id, "exec", dont_inherit=True), namespace)  # noqa: S102 - our docs
     except BaseException:  # noqa: BLE001 - report any failure of a documented snippet
-        return Outcome("fail", traceback.format_exc(limit=6) + out.getvalue()[-2000:],
-                       time.perf_counter() - t0, time.process_time() - c0)
+        return Outcome(
+            "fail",
+            traceback.format_exc(limit=6) + out.getvalue()[-2000:],
+            time.perf_counter() - t0,
+            time.process_time() - c0,
+        )
     finally:
         os.chdir(before)
-    return Outcome("ok", out.getvalue()[-2000:], time.perf_counter() - t0,
-                   time.process_time() - c0)
+    return Outcome("ok", out.getvalue()[-2000:], time.perf_counter() - t0, time.process_time() - c0)
 
 
 def _children_cpu() -> float:
@@ -174,15 +178,21 @@ def _run_bash(block: Block, cwd: Path) -> Outcome:
     t0, c0 = time.perf_counter(), _children_cpu()
     try:
         res = subprocess.run(
-            ["bash", "-e", "-o", "pipefail", "-c", block.text], cwd=cwd, env=_env(),
-            capture_output=True, text=True, timeout=BASH_TIMEOUT, check=False,
+            ["bash", "-e", "-o", "pipefail", "-c", block.text],
+            cwd=cwd,
+            env=_env(),
+            capture_output=True,
+            text=True,
+            timeout=BASH_TIMEOUT,
+            check=False,
         )
     except subprocess.TimeoutExpired:
         return Outcome("fail", f"timed out after {BASH_TIMEOUT} s", time.perf_counter() - t0)
     detail = (res.stdout + res.stderr)[-3000:]
     status = "ok" if res.returncode == 0 else "fail"
-    return Outcome(status, f"exit {res.returncode}\n{detail}", time.perf_counter() - t0,
-                   _children_cpu() - c0)
+    return Outcome(
+        status, f"exit {res.returncode}\n{detail}", time.perf_counter() - t0, _children_cpu() - c0
+    )
 
 
 def run_page(page: Path, tmp: Path, data_dir: Path = SHARED_DATA) -> dict[int, Outcome]:
@@ -260,7 +270,9 @@ def test_parser_finds_blocks_and_markers(tmp_path: Path) -> None:
     )
     blocks = parse_blocks(page)
     assert [(b.lang, b.line, b.no_run) for b in blocks] == [
-        ("python", 2, None), ("bash", 6, "needs a GPU")]
+        ("python", 2, None),
+        ("bash", 6, "needs a GPU"),
+    ]
     assert blocks[0].text == "x = 1\n"
 
 

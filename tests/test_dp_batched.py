@@ -22,8 +22,9 @@ def _data(sizes, shape=(1, 8, 8), classes=10, seed=0):
     "spec",
     [
         LocalTrainingSpec(epochs=2, batch_size=8, optimizer="sgd", lr=0.1),
-        LocalTrainingSpec(epochs=1, batch_size=5, optimizer="sgd", lr=0.05, momentum=0.9,
-                          weight_decay=1e-3),
+        LocalTrainingSpec(
+            epochs=1, batch_size=5, optimizer="sgd", lr=0.05, momentum=0.9, weight_decay=1e-3
+        ),
         LocalTrainingSpec(epochs=3, batch_size=16, optimizer="adam", lr=0.01),
         LocalTrainingSpec(epochs=1, batch_size=None, optimizer="sgd", lr=0.1),
         LocalTrainingSpec(epochs=4, batch_size=4, optimizer="sgd", lr=0.1, steps=3),
@@ -106,8 +107,7 @@ def test_per_copy_streams_and_memory_capped_groups_follow_the_loop():
         torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-4)
     # A copy's training depends on its own stream only: dropping a copy changes no other.
     rest = [0, 1, 3, 4, 5]
-    c = train_copies(model, [data[k] for k in rest], spec,
-                     stream=[streams()[k] for k in rest])
+    c = train_copies(model, [data[k] for k in rest], spec, stream=[streams()[k] for k in rest])
     for x, y in zip(a, c, strict=True):
         torch.testing.assert_close(x[rest], y, atol=1e-6, rtol=1e-5)
     with pytest.raises(ValueError, match="one stream per copy"):
@@ -141,9 +141,14 @@ def test_generic_vmap_path_follows_the_loop(optimizer):
     torch.manual_seed(7)
     model = _Wrapped()
     data = _data([4, 11, 1], seed=3)
-    spec = LocalTrainingSpec(epochs=2, batch_size=3, optimizer=optimizer, lr=0.05,
-                             momentum=0.9 if optimizer == "sgd" else 0.0,
-                             weight_decay=1e-3 if optimizer == "sgd" else 0.0)
+    spec = LocalTrainingSpec(
+        epochs=2,
+        batch_size=3,
+        optimizer=optimizer,
+        lr=0.05,
+        momentum=0.9 if optimizer == "sgd" else 0.0,
+        weight_decay=1e-3 if optimizer == "sgd" else 0.0,
+    )
     a = train_copies(model, data, spec, stream=SeededRandomness(2).stream("s"))
     b = train_copies_loop(model, data, spec, stream=SeededRandomness(2).stream("s"))
     for x, y in zip(a, b, strict=True):

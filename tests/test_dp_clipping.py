@@ -317,8 +317,13 @@ def _builtin(name):
 
 @pytest.mark.parametrize(
     "name",
-    ["logreg", "mlp", "mnist-cnn", "mnist-cnn-28",
-     pytest.param("resnet18-gn", marks=pytest.mark.slow)],  # fmt: skip
+    [
+        "logreg",
+        "mlp",
+        "mnist-cnn",
+        "mnist-cnn-28",
+        pytest.param("resnet18-gn", marks=pytest.mark.slow),
+    ],  # fmt: skip
 )
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_builtin_models_bound_adversarial_records(name, dtype):

@@ -146,8 +146,18 @@ def _gram_for_ghost(request, monkeypatch):
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "name",
-    ["logreg", "mlp", "cnn", "mixed", "ghost", "oddconv", "rowconv", "ghost-nhwc",
-     "oddconv-nhwc", "rowconv-nhwc"],  # fmt: skip
+    [
+        "logreg",
+        "mlp",
+        "cnn",
+        "mixed",
+        "ghost",
+        "oddconv",
+        "rowconv",
+        "ghost-nhwc",
+        "oddconv-nhwc",
+        "rowconv-nhwc",
+    ],  # fmt: skip
 )
 @pytest.mark.parametrize("method", ["hooks", "func"])
 def test_per_sample_gradients_match_loop(name, method):
@@ -165,8 +175,18 @@ def test_per_sample_gradients_match_loop(name, method):
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "name",
-    ["logreg", "mlp", "cnn", "mixed", "ghost", "oddconv", "rowconv", "ghost-nhwc",
-     "oddconv-nhwc", "rowconv-nhwc"],  # fmt: skip
+    [
+        "logreg",
+        "mlp",
+        "cnn",
+        "mixed",
+        "ghost",
+        "oddconv",
+        "rowconv",
+        "ghost-nhwc",
+        "oddconv-nhwc",
+        "rowconv-nhwc",
+    ],  # fmt: skip
 )
 def test_clipped_sum_matches_explicit_clipping(name):
     model, x, y = _case(name, n=9)

@@ -24,16 +24,22 @@ def test_environment_resolves_device_randomness_and_names_once() -> None:
     assert env.device == torch.device("cpu")
     assert list(env.randomness) == parties(len(federation.clients))
     assert len({id(r) for r in env.randomness.values()}) == len(env.randomness)  # one each
-    x0 = initial_model(config.model.name, env.info.input_shape, env.info.num_classes,
-                       dict(config.model.options), seed=config.seed)
+    x0 = initial_model(
+        config.model.name,
+        env.info.input_shape,
+        env.info.num_classes,
+        dict(config.model.options),
+        seed=config.seed,
+    )
     assert env.parameter_names == tuple(n for n, _ in trainable_parameters(x0))
 
 
 def test_secure_parties_draw_different_coins() -> None:
     config = with_updates(toy_config("rpdp"), ["randomness=secure"])
     env = resolve_environment(config, load_federation_for(config))
-    draws = {party: r.stream("coins", 0, 0).uniform(8).tobytes()
-             for party, r in env.randomness.items()}
+    draws = {
+        party: r.stream("coins", 0, 0).uniform(8).tobytes() for party, r in env.randomness.items()
+    }
     assert len(set(draws.values())) == len(draws)
 
 

@@ -22,16 +22,40 @@ def _data(n: int, seed: int = 0) -> SimpleNamespace:
     return SimpleNamespace(x_train=x, y_train=y, x_test=x[:10], y_test=y[:10], name="silo")
 
 
-def _client(budgets: np.ndarray, rate: float, *, rounds: int = 6, client_rate: float = 1.0,
-            adversary: str = "both", seed: int = 0, randomness=None, model: str = "logreg",
-            **kw) -> DpFedAvgClient:
-    pub = Publication(mode="uniform", noise_multiplier=5.0, delta=1e-5, local_steps=3,
-                      rounds=rounds, client_rate=client_rate, max_grad_norm=1.0,
-                      adversary=adversary, uniform_epsilon=float(budgets.min()),
-                      uniform_rate=rate)
+def _client(
+    budgets: np.ndarray,
+    rate: float,
+    *,
+    rounds: int = 6,
+    client_rate: float = 1.0,
+    adversary: str = "both",
+    seed: int = 0,
+    randomness=None,
+    model: str = "logreg",
+    **kw,
+) -> DpFedAvgClient:
+    pub = Publication(
+        mode="uniform",
+        noise_multiplier=5.0,
+        delta=1e-5,
+        local_steps=3,
+        rounds=rounds,
+        client_rate=client_rate,
+        max_grad_norm=1.0,
+        adversary=adversary,
+        uniform_epsilon=float(budgets.min()),
+        uniform_rate=rate,
+    )
     return DpFedAvgClient(
-        3, create_model(model, (5,), 2), _data(budgets.size, seed), budgets, pub,
-        randomness=randomness or SeededRandomness(seed), normalizer=4.0, lr=0.1, **kw,
+        3,
+        create_model(model, (5,), 2),
+        _data(budgets.size, seed),
+        budgets,
+        pub,
+        randomness=randomness or SeededRandomness(seed),
+        normalizer=4.0,
+        lr=0.1,
+        **kw,
     )
 
 
@@ -121,7 +145,11 @@ def test_state_holds_no_secret_randomness() -> None:
     assert set(state) == {"next_round", "participations", "ledger", "extra"}
     assert set(state["extra"]) == {"selection_counts"}
     assert set(state["ledger"]) == {
-        "third_party_rounds", "server_rounds", "sat_out_rounds", "rounds_recorded"}
+        "third_party_rounds",
+        "server_rounds",
+        "sat_out_rounds",
+        "rounds_recorded",
+    }
 
 
 def test_public_weight_scales_the_released_update() -> None:
@@ -141,9 +169,17 @@ def test_personalized_silo_refuses_infeasible_budgets_unless_excluded() -> None:
 
     plan = TrainingPlan(noise_multiplier=0.5, delta=1e-5, steps=3, rounds=6, client_rate=1.0)
     est = fit_estimator(plan, adversary="both")  # smallest achievable ε ≈ 1.32
-    pub = Publication(mode="personalized", noise_multiplier=0.5, delta=1e-5, local_steps=3,
-                      rounds=6, client_rate=1.0, max_grad_norm=1.0, adversary="both",
-                      estimator=est.to_dict())
+    pub = Publication(
+        mode="personalized",
+        noise_multiplier=0.5,
+        delta=1e-5,
+        local_steps=3,
+        rounds=6,
+        client_rate=1.0,
+        max_grad_norm=1.0,
+        adversary="both",
+        estimator=est.to_dict(),
+    )
     budgets = np.array([0.5, 1.0, 2.0, 5.0])
     model = create_model("logreg", (5,), 2)
     kw = dict(randomness=SeededRandomness(0), normalizer=2.0)
@@ -156,8 +192,24 @@ def test_personalized_silo_refuses_infeasible_budgets_unless_excluded() -> None:
 
 
 def test_dp_silo_needs_a_public_normaliser() -> None:
-    pub = Publication(mode="uniform", noise_multiplier=1.0, delta=1e-5, local_steps=1, rounds=1,
-                      client_rate=1.0, max_grad_norm=1.0, uniform_epsilon=1.0, uniform_rate=0.5)
+    pub = Publication(
+        mode="uniform",
+        noise_multiplier=1.0,
+        delta=1e-5,
+        local_steps=1,
+        rounds=1,
+        client_rate=1.0,
+        max_grad_norm=1.0,
+        uniform_epsilon=1.0,
+        uniform_rate=0.5,
+    )
     with pytest.raises(ValueError, match="training.batch_size"):
-        DpFedAvgClient(0, create_model("logreg", (5,), 2), _data(4), np.ones(4), pub,
-                       randomness=SeededRandomness(0), normalizer=None)
+        DpFedAvgClient(
+            0,
+            create_model("logreg", (5,), 2),
+            _data(4),
+            np.ones(4),
+            pub,
+            randomness=SeededRandomness(0),
+            normalizer=None,
+        )

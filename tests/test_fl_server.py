@@ -17,8 +17,12 @@ from pdpfl.randomness import SecureRandomness, SeededRandomness
 
 
 def _server(rate: float = 0.5, seed: int = 1, randomness=None, **kw) -> FedAvgServer:
-    return FedAvgServer([np.zeros(3, np.float32), np.ones((2, 2), np.float32)],
-                        client_rate=rate, randomness=randomness or SeededRandomness(seed), **kw)
+    return FedAvgServer(
+        [np.zeros(3, np.float32), np.ones((2, 2), np.float32)],
+        client_rate=rate,
+        randomness=randomness or SeededRandomness(seed),
+        **kw,
+    )
 
 
 def test_server_satisfies_the_protocol() -> None:
@@ -67,14 +71,14 @@ def test_empty_rounds_happen_and_count() -> None:
         empty += not sel
     assert empty > 0
     assert s.empty_rounds == empty and s.rounds_done == 50
-    assert sum(s.participation.values()) == sum(
-        len(s.select_clients(t, ids)) for t in range(50)
-    )
+    assert sum(s.participation.values()) == sum(len(s.select_clients(t, ids)) for t in range(50))
 
 
 def _contribution(scale: float, weight: float = 1.0) -> Contribution:
-    return Contribution([np.full(3, weight * scale, np.float32),
-                         np.full((2, 2), -weight * scale, np.float32)], weight=weight)
+    return Contribution(
+        [np.full(3, weight * scale, np.float32), np.full((2, 2), -weight * scale, np.float32)],
+        weight=weight,
+    )
 
 
 def test_simple_average_and_server_lr() -> None:
@@ -133,8 +137,14 @@ def test_servers_needing_individual_updates_are_refused_with_hiding_protocols() 
     check_compatible(central, PlainSum())
     with pytest.raises(ValueError, match="needs each silo's update"):
         check_compatible(central, Hiding())
-    agg = PlainSum().collect(_Transport({0: Contribution([np.ones(2, np.float32)])}), [0],
-                             central.initial_params(), 0, {}, central)
+    agg = PlainSum().collect(
+        _Transport({0: Contribution([np.ones(2, np.float32)])}),
+        [0],
+        central.initial_params(),
+        0,
+        {},
+        central,
+    )
     assert agg.contributions is not None and len(agg.contributions) == 1
 
 
@@ -172,8 +182,15 @@ def test_budget_groups_levels_and_bins() -> None:
 
 
 def _pub(**kw) -> Publication:
-    base = dict(mode="uniform", noise_multiplier=1.0, delta=1e-5, local_steps=2, rounds=3,
-                client_rate=1.0, max_grad_norm=1.0)
+    base = dict(
+        mode="uniform",
+        noise_multiplier=1.0,
+        delta=1e-5,
+        local_steps=2,
+        rounds=3,
+        client_rate=1.0,
+        max_grad_norm=1.0,
+    )
     return Publication(**{**base, **kw})
 
 

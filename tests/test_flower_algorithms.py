@@ -90,8 +90,9 @@ def check_message_log(path: Path, public_metrics: frozenset[str], sizes_public: 
     return counts
 
 
-def run_like_the_simulator(config: Any, tmp_path: Path, monkeypatch: Any,
-                           round_timeout: float = 30.0) -> tuple[dict, dict, Path]:
+def run_like_the_simulator(
+    config: Any, tmp_path: Path, monkeypatch: Any, round_timeout: float = 30.0
+) -> tuple[dict, dict, Path]:
     """The simulator's run and the same config through pdpfl's Flower apps (message log on);
     asserts both give the same model after the same rounds. Returns (sim, flower result, log)."""
     from pdpfl.config import config_to_dict
@@ -183,10 +184,14 @@ def test_boundary_check_fails_on_an_extra_field(tmp_path: Path) -> None:
 #: participation and ULDP-FL's private weighting, each against the simulator's model.
 PROTOCOL_CASES = {
     "secure-sum": ("rpdp", ["aggregation=secure"]),
-    "hidden-participation": ("rpdp", ["aggregation=secure", "participation=hidden",
-                                      "training.client_rate=0.5"]),
-    "private-weights": ("uldp-avg", ["algorithm.weights=private", "secure.n_max=600",
-                                     "secure.workers=1"]),
+    "hidden-participation": (
+        "rpdp",
+        ["aggregation=secure", "participation=hidden", "training.client_rate=0.5"],
+    ),
+    "private-weights": (
+        "uldp-avg",
+        ["algorithm.weights=private", "secure.n_max=600", "secure.workers=1"],
+    ),
 }
 
 
@@ -197,8 +202,9 @@ def test_aggregation_protocols_run_on_flower_like_the_simulator(
     case: str, tmp_path: Path, monkeypatch: Any
 ) -> None:
     name, extra = PROTOCOL_CASES[case]
-    _, _, log = run_like_the_simulator(toy_digits(name, *extra), tmp_path, monkeypatch,
-                                       round_timeout=120.0)
+    _, _, log = run_like_the_simulator(
+        toy_digits(name, *extra), tmp_path, monkeypatch, round_timeout=120.0
+    )
     actions = [json.loads(line)["action"] for line in log.read_text().splitlines()]
     # no plain training reply: every update left its silo masked or encrypted
     assert "fit" not in actions, sorted(set(actions))
@@ -221,11 +227,15 @@ def test_secure_aggregation_is_refused_in_per_message_mode(tmp_path: Path, monke
     run_config = {
         "pdpfl-config": encode_config(config_to_dict(toy_digits("rpdp", "aggregation=secure"))),
         "pdpfl-hooks": "pdpfl.runtime.flower.hooks:PDPFL_HOOKS",
-        "pdpfl-out-dir": str(out), "pdpfl-resume": False, "pdpfl-round-timeout": 30.0,
-        "pdpfl-startup-timeout": 30.0, "pdpfl-min-silos": 1,
+        "pdpfl-out-dir": str(out),
+        "pdpfl-resume": False,
+        "pdpfl-round-timeout": 30.0,
+        "pdpfl-startup-timeout": 30.0,
+        "pdpfl-min-silos": 1,
     }
-    grid = FakeGrid(run_config, out / "silos", 3, hooks=None, mode="per-message",
-                    monkeypatch=monkeypatch)
+    grid = FakeGrid(
+        run_config, out / "silos", 3, hooks=None, mode="per-message", monkeypatch=monkeypatch
+    )
     from pdpfl.runtime.flower.transport import FlowerRunError
 
     with pytest.raises(FlowerRunError, match="mode per-message.*--mode warm"):
@@ -244,20 +254,28 @@ def test_private_subsampling_runs_on_flower(tmp_path: Path, monkeypatch: Any) ->
     from pdpfl.privacy.uldp import user_epsilon
     from pdpfl.runtime.flower.codec import encode_config
 
-    config = toy_digits("uldp-avg", "algorithm.weights=private", "algorithm.user_rate=0.5",
-                        "algorithm.subsampling=private", "algorithm.ot_items=2",
-                        "secure.n_max=600", "secure.workers=1")
+    config = toy_digits(
+        "uldp-avg",
+        "algorithm.weights=private",
+        "algorithm.user_rate=0.5",
+        "algorithm.subsampling=private",
+        "algorithm.ot_items=2",
+        "secure.n_max=600",
+        "secure.workers=1",
+    )
     log = tmp_path / "messages.jsonl"
     monkeypatch.setenv("PDPFL_MESSAGE_LOG", str(log))
     out = tmp_path / "flower"
     run_config = {
         "pdpfl-config": encode_config(config_to_dict(config)),
         "pdpfl-hooks": "pdpfl.runtime.flower.hooks:PDPFL_HOOKS",
-        "pdpfl-out-dir": str(out), "pdpfl-resume": False, "pdpfl-round-timeout": 120.0,
-        "pdpfl-startup-timeout": 30.0, "pdpfl-min-silos": 3,
+        "pdpfl-out-dir": str(out),
+        "pdpfl-resume": False,
+        "pdpfl-round-timeout": 120.0,
+        "pdpfl-startup-timeout": 30.0,
+        "pdpfl-min-silos": 3,
     }
-    result = serve(FakeGrid(run_config, out / "silos", 3, hooks=None, monkeypatch=monkeypatch),
-                   out)
+    result = serve(FakeGrid(run_config, out / "silos", 3, hooks=None, monkeypatch=monkeypatch), out)
     assert result["status"] == "ok", result.get("error")
     assert result["summary"]["rounds_completed"] == 2
     text = log.read_text()
@@ -269,4 +287,5 @@ def test_private_subsampling_runs_on_flower(tmp_path: Path, monkeypatch: Any) ->
     assert eps["server"] == pytest.approx(eps["third_party"], rel=1e-9)
     if sigma is not None:
         assert eps["server"] == pytest.approx(
-            user_epsilon(sigma, config.privacy.delta, 2, 0.5), rel=1e-6)
+            user_epsilon(sigma, config.privacy.delta, 2, 0.5), rel=1e-6
+        )

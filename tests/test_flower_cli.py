@@ -112,8 +112,19 @@ def test_supernode_starts_a_warm_worker_next_to_the_supernode(tmp_path: Path) ->
     )  # fmt: skip
     assert result.exit_code == 0 and len(result.output.strip().splitlines()) == 1
     assert "--isolation" not in result.output
-    bad = _run("supernode", "--silo", "0", "--num-silos", "2", "--superlink", "h:1",
-               "--insecure", "--mode", "lazy", "--dry-run")
+    bad = _run(
+        "supernode",
+        "--silo",
+        "0",
+        "--num-silos",
+        "2",
+        "--superlink",
+        "h:1",
+        "--insecure",
+        "--mode",
+        "lazy",
+        "--dry-run",
+    )
     assert bad.exit_code == 2 and "--mode" in bad.output
 
 

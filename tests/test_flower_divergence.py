@@ -44,8 +44,11 @@ class DivergingClient(ToyClient):
         if (self.client_id, round_index) == (WHERE.get("silo"), WHERE.get("round")):
             self.fits += 1  # charged before the step (write-ahead), then nothing released
             self.fit_rounds.append(round_index)
-            raise NonFiniteError("its update of parameter 0 is not finite",
-                                 round_index=round_index, silo=self.client_id)
+            raise NonFiniteError(
+                "its update of parameter 0 is not finite",
+                round_index=round_index,
+                silo=self.client_id,
+            )
         return super().fit(global_params, round_index, config)
 
 
@@ -93,8 +96,9 @@ def test_a_silo_that_diverges_stops_the_run_naming_round_and_silo(
 ) -> None:
     """With prefetch, round 2's training travels with round 1's evaluation: the divergence is
     raised when round 2 collects it, after round 1 is complete (metrics, checkpoint)."""
-    out, result, err = _serve(tmp_path, monkeypatch, {"silo": 1, "round": 2},
-                              **{"pdpfl-prefetch": prefetch})
+    out, result, err = _serve(
+        tmp_path, monkeypatch, {"silo": 1, "round": 2}, **{"pdpfl-prefetch": prefetch}
+    )
     assert (err.round_index, err.silo) == (2, 1)
     assert result["status"] == "diverged"
     assert result["diverged"]["round"] == 2 and result["diverged"]["silo"] == 1
@@ -123,9 +127,10 @@ def test_the_launcher_raises_for_a_diverged_result() -> None:
 
     raise_if_diverged({"status": "ok"}, {})
     with pytest.raises(TrainingDiverged, match="round 3 at silo 1: boom") as info:
-        raise_if_diverged({"status": "diverged",
-                           "diverged": {"round": 2, "silo": 1, "cause": "boom"}},
-                          {"completed": False})
+        raise_if_diverged(
+            {"status": "diverged", "diverged": {"round": 2, "silo": 1, "cause": "boom"}},
+            {"completed": False},
+        )
     assert info.value.result == {"completed": False}
 
 
@@ -140,15 +145,17 @@ def test_pdpfl_run_on_flower_exits_3_when_training_diverges(
     def diverging(config: Any, out_dir: Any, resume: bool, **kw: Any) -> dict[str, Any]:
         launcher.raise_if_diverged(
             {"status": "diverged", "diverged": {"round": 4, "silo": 0, "cause": "nan loss"}},
-            {"completed": False})
+            {"completed": False},
+        )
         return {}
 
     monkeypatch.setattr(launcher, "run_flower", diverging)
     config = Path(__file__).resolve().parents[1] / "examples" / "digits_demo.yaml"
     if not config.exists():
         pytest.skip("examples/digits_demo.yaml missing")
-    result = CliRunner().invoke(app, ["run", str(config), "--runtime", "flower",
-                                      "--out", str(tmp_path / "out"), "--quiet"])
+    result = CliRunner().invoke(
+        app, ["run", str(config), "--runtime", "flower", "--out", str(tmp_path / "out"), "--quiet"]
+    )
     assert result.exit_code == 3, result.output
     assert "training diverged in round 5 at silo 0" in result.output
     assert "Traceback" not in result.output
@@ -157,12 +164,14 @@ def test_pdpfl_run_on_flower_exits_3_when_training_diverges(
 # ------------------------------------------- pdpfl's own algorithms (rPDP-FL), a huge lr
 
 DIVERGING = {
-    "name": "diverge", "seed": 3, "threads": 1, "randomness": "reproducible",
+    "name": "diverge",
+    "seed": 3,
+    "threads": 1,
+    "randomness": "reproducible",
     "data": {"dataset": "breast-cancer", "num_clients": 3},
     "model": {"name": "logreg"},
     "privacy": {"epsilon_max": 5.0, "delta": 1e-3},
-    "training": {"rounds": 3, "local_steps": 2, "lr": 1e38, "max_grad_norm": 1e30,
-                 "batch_size": 8},
+    "training": {"rounds": 3, "local_steps": 2, "lr": 1e38, "max_grad_norm": 1e30, "batch_size": 8},
 }
 
 
@@ -181,8 +190,11 @@ def test_rpdp_on_flower_stops_where_the_simulator_stops(tmp_path: Path, monkeypa
     run_config = {
         "pdpfl-config": encode_config(config_to_dict(config)),
         "pdpfl-hooks": "pdpfl.runtime.flower.hooks:PDPFL_HOOKS",
-        "pdpfl-out-dir": str(out), "pdpfl-resume": False, "pdpfl-round-timeout": 30.0,
-        "pdpfl-startup-timeout": 30.0, "pdpfl-min-silos": 3,
+        "pdpfl-out-dir": str(out),
+        "pdpfl-resume": False,
+        "pdpfl-round-timeout": 30.0,
+        "pdpfl-startup-timeout": 30.0,
+        "pdpfl-min-silos": 3,
     }
     grid = FakeGrid(run_config, out / "silos", 3, hooks=None, monkeypatch=monkeypatch)
     with pytest.raises(TrainingDiverged) as flw:
@@ -213,8 +225,9 @@ def test_pdpfl_run_on_a_real_flower_federation_exits_3(tmp_path: Path) -> None:
     cfg = tmp_path / "cfg.yaml"
     cfg.write_text(yaml.safe_dump(DIVERGING))
     out = tmp_path / "out"
-    res = CliRunner().invoke(app, ["run", str(cfg), "--runtime", "flower", "--out", str(out),
-                                   "--quiet"])
+    res = CliRunner().invoke(
+        app, ["run", str(cfg), "--runtime", "flower", "--out", str(out), "--quiet"]
+    )
     assert res.exit_code == 3, res.output
     assert "training diverged in round 1 at silo" in res.output
     assert "Traceback" not in res.output

@@ -28,8 +28,11 @@ try:
 except FlowerRunError as _err:  # pragma: no cover - depends on the installation
     pytest.skip(f"Flower binaries missing: {_err}", allow_module_level=True)
 
-pytestmark = [pytest.mark.flower, pytest.mark.slow,
-              pytest.mark.filterwarnings("ignore::pdpfl.randomness.ReproducibleRandomnessWarning")]
+pytestmark = [
+    pytest.mark.flower,
+    pytest.mark.slow,
+    pytest.mark.filterwarnings("ignore::pdpfl.randomness.ReproducibleRandomnessWarning"),
+]
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
@@ -41,10 +44,18 @@ TIMEOUT_S = 15.0
 def _config(silos: int, rounds: int, *extra: str):
     from pdpfl.config import load_config
 
-    return load_config(EXAMPLES / "digits_demo.yaml", [
-        f"data.num_clients={silos}", f"rounds={rounds}", "training.local_steps=2",
-        "training.batch_size=12", "randomness=reproducible", "aggregation=secure", *extra,
-    ])
+    return load_config(
+        EXAMPLES / "digits_demo.yaml",
+        [
+            f"data.num_clients={silos}",
+            f"rounds={rounds}",
+            "training.local_steps=2",
+            "training.batch_size=12",
+            "randomness=reproducible",
+            "aggregation=secure",
+            *extra,
+        ],
+    )
 
 
 def _lines(path: Path) -> list[dict]:
@@ -61,8 +72,9 @@ def _replayed_model(config, events) -> list[np.ndarray]:
     import tempfile
 
     with tempfile.TemporaryDirectory() as out:
-        result = run_federation(config, server, replay_transport(clients, events), out,
-                                progress=False)
+        result = run_federation(
+            config, server, replay_transport(clients, events), out, progress=False
+        )
     return result["params"]
 
 
@@ -80,14 +92,25 @@ def test_a_killed_and_a_stalled_silo_leave_the_exact_sum_of_the_survivors(
     config = _config(5, 2, "secure.threshold=0.6")
     out = tmp_path / "run"
     log = tmp_path / "messages.jsonl"
-    drill = (FaultDrill(out)
-             .at(stage_event(0, "stage:secure/share"), "kill", 4)
-             .at(stage_event(1, "stage:secure/share"), "stop-worker", 3)
-             .at(stage_event(1, "stage:secure/upload"), "cont-worker", 3))
-    summary = run_flower(config, out, round_timeout_s=TIMEOUT_S, workers="per-silo",
-                         on_started=drill, env={"PDPFL_MESSAGE_LOG": str(log)})
+    drill = (
+        FaultDrill(out)
+        .at(stage_event(0, "stage:secure/share"), "kill", 4)
+        .at(stage_event(1, "stage:secure/share"), "stop-worker", 3)
+        .at(stage_event(1, "stage:secure/upload"), "cont-worker", 3)
+    )
+    summary = run_flower(
+        config,
+        out,
+        round_timeout_s=TIMEOUT_S,
+        workers="per-silo",
+        on_started=drill,
+        env={"PDPFL_MESSAGE_LOG": str(log)},
+    )
     assert not drill.errors and [f[:2] for f in drill.fired] == [
-        ("kill", 4), ("stop-worker", 3), ("cont-worker", 3)]
+        ("kill", 4),
+        ("stop-worker", 3),
+        ("cont-worker", 3),
+    ]
     assert summary["rounds_completed"] == 2
     events = read_events(out / "flower" / "transport.jsonl")
     uploads = {e["round"]: e["replied"] for e in events if e["action"] == "stage:secure/upload"}
@@ -126,9 +149,11 @@ def test_dropping_below_t_releases_nothing_and_resume_continues(tmp_path: Path) 
 
     config = _config(silos=3, rounds=3)
     out = tmp_path / "run"
-    drill = (FaultDrill(out)
-             .at(stage_event(1, "stage:secure/share"), "kill", 1)
-             .at(stage_event(1, "stage:secure/share"), "kill", 2))
+    drill = (
+        FaultDrill(out)
+        .at(stage_event(1, "stage:secure/share"), "kill", 1)
+        .at(stage_event(1, "stage:secure/share"), "kill", 2)
+    )
     with pytest.raises(FlowerRunError, match="fewer than min_silos=2"):
         run_flower(config, out, round_timeout_s=TIMEOUT_S, min_silos=2, on_started=drill)
     events = read_events(out / "flower" / "transport.jsonl")
@@ -138,8 +163,9 @@ def test_dropping_below_t_releases_nothing_and_resume_continues(tmp_path: Path) 
     run_key = (out / "flower" / "run_key").read_text().strip()
 
     def masked(silo: int) -> list[int]:
-        path = (out / "flower" / f"silo-{silo}" / f"run-{run_key}"
-                / f"protocol-public-silo-{silo}.npz")
+        path = (
+            out / "flower" / f"silo-{silo}" / f"run-{run_key}" / f"protocol-public-silo-{silo}.npz"
+        )
         payload, _ = unseal(path.read_bytes(), purpose="protocol-public", party=f"silo-{silo}")
         return list(decode_state(payload)["secure"]["masked"])
 
@@ -147,8 +173,7 @@ def test_dropping_below_t_releases_nothing_and_resume_continues(tmp_path: Path) 
     assert before[0] == [0, 1]  # silo 0 masked round 1; its update was never unmasked
     fresh = [s for s in range(3) if 1 not in before[s]]
     resumed = FaultDrill(out)
-    summary = run_flower(config, out, resume=True, round_timeout_s=TIMEOUT_S,
-                         on_started=resumed)
+    summary = run_flower(config, out, resume=True, round_timeout_s=TIMEOUT_S, on_started=resumed)
     assert summary["rounds_completed"] == 3
     metrics = _lines(out / "metrics.jsonl")
     assert [m["round"] for m in metrics] == [0, 1, 2]

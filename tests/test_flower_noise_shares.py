@@ -31,8 +31,11 @@ try:
 except FlowerRunError as _err:  # pragma: no cover - depends on the installation
     pytest.skip(f"Flower binaries missing: {_err}", allow_module_level=True)
 
-pytestmark = [pytest.mark.flower, pytest.mark.slow,
-              pytest.mark.filterwarnings("ignore::pdpfl.randomness.ReproducibleRandomnessWarning")]
+pytestmark = [
+    pytest.mark.flower,
+    pytest.mark.slow,
+    pytest.mark.filterwarnings("ignore::pdpfl.randomness.ReproducibleRandomnessWarning"),
+]
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 TIMEOUT_S = 15.0
@@ -41,11 +44,19 @@ TIMEOUT_S = 15.0
 def _config(name: str, silos: int, rounds: int, *extra: str):
     from pdpfl.config import ALGORITHMS, load_config
 
-    return load_config(EXAMPLES / "digits_demo.yaml", [
-        f"data.num_clients={silos}", f"rounds={rounds}", "training.local_steps=2",
-        "training.batch_size=12", "randomness=reproducible", f"algorithm.name={name}",
-        *ALGORITHMS.get(name).toy_overrides, *extra,
-    ])
+    return load_config(
+        EXAMPLES / "digits_demo.yaml",
+        [
+            f"data.num_clients={silos}",
+            f"rounds={rounds}",
+            "training.local_steps=2",
+            "training.batch_size=12",
+            "randomness=reproducible",
+            f"algorithm.name={name}",
+            *ALGORITHMS.get(name).toy_overrides,
+            *extra,
+        ],
+    )
 
 
 def _lines(path: Path) -> list[dict]:
@@ -59,8 +70,9 @@ def _replayed(config, events) -> dict:
 
     server, clients = build_federation_algorithms(config, load_federation_for(config))
     with tempfile.TemporaryDirectory() as out:
-        return run_federation(config, server, replay_transport(clients, events), out,
-                              progress=False)
+        return run_federation(
+            config, server, replay_transport(clients, events), out, progress=False
+        )
 
 
 def _same_model(out: Path, params) -> None:
@@ -77,15 +89,17 @@ def test_uldp_silos_killed_mid_run_leave_t_shares_or_no_aggregate(tmp_path: Path
     from pdpfl.runtime.flower import run_flower
 
     sigma, delta = 2.0, 1e-3
-    config = _config("uldp-avg", 4, 3, "privacy.epsilon_max=null",
-                     f"privacy.noise_multiplier={sigma}")
+    config = _config(
+        "uldp-avg", 4, 3, "privacy.epsilon_max=null", f"privacy.noise_multiplier={sigma}"
+    )
     assert config.privacy.delta == delta
     out = tmp_path / "run"
-    drill = (FaultDrill(out)
-             .at(stage_event(0, "evaluate"), "kill", 3)
-             .at(stage_event(1, "evaluate"), "kill", 2))
-    summary = run_flower(config, out, round_timeout_s=TIMEOUT_S, prefetch=False,
-                         on_started=drill)
+    drill = (
+        FaultDrill(out)
+        .at(stage_event(0, "evaluate"), "kill", 3)
+        .at(stage_event(1, "evaluate"), "kill", 2)
+    )
+    summary = run_flower(config, out, round_timeout_s=TIMEOUT_S, prefetch=False, on_started=drill)
     assert not drill.errors and [f[:2] for f in drill.fired] == [("kill", 3), ("kill", 2)]
     assert summary["rounds_completed"] == 3
     metrics = _lines(out / "metrics.jsonl")

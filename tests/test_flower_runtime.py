@@ -93,8 +93,9 @@ def test_ten_silos_match_the_simulation_and_only_contributions_leave(tmp_path: P
     # One message per silo per round: round 0's evaluation travelled with round 1's training.
     assert counts == {"hello": 10, "fit": 10, "fit+evaluate": 10, "evaluate": 10}
     # The silos were warm: built once, never rebuilt per message.
-    timings = _lines(next((tmp_path / "flower" / "flower").glob(
-        "silo-3/run-*/timings-silo-3.jsonl")))
+    timings = _lines(
+        next((tmp_path / "flower" / "flower").glob("silo-3/run-*/timings-silo-3.jsonl"))
+    )
     assert [t["warm"] for t in timings] == [True] * 4
     assert [t["build_s"] > 0 for t in timings] == [True, False, False, False]
     fed = started[0]

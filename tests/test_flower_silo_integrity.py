@@ -31,8 +31,13 @@ from test_flower_toy import (  # noqa: E402,F401
 def _run(tmp_path: Path, monkeypatch: Any) -> tuple[FakeGrid, str, Path]:
     config = toy_config(num_silos=2, rounds=2)
     out = tmp_path / "flower"
-    grid = FakeGrid(toy_run_config(config, out), out / "silo-state", 2, mode="per-message",
-                    monkeypatch=monkeypatch)
+    grid = FakeGrid(
+        toy_run_config(config, out),
+        out / "silo-state",
+        2,
+        mode="per-message",
+        monkeypatch=monkeypatch,
+    )
     result = serve(grid, out)
     assert result["status"] == "ok", result.get("error")
     run_key = result["run_key"]
@@ -68,12 +73,15 @@ def test_an_untouched_folder_loads(tmp_path: Path, monkeypatch: Any) -> None:
 ATTACKS = {
     "edited state": lambda f: _flip_last_byte(f / "silo-1.npz"),
     "truncated state": lambda f: (f / "silo-1.npz").write_bytes(
-        (f / "silo-1.npz").read_bytes()[:40]),
-    "zeroed, unsealed state": lambda f: (f / "silo-1.npz").write_bytes(encode_state(
-        {"fits": 0, "fit_rounds": [], "evaluated_until": -1})),
+        (f / "silo-1.npz").read_bytes()[:40]
+    ),
+    "zeroed, unsealed state": lambda f: (f / "silo-1.npz").write_bytes(
+        encode_state({"fits": 0, "fit_rounds": [], "evaluated_until": -1})
+    ),
     "edited releases": lambda f: _flip_last_byte(f / "releases-silo-1.npz"),
     "another silo's state": lambda f: shutil.copyfile(
-        f.parents[1] / "silo-0" / f.name / "silo-0.npz", f / "silo-1.npz"),
+        f.parents[1] / "silo-0" / f.name / "silo-0.npz", f / "silo-1.npz"
+    ),
     "state folder deleted": lambda f: shutil.rmtree(f),
 }
 MESSAGES = {
@@ -140,11 +148,16 @@ def test_a_silo_state_folder_in_use_by_another_process_is_refused(
     grid, run_key, folder = _run(tmp_path, monkeypatch)
     monkeypatch.setenv(WARM_ENV, "1")  # a warm worker: refused at once (no wait)
     holder = subprocess.Popen(
-        [sys.executable, "-c",
-         "import sys, time; from pdpfl.runtime.lock import folder_lock\n"
-         "with folder_lock(sys.argv[1], option='--state-dir', name='.pdpfl-silo-1.lock'):\n"
-         "    print('held', flush=True); time.sleep(60)", str(folder)],
-        stdout=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from pdpfl.runtime.lock import folder_lock\n"
+            "with folder_lock(sys.argv[1], option='--state-dir', name='.pdpfl-silo-1.lock'):\n"
+            "    print('held', flush=True); time.sleep(60)",
+            str(folder),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"

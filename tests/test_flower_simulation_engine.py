@@ -46,17 +46,38 @@ def test_without_ray_the_runtime_is_refused_naming_the_extra(
         importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a)
     )
     out = tmp_path / "run"
-    res = runner.invoke(app, ["run", str(DEMO), "--runtime", "flower-simulation", "--out",
-                              str(out), *[x for t in TINY for x in ("--set", t)]])
+    res = runner.invoke(
+        app,
+        [
+            "run",
+            str(DEMO),
+            "--runtime",
+            "flower-simulation",
+            "--out",
+            str(out),
+            *[x for t in TINY for x in ("--set", t)],
+        ],
+    )
     assert res.exit_code == 2, res.output
-    assert ("error: --runtime: flower-simulation needs the simulation extra: "
-            "pip install 'pdpfl[simulation]'") in res.output
+    assert (
+        "error: --runtime: flower-simulation needs the simulation extra: "
+        "pip install 'pdpfl[simulation]'"
+    ) in res.output
     assert "Traceback" not in res.output
     assert not out.exists()
     # Named by the config (no --runtime flag): the field is named.
-    res = runner.invoke(app, ["run", str(DEMO), "--out", str(out), "--set",
-                              "runtime=flower-simulation",
-                              *[x for t in TINY for x in ("--set", t)]])
+    res = runner.invoke(
+        app,
+        [
+            "run",
+            str(DEMO),
+            "--out",
+            str(out),
+            "--set",
+            "runtime=flower-simulation",
+            *[x for t in TINY for x in ("--set", t)],
+        ],
+    )
     assert res.exit_code == 2
     assert "error: runtime: flower-simulation needs the simulation extra" in res.output
 
@@ -74,9 +95,20 @@ def test_a_protocol_with_secrets_in_silo_memory_is_refused_before_anything_runs(
     check_simulation(load_config(DEMO, TINY))  # plain summation runs
     if HAS_RAY:
         out = tmp_path / "run"
-        res = runner.invoke(app, ["run", str(DEMO), "--runtime", "flower-simulation", "--out",
-                                  str(out), "--set", "aggregation=secure",
-                                  *[x for t in TINY for x in ("--set", t)]])
+        res = runner.invoke(
+            app,
+            [
+                "run",
+                str(DEMO),
+                "--runtime",
+                "flower-simulation",
+                "--out",
+                str(out),
+                "--set",
+                "aggregation=secure",
+                *[x for t in TINY for x in ("--set", t)],
+            ],
+        )
         assert res.exit_code == 2, res.output
         assert "error: runtime: flower-simulation hands each message" in res.output
         assert not out.exists()
@@ -87,11 +119,18 @@ def test_client_resources_are_validated_and_do_not_change_the_run() -> None:
     from pdpfl.runtime.flower.simulation_engine import backend_config
 
     base = load_config(DEMO, TINY)
-    half = with_updates(base, ["flower.simulation.client_resources.num_cpus=0.5",
-                               "flower.simulation.client_resources.num_gpus=0.25"])
+    half = with_updates(
+        base,
+        [
+            "flower.simulation.client_resources.num_cpus=0.5",
+            "flower.simulation.client_resources.num_gpus=0.25",
+        ],
+    )
     assert run_fingerprint(half) == run_fingerprint(base)  # resources, not the computation
     assert backend_config({"num_cpus": 0.5, "num_gpus": 0.25})["client_resources"] == {
-        "num_cpus": 0.5, "num_gpus": 0.25}
+        "num_cpus": 0.5,
+        "num_gpus": 0.25,
+    }
     assert backend_config(None)["client_resources"] == {"num_cpus": 1.0, "num_gpus": 0.0}
     with pytest.raises(ConfigError, match="flower.simulation.client_resources.num_cpus"):
         with_updates(base, ["flower.simulation.client_resources.num_cpus=0"])
@@ -107,8 +146,11 @@ def test_resources_no_actor_could_get_are_refused_before_ray_starts() -> None:
 
     cpus = os.cpu_count() or 1
     too_many = load_config(DEMO, [*TINY, f"flower.simulation.client_resources.num_cpus={cpus + 1}"])
-    with pytest.raises(ValueError, match=rf"client_resources.num_cpus: {cpus + 1} is more than "
-                       rf"the {cpus} CPUs.*\(0, {cpus}\]"):
+    with pytest.raises(
+        ValueError,
+        match=rf"client_resources.num_cpus: {cpus + 1} is more than "
+        rf"the {cpus} CPUs.*\(0, {cpus}\]",
+    ):
         check_simulation(too_many)
     all_cpus = f"flower.simulation.client_resources.num_cpus={cpus}"
     check_simulation(load_config(DEMO, [*TINY, all_cpus]))
@@ -150,17 +192,28 @@ def test_the_virtual_supernode_gets_its_silos_node_config(
     from pdpfl.runtime.flower.simulation_engine import PLAN_ENV, virtual_node_context
 
     plan = tmp_path / "plan.json"
-    nodes = [{"partition-id": i, "num-partitions": 2, "state-dir": f"/s/silo-{i}"}
-             for i in range(2)]
+    nodes = [
+        {"partition-id": i, "num-partitions": 2, "state-dir": f"/s/silo-{i}"} for i in range(2)
+    ]
     write_json(plan, {"run_config": {"pdpfl-config": "x"}, "node_configs": nodes})
     monkeypatch.setenv(PLAN_ENV, str(plan))
-    ctx = Context(run_id=1, node_id=7, node_config={"partition-id": 1, "num-partitions": 2},
-                  state=RecordDict(), run_config={})
+    ctx = Context(
+        run_id=1,
+        node_id=7,
+        node_config={"partition-id": 1, "num-partitions": 2},
+        state=RecordDict(),
+        run_config={},
+    )
     got = virtual_node_context(ctx)
     assert dict(got.node_config) == nodes[1]
     assert dict(got.run_config) == {"pdpfl-config": "x"}
-    bad = Context(run_id=1, node_id=8, node_config={"partition-id": 2, "num-partitions": 3},
-                  state=RecordDict(), run_config={})
+    bad = Context(
+        run_id=1,
+        node_id=8,
+        node_config={"partition-id": 2, "num-partitions": 3},
+        state=RecordDict(),
+        run_config={},
+    )
     with pytest.raises(ValueError, match=r"partition-id=2 not in \[0, 2\)"):
         virtual_node_context(bad)
     monkeypatch.delenv(PLAN_ENV)
@@ -181,10 +234,21 @@ def test_three_virtual_supernodes_give_the_simulators_model(tmp_path: Path) -> N
     config = load_config(DEMO, TINY)
     sim = run_simulation(config, tmp_path / "sim", progress=False)
     out = tmp_path / "engine"
-    res = runner.invoke(app, ["run", str(DEMO), "--runtime", "flower-simulation", "--out",
-                              str(out), "--json", "--set",
-                              "flower.simulation.client_resources.num_cpus=1",
-                              *[x for t in TINY for x in ("--set", t)]])
+    res = runner.invoke(
+        app,
+        [
+            "run",
+            str(DEMO),
+            "--runtime",
+            "flower-simulation",
+            "--out",
+            str(out),
+            "--json",
+            "--set",
+            "flower.simulation.client_resources.num_cpus=1",
+            *[x for t in TINY for x in ("--set", t)],
+        ],
+    )
     assert res.exit_code == 0, res.output
     a, b = np.load(tmp_path / "sim" / "model.npz"), np.load(out / "model.npz")
     assert a.files == b.files
@@ -192,8 +256,9 @@ def test_three_virtual_supernodes_give_the_simulators_model(tmp_path: Path) -> N
         np.testing.assert_allclose(a[key], b[key], rtol=0, atol=1e-6)
     sim_lines, eng_lines = _lines(tmp_path / "sim" / "metrics.jsonl"), _lines(out / "metrics.jsonl")
     assert [m["selected"] for m in sim_lines] == [m["selected"] for m in eng_lines]
-    np.testing.assert_allclose([m["accuracy"] for m in eng_lines],
-                               [m["accuracy"] for m in sim_lines], atol=1e-6)
+    np.testing.assert_allclose(
+        [m["accuracy"] for m in eng_lines], [m["accuracy"] for m in sim_lines], atol=1e-6
+    )
     summary = json.loads((out / "summary.json").read_text())
     assert summary["rounds_completed"] == sim["rounds_completed"] == 2
     assert summary["privacy_view"].startswith("operator: collected")
@@ -223,11 +288,24 @@ def test_ctrl_c_stops_the_engine_and_prints_the_resume_command(tmp_path: Path) -
     from pdpfl.runtime.flower.processes import descendants
 
     out = tmp_path / "run"
-    cmd = [str(Path(sys.executable).parent / "pdpfl"), "run", str(DEMO),
-           "--runtime", "flower-simulation", "--quiet", "--out", str(out),
-           *[x for t in [*TINY, "rounds=200"] for x in ("--set", t)]]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=ROOT,
-                            env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    cmd = [
+        str(Path(sys.executable).parent / "pdpfl"),
+        "run",
+        str(DEMO),
+        "--runtime",
+        "flower-simulation",
+        "--quiet",
+        "--out",
+        str(out),
+        *[x for t in [*TINY, "rounds=200"] for x in ("--set", t)],
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+    )
     try:
         deadline = time.monotonic() + 120
         metrics = out / "metrics.jsonl"
@@ -250,5 +328,9 @@ def test_ctrl_c_stops_the_engine_and_prints_the_resume_command(tmp_path: Path) -
     assert "Resume with:" in text and "--resume" in text and "Traceback" not in text
     assert (out / "checkpoint.npz").exists()
     time.sleep(1.0)
-    assert not [p for p in ray_pids if Path(f"/proc/{p}").exists()
-                and Path(f"/proc/{p}/stat").read_text().split(")")[1].split()[0] != "Z"]
+    assert not [
+        p
+        for p in ray_pids
+        if Path(f"/proc/{p}").exists()
+        and Path(f"/proc/{p}/stat").read_text().split(")")[1].split()[0] != "Z"
+    ]

@@ -32,8 +32,10 @@ def _hold(folder, seconds: float) -> subprocess.Popen:
 def test_a_second_writer_is_refused_naming_the_holder(tmp_path) -> None:
     proc = _hold(tmp_path / "run", 30)
     try:
-        with pytest.raises(FolderLocked, match=rf"in use by pid {proc.pid}"), \
-                folder_lock(tmp_path / "run"):
+        with (
+            pytest.raises(FolderLocked, match=rf"in use by pid {proc.pid}"),
+            folder_lock(tmp_path / "run"),
+        ):
             pass
     finally:
         proc.kill()
@@ -59,8 +61,9 @@ def test_two_cli_runs_on_one_folder(tmp_path) -> None:
     proc = _hold(tmp_path / "out", 30)
     try:
         example = str(Path(__file__).resolve().parents[1] / "examples" / "digits_demo.yaml")
-        res = CliRunner().invoke(app, ["run", example, "--out",
-                                       str(tmp_path / "out"), "--set", "rounds=1"])
+        res = CliRunner().invoke(
+            app, ["run", example, "--out", str(tmp_path / "out"), "--set", "rounds=1"]
+        )
         assert res.exit_code == 2 and "in use by pid" in res.output
     finally:
         proc.kill()

@@ -22,10 +22,11 @@ TINY = {
     "data": {"dataset": "breast-cancer", "num_clients": 3},
     "model": {"name": "logreg"},
     "privacy": {"noise_multiplier": 3.0, "delta": 1e-3},
-    "budgets": {"scenario": "three-levels",
-                "params": {"values": [0.5, 1.0, 2.0], "ratios": [0.4, 0.3, 0.3]}},
-    "training": {"rounds": 4, "local_steps": 2, "lr": 0.3, "batch_size": 8,
-                 "client_rate": 0.5},
+    "budgets": {
+        "scenario": "three-levels",
+        "params": {"values": [0.5, 1.0, 2.0], "ratios": [0.4, 0.3, 0.3]},
+    },
+    "training": {"rounds": 4, "local_steps": 2, "lr": 0.3, "batch_size": 8, "client_rate": 0.5},
 }
 
 
@@ -46,6 +47,7 @@ def test_the_server_is_charged_its_realized_participations_like_in_visible_mode(
     expected, _ = plan_epsilon(table["rate"][live], plan, "server", k)
     np.testing.assert_allclose(table["epsilon_server"][live], expected, rtol=1e-12)
     # third parties: every active round, λ-amplified -- less than the server's bound
-    tp, _ = plan_epsilon(table["rate"][live], plan, "third-party",
-                         table["rounds_third_party"][live])
+    tp, _ = plan_epsilon(
+        table["rate"][live], plan, "third-party", table["rounds_third_party"][live]
+    )
     np.testing.assert_allclose(table["epsilon_third_party"][live], tp, rtol=1e-12)

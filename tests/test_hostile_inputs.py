@@ -50,13 +50,20 @@ FILES: dict[str, str] = {
     "budgets-neg.csv": "eps\n1\n-2\n",
     "budgets-empty.csv": "",
 }
-DATA_CONFIGS = ("nan.csv", "text.csv", "huge.csv", "nolabel.csv", "header.csv", "ragged.csv",
-                "missing.csv", "adir")
+DATA_CONFIGS = (
+    "nan.csv",
+    "text.csv",
+    "huge.csv",
+    "nolabel.csv",
+    "header.csv",
+    "ragged.csv",
+    "missing.csv",
+    "adir",
+)
 
 EX = str(EXAMPLE)
 ACCOUNT = ["account", "--sigma", "1", "--delta", "1e-5"]
-CALIBRATE = ["calibrate", "--delta", "1e-5", "--epsilon-max", "10", "--steps", "1",
-             "--rounds", "1"]
+CALIBRATE = ["calibrate", "--delta", "1e-5", "--epsilon-max", "10", "--steps", "1", "--rounds", "1"]
 SCENARIO = [*CALIBRATE, "--scenario", "three-levels", "--n", "10"]
 
 
@@ -97,8 +104,10 @@ CASES: dict[str, tuple[list[str], str]] = {
     # was: "error: could not convert string to float: 'a'" (no field named)
     "budget values text": (_set("budgets.params.values=[a,b,c]"), "budgets: params"),
     "budget scenario unknown": (_set("budgets.scenario=bogus"), "budgets: scenario"),
-    "budgets file missing": (_set("budgets.scenario=file", "budgets.file=/nonexistent.csv"),
-                             "budgets.file"),
+    "budgets file missing": (
+        _set("budgets.scenario=file", "budgets.file=/nonexistent.csv"),
+        "budgets.file",
+    ),
     "data num_clients 0": (_set("data.num_clients=0"), "data.num_clients"),
     "data option unknown": (_set("data.options.bogus=1"), "data"),
     "partition unknown": (_set("data.partition=nosuch"), "data"),
@@ -144,8 +153,10 @@ CASES: dict[str, tuple[list[str], str]] = {
     "calibrate budgets a folder": ([*CALIBRATE, "--budgets", "adir"], "--budgets"),
     "calibrate n 0": ([*CALIBRATE, "--scenario", "three-levels", "--n", "0"], "--n"),
     # was: a traceback (numpy: unable to allocate 728 TiB)
-    "calibrate n huge": ([*CALIBRATE, "--scenario", "three-levels", "--n", "100000000000000"],
-                         "--n"),
+    "calibrate n huge": (
+        [*CALIBRATE, "--scenario", "three-levels", "--n", "100000000000000"],
+        "--n",
+    ),
     "calibrate out a folder": ([*SCENARIO, "--out", "adir"], "--out"),
     "calibrate client rate 0": ([*SCENARIO, "--client-rate", "0"], "--client-rate"),
     "audit canaries 1": (["audit", EX, "--canaries", "1"], "--canaries"),
@@ -155,17 +166,35 @@ CASES: dict[str, tuple[list[str], str]] = {
     "compare seed text": (["compare", EX, "--methods", "rpdp", "--seeds", "x"], "--seeds"),
     # was: an empty --methods ran the four default methods, exit 0
     "compare methods empty": (["compare", EX, "--methods", "", "--seeds", "1"], "--methods"),
-    "compare out a file": (["compare", EX, "--methods", "rpdp", "--seeds", "1", "--out", "afile"],
-                           "--out"),
+    "compare out a file": (
+        ["compare", EX, "--methods", "rpdp", "--seeds", "1", "--out", "afile"],
+        "--out",
+    ),
     "log level unknown": (["--log-level", "loud", *ACCOUNT, "--q", "0.1"], "--log-level"),
     # was: accepted (the run would fail later on the coordinator)
     "flower app out a file": (["flower", "app", EX, "--out", "afile"], "--out"),
     # was: accepted (the silo would fail at its first message)
-    "flower state dir a file": (["flower", "supernode", "--silo", "0", "--num-silos", "2",
-                                 "--superlink", "127.0.0.1:9092", "--insecure",
-                                 "--state-dir", "afile", "--dry-run"], "--state-dir"),
-    **{f"data file {name}": (["run", f"data-{name}.yaml", "--out", "out"], "data")
-       for name in DATA_CONFIGS},
+    "flower state dir a file": (
+        [
+            "flower",
+            "supernode",
+            "--silo",
+            "0",
+            "--num-silos",
+            "2",
+            "--superlink",
+            "127.0.0.1:9092",
+            "--insecure",
+            "--state-dir",
+            "afile",
+            "--dry-run",
+        ],
+        "--state-dir",
+    ),
+    **{
+        f"data file {name}": (["run", f"data-{name}.yaml", "--out", "out"], "data")
+        for name in DATA_CONFIGS
+    },
 }
 
 
@@ -178,14 +207,17 @@ def folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     np.save(tmp_path / "pickle.npy", np.array([{"a": 1}], dtype=object), allow_pickle=True)
     for name in DATA_CONFIGS:
         (tmp_path / f"data-{name}.yaml").write_text(
-            CSV_CONFIG.replace("@PATH@", str(tmp_path / name)))
+            CSV_CONFIG.replace("@PATH@", str(tmp_path / name))
+        )
     monkeypatch.chdir(tmp_path)
     return tmp_path
 
 
 def _listing(folder: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(folder)): p.read_bytes() if p.is_file() else b""
-            for p in folder.rglob("*")}
+    return {
+        str(p.relative_to(folder)): p.read_bytes() if p.is_file() else b""
+        for p in folder.rglob("*")
+    }
 
 
 @pytest.mark.parametrize("case", list(CASES))

@@ -57,8 +57,11 @@ def dp_accounting_epsilon(q: float, sigma: float, rounds: int, delta: float) -> 
     from dp_accounting.rdp import rdp_privacy_accountant
 
     acc = rdp_privacy_accountant.RdpAccountant()
-    acc.compose(dp_accounting.SelfComposedDpEvent(
-        dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)), rounds))
+    acc.compose(
+        dp_accounting.SelfComposedDpEvent(
+            dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)), rounds
+        )
+    )
     return float(acc.get_epsilon(delta))
 
 
@@ -71,8 +74,11 @@ def test_each_client_keeps_one_ledger_of_itself_named_by_its_data():
         assert isinstance(ledger, PrivacyLedger) and ledger.n == 1 and ledger.unit == "client"
         assert ledger.ids.tolist() == [federation.clients[cid].name]
         g = setup.group_of(silo.budget)
-        assert ledger.budgets[0] == silo.budget == idp.client_budget(
-            config.algorithm, config.seed, len(clients), cid)
+        assert (
+            ledger.budgets[0]
+            == silo.budget
+            == idp.client_budget(config.algorithm, config.seed, len(clients), cid)
+        )
         assert ledger.rates[0] == setup.rates[g]
         assert ledger.noise_multipliers[0] == setup.noise_multipliers[g]
         assert ledger.observers == ("third-party",)  # central: the aggregator is trusted
@@ -95,8 +101,13 @@ def test_each_client_keeps_one_ledger_of_itself_named_by_its_data():
 def test_distributed_secure_clients_are_accounted_against_the_server_too():
     _, _, _, clients = _build(variant="distributed")
     assert clients[0].ledger.observers == ("third-party",)  # plain summation: shares visible
-    config = config_from_dict({**BASE, "aggregation": "secure",
-                               "algorithm": {**BASE["algorithm"], "variant": "distributed"}})
+    config = config_from_dict(
+        {
+            **BASE,
+            "aggregation": "secure",
+            "algorithm": {**BASE["algorithm"], "variant": "distributed"},
+        }
+    )
     from pdpfl.fl.algorithm import as_algorithm
     from pdpfl.runtime.simulation import load_federation_for
 
@@ -160,15 +171,17 @@ def test_relaxed_charges_to_eps_max_and_reports_the_clients_own_budget():
 
 def test_nonprivate_clients_report_infinite_epsilon_and_are_never_over_their_budget():
     """ε = ∞ clients keep no ledger; the merged summary stays private, with an "inf" group."""
-    _, _, _, clients = _build(group_budgets=[1.0, math.inf], group_ratios=[0.8, 0.2],
-                              clients_per_round=8)
+    _, _, _, clients = _build(
+        group_budgets=[1.0, math.inf], group_ratios=[0.8, 0.2], clients_per_round=8
+    )
     free = [s for s in clients.values() if math.isinf(s.budget)]
     assert len(free) == 8 and all(s.ledger is None and s.rate == 1.0 for s in free)
     merged = PrivacySummary.merge(s.privacy_summary() for s in clients.values())
     assert merged.private and [g.label for g in merged.groups] == ["1", "inf"]
     inf_group = merged.groups[1]
     assert inf_group.spent_max["third-party"] == math.inf and inf_group.over_budget == {
-        "third-party": 0}
+        "third-party": 0
+    }
     assert merged.groups[0].spent_max["third-party"] <= 1.0
     back = PrivacySummary.from_dict(merged.to_dict())
     assert back.groups[1].spent_max["third-party"] == math.inf
@@ -184,14 +197,17 @@ def test_one_unit_ledgers_share_conversions_and_match_a_batched_ledger():
     plan = SampledGaussianPlan("client", 1.3, 1e-4, 50)
     rates = np.array([0.02, 0.05, 0.4])
     big = PrivacyLedger(np.full(3, 50.0), rates, plan)
-    ones = [PrivacyLedger(np.array([50.0]), rates[i : i + 1], plan, ids=np.array([f"c{i}"]))
-            for i in range(3)]
+    ones = [
+        PrivacyLedger(np.array([50.0]), rates[i : i + 1], plan, ids=np.array([f"c{i}"]))
+        for i in range(3)
+    ]
     for _ in range(9):
         big.record_round(np.ones(3, bool), np.ones(3, bool))
         for one in ones:
             one.record_round(np.ones(1, bool), np.ones(1, bool))
-    np.testing.assert_array_equal(big.spent_epsilon(),
-                                  [float(one.spent_epsilon()[0]) for one in ones])
+    np.testing.assert_array_equal(
+        big.spent_epsilon(), [float(one.spent_epsilon()[0]) for one in ones]
+    )
     # the pre-check may enforce another limit than the unit's own budget
     eps_next = ones[2].spent_epsilon()[0]
     assert not ones[2].would_exceed()[0]

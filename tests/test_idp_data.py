@@ -56,10 +56,12 @@ def _femnist_db(path, writers: dict[str, tuple[int, int]], seed: int = 0) -> dic
     """A TFF-format database: writer → (train count, test count); returns the true arrays."""
     rng = np.random.default_rng(seed)
     con = sqlite3.connect(path)
-    con.execute("CREATE TABLE examples (split_name TEXT, client_id TEXT, "
-                "serialized_example_proto BLOB)")
-    con.execute("CREATE TABLE client_metadata (client_id TEXT, split_name TEXT, "
-                "num_examples INTEGER)")
+    con.execute(
+        "CREATE TABLE examples (split_name TEXT, client_id TEXT, serialized_example_proto BLOB)"
+    )
+    con.execute(
+        "CREATE TABLE client_metadata (client_id TEXT, split_name TEXT, num_examples INTEGER)"
+    )
     truth: dict = {}
     for k, (w, (n_tr, n_te)) in enumerate(writers.items()):
         for split, n in (("digits_only_train", n_tr), ("digits_only_test", n_te)):
@@ -67,12 +69,16 @@ def _femnist_db(path, writers: dict[str, tuple[int, int]], seed: int = 0) -> dic
             lab = rng.integers(0, 10, n)
             truth[w, split] = (px, lab)
             for i in range(n):
-                con.execute("INSERT INTO examples VALUES (?, ?, ?)",
-                            (split, w, _example(px[i], int(lab[i]), packed=(i + k) % 2 == 0)))
+                con.execute(
+                    "INSERT INTO examples VALUES (?, ?, ?)",
+                    (split, w, _example(px[i], int(lab[i]), packed=(i + k) % 2 == 0)),
+                )
             con.execute("INSERT INTO client_metadata VALUES (?, ?, ?)", (w, split, n))
         # rows of the 62-class split must be ignored
-        con.execute("INSERT INTO examples VALUES (?, ?, ?)",
-                    ("all_train", w, _example(np.zeros((28, 28)), 40)))
+        con.execute(
+            "INSERT INTO examples VALUES (?, ?, ?)",
+            ("all_train", w, _example(np.zeros((28, 28)), 40)),
+        )
     con.commit()
     con.close()
     return truth
@@ -100,8 +106,11 @@ def test_femnist_digits_from_a_synthetic_tff_archive(tmp_path, monkeypatch, fmt)
     digest = hashlib.sha256(archive.read_bytes()).hexdigest()
     # The real download path (urllib) with a file:// URL, checksums of our synthetic files.
     monkeypatch.setattr(fem, "SPEC", FileSpec(archive.name, archive.as_uri(), digest, "femnist"))
-    monkeypatch.setattr(fem, "DATABASE", FileSpec("emnist_all.sqlite", archive.as_uri(),
-                                                  hashlib.sha256(raw).hexdigest(), "femnist"))
+    monkeypatch.setattr(
+        fem,
+        "DATABASE",
+        FileSpec("emnist_all.sqlite", archive.as_uri(), hashlib.sha256(raw).hexdigest(), "femnist"),
+    )
     monkeypatch.setenv("PDPFL_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv("PDPFL_DATA_DIR", raising=False)
     monkeypatch.delenv("PDPFL_NO_DOWNLOAD", raising=False)
@@ -159,8 +168,10 @@ def test_svhn_from_synthetic_mat_files(tmp_path, monkeypatch):
     folder.mkdir()
     x_tr, y_tr = _svhn_mat(folder / "train_32x32.mat", 60, 0)
     _svhn_mat(folder / "test_32x32.mat", 25, 1)
-    digests = {f: hashlib.sha256((folder / f).read_bytes()).hexdigest()
-               for f in ("train_32x32.mat", "test_32x32.mat")}
+    digests = {
+        f: hashlib.sha256((folder / f).read_bytes()).hexdigest()
+        for f in ("train_32x32.mat", "test_32x32.mat")
+    }
     monkeypatch.setattr(svhn, "SHA256", digests)
     fed = load_federation("svhn", num_clients=7, seed=3, data_dir=tmp_path, download=False)
     assert fed.num_clients == 7 and fed.input_shape == (3, 32, 32)
@@ -169,8 +180,7 @@ def test_svhn_from_synthetic_mat_files(tmp_path, monkeypatch):
     # every training image appears once, with its label (10 → 0), pixels scaled to [0, 1]
     first = fed.clients[0]
     for img, lab, rid in zip(first.x_train, first.y_train, first.record_ids, strict=True):
-        np.testing.assert_allclose(img, np.transpose(x_tr[..., rid], (2, 0, 1)) / 255.0,
-                                   atol=1e-7)
+        np.testing.assert_allclose(img, np.transpose(x_tr[..., rid], (2, 0, 1)) / 255.0, atol=1e-7)
         assert lab == (0 if y_tr[rid, 0] == 10 else y_tr[rid, 0])
     ids = np.concatenate([c.record_ids for c in fed.clients])
     assert sorted(ids.tolist()) == list(range(60))
@@ -208,9 +218,14 @@ def test_cifar10_clients_on_the_cifar_loader_api(tmp_path, monkeypatch):
         n = 400 if split == "train" else 100
         rng = np.random.default_rng(0 if split == "train" else 1)
         offset = 0 if split == "train" else 50_000
-        return Pool(name="cifar10", x=rng.random((n, 3, 32, 32), dtype=np.float32),
-                    y=np.arange(n) % 10, record_ids=offset + np.arange(n),
-                    input_shape=(3, 32, 32), num_classes=10)
+        return Pool(
+            name="cifar10",
+            x=rng.random((n, 3, 32, 32), dtype=np.float32),
+            y=np.arange(n) % 10,
+            record_ids=offset + np.arange(n),
+            input_shape=(3, 32, 32),
+            num_classes=10,
+        )
 
     import pdpfl.data.cifar as cifar
 
@@ -230,12 +245,18 @@ def test_cifar10_clients_on_the_cifar_loader_api(tmp_path, monkeypatch):
     del many_clients
 
 
-@pytest.mark.parametrize("partition, params", [("iid", {}),
-                                               ("dirichlet", {"beta": 1.0, "min_size": 2}),
-                                               ("shards", {"shards_per_client": 2})])
+@pytest.mark.parametrize(
+    "partition, params",
+    [
+        ("iid", {}),
+        ("dirichlet", {"beta": 1.0, "min_size": 2}),
+        ("shards", {"shards_per_client": 2}),
+    ],
+)
 def test_offline_digits_over_hundreds_of_clients(partition, params):
-    fed = load_federation("digits", num_clients=150, partition=partition,
-                          partition_params=params, seed=0)
+    fed = load_federation(
+        "digits", num_clients=150, partition=partition, partition_params=params, seed=0
+    )
     assert fed.num_clients == 150
     assert all(c.num_train >= 1 for c in fed.clients)
     ids = np.concatenate([c.record_ids for c in fed.clients])
@@ -243,8 +264,9 @@ def test_offline_digits_over_hundreds_of_clients(partition, params):
 
 
 def test_offline_mnist10k_over_hundreds_of_clients(shared_data_dir):
-    fed = load_federation("mnist-10k", num_clients=300, partition="shards",
-                          data_dir=shared_data_dir, seed=0)
+    fed = load_federation(
+        "mnist-10k", num_clients=300, partition="shards", data_dir=shared_data_dir, seed=0
+    )
     assert fed.num_clients == 300
     assert sum(c.num_train + c.num_test for c in fed.clients) == 10_000
     assert np.median([len(np.unique(c.y_train)) for c in fed.clients]) <= 3  # non-IID

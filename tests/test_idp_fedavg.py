@@ -44,21 +44,45 @@ def _config(**algo):
 def _setup(**overrides) -> idp.IdpSetup:
     """A hand-made publication (no accounting) for unit tests of server and client."""
     base = dict(
-        method="individual", variant="central", delta=1e-3, rounds=50, num_clients=6,
-        clients_per_round=2.0, budgets=(1.0, 2.0, math.inf), sizes=(2.0, 2.0, 2.0),
-        assigned=(1.0, 2.0, None), rates=(0.2, 0.5, 1.0), noise_multipliers=(1.2, 1.2, None),
-        clip_factors=(1.0, 1.0, 1.0), noise_multiplier=1.2, value_noise_multiplier=1.3,
-        count_noise_std=0.5, denominator=3.4, clipping="adaptive", initial_clip=0.1,
-        target_quantile=0.5, clip_lr=0.2, server_lr=1.0, asked_per_round=0, survivors=0,
-        local=idp.LocalTraining(epochs=1, batch_size=4, optimizer="sgd", lr=0.1,
-                                strategy="loop"),
-        rate_fractions="realized", observers=("third-party",),
+        method="individual",
+        variant="central",
+        delta=1e-3,
+        rounds=50,
+        num_clients=6,
+        clients_per_round=2.0,
+        budgets=(1.0, 2.0, math.inf),
+        sizes=(2.0, 2.0, 2.0),
+        assigned=(1.0, 2.0, None),
+        rates=(0.2, 0.5, 1.0),
+        noise_multipliers=(1.2, 1.2, None),
+        clip_factors=(1.0, 1.0, 1.0),
+        noise_multiplier=1.2,
+        value_noise_multiplier=1.3,
+        count_noise_std=0.5,
+        denominator=3.4,
+        clipping="adaptive",
+        initial_clip=0.1,
+        target_quantile=0.5,
+        clip_lr=0.2,
+        server_lr=1.0,
+        asked_per_round=0,
+        survivors=0,
+        local=idp.LocalTraining(epochs=1, batch_size=4, optimizer="sgd", lr=0.1, strategy="loop"),
+        rate_fractions="realized",
+        observers=("third-party",),
     )
     base.update(overrides)
     if base["variant"] == "distributed" and "survivors" not in overrides:
         base["survivors"] = base["asked_per_round"]  # every share in every sum
-    for key in ("budgets", "sizes", "assigned", "rates", "noise_multipliers", "clip_factors",
-                "observers"):
+    for key in (
+        "budgets",
+        "sizes",
+        "assigned",
+        "rates",
+        "noise_multipliers",
+        "clip_factors",
+        "observers",
+    ):
         base[key] = tuple(base[key])
     return idp.IdpSetup(**base)
 
@@ -66,8 +90,14 @@ def _setup(**overrides) -> idp.IdpSetup:
 def _silo(cid, data, budget, pub, randomness, factory=None):
     """The silo of ``pub``'s variant, as the config section builds it."""
     cls = idp.CentralIdpSilo if pub.variant == "central" else idp.DistributedIdpSilo
-    return cls(cid, data, budget, pub, randomness=randomness,
-               model_factory=factory or (lambda: torch.nn.Linear(4, 3)))
+    return cls(
+        cid,
+        data,
+        budget,
+        pub,
+        randomness=randomness,
+        model_factory=factory or (lambda: torch.nn.Linear(4, 3)),
+    )
 
 
 class _ZeroStream:
@@ -94,8 +124,9 @@ class _ZeroNoise:
 def test_client_sampling_frequencies_match_the_group_rates():
     pub = _setup(num_clients=60, sizes=[20.0, 20.0, 20.0], rates=[0.05, 0.3, 1.0])
     groups = np.repeat([0, 1, 2], 20)
-    server = idp.CentralIdpServer([np.zeros(3, np.float32)], pub, client_groups=groups,
-                                  randomness=SecureRandomness())
+    server = idp.CentralIdpServer(
+        [np.zeros(3, np.float32)], pub, client_groups=groups, randomness=SecureRandomness()
+    )
     rounds = 3000
     counts = np.zeros(60)
     empty = 0
@@ -119,9 +150,14 @@ def _tiny_data(n=8, seed=0):
     from pdpfl.data.federation import ClientData
 
     rng = np.random.default_rng(seed)
-    return ClientData(name="c", x_train=rng.random((n, 4)), y_train=rng.integers(0, 3, n),
-                      x_test=rng.random((3, 4)), y_test=rng.integers(0, 3, 3),
-                      record_ids=np.arange(n) + 1000 * seed)
+    return ClientData(
+        name="c",
+        x_train=rng.random((n, 4)),
+        y_train=rng.integers(0, 3, n),
+        x_test=rng.random((3, 4)),
+        y_test=rng.integers(0, 3, 3),
+        record_ids=np.arange(n) + 1000 * seed,
+    )
 
 
 # ---------------------------------------------------------------------- server aggregation
@@ -131,9 +167,12 @@ def test_central_server_clips_adapts_and_noises_on_a_fixed_sequence():
     """With zero noise: mean of clipped updates / denominator, and C_t follows the geometric
     rule with the exact unclipped fraction; every update is clipped to C_t."""
     pub = _setup(count_noise_std=0.5, value_noise_multiplier=1.3, denominator=2.0)
-    server = idp.CentralIdpServer([np.zeros(2, np.float32)], pub,
-                                  client_groups=np.zeros(6, dtype=np.int64),
-                                  randomness=_ZeroNoise())
+    server = idp.CentralIdpServer(
+        [np.zeros(2, np.float32)],
+        pub,
+        client_groups=np.zeros(6, dtype=np.int64),
+        randomness=_ZeroNoise(),
+    )
     norms_per_round = [[0.05, 0.3], [0.2, 0.01, 0.5], [0.02, 0.03], [1.0]]
     params = [np.zeros(2, np.float32)]
     clip = 0.1
@@ -141,8 +180,13 @@ def test_central_server_clips_adapts_and_noises_on_a_fixed_sequence():
         assert server.round_config(t)["clip_norm"] == pytest.approx(clip)
         server.select_clients(t, list(range(6)))
         contribs = [Contribution(update=[np.array([n, 0.0], np.float32)]) for n in norms]
-        agg = Aggregate(total=[np.zeros(2, np.float32)], weight=len(norms), metrics={},
-                        count=len(norms), contributions=contribs)
+        agg = Aggregate(
+            total=[np.zeros(2, np.float32)],
+            weight=len(norms),
+            metrics={},
+            count=len(norms),
+            contributions=contribs,
+        )
         new = server.aggregate(t, params, agg)
         expected = sum(min(n, clip) for n in norms) / pub.denominator
         assert new[0][0] == pytest.approx(params[0][0] + expected, rel=1e-5)
@@ -156,14 +200,25 @@ def test_central_server_clips_adapts_and_noises_on_a_fixed_sequence():
 
 def test_crafted_updates_cannot_exceed_the_clip_bound_or_poison_the_sum():
     pub = _setup(denominator=1.0)
-    server = idp.CentralIdpServer([np.zeros(3, np.float32)], pub,
-                                  client_groups=np.zeros(6, dtype=np.int64),
-                                  randomness=_ZeroNoise())
+    server = idp.CentralIdpServer(
+        [np.zeros(3, np.float32)],
+        pub,
+        client_groups=np.zeros(6, dtype=np.int64),
+        randomness=_ZeroNoise(),
+    )
     server.select_clients(0, list(range(6)))
-    bad = [np.array([1e30, -1e30, 3e38], np.float32), np.array([np.nan, 0, 0], np.float32),
-           np.array([np.inf, 1, 1], np.float32)]
-    agg = Aggregate(total=[np.zeros(3, np.float32)], weight=3, metrics={}, count=3,
-                    contributions=[Contribution(update=[b]) for b in bad])
+    bad = [
+        np.array([1e30, -1e30, 3e38], np.float32),
+        np.array([np.nan, 0, 0], np.float32),
+        np.array([np.inf, 1, 1], np.float32),
+    ]
+    agg = Aggregate(
+        total=[np.zeros(3, np.float32)],
+        weight=3,
+        metrics={},
+        count=3,
+        contributions=[Contribution(update=[b]) for b in bad],
+    )
     new = server.aggregate(0, [np.zeros(3, np.float32)], agg)
     assert np.all(np.isfinite(new[0]))
     assert float(np.linalg.norm(new[0])) <= pub.initial_clip * (1 + 1e-6)  # one clipped update
@@ -171,11 +226,15 @@ def test_crafted_updates_cannot_exceed_the_clip_bound_or_poison_the_sum():
 
 def test_an_empty_round_still_gets_noise_and_moves_the_clip():
     pub = _setup()
-    server = idp.CentralIdpServer([np.zeros(50, np.float32)], pub,
-                                  client_groups=np.zeros(6, dtype=np.int64),
-                                  randomness=SeededRandomness(1))
-    agg = Aggregate(total=[np.zeros(50, np.float32)], weight=0, metrics={}, count=0,
-                    contributions=[])
+    server = idp.CentralIdpServer(
+        [np.zeros(50, np.float32)],
+        pub,
+        client_groups=np.zeros(6, dtype=np.int64),
+        randomness=SeededRandomness(1),
+    )
+    agg = Aggregate(
+        total=[np.zeros(50, np.float32)], weight=0, metrics={}, count=0, contributions=[]
+    )
     new = server.aggregate(0, [np.zeros(50, np.float32)], agg)
     std = float(np.std(new[0]))
     expected = pub.value_noise_multiplier * pub.initial_clip / pub.denominator
@@ -190,22 +249,34 @@ def test_central_variant_refuses_secure_summation():
         name = "secure"
         hides_individual_updates = True
 
-    server = idp.CentralIdpServer([np.zeros(1, np.float32)], _setup(),
-                                  client_groups=np.zeros(6, dtype=np.int64),
-                                  randomness=SecureRandomness())
+    server = idp.CentralIdpServer(
+        [np.zeros(1, np.float32)],
+        _setup(),
+        client_groups=np.zeros(6, dtype=np.int64),
+        randomness=SecureRandomness(),
+    )
     with pytest.raises(ValueError, match="needs each silo's update"):
         check_compatible(server, Hiding())
-    dist = idp.DistributedIdpServer([np.zeros(1, np.float32)],
-                                    _setup(variant="distributed", asked_per_round=6),
-                                    client_groups=None, randomness=SecureRandomness())
+    dist = idp.DistributedIdpServer(
+        [np.zeros(1, np.float32)],
+        _setup(variant="distributed", asked_per_round=6),
+        client_groups=None,
+        randomness=SecureRandomness(),
+    )
     check_compatible(dist, Hiding())  # the distributed variant works with secure summation
 
 
 def test_distributed_noise_shares_add_up_to_the_central_noise():
     m = 40
-    pub = _setup(variant="distributed", asked_per_round=m, num_clients=m,
-                 rates=[1e-12, 1e-12, 1e-12], budgets=[1.0, 2.0, 3.0],
-                 assigned=[1.0, 2.0, 3.0], noise_multipliers=[1.2, 1.2, 1.2])
+    pub = _setup(
+        variant="distributed",
+        asked_per_round=m,
+        num_clients=m,
+        rates=[1e-12, 1e-12, 1e-12],
+        budgets=[1.0, 2.0, 3.0],
+        assigned=[1.0, 2.0, 3.0],
+        noise_multipliers=[1.2, 1.2, 1.2],
+    )
     total = np.zeros(200)
     count = 0.0
     for cid in range(m):
@@ -221,9 +292,15 @@ def test_distributed_noise_shares_add_up_to_the_central_noise():
 
 
 def test_distributed_client_clips_its_update_to_the_public_clip_norm():
-    pub = _setup(variant="distributed", asked_per_round=1, num_clients=1, rates=[1.0, 1.0, 1.0],
-                 value_noise_multiplier=1e-9, count_noise_std=1e-9,
-                 local=idp.LocalTraining(epochs=3, batch_size=4, lr=5.0, strategy="loop"))
+    pub = _setup(
+        variant="distributed",
+        asked_per_round=1,
+        num_clients=1,
+        rates=[1.0, 1.0, 1.0],
+        value_noise_multiplier=1e-9,
+        count_noise_std=1e-9,
+        local=idp.LocalTraining(epochs=3, batch_size=4, lr=5.0, strategy="loop"),
+    )
     # a non-private client (ε = ∞) is still clipped: its update bounds everyone's sensitivity
     client = _silo(0, _tiny_data(), math.inf, pub, SeededRandomness(0))
     params = [p.detach().numpy().copy() for p in torch.nn.Linear(4, 3).parameters()]
@@ -280,17 +357,19 @@ def test_iid_and_exact_assignment():
     exact = idp.assign_client_budgets(_config().algorithm, 5, 100)
     assert abs(np.mean(iid == 1.0) - 0.54) < 0.05
     assert [int(np.sum(exact == b)) for b in (1.0, 2.0, 3.0)] == [54, 37, 9]
-    single = [idp.client_budget(_config(assignment="iid").algorithm, 5, 2000, i)
-              for i in range(5)]
+    single = [idp.client_budget(_config(assignment="iid").algorithm, 5, 2000, i) for i in range(5)]
     assert single == iid[:5].tolist()
 
 
-@pytest.mark.parametrize("change, needle", [
-    ({"group_ratios": [0.5, 0.4, 0.2]}, "algorithm.group_ratios"),
-    ({"group_budgets": [1.0, 2.0]}, "algorithm.group_ratios"),
-    ({"clients_per_round": 500}, "algorithm.clients_per_round"),
-    ({"method": "fancy"}, "algorithm.method"),
-])
+@pytest.mark.parametrize(
+    "change, needle",
+    [
+        ({"group_ratios": [0.5, 0.4, 0.2]}, "algorithm.group_ratios"),
+        ({"group_budgets": [1.0, 2.0]}, "algorithm.group_ratios"),
+        ({"clients_per_round": 500}, "algorithm.clients_per_round"),
+        ({"method": "fancy"}, "algorithm.method"),
+    ],
+)
 def test_bad_configs_name_the_field(change, needle):
     with pytest.raises(ConfigError, match=needle):
         _config(**change)
@@ -335,25 +414,41 @@ def test_transport_batch_equals_each_silo_alone_and_the_loop(optimizer, variant,
     monkeypatch.setattr(silo_module, "train_clients", counting)
 
     def pub(strategy):
-        local = idp.LocalTraining(epochs=2, batch_size=3, optimizer=optimizer, lr=0.05,
-                                  strategy=strategy)
-        return _setup(local=local, num_clients=5, variant=variant, rates=[0.6, 0.6, 1.0],
-                      noise_multipliers=[5.0, 5.0, None],
-                      asked_per_round=5 if variant == "distributed" else 0)
+        local = idp.LocalTraining(
+            epochs=2, batch_size=3, optimizer=optimizer, lr=0.05, strategy=strategy
+        )
+        return _setup(
+            local=local,
+            num_clients=5,
+            variant=variant,
+            rates=[0.6, 0.6, 1.0],
+            noise_multipliers=[5.0, 5.0, None],
+            asked_per_round=5 if variant == "distributed" else 0,
+        )
 
     budgets = [1.0, 2.0, math.inf, 2.0, math.inf]
 
     def silos(strategy):
-        return {i: _silo(i, _tiny_data(n=5 + 3 * i, seed=i), budgets[i], pub(strategy),
-                         SeededRandomness(7), factory) for i in range(5)}
+        return {
+            i: _silo(
+                i,
+                _tiny_data(n=5 + 3 * i, seed=i),
+                budgets[i],
+                pub(strategy),
+                SeededRandomness(7),
+                factory,
+            )
+            for i in range(5)
+        }
 
     together, alone = silos("batched"), silos("loop")
     params = [p.detach().numpy().copy() for p in factory().parameters()]
     config = {"clip_norm": 0.5}
     transport = InProcessTransport(together)
     a = transport.fit(list(range(5)), params, 0, config)
-    trained = [c for c in range(5)
-               if not together[c].stopped and together[c].participates(0, config)]
+    trained = [
+        c for c in range(5) if not together[c].stopped and together[c].participates(0, config)
+    ]
     assert calls == [(len(trained), "batched")] and len(trained) >= 3  # one batched call
     calls.clear()
     b = [alone[c].fit(params, 0, config) for c in range(5)]
@@ -452,8 +547,17 @@ def test_sample_sees_realized_counts_or_nominal_ratios(monkeypatch):
 
     def fake(levels, sizes, q, **kw):
         seen["levels"], seen["sizes"] = list(levels), list(sizes)
-        return idp.GroupRates(tuple(levels), tuple(sizes), (q,) * len(levels), 1.0,
-                              (0.5,) * len(levels), q, q, 1e-3, 3)
+        return idp.GroupRates(
+            tuple(levels),
+            tuple(sizes),
+            (q,) * len(levels),
+            1.0,
+            (0.5,) * len(levels),
+            q,
+            q,
+            1e-3,
+            3,
+        )
 
     from pdpfl.fl.idp_fedavg import mechanism
 
@@ -461,8 +565,9 @@ def test_sample_sees_realized_counts_or_nominal_ratios(monkeypatch):
     info = FederationInfo(input_shape=(64,), num_classes=10, client_ids=tuple(range(100)))
     cfg = _config(assignment="iid")
     cfg.algorithm.setup(cfg, info)
-    counts = np.unique(idp.assign_client_budgets(cfg.algorithm, cfg.seed, 100),
-                       return_counts=True)[1]
+    counts = np.unique(idp.assign_client_budgets(cfg.algorithm, cfg.seed, 100), return_counts=True)[
+        1
+    ]
     assert seen["sizes"] == counts.tolist() and seen["sizes"] != [54.0, 37.0, 9.0]
     nominal = _config(assignment="iid", rate_fractions="nominal")
     nominal.algorithm.setup(nominal, info)
@@ -473,8 +578,9 @@ def test_sample_sees_realized_counts_or_nominal_ratios(monkeypatch):
 def test_comparison_setups_strict_relaxed_scale_nodp():
     info = FederationInfo(input_shape=(64,), num_classes=10, client_ids=tuple(range(100)))
     configs = {m: _config(method=m) for m in ("strict", "relaxed", "scale", "no-dp")}
-    pubs = {m: idp.IdpSetup.from_dict(c.algorithm.setup(c, info).to_dict())
-            for m, c in configs.items()}
+    pubs = {
+        m: idp.IdpSetup.from_dict(c.algorithm.setup(c, info).to_dict()) for m, c in configs.items()
+    }
     q = 20 / 100
     for pub in pubs.values():
         assert list(pub.rates) == [pytest.approx(q)] * 3 and pub.denominator == pytest.approx(20)
@@ -483,8 +589,10 @@ def test_comparison_setups_strict_relaxed_scale_nodp():
     assert pubs["strict"].assigned == (1.0,) * 3 and pubs["relaxed"].assigned == (3.0,) * 3
     scale = pubs["scale"]
     assert scale.clip_factors[0] < 1 < scale.clip_factors[2]
-    assert all(s >= idp.noise_for_rate(b, q, 1e-3, 3) * (1 - 1e-9)
-               for s, b in zip(scale.noise_multipliers, scale.budgets, strict=True))
+    assert all(
+        s >= idp.noise_for_rate(b, q, 1e-3, 3) * (1 - 1e-9)
+        for s, b in zip(scale.noise_multipliers, scale.budgets, strict=True)
+    )
     assert pubs["no-dp"].noise_multiplier is None and not pubs["no-dp"].private
 
 
@@ -498,8 +606,21 @@ def test_compare_cli_methods_table_and_csv(tmp_path):
     cfg = tmp_path / "idp.yaml"
     cfg.write_text(yaml.safe_dump(CONFIG))  # the toy run's σ and rates are memoized
     out_csv = tmp_path / "cmp.csv"
-    res = CliRunner().invoke(app, ["compare", str(cfg), "--csv", str(out_csv), "--methods",
-                                   "idp-fedavg", "strict", "relaxed", "scale", "no-dp"])
+    res = CliRunner().invoke(
+        app,
+        [
+            "compare",
+            str(cfg),
+            "--csv",
+            str(out_csv),
+            "--methods",
+            "idp-fedavg",
+            "strict",
+            "relaxed",
+            "scale",
+            "no-dp",
+        ],
+    )
     assert res.exit_code == 0, res.output
     rows = {r["method"]: r for r in csv.DictReader(out_csv.open())}
     assert list(rows) == ["idp-fedavg", "strict", "relaxed", "scale", "no-dp"]
@@ -544,4 +665,3 @@ def test_the_digits_example_reports_per_client(tmp_path):
     rows = list(csv.DictReader((out / "privacy.csv").open()))
     assert len(rows) == 60 and {r["id"] for r in rows} == {f"client-{i}" for i in range(60)}
     assert all(float(r["epsilon_third_party"]) <= float(r["budget"]) for r in rows)
-

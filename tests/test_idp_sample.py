@@ -25,19 +25,24 @@ def dp_accounting_epsilon(q: float, sigma: float, rounds: int = 420, delta: floa
     from dp_accounting.rdp import rdp_privacy_accountant
 
     acc = rdp_privacy_accountant.RdpAccountant()
-    acc.compose(dp_accounting.SelfComposedDpEvent(
-        dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)), rounds))
+    acc.compose(
+        dp_accounting.SelfComposedDpEvent(
+            dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)), rounds
+        )
+    )
     return float(acc.get_epsilon(delta))
 
 
-def dp_accounting_pld_epsilon(q: float, sigma: float, rounds: int = 420,
-                              delta: float = 1e-4) -> float:
+def dp_accounting_pld_epsilon(
+    q: float, sigma: float, rounds: int = 420, delta: float = 1e-4
+) -> float:
     """The same mechanism with dp-accounting's PLD accountant (tighter than any RDP bound)."""
     import dp_accounting
 
     acc = dp_accounting.pld.PLDAccountant()
-    acc.compose(dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)),
-                rounds)
+    acc.compose(
+        dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)), rounds
+    )
     return float(acc.get_epsilon(delta))
 
 
@@ -47,8 +52,9 @@ def dp_accounting_pld_epsilon(q: float, sigma: float, rounds: int = 420,
 GRID_SLACK = 1e-3
 
 
-@pytest.mark.parametrize("epsilon, sigma_flidp", [(1.0, 1.0546077151806315),
-                                                  (3.0, 0.7082464208237876)])
+@pytest.mark.parametrize(
+    "epsilon, sigma_flidp", [(1.0, 1.0546077151806315), (3.0, 0.7082464208237876)]
+)
 def test_flidp_sigma_test_vectors_for_strict_and_relaxed(epsilon, sigma_flidp):
     """getNoise(ε, δ=1e-4, q=30/3383, I=420): EMNIST strict (ε=1) and relaxed (ε=3) runs."""
     sigma = idp.noise_for_rate(epsilon, EMNIST_Q, 1e-4, 420)
@@ -61,8 +67,9 @@ def test_flidp_sigma_test_vectors_for_strict_and_relaxed(epsilon, sigma_flidp):
 
 @pytest.fixture(scope="module")
 def emnist_sample():
-    return idp.sample_group_rates([1.0, 2.0, 3.0], [0.54, 0.37, 0.09], EMNIST_Q,
-                                  delta=1e-4, rounds=420)
+    return idp.sample_group_rates(
+        [1.0, 2.0, 3.0], [0.54, 0.37, 0.09], EMNIST_Q, delta=1e-4, rounds=420
+    )
 
 
 @pytest.mark.slow
@@ -91,8 +98,9 @@ def test_sample_never_keeps_the_searchs_rates(monkeypatch, emnist_sample):
         return emnist_sample.noise_multiplier, np.full(len(eps), 0.5)
 
     monkeypatch.setattr(calibrate, "group_sampling_rates", stale)
-    res = idp.sample_group_rates([1.0, 2.0, 3.0], [0.54, 0.37, 0.09], EMNIST_Q,
-                                 delta=1e-4, rounds=420, rate_tol=1.5e-3)  # not the cached call
+    res = idp.sample_group_rates(
+        [1.0, 2.0, 3.0], [0.54, 0.37, 0.09], EMNIST_Q, delta=1e-4, rounds=420, rate_tol=1.5e-3
+    )  # not the cached call
     assert res.rates == pytest.approx(emnist_sample.rates, abs=1e-6)
     assert all(e <= b for e, b in zip(res.epsilons, res.budgets, strict=True))
 
@@ -101,17 +109,22 @@ def test_sample_refuses_a_sigma_that_misses_the_target(monkeypatch):
     """A search returning a too-large σ (mean rate above c/N) fails verification loudly."""
     import pdpfl.calibration.noise as calibrate
 
-    monkeypatch.setattr(calibrate, "group_sampling_rates",
-                        lambda eps, sizes, target, plan, **kw: (50.0, np.zeros(len(eps))))
+    monkeypatch.setattr(
+        calibrate,
+        "group_sampling_rates",
+        lambda eps, sizes, target, plan, **kw: (50.0, np.zeros(len(eps))),
+    )
     with pytest.raises(RuntimeError, match="mean rate"):
-        idp.sample_group_rates([1.0, 4.0], [0.5, 0.5], 0.2, delta=1e-3, rounds=5,
-                               rate_tol=2e-3)  # a fresh (uncached) call
+        idp.sample_group_rates(
+            [1.0, 4.0], [0.5, 0.5], 0.2, delta=1e-3, rounds=5, rate_tol=2e-3
+        )  # a fresh (uncached) call
 
 
 def test_aldaghri_setting_nonprivate_clients_at_q_one():
     """ε = 0.6 / ∞ / ∞ at 95 / 0 / 5 %: the ∞ groups are sampled with q = 1, no constraint."""
-    res = idp.sample_group_rates([0.6, math.inf, 3.0], [0.95, 0.05, 0.0], EMNIST_Q,
-                                 delta=1e-4, rounds=420)
+    res = idp.sample_group_rates(
+        [0.6, math.inf, 3.0], [0.95, 0.05, 0.0], EMNIST_Q, delta=1e-4, rounds=420
+    )
     assert res.budgets[0] == 0.6
     assert res.rates[0] == pytest.approx(EMNIST_Q)
     assert res.epsilons[0] <= 0.6
@@ -135,11 +148,14 @@ def test_sample_with_only_nonprivate_clients_needs_no_noise():
     assert res.noise_multiplier is None and res.rates == (1.0,)
 
 
-@pytest.mark.parametrize("bad, match", [
-    (dict(budgets=[1.0, -1.0], sizes=[1, 1]), "budgets"),
-    (dict(budgets=[1.0], sizes=[-1.0]), "sizes"),
-    (dict(budgets=[1.0, 2.0], sizes=[1.0]), "equal length"),
-])
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        (dict(budgets=[1.0, -1.0], sizes=[1, 1]), "budgets"),
+        (dict(budgets=[1.0], sizes=[-1.0]), "sizes"),
+        (dict(budgets=[1.0, 2.0], sizes=[1.0]), "equal length"),
+    ],
+)
 def test_sample_rejects_bad_inputs(bad, match):
     with pytest.raises(ValueError, match=match):
         idp.sample_group_rates(bad["budgets"], bad["sizes"], 0.1, delta=1e-5, rounds=3)
@@ -175,8 +191,9 @@ def test_noise_split_composes_to_sigma_in_the_accountant():
     sigma, sb = 0.9, 1.5
     sv = idp.split_noise(sigma, sb)
     one = poisson_gaussian_rdp(np.array([1.0]), sigma, DEFAULT_ORDERS)
-    both = (poisson_gaussian_rdp(np.array([1.0]), sv, DEFAULT_ORDERS)
-            + poisson_gaussian_rdp(np.array([1.0]), 2 * sb, DEFAULT_ORDERS))
+    both = poisson_gaussian_rdp(np.array([1.0]), sv, DEFAULT_ORDERS) + poisson_gaussian_rdp(
+        np.array([1.0]), 2 * sb, DEFAULT_ORDERS
+    )
     np.testing.assert_allclose(both, one, rtol=1e-9)
 
 
@@ -202,8 +219,9 @@ def test_scale_with_adaptive_clipping_never_undercuts_a_groups_sigma(sigmas, cou
     assert max(eff) == pytest.approx(max(sigmas)) or np.argmax(s) != np.argmax(eff)
     # each group's value multiplier σ̄_v·σ_p/σ̄ and the count's 2σ_b compose to eff
     value = bar_v * s / bar
-    np.testing.assert_allclose(1 / np.asarray(eff) ** 2,
-                               1 / value**2 + 1 / (2 * count_std) ** 2, rtol=1e-9)
+    np.testing.assert_allclose(
+        1 / np.asarray(eff) ** 2, 1 / value**2 + 1 / (2 * count_std) ** 2, rtol=1e-9
+    )
     np.testing.assert_allclose(factors, bar / s)
 
 

@@ -136,7 +136,10 @@ def test_state_is_per_distinct_rate_not_per_unit() -> None:
     # one conversion per distinct (rate, count) pair and observer, cached
     assert all(len(c) == 3 for c in ledger._cache.values())
     assert set(ledger.state_dict()) == {
-        "third_party_rounds", "server_rounds", "sat_out_rounds", "rounds_recorded"
+        "third_party_rounds",
+        "server_rounds",
+        "sat_out_rounds",
+        "rounds_recorded",
     }
 
 

@@ -74,8 +74,9 @@ def test_every_round_models_and_export_formats(run, tmp_path) -> None:
         np.testing.assert_array_equal(last[k], final[k])
     assert any(not np.array_equal(first[k], final[k]) for k in final)
     runner = CliRunner()
-    res = runner.invoke(app, ["export", str(out), "--format", "torch", "--out",
-                              str(tmp_path / "m.pt")])
+    res = runner.invoke(
+        app, ["export", str(out), "--format", "torch", "--out", str(tmp_path / "m.pt")]
+    )
     assert res.exit_code == 0, res.output
     state = torch.load(tmp_path / "m.pt", weights_only=True)
     module = _module(cfg)
@@ -93,6 +94,11 @@ def test_run_log_and_verbosity_on_every_command(run) -> None:
     log = (out / "run.log").read_text()
     assert "round 2/2" in log and "federation" in log
     assert hoist_global_options(["run", "cfg.yaml", "-v", "--log-level", "debug"]) == [
-        "-v", "--log-level", "debug", "run", "cfg.yaml"]
+        "-v",
+        "--log-level",
+        "debug",
+        "run",
+        "cfg.yaml",
+    ]
     res = CliRunner().invoke(app, ["--log-level", "loud", "data", "list"])
     assert res.exit_code == 2 and "--log-level" in res.output

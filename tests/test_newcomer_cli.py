@@ -72,21 +72,31 @@ def test_unwritable_out_exits_2(tmp_path: Path) -> None:
 def test_missing_budgets_file_exits_2(tmp_path: Path) -> None:
     cfg = _cfg(tmp_path)
     out = tmp_path / "out"
-    res = _invoke("run", str(cfg), "--out", str(out), "--set",
-                  f"budgets.file={tmp_path / 'nope.npy'}")
+    res = _invoke(
+        "run", str(cfg), "--out", str(out), "--set", f"budgets.file={tmp_path / 'nope.npy'}"
+    )
     _clean_exit_2(res, "budgets.file")
     assert not out.exists()
 
 
 def test_centralized_with_flower_runtime_exits_2(tmp_path: Path) -> None:
-    res = _invoke("run", str(_cfg(tmp_path)), "--out", str(tmp_path / "o"),
-                  "--set", "algorithm.name=centralized", "--runtime", "flower")
+    res = _invoke(
+        "run",
+        str(_cfg(tmp_path)),
+        "--out",
+        str(tmp_path / "o"),
+        "--set",
+        "algorithm.name=centralized",
+        "--runtime",
+        "flower",
+    )
     _clean_exit_2(res, "algorithm.name")
     assert not (tmp_path / "o").exists()
 
 
-def test_compare_csv_into_unwritable_place_fails_before_training(tmp_path: Path,
-                                                                 monkeypatch) -> None:
+def test_compare_csv_into_unwritable_place_fails_before_training(
+    tmp_path: Path, monkeypatch
+) -> None:
     import pdpfl.runtime.simulation as sim
 
     def no_training(*args, **kwargs):
@@ -94,15 +104,32 @@ def test_compare_csv_into_unwritable_place_fails_before_training(tmp_path: Path,
 
     monkeypatch.setattr(sim, "simulate_into", no_training)
     cfg = _cfg(tmp_path)
-    _clean_exit_2(_invoke("compare", str(cfg), "--methods", "rpdp", "--csv",
-                          "/proc/pdpfl-not-writable/rows.csv"), "--csv")
+    _clean_exit_2(
+        _invoke(
+            "compare", str(cfg), "--methods", "rpdp", "--csv", "/proc/pdpfl-not-writable/rows.csv"
+        ),
+        "--csv",
+    )
     (tmp_path / "folder.csv").mkdir()
-    _clean_exit_2(_invoke("compare", str(cfg), "--methods", "rpdp", "--csv",
-                          str(tmp_path / "folder.csv")), "--csv")
+    _clean_exit_2(
+        _invoke("compare", str(cfg), "--methods", "rpdp", "--csv", str(tmp_path / "folder.csv")),
+        "--csv",
+    )
     blocker = tmp_path / "blocker"
     blocker.write_text("")
-    _clean_exit_2(_invoke("compare", str(cfg), "--methods", "rpdp", "--csv",
-                          str(blocker / "rows.csv"), "--out", str(tmp_path / "cmp")), "--csv")
+    _clean_exit_2(
+        _invoke(
+            "compare",
+            str(cfg),
+            "--methods",
+            "rpdp",
+            "--csv",
+            str(blocker / "rows.csv"),
+            "--out",
+            str(tmp_path / "cmp"),
+        ),
+        "--csv",
+    )
     assert not (tmp_path / "cmp").exists()  # no half-made output folder either
 
 
@@ -121,8 +148,9 @@ def test_compare_writes_rows_as_runs_finish(tmp_path: Path, monkeypatch) -> None
 
     monkeypatch.setattr(sim, "simulate_into", second_is_interrupted)
     table = tmp_path / "rows.csv"
-    res = _invoke("compare", str(_cfg(tmp_path)), "--methods", "rpdp", "privacy-free",
-                  "--csv", str(table))
+    res = _invoke(
+        "compare", str(_cfg(tmp_path)), "--methods", "rpdp", "privacy-free", "--csv", str(table)
+    )
     assert res.exit_code == 130, res.output
     assert "interrupted" in res.output and str(table) in res.output
     rows = list(csv.DictReader(table.open()))
@@ -158,8 +186,9 @@ def test_compare_out_follows_the_same_rule(tmp_path: Path) -> None:
     assert png.is_file() and (out / "compare.csv").is_file()
     assert str(png) in res.output  # it says where its plot is
     assert (out / "rpdp" / "seed3" / "epsilon.png").is_file()
-    _clean_exit_2(_invoke("compare", str(cfg), "--methods", "minimum", "--out", str(out)),
-                  "--force")
+    _clean_exit_2(
+        _invoke("compare", str(cfg), "--methods", "minimum", "--out", str(out)), "--force"
+    )
     res = _invoke("compare", str(cfg), "--methods", "minimum", "--out", str(out), "--force")
     assert res.exit_code == 0, res.output
     assert not (out / "rpdp").exists()  # the previous comparison was replaced, not mixed in
@@ -167,8 +196,9 @@ def test_compare_out_follows_the_same_rule(tmp_path: Path) -> None:
     assert [r["method"] for r in rows] == ["minimum"]
     existing = tmp_path / "rows.csv"
     existing.write_text("precious\n")
-    _clean_exit_2(_invoke("compare", str(cfg), "--methods", "minimum", "--csv", str(existing)),
-                  "--csv")
+    _clean_exit_2(
+        _invoke("compare", str(cfg), "--methods", "minimum", "--csv", str(existing)), "--csv"
+    )
     assert existing.read_text() == "precious\n"
 
 
@@ -205,8 +235,9 @@ def _lines(text: str) -> list[str]:
 
 
 def test_compare_table_fits_80_columns_and_one_seed_shows_no_std(tmp_path: Path) -> None:
-    res = _invoke("compare", str(_cfg(tmp_path)), "--methods", "rpdp", "privacy-free",
-                  "--seeds", "3")
+    res = _invoke(
+        "compare", str(_cfg(tmp_path)), "--methods", "rpdp", "privacy-free", "--seeds", "3"
+    )
     assert res.exit_code == 0, res.output
     table = res.stdout
     assert max(len(ln) for ln in _lines(table)) <= 80, table
@@ -239,7 +270,7 @@ def test_run_tables_fit_80_columns(tmp_path: Path) -> None:
 
 def test_makefile_demo_keeps_its_outputs_and_prints_where() -> None:
     make = (Path(__file__).resolve().parents[1] / "Makefile").read_text()
-    demo = make[make.index("\ndemo:"):].split("\n\n")[0]
+    demo = make[make.index("\ndemo:") :].split("\n\n")[0]
     assert "compare examples/digits_demo.yaml" in demo
     assert "--out runs/digits_demo" in demo and "--force" in demo
 
@@ -248,15 +279,33 @@ def test_makefile_demo_keeps_its_outputs_and_prints_where() -> None:
 
 
 def test_rmsprop_is_accepted(tmp_path: Path) -> None:
-    res = _invoke("run", str(_cfg(tmp_path)), "--out", str(tmp_path / "o"), "--quiet",
-                  "--json", "--set", "optimizer=rmsprop", "--set", "lr=0.01")
+    res = _invoke(
+        "run",
+        str(_cfg(tmp_path)),
+        "--out",
+        str(tmp_path / "o"),
+        "--quiet",
+        "--json",
+        "--set",
+        "optimizer=rmsprop",
+        "--set",
+        "lr=0.01",
+    )
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout.splitlines()[-1])["config"]["training"]["optimizer"] == "rmsprop"
 
 
 def test_huge_batch_size_gets_a_message(tmp_path: Path) -> None:
-    res = _invoke("run", str(_cfg(tmp_path)), "--out", str(tmp_path / "o"), "--quiet",
-                  "--json", "--set", "batch_size=1e8")
+    res = _invoke(
+        "run",
+        str(_cfg(tmp_path)),
+        "--out",
+        str(tmp_path / "o"),
+        "--quiet",
+        "--json",
+        "--set",
+        "batch_size=1e8",
+    )
     assert res.exit_code == 0, res.output
     assert "warning: training.batch_size" in res.stderr
     summary = json.loads(res.stdout.splitlines()[-1])
@@ -276,8 +325,17 @@ def test_import_registers_a_model_for_the_config(tmp_path: Path) -> None:
         "            torch.nn.Linear(hidden, 1))\n"
     )
     raw = {**TINY, "model": {"name": "nc-plugin-mlp", "options": {"hidden": 4}}}
-    res = _invoke("run", str(_cfg(tmp_path, raw)), "--out", str(tmp_path / "o"), "--quiet",
-                  "--import", str(plugin))
+    res = _invoke(
+        "run",
+        str(_cfg(tmp_path, raw)),
+        "--out",
+        str(tmp_path / "o"),
+        "--quiet",
+        "--import",
+        str(plugin),
+    )
     assert res.exit_code == 0, res.output
-    _clean_exit_2(_invoke("run", str(_cfg(tmp_path, raw)), "--import",
-                          str(tmp_path / "missing.py")), "--import")
+    _clean_exit_2(
+        _invoke("run", str(_cfg(tmp_path, raw)), "--import", str(tmp_path / "missing.py")),
+        "--import",
+    )

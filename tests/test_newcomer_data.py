@@ -33,8 +33,15 @@ def _frame(n: int = 240, seed: int = 0):
 
 def test_dataframe_silo_column_ids_and_dropped_columns() -> None:
     df = _frame()
-    fed = federation_from_dataframe(df, label="label", silo="site", record_id="pid",
-                                    drop=["eps", "note"], test_fraction=0.25, seed=1)
+    fed = federation_from_dataframe(
+        df,
+        label="label",
+        silo="site",
+        record_id="pid",
+        drop=["eps", "note"],
+        test_fraction=0.25,
+        seed=1,
+    )
     assert [c.name for c in fed.clients] == ["x", "y", "z"]
     assert fed.feature_names == ["a", "b", "c"] and fed.class_names == ["sick", "well"]
     assert fed.input_shape == (3,) and fed.num_classes == 2
@@ -54,10 +61,12 @@ def test_dataframe_problems_name_the_column() -> None:
         federation_from_dataframe(df.drop(columns=["eps"]), label="label", silo="site")
     with pytest.raises(ValueError, match="silo: 'hospital' is not a column"):
         federation_from_dataframe(df, label="label", silo="hospital")
-    with pytest.raises(ValueError,
-                       match=r"record_id \(DataFrame column .pid.\): record ids must be unique"):
-        federation_from_dataframe(df.assign(pid=1), label="label", silo="site",
-                                  record_id="pid", drop=["eps", "note"])
+    with pytest.raises(
+        ValueError, match=r"record_id \(DataFrame column .pid.\): record ids must be unique"
+    ):
+        federation_from_dataframe(
+            df.assign(pid=1), label="label", silo="site", record_id="pid", drop=["eps", "note"]
+        )
 
 
 def test_dataframe_index_is_the_default_record_id_and_own_test_split() -> None:
@@ -67,7 +76,8 @@ def test_dataframe_index_is_the_default_record_id_and_own_test_split() -> None:
     train_ids = np.concatenate([c.record_ids for c in fed.clients])
     test_ids = np.concatenate([c.test_record_ids for c in fed.clients])
     assert set(test_ids) == set(df.index[df.is_test]) and set(train_ids) == set(
-        df.index[~df.is_test])
+        df.index[~df.is_test]
+    )
 
 
 def test_arrays_and_silos() -> None:
@@ -91,20 +101,25 @@ def test_arrays_and_silos() -> None:
     assert [c.name for c in fed.clients] == ["north", "south"]
     ids_south = np.r_[fed.clients[1].record_ids, fed.clients[1].test_record_ids]
     assert set(ids_south) == set(range(20, 32))  # consecutive ids over the silos in order
-    own = federation_from_silos([(a[0], a[1], b[0][:3], b[1][:3]), (b[0], b[1], b[0][:0],
-                                                                   b[1][:0])])
+    own = federation_from_silos(
+        [(a[0], a[1], b[0][:3], b[1][:3]), (b[0], b[1], b[0][:0], b[1][:0])]
+    )
     assert own.clients[0].num_train == 20 and own.clients[0].num_test == 3
     assert own.clients[1].num_test == 0
 
 
 def test_budgets_are_matched_by_record_id_not_by_order() -> None:
     df = _frame()
-    fed = federation_from_dataframe(df, label="label", silo="site", record_id="pid",
-                                    drop=["eps", "note"])
+    fed = federation_from_dataframe(
+        df, label="label", silo="site", record_id="pid", drop=["eps", "note"]
+    )
     by_id = dict(zip(df.pid, df.eps, strict=True))
     shuffled = df.sample(frac=1.0, random_state=3)
-    for given in (by_id, pd.Series(shuffled.eps.to_numpy(), index=shuffled.pid),
-                  (shuffled.pid.to_numpy(), shuffled.eps.to_numpy())):
+    for given in (
+        by_id,
+        pd.Series(shuffled.eps.to_numpy(), index=shuffled.pid),
+        (shuffled.pid.to_numpy(), shuffled.eps.to_numpy()),
+    ):
         per_silo = align_budgets(fed, given)
         for c, values in zip(fed.clients, per_silo, strict=True):
             np.testing.assert_array_equal(values, [by_id[i] for i in c.record_ids])
@@ -133,21 +148,27 @@ def test_budget_table_file_is_aligned_by_id(tmp_path: Path) -> None:
     from pdpfl.fl.common import client_budgets
 
     df = _frame()
-    fed = federation_from_dataframe(df, label="label", silo="site", record_id="pid",
-                                    drop=["eps", "note"])
+    fed = federation_from_dataframe(
+        df, label="label", silo="site", record_id="pid", drop=["eps", "note"]
+    )
     table = tmp_path / "budgets.csv"
     rows = df.sample(frac=1.0, random_state=0)
-    table.write_text("record_id,epsilon\n" + "".join(
-        f"{i},{e}\n" for i, e in zip(rows.pid, rows.eps, strict=True)))
+    table.write_text(
+        "record_id,epsilon\n"
+        + "".join(f"{i},{e}\n" for i, e in zip(rows.pid, rows.eps, strict=True))
+    )
     assert read_budget_table(table)[int(df.pid[0])] == df.eps[0]
-    cfg = config_from_dict({"data": {"dataset": "user"},
-                            "budgets": {"file": str(table)},
-                            "privacy": {"epsilon_max": 4.0},
-                            "training": {"rounds": 1, "local_steps": 1, "batch_size": 4}})
+    cfg = config_from_dict(
+        {
+            "data": {"dataset": "user"},
+            "budgets": {"file": str(table)},
+            "privacy": {"epsilon_max": 4.0},
+            "training": {"rounds": 1, "local_steps": 1, "batch_size": 4},
+        }
+    )
     by_id = dict(zip(df.pid, df.eps, strict=True))
     for k, c in enumerate(fed.clients):
-        np.testing.assert_array_equal(client_budgets(cfg, k, c),
-                                      [by_id[i] for i in c.record_ids])
+        np.testing.assert_array_equal(client_budgets(cfg, k, c), [by_id[i] for i in c.record_ids])
     table.write_text("record_id,epsilon\n" + f"{int(df.pid[0])},1.0\n")
     with pytest.raises(ValueError, match="budgets.file: .* have no row"):
         client_budgets(cfg, 0, fed.clients[0])
@@ -162,16 +183,27 @@ def hospitals_csv(tmp_path: Path) -> Path:
 
 
 def test_csv_dataset_silo_record_id_and_drop_columns(hospitals_csv: Path) -> None:
-    fed = load_federation("csv", path=str(hospitals_csv), label_column="label",
-                          silo_column="site", record_id_column="pid",
-                          drop_columns=["eps", "note"])
+    fed = load_federation(
+        "csv",
+        path=str(hospitals_csv),
+        label_column="label",
+        silo_column="site",
+        record_id_column="pid",
+        drop_columns=["eps", "note"],
+    )
     assert [c.name for c in fed.clients] == ["x", "y", "z"]
     assert fed.feature_names == ["a", "b", "c"] and fed.metadata["partition"] == "silo-column"
     df = pd.read_csv(hospitals_csv).set_index("pid")
     for c in fed.clients:
         assert set(df.loc[np.r_[c.record_ids, c.test_record_ids], "site"]) == {c.name}
-    same = load_federation("csv", path=str(hospitals_csv), label_column="label",
-                           silo_column="site", record_id_column="pid", drop_columns="eps,note")
+    same = load_federation(
+        "csv",
+        path=str(hospitals_csv),
+        label_column="label",
+        silo_column="site",
+        record_id_column="pid",
+        drop_columns="eps,note",
+    )
     np.testing.assert_array_equal(same.clients[0].record_ids, fed.clients[0].record_ids)
 
 
@@ -186,8 +218,7 @@ def test_csv_dataset_silo_record_id_and_drop_columns(hospitals_csv: Path) -> Non
         ({}, "not numeric.*drop_columns"),
     ],
 )
-def test_csv_dataset_options_are_validated(hospitals_csv: Path, options: dict,
-                                           needle: str) -> None:
+def test_csv_dataset_options_are_validated(hospitals_csv: Path, options: dict, needle: str) -> None:
     base = {"label_column": "label"}
     if "drop_columns" not in options and options != {}:
         base["drop_columns"] = ["eps", "note"]

@@ -25,21 +25,48 @@ def _clean_exit_2(res, needle: str) -> None:
 
 
 def test_account_with_a_vanishing_sigma_exits_2() -> None:
-    _clean_exit_2(_invoke("account", "--sigma", "1e-170", "--delta", "1e-5", "--q", "0.1"),
-                  "--sigma")
+    _clean_exit_2(
+        _invoke("account", "--sigma", "1e-170", "--delta", "1e-5", "--q", "0.1"), "--sigma"
+    )
 
 
 def test_calibrate_out_into_an_unwritable_place_exits_2(tmp_path) -> None:
     blocker = tmp_path / "a-file"
     blocker.write_text("")
-    res = _invoke("calibrate", "--scenario", "three-levels", "--n", "50", "--sigma", "1",
-                  "--delta", "1e-5", "--steps", "5", "--rounds", "3", "--client-rate", "1",
-                  "--out", str(blocker / "q.npy"))
+    res = _invoke(
+        "calibrate",
+        "--scenario",
+        "three-levels",
+        "--n",
+        "50",
+        "--sigma",
+        "1",
+        "--delta",
+        "1e-5",
+        "--steps",
+        "5",
+        "--rounds",
+        "3",
+        "--client-rate",
+        "1",
+        "--out",
+        str(blocker / "q.npy"),
+    )
     _clean_exit_2(res, "--out")
 
 
-_CALIBRATE = ("calibrate", "--scenario", "three-levels", "--n", "1000", "--delta", "1e-5",
-              "--client-rate", "1", "--json")
+_CALIBRATE = (
+    "calibrate",
+    "--scenario",
+    "three-levels",
+    "--n",
+    "1000",
+    "--delta",
+    "1e-5",
+    "--client-rate",
+    "1",
+    "--json",
+)
 
 
 def test_calibrate_warns_when_utilization_is_poor() -> None:
@@ -53,8 +80,7 @@ def test_calibrate_warns_when_utilization_is_poor() -> None:
 
 
 def test_calibrate_warns_when_records_are_over_budget() -> None:
-    res = _invoke(*_CALIBRATE, "--sigma", "1", "--steps", "50", "--rounds", "15",
-                  "--method", "scf")
+    res = _invoke(*_CALIBRATE, "--sigma", "1", "--steps", "50", "--rounds", "15", "--method", "scf")
     assert res.exit_code == 0, res.output
     out = json.loads(res.stdout)
     assert out["over_budget"] == 1000
@@ -70,8 +96,7 @@ def _quick_start():
     from pdpfl.seeding import numpy_generator
 
     eps = assign_budgets(make_scenario("three-levels"), 2_000, numpy_generator(42, "budgets"))
-    template = TrainingPlan(noise_multiplier=1.0, delta=1e-3, steps=5, rounds=20,
-                            client_rate=0.5)
+    template = TrainingPlan(noise_multiplier=1.0, delta=1e-3, steps=5, rounds=20, client_rate=0.5)
     plan = template.with_noise(noise_for_max_budget(10.0, template))
     result = calibrate(eps, plan, method="certified", adversary="third-party")
     spent, _ = plan_epsilon(result.rates, plan)
@@ -98,5 +123,6 @@ def test_ledger_summary_says_which_observer_is_over_budget() -> None:
         ledger.record_round(participated=active, active=active)
     summary = ledger.summary()
     assert summary.over_budget("third-party") == 0
-    assert summary.over_budget("server") == int(np.count_nonzero(
-        ledger.spent_epsilon("server") > eps))
+    assert summary.over_budget("server") == int(
+        np.count_nonzero(ledger.spent_epsilon("server") > eps)
+    )

@@ -45,7 +45,7 @@ def _silos(n_test: tuple[int, ...] = (6, 6, 6), n_train: int = 30, seed: int = 0
 @pytest.mark.slow
 def test_run_simulation_records_a_user_federation_truthfully(tmp_path: Path) -> None:
     cfg = config_from_dict(BASE)  # says breast-cancer ...
-    fed = _silos()                # ... but the user passes their own federation
+    fed = _silos()  # ... but the user passes their own federation
     summary = run_simulation(cfg, tmp_path / "o", progress=False, federation=fed)
     on_disk = json.loads((tmp_path / "o" / "summary.json").read_text())
     for s in (summary, on_disk):
@@ -73,9 +73,20 @@ def test_train_with_a_torch_module_and_budgets_by_id(tmp_path: Path) -> None:
     model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
     before = [p.detach().clone() for p in model.parameters()]
     by_id = dict(zip(ids.tolist(), eps.tolist(), strict=True))
-    summary = pdpfl.train(fed, model, budgets=by_id, rounds=2, local_steps=3, batch_size=8,
-                          lr=0.5, epsilon_max=4.0, delta=1e-3, out=tmp_path / "run",
-                          name="mine", threads=1)
+    summary = pdpfl.train(
+        fed,
+        model,
+        budgets=by_id,
+        rounds=2,
+        local_steps=3,
+        batch_size=8,
+        lr=0.5,
+        epsilon_max=4.0,
+        delta=1e-3,
+        out=tmp_path / "run",
+        name="mine",
+        threads=1,
+    )
     assert summary["name"] == "mine" and summary["over_budget"] == 0
     assert summary["config"]["model"]["name"].startswith("user-Sequential-")
     assert summary["config"]["budgets"]["file"] == str(tmp_path / "run" / "budgets.csv")
@@ -86,17 +97,47 @@ def test_train_with_a_torch_module_and_budgets_by_id(tmp_path: Path) -> None:
         np.testing.assert_array_equal(ledger.ids, c.record_ids)
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
     with pytest.raises(OutputDirError, match="overwrite=True"):
-        pdpfl.train(fed, model, budgets=by_id, rounds=1, local_steps=1, batch_size=8,
-                    epsilon_max=4.0, out=tmp_path / "run")
+        pdpfl.train(
+            fed,
+            model,
+            budgets=by_id,
+            rounds=1,
+            local_steps=1,
+            batch_size=8,
+            epsilon_max=4.0,
+            out=tmp_path / "run",
+        )
     with pytest.raises(ValueError, match="model: the module returns shape"):
-        pdpfl.train(fed, torch.nn.Linear(3, 3), rounds=1, local_steps=1, batch_size=8,
-                    epsilon_max=4.0, out=tmp_path / "bad")
+        pdpfl.train(
+            fed,
+            torch.nn.Linear(3, 3),
+            rounds=1,
+            local_steps=1,
+            batch_size=8,
+            epsilon_max=4.0,
+            out=tmp_path / "bad",
+        )
     with pytest.raises(ConfigError, match="speed: not a config field"):
-        pdpfl.train(fed, model, rounds=1, local_steps=1, batch_size=8, epsilon_max=4.0,
-                    speed=3, out=tmp_path / "bad3")
+        pdpfl.train(
+            fed,
+            model,
+            rounds=1,
+            local_steps=1,
+            batch_size=8,
+            epsilon_max=4.0,
+            speed=3,
+            out=tmp_path / "bad3",
+        )
     with pytest.raises(ConfigError, match="training.rounds"):
-        pdpfl.train(fed, model, rounds=0, local_steps=1, batch_size=8, epsilon_max=4.0,
-                    out=tmp_path / "bad2")
+        pdpfl.train(
+            fed,
+            model,
+            rounds=0,
+            local_steps=1,
+            batch_size=8,
+            epsilon_max=4.0,
+            out=tmp_path / "bad2",
+        )
 
 
 # ---------------------------------------------------------------------- the one output rule
@@ -136,8 +177,7 @@ def test_empty_test_split_pools_over_existing_records_and_warns_once(tmp_path: P
         summary = run_simulation(cfg, tmp_path / "o", progress=False, federation=fed)
     assert len([w for w in rec if issubclass(w.category, SetupWarning)]) == 1
     assert summary["final_accuracy"] is not None and 0 <= summary["final_accuracy"] <= 1
-    assert [w for w in summary["warnings"] if "no test records" in w] == [
-        str(rec[0].message)]
+    assert [w for w in summary["warnings"] if "no test records" in w] == [str(rec[0].message)]
 
 
 @pytest.mark.slow
@@ -168,8 +208,11 @@ def test_many_tiny_silos_cannot_fake_the_budget_mix() -> None:
 
     cfg = config_from_dict(BASE, ["data.dataset=digits", "data.num_clients=1500"])
     fed = load_federation_for(cfg)
-    with pytest.raises(ValueError, match=r"budgets: the three-levels mix cannot be kept.*"
-                                         r"ε=0.1: 70%.*ε=0.1: 100%"):
+    with pytest.raises(
+        ValueError,
+        match=r"budgets: the three-levels mix cannot be kept.*"
+        r"ε=0.1: 70%.*ε=0.1: 100%",
+    ):
         check_federation(cfg, fed)
     ok = config_from_dict(BASE, ["data.dataset=digits", "data.num_clients=10"])
     assert check_federation(ok, load_federation_for(ok)) == []
@@ -181,27 +224,40 @@ def test_many_tiny_silos_cannot_fake_the_budget_mix() -> None:
 def _summary(groups: dict, name: str = "s") -> dict:
     # the plots read the run's typed privacy summary (summary["privacy"])
     privacy = PrivacySummary(unit="record", units=10 * len(groups), groups=tuple(groups.values()))
-    return {"name": name, "algorithm": "rpdp", "privacy": privacy.to_dict() if groups else None,
-            "privacy_view": "operator: merged"}
+    return {
+        "name": name,
+        "algorithm": "rpdp",
+        "privacy": privacy.to_dict() if groups else None,
+        "privacy_view": "operator: merged",
+    }
 
 
 def _group(budget: float, tp: float, sv: float, over=(0, 0), excluded: int = 0) -> GroupSummary:
     return GroupSummary(
-        label=f"{budget:g}", units=10, budget_min=budget, budget_max=budget, excluded=excluded,
+        label=f"{budget:g}",
+        units=10,
+        budget_min=budget,
+        budget_max=budget,
+        excluded=excluded,
         spent_max={"third-party": tp, "server": sv},
         utilization_sum={"third-party": 10 * tp / budget, "server": 10 * sv / budget},
-        over_budget={"third-party": over[0], "server": over[1]})
+        over_budget={"third-party": over[0], "server": over[1]},
+    )
 
 
 def test_epsilon_plot_is_log_scale_and_marks_groups() -> None:
     import matplotlib
 
     matplotlib.use("Agg")
-    fig = epsilon_figure(_summary({
-        "0.1": _group(0.1, 0.099, 0.099, excluded=3),
-        "1": _group(1.0, 0.99, 1.4, over=(0, 4)),
-        "5": _group(5.0, 5.0, 5.0),
-    }))
+    fig = epsilon_figure(
+        _summary(
+            {
+                "0.1": _group(0.1, 0.099, 0.099, excluded=3),
+                "1": _group(1.0, 0.99, 1.4, over=(0, 4)),
+                "5": _group(5.0, 5.0, 5.0),
+            }
+        )
+    )
     ax = fig.axes[0]
     assert ax.get_yscale() == "log"
     lo, hi = ax.get_ylim()

@@ -51,23 +51,34 @@ pytestmark = pytest.mark.filterwarnings("ignore::pdpfl.randomness.ReproducibleRa
 SIGMA, CLIP, DELTA = 2.0, 1.0, 1e-5
 
 ULDP = {
-    "name": "uldp-shares", "seed": 5, "threads": 1, "randomness": "reproducible",
+    "name": "uldp-shares",
+    "seed": 5,
+    "threads": 1,
+    "randomness": "reproducible",
     "data": {"dataset": "digits", "num_clients": 4, "options": {"num_users": 16}},
     "model": {"name": "logreg"},
     "algorithm": {"name": "uldp-avg"},
     "privacy": {"noise_multiplier": SIGMA, "delta": DELTA},
-    "training": {"rounds": 3, "local_steps": 1, "lr": 0.3, "batch_size": 8,
-                 "max_grad_norm": CLIP},
+    "training": {"rounds": 3, "local_steps": 1, "lr": 0.3, "batch_size": 8, "max_grad_norm": CLIP},
 }
 
 IDP = {
-    "name": "idp-shares", "seed": 5, "threads": 1, "randomness": "reproducible",
+    "name": "idp-shares",
+    "seed": 5,
+    "threads": 1,
+    "randomness": "reproducible",
     "data": {"dataset": "digits", "num_clients": 6, "partition": "iid"},
     "model": {"name": "logreg"},
     "algorithm": {
-        "name": "idp-fedavg", "variant": "distributed", "clients_per_round": 3,
-        "group_budgets": [4.0, 8.0], "group_ratios": [0.5, 0.5], "assignment": "exact",
-        "local_epochs": 1, "local_batch_size": 16, "count_noise_ratio": 1.0,
+        "name": "idp-fedavg",
+        "variant": "distributed",
+        "clients_per_round": 3,
+        "group_budgets": [4.0, 8.0],
+        "group_ratios": [0.5, 0.5],
+        "assignment": "exact",
+        "local_epochs": 1,
+        "local_batch_size": 16,
+        "count_noise_ratio": 1.0,
     },
     "privacy": {"delta": 1e-3},
     "training": {"rounds": 3, "local_steps": 1, "optimizer": "sgd", "lr": 0.5},
@@ -204,24 +215,28 @@ def test_the_old_tolerated_dropouts_field_is_refused_with_the_replacement() -> N
 
 def _chi2_bounds(samples: int, p: float = 1e-6) -> tuple[float, float]:
     """Bounds on mean(x²)/Var for ``samples`` N(0, Var) values, each violated w.p. ≤ p."""
-    return (float(stats.chi2.ppf(p, samples)) / samples,
-            float(stats.chi2.ppf(1 - p, samples)) / samples)
+    return (
+        float(stats.chi2.ppf(p, samples)) / samples,
+        float(stats.chi2.ppf(1 - p, samples)) / samples,
+    )
 
 
 def test_a_uldp_round_that_lost_a_silo_releases_at_least_the_accounted_noise(monkeypatch) -> None:
     """Noise-only releases (no user of the round at any silo): the released sum of 3 of 4 silos
     has per-coordinate variance 3/t·σ²C² = σ²C² -- at least the accounted σ²C², where the
     published σ²C²/|S| shares gave 3/4 of it (the check has the power to tell)."""
-    monkeypatch.setattr(UserLevelSilo, "selected_users",
-                        lambda self, config: np.zeros(0, dtype=np.int64))
+    monkeypatch.setattr(
+        UserLevelSilo, "selected_users", lambda self, config: np.zeros(0, dtype=np.int64)
+    )
     rounds = 4
     config, server, clients = _build(ULDP, f"rounds={rounds}")
     transport = Losing(clients, {r: {r % 4} for r in range(rounds)})
     params = server.initial_params()
     sums = []
     for r in range(rounds):
-        agg = PlainSum().collect(transport, list(clients), params, r, server.round_config(r),
-                                 server)
+        agg = PlainSum().collect(
+            transport, list(clients), params, r, server.round_config(r), server
+        )
         assert agg.count == 3
         sums.append(np.concatenate([np.ravel(a).astype(np.float64) for a in agg.total]))
     noise = np.concatenate(sums)
@@ -245,8 +260,9 @@ def test_an_idp_round_that_lost_clients_releases_at_least_the_accounted_noise(
     params = server.initial_params()
     sums = []
     for r in range(rounds):
-        agg = PlainSum().collect(transport, list(clients), params, r, server.round_config(r),
-                                 server)
+        agg = PlainSum().collect(
+            transport, list(clients), params, r, server.round_config(r), server
+        )
         assert agg.count == 4
         sums.append(np.concatenate([np.ravel(a).astype(np.float64) for a in agg.total]))
     noise = np.concatenate(sums)
@@ -295,7 +311,8 @@ def test_each_idp_client_ledger_charges_the_noise_floor(tmp_path: Path) -> None:
         assert int(ledger.counts["third-party"][0]) == 3  # every round, lost or not
         q = float(ledger.rates[0])
         assert float(ledger.spent_epsilon("third-party")[0]) == pytest.approx(
-            user_epsilon(setup.noise_multiplier, setup.delta, 3, q), rel=1e-3)
+            user_epsilon(setup.noise_multiplier, setup.delta, 3, q), rel=1e-3
+        )
     # what a round released: 4 value shares of σ_v²C²/t and 4 count shares of σ_b²/t, t = 4
     assert 4 * share_std(1.0, setup.survivors) ** 2 >= 1.0
 
@@ -323,8 +340,7 @@ def _watch_aggregates(server) -> list[tuple[int, int, list, list]]:
 
     def aggregate(t, params, agg):
         new = original(t, params, agg)
-        seen.append((int(t), agg.count, [np.array(p) for p in params],
-                     [np.array(p) for p in new]))
+        seen.append((int(t), agg.count, [np.array(p) for p in params], [np.array(p) for p in new]))
         return new
 
     server.aggregate = aggregate
@@ -355,7 +371,8 @@ def test_a_uldp_silo_dying_mid_round_leaves_t_shares_or_no_aggregate(
     seen = _watch_aggregates(server)
     result = run_federation(config, server, transport, tmp_path, progress=False)
     assert type(protocol_from_config(config)).__name__ == (
-        "PlainSum" if aggregation == "plain" else "SecureSum")
+        "PlainSum" if aggregation == "plain" else "SecureSum"
+    )
     assert [m["contributions"] for m in result["metrics"]] == [4, 3, 0]
     t = server.setup.survivors
     for r, count, before, after in seen:
@@ -367,7 +384,8 @@ def test_a_uldp_silo_dying_mid_round_leaves_t_shares_or_no_aggregate(
                 np.testing.assert_array_equal(a, b)
     # the server's ledger charged all three rounds (write-ahead), at the noise floor σ
     assert result["privacy"].spent_max("third-party") == pytest.approx(
-        user_epsilon(SIGMA, DELTA, 3), rel=1e-9)
+        user_epsilon(SIGMA, DELTA, 3), rel=1e-9
+    )
 
 
 def test_an_idp_client_dying_mid_round_leaves_t_shares_or_no_aggregate(

@@ -40,13 +40,18 @@ def _config(**over):
         name="pfs",
         seed=5,
         randomness="reproducible",
-        data=dict(dataset="digits", num_clients=6, partition="label-shards",
-                  partition_params={"shards_per_client": 2}),
+        data=dict(
+            dataset="digits",
+            num_clients=6,
+            partition="label-shards",
+            partition_params={"shards_per_client": 2},
+        ),
         model=dict(name="logreg"),
         algorithm=dict(name="prifedsync"),
         privacy=dict(noise_multiplier=2.0, delta=1e-5),
-        training=dict(rounds=3, local_steps=4, client_rate=0.5, optimizer="adam", lr=0.05,
-                      batch_size=8),
+        training=dict(
+            rounds=3, local_steps=4, client_rate=0.5, optimizer="adam", lr=0.05, batch_size=8
+        ),
     )
     for key, value in over.items():
         section, _, leaf = key.partition("__")
@@ -71,8 +76,10 @@ def test_paper_models_have_the_paper_parameter_counts() -> None:
     from pdpfl.models import create_model, num_parameters
 
     assert num_parameters(create_model("prifedsync-mnist-cnn", (1, 28, 28), 10)) == 1_199_882
-    assert num_parameters(create_model("prifedsync-mnist-cnn", (1, 28, 28), 10,
-                                       dropout=True)) == 1_199_882
+    assert (
+        num_parameters(create_model("prifedsync-mnist-cnn", (1, 28, 28), 10, dropout=True))
+        == 1_199_882
+    )
     assert num_parameters(create_model("prifedsync-cifar-cnn", (3, 32, 32), 10)) == 122_570
     import torch
 
@@ -146,8 +153,10 @@ def test_elastic_sync_moves_joined_models_exactly_alpha_and_others_keep_theirs()
     assert joined and idle  # the seed gives both kinds
     trained = {cid: _copy(clients[cid].local) for cid in joined}
     # The global model is the mean of the joined clients' local models.
-    mean = [np.mean([np.asarray(trained[c][k], np.float64) for c in joined], axis=0)
-            for k in range(len(params))]
+    mean = [
+        np.mean([np.asarray(trained[c][k], np.float64) for c in joined], axis=0)
+        for k in range(len(params))
+    ]
     for g, m in zip(new, mean, strict=True):
         np.testing.assert_allclose(g, m, rtol=1e-6, atol=1e-7)
     # A client that did not join released zeros of weight 0.
@@ -158,8 +167,9 @@ def test_elastic_sync_moves_joined_models_exactly_alpha_and_others_keep_theirs()
     for cid in joined:
         for h, w, g in zip(clients[cid].local, trained[cid], new, strict=True):
             w64 = np.asarray(w, np.float64)
-            np.testing.assert_allclose(h, w64 + alpha * (np.asarray(g, np.float64) - w64),
-                                       rtol=1e-6, atol=1e-7)
+            np.testing.assert_allclose(
+                h, w64 + alpha * (np.asarray(g, np.float64) - w64), rtol=1e-6, atol=1e-7
+            )
             assert not np.array_equal(h, w)  # it really moved
     for cid in idle:
         for h, b in zip(clients[cid].local, before[cid], strict=True):
@@ -174,8 +184,9 @@ def test_join_coins_are_each_clients_own_and_empty_rounds_are_not_redrawn() -> N
     empty = 0
     for t in range(12):
         expected = {
-            cid: bool(SeededRandomness(config.seed).stream("client-join", t, cid).uniform(1)[0]
-                      < 0.1)
+            cid: bool(
+                SeededRandomness(config.seed).stream("client-join", t, cid).uniform(1)[0] < 0.1
+            )
             for cid in clients
         }
         contributions, new = _round(server, clients, params, t)
@@ -193,12 +204,15 @@ def test_join_coins_are_each_clients_own_and_empty_rounds_are_not_redrawn() -> N
 
 @pytest.mark.slow
 def test_server_lr_interpolates_the_global_model() -> None:
-    _, server, clients = _build(_config(algorithm=dict(name="prifedsync", server_lr=0.5),
-                                        training__client_rate=1.0))
+    _, server, clients = _build(
+        _config(algorithm=dict(name="prifedsync", server_lr=0.5), training__client_rate=1.0)
+    )
     params = server.initial_params()
     contributions, new = _round(server, clients, params, 0)
-    mean = [sum(np.asarray(c.update[k], np.float64) for c in contributions.values()) / 6
-            for k in range(len(params))]
+    mean = [
+        sum(np.asarray(c.update[k], np.float64) for c in contributions.values()) / 6
+        for k in range(len(params))
+    ]
     for g, p, m in zip(new, params, mean, strict=True):
         np.testing.assert_allclose(g, 0.5 * np.asarray(p, np.float64) + 0.5 * m, atol=1e-6)
 
@@ -209,8 +223,9 @@ def test_evaluation_reports_the_local_or_the_global_model() -> None:
     from pdpfl.models import set_params
 
     for mode in ("local", "global"):
-        _, server, clients = _build(_config(algorithm=dict(name="prifedsync", evaluate=mode),
-                                            training__client_rate=1.0))
+        _, server, clients = _build(
+            _config(algorithm=dict(name="prifedsync", evaluate=mode), training__client_rate=1.0)
+        )
         params = server.initial_params()
         _, new = _round(server, clients, params, 0)
         c = clients[1]
@@ -219,8 +234,12 @@ def test_evaluation_reports_the_local_or_the_global_model() -> None:
         set_params(c.model, c.local if mode == "local" else new)
         assert reply["accuracy"] == evaluate(c.model, c.x_test, c.y_test)["accuracy"]
         both = evaluate_models(clients, new)
-        assert set(both) == {"local_mean_client_accuracy", "local_pooled_accuracy",
-                             "global_mean_client_accuracy", "global_pooled_accuracy"}
+        assert set(both) == {
+            "local_mean_client_accuracy",
+            "local_pooled_accuracy",
+            "global_mean_client_accuracy",
+            "global_pooled_accuracy",
+        }
 
 
 # --------------------------------------------------------------- accounting and budgets
@@ -231,9 +250,20 @@ def _plan(sampler="wor", noise_multiplier=2.0, local_steps=38) -> LocalStepsPlan
 
 
 def _setup(**kw) -> PriFedSyncSetup:
-    base = dict(sampler="wor", alpha=0.1, server_lr=1.0, client_rate=1.0, local_steps=38,
-                local_epoch=False, rounds=50, planned_rounds=50, max_grad_norm=1.0,
-                noise_multiplier=1.0, delta=1e-5, num_clients=10)
+    base = dict(
+        sampler="wor",
+        alpha=0.1,
+        server_lr=1.0,
+        client_rate=1.0,
+        local_steps=38,
+        local_epoch=False,
+        rounds=50,
+        planned_rounds=50,
+        max_grad_norm=1.0,
+        noise_multiplier=1.0,
+        delta=1e-5,
+        num_clients=10,
+    )
     return PriFedSyncSetup(**{**base, **kw})
 
 
@@ -245,7 +275,8 @@ def test_mechanism_matches_theorem2_and_the_wor_bound() -> None:
     assert clt_mu(m, rate, 93) == pytest.approx(float(prifedsync_mu(1.0, 16, 600, 38, 93)))
     assert round(clt_mu(m, rate, 93), 2) == 2.71
     assert epsilon(m, rate, 93) == pytest.approx(
-        wor_gaussian_epsilon(16 / 600, 1.0, 38 * 93, 1e-5)[0])
+        wor_gaussian_epsilon(16 / 600, 1.0, 38 * 93, 1e-5)[0]
+    )
     assert epsilon(m, rate, 93) >= epsilon(m, rate, 93, "clt")
     assert strong_epsilon(m, rate, 93, 100) > epsilon(m, rate, 93)
     p = _plan(sampler="poisson")
@@ -267,15 +298,20 @@ def test_calibrate_noise_meets_the_target_tightly() -> None:
 
 
 def test_calibrate_steps_meets_the_target_tightly() -> None:
-    setup = _setup(calibrate="steps", noise_multiplier=2.0, local_steps=200, rounds=20,
-                   planned_rounds=20)
+    setup = _setup(
+        calibrate="steps", noise_multiplier=2.0, local_steps=200, rounds=20, planned_rounds=20
+    )
     m, rate = client_plan(setup, 600, 16, 5.0)
     k = m.local_steps
     assert 1 <= k < 200 and m.noise_multiplier == 2.0
     assert epsilon(m, rate, 20) <= 5.0 < epsilon(m.with_steps(k + 1), rate, 20)
     with pytest.raises(ValueError, match="one local step"):
-        client_plan(_setup(calibrate="steps", noise_multiplier=0.3, rounds=100,
-                           planned_rounds=100), 600, 16, 0.01)
+        client_plan(
+            _setup(calibrate="steps", noise_multiplier=0.3, rounds=100, planned_rounds=100),
+            600,
+            16,
+            0.01,
+        )
 
 
 def test_mu_target_is_enforced_as_its_epsilon_delta() -> None:
@@ -301,9 +337,11 @@ def test_ledger_stops_a_client_before_it_would_exceed() -> None:
 @pytest.mark.slow
 def test_per_client_targets_pick_each_clients_noise_and_the_ledger_stops_them() -> None:
     config = _config(
-        algorithm=dict(name="prifedsync", target_epsilon=[1.0, 4.0, 4.0, 4.0, 8.0, None],
-                       planned_rounds=2),
-        training__client_rate=1.0, training__rounds=4,
+        algorithm=dict(
+            name="prifedsync", target_epsilon=[1.0, 4.0, 4.0, 4.0, 8.0, None], planned_rounds=2
+        ),
+        training__client_rate=1.0,
+        training__rounds=4,
     )
     _, server, clients = _build(config)
     sigmas = [c.mechanism.noise_multiplier for c in clients.values()]
@@ -339,7 +377,8 @@ def test_clt_enforced_targets_are_still_judged_by_the_rigorous_bound() -> None:
     # under the rigorous bound -- and the summary says so instead of hiding it.
     config = _config(
         algorithm=dict(name="prifedsync", target_epsilon=2.0, budget_accounting="clt"),
-        training__client_rate=1.0, training__rounds=2,
+        training__client_rate=1.0,
+        training__rounds=2,
     )
     _, server, clients = _build(config)
     params = server.initial_params()
@@ -366,7 +405,8 @@ def test_summary_headline_is_the_rigorous_epsilon(tmp_path) -> None:
     overview = lines[-1]["privacy"]
     # the metrics line holds the typed summary (approximations labelled as such)
     assert summary["eps_spent_max"]["third_party"] == pytest.approx(
-        overview["spent_max"]["third-party"])
+        overview["spent_max"]["third-party"]
+    )
     approx = overview["approximate"]
     assert approx["clt_mu_strong"] == pytest.approx(math.sqrt(5) * approx["clt_mu"])
     assert approx["gdp-clt_epsilon_max_third_party"] > 0
@@ -399,8 +439,9 @@ def test_state_is_pickle_free_and_resumes_exactly() -> None:
 
 @pytest.mark.slow
 def test_poisson_sampler_option_runs_and_accounts_add_remove() -> None:
-    config = _config(algorithm=dict(name="prifedsync", sampler="poisson"),
-                     training__client_rate=1.0)
+    config = _config(
+        algorithm=dict(name="prifedsync", sampler="poisson"), training__client_rate=1.0
+    )
     _, server, clients = _build(config)
     _round(server, clients, server.initial_params(), 0)
     c = clients[0]
@@ -416,11 +457,13 @@ def test_poisson_sampler_option_runs_and_accounts_add_remove() -> None:
         (dict(training__batch_size=7.5), "training.batch_size"),
         (dict(privacy=dict(delta=1e-5)), "privacy.noise_multiplier"),
         (dict(privacy=dict(epsilon_max=3.0, noise_multiplier=1.0)), "privacy.epsilon_max"),
-        (dict(privacy=dict(epsilon_max=3.0), algorithm=dict(name="prifedsync",
-                                                              calibrate="steps")),
-         "privacy.noise_multiplier"),
-        (dict(algorithm=dict(name="prifedsync", target_mu=1.0, target_epsilon=2.0)),
-         "target_mu"),
+        (
+            dict(
+                privacy=dict(epsilon_max=3.0), algorithm=dict(name="prifedsync", calibrate="steps")
+            ),
+            "privacy.noise_multiplier",
+        ),
+        (dict(algorithm=dict(name="prifedsync", target_mu=1.0, target_epsilon=2.0)), "target_mu"),
         (dict(algorithm=dict(name="prifedsync", target_epsilon=[1.0, 2.0])), "target_epsilon"),
         (dict(algorithm=dict(name="prifedsync", target_epsilon=-1.0)), "target_epsilon"),
         (dict(algorithm=dict(name="prifedsync", planned_rounds=9)), "planned_rounds"),
@@ -434,17 +477,19 @@ def test_bad_config_names_the_field(over, field) -> None:
 
 
 def test_target_without_sigma_is_fine_with_noise_calibration() -> None:
-    config = _config(privacy=dict(delta=1e-5), algorithm=dict(name="prifedsync",
-                                                               target_epsilon=5.0))
+    config = _config(
+        privacy=dict(delta=1e-5), algorithm=dict(name="prifedsync", target_epsilon=5.0)
+    )
     assert config.privacy.noise_multiplier is None
     _, _, clients = _build(config)
     assert all(c.target_epsilon == 5.0 for c in clients.values())
 
 
 def test_epsilon_max_is_the_target_of_clients_without_their_own() -> None:
-    config = _config(privacy=dict(epsilon_max=6.0, delta=1e-5),
-                     algorithm=dict(name="prifedsync", target_epsilon=[2.0, None, None, None,
-                                                                       None, None]))
+    config = _config(
+        privacy=dict(epsilon_max=6.0, delta=1e-5),
+        algorithm=dict(name="prifedsync", target_epsilon=[2.0, None, None, None, None, None]),
+    )
     _, _, clients = _build(config)
     assert clients[0].target_epsilon == 2.0
     assert all(clients[c].target_epsilon == 6.0 for c in range(1, 6))
@@ -452,8 +497,9 @@ def test_epsilon_max_is_the_target_of_clients_without_their_own() -> None:
 
 
 def test_local_epoch_sets_each_clients_steps_from_its_own_size() -> None:
-    _, _, clients = _build(_config(algorithm=dict(name="prifedsync", local_epoch=True),
-                                   training__local_steps=1000))
+    _, _, clients = _build(
+        _config(algorithm=dict(name="prifedsync", local_epoch=True), training__local_steps=1000)
+    )
     for c in clients.values():
         assert c.mechanism.local_steps == math.ceil(len(c.y_train) / 8)
     _, _, capped = _build(_config(algorithm=dict(name="prifedsync", local_epoch=True)))

@@ -26,8 +26,9 @@ from pdpfl.data.prifedsync import dirichlet_disjoint
 def test_label_shards_give_at_most_s_labels_disjoint_and_balanced(m, s, k, seed) -> None:
     rng = np.random.default_rng(seed)
     y = rng.integers(0, k, size=m * s * 20)
-    parts = partition_indices(y, m, "label-shards", {"shards_per_client": s},
-                              rng=np.random.default_rng(seed + 1))
+    parts = partition_indices(
+        y, m, "label-shards", {"shards_per_client": s}, rng=np.random.default_rng(seed + 1)
+    )
     assert len(parts) == m
     flat = np.concatenate(parts)
     assert len(flat) == len(np.unique(flat))  # disjoint
@@ -42,13 +43,13 @@ def test_label_shards_give_at_most_s_labels_disjoint_and_balanced(m, s, k, seed)
 def test_label_shards_refuse_too_many_shards() -> None:
     y = np.array([0] * 5 + [1] * 5)
     with pytest.raises(ValueError, match="shards_per_client"):
-        partition_indices(y, 4, "label-shards", {"shards_per_client": 3},
-                          rng=np.random.default_rng(0))
+        partition_indices(
+            y, 4, "label-shards", {"shards_per_client": 3}, rng=np.random.default_rng(0)
+        )
 
 
 def test_mnist_10k_layout_offline(shared_data_dir) -> None:
-    fed = load_federation("prifedsync-mnist", data_dir=shared_data_dir, seed=2,
-                          layout="10k")
+    fed = load_federation("prifedsync-mnist", data_dir=shared_data_dir, seed=2, layout="10k")
     assert fed.num_clients == 100 and fed.metadata["layout"] == "10k"
     sizes = [c.num_train + c.num_test for c in fed.clients]
     assert sum(sizes) == 10_000 and 90 <= min(sizes) and max(sizes) <= 110
@@ -80,8 +81,9 @@ def test_mnist_60k_layout_on_synthetic_files(tmp_path, monkeypatch) -> None:
         digests[name] = hashlib.sha256(blob).hexdigest()
     monkeypatch.setattr(mnist, "SHA256", digests)
     monkeypatch.setenv("PDPFL_CACHE_DIR", str(tmp_path / "cache"))
-    fed = load_federation("prifedsync-mnist", data_dir=tmp_path, num_clients=10,
-                          test_per_client=30, download=False)
+    fed = load_federation(
+        "prifedsync-mnist", data_dir=tmp_path, num_clients=10, test_per_client=30, download=False
+    )
     assert fed.metadata["layout"] == "60k"  # auto: the training files are present
     test_labels = mnist.read_idx(tmp_path / "t10k-labels-idx1-ubyte.gz")
     for c in fed.clients:
@@ -93,8 +95,9 @@ def test_mnist_60k_layout_on_synthetic_files(tmp_path, monkeypatch) -> None:
     train_ids = np.concatenate([c.record_ids for c in fed.clients])
     assert len(np.unique(train_ids)) == 2000
     # layout: 10k ignores the training files.
-    small = load_federation("prifedsync-mnist", data_dir=tmp_path, num_clients=5,
-                            layout="10k", download=False)
+    small = load_federation(
+        "prifedsync-mnist", data_dir=tmp_path, num_clients=5, layout="10k", download=False
+    )
     assert small.metadata["layout"] == "10k"
     assert all(c.record_ids.min() >= 60_000 for c in small.clients)
 
@@ -122,8 +125,9 @@ def _cifar_archive(path, n_train: int, n_test: int) -> None:
     for name in names:
         n = n_test if name == "test_batch.bin" else n_train
         labels = rng.integers(0, 10, n).astype(np.uint8)
-        raw = np.concatenate([labels[:, None], rng.integers(0, 256, (n, 3072), dtype=np.uint8)],
-                             axis=1)
+        raw = np.concatenate(
+            [labels[:, None], rng.integers(0, 256, (n, 3072), dtype=np.uint8)], axis=1
+        )
         (folder / name).write_bytes(raw.tobytes())
     with tarfile.open(path, "w:gz") as tar:
         tar.add(folder, arcname="cifar-10-batches-bin")
@@ -141,8 +145,14 @@ def test_cifar10_dirichlet_without_overlap_on_a_synthetic_binary_archive(
     digest = hashlib.sha256(archive.read_bytes()).hexdigest()
     monkeypatch.setattr(cifar, "SPEC", FileSpec(archive.name, cifar.URL, digest, "cifar10"))
     monkeypatch.setenv("PDPFL_CACHE_DIR", str(tmp_path / "cache"))
-    fed = load_federation("prifedsync-cifar10", data_dir=archive.parent, num_clients=10,
-                          train_per_client=50, test_per_client=20, download=False)
+    fed = load_federation(
+        "prifedsync-cifar10",
+        data_dir=archive.parent,
+        num_clients=10,
+        train_per_client=50,
+        test_per_client=20,
+        download=False,
+    )
     ids = np.concatenate([c.record_ids for c in fed.clients])
     assert len(ids) == 500 and len(np.unique(ids)) == 500  # no image on two clients
     for c in fed.clients:
@@ -152,7 +162,8 @@ def test_cifar10_dirichlet_without_overlap_on_a_synthetic_binary_archive(
         assert set(np.unique(c.y_test)) <= set(np.unique(c.y_train))
     assert fed.metadata["beta"] == 0.5
     with pytest.raises(ValueError, match="partition"):
-        load_federation("prifedsync-cifar10", data_dir=archive.parent, partition="shards",
-                        download=False)
+        load_federation(
+            "prifedsync-cifar10", data_dir=archive.parent, partition="shards", download=False
+        )
     with pytest.raises(ValueError, match="beta"):
         load_federation("prifedsync-cifar10", data_dir=archive.parent, beta=0, download=False)

@@ -23,16 +23,25 @@ pytestmark = [
 
 
 def _run(seed: int, data_dir, out):
-    config = config_from_dict(dict(
-        name="prifedsync-e2e", seed=seed, randomness="reproducible",
-        data=dict(dataset="prifedsync-mnist", num_clients=10, data_dir=str(data_dir),
-                  options=dict(layout="10k")),
-        model=dict(name="logreg"),
-        algorithm=dict(name="prifedsync"),
-        privacy=dict(noise_multiplier=1.0, delta=1e-5),
-        training=dict(rounds=4, local_steps=5, client_rate=0.5, optimizer="adam", lr=0.01,
-                      batch_size=16),
-    ))
+    config = config_from_dict(
+        dict(
+            name="prifedsync-e2e",
+            seed=seed,
+            randomness="reproducible",
+            data=dict(
+                dataset="prifedsync-mnist",
+                num_clients=10,
+                data_dir=str(data_dir),
+                options=dict(layout="10k"),
+            ),
+            model=dict(name="logreg"),
+            algorithm=dict(name="prifedsync"),
+            privacy=dict(noise_multiplier=1.0, delta=1e-5),
+            training=dict(
+                rounds=4, local_steps=5, client_rate=0.5, optimizer="adam", lr=0.01, batch_size=16
+            ),
+        )
+    )
     federation = load_federation_for(config)
     server, clients = build_federation_algorithms(config, federation)
     result = run_federation(config, server, InProcessTransport(clients), out, progress=False)

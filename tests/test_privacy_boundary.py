@@ -33,13 +33,31 @@ def _victim(randomness) -> tuple[DpFedAvgClient, np.ndarray]:
     """A silo holding one secret record x (label 1), trained for one DP-SGD step with q = 1."""
     rng = np.random.default_rng(0)
     x = rng.normal(size=(1, 6)).astype(np.float32) * 0.05
-    data = SimpleNamespace(x_train=x, y_train=np.array([1]), x_test=x, y_test=np.array([1]),
-                           name="victim")
-    pub = Publication(mode="uniform", noise_multiplier=SIGMA, delta=1e-5, local_steps=1,
-                      rounds=10, client_rate=1.0, max_grad_norm=C, adversary="both",
-                      uniform_epsilon=1.0, uniform_rate=1.0)
-    client = DpFedAvgClient(CLIENT, create_model("logreg", (6,), 2), data, np.array([100.0]), pub,
-                            randomness=randomness, normalizer=B, lr=LR)
+    data = SimpleNamespace(
+        x_train=x, y_train=np.array([1]), x_test=x, y_test=np.array([1]), name="victim"
+    )
+    pub = Publication(
+        mode="uniform",
+        noise_multiplier=SIGMA,
+        delta=1e-5,
+        local_steps=1,
+        rounds=10,
+        client_rate=1.0,
+        max_grad_norm=C,
+        adversary="both",
+        uniform_epsilon=1.0,
+        uniform_rate=1.0,
+    )
+    client = DpFedAvgClient(
+        CLIENT,
+        create_model("logreg", (6,), 2),
+        data,
+        np.array([100.0]),
+        pub,
+        randomness=randomness,
+        normalizer=B,
+        lr=LR,
+    )
     return client, x[0]
 
 
@@ -74,8 +92,10 @@ TINY = {
     "threads": 1,
     "data": {"dataset": "digits", "num_clients": 3},
     "model": {"name": "logreg"},
-    "budgets": {"scenario": "three-levels",
-                "params": {"values": [0.5, 2.0, 8.0], "ratios": [0.5, 0.3, 0.2]}},
+    "budgets": {
+        "scenario": "three-levels",
+        "params": {"values": [0.5, 2.0, 8.0], "ratios": [0.5, 0.3, 0.2]},
+    },
     "privacy": {"epsilon_max": 8.0, "delta": 1e-3},
     "training": {"rounds": 3, "local_steps": 2, "client_rate": 0.7, "batch_size": 8},
 }
@@ -131,8 +151,9 @@ def test_a_crafted_pickle_checkpoint_is_refused_without_running_it(tmp_path: Pat
     cfg = config_from_dict(TINY)
     server, clients = build_federation_algorithms(cfg, load_federation_for(cfg))
     with pytest.raises(ValueError, match="pickle"):
-        run_federation(cfg, server, InProcessTransport(clients), tmp_path, resume=True,
-                       progress=False)
+        run_federation(
+            cfg, server, InProcessTransport(clients), tmp_path, resume=True, progress=False
+        )
     assert not marker.exists()
 
 
@@ -148,9 +169,11 @@ def test_a_truncated_or_tampered_checkpoint_is_a_clear_error(tmp_path: Path) -> 
     server, clients = build_federation_algorithms(cfg, fed)
     # checkpoints are sealed (pdpfl.integrity): a truncated one fails its integrity tag
     with pytest.raises(ValueError, match="does not verify|truncated"):
-        run_federation(cfg, server, InProcessTransport(clients), tmp_path, resume=True,
-                       progress=False)
+        run_federation(
+            cfg, server, InProcessTransport(clients), tmp_path, resume=True, progress=False
+        )
     ckpt.write_bytes(b"PK\x03\x04" + b"\x00" * 64)
     with pytest.raises(ValueError, match="not sealed"):
-        run_federation(cfg, server, InProcessTransport(clients), tmp_path, resume=True,
-                       progress=False)
+        run_federation(
+            cfg, server, InProcessTransport(clients), tmp_path, resume=True, progress=False
+        )

@@ -35,8 +35,21 @@ def _dp_accounting(q: float, sigma: float, steps: int, delta: float, orders: lis
 
 @pytest.mark.parametrize("orders", [ORDERS, SPREAD, [5.0]])
 def test_cli_orders_equal_dp_accounting_at_the_same_integer_orders(orders) -> None:
-    args = ["account", "--sigma", "1.0", "--delta", "1e-5", "--steps", "100", "--json",
-            "--q", "0.2", "0.01", "--orders", *[str(int(a)) for a in orders]]
+    args = [
+        "account",
+        "--sigma",
+        "1.0",
+        "--delta",
+        "1e-5",
+        "--steps",
+        "100",
+        "--json",
+        "--q",
+        "0.2",
+        "0.01",
+        "--orders",
+        *[str(int(a)) for a in orders],
+    ]
     res = runner.invoke(app, args)
     assert res.exit_code == 0, res.output
     out = json.loads(res.stdout)
@@ -64,8 +77,10 @@ def test_exact_epsilon_and_plan_epsilon_honour_given_orders() -> None:
 
 
 def test_without_orders_the_cli_keeps_the_refined_default() -> None:
-    res = runner.invoke(app, ["account", "--sigma", "1.0", "--delta", "1e-5", "--steps", "100",
-                              "--q", "0.2", "--json"])
+    res = runner.invoke(
+        app,
+        ["account", "--sigma", "1.0", "--delta", "1e-5", "--steps", "100", "--q", "0.2", "--json"],
+    )
     out = json.loads(res.stdout)
     plan = TrainingPlan(noise_multiplier=1.0, delta=1e-5, steps=100)
     assert out["epsilon"] == list(plan_epsilon([0.2], plan)[0])

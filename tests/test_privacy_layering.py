@@ -83,7 +83,7 @@ def _cycle() -> list[str] | None:
         stack.append(node)
         for nxt in sorted(EDGES[node]):
             if state.get(nxt) == 1:
-                return stack[stack.index(nxt):] + [nxt]
+                return stack[stack.index(nxt) :] + [nxt]
             if nxt not in state:
                 found = visit(nxt)
                 if found:
@@ -117,19 +117,19 @@ def test_cycle_detection_finds_a_planted_cycle() -> None:
 @pytest.mark.parametrize("name", sorted(n for n in MODULES if n.startswith("pdpfl.privacy")))
 def test_privacy_imports_nothing_of_pdpfl_outside_privacy(name: str) -> None:
     outside = {
-        m for m in ALL_IMPORTS[name]
+        m
+        for m in ALL_IMPORTS[name]
         if (m == "pdpfl" or m.startswith("pdpfl.")) and not m.startswith("pdpfl.privacy")
     }
     assert not outside, f"{name} imports {sorted(outside)}"
 
 
-@pytest.mark.parametrize(
-    "name", sorted(n for n in MODULES if n.startswith("pdpfl.calibration"))
-)
+@pytest.mark.parametrize("name", sorted(n for n in MODULES if n.startswith("pdpfl.calibration")))
 def test_calibration_imports_only_privacy_and_budgets(name: str) -> None:
     allowed = ("pdpfl.privacy", "pdpfl.calibration", "pdpfl.budgets")
     outside = {
-        m for m in ALL_IMPORTS[name]
+        m
+        for m in ALL_IMPORTS[name]
         if (m == "pdpfl" or m.startswith("pdpfl.")) and not m.startswith(allowed)
     }
     assert not outside, f"{name} imports {sorted(outside)}"

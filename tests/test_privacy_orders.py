@@ -62,8 +62,9 @@ def test_flat_dp_sgd_never_looser_than_dp_accounting_or_opacus(q, sigma, steps, 
         e_dpa = ref.get_epsilon(delta)
     finally:
         logging.disable(logging.NOTSET)
-    rdp_op = opacus_rdp.compute_rdp(q=q, noise_multiplier=sigma, steps=steps,
-                                    orders=list(OPACUS_ORDERS))
+    rdp_op = opacus_rdp.compute_rdp(
+        q=q, noise_multiplier=sigma, steps=steps, orders=list(OPACUS_ORDERS)
+    )
     e_op, _ = opacus_rdp.get_privacy_spent(orders=list(OPACUS_ORDERS), rdp=rdp_op, delta=delta)
     best = min(e_dpa, e_op)
     assert ours[0][0] <= best * (1 + RTOL) + 1e-12
@@ -81,11 +82,13 @@ def test_flat_dp_sgd_never_looser_than_dp_accounting_or_opacus(q, sigma, steps, 
 )
 def test_two_stage_never_looser_than_a_grid_of_their_orders(q, sigma, tau, rounds, lam, delta):
     # Same mechanism (rPDP-FL Lemma 6 / Theorem 1), their orders, their per-step RDP values.
-    plan = TrainingPlan(noise_multiplier=sigma, delta=delta, steps=tau, rounds=rounds,
-                        client_rate=lam)
+    plan = TrainingPlan(
+        noise_multiplier=sigma, delta=delta, steps=tau, rounds=rounds, client_rate=lam
+    )
     ours = plan_epsilon([q], plan)[0][0]
-    step = np.asarray(opacus_rdp.compute_rdp(q=q, noise_multiplier=sigma, steps=1,
-                                             orders=list(OPACUS_ORDERS)))[None, :]
+    step = np.asarray(
+        opacus_rdp.compute_rdp(q=q, noise_multiplier=sigma, steps=1, orders=list(OPACUS_ORDERS))
+    )[None, :]
     total = rounds * round_rdp(step, tau, lam, OPACUS_ORDERS)
     theirs = rdp_to_epsilon(total, OPACUS_ORDERS, delta)[0][0]
     assert ours <= theirs * (1 + RTOL) + 1e-12

@@ -70,8 +70,9 @@ def _loss_samples(q, sigma, tau, rounds, lam, n, rng, direction):
 @pytest.mark.slow
 def test_monte_carlo_small_case() -> None:
     q, sigma, tau, rounds, lam, delta = 0.3, 1.5, 3, 4, 0.5, 1e-2
-    plan = TrainingPlan(noise_multiplier=sigma, delta=delta, steps=tau, rounds=rounds,
-                        client_rate=lam)
+    plan = TrainingPlan(
+        noise_multiplier=sigma, delta=delta, steps=tau, rounds=rounds, client_rate=lam
+    )
     eps = _pld(plan, q)
     rng = np.random.default_rng(0)
     n = 200_000
@@ -100,8 +101,9 @@ def test_monte_carlo_small_case() -> None:
     delta=st.sampled_from([1e-7, 1e-5, 1e-3]),
 )
 def test_pld_never_above_rdp(q, sigma, tau, rounds, lam, delta) -> None:
-    plan = TrainingPlan(noise_multiplier=sigma, delta=delta, steps=tau, rounds=rounds,
-                        client_rate=lam)
+    plan = TrainingPlan(
+        noise_multiplier=sigma, delta=delta, steps=tau, rounds=rounds, client_rate=lam
+    )
     rdp = plan_epsilon([q], plan)[0][0]
     pld = _pld(plan, q)
     assert pld <= rdp * (1 + 1e-9) + 1e-9

@@ -192,9 +192,13 @@ def test_ledger_tiny_rate_spends_more_than_total_variation_allows() -> None:
     spent = ledger.spent_epsilon("third-party")[0]
     assert tv > delta and spent > 0 and spent >= lower
     flat = TrainingPlan(noise_multiplier=sigma, delta=delta, steps=3)
-    assert spent == plan_epsilon([q], flat)[0][0] or spent == plan_epsilon(
-        [q], TrainingPlan(noise_multiplier=sigma, delta=delta, steps=1, rounds=3)
-    )[0][0]
+    assert (
+        spent == plan_epsilon([q], flat)[0][0]
+        or spent
+        == plan_epsilon([q], TrainingPlan(noise_multiplier=sigma, delta=delta, steps=1, rounds=3))[
+            0
+        ][0]
+    )
 
 
 def test_unsampled_gaussian_rdp_is_rounded_up() -> None:

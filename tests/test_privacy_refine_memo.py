@@ -60,8 +60,9 @@ def test_memo_computes_each_pair_once() -> None:
 
 
 @settings(max_examples=25, deadline=None)
-@given(sigma=st.floats(0.4, 30.0), seed=st.integers(0, 2**32 - 1),
-       top=st.sampled_from([12, 64, 700]))
+@given(
+    sigma=st.floats(0.4, 30.0), seed=st.integers(0, 2**32 - 1), top=st.sampled_from([12, 64, 700])
+)
 def test_grid_values_at_integer_orders_are_the_paired_bits(
     sigma: float, seed: int, top: int
 ) -> None:

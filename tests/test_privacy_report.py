@@ -22,8 +22,10 @@ TINY = {
     "randomness": "reproducible",
     "data": {"dataset": "breast-cancer", "num_clients": 3},
     "model": {"name": "logreg"},
-    "budgets": {"scenario": "three-levels",
-                "params": {"values": [0.5, 2.0, 8.0], "ratios": [0.5, 0.3, 0.2]}},
+    "budgets": {
+        "scenario": "three-levels",
+        "params": {"values": [0.5, 2.0, 8.0], "ratios": [0.5, 0.3, 0.2]},
+    },
     "privacy": {"epsilon_max": 8.0, "delta": 1e-3},
     "training": {"rounds": 3, "local_steps": 3, "client_rate": 0.7, "lr": 0.3, "batch_size": 8},
 }
@@ -46,7 +48,8 @@ def test_the_table_has_one_row_per_record_with_its_id_and_matches_the_summary(ru
     assert set(table["unit"]) == {"record"}
     for obs, tag in (("third-party", "third_party"), ("server", "server")):
         assert np.max(table[f"epsilon_{tag}"]) == pytest.approx(
-            summary["privacy"]["spent_max"][obs], rel=1e-12)
+            summary["privacy"]["spent_max"][obs], rel=1e-12
+        )
         assert np.all(table[f"epsilon_{tag}"] <= table["budget"] * (1 + 1e-9))
     # the rounds charged to third parties: every round each active record was not stopped
     assert np.all(table["rounds_third_party"] <= 3)

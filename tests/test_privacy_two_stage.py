@@ -68,10 +68,16 @@ def _epsilon_at_order(q, plan, adversary, alpha, k):
     else:
         x = (alpha - 1) * plan.steps * rho
         lam = plan.client_rate
-        rnd = np.where(
-            x < 1, np.log1p(lam * np.expm1(np.minimum(x, 1))),
-            np.logaddexp(np.log1p(-lam), np.log(lam) + x),
-        ) / (alpha - 1) if lam < 1 else plan.steps * rho
+        rnd = (
+            np.where(
+                x < 1,
+                np.log1p(lam * np.expm1(np.minimum(x, 1))),
+                np.logaddexp(np.log1p(-lam), np.log(lam) + x),
+            )
+            / (alpha - 1)
+            if lam < 1
+            else plan.steps * rho
+        )
         total = k * rnd
     return epsilon_per_order(total, alpha, plan.delta)
 
@@ -124,7 +130,10 @@ def test_monotonicity(q, sigma, steps, rounds, lam) -> None:
 
     def eps(refine=False, **kw):
         p = TrainingPlan(
-            kw.get("sigma", sigma), 1e-5, kw.get("steps", steps), kw.get("rounds", rounds),
+            kw.get("sigma", sigma),
+            1e-5,
+            kw.get("steps", steps),
+            kw.get("rounds", rounds),
             kw.get("lam", lam),
         )
         return float(plan_epsilon([kw.get("q", q)], p, refine=refine)[0][0])

@@ -153,9 +153,10 @@ def test_composed_group_event_is_the_group_of_the_composition() -> None:
     inner = acc.epsilon(GroupPrivacy(Composed(step, 2_000), 6, "dp"), DELTA)[0]
     np.testing.assert_array_equal(outer, inner)
     counts = acc.composed_epsilon(GroupPrivacy(Composed(step, 100), 6), [0, 20], DELTA)[0]
-    assert counts[0] == 0.0 and counts[1] == acc.epsilon(
-        GroupPrivacy(Composed(step, 2_000), 6), DELTA
-    )[0][1]
+    assert (
+        counts[0] == 0.0
+        and counts[1] == acc.epsilon(GroupPrivacy(Composed(step, 2_000), 6), DELTA)[0][1]
+    )
 
 
 def test_group_plan_charges_users_through_mechanism_epsilon() -> None:

@@ -124,8 +124,17 @@ def test_clt_under_reports_where_the_rigorous_bound_does_not(gamma, sigma, steps
     assert clt < lower <= rigorous
 
 
-TABLE_1 = [(1.0, 93), (0.9, 83), (0.75, 64), (1.0, 194), (0.9, 176), (0.75, 127), (1.0, 386),
-           (0.9, 325), (0.75, 245)]
+TABLE_1 = [
+    (1.0, 93),
+    (0.9, 83),
+    (0.75, 64),
+    (1.0, 194),
+    (0.9, 176),
+    (0.75, 127),
+    (1.0, 386),
+    (0.9, 325),
+    (0.75, 245),
+]
 
 
 @pytest.mark.parametrize(("sigma", "rounds"), TABLE_1)

@@ -33,14 +33,21 @@ WEAK: dict[str, Any] = {"paillier_bits": 1024, "n_max": 600, "allow_weak_keys": 
 ORDER = 0xFFFFFFFF00000000FFFFFFFFFFFFFFFFBCE6FAADA7179E84F3B9CAC2FC632551
 
 BASE = {
-    "name": "uldp-private-subsampling", "seed": 5, "threads": 1, "randomness": "reproducible",
+    "name": "uldp-private-subsampling",
+    "seed": 5,
+    "threads": 1,
+    "randomness": "reproducible",
     "data": {"dataset": "digits", "num_clients": 3, "options": {"num_users": 12}},
     "model": {"name": "logreg"},
-    "algorithm": {"name": "uldp-avg", "weights": "private", "user_rate": 0.5,
-                  "subsampling": "private", "ot_items": 4},
+    "algorithm": {
+        "name": "uldp-avg",
+        "weights": "private",
+        "user_rate": 0.5,
+        "subsampling": "private",
+        "ot_items": 4,
+    },
     "privacy": {"noise_multiplier": 2.0, "delta": 1e-5},
-    "training": {"rounds": 3, "local_steps": 1, "lr": 0.3, "batch_size": 8,
-                 "max_grad_norm": 1.0},
+    "training": {"rounds": 3, "local_steps": 1, "lr": 0.3, "batch_size": 8, "max_grad_norm": 1.0},
 }
 
 
@@ -71,8 +78,12 @@ def test_the_receiver_opens_exactly_its_choice(count: int) -> None:
         for i in range(count):
             if i != choice:
                 with pytest.raises(IntegrityError):
-                    ot.receive(ot.OtReceiver(i, receiver.b, receiver.message), sender.public,
-                               sealed, b"ctx")
+                    ot.receive(
+                        ot.OtReceiver(i, receiver.b, receiver.message),
+                        sender.public,
+                        sealed,
+                        b"ctx",
+                    )
         with pytest.raises(IntegrityError):  # another transfer's context
             ot.receive(receiver, sender.public, sealed, b"other")
 
@@ -171,8 +182,9 @@ class Recorder:
         monkeypatch.setattr(private_weighting_silo, "choose_items", record_choices)
 
     def sampled(self, num_users: int, p: int) -> np.ndarray:
-        choice = {u: c for per_silo in self.choices[-len(self.choices):] for u, c in
-                  per_silo.items()}
+        choice = {
+            u: c for per_silo in self.choices[-len(self.choices) :] for u, c in per_silo.items()
+        }
         order = self.orders[-1]
         return np.array([bool(order[u * p + choice[u]]) for u in range(num_users)])
 
@@ -182,15 +194,19 @@ def test_the_sum_is_the_enhanced_sum_over_the_obliviously_sampled_users(monkeypa
 
     rec = Recorder(monkeypatch)
     _, private, pclients = _build()
-    _, public, eclients = _build("algorithm.weights=enhanced", "data.public_user_histograms=true",
-                                 "algorithm.subsampling=server")
+    _, public, eclients = _build(
+        "algorithm.weights=enhanced",
+        "data.public_user_histograms=true",
+        "algorithm.subsampling=server",
+    )
     assert private.private_sampling == (2, 4) and private.sampled_users(0) is None
     params = private.initial_params()
     cfg = private.round_config(0)
     assert "users" not in cfg  # no user mask leaves the server
     protocol = PrivateWeightedSum(**WEAK, record_view=True)
-    agg = protocol.collect(InProcessTransport(pclients), sorted(pclients), params, 0, dict(cfg),
-                           private)
+    agg = protocol.collect(
+        InProcessTransport(pclients), sorted(pclients), params, 0, dict(cfg), private
+    )
     sampled = rec.sampled(12, 4)
     public_cfg = {**public.round_config(0), "users": encode_mask(sampled)}
     outs = [eclients[c].fit(params, 0, public_cfg) for c in sorted(eclients)]
@@ -198,8 +214,11 @@ def test_the_sum_is_the_enhanced_sum_over_the_obliviously_sampled_users(monkeypa
     for got, want in zip(agg.total, plain, strict=True):
         assert np.abs(np.asarray(got, np.float64) - want).max() < 1e-5
     if not sampled.all():  # and it is not the sum over every user
-        _, _, fresh = _build("algorithm.weights=enhanced", "data.public_user_histograms=true",
-                             "algorithm.subsampling=server")
+        _, _, fresh = _build(
+            "algorithm.weights=enhanced",
+            "data.public_user_histograms=true",
+            "algorithm.subsampling=server",
+        )
         everyone = {**public_cfg, "users": encode_mask(np.ones(12, bool))}
         full = [fresh[c].fit(params, 0, everyone).update for c in sorted(fresh)]
         total = [sum(np.asarray(o[i], np.float64) for o in full) for i in range(len(params))]
@@ -220,6 +239,7 @@ def test_the_servers_view_has_the_same_structure_whatever_the_silos_chose(
     """Every silo forced to choose item ``forced`` for every user (all sampled or none, given
     the server's order): the server's view -- stages, fields, sizes, points on the curve -- is
     the same; the only difference is the DP-protected sum."""
+
     def forced_choices(sender_public, users, p):
         receivers = {int(u): ot.choose(sender_public, forced, p) for u in users}
         return receivers, b"".join(receivers[int(u)].message for u in users)
@@ -233,11 +253,25 @@ def test_the_servers_view_has_the_same_structure_whatever_the_silos_chose(
         _, server, clients = _build()
         protocol = PrivateWeightedSum(**WEAK, record_view=True)
         params = server.initial_params()
-        protocol.collect(InProcessTransport(clients), sorted(clients), params, 0,
-                         dict(server.round_config(0)), server)
-        views[choice] = [(stage, c, {k: (type(v).__name__, len(v) if isinstance(v, bytes)
-                                         else np.shape(v)) for k, v in reply.items()})
-                         for stage, c, reply in protocol.view]
+        protocol.collect(
+            InProcessTransport(clients),
+            sorted(clients),
+            params,
+            0,
+            dict(server.round_config(0)),
+            server,
+        )
+        views[choice] = [
+            (
+                stage,
+                c,
+                {
+                    k: (type(v).__name__, len(v) if isinstance(v, bytes) else np.shape(v))
+                    for k, v in reply.items()
+                },
+            )
+            for stage, c, reply in protocol.view
+        ]
         for stage, _, reply in protocol.view:
             if stage == "weights-ot":
                 blob = reply["ot_choices"]
@@ -253,15 +287,29 @@ def test_a_silo_opens_one_item_per_user_and_no_other(monkeypatch) -> None:
     original = private_sampling.open_items
 
     def spy(receivers, sender_public, sealed, users, p, item_bytes, session, epoch):
-        seen.update(receivers=receivers, sender=sender_public, sealed=sealed, users=users,
-                    p=p, width=item_bytes, session=session, epoch=epoch)
+        seen.update(
+            receivers=receivers,
+            sender=sender_public,
+            sealed=sealed,
+            users=users,
+            p=p,
+            width=item_bytes,
+            session=session,
+            epoch=epoch,
+        )
         return original(receivers, sender_public, sealed, users, p, item_bytes, session, epoch)
 
     monkeypatch.setattr(private_weighting_silo, "open_items", spy)
     _, server, clients = _build()
     params = server.initial_params()
-    PrivateWeightedSum(**WEAK).collect(InProcessTransport(clients), sorted(clients), params, 0,
-                                       dict(server.round_config(0)), server)
+    PrivateWeightedSum(**WEAK).collect(
+        InProcessTransport(clients),
+        sorted(clients),
+        params,
+        0,
+        dict(server.round_config(0)),
+        server,
+    )
     receivers, users, p = seen["receivers"], seen["users"], int(seen["p"])
     width = int(seen["width"]) + private_sampling.SEAL_OVERHEAD
     sealed = seen["sealed"]
@@ -301,12 +349,15 @@ def test_the_server_is_charged_like_a_third_party() -> None:
     assert float(open_server.plan.planned_epsilon([0.5], "server")[0]) > q_eps * 1.5
 
 
-@pytest.mark.parametrize(("overrides", "match"), [
-    (["algorithm.user_rate=0.3"], r"algorithm.user_rate: .*multiple of 1/P = 1/4"),
-    (["algorithm.user_rate=null"], r"algorithm.subsampling: private needs one user_rate"),
-    (["algorithm.weights=uniform"], r"set algorithm.weights: private"),
-    (["algorithm.name=uldp-naive", "algorithm.weights=uniform"], r"uldp-avg / uldp-sgd"),
-])
+@pytest.mark.parametrize(
+    ("overrides", "match"),
+    [
+        (["algorithm.user_rate=0.3"], r"algorithm.user_rate: .*multiple of 1/P = 1/4"),
+        (["algorithm.user_rate=null"], r"algorithm.subsampling: private needs one user_rate"),
+        (["algorithm.weights=uniform"], r"set algorithm.weights: private"),
+        (["algorithm.name=uldp-naive", "algorithm.weights=uniform"], r"uldp-avg / uldp-sgd"),
+    ],
+)
 def test_the_configuration_is_checked(overrides: list[str], match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         config_from_dict(BASE, overrides)
@@ -325,8 +376,9 @@ def test_the_cli_refuses_a_rate_off_the_grid_with_exit_2(tmp_path) -> None:
     cfg = tmp_path / "c.json"
     cfg.write_text(json.dumps(BASE))
     out = tmp_path / "out"
-    res = CliRunner().invoke(app, ["run", str(cfg), "--out", str(out), "--quiet",
-                                   "--set", "algorithm.user_rate=0.3"])
+    res = CliRunner().invoke(
+        app, ["run", str(cfg), "--out", str(out), "--quiet", "--set", "algorithm.user_rate=0.3"]
+    )
     assert res.exit_code == 2, res.output
     assert "error: algorithm.user_rate:" in res.output and "1/4" in res.output
     assert "Traceback" not in res.output
@@ -371,8 +423,9 @@ def test_a_silo_lost_while_weights_are_prepared_has_its_users_taken_over(
 
     protocol = PrivateWeightedSum(**WEAK, record_view=True)
     params = server.initial_params()
-    agg = protocol.collect(Dropping(clients), sorted(clients), params, 0,
-                           dict(server.round_config(0)), server)
+    agg = protocol.collect(
+        Dropping(clients), sorted(clients), params, 0, dict(server.round_config(0)), server
+    )
     assert agg.count == 2 and protocol.participants == [0, 1]
     answered = {c for name, c, _ in protocol.view if name == stage}
     assert answered == {0, 1}

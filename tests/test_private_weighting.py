@@ -129,8 +129,9 @@ def test_user_subsampling_zeroes_the_weights_of_users_not_sampled() -> None:
 def test_the_3072_bit_protocol_end_to_end() -> None:
     clients, hists = _federation(num_users=4, silos=2, d=3, seed=2)
     proto = PrivateWeightedSum(paillier_bits=3072, workers=1)
-    agg = proto.collect(InProcessTransport(clients), [0, 1], [np.zeros(3, np.float32)], 0, {},
-                        UserServer(4))
+    agg = proto.collect(
+        InProcessTransport(clients), [0, 1], [np.zeros(3, np.float32)], 0, {}, UserServer(4)
+    )
     assert proto._pk.bits == 3072
     _check(agg, clients, hists, 0)
 
@@ -148,8 +149,9 @@ def test_both_cores_give_the_same_result(monkeypatch) -> None:
     monkeypatch.setattr(par, "run_chunks", spy)
     clients, hists = _federation(num_users=30, silos=2, d=120, seed=3)
     proto = PrivateWeightedSum(**{**WEAK, "workers": 2})
-    agg = proto.collect(InProcessTransport(clients), [0, 1], [np.zeros(120, np.float32)], 0, {},
-                        UserServer(30))
+    agg = proto.collect(
+        InProcessTransport(clients), [0, 1], [np.zeros(120, np.float32)], 0, {}, UserServer(30)
+    )
     _check(agg, clients, hists, 0)
     for name in ("_encrypt_chunk", "_power_chunk", "_round_chunk", "_decrypt_chunk"):
         assert (name, 2) in used, (name, used)
@@ -161,8 +163,9 @@ def test_allowed_totals_remedy_handles_large_record_counts() -> None:
     clients, hists = _federation(histograms=hists, d=4)
     assert WeightingParams(**{**WEAK, "allowed_totals": (64, 1024, 2048, 4096)}).divisor == 4096
     proto = PrivateWeightedSum(**{**WEAK, "allowed_totals": [64, 1024, 2048, 4096]})
-    agg = proto.collect(InProcessTransport(clients), [0, 1], [np.zeros(4, np.float32)], 0, {},
-                        UserServer(4))
+    agg = proto.collect(
+        InProcessTransport(clients), [0, 1], [np.zeros(4, np.float32)], 0, {}, UserServer(4)
+    )
     _check(agg, clients, hists, 0)
 
 
@@ -172,8 +175,9 @@ def test_allowed_totals_remedy_handles_large_record_counts() -> None:
 def test_the_servers_view_contains_no_histogram_total_or_weight() -> None:
     clients, hists = _federation(num_users=6, silos=3, d=4, seed=4)
     proto = PrivateWeightedSum(**WEAK, record_view=True)
-    proto.collect(InProcessTransport(clients), [0, 1, 2], [np.zeros(4, np.float32)], 0, {},
-                  UserServer(6))
+    proto.collect(
+        InProcessTransport(clients), [0, 1, 2], [np.zeros(4, np.float32)], 0, {}, UserServer(6)
+    )
     pk = proto._pk
     allowed = {
         "setup-keys": {"dh_public", "pk_fingerprint"},
@@ -186,8 +190,9 @@ def test_the_servers_view_contains_no_histogram_total_or_weight() -> None:
     totals = sum(hists.values())
     div = divisor(60)
     secrets_ints = {int(v) for h in hists.values() for v in h} | {int(v) for v in totals}
-    secrets_ints |= {div * int(h[u]) // int(totals[u]) for h in hists.values()
-                     for u in range(6) if totals[u]}
+    secrets_ints |= {
+        div * int(h[u]) // int(totals[u]) for h in hists.values() for u in range(6) if totals[u]
+    }
     for stage, _silo, reply in proto.view:
         assert set(reply) <= allowed[stage], (stage, set(reply))
         for key, value in reply.items():
@@ -222,8 +227,9 @@ def test_a_tampered_round_ciphertext_fails_loudly() -> None:
             return replies
 
     with pytest.raises(IntegrityError, match="no-wrap"):
-        PrivateWeightedSum(**WEAK).collect(Tamper(clients), [0, 1, 2],
-                                           [np.zeros(4, np.float32)], 0, {}, UserServer(6))
+        PrivateWeightedSum(**WEAK).collect(
+            Tamper(clients), [0, 1, 2], [np.zeros(4, np.float32)], 0, {}, UserServer(6)
+        )
 
 
 def test_tampered_encrypted_weights_are_caught_by_the_verification() -> None:
@@ -238,8 +244,9 @@ def test_tampered_encrypted_weights_are_caught_by_the_verification() -> None:
             return super().exchange(protocol, stage, requests, round_index)
 
     with pytest.raises(IntegrityError, match="verification aggregate is garbage"):
-        PrivateWeightedSum(**WEAK).collect(Tamper(clients), [0, 1, 2],
-                                           [np.zeros(3, np.float32)], 0, {}, UserServer(6))
+        PrivateWeightedSum(**WEAK).collect(
+            Tamper(clients), [0, 1, 2], [np.zeros(3, np.float32)], 0, {}, UserServer(6)
+        )
 
 
 def test_wrong_keys_fail_loudly() -> None:
@@ -254,8 +261,9 @@ def test_wrong_keys_fail_loudly() -> None:
             return super().exchange(protocol, stage, requests, round_index)
 
     with pytest.raises(IntegrityError, match="does not hold this silo's key"):
-        PrivateWeightedSum(**WEAK).collect(SwapKeys(clients), [0, 1, 2],
-                                           [np.zeros(3, np.float32)], 0, {}, UserServer(6))
+        PrivateWeightedSum(**WEAK).collect(
+            SwapKeys(clients), [0, 1, 2], [np.zeros(3, np.float32)], 0, {}, UserServer(6)
+        )
 
     class OtherPaillier(InProcessTransport):  # a silo is handed another Paillier key
         def exchange(self, protocol, stage, requests, round_index):
@@ -267,8 +275,9 @@ def test_wrong_keys_fail_loudly() -> None:
             return super().exchange(protocol, stage, requests, round_index)
 
     with pytest.raises(IntegrityError, match="another Paillier key"):
-        PrivateWeightedSum(**WEAK).collect(OtherPaillier(clients), [0, 1, 2],
-                                           [np.zeros(3, np.float32)], 0, {}, UserServer(6))
+        PrivateWeightedSum(**WEAK).collect(
+            OtherPaillier(clients), [0, 1, 2], [np.zeros(3, np.float32)], 0, {}, UserServer(6)
+        )
 
     class BadSeed(InProcessTransport):  # the sealed seed R is modified in transit
         def exchange(self, protocol, stage, requests, round_index):
@@ -279,9 +288,9 @@ def test_wrong_keys_fail_loudly() -> None:
             return super().exchange(protocol, stage, requests, round_index)
 
     with pytest.raises(IntegrityError, match="shared seed R: authentication failed"):
-        PrivateWeightedSum(**WEAK).collect(BadSeed(clients), [0, 1, 2],
-                                           [np.zeros(3, np.float32)], 0, {}, UserServer(6))
-
+        PrivateWeightedSum(**WEAK).collect(
+            BadSeed(clients), [0, 1, 2], [np.zeros(3, np.float32)], 0, {}, UserServer(6)
+        )
 
 
 def test_a_silo_refuses_a_weaker_paillier_key_than_configured(monkeypatch) -> None:
@@ -293,8 +302,8 @@ def test_a_silo_refuses_a_weaker_paillier_key_than_configured(monkeypatch) -> No
     clients, _ = _federation(d=2)
     with pytest.raises(IntegrityError, match="fewer than the configured 3072"):
         PrivateWeightedSum(paillier_bits=3072, workers=1).collect(
-            InProcessTransport(clients), [0, 1, 2], [np.zeros(2, np.float32)], 0, {},
-            UserServer(6))
+            InProcessTransport(clients), [0, 1, 2], [np.zeros(2, np.float32)], 0, {}, UserServer(6)
+        )
 
 
 def test_correctness_conditions_are_enforced() -> None:
@@ -302,22 +311,26 @@ def test_correctness_conditions_are_enforced() -> None:
     # N_u = 0: a user without records anywhere
     clients, _ = _federation(histograms=np.array([[1, 0, 2], [3, 0, 1]]), d=2)
     with pytest.raises(ValueError, match="user 1 has no records in any silo"):
-        PrivateWeightedSum(**WEAK).collect(InProcessTransport(clients), [0, 1], params, 0, {},
-                                           UserServer(3))
+        PrivateWeightedSum(**WEAK).collect(
+            InProcessTransport(clients), [0, 1], params, 0, {}, UserServer(3)
+        )
     # a local count above N_max is refused by the silo itself
     clients, _ = _federation(histograms=np.array([[61, 1], [0, 1]]), d=2)
     with pytest.raises(ValueError, match="more than N_max = 60 records"):
-        PrivateWeightedSum(**WEAK).collect(InProcessTransport(clients), [0, 1], params, 0, {},
-                                           UserServer(2))
+        PrivateWeightedSum(**WEAK).collect(
+            InProcessTransport(clients), [0, 1], params, 0, {}, UserServer(2)
+        )
     # N_u = 59 + 2 = 61 > N_max: 61 is prime, so it does not divide DIV = lcm(1..60)
     clients, _ = _federation(histograms=np.array([[59, 1], [2, 1]]), d=2)
     with pytest.raises(IntegrityError, match="N_u does not divide DIV"):
-        PrivateWeightedSum(**WEAK).collect(InProcessTransport(clients), [0, 1], params, 0, {},
-                                           UserServer(2))
+        PrivateWeightedSum(**WEAK).collect(
+            InProcessTransport(clients), [0, 1], params, 0, {}, UserServer(2)
+        )
     # ... while N_u = 62 = 2·31 divides lcm(1..60): exact, accepted
     clients, hists = _federation(histograms=np.array([[59, 1], [3, 1]]), d=2)
-    agg = PrivateWeightedSum(**WEAK).collect(InProcessTransport(clients), [0, 1], params, 0, {},
-                                             UserServer(2))
+    agg = PrivateWeightedSum(**WEAK).collect(
+        InProcessTransport(clients), [0, 1], params, 0, {}, UserServer(2)
+    )
     _check(agg, clients, hists, 0)
 
 
@@ -341,8 +354,9 @@ def test_values_beyond_the_no_wrap_room_are_refused_at_the_silo() -> None:
     _, hists = _federation(d=2, seed=8)
     clients = {s: Huge(s, h, 2) for s, h in hists.items()}
     with pytest.raises(RingOverflowError, match="no-wrap room"):
-        PrivateWeightedSum(**WEAK).collect(InProcessTransport(clients), [0, 1, 2],
-                                           [np.zeros(2, np.float32)], 0, {}, UserServer(6))
+        PrivateWeightedSum(**WEAK).collect(
+            InProcessTransport(clients), [0, 1, 2], [np.zeros(2, np.float32)], 0, {}, UserServer(6)
+        )
 
 
 # --------------------------------------------------------------------------- dropouts
@@ -397,8 +411,9 @@ def test_a_silo_lost_during_setup_aborts_with_a_clear_error() -> None:
             return replies
 
     with pytest.raises(RuntimeError, match="did not answer stage 'setup-histogram'"):
-        PrivateWeightedSum(**WEAK).collect(Lose(clients), [0, 1, 2], [np.zeros(2, np.float32)],
-                                           0, {}, UserServer(6))
+        PrivateWeightedSum(**WEAK).collect(
+            Lose(clients), [0, 1, 2], [np.zeros(2, np.float32)], 0, {}, UserServer(6)
+        )
 
 
 def test_protocol_from_config_selects_private_weighting() -> None:
@@ -458,8 +473,14 @@ def _residue_attack(histograms: np.ndarray, d: int = 40) -> tuple[int, int, int]
     """One round; returns (#coordinates with Y mod (DIV/2) ≠ 0, #coordinates, DIV)."""
     clients = {s: NoisyClient(s, h, d) for s, h in enumerate(histograms)}
     proto = PrivateWeightedSum(**WEAK, record_view=True)
-    proto.collect(InProcessTransport(clients), list(clients), [np.zeros(d, np.float32)], 0, {},
-                  UserServer(histograms.shape[1]))
+    proto.collect(
+        InProcessTransport(clients),
+        list(clients),
+        [np.zeros(d, np.float32)],
+        0,
+        {},
+        UserServer(histograms.shape[1]),
+    )
     div = proto.params.divisor
     ys = _decrypted(proto, "round", "ciphertexts", d)
     return sum(1 for y in ys if y % (div // 2) != 0), d, div
@@ -497,8 +518,9 @@ def test_the_verification_value_hides_the_lcm_of_the_totals(monkeypatch) -> None
     def residues() -> list[int]:
         clients = {s: NoisyClient(s, h, 4) for s, h in enumerate(WITHOUT)}
         proto = PrivateWeightedSum(**WEAK, record_view=True)
-        proto.collect(InProcessTransport(clients), [0, 1], [np.zeros(4, np.float32)], 0, {},
-                      UserServer(3))
+        proto.collect(
+            InProcessTransport(clients), [0, 1], [np.zeros(4, np.float32)], 0, {}, UserServer(3)
+        )
         div = proto.params.divisor
         return [y % (div // 2) for y in _decrypted(proto, "install", "check", 8)]
 
@@ -534,8 +556,7 @@ def test_the_no_wrap_room_bounds_every_decrypted_coordinate(n_max, key_bits, sil
     for _ in range(silos):
         users = data.draw(st.integers(0, 3))
         budget = int(room) - 2  # the largest integers a silo accepts (strictly below R)
-        parts = data.draw(st.lists(st.integers(0, budget), min_size=users + 1,
-                                   max_size=users + 1))
+        parts = data.draw(st.lists(st.integers(0, budget), min_size=users + 1, max_size=users + 1))
         total = sum(parts)
         if total > budget:
             parts = [p * budget // total for p in parts]
@@ -546,8 +567,10 @@ def test_the_no_wrap_room_bounds_every_decrypted_coordinate(n_max, key_bits, sil
     smallest_n = 1 << (key_bits - 1)
     assert bound < smallest_n >> 65
     # the worst realisation (every weight 1, every dither -DIV/2) stays within the bound
-    worst = sum(div * (sum(abs(v) for v in vs) + abs(z)) + div // 2
-                for vs, z in zip(values, noise, strict=True))
+    worst = sum(
+        div * (sum(abs(v) for v in vs) + abs(z)) + div // 2
+        for vs, z in zip(values, noise, strict=True)
+    )
     assert worst <= bound
 
 
@@ -559,8 +582,9 @@ def test_values_at_the_edge_of_the_room_decode_exactly() -> None:
             self.configs = [*getattr(self, "configs", []), dict(config)]
             users = np.flatnonzero(self.histogram > 0)
             room = self.room - 2 - users.size * 1e9
-            up = UserUpdates(users, np.full((users.size, 2), 1e9 * 1e-10),
-                             np.array([room, -room]) * 1e-10)
+            up = UserUpdates(
+                users, np.full((users.size, 2), 1e9 * 1e-10), np.array([room, -room]) * 1e-10
+            )
             self.updates[int(round_index)] = up
             return up
 
@@ -568,10 +592,12 @@ def test_values_at_the_edge_of_the_room_decode_exactly() -> None:
     clients = {s: Edge(s, h, 2) for s, h in enumerate(WITH_USER)}
     for c in clients.values():
         c.room = params.silo_room(1024, 2) / 1e6  # floats: stay well inside, still ~2^800
-    agg = PrivateWeightedSum(**WEAK).collect(InProcessTransport(clients), [0, 1],
-                                             [np.zeros(2, np.float32)], 0, {}, UserServer(3))
-    ref = plain_weighted_sum({s: c.histogram for s, c in clients.items()},
-                             {s: c.updates[0] for s, c in clients.items()})
+    agg = PrivateWeightedSum(**WEAK).collect(
+        InProcessTransport(clients), [0, 1], [np.zeros(2, np.float32)], 0, {}, UserServer(3)
+    )
+    ref = plain_weighted_sum(
+        {s: c.histogram for s, c in clients.items()}, {s: c.updates[0] for s, c in clients.items()}
+    )
     np.testing.assert_allclose(agg.total[0], ref, rtol=1e-12)
     assert all(c.configs[-1][SURVIVORS_KEY] == 2 for c in clients.values())
 
@@ -581,11 +607,15 @@ def test_dithers_cover_the_unit_grid_from_the_silos_own_randomness() -> None:
     from pdpfl.randomness import make_randomness
 
     div = divisor(12)  # 27720
-    seeded = [dithers(div, 3000, make_randomness("reproducible", 3).stream("d", 0))
-              for _ in range(2)]
+    seeded = [
+        dithers(div, 3000, make_randomness("reproducible", 3).stream("d", 0)) for _ in range(2)
+    ]
     assert seeded[0] == seeded[1]  # reproducible mode replays them
-    for values in (seeded[0], dithers(div, 3000, make_randomness("secure").stream("d", 0)),
-                   dithers(div, 3000)):
+    for values in (
+        seeded[0],
+        dithers(div, 3000, make_randomness("secure").stream("d", 0)),
+        dithers(div, 3000),
+    ):
         assert all(-div // 2 <= u < div - div // 2 for u in values)
         for m in (2, 3, 5, 7, 11):  # residues modulo every divisor of DIV: uniform
             counts = np.bincount([u % m for u in values], minlength=m)

@@ -26,7 +26,7 @@ def _section_block(heading: str) -> str:
     text = README.read_text(encoding="utf-8")
     start = text.index(f"## {heading}\n")
     end = text.find("\n## ", start + 1)
-    blocks = re.findall(r"```python\n(.*?)```", text[start:end if end > 0 else None], flags=re.S)
+    blocks = re.findall(r"```python\n(.*?)```", text[start : end if end > 0 else None], flags=re.S)
     assert blocks, f"no python block under '## {heading}'"
     return blocks[0]
 

@@ -70,17 +70,20 @@ def test_the_ids_the_reports_look_up_exist() -> None:
     assert len([e for e in pfs.entries.values() if e.extra.get("setting")]) == 21
 
 
-@pytest.mark.parametrize("mutate, problem", [
-    (lambda d: d["entries"][0].pop("cite"), "cite"),
-    (lambda d: d["entries"][0].update(claim="x"), "exactly one"),
-    (lambda d: d["entries"][0].update(value=float("nan")), "finite"),
-    (lambda d: d["entries"].append(dict(d["entries"][0])), "duplicate"),
-    (lambda d: d["entries"][0].update(cite="somewhere"), "cite"),
-    (lambda d: d["entries"][0].update(spread=-1.0), "spread"),
-    (lambda d: d["entries"][0].update(value=0.5), "last point"),
-    (lambda d: d.update(schema="x"), "schema"),
-    (lambda d: d["paper"].pop("title"), "title"),
-])
+@pytest.mark.parametrize(
+    "mutate, problem",
+    [
+        (lambda d: d["entries"][0].pop("cite"), "cite"),
+        (lambda d: d["entries"][0].update(claim="x"), "exactly one"),
+        (lambda d: d["entries"][0].update(value=float("nan")), "finite"),
+        (lambda d: d["entries"].append(dict(d["entries"][0])), "duplicate"),
+        (lambda d: d["entries"][0].update(cite="somewhere"), "cite"),
+        (lambda d: d["entries"][0].update(spread=-1.0), "spread"),
+        (lambda d: d["entries"][0].update(value=0.5), "last point"),
+        (lambda d: d.update(schema="x"), "schema"),
+        (lambda d: d["paper"].pop("title"), "title"),
+    ],
+)
 def test_check_document_finds_each_problem(mutate, problem) -> None:
     doc = json.loads((PUBLISHED / "rpdp-fl.json").read_text(encoding="utf-8"))
     bad = copy.deepcopy(doc)
@@ -110,7 +113,7 @@ def test_verdict_uses_the_larger_spread_and_needs_equality_without_one() -> None
 
 def test_mean_std_and_formatting() -> None:
     assert rep.mean_std([1.0, None, float("nan"), 3.0]) == (2.0, math.sqrt(2.0), 2)
-    assert rep.mean_std([]) [2] == 0
+    assert rep.mean_std([])[2] == 0
     assert rep.fmt(None) == "–" and rep.fmt(float("inf")) == "∞" and rep.fmt(12345.6) == "12,346"
     assert rep.fmt(0.73) == "0.7300" and rep.fmt(123.45) == "123.5" and rep.fmt(1e-6) == "1e-06"
     assert rep.fmt_pm(0.5, 0.1, 1) == "0.5000" and rep.fmt_pm(0.5, 0.1, 3) == "0.5000 ± 0.1000"
@@ -139,16 +142,28 @@ def test_report_opens_with_its_figures_and_lists_every_difference(tmp_path: Path
 
 
 def test_figures_are_png_files_even_with_missing_values(tmp_path: Path) -> None:
-    p = Panel("panel", runs={"a": [[0.1, 0.2, float("nan")], [0.2, 0.3, 0.4]], "b": [[]]},
-              published={"a": [0.15, 0.25, 0.35]})
+    p = Panel(
+        "panel",
+        runs={"a": [[0.1, 0.2, float("nan")], [0.2, 0.3, 0.4]], "b": [[]]},
+        published={"a": [0.15, 0.25, 0.35]},
+    )
     paths = [
         curves_figure(tmp_path / "c.png", "t", [p, Panel("empty")]),
-        budget_figure(tmp_path / "b.png", "t", {"dp": [("0.1", 0.1, 0.09), ("1", 1.0, 0.99)],
-                                                 "no dp": [("0.1", 0.1, math.inf)]}),
-        xy_figure(tmp_path / "x.png", "t", {"s": ([1, 2], [3.0, 4.0])}, xlabel="x", ylabel="y",
-                  logy=True, published={"s": ([1], [3.5])}),
-        bars_figure(tmp_path / "r.png", "t", ["a", "b"], {"s": [1.0, float("nan")]},
-                    ylabel="y"),
+        budget_figure(
+            tmp_path / "b.png",
+            "t",
+            {"dp": [("0.1", 0.1, 0.09), ("1", 1.0, 0.99)], "no dp": [("0.1", 0.1, math.inf)]},
+        ),
+        xy_figure(
+            tmp_path / "x.png",
+            "t",
+            {"s": ([1, 2], [3.0, 4.0])},
+            xlabel="x",
+            ylabel="y",
+            logy=True,
+            published={"s": ([1], [3.5])},
+        ),
+        bars_figure(tmp_path / "r.png", "t", ["a", "b"], {"s": [1.0, float("nan")]}, ylabel="y"),
     ]
     for path in paths:
         assert path.read_bytes()[:8] == PNG
@@ -170,7 +185,8 @@ def test_public_split_holds_no_training_record() -> None:
         train_rows = {row.tobytes() for row in np.asarray(c.x_train)}
         test_rows = {row.tobytes() for row in np.asarray(c.x_test)}
         got = [row.tobytes() for row in np.asarray(s.x_train)] + [
-            row.tobytes() for row in np.asarray(s.x_test)]
+            row.tobytes() for row in np.asarray(s.x_test)
+        ]
         assert got and all(r in test_rows for r in got)
         assert not any(r in train_rows for r in got if r not in test_rows)
         assert len(s.y_train) + len(s.y_test) == len(c.y_test)
@@ -199,8 +215,11 @@ def test_context_tiers_and_seeds(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="tier"):
         Context("fast", tmp_path)
     for paper in PAPERS:
-        assert expected_seconds(paper, "smoke") < expected_seconds(paper, "quick") < (
-            expected_seconds(paper, "full"))
+        assert (
+            expected_seconds(paper, "smoke")
+            < expected_seconds(paper, "quick")
+            < (expected_seconds(paper, "full"))
+        )
     assert expected_seconds("all", "quick") < 15 * 60
 
 
@@ -219,14 +238,16 @@ def test_prepare_out_refuses_a_used_folder_and_force_keeps_other_files(tmp_path:
 
 
 # -- CLI input checks ----------------------------------------------------------------------
-@pytest.mark.parametrize("args, message", [
-    (["reproduce", "nope"], "PAPER"),
-    (["reproduce", "rpdp-fl", "--quick", "--smoke"], "choose one tier"),
-    (["reproduce", "rpdp-fl", "--smoke", "--seeds", "-1"], "--seeds"),
-    (["reproduce", "rpdp-fl", "--smoke", "--data-dir", "/no/such/folder"], "--data-dir"),
-])
-def test_cli_refuses_bad_input_with_exit_2(args: list[str], message: str,
-                                           tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["reproduce", "nope"], "PAPER"),
+        (["reproduce", "rpdp-fl", "--quick", "--smoke"], "choose one tier"),
+        (["reproduce", "rpdp-fl", "--smoke", "--seeds", "-1"], "--seeds"),
+        (["reproduce", "rpdp-fl", "--smoke", "--data-dir", "/no/such/folder"], "--data-dir"),
+    ],
+)
+def test_cli_refuses_bad_input_with_exit_2(args: list[str], message: str, tmp_path: Path) -> None:
     res = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "o")])
     assert res.exit_code == 2 and "error:" in res.output and message in res.output
     assert not (tmp_path / "o").exists()
@@ -244,8 +265,9 @@ def test_pareto_mean_is_the_distributions_expectation() -> None:
     from pdpfl.reproduce.rpdp_fl import PARETO, pareto_mean
 
     rng = np.random.default_rng(0)
-    draws = np.clip(PARETO["lower"] + rng.pareto(PARETO["shape"], 400_000), PARETO["lower"],
-                    PARETO["upper"])
+    draws = np.clip(
+        PARETO["lower"] + rng.pareto(PARETO["shape"], 400_000), PARETO["lower"], PARETO["upper"]
+    )
     assert abs(pareto_mean(**PARETO) - draws.mean()) < 3e-3
     assert abs(pareto_mean(1.0, 0.1, 10.0) - (0.1 + math.log(10.9))) < 1e-12
 
@@ -286,14 +308,14 @@ def test_best_filter_order_maximises_the_squared_norm_budget(eps: float, delta: 
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.floats(0.5, 20.0), st.floats(0.3, 20.0), st.floats(0.1, 5.0),
-       st.sampled_from([1e-3, 1e-5]))
+@given(
+    st.floats(0.5, 20.0), st.floats(0.3, 20.0), st.floats(0.1, 5.0), st.sampled_from([1e-3, 1e-5])
+)
 def test_filter_epsilon_inverts_the_squared_norm_budget(eps, sigma, c, delta) -> None:
     from pdpfl.dp.filter import best_filter_orders, filter_epsilons, squared_norm_budgets
 
     a = float(best_filter_orders([eps], delta=delta)[0])
-    b = squared_norm_budgets([eps], delta=delta, noise_multiplier=sigma, max_grad_norm=c,
-                             alpha=a)
+    b = squared_norm_budgets([eps], delta=delta, noise_multiplier=sigma, max_grad_norm=c, alpha=a)
     back = filter_epsilons(b, delta=delta, noise_multiplier=sigma, max_grad_norm=c, alphas=a)
     assert abs(float(back[0]) - eps) <= 1e-9 * eps
 
@@ -304,16 +326,16 @@ def test_filter_noise_for_max_budget_spends_exactly_eps_max_when_always_clipped(
     for eps_max, steps in ((10.0, 750), (2.0, 100), (0.5, 1)):
         sigma = filter_noise_for_max_budget(eps_max, steps=steps, delta=1e-3)
         a = best_filter_orders([eps_max], delta=1e-3)
-        spent = filter_epsilons([steps * 1.0], delta=1e-3, noise_multiplier=sigma,
-                                max_grad_norm=1.0, alphas=a)
+        spent = filter_epsilons(
+            [steps * 1.0], delta=1e-3, noise_multiplier=sigma, max_grad_norm=1.0, alphas=a
+        )
         assert abs(float(spent[0]) - eps_max) <= 1e-9 * eps_max
     with pytest.raises(ValueError):
         filter_noise_for_max_budget(0.0, steps=10, delta=1e-3)
 
 
 @pytest.mark.parametrize("order", [None, 20.0])
-def test_centralized_filter_runs_as_a_method_and_keeps_every_budget(tmp_path: Path,
-                                                                    order) -> None:
+def test_centralized_filter_runs_as_a_method_and_keeps_every_budget(tmp_path: Path, order) -> None:
     from pdpfl.config import config_from_dict, get_method
     from pdpfl.ledger import PrivacySummary
     from pdpfl.runtime.simulation import run_simulation
@@ -321,14 +343,19 @@ def test_centralized_filter_runs_as_a_method_and_keeps_every_budget(tmp_path: Pa
 
     raw = copy.deepcopy(TOY_CONFIG)
     raw["privacy"] = {"noise_multiplier": 10.0, "delta": 1e-3}
-    raw["budgets"] = {"scenario": "three-levels",
-                      "params": {"values": [1.0, 3.0, 8.0], "ratios": [0.5, 0.3, 0.2]}}
-    overrides = [*get_method("centralized-filter")[1], "rounds=2", "local_steps=20",
-                 "training.batch_size=200"]
+    raw["budgets"] = {
+        "scenario": "three-levels",
+        "params": {"values": [1.0, 3.0, 8.0], "ratios": [0.5, 0.3, 0.2]},
+    }
+    overrides = [
+        *get_method("centralized-filter")[1],
+        "rounds=2",
+        "local_steps=20",
+        "training.batch_size=200",
+    ]
     if order is not None:
         overrides += [f"algorithm.filter_order={order}", "privacy.allow_exclusion=true"]
-    summary = run_simulation(config_from_dict(raw, overrides), tmp_path / "run",
-                             progress=False)
+    summary = run_simulation(config_from_dict(raw, overrides), tmp_path / "run", progress=False)
     p = PrivacySummary.from_dict(summary["privacy"])
     assert summary["algorithm"] == "centralized-filter" and p.unit == "record"
     assert p.over_budget("third-party") == 0 and p.over_budget("server") == 0
@@ -343,8 +370,7 @@ def test_centralized_filter_runs_as_a_method_and_keeps_every_budget(tmp_path: Pa
 # -- few seeds: a gap within the test set's sampling noise ---------------------------------
 @settings(max_examples=60, deadline=None)
 @given(st.floats(0.05, 0.95), st.integers(50, 20_000), st.floats(-0.2, 0.2))
-def test_within_test_noise_is_two_binomial_standard_errors(p: float, n: int,
-                                                           gap: float) -> None:
+def test_within_test_noise_is_two_binomial_standard_errors(p: float, n: int, gap: float) -> None:
     se = rep.binomial_se(p, n)
     assert se == pytest.approx(math.sqrt(p * (1 - p) / n))
     note = rep.within_test_noise(gap, p, n, seeds=1)

@@ -27,11 +27,11 @@ def _data_args() -> list[str]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("paper", list(PAPERS))
-def test_smoke_tier_writes_a_report_that_opens_with_its_figures(paper: str,
-                                                                tmp_path: Path) -> None:
+def test_smoke_tier_writes_a_report_that_opens_with_its_figures(paper: str, tmp_path: Path) -> None:
     out = tmp_path / paper
-    res = CliRunner().invoke(app, ["reproduce", paper, "--smoke", "--out", str(out), "--json",
-                                   *_data_args()])
+    res = CliRunner().invoke(
+        app, ["reproduce", paper, "--smoke", "--out", str(out), "--json", *_data_args()]
+    )
     assert res.exit_code == 0, res.output
     results = json.loads(res.stdout.strip().splitlines()[-1])
     assert results["paper"] == paper and results["tier"] == "smoke"
@@ -49,8 +49,9 @@ def test_smoke_tier_writes_a_report_that_opens_with_its_figures(paper: str,
         summary = json.loads((Path(record["run_dir"]) / "summary.json").read_text())
         if record["epsilon"] is not None:
             headline = summary["privacy"]["spent_max"]
-            assert record["epsilon"] == pytest.approx(max(
-                v for v in headline.values() if v is not None))
+            assert record["epsilon"] == pytest.approx(
+                max(v for v in headline.values() if v is not None)
+            )
         assert record["over_budget"] in (None, 0) or not record["private"]
     if DATA.is_dir() and paper in ("rpdp-fl", "uldp-fl", "prifedsync"):
         assert results["runs"] > 0

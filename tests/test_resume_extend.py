@@ -29,8 +29,9 @@ def test_a_relative_and_an_absolute_data_dir_are_the_same_run(tmp_path, monkeypa
     monkeypatch.chdir(tmp_path)
     (tmp_path / "data").mkdir()
     out = tmp_path / "run"
-    run_simulation(config_from_dict(TINY, ["data.data_dir=data"]), out, progress=False,
-                   stop_after=1)
+    run_simulation(
+        config_from_dict(TINY, ["data.data_dir=data"]), out, progress=False, stop_after=1
+    )
     absolute = config_from_dict(TINY, [f"data.data_dir={os.fspath(tmp_path / 'data')}"])
     summary = run_simulation(absolute, out, resume=True, progress=False)
     assert summary["rounds_completed"] == 2
@@ -40,9 +41,12 @@ def test_a_relative_and_an_absolute_data_dir_are_the_same_run(tmp_path, monkeypa
 def test_a_finished_run_is_extended_and_every_extra_round_is_charged(tmp_path) -> None:
     out = tmp_path / "run"
     # σ given, and a group with a budget far above what T = 2 rounds at q = 1 spend: room to go on
-    roomy = ["privacy.epsilon_max=null", "privacy.noise_multiplier=2.0",
-             "budgets.params={values: [0.5, 2.0, 1000.0], ratios: [0.4, 0.3, 0.3]}",
-             "budgets.cap_at_epsilon_max=true"]  # (the 1000s train at q = 1: room to go on)
+    roomy = [
+        "privacy.epsilon_max=null",
+        "privacy.noise_multiplier=2.0",
+        "budgets.params={values: [0.5, 2.0, 1000.0], ratios: [0.4, 0.3, 0.3]}",
+        "budgets.cap_at_epsilon_max=true",
+    ]  # (the 1000s train at q = 1: room to go on)
     base = run_simulation(config_from_dict(TINY, roomy), out, progress=False)
     before = pdpfl.privacy_table(out, as_frame=False)
     longer = config_from_dict(TINY, [*roomy, "rounds=4"])

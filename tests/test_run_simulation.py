@@ -24,8 +24,10 @@ TINY = {
     "randomness": "reproducible",
     "data": {"dataset": "digits", "num_clients": 4},
     "model": {"name": "logreg"},
-    "budgets": {"scenario": "three-levels",
-                "params": {"values": [0.5, 2.0, 8.0], "ratios": [0.5, 0.3, 0.2]}},
+    "budgets": {
+        "scenario": "three-levels",
+        "params": {"values": [0.5, 2.0, 8.0], "ratios": [0.5, 0.3, 0.2]},
+    },
     "privacy": {"epsilon_max": 8.0, "delta": 1e-3, "adversary": "both"},
     "training": {"rounds": 6, "local_steps": 3, "client_rate": 0.5, "lr": 0.5, "batch_size": 8},
 }
@@ -86,8 +88,9 @@ def test_lambda_below_one_leaves_clients_out_and_type_I_follows_participation(pa
 
 @pytest.mark.slow
 def test_larger_budgets_are_sampled_more_often() -> None:
-    cfg, server, clients, fed = _run(["client_rate=1.0", "rounds=4", "local_steps=25",
-                                      "privacy.adversary=third-party"])
+    cfg, server, clients, fed = _run(
+        ["client_rate=1.0", "rounds=4", "local_steps=25", "privacy.adversary=third-party"]
+    )
     run_federation(cfg, server, InProcessTransport(clients), _tmp(), progress=False)
     freq_by_q: dict[float, list[float]] = {}
     for c in clients.values():
@@ -138,15 +141,22 @@ def test_resume_rejects_a_different_config(tmp_path: Path) -> None:
     fed = load_federation_for(cfg)
     run_simulation(cfg, tmp_path, progress=False, federation=fed, stop_after=1)
     with pytest.raises(ValueError, match="different config"):
-        run_simulation(with_updates(cfg, ["training.lr=0.1"]), tmp_path, True, progress=False,
-                       federation=fed)
+        run_simulation(
+            with_updates(cfg, ["training.lr=0.1"]), tmp_path, True, progress=False, federation=fed
+        )
 
 
 def test_outputs(tmp_path: Path) -> None:
     cfg = config_from_dict(TINY, ["rounds=3", "data.dataset=breast-cancer", "data.num_clients=3"])
     summary = run_simulation(cfg, tmp_path, progress=False)
-    for name in ("metrics.jsonl", "summary.json", "model.npz", "accuracy.png", "epsilon.png",
-                 "checkpoint.npz"):
+    for name in (
+        "metrics.jsonl",
+        "summary.json",
+        "model.npz",
+        "accuracy.png",
+        "epsilon.png",
+        "checkpoint.npz",
+    ):
         assert (tmp_path / name).is_file(), name
     assert len(list((tmp_path / "ledgers").iterdir())) == 3
     lines = read_metrics(tmp_path)
@@ -154,10 +164,25 @@ def test_outputs(tmp_path: Path) -> None:
     assert set(lines[0]["clients"]) == {"0", "1", "2"}
     assert set(lines[0]["privacy"]["spent_max"]) == {"third-party", "server"}
     on_disk = json.loads((tmp_path / "summary.json").read_text())
-    for key in ("final_accuracy", "last3_mean_accuracy", "per_group", "over_budget", "seconds",
-                "config", "config_hash", "randomness", "neighbouring", "privacy_view",
-                "over_budget_third_party", "over_budget_server", "units_excluded", "warnings",
-                "schema", "privacy", "units"):
+    for key in (
+        "final_accuracy",
+        "last3_mean_accuracy",
+        "per_group",
+        "over_budget",
+        "seconds",
+        "config",
+        "config_hash",
+        "randomness",
+        "neighbouring",
+        "privacy_view",
+        "over_budget_third_party",
+        "over_budget_server",
+        "units_excluded",
+        "warnings",
+        "schema",
+        "privacy",
+        "units",
+    ):
         assert key in on_disk
     assert on_disk["randomness"].startswith("reproducible (no guarantee")
     assert on_disk["neighbouring"].startswith("add/remove one record")
@@ -206,8 +231,12 @@ def test_rpdp_beats_minimum_on_the_digits_demo(tmp_path: Path) -> None:
     fed = load_federation_for(cfg)
     acc = {}
     for method in ("rpdp", "minimum"):
-        s = run_simulation(with_updates(cfg, [f"algorithm.name={method}"]), tmp_path / method,
-                           progress=False, federation=fed)
+        s = run_simulation(
+            with_updates(cfg, [f"algorithm.name={method}"]),
+            tmp_path / method,
+            progress=False,
+            federation=fed,
+        )
         assert s["over_budget"] == 0
         acc[method] = s["last3_mean_accuracy"]
     assert acc["rpdp"] > acc["minimum"] + 0.05, acc
@@ -237,13 +266,15 @@ def test_reproducible_mode_warns() -> None:
 def test_third_party_only_runs_warn_when_the_server_view_exceeds_budgets(tmp_path: Path) -> None:
     """The paper's setting (third-party adversary, λ < 1): the server's view can exceed budgets;
     the headline reports it per observer and warns instead of hiding it."""
-    cfg = config_from_dict(TINY, ["rounds=6", "privacy.adversary=third-party", "client_rate=0.3",
-                                  "local_steps=20"])
+    cfg = config_from_dict(
+        TINY, ["rounds=6", "privacy.adversary=third-party", "client_rate=0.3", "local_steps=20"]
+    )
     summary = run_simulation(cfg, tmp_path, progress=False)
     assert summary["over_budget_third_party"] == 0
     assert summary["over_budget_server"] > 0
     assert any("server's view exceeds" in w for w in summary["warnings"])
-    both = run_simulation(with_updates(cfg, ["privacy.adversary=both"]), tmp_path / "both",
-                          progress=False)
+    both = run_simulation(
+        with_updates(cfg, ["privacy.adversary=both"]), tmp_path / "both", progress=False
+    )
     assert both["over_budget_server"] == both["over_budget_third_party"] == 0
     assert both["warnings"] == []

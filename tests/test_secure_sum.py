@@ -45,11 +45,13 @@ TINY = {
     "data": {"dataset": "digits", "num_clients": 4},
     "model": {"name": "logreg"},
     # ε = 8 is above what q = 1 spends at σ = 2: those records train at q = 1 (opted in).
-    "budgets": {"scenario": "three-levels", "cap_at_epsilon_max": True,
-                "params": {"values": [0.5, 2.0, 8.0], "ratios": [0.5, 0.3, 0.2]}},
+    "budgets": {
+        "scenario": "three-levels",
+        "cap_at_epsilon_max": True,
+        "params": {"values": [0.5, 2.0, 8.0], "ratios": [0.5, 0.3, 0.2]},
+    },
     "privacy": {"noise_multiplier": 2.0, "delta": 1e-3, "adversary": "both"},
-    "training": {"rounds": 4, "local_steps": 2, "client_rate": 0.5, "lr": 0.5,
-                 "batch_size": 16},
+    "training": {"rounds": 4, "local_steps": 2, "client_rate": 0.5, "lr": 0.5, "batch_size": 16},
 }
 
 
@@ -59,8 +61,13 @@ TINY = {
 class ScriptedClient:
     """A silo whose round-t update is a fixed pseudo-random vector (and a scripted λ-coin)."""
 
-    def __init__(self, cid: int, shapes: list[tuple[int, ...]],
-                 coins: dict[int, bool] | None = None, scale: float = 1.0) -> None:
+    def __init__(
+        self,
+        cid: int,
+        shapes: list[tuple[int, ...]],
+        coins: dict[int, bool] | None = None,
+        scale: float = 1.0,
+    ) -> None:
         self.client_id = cid
         self.shapes = shapes
         self.coins = coins or {}
@@ -113,13 +120,17 @@ def _clients(n: int, **kw: Any) -> dict[int, ScriptedClient]:
 
 
 def _plain_total(clients, ids, t) -> list[np.ndarray]:
-    return [sum(np.asarray(clients[c].update(t)[i], dtype=np.float64) for c in ids)
-            for i in range(len(SHAPES))]
+    return [
+        sum(np.asarray(clients[c].update(t)[i], dtype=np.float64) for c in ids)
+        for i in range(len(SHAPES))
+    ]
 
 
 def _close(agg, clients, ids, t, tol=1e-5) -> bool:
-    return all(np.all(np.abs(a - b) <= tol)
-               for a, b in zip(agg.total, _plain_total(clients, ids, t), strict=True))
+    return all(
+        np.all(np.abs(a - b) <= tol)
+        for a, b in zip(agg.total, _plain_total(clients, ids, t), strict=True)
+    )
 
 
 # --------------------------------------------------------------------------- equality
@@ -133,14 +144,19 @@ def test_secure_sum_equals_the_plain_sum_within_the_stated_precision() -> None:
         agg = proto.collect(transport, selected, PARAMS, t, {"round": t}, Server())
         # the silo algorithm is told the round's t (noise shares are sized σ²C²/t)
         assert clients[selected[0]].configs[-1] == {
-            "round": t, SURVIVORS_KEY: survivor_threshold(len(selected))}
+            "round": t,
+            SURVIVORS_KEY: survivor_threshold(len(selected)),
+        }
         plain = PlainSum().collect(transport, selected, PARAMS, t, {}, Server())
         assert agg.count == plain.count == len(selected) and agg.weight == plain.weight
-        for a, b, exact in zip(agg.total, plain.total, _plain_total(clients, selected, t),
-                               strict=True):
+        for a, b, exact in zip(
+            agg.total, plain.total, _plain_total(clients, selected, t), strict=True
+        ):
             assert a.dtype == np.float32 and a.shape == b.shape
-            assert np.all(np.abs(a.astype(np.float64) - exact)
-                          <= proto.precision(len(selected)) + 1e-5 * np.abs(exact))
+            assert np.all(
+                np.abs(a.astype(np.float64) - exact)
+                <= proto.precision(len(selected)) + 1e-5 * np.abs(exact)
+            )
     assert proto.collect(transport, [], PARAMS, 9, {}, Server()).empty
 
 
@@ -152,8 +168,9 @@ def test_secure_run_equals_the_plain_run_in_reproducible_mode(tmp_path: Path) ->
         server, clients = build_federation_algorithms(cfg, load_federation_for(cfg))
         protocol = protocol_from_config(cfg)
         assert type(protocol) is {"plain": PlainSum, "secure": SecureSum}[agg]
-        results[agg] = run_federation(cfg, server, InProcessTransport(clients), tmp_path / agg,
-                                      progress=False)
+        results[agg] = run_federation(
+            cfg, server, InProcessTransport(clients), tmp_path / agg, progress=False
+        )
     plain, secure = results["plain"], results["secure"]
     assert [m["selected"] for m in plain["metrics"]] == [m["selected"] for m in secure["metrics"]]
     # A round with one selected silo is summed in the clear but never unmasked alone.
@@ -174,13 +191,23 @@ def test_heart_example_secure_equals_plain(tmp_path: Path, shared_data_dir: Path
     from pdpfl.cli import app
 
     example = Path(__file__).resolve().parents[1] / "examples" / "heart_disease.yaml"
-    common = ["--data-dir", str(shared_data_dir), "--set", "randomness=reproducible",
-              "--set", "rounds=3", "--set", "local_steps=10"]
+    common = [
+        "--data-dir",
+        str(shared_data_dir),
+        "--set",
+        "randomness=reproducible",
+        "--set",
+        "rounds=3",
+        "--set",
+        "local_steps=10",
+    ]
     out = {}
     for agg in ("plain", "secure"):
         out[agg] = tmp_path / agg
-        res = CliRunner().invoke(app, ["run", str(example), "--out", str(out[agg]), *common,
-                                       "--set", f"aggregation={agg}"])
+        res = CliRunner().invoke(
+            app,
+            ["run", str(example), "--out", str(out[agg]), *common, "--set", f"aggregation={agg}"],
+        )
         assert res.exit_code == 0, res.output
     plain = np.load(out["plain"] / "model.npz")
     secure = np.load(out["secure"] / "model.npz")
@@ -233,11 +260,19 @@ def test_a_lone_silo_is_never_summed() -> None:
     assert proto.last_round["outcome"] == "refused: 1 silo(s) asked < t = 2"
     # and a silo refuses any round whose t would allow a lone or a minority unmasking
     with pytest.raises(IntegrityError, match="threshold t = 1"):
-        silo_handler("advertise", {"session": b"s" * 16, "participants": np.array([0, 1]),
-                                   "threshold": 1}, 0, SiloContext(clients[0], 0, {}))
+        silo_handler(
+            "advertise",
+            {"session": b"s" * 16, "participants": np.array([0, 1]), "threshold": 1},
+            0,
+            SiloContext(clients[0], 0, {}),
+        )
     with pytest.raises(IntegrityError, match="t > n/2"):
-        silo_handler("advertise", {"session": b"s" * 16, "participants": np.arange(4),
-                                   "threshold": 2}, 0, SiloContext(clients[0], 0, {}))
+        silo_handler(
+            "advertise",
+            {"session": b"s" * 16, "participants": np.arange(4), "threshold": 2},
+            0,
+            SiloContext(clients[0], 0, {}),
+        )
 
 
 # ------------------------------------------------------------------- attack: attempt difference
@@ -269,8 +304,7 @@ def test_attempt_difference_with_a_late_reply_broke_the_old_protocol_and_fails_n
     session = transport.requests[0][2]["session"]
     y = late.copy()
     for other in [0, 1, 3]:
-        mask = pair_mask(mask_key(seed, session, 0), victim, keys[other], other, session, 0,
-                         y.size)
+        mask = pair_mask(mask_key(seed, session, 0), victim, keys[other], other, session, 0, y.size)
         y = y - mask if victim < other else y + mask
     # What is left is x_2 + PRG(b_2): uniform in Z_2^64, never the update.
     with pytest.raises(IntegrityError, match="did not cancel"):
@@ -349,8 +383,9 @@ def test_a_dropped_silo_is_not_asked_to_unmask_and_late_or_replayed_messages_are
     # Re-advertising the same session and round is refused; shares are never sent twice.
     advertise = next(r for s, c, r in transport.requests if s == "advertise" and c == 0)
     with pytest.raises(IntegrityError, match="already begun"):
-        silo_handler("advertise", advertise, 0, SiloContext(clients[0], 0,
-                                                            transport._silo_memory[0]))
+        silo_handler(
+            "advertise", advertise, 0, SiloContext(clients[0], 0, transport._silo_memory[0])
+        )
     share = next(r for s, c, r in transport.requests if s == "share" and c == 0)
     with pytest.raises(IntegrityError, match="stage 'uploaded'"):
         transport.exchange("secure", "share", {0: share}, 0)
@@ -373,8 +408,7 @@ def test_a_tampered_upload_or_a_forged_key_list_fails_loudly() -> None:
 
     clients = {c: ScriptedClient(c, [(40,)]) for c in range(3)}
     with pytest.raises(IntegrityError, match="did not cancel"):
-        SecureSum().collect(Tamper(clients), [0, 1, 2], [np.zeros(40, np.float32)], 0, {},
-                            Server())
+        SecureSum().collect(Tamper(clients), [0, 1, 2], [np.zeros(40, np.float32)], 0, {}, Server())
 
     class Forge(InProcessTransport):
         def exchange(self, protocol, stage, requests, round_index):
@@ -393,8 +427,9 @@ def test_overflow_of_the_fixed_point_ring_is_a_clear_error() -> None:
     with pytest.raises(RingOverflowError, match="secure.fractional_bits"):
         SecureSum().collect(InProcessTransport(clients), [0, 1], PARAMS, 0, {}, Server())
     # fewer fractional bits widen the range
-    SecureSum(fractional_bits=8).collect(InProcessTransport(clients), [0, 1], PARAMS, 0, {},
-                                         Server())
+    SecureSum(fractional_bits=8).collect(
+        InProcessTransport(clients), [0, 1], PARAMS, 0, {}, Server()
+    )
 
 
 def test_secrets_stay_in_the_silos_memory(tmp_path: Path, monkeypatch: Any) -> None:
@@ -424,9 +459,11 @@ def test_secrets_stay_in_the_silos_memory(tmp_path: Path, monkeypatch: Any) -> N
     assert len(drawn) == 2 * 4 * 3  # two rounds × four silos × (channel key, two seeds)
     stored = b"".join(p.read_bytes() for p in tmp_path.rglob("*") if p.is_file())
     stored += json.dumps(cfg.model_dump(mode="json")).encode()
-    wire = b"".join(v if isinstance(v, bytes) else v.tobytes() if isinstance(v, np.ndarray)
-                    else b"" for _, _, m in transport.requests + transport.received
-                    for v in m.values())
+    wire = b"".join(
+        v if isinstance(v, bytes) else v.tobytes() if isinstance(v, np.ndarray) else b""
+        for _, _, m in transport.requests + transport.received
+        for v in m.values()
+    )
     for raw in drawn:
         assert raw not in stored and raw not in wire
     # After a round only public facts remain at the silo: the rounds it masked.
@@ -491,16 +528,22 @@ def test_hidden_participation_needs_secure_summation_and_a_supporting_algorithm(
         public_metrics = frozenset({"loss"})
 
     with pytest.raises(ValueError, match="reveal how many silos"):
-        SecureSum(participation="hidden").collect(InProcessTransport(_clients(2)), [0, 1], PARAMS,
-                                                  0, {}, MetricServer())
+        SecureSum(participation="hidden").collect(
+            InProcessTransport(_clients(2)), [0, 1], PARAMS, 0, {}, MetricServer()
+        )
 
     class NoCoin(ScriptedClient):
         participation_coin = None  # type: ignore[assignment]
 
     with pytest.raises(ValueError, match="draw their own participation coin"):
         SecureSum(participation="hidden").collect(
-            InProcessTransport({0: NoCoin(0, SHAPES), 1: NoCoin(1, SHAPES)}), [0, 1], PARAMS,
-            0, {}, Server())
+            InProcessTransport({0: NoCoin(0, SHAPES), 1: NoCoin(1, SHAPES)}),
+            [0, 1],
+            PARAMS,
+            0,
+            {},
+            Server(),
+        )
     assert isinstance(get_protocol("secure"), SecureSum)
 
 
@@ -520,8 +563,10 @@ def test_the_survivor_threshold_is_a_majority_of_at_least_two(
 
 def test_the_threshold_is_validated_and_reported() -> None:
     assert [survivor_threshold(n) for n in (1, 2, 3, 4, 10, 100)] == [2, 2, 2, 3, 7, 67]
-    for bad, match in ((["secure.threshold=0.5"], "secure.threshold: must be in \\(1/2, 1\\]"),
-                       (["secure.min_survivors=1"], "secure.min_survivors: must be >= 2")):
+    for bad, match in (
+        (["secure.threshold=0.5"], "secure.threshold: must be in \\(1/2, 1\\]"),
+        (["secure.min_survivors=1"], "secure.min_survivors: must be >= 2"),
+    ):
         with pytest.raises(ConfigError, match=match):
             config_from_dict(TINY, bad)
     with pytest.raises(ValueError, match="secure.threshold"):
@@ -533,8 +578,7 @@ def test_the_threshold_is_validated_and_reported() -> None:
     assert fields["all_silos"] == {"n": 4, "t": 3, "dropout_tolerance": 1, "collusion_bound": 2}
     assert fields["threshold"] == 0.75 and "t - 1 silos" in fields["collusion"]
     assert "participation revealed" in fields["server_observer"]
-    hidden = summary_fields(config_from_dict(TINY, ["aggregation=secure",
-                                                    "participation=hidden"]))
+    hidden = summary_fields(config_from_dict(TINY, ["aggregation=secure", "participation=hidden"]))
     assert "timing" in hidden["server_observer"]
 
 
@@ -543,8 +587,9 @@ def test_plain_summation_refuses_a_sum_of_too_few_noise_shares() -> None:
         distributed_noise = True
 
     clients = _clients(4)
-    agg = PlainSum().collect(InProcessTransport(clients), [0, 1, 2, 3], PARAMS, 0, {},
-                             SharesServer())
+    agg = PlainSum().collect(
+        InProcessTransport(clients), [0, 1, 2, 3], PARAMS, 0, {}, SharesServer()
+    )
     assert agg.count == 4 and SURVIVORS_KEY not in clients[0].configs[-1]  # config unchanged
 
     class Losing(InProcessTransport):

@@ -28,8 +28,7 @@ def sharing(draw):
 def test_any_t_shares_reconstruct_every_secret(case) -> None:
     t, holders, secrets, subset = case
     shares = [shamir.split(s, t, holders) for s in secrets]
-    assert all(set(sh) == set(holders) and all(len(v) == 16 for v in sh.values())
-               for sh in shares)
+    assert all(set(sh) == set(holders) and all(len(v) == 16 for v in sh.values()) for sh in shares)
     picked = [{h: sh[h] for h in subset} for sh in shares]
     assert [shamir.combine(p, t, holders) for p in picked] == secrets
     assert shamir.combine_many(picked, t, holders) == secrets

@@ -21,10 +21,12 @@ PLAN = SampledGaussianPlan("client", 2.0, 1e-5, 10)
 class Toy(Silo):
     """One client unit; the step records what the ledger held when it ran."""
 
-    def __init__(self, client_id: int, budget: float = 100.0, rate: float = 0.5,
-                 value: float = 1.0) -> None:
-        ledger = PrivacyLedger(np.array([budget]), np.array([rate]), PLAN,
-                               ids=np.array([f"c{client_id}"]))
+    def __init__(
+        self, client_id: int, budget: float = 100.0, rate: float = 0.5, value: float = 1.0
+    ) -> None:
+        ledger = PrivacyLedger(
+            np.array([budget]), np.array([rate]), PLAN, ids=np.array([f"c{client_id}"])
+        )
         super().__init__(client_id, ledger, adversary="third-party")
         self.value = value
         self.seen: list[tuple[int, int]] = []
@@ -94,8 +96,9 @@ def test_state_round_trip_resumes_exactly() -> None:
     with pytest.raises(ValueError, match="already accounted"):
         b.fit([np.zeros(2, np.float32)], 2, {})
     assert a.ledger is not None and b.ledger is not None
-    np.testing.assert_array_equal(a.ledger.spent_epsilon("third-party"),
-                                  b.ledger.spent_epsilon("third-party"))
+    np.testing.assert_array_equal(
+        a.ledger.spent_epsilon("third-party"), b.ledger.spent_epsilon("third-party")
+    )
 
 
 class Batched(BatchedSilo[float, float]):

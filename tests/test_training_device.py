@@ -22,9 +22,7 @@ from pdpfl.runtime.loop import run_federation
 from pdpfl.runtime.simulation import InProcessTransport, load_federation_for
 from pdpfl.testing import _build, toy_config
 
-pytestmark = pytest.mark.filterwarnings(
-    "ignore::pdpfl.randomness.ReproducibleRandomnessWarning"
-)
+pytestmark = pytest.mark.filterwarnings("ignore::pdpfl.randomness.ReproducibleRandomnessWarning")
 
 HAS_CUDA = torch.cuda.is_available()
 
@@ -97,11 +95,16 @@ def test_a_silo_built_alone_refuses_an_absent_device(name: str) -> None:
     info = federation_info(federation, config)
     setup = algorithm.setup(config, info)
     on_cuda = with_updates(config, ["training.device=cuda"])
-    assert algorithm.client(config, 0, federation.clients[0], info, setup,
-                            party_randomness(config, "silo-0")) is not None
+    assert (
+        algorithm.client(
+            config, 0, federation.clients[0], info, setup, party_randomness(config, "silo-0")
+        )
+        is not None
+    )
     with pytest.raises(ValueError, match=r"^training\.device"):
-        algorithm.client(on_cuda, 0, federation.clients[0], info, setup,
-                         party_randomness(on_cuda, "silo-0"))
+        algorithm.client(
+            on_cuda, 0, federation.clients[0], info, setup, party_randomness(on_cuda, "silo-0")
+        )
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="this machine has CUDA")

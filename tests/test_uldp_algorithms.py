@@ -37,8 +37,7 @@ BASE = {
     "model": {"name": "logreg"},
     "algorithm": {"name": "uldp-avg"},
     "privacy": {"noise_multiplier": 2.0, "delta": 1e-5},
-    "training": {"rounds": 2, "local_steps": 2, "lr": 0.3, "batch_size": 8,
-                 "max_grad_norm": 1.0},
+    "training": {"rounds": 2, "local_steps": 2, "lr": 0.3, "batch_size": 8, "max_grad_norm": 1.0},
 }
 
 
@@ -86,7 +85,9 @@ def test_server_step_sign_and_divisor(name, sign, rate, weights) -> None:
 
 def test_sgd_descends_and_releases_the_users_mean_gradient() -> None:
     config, fed, server, clients = _build(
-        "algorithm.name=uldp-sgd", "privacy.noise_multiplier=1e-6", "algorithm.server_lr=3",
+        "algorithm.name=uldp-sgd",
+        "privacy.noise_multiplier=1e-6",
+        "algorithm.server_lr=3",
         "training.max_grad_norm=100",
     )
     silo = clients[0]
@@ -159,8 +160,10 @@ def test_weights_that_sum_above_one_are_refused() -> None:
         check_weights(np.array([[0.6], [0.5]]))
 
 
-@given(st.lists(st.lists(st.integers(0, 12), min_size=5, max_size=5), min_size=1, max_size=6),
-       st.integers(1, 20))
+@given(
+    st.lists(st.lists(st.integers(0, 12), min_size=5, max_size=5), min_size=1, max_size=6),
+    st.integers(1, 20),
+)
 @settings(max_examples=60, deadline=None)
 def test_group_quotas_keep_each_user_at_most_k(rows, k) -> None:
     h = np.array(rows)
@@ -171,8 +174,13 @@ def test_group_quotas_keep_each_user_at_most_k(rows, k) -> None:
 
 
 def test_group_flags_are_fixed_and_bound_users_across_silos() -> None:
-    over = ("algorithm.name=uldp-group", "algorithm.record_rate=0.3", "algorithm.group_k=3",
-            "algorithm.group_flags=fair", "data.public_user_histograms=true")
+    over = (
+        "algorithm.name=uldp-group",
+        "algorithm.record_rate=0.3",
+        "algorithm.group_k=3",
+        "algorithm.group_flags=fair",
+        "data.public_user_histograms=true",
+    )
     config, fed, server, clients = _build(*over)
     kept_total = np.zeros(15, dtype=np.int64)
     for c, silo in clients.items():
@@ -198,13 +206,17 @@ def test_group_flags_are_fixed_and_bound_users_across_silos() -> None:
     ("overrides", "field"),
     [
         (["algorithm.weights=enhanced"], "public_user_histograms"),
-        (["algorithm.name=uldp-group", "algorithm.group_k=max", "algorithm.record_rate=0.1"],
-         "public_user_histograms"),
+        (
+            ["algorithm.name=uldp-group", "algorithm.group_k=max", "algorithm.record_rate=0.1"],
+            "public_user_histograms",
+        ),
         (["algorithm.name=uldp-group"], "algorithm.record_rate"),
         (["training.client_rate=0.5"], "training.client_rate"),
         (["algorithm.personal_budgets=true", "algorithm.user_rate=0.5"], "algorithm.user_rate"),
-        (["algorithm.name=uldp-naive", "algorithm.personal_budgets=true"],
-         "algorithm.personal_budgets"),
+        (
+            ["algorithm.name=uldp-naive", "algorithm.personal_budgets=true"],
+            "algorithm.personal_budgets",
+        ),
     ],
 )
 def test_bad_configs_name_the_field(overrides, field) -> None:
@@ -231,16 +243,18 @@ def test_histogram_disclosure_and_paper_sensitivity_are_warned() -> None:
 
 def test_plain_aggregation_with_enhanced_weights_is_charged_to_the_server() -> None:
     _, _, uniform, clients = _build()
-    _, _, enhanced, clients_w = _build("algorithm.weights=enhanced",
-                                       "data.public_user_histograms=true")
+    _, _, enhanced, clients_w = _build(
+        "algorithm.weights=enhanced", "data.public_user_histograms=true"
+    )
     assert uniform.observer_noise == {"third-party": 2.0, "server": 2.0}
     # σ/√t: each of the 3 silos' noise shares is sized for t(3) = 2 survivors (issue #22)
     assert enhanced.observer_noise["server"] == pytest.approx(2.0 / np.sqrt(2))
     for server, cl in ((uniform, clients), (enhanced, clients_w)):
         params = server.initial_params()
         _round(server, cl, params, 0)
-    assert (enhanced.privacy_summary().spent_max("server")
-            > uniform.privacy_summary().spent_max("server"))
+    assert enhanced.privacy_summary().spent_max("server") > uniform.privacy_summary().spent_max(
+        "server"
+    )
     assert enhanced.privacy_summary().spent_max("third-party") == pytest.approx(
         uniform.privacy_summary().spent_max("third-party")
     )
@@ -250,8 +264,15 @@ def test_user_ids_outside_the_declared_users_are_refused() -> None:
     _, fed, _, clients = _build()
     silo = clients[0]
     with pytest.raises(ValueError, match="num_users"):
-        type(silo)(0, silo.model, fed.clients[0], replace(silo.setup, num_users=2),
-                   randomness=silo.randomness, batch_size=8, lr=0.1)
+        type(silo)(
+            0,
+            silo.model,
+            fed.clients[0],
+            replace(silo.setup, num_users=2),
+            randomness=silo.randomness,
+            batch_size=8,
+            lr=0.1,
+        )
 
 
 def test_a_silo_refuses_a_published_total_below_its_own_count() -> None:
@@ -260,8 +281,15 @@ def test_a_silo_refuses_a_published_total_below_its_own_count() -> None:
     totals = list(silo.setup.user_totals)
     totals[int(silo.users[0])] = 0  # a lying histogram would make Σ_s w exceed 1
     with pytest.raises(ValueError, match="N_u"):
-        type(silo)(0, silo.model, fed.clients[0], replace(silo.setup, user_totals=totals),
-                   randomness=silo.randomness, batch_size=8, lr=0.1)
+        type(silo)(
+            0,
+            silo.model,
+            fed.clients[0],
+            replace(silo.setup, user_totals=totals),
+            randomness=silo.randomness,
+            batch_size=8,
+            lr=0.1,
+        )
 
 
 @pytest.mark.parametrize("name", ["uldp-naive", "uldp-avg", "uldp-sgd"])
@@ -283,8 +311,9 @@ def test_secure_summation_gives_the_plain_model(name, tmp_path) -> None:
 
 def test_secure_summation_charges_the_server_the_sum_with_enhanced_weights() -> None:
     _, _, plain, _ = _build("algorithm.weights=enhanced", "data.public_user_histograms=true")
-    _, _, secure, _ = _build("algorithm.weights=enhanced", "data.public_user_histograms=true",
-                             "aggregation=secure")
+    _, _, secure, _ = _build(
+        "algorithm.weights=enhanced", "data.public_user_histograms=true", "aggregation=secure"
+    )
     assert plain.observer_noise["server"] == pytest.approx(2.0 / np.sqrt(2))  # σ/√t(3)
     assert secure.observer_noise == {"third-party": 2.0, "server": 2.0}
 
@@ -306,8 +335,18 @@ def test_compare_methods_that_change_the_data_options(tmp_path) -> None:
 
     cfg = tmp_path / "u.yaml"
     cfg.write_text(yaml.safe_dump({**BASE, "training": {**BASE["training"], "rounds": 1}}))
-    res = CliRunner().invoke(app, ["compare", str(cfg), "--methods", "uldp-avg", "uldp-avg-w",
-                                   "--csv", str(tmp_path / "rows.csv")])
+    res = CliRunner().invoke(
+        app,
+        [
+            "compare",
+            str(cfg),
+            "--methods",
+            "uldp-avg",
+            "uldp-avg-w",
+            "--csv",
+            str(tmp_path / "rows.csv"),
+        ],
+    )
     assert res.exit_code == 0, res.output
     rows = list(csv.DictReader((tmp_path / "rows.csv").open()))
     assert [r["method"] for r in rows] == ["uldp-avg", "uldp-avg-w"]

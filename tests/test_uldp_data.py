@@ -54,7 +54,7 @@ def test_creditcard_federation_links_users_and_keeps_one_global_test_set() -> No
 def _write_csv(path, n=40, quoted=True):
     x, y = _synthetic(n, 4, seed=2)
     q = '"' if quoted else ""
-    lines = [",".join(f'{q}{c}{q}' for c in [*cc.FEATURES, "Class"])]
+    lines = [",".join(f"{q}{c}{q}" for c in [*cc.FEATURES, "Class"])]
     for row, label in zip(x, y, strict=True):
         lines.append(",".join(f"{v:.6f}" for v in row) + f",{q}{label}{q}")
     path.write_text("\n".join(lines) + "\n")
@@ -69,8 +69,9 @@ def test_creditcard_download_is_verified_and_cached(tmp_path, monkeypatch) -> No
     monkeypatch.setenv("PDPFL_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv("PDPFL_NO_DOWNLOAD", raising=False)
     monkeypatch.setattr(cc, "SPEC", FileSpec("creditcard.csv", src.as_uri(), digest, "creditcard"))
-    fed = load_federation("creditcard", num_clients=2, seed=0, test_fraction=0.25,
-                          majority_fraction=1.0)
+    fed = load_federation(
+        "creditcard", num_clients=2, seed=0, test_fraction=0.25, majority_fraction=1.0
+    )
     assert (tmp_path / "cache" / "creditcard" / "creditcard.csv").is_file()
     assert sum(c.num_train + c.num_test for c in fed.clients) == 40
     rx, ry = cc.read_csv(tmp_path / "cache" / "creditcard" / "creditcard.csv")
@@ -106,13 +107,20 @@ def test_non_iid_needs_labels_and_pool_silos() -> None:
     with pytest.raises(ValueError, match="labels"):
         assign_users(10, 2, 2, labels_per_user=2, rng=np.random.default_rng(0))
     with pytest.raises(ValueError, match="fixed silos"):
-        assign_users(4, 2, silo_ids=np.array([0, 0, 1, 1]), labels=np.zeros(4),
-                     labels_per_user=2, rng=np.random.default_rng(0))
+        assign_users(
+            4,
+            2,
+            silo_ids=np.array([0, 0, 1, 1]),
+            labels=np.zeros(4),
+            labels_per_user=2,
+            rng=np.random.default_rng(0),
+        )
 
 
 def test_every_user_has_a_training_record() -> None:
-    fed = load_federation("digits", num_clients=4, seed=1, num_users=600,
-                          user_distribution="zipf", labels_per_user=2)
+    fed = load_federation(
+        "digits", num_clients=4, seed=1, num_users=600, user_distribution="zipf", labels_per_user=2
+    )
     users = np.concatenate([c.user_ids for c in fed.clients])
     assert set(users.tolist()) == set(range(600))
 

@@ -41,8 +41,7 @@ BASE = {
     "model": {"name": "logreg"},
     "algorithm": {"name": "uldp-avg"},
     "privacy": {"noise_multiplier": 2.0, "delta": 1e-5},
-    "training": {"rounds": 3, "local_steps": 2, "lr": 0.3, "batch_size": 8,
-                 "max_grad_norm": 1.0},
+    "training": {"rounds": 3, "local_steps": 2, "lr": 0.3, "batch_size": 8, "max_grad_norm": 1.0},
 }
 
 
@@ -58,12 +57,18 @@ def _build(*overrides: str):
 
 def _old_ledgers(budgets, rates, sigma_tp, sigma_sv, delta, rounds):
     """The two ledgers the server kept before (one per observer, different σ and rate)."""
-    tp = PrivacyLedger(budgets, rates,
-                       SampledGaussianPlan("user", sigma_tp, delta, rounds, ("third-party",)),
-                       orders=ORDERS)
-    sv = PrivacyLedger(budgets, np.ones_like(rates),
-                       SampledGaussianPlan("user", sigma_sv, delta, rounds, ("server",)),
-                       orders=ORDERS)
+    tp = PrivacyLedger(
+        budgets,
+        rates,
+        SampledGaussianPlan("user", sigma_tp, delta, rounds, ("third-party",)),
+        orders=ORDERS,
+    )
+    sv = PrivacyLedger(
+        budgets,
+        np.ones_like(rates),
+        SampledGaussianPlan("user", sigma_sv, delta, rounds, ("server",)),
+        orders=ORDERS,
+    )
     return tp, sv
 
 
@@ -93,21 +98,25 @@ def test_one_ledger_matches_the_two_old_ones_exactly(sigma, silos, rates, seed) 
         old_tp.record_round(participated=taking, active=active)
         old_sv.record_round(participated=taking, active=active)
         old_sv_sampled.record_round(participated=taking, active=taking)
-    np.testing.assert_array_equal(new.spent_epsilon("third-party"),
-                                  old_tp.spent_epsilon("third-party"))
-    np.testing.assert_array_equal(new.spent_epsilon("server"),
-                                  old_sv_sampled.spent_epsilon("server"))
+    np.testing.assert_array_equal(
+        new.spent_epsilon("third-party"), old_tp.spent_epsilon("third-party")
+    )
+    np.testing.assert_array_equal(
+        new.spent_epsilon("server"), old_sv_sampled.spent_epsilon("server")
+    )
     assert (new.spent_epsilon("server") <= old_sv.spent_epsilon("server")).all()
     full = q == 1.0  # without sub-sampling the two rules charge the same rounds
-    np.testing.assert_array_equal(new.spent_epsilon("server")[full],
-                                  old_sv.spent_epsilon("server")[full])
+    np.testing.assert_array_equal(
+        new.spent_epsilon("server")[full], old_sv.spent_epsilon("server")[full]
+    )
 
 
 @pytest.mark.parametrize(("sigma", "q", "rounds", "delta", "expected"), VECTORS)
 def test_theorem_5_vectors(sigma, q, rounds, delta, expected) -> None:
     plan = UserLevelPlan(sigma, sigma, delta, rounds)
-    grid, _ = mechanism_epsilon(plan, [q], "third-party", rounds, orders=OPACUS_ORDERS,
-                                refine=False)
+    grid, _ = mechanism_epsilon(
+        plan, [q], "third-party", rounds, orders=OPACUS_ORDERS, refine=False
+    )
     assert float(grid[0]) == pytest.approx(expected, abs=_digits(expected))
     # the ledger's conversion (pdpfl's orders, refined) is user_epsilon exactly, never above
     ours = float(plan.planned_epsilon([q], "third-party")[0])
@@ -122,8 +131,9 @@ def test_theorem_5_vectors(sigma, q, rounds, delta, expected) -> None:
 def test_theorem_3_closed_form_at_q_one(sigma, rounds) -> None:
     """ε = min_α Tα/(2σ²) + log((α−1)/α) − (log δ + log α)/(α−1), written out here."""
     a, delta = OPACUS_ORDERS, 1e-5
-    closed = np.min(rounds * a / (2 * sigma**2) + np.log((a - 1) / a)
-                    - (np.log(delta) + np.log(a)) / (a - 1))
+    closed = np.min(
+        rounds * a / (2 * sigma**2) + np.log((a - 1) / a) - (np.log(delta) + np.log(a)) / (a - 1)
+    )
     plan = UserLevelPlan(sigma, sigma, delta, rounds)
     for obs in ("third-party", "server"):
         eps, _ = mechanism_epsilon(plan, [1.0], obs, rounds, orders=OPACUS_ORDERS, refine=False)
@@ -150,15 +160,20 @@ def test_observers_noise_and_charge_rules() -> None:
         UserLevelPlan(1.0, 1.0, 1e-5, 3, ("third-party",)).round_event(0.5, "server")
     for bad in (dict(delta=0.0), dict(rounds=0), dict(noise_multiplier=float("nan"))):
         with pytest.raises(ValueError, match=next(iter(bad))):
-            UserLevelPlan(**{**dict(noise_multiplier=1.0, server_noise_multiplier=1.0,
-                                    delta=1e-5, rounds=3), **bad})
+            UserLevelPlan(
+                **{
+                    **dict(noise_multiplier=1.0, server_noise_multiplier=1.0, delta=1e-5, rounds=3),
+                    **bad,
+                }
+            )
 
 
 def test_the_plan_is_stored_with_the_ledger(tmp_path) -> None:
     plan = UserLevelPlan(3.0, 1.5, 1e-5, 8)
     assert mechanism_from_dict(mechanism_to_dict(plan)) == plan
-    ledger = PrivacyLedger(np.full(4, 9.0), np.array([1.0, 0.5, 0.5, 0.0]), plan,
-                           ids=np.arange(4), orders=ORDERS)
+    ledger = PrivacyLedger(
+        np.full(4, 9.0), np.array([1.0, 0.5, 0.5, 0.0]), plan, ids=np.arange(4), orders=ORDERS
+    )
     ledger.record_round(participated=np.array([1, 0, 1, 0], bool), active=np.ones(4, bool))
     save_ledger(ledger, tmp_path / "server.npz")
     again = load_ledger(tmp_path / "server.npz")
@@ -171,8 +186,9 @@ def test_the_plan_is_stored_with_the_ledger(tmp_path) -> None:
 # -------------------------------------------------------------------------- the algorithms
 
 
-@pytest.mark.parametrize("name", ["uldp-naive", "uldp-group", "uldp-avg", "uldp-sgd",
-                                  "uldp-default"])
+@pytest.mark.parametrize(
+    "name", ["uldp-naive", "uldp-group", "uldp-avg", "uldp-sgd", "uldp-default"]
+)
 def test_silos_hold_no_ledger_and_the_server_reports_users(name) -> None:
     extra = ["algorithm.record_rate=0.2"] if name == "uldp-group" else []
     server, clients = _build(f"algorithm.name={name}", *extra)
@@ -236,8 +252,9 @@ def test_user_ids_and_a_decided_round_survive_a_resume() -> None:
         np.testing.assert_array_equal(fresh.ledger.state_dict()[key], value)
     assert fresh.round_config(1) == cfg1  # the same users, and no second charge
     assert fresh.ledger.rounds_recorded == 2
-    np.testing.assert_array_equal(fresh.ledger.spent_epsilon("server"),
-                                  server.ledger.spent_epsilon("server"))
+    np.testing.assert_array_equal(
+        fresh.ledger.spent_epsilon("server"), server.ledger.spent_epsilon("server")
+    )
 
 
 @pytest.mark.slow
@@ -261,16 +278,20 @@ def test_a_resumed_run_writes_the_same_user_ledger(tmp_path) -> None:
     assert resumed["privacy"] == whole["privacy"]
     assert resumed["privacy"]["unit"] == "user" and resumed["privacy"]["units"] == 15
     assert sorted((tmp_path / "cut" / "ledgers").iterdir()) == [
-        tmp_path / "cut" / "ledgers" / "server.npz"]  # the silos keep none
+        tmp_path / "cut" / "ledgers" / "server.npz"
+    ]  # the silos keep none
     row = select_id(privacy_table(tmp_path / "cut"), "7")
     assert list(row["unit"]) == ["user"] and list(row["holder"]) == ["server"]
-    assert row["epsilon_third_party"][0] == pytest.approx(
-        float(a.spent_epsilon("third-party")[7]))
+    assert row["epsilon_third_party"][0] == pytest.approx(float(a.spent_epsilon("third-party")[7]))
 
 
 def test_group_summary_is_the_group_conversion() -> None:
-    server, clients = _build("algorithm.name=uldp-group", "algorithm.record_rate=0.2",
-                             "algorithm.group_k=3", "algorithm.group_conversion=rdp")
+    server, clients = _build(
+        "algorithm.name=uldp-group",
+        "algorithm.record_rate=0.2",
+        "algorithm.group_k=3",
+        "algorithm.group_conversion=rdp",
+    )
     params = server.initial_params()
     _fit_round(server, clients, params, 0)
     summary = server.privacy_summary()
@@ -283,8 +304,9 @@ def test_group_summary_is_the_group_conversion() -> None:
     assert summary.over_budget("third-party") == 0
     assert summary.info["record_epsilon"] == user_epsilon(2.0, 1e-5, steps, 0.2)
     state = decode_state(encode_state(server.state_dict()))
-    fresh = type(server)(params, server.group_setup, conversion="rdp", server_lr=1.0,
-                         randomness=server.randomness)
+    fresh = type(server)(
+        params, server.group_setup, conversion="rdp", server_lr=1.0, randomness=server.randomness
+    )
     fresh.load_state_dict(state)
     assert fresh.privacy_summary() == summary
 
@@ -296,8 +318,9 @@ def test_planned_budget_is_the_planned_epsilon_against_both_observers() -> None:
     np.testing.assert_allclose(uniform.ledger.budgets, planned, rtol=0, atol=0)
     # the server sees σ/√t with public enhanced weights (each of the 3 silos' shares sized
     # for t(3) = 2 survivors, issue #22): the larger planned ε is the budget
-    np.testing.assert_allclose(enhanced.ledger.budgets,
-                               user_epsilon(2.0 / math.sqrt(2), 1e-5, 3), rtol=0, atol=0)
+    np.testing.assert_allclose(
+        enhanced.ledger.budgets, user_epsilon(2.0 / math.sqrt(2), 1e-5, 3), rtol=0, atol=0
+    )
     summary = uniform.privacy_summary()
     assert [g.label for g in summary.groups] == [f"{planned:g}"]
     assert summary.info["noise_multiplier"] == 2.0

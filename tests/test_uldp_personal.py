@@ -20,8 +20,10 @@ RAW = {
     "data": {"dataset": "digits", "num_clients": 3, "options": {"num_users": 60}},
     "model": {"name": "logreg"},
     "algorithm": {"name": "uldp-avg", "weights": "enhanced", "personal_budgets": True},
-    "budgets": {"scenario": "three-levels",
-                "params": {"values": [0.5, 2.0, 6.0], "ratios": [0.5, 0.3, 0.2]}},
+    "budgets": {
+        "scenario": "three-levels",
+        "params": {"values": [0.5, 2.0, 6.0], "ratios": [0.5, 0.3, 0.2]},
+    },
     "privacy": {"noise_multiplier": 1.5, "delta": 1e-5, "adversary": "third-party"},
     "training": {"rounds": 40, "local_steps": 1, "batch_size": 8},
 }

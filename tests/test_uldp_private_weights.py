@@ -31,8 +31,7 @@ BASE = {
     "model": {"name": "logreg"},
     "algorithm": {"name": "uldp-avg", "weights": "private"},
     "privacy": {"noise_multiplier": 2.0, "delta": 1e-5},
-    "training": {"rounds": 2, "local_steps": 2, "lr": 0.3, "batch_size": 8,
-                 "max_grad_norm": 1.0},
+    "training": {"rounds": 2, "local_steps": 2, "lr": 0.3, "batch_size": 8, "max_grad_norm": 1.0},
 }
 
 
@@ -66,18 +65,19 @@ def test_private_weights_only_for_avg_and_sgd() -> None:
 def test_protocol_equals_the_public_enhanced_weighted_sum(name, user_rate) -> None:
     """Same seeds, same coins: the decrypted protocol sum equals Σ_s Σ_u (n_{s,u}/N_u)·Δ + z_s
     computed in the clear with disclosed histograms, within the protocol's precision."""
-    extra = [f"algorithm.name={name}"] + (
-        [f"algorithm.user_rate={user_rate}"] if user_rate else [])
+    extra = [f"algorithm.name={name}"] + ([f"algorithm.user_rate={user_rate}"] if user_rate else [])
     _, private, pclients = _build(*extra)
-    _, public, eclients = _build(*extra, "algorithm.weights=enhanced",
-                                 "data.public_user_histograms=true")
+    _, public, eclients = _build(
+        *extra, "algorithm.weights=enhanced", "data.public_user_histograms=true"
+    )
     params = private.initial_params()
     t = 0
     cfg = private.round_config(t)
     assert cfg == public.round_config(t)  # same user coins
     ids = sorted(pclients)
-    agg = PrivateWeightedSum(**WEAK).collect(InProcessTransport(pclients), ids, params, t,
-                                             dict(cfg), private)
+    agg = PrivateWeightedSum(**WEAK).collect(
+        InProcessTransport(pclients), ids, params, t, dict(cfg), private
+    )
     outs = [eclients[c].fit(params, t, cfg) for c in ids]
     plain = [sum(np.asarray(o.update[i], np.float64) for o in outs) for i in range(len(params))]
     users = 12

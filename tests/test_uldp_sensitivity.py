@@ -24,8 +24,17 @@ SILOS = {"avg": AvgSilo, "sgd": SgdSilo, "naive": NaiveSilo}
 
 
 def _public(variant, S, U, weights="uniform", totals=None, epochs=2):
-    common = dict(num_silos=S, num_users=U, noise_multiplier=1.0, noise_std=0.0, delta=1e-5,
-                  rounds=1, max_grad_norm=C, local_epochs=epochs, local_steps=1)
+    common = dict(
+        num_silos=S,
+        num_users=U,
+        noise_multiplier=1.0,
+        noise_std=0.0,
+        delta=1e-5,
+        rounds=1,
+        max_grad_norm=C,
+        local_epochs=epochs,
+        local_steps=1,
+    )
     if variant == "naive":
         return UldpSetup(**common)
     return UserLevelSetup(**common, weights=weights, user_totals=totals)
@@ -38,25 +47,37 @@ def _federation(rng, S, U, d=5, classes=3):
         n = int(rng.integers(6, 14))
         users = rng.integers(0, U, size=n)
         users[0] = 0  # the user present everywhere
-        silos.append((rng.normal(size=(n, d)).astype(np.float32),
-                      rng.integers(0, classes, size=n), users))
+        silos.append(
+            (rng.normal(size=(n, d)).astype(np.float32), rng.integers(0, classes, size=n), users)
+        )
     return silos
 
 
 def _silos(fed, variant, U, weights, drop=None, lr=2.0, model=None):
     S = len(fed)
-    keep = [(x, y, u) if drop is None else (x[u != drop], y[u != drop], u[u != drop])
-            for x, y, u in fed]
+    keep = [
+        (x, y, u) if drop is None else (x[u != drop], y[u != drop], u[u != drop]) for x, y, u in fed
+    ]
     hist = np.zeros((S, U), dtype=np.int64)
     for s, (_, _, u) in enumerate(keep):
         np.add.at(hist[s], u, 1)
     pub = _public(variant, S, U, weights, totals=hist.sum(0).tolist())
     out = []
     for s, (x, y, u) in enumerate(keep):
-        data = ClientData(name=f"s{s}", x_train=x, y_train=y, x_test=x[:1], y_test=y[:1],
-                          record_ids=np.arange(len(y)) + 1000 * s, user_ids=u)
-        out.append(SILOS[variant](s, model, data, pub, randomness=SeededRandomness(11),
-                                  batch_size=4, lr=lr))
+        data = ClientData(
+            name=f"s{s}",
+            x_train=x,
+            y_train=y,
+            x_test=x[:1],
+            y_test=y[:1],
+            record_ids=np.arange(len(y)) + 1000 * s,
+            user_ids=u,
+        )
+        out.append(
+            SILOS[variant](
+                s, model, data, pub, randomness=SeededRandomness(11), batch_size=4, lr=lr
+            )
+        )
     return out
 
 

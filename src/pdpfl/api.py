@@ -84,12 +84,16 @@ def register_module(module: nn.Module | Callable[..., nn.Module]) -> str:
         return name
     if callable(module):
         qual = f"{getattr(module, '__module__', '')}.{getattr(module, '__qualname__', '')}"
-        name = f"user-{getattr(module, '__name__', 'builder')}-" + hashlib.sha256(
-            qual.encode()).hexdigest()[:10]
+        name = (
+            f"user-{getattr(module, '__name__', 'builder')}-"
+            + hashlib.sha256(qual.encode()).hexdigest()[:10]
+        )
         MODELS[name] = module
         return name
-    raise TypeError(f"model: expected a registered name, a torch.nn.Module or a builder, got "
-                    f"{type(module).__name__}")
+    raise TypeError(
+        f"model: expected a registered name, a torch.nn.Module or a builder, got "
+        f"{type(module).__name__}"
+    )
 
 
 def _model_name(model: Any) -> str:
@@ -140,8 +144,9 @@ def _raw_config(config: Any) -> dict[str, Any]:
         return json.loads(json.dumps(dict(config), default=_plain))
     if isinstance(config, str | Path):
         return read_config_file(config)
-    raise TypeError(f"config: expected an ExperimentConfig, a dict or a YAML path, got "
-                    f"{type(config).__name__}")
+    raise TypeError(
+        f"config: expected an ExperimentConfig, a dict or a YAML path, got {type(config).__name__}"
+    )
 
 
 def _plain(value: Any) -> Any:
@@ -189,8 +194,10 @@ def make_config(
             paths = index.get(key, [])
             if len(paths) != 1:
                 where = f"one of {', '.join(paths)}" if paths else "not a config field"
-                problems.append(f"{key}: {where}; give it in config={{...}} by section "
-                                "(e.g. config={'training': {'lr': 0.1}})")
+                problems.append(
+                    f"{key}: {where}; give it in config={{...}} by section "
+                    "(e.g. config={'training': {'lr': 0.1}})"
+                )
                 continue
             path = paths[0]
         overrides.append(f"{path}={json.dumps(value, default=_plain)}")
@@ -257,8 +264,10 @@ def train(
     from pdpfl.runtime.simulation import simulate_into
 
     if not isinstance(federation, Federation):
-        raise TypeError("federation: expected a pdpfl Federation (see "
-                        "pdpfl.federation_from_dataframe / federation_from_arrays)")
+        raise TypeError(
+            "federation: expected a pdpfl Federation (see "
+            "pdpfl.federation_from_dataframe / federation_from_arrays)"
+        )
     check_federation_data(federation)
     _check_module(model, federation)
     table = None
@@ -281,8 +290,9 @@ def train(
     try:
         if table is not None:  # the budgets as given (the run reports ids it ignored)
             lines = [",".join(BUDGET_TABLE_COLUMNS)]
-            lines.extend(f"{int(i)},{float(v)!r}" for i, v in zip(table.ids, table.values,
-                                                                    strict=True))
+            lines.extend(
+                f"{int(i)},{float(v)!r}" for i, v in zip(table.ids, table.values, strict=True)
+            )
             write_text(out_dir / "budgets.csv", "\n".join(lines) + "\n")
         summary = simulate_into(cfg, out_dir, resume, progress=progress, federation=federation)
     except ValueError:  # refused while building (e.g. budgets above ε_max): leave nothing
@@ -328,7 +338,10 @@ def privacy_table(run_dir: str | Path, *, unit_id: object = None, as_frame: bool
 
 
 def load_model(
-    run: str | Path, module: nn.Module | None = None, *, round: int | None = None,
+    run: str | Path,
+    module: nn.Module | None = None,
+    *,
+    round: int | None = None,
 ) -> Any:
     """The trained global model of a run: into ``module`` (returned), or as name → array.
 
@@ -363,7 +376,9 @@ def load_model(
         for name, tensor in named.items():
             value = tensors[name]
             if tuple(value.shape) != tuple(tensor.shape):
-                raise ValueError(f"model: {name} has shape {tuple(value.shape)} in {path.name}, "
-                                 f"{tuple(tensor.shape)} in the module")
+                raise ValueError(
+                    f"model: {name} has shape {tuple(value.shape)} in {path.name}, "
+                    f"{tuple(tensor.shape)} in the module"
+                )
             tensor.copy_(torch.as_tensor(value, dtype=tensor.dtype))
     return module

@@ -74,8 +74,9 @@ def save_checkpoint(out_dir: Path, state: dict[str, Any]) -> None:
     (:mod:`pdpfl.integrity`: an HMAC under the operator's key over the run id and the bytes),
     then raise the run's high-water mark to its ``next_round``."""
     run_id = str(state["run_id"])
-    write_bytes(out_dir / CHECKPOINT_NAME,
-                seal(encode_state(state), purpose="checkpoint", identity=run_id))
+    write_bytes(
+        out_dir / CHECKPOINT_NAME, seal(encode_state(state), purpose="checkpoint", identity=run_id)
+    )
     record_progress(run_id, int(state["next_round"]))
 
 

@@ -49,8 +49,11 @@ def _allows_infinity(field: Any) -> bool:
     return isinstance(extra, dict) and bool(extra.get("allow_infinity"))
 
 
-def raw_value_problems(raw: dict[str, Any], fields: dict[str, dict[str, Any]],
-                       text_sections: tuple[str, ...] = ("algorithm",)) -> list[str]:
+def raw_value_problems(
+    raw: dict[str, Any],
+    fields: dict[str, dict[str, Any]],
+    text_sections: tuple[str, ...] = ("algorithm",),
+) -> list[str]:
     """One ``dotted.field: message`` per non-finite number or boolean given as a number.
 
     ``fields`` maps each section (``""`` for top-level keys) to its pydantic ``model_fields``;
@@ -58,8 +61,9 @@ def raw_value_problems(raw: dict[str, Any], fields: dict[str, dict[str, Any]],
     """
     problems: list[str] = []
 
-    def walk(value: Any, path: list[str], allowed: set[Any], allow_inf: bool,
-             text_too: bool) -> None:
+    def walk(
+        value: Any, path: list[str], allowed: set[Any], allow_inf: bool, text_too: bool
+    ) -> None:
         where = ".".join(path)
         if isinstance(value, dict):
             for k, v in value.items():
@@ -69,8 +73,10 @@ def raw_value_problems(raw: dict[str, Any], fields: dict[str, dict[str, Any]],
                 walk(v, [*path, str(i)], allowed, allow_inf, text_too)
         elif isinstance(value, bool):
             if allowed & {int, float} and bool not in allowed and Any not in allowed:
-                problems.append(f"{where}: expected a number, got {str(value).lower()} "
-                                "(a boolean is not a number)")
+                problems.append(
+                    f"{where}: expected a number, got {str(value).lower()} "
+                    "(a boolean is not a number)"
+                )
         elif isinstance(value, float) and not math.isfinite(value):
             if not (allow_inf and value > 0):
                 problems.append(f"{where}: must be a finite number, got {value}")
@@ -91,6 +97,11 @@ def raw_value_problems(raw: dict[str, Any], fields: dict[str, dict[str, Any]],
         for name, v in value.items():
             field = own.get(str(name))
             allowed = _types(field.annotation) if field is not None else {Any}
-            walk(v, [key, str(name)], allowed, field is not None and _allows_infinity(field),
-                 key in text_sections)
+            walk(
+                v,
+                [key, str(name)],
+                allowed,
+                field is not None and _allows_infinity(field),
+                key in text_sections,
+            )
     return problems

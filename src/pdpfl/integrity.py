@@ -94,7 +94,11 @@ def is_sealed(data: bytes) -> bool:
 
 
 def unseal(
-    data: bytes, *, purpose: str, identity: str | None = None, party: str = "operator",
+    data: bytes,
+    *,
+    purpose: str,
+    identity: str | None = None,
+    party: str = "operator",
     what: str = "state file",
 ) -> tuple[bytes, str]:
     """``(payload, identity)`` of a sealed file, verified with the party's key.
@@ -103,8 +107,10 @@ def unseal(
     Raises :class:`IntegrityError` naming ``what`` otherwise.
     """
     if not is_sealed(data) or len(data) < len(_MAGIC) + 1:
-        raise IntegrityError(f"{what}: not sealed by pdpfl (tampered, corrupted, or written by "
-                             "a version without integrity tags)")
+        raise IntegrityError(
+            f"{what}: not sealed by pdpfl (tampered, corrupted, or written by "
+            "a version without integrity tags)"
+        )
     n = data[len(_MAGIC)]
     start = len(_MAGIC) + 1
     found = data[start : start + n].decode("utf-8", errors="replace")
@@ -146,8 +152,13 @@ def check_progress(run_id: str, next_round: int | None, party: str = "operator")
     path = _mark_path(run_id)
     if not path.exists():
         return 0
-    payload, _ = unseal(path.read_bytes(), purpose="high-water", identity=run_id, party=party,
-                        what=f"high-water mark {path}")
+    payload, _ = unseal(
+        path.read_bytes(),
+        purpose="high-water",
+        identity=run_id,
+        party=party,
+        what=f"high-water mark {path}",
+    )
     mark = int(payload.decode())
     if next_round is not None and int(next_round) < mark:
         raise IntegrityError(

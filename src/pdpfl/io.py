@@ -61,6 +61,7 @@ def save_npz(path: str | os.PathLike[str], **arrays: np.ndarray) -> None:
 
 # --------------------------------------------------------------------------- state files
 
+
 def encode_state(state: Any) -> bytes:
     """Serialise nested dicts/lists of scalars, NumPy arrays and torch tensors, without pickle.
 

@@ -486,7 +486,10 @@ class PrivateFraudNet(nn.Sequential):
         if not 0.0 <= float(dropout) < 1.0:
             raise ValueError(f"dropout: must be in [0, 1), got {dropout!r}")
         blocks: list[nn.Module] = [
-            nn.Flatten(), nn.Linear(int(input_dim), int(hidden)), nn.ReLU(), nn.GroupNorm(1, hidden)
+            nn.Flatten(),
+            nn.Linear(int(input_dim), int(hidden)),
+            nn.ReLU(),
+            nn.GroupNorm(1, hidden),
         ]
         for _ in range(int(layers)):
             blocks += [nn.Linear(hidden, hidden), nn.ReLU(), nn.GroupNorm(1, hidden)]

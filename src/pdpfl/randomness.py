@@ -146,8 +146,8 @@ class Randomness(Protocol):
 
 def _stream_message(purpose: str, indices: tuple[int, ...]) -> bytes:
     head = purpose.encode("utf-8")
-    return struct.pack("<I", len(head)) + head + b"".join(
-        struct.pack("<q", int(i)) for i in indices
+    return (
+        struct.pack("<I", len(head)) + head + b"".join(struct.pack("<q", int(i)) for i in indices)
     )
 
 
@@ -261,7 +261,9 @@ class _ChaChaStream:
         return self._standard_normals(n, dev).reshape(shape)
 
     def normals(
-        self, shapes: Sequence[tuple[int, ...] | torch.Size], *,
+        self,
+        shapes: Sequence[tuple[int, ...] | torch.Size],
+        *,
         device: torch.device | str | None = None,
     ) -> torch.Tensor:
         """Normals for several tensors as one flat float64 vector (one draw, in order)."""
@@ -337,7 +339,9 @@ class _TorchStream:
         return z if device is None else z.to(device)
 
     def normals(
-        self, shapes: Sequence[tuple[int, ...] | torch.Size], *,
+        self,
+        shapes: Sequence[tuple[int, ...] | torch.Size],
+        *,
         device: torch.device | str | None = None,
     ) -> torch.Tensor:
         """The concatenation of ``normal(shape).flatten()`` for each shape, in order."""

@@ -82,13 +82,18 @@ _PATTERNS = {
     "null": re.compile(r"^(?:~|null|Null|NULL|)$"),
     "merge": re.compile(r"^(?:<<)$"),
 }
-for _tag, _first in (("bool", "tTfF"), ("int", "-+0123456789"), ("float", "-+.0123456789"),
-                     ("null", ["~", "n", "N", ""]), ("merge", "<")):
+for _tag, _first in (
+    ("bool", "tTfF"),
+    ("int", "-+0123456789"),
+    ("float", "-+.0123456789"),
+    ("null", ["~", "n", "N", ""]),
+    ("merge", "<"),
+):
     _CoreResolver.add_implicit_resolver(_TAG + _tag, _PATTERNS[_tag], list(_first))
 
 
 def _short(tag: str) -> str:
-    return "!!" + tag[len(_TAG):] if tag.startswith(_TAG) else tag
+    return "!!" + tag[len(_TAG) :] if tag.startswith(_TAG) else tag
 
 
 def _where(node: Node) -> str:
@@ -105,8 +110,9 @@ class _Constructor(SafeConstructor):
         """The scalar's text, which must spell a ``kind`` (also under an explicit tag)."""
         text = str(self.construct_scalar(node))
         if not _PATTERNS[kind].match(text):
-            raise YamlError(f"{_where(node)}: {text[:40]!r} is not a valid {kind} for tag "
-                            f"'!!{kind}'")
+            raise YamlError(
+                f"{_where(node)}: {text[:40]!r} is not a valid {kind} for tag '!!{kind}'"
+            )
         return text
 
     def construct_core_null(self, node: ScalarNode) -> None:
@@ -117,8 +123,9 @@ class _Constructor(SafeConstructor):
         sign = -1 if text.startswith("-") else 1
         digits = text.lstrip("+-")
         if len(digits) > 40:
-            raise YamlError(f"{_where(node)}: integer {text[:20]}... is too large (at most "
-                            f"{_INT_LIMIT - 1})")
+            raise YamlError(
+                f"{_where(node)}: integer {text[:20]}... is too large (at most {_INT_LIMIT - 1})"
+            )
         if digits.startswith("0x"):
             value = int(digits[2:], 16)
         elif digits.startswith("0o"):
@@ -127,8 +134,10 @@ class _Constructor(SafeConstructor):
             value = int(digits, 10)
         value *= sign
         if not -_INT_LIMIT <= value < _INT_LIMIT:
-            raise YamlError(f"{_where(node)}: integer {text} is out of range (at most "
-                            f"{_INT_LIMIT - 1} in absolute value)")
+            raise YamlError(
+                f"{_where(node)}: integer {text} is out of range (at most "
+                f"{_INT_LIMIT - 1} in absolute value)"
+            )
         return value
 
     def construct_core_float(self, node: ScalarNode) -> float:
@@ -140,8 +149,10 @@ class _Constructor(SafeConstructor):
             return math.nan
         value = float(text)
         if not math.isfinite(value):
-            raise YamlError(f"{_where(node)}: number {text} is too large for a float "
-                            "(write .inf if infinity is really meant)")
+            raise YamlError(
+                f"{_where(node)}: number {text} is too large for a float "
+                "(write .inf if infinity is really meant)"
+            )
         return value
 
     def construct_core_bool(self, node: ScalarNode) -> bool:
@@ -154,9 +165,7 @@ class _Constructor(SafeConstructor):
             "to keep it as text"
         )
 
-    def construct_mapping(
-        self, node: MappingNode, deep: bool = False
-    ) -> dict[Any, Any]:
+    def construct_mapping(self, node: MappingNode, deep: bool = False) -> dict[Any, Any]:
         if isinstance(node, MappingNode):
             seen: dict[Any, Node] = {}
             for key_node, _ in node.value:
@@ -164,8 +173,9 @@ class _Constructor(SafeConstructor):
                     continue
                 key = self.construct_object(key_node, deep=True)
                 if isinstance(key, bool) or not isinstance(key, str | int):
-                    raise YamlError(f"{_where(key_node)}: mapping keys must be text or "
-                                    f"integers, got {key!r}")
+                    raise YamlError(
+                        f"{_where(key_node)}: mapping keys must be text or integers, got {key!r}"
+                    )
                 if key in seen:
                     first = seen[key].start_mark.line + 1
                     raise YamlError(
@@ -218,8 +228,9 @@ class _Loader(
             if self._aliases > MAX_ALIASES:
                 raise YamlError(f"{where}: more than {MAX_ALIASES} aliases (*name)")
         elif isinstance(event, ScalarEvent) and len(event.value) > MAX_SCALAR_CHARS:
-            raise YamlError(f"{where}: a value of {len(event.value)} characters (at most "
-                            f"{MAX_SCALAR_CHARS})")
+            raise YamlError(
+                f"{where}: a value of {len(event.value)} characters (at most {MAX_SCALAR_CHARS})"
+            )
         self._nodes += 1
         if self._nodes > MAX_NODES:
             raise YamlError(f"{where}: more than {MAX_NODES} values")
@@ -244,8 +255,9 @@ def _expanded_size(root: Node) -> None:
         if key in sizes:
             return sizes[key]
         if key in active:
-            raise YamlError(f"{_where(node)}: an alias refers to a value that contains it "
-                            "(recursive alias)")
+            raise YamlError(
+                f"{_where(node)}: an alias refers to a value that contains it (recursive alias)"
+            )
         active.add(key)
         total = 1
         if isinstance(node, SequenceNode):
@@ -257,8 +269,10 @@ def _expanded_size(root: Node) -> None:
         for child in children:
             total += size(child)
             if total > MAX_NODES:
-                raise YamlError(f"{_where(node)}: expands to more than {MAX_NODES} values "
-                                "through its aliases (*name)")
+                raise YamlError(
+                    f"{_where(node)}: expands to more than {MAX_NODES} values "
+                    "through its aliases (*name)"
+                )
         active.discard(key)
         sizes[key] = total
         return total
@@ -317,8 +331,9 @@ def load_yaml_file(path: str | Path) -> Any:
     except OSError as err:
         raise YamlError(f"{p}: cannot be read ({err.strerror or err})") from None
     if len(data) > MAX_BYTES:
-        raise YamlError(f"{p}: larger than {MAX_BYTES // 1024} KiB; a config is a small "
-                        "hand-written file")
+        raise YamlError(
+            f"{p}: larger than {MAX_BYTES // 1024} KiB; a config is a small hand-written file"
+        )
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as err:

@@ -38,8 +38,10 @@ TOY_CONFIG: dict[str, Any] = {
     "randomness": "reproducible",
     "data": {"dataset": "digits", "num_clients": 3},
     "model": {"name": "logreg"},
-    "budgets": {"scenario": "three-levels",
-                "params": {"values": [1.0, 3.0, 8.0], "ratios": [0.5, 0.3, 0.2]}},
+    "budgets": {
+        "scenario": "three-levels",
+        "params": {"values": [1.0, 3.0, 8.0], "ratios": [0.5, 0.3, 0.2]},
+    },
     "privacy": {"epsilon_max": 8.0, "delta": 1e-3},
     "training": {"rounds": 2, "local_steps": 2, "client_rate": 1.0, "lr": 0.3, "batch_size": 8},
 }
@@ -90,7 +92,8 @@ def check_algorithm(name: str, extra: list[str] | None = None) -> None:
                 assert u.dtype == np.float32 and u.shape == np.shape(p), f"{name}: update shape"
             contributions.append(out)
         agg = sum_contributions(
-            contributions, params,
+            contributions,
+            params,
             keep_individual=bool(getattr(server, "needs_individual_updates", False)),
         )
         new = server.aggregate(0, params, agg)

@@ -70,9 +70,7 @@ def run_audit(
 ) -> AuditResult:
     """Audit ``config`` once; write ``audit.json``/``audit.png``/``AUDIT.md`` to ``out_dir``
     (when given; the folder must be checked by the caller) and return the result."""
-    result = AuditSession.create(config, settings, federation=federation).execute(
-        progress=progress
-    )
+    result = AuditSession.create(config, settings, federation=federation).execute(progress=progress)
     if out_dir is not None:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)

@@ -156,7 +156,7 @@ def guess_counts(
         raise ValueError(f"k: need 0 <= 2k <= m = {s.size}, got k = {k}")
     perm = np.arange(s.size) if order is None else np.asarray(order)
     ranked = perm[np.argsort(-s[perm], kind="stable")]
-    top, bottom = ranked[:k], ranked[s.size - k:] if k else ranked[:0]
+    top, bottom = ranked[:k], ranked[s.size - k :] if k else ranked[:0]
     return 2 * k, int(inc[top].sum() + (~inc[bottom]).sum())
 
 
@@ -180,10 +180,15 @@ class AuditBound:
 
     def to_dict(self) -> dict[str, object]:
         return {
-            "epsilon_lower": self.epsilon, "m": self.m, "included": self.included,
-            "k": self.k, "guesses": self.r, "correct": self.v,
+            "epsilon_lower": self.epsilon,
+            "m": self.m,
+            "included": self.included,
+            "k": self.k,
+            "guesses": self.r,
+            "correct": self.v,
             "accuracy": (self.v / self.r) if self.r else None,
-            "level": self.level, "candidate_ks": list(self.ks),
+            "level": self.level,
+            "candidate_ks": list(self.ks),
             "epsilon_lower_per_k": list(self.per_k),
         }
 
@@ -218,5 +223,14 @@ def audit_scores(
         return AuditBound(0.0, m, int(inc.sum()), 0, 0, 0, level, (), ())
     best = int(np.argmax(per_k))  # the first k reaching the largest bound
     k, r, v = tried[best]
-    return AuditBound(epsilon=per_k[best], m=m, included=int(inc.sum()), k=k, r=r, v=v,
-                      level=level, ks=tuple(ks), per_k=tuple(per_k))
+    return AuditBound(
+        epsilon=per_k[best],
+        m=m,
+        included=int(inc.sum()),
+        k=k,
+        r=r,
+        v=v,
+        level=level,
+        ks=tuple(ks),
+        per_k=tuple(per_k),
+    )

@@ -87,7 +87,8 @@ class ClientCanaries(CanaryHookBase):
 
     def plant(self, run: Assembly, host: int, rows: ExtraRows) -> None:
         clients = ExtraRows(
-            coords=rows.coords, values=np.full_like(rows.values, -CANARY_UPDATE_NORM),
+            coords=rows.coords,
+            values=np.full_like(rows.values, -CANARY_UPDATE_NORM),
             rates=rows.rates,
         )
         target: Any = run.server if host == EVERYWHERE else run.clients[host]
@@ -105,7 +106,9 @@ class ClientCanaries(CanaryHookBase):
         mechanism = dataclasses.replace(described, delta=float(delta))
         finite = np.array([b if math.isfinite(b) else _NO_BUDGET for b in budgets])
         return PrivacyLedger(
-            finite, np.asarray(rates, dtype=np.float64), mechanism,
+            finite,
+            np.asarray(rates, dtype=np.float64),
+            mechanism,
             noise_multipliers=np.array(
                 [setup.noise_multiplier if s is None else s for s in sigmas], dtype=np.float64
             ),

@@ -199,7 +199,9 @@ class RecordCanaries(CanaryHookBase):
         """The host's own ledger's mechanism and accountant (what the silo *claims*), at δ."""
         own = self._silo(run, host).ledger
         return PrivacyLedger(
-            budgets, rates, dataclasses.replace(own.mechanism, delta=float(delta)),
+            budgets,
+            rates,
+            dataclasses.replace(own.mechanism, delta=float(delta)),
             accountant=own.accountant,
         )
 

@@ -61,8 +61,11 @@ class PriFedSyncCanaries(CanaryHookBase):
 
     def group_hosts(self, run: Assembly, label: str) -> list[int]:
         """The clients whose records form the budget group ``label`` (their target)."""
-        return [h for h in self.hosts(run)
-                if any(g.label == label for g in _silo(run, h).privacy_summary().groups)]
+        return [
+            h
+            for h in self.hosts(run)
+            if any(g.label == label for g in _silo(run, h).privacy_summary().groups)
+        ]
 
     def null_canaries(self, run: Assembly) -> bool:
         return str(run.config.algorithm.sampler) == "wor"  # type: ignore[attr-defined]
@@ -80,8 +83,11 @@ class PriFedSyncCanaries(CanaryHookBase):
         own = _silo(run, host).ledger
         mechanism: Any = dataclasses.replace(own.mechanism, delta=float(delta))  # type: ignore[type-var]
         return PrivacyLedger(
-            np.asarray(budgets, dtype=np.float64), np.asarray(rates, dtype=np.float64),
-            mechanism, orders=own.orders, accountant=own.accountant,
+            np.asarray(budgets, dtype=np.float64),
+            np.asarray(rates, dtype=np.float64),
+            mechanism,
+            orders=own.orders,
+            accountant=own.accountant,
         )
 
     def participation(

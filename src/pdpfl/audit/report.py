@@ -20,8 +20,10 @@ __all__ = ["AUDIT_OUTPUTS", "audit_figure", "audit_markdown", "write_audit"]
 #: The files an audit writes (``--force`` replaces exactly these).
 AUDIT_OUTPUTS = ("audit.json", "audit.png", "AUDIT.md")
 
-_OBSERVER_TITLE = {"third-party": "third party (final model)",
-                   "server": "server (every released update)"}
+_OBSERVER_TITLE = {
+    "third-party": "third party (final model)",
+    "server": "server (every released update)",
+}
 
 
 def _fmt(x: Any, digits: int = 3) -> str:
@@ -54,31 +56,48 @@ def audit_figure(record: dict[str, Any]) -> Any:
     import matplotlib.pyplot as plt
 
     observers = list(record["observers"])
-    fig, axes = plt.subplots(1, len(observers), figsize=(4.6 * len(observers), 3.6),
-                             squeeze=False, sharey=True)
-    values = [v for rows in record["observers"].values() for g in rows
-              for v in (g["budget"], g["spent_at_audit_delta"], g["epsilon_lower"])
-              if v is not None and v > 0 and math.isfinite(v)]
+    fig, axes = plt.subplots(
+        1, len(observers), figsize=(4.6 * len(observers), 3.6), squeeze=False, sharey=True
+    )
+    values = [
+        v
+        for rows in record["observers"].values()
+        for g in rows
+        for v in (g["budget"], g["spent_at_audit_delta"], g["epsilon_lower"])
+        if v is not None and v > 0 and math.isfinite(v)
+    ]
     floor = min(values) / 4 if values else 1e-2
     top = max(values) * 2 if values else 1.0
     for ax, obs in zip(axes[0], observers, strict=True):
         rows = record["observers"][obs]
         x = np.arange(len(rows))
         budget = [g["budget"] if g["budget"] else np.nan for g in rows]
-        spent = [g["spent_at_audit_delta"] if g["spent_at_audit_delta"] else np.nan
-                 for g in rows]
+        spent = [g["spent_at_audit_delta"] if g["spent_at_audit_delta"] else np.nan for g in rows]
         lower = np.array([g["epsilon_lower"] for g in rows], dtype=float)
         spent0 = [g["spent"] if g["spent"] else np.nan for g in rows]
         ax.bar(x, budget, width=0.6, color="0.85", label=f"budget ε (δ = {record['delta']:.0e})")
-        ax.plot(x, spent0, "o", color="tab:blue", mfc="none",
-                label=f"accountant ε (δ = {record['delta']:.0e})")
-        ax.plot(x, spent, "o", color="tab:blue",
-                label=f"accountant ε (δ = {record['audit_delta']:.0e})")
+        ax.plot(
+            x,
+            spent0,
+            "o",
+            color="tab:blue",
+            mfc="none",
+            label=f"accountant ε (δ = {record['delta']:.0e})",
+        )
+        ax.plot(
+            x, spent, "o", color="tab:blue", label=f"accountant ε (δ = {record['audit_delta']:.0e})"
+        )
         shown = np.where(lower > 0, lower, np.nan)
         ax.plot(x, shown, "D", color="tab:red", label="audited lower bound ε̂")
         zero = np.flatnonzero(lower <= 0)
-        ax.plot(x[zero], np.full(zero.size, floor * 1.05), "v", color="tab:red", mfc="none",
-                label="ε̂ = 0" if zero.size else None)
+        ax.plot(
+            x[zero],
+            np.full(zero.size, floor * 1.05),
+            "v",
+            color="tab:red",
+            mfc="none",
+            label="ε̂ = 0" if zero.size else None,
+        )
         ax.set_yscale("log")
         ax.set_ylim(floor, top)
         ax.set_xticks(x, [g["label"] for g in rows])
@@ -87,8 +106,11 @@ def audit_figure(record: dict[str, Any]) -> Any:
     axes[0][0].set_ylabel("ε")
     axes[0][-1].legend(fontsize=7, loc="upper left")
     verdict = "consistent" if not record["violations"] else "VIOLATION"
-    fig.suptitle(f"{record['name']} ({record['algorithm']}): one-run audit, "
-                 f"{record['canaries_per_group']} canaries per group — {verdict}", fontsize=10)
+    fig.suptitle(
+        f"{record['name']} ({record['algorithm']}): one-run audit, "
+        f"{record['canaries_per_group']} canaries per group — {verdict}",
+        fontsize=10,
+    )
     fig.tight_layout()
     return fig
 
@@ -113,8 +135,11 @@ def _table(rows: list[dict[str, Any]], record: dict[str, Any]) -> list[str]:
 def audit_markdown(record: dict[str, Any]) -> str:
     """``AUDIT.md``: verdict, the figure, one table per observer, what the numbers mean."""
     m = record["canaries_per_group"]
-    space = ("an audit-only block of parameters appended to the model"
-             if record["space"] == "block" else "the model's own parameters")
+    space = (
+        "an audit-only block of parameters appended to the model"
+        if record["space"] == "block"
+        else "the model's own parameters"
+    )
     lines = [
         f"# Privacy audit: {record['name']} ({record['algorithm']})",
         "",
@@ -127,13 +152,18 @@ def audit_markdown(record: dict[str, Any]) -> str:
         "",
     ]
     if record["violations"]:
-        lines += ["**Verdict: VIOLATION** -- an audited lower bound exceeds the accountant's ε "
-                  "(a privacy bug, or, with probability at most "
-                  f"{1 - record['confidence']:.0%}, chance):", ""]
+        lines += [
+            "**Verdict: VIOLATION** -- an audited lower bound exceeds the accountant's ε "
+            "(a privacy bug, or, with probability at most "
+            f"{1 - record['confidence']:.0%}, chance):",
+            "",
+        ]
         lines += [f"- {v}" for v in record["violations"]] + [""]
     else:
-        lines += ["**Verdict: consistent** -- every audited lower bound is at most the "
-                  "accountant's ε.", ""]
+        lines += [
+            "**Verdict: consistent** -- every audited lower bound is at most the accountant's ε.",
+            "",
+        ]
     lines += ["![audit](audit.png)", ""]
     for obs, rows in record["observers"].items():
         lines += [f"## {_OBSERVER_TITLE.get(obs, obs)}", "", *_table(rows, record), ""]

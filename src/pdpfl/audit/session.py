@@ -95,10 +95,15 @@ class GroupAudit:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "label": self.label, "control": self.control, "budget": self.budget,
-            "canary_rate": self.rate, "units": self.units,
-            "spent": self.spent, "spent_at_audit_delta": self.spent_audit,
-            **self.bound.to_dict(), "violated": self.violated,
+            "label": self.label,
+            "control": self.control,
+            "budget": self.budget,
+            "canary_rate": self.rate,
+            "units": self.units,
+            "spent": self.spent,
+            "spent_at_audit_delta": self.spent_audit,
+            **self.bound.to_dict(),
+            "violated": self.violated,
         }
 
 
@@ -115,7 +120,9 @@ class AuditResult:
         return [
             f"{obs}: group {g.label}: audited ε̂ = {g.bound.epsilon:.4g} > the accountant's "
             f"ε = {g.spent_audit:.4g} at δ = {self.meta['audit_delta']:.3g}"
-            for obs, rows in self.groups.items() for g in rows if g.violated
+            for obs, rows in self.groups.items()
+            for g in rows
+            if g.violated
         ]
 
     def to_dict(self) -> dict[str, Any]:
@@ -149,9 +156,17 @@ def _total(params: list[np.ndarray]) -> int:
 class AuditSession:
     """One audit of one configuration (module docstring)."""
 
-    def __init__(self, config: Any, federation: Any, run: Assembly, hook: CanaryHook,
-                 plan: CanaryPlan, settings: AuditSettings, meta: dict[str, Any],
-                 summary_groups: dict[str, GroupSummary]) -> None:
+    def __init__(
+        self,
+        config: Any,
+        federation: Any,
+        run: Assembly,
+        hook: CanaryHook,
+        plan: CanaryPlan,
+        settings: AuditSettings,
+        meta: dict[str, Any],
+        summary_groups: dict[str, GroupSummary],
+    ) -> None:
         self.config = config
         self.federation = federation
         self.run = run
@@ -163,16 +178,18 @@ class AuditSession:
 
     # ------------------------------------------------------------------ planning
     @classmethod
-    def create(cls, config: Any, settings: AuditSettings | None = None, *,
-               federation: Any | None = None) -> AuditSession:
+    def create(
+        cls, config: Any, settings: AuditSettings | None = None, *, federation: Any | None = None
+    ) -> AuditSession:
         """Assemble the run, plan the canaries and plant them (nothing is trained yet)."""
         from pdpfl.runtime.simulation import load_federation_for
 
         settings = settings or AuditSettings()
         unknown = set(settings.observers) - set(OBSERVERS)
         if unknown or not settings.observers:
-            raise ValueError(f"--observer: expected third-party, server or both, got "
-                             f"{sorted(unknown) or 'none'}")
+            raise ValueError(
+                f"--observer: expected third-party, server or both, got {sorted(unknown) or 'none'}"
+            )
         if federation is None:
             federation = load_federation_for(config)
         algorithm = as_algorithm(config.algorithm)
@@ -198,8 +215,15 @@ class AuditSession:
             pool = np.arange(model_params)
         hosts = hook.hosts(run)
         group_hosts = [hook.group_hosts(run, s.label) for s in groups] + [hosts]
-        plan = plan_canaries(specs, m, pool, hosts, float(run.config.training.max_grad_norm),
-                             settings.randomness(), group_hosts=group_hosts)
+        plan = plan_canaries(
+            specs,
+            m,
+            pool,
+            hosts,
+            float(run.config.training.max_grad_norm),
+            settings.randomness(),
+            group_hosts=group_hosts,
+        )
         for host in hosts:
             mine = np.flatnonzero((plan.host == host) & (plan.group < len(groups)))
             budgets = np.array([specs[g].budget for g in plan.group[mine]])
@@ -208,15 +232,22 @@ class AuditSession:
             hook.plant(run, host, plan.rows_for(host, nulls=hook.null_canaries(run)))
         delta = float(run.config.privacy.delta)
         meta = {
-            "name": run.config.name, "algorithm": run.config.algorithm.name,
-            "unit": hook.unit, "dataset": getattr(federation, "name", ""),
-            "silos": len(run.clients), "rounds": int(run.config.training.rounds),
+            "name": run.config.name,
+            "algorithm": run.config.algorithm.name,
+            "unit": hook.unit,
+            "dataset": getattr(federation, "name", ""),
+            "silos": len(run.clients),
+            "rounds": int(run.config.training.rounds),
             "randomness": str(run.config.randomness),
             "audit_coins": "secure" if settings.seed is None else f"seeded ({settings.seed})",
-            "canaries_per_group": m, "space": space, "model_parameters": model_params,
+            "canaries_per_group": m,
+            "space": space,
+            "model_parameters": model_params,
             "block_parameters": m * len(specs) if space == "block" else 0,
-            "confidence": settings.confidence, "delta": delta,
-            "audit_delta": float(settings.delta) if settings.delta is not None
+            "confidence": settings.confidence,
+            "delta": delta,
+            "audit_delta": float(settings.delta)
+            if settings.delta is not None
             else default_delta(delta, m),
             "observers_audited": list(observers),
         }
@@ -234,12 +265,16 @@ class AuditSession:
         taps: dict[int, Any] = {c: ReleaseTap(s, c, log) for c, s in run.clients.items()}
         settings = LoopSettings.of(run.config)
         started = time.perf_counter()
-        with tempfile.TemporaryDirectory(prefix="pdpfl-audit-") as tmp, \
-                torch_threads(run.config.threads), warnings.catch_warnings():
+        with (
+            tempfile.TemporaryDirectory(prefix="pdpfl-audit-") as tmp,
+            torch_threads(run.config.threads),
+            warnings.catch_warnings(),
+        ):
             # the reproducible-mode banner: audit.json records the randomness instead
             warnings.simplefilter("ignore", ReproducibleRandomnessWarning)
-            record = run_rounds(run.server, InProcessTransport(taps), tmp, settings,
-                                run.protocol, progress=progress)
+            record = run_rounds(
+                run.server, InProcessTransport(taps), tmp, settings, run.protocol, progress=progress
+            )
         seconds = time.perf_counter() - started
         spent = self._spent(log, settings.rounds)
         observers = list(self.meta["observers_audited"])
@@ -250,17 +285,26 @@ class AuditSession:
         out: dict[str, list[GroupAudit]] = {}
         for obs in observers:
             scores = observer_scores(
-                obs, hosts=plan.host, log=log, initial=initial, final=record["params"],
+                obs,
+                hosts=plan.host,
+                log=log,
+                initial=initial,
+                final=record["params"],
                 hides_individual_updates=bool(run.protocol.hides_individual_updates),
                 release_sign=float(self.hook.release_sign(run)),
             )
-            out[obs] = [self._group(g, obs, scores, spent, per_group)
-                        for g in range(len(plan.groups))]
+            out[obs] = [
+                self._group(g, obs, scores, spent, per_group) for g in range(len(plan.groups))
+            ]
         metrics = record["metrics"]
-        meta = {**self.meta, "seconds": seconds,
-                "final_accuracy": metrics[-1]["accuracy"] if metrics else None,
-                "tests": tests, "level_per_test": (1 - self.settings.confidence) / tests,
-                "k_selection": "Bonferroni over the candidate k (and over groups and observers)"}
+        meta = {
+            **self.meta,
+            "seconds": seconds,
+            "final_accuracy": metrics[-1]["accuracy"] if metrics else None,
+            "tests": tests,
+            "level_per_test": (1 - self.settings.confidence) / tests,
+            "k_selection": "Bonferroni over the candidate k (and over groups and observers)",
+        }
         return AuditResult(meta, out, warnings=list(run.warnings))
 
     def _spent(self, log: ReleaseLog, rounds: int) -> dict[tuple[str, str], np.ndarray]:
@@ -275,26 +319,41 @@ class AuditSession:
             for tag, delta in (("config", self.meta["delta"]), ("audit", self.meta["audit_delta"])):
                 ledger = self.hook.ledger(run, host, budgets, plan.rates[mine], delta)
                 for t in range(rounds):
-                    ledger.record_round(participated=took_part[t],
-                                        active=np.ones(mine.size, dtype=bool))
+                    ledger.record_round(
+                        participated=took_part[t], active=np.ones(mine.size, dtype=bool)
+                    )
                 for obs in ledger.observers:
-                    out.setdefault((obs, tag), np.zeros(plan.size))[mine] = \
-                        ledger.spent_epsilon(obs)
+                    out.setdefault((obs, tag), np.zeros(plan.size))[mine] = ledger.spent_epsilon(
+                        obs
+                    )
         return out
 
-    def _group(self, g: int, obs: str, scores: np.ndarray,
-               spent: dict[tuple[str, str], np.ndarray], confidence: float) -> GroupAudit:
+    def _group(
+        self,
+        g: int,
+        obs: str,
+        scores: np.ndarray,
+        spent: dict[tuple[str, str], np.ndarray],
+        confidence: float,
+    ) -> GroupAudit:
         plan = self.plan
         spec = plan.groups[g]
         idx = plan.members(g)
-        bound = audit_scores(scores[idx], plan.included[idx], self.meta["audit_delta"],
-                             confidence=confidence, order=np.argsort(plan.order[idx]))
+        bound = audit_scores(
+            scores[idx],
+            plan.included[idx],
+            self.meta["audit_delta"],
+            confidence=confidence,
+            order=np.argsort(plan.order[idx]),
+        )
         summary = self._summary_groups.get(spec.label)
         if spec.control:
             return GroupAudit(spec.label, None, 0.0, 0, 0.0, 0.0, bound, control=True)
         accounted = (obs, "audit") in spent
         return GroupAudit(
-            label=spec.label, budget=spec.budget, rate=float(plan.rates[idx].max()),
+            label=spec.label,
+            budget=spec.budget,
+            rate=float(plan.rates[idx].max()),
             units=int(getattr(summary, "units", 0)),
             spent=float(spent[(obs, "config")][idx].max()) if accounted else None,
             spent_audit=float(spent[(obs, "audit")][idx].max()) if accounted else None,

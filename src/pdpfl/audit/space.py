@@ -57,7 +57,11 @@ class AuditBlock(nn.Module):
 
 
 def _build(
-    input_shape: tuple[int, ...], num_classes: int, *, inner: str, size: int,
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    *,
+    inner: str,
+    size: int,
     inner_options: dict[str, Any] | None = None,
 ) -> nn.Module:
     # The inner model is created first, so it consumes the seeded initialisation exactly as the
@@ -76,8 +80,11 @@ def block_config(config: Any, size: int) -> Any:
 
     model = ModelConfig(
         name=BLOCK_MODEL,
-        options={"inner": config.model.name, "size": int(size),
-                 "inner_options": dict(config.model.options)},
+        options={
+            "inner": config.model.name,
+            "size": int(size),
+            "inner_options": dict(config.model.options),
+        },
     )
     return config.model_copy(update={"model": model})
 

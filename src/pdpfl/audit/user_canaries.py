@@ -96,8 +96,9 @@ class UserCanaries(CanaryHookBase):
     def rates(self, run: Assembly, host: int, budgets: np.ndarray) -> np.ndarray:
         server = _server(run)
         if server.personal:
-            return user_rates(np.asarray(budgets, dtype=np.float64), server.plan,
-                              allow_exclusion=True)
+            return user_rates(
+                np.asarray(budgets, dtype=np.float64), server.plan, allow_exclusion=True
+            )
         return np.full(len(budgets), float(np.max(server.rates)))
 
     def plant(self, run: Assembly, host: int, rows: ExtraRows) -> None:
@@ -130,8 +131,10 @@ class UserCanaries(CanaryHookBase):
         server = _server(run)
         mechanism: Any = dataclasses.replace(server.plan, delta=float(delta))
         return PrivacyLedger(
-            np.asarray(budgets, dtype=np.float64), np.asarray(rates, dtype=np.float64),
-            mechanism, orders=ORDERS,
+            np.asarray(budgets, dtype=np.float64),
+            np.asarray(rates, dtype=np.float64),
+            mechanism,
+            orders=ORDERS,
         )
 
     def release_sign(self, run: Assembly) -> float:

@@ -1,5 +1,4 @@
-"""Budgets read from a ``.npy`` or ``.csv`` file, validated (:mod:`pdpfl.budgets`).
-"""
+"""Budgets read from a ``.npy`` or ``.csv`` file, validated (:mod:`pdpfl.budgets`)."""
 
 from __future__ import annotations
 
@@ -99,8 +98,10 @@ def _read_csv_column(p: Path, column: str | int | None) -> list[float]:
             ) from None
         if not (math.isfinite(value) and value > 0):
             what = "is NaN or infinite" if not math.isfinite(value) else "is <= 0"
-            raise ValueError(f"budgets file {p.name}: line {lineno}: ε {row[idx].strip()!r} "
-                             f"{what}; every ε must be a finite number > 0")
+            raise ValueError(
+                f"budgets file {p.name}: line {lineno}: ε {row[idx].strip()!r} "
+                f"{what}; every ε must be a finite number > 0"
+            )
         values.append(value)
     if not values:
         raise ValueError(f"budgets file {p.name}: no budget values (only a header)")

@@ -30,7 +30,6 @@ SAFETY_MARGIN = 1e-10
 CHUNK = 65_536
 
 
-
 def exact_epsilon(
     rates: np.ndarray,
     plan: TrainingPlan,
@@ -86,4 +85,3 @@ def as_training_plan(plan: Any, adversary: str) -> TrainingPlan:
     raise ValueError(
         f"plan: expected a TrainingPlan or a SampledGaussianPlan, got {type(plan).__name__}"
     )
-

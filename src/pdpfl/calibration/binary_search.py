@@ -105,8 +105,9 @@ class BinarySearchEstimator:
     def report_details(self) -> EstimatorDetails:
         """ε at the search's resolution q_tol (the smallest positive rate it returns)."""
         min_eps = float(
-            exact_epsilon(np.array([self.q_tol]), self.plan, self.adversary,
-                          accountant=self.accountant)[0]
+            exact_epsilon(
+                np.array([self.q_tol]), self.plan, self.adversary, accountant=self.accountant
+            )[0]
         )
         return EstimatorDetails(min_eps, None, {"q_tol": self.q_tol, "eps_tol": self.eps_tol})
 

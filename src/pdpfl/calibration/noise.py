@@ -67,7 +67,10 @@ def noise_for_uniform_rate(
         return float(exact_epsilon(q, plan.with_noise(sigma), adv, accountant=accountant)[0])
 
     return calibrate_parameter(
-        eps_of_sigma, eps_target, bracket=NOISE_BRACKET, limits=NOISE_LIMITS,
+        eps_of_sigma,
+        eps_target,
+        bracket=NOISE_BRACKET,
+        limits=NOISE_LIMITS,
         tolerance=NOISE_TOLERANCE,
     )
 

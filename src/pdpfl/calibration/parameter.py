@@ -242,9 +242,7 @@ def _epsilon_of_mechanism(
 
     def eps(mech: UnitMechanism) -> float:
         return max(
-            float(
-                mechanism_epsilon(mech, q, obs, rounds, accountant=accountant, **options)[0][0]
-            )
+            float(mechanism_epsilon(mech, q, obs, rounds, accountant=accountant, **options)[0][0])
             for obs in observers
         )
 

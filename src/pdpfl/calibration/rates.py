@@ -175,8 +175,11 @@ POOR_UTILIZATION = 0.5
 def _warnings(method: str, over: int, util: np.ndarray, n: int) -> list[str]:
     out = []
     if over:
-        hint = (" (this method's fit is a heuristic; method 'certified' never overspends)"
-                if method != "certified" else "")
+        hint = (
+            " (this method's fit is a heuristic; method 'certified' never overspends)"
+            if method != "certified"
+            else ""
+        )
         out.append(f"{over} of {n} record(s) are over budget at their calibrated rates{hint}")
     if util.size and float(np.median(util)) < POOR_UTILIZATION:
         out.append(

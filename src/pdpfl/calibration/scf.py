@@ -119,7 +119,13 @@ class SCFEstimator:
                 a, b, c = a0, b0, c0
         eps_one = float(exact_epsilon(np.array([1.0]), plan, adv, orders, acc)[0])
         return cls(
-            plan, adv, float(a), float(b), float(c), eps_one, _r2(q, eps, a, b, c),
+            plan,
+            adv,
+            float(a),
+            float(b),
+            float(c),
+            eps_one,
+            _r2(q, eps, a, b, c),
             accountant=acc,
         )
 
@@ -174,7 +180,11 @@ class SCFEstimator:
         return cls(
             plan_from_dict(d["plan"]),
             as_adversary(d["adversary"]).value,
-            a, b, c, eps_one, r2,
+            a,
+            b,
+            c,
+            eps_one,
+            r2,
             accountant=as_accountant_name(d.get("accountant", "rdp")),
             eps_at_min=None if low is None else float(low),
         )
@@ -211,7 +221,8 @@ class PaperSCFEstimator(SCFEstimator):
         adv = as_adversary(adversary).value
         acc = as_accountant_name(accountant)
         q32 = (
-            PAPER_Q_CANDIDATES if q_candidates is None
+            PAPER_Q_CANDIDATES
+            if q_candidates is None
             else np.unique(np.asarray(q_candidates, dtype=np.float32))
         )
         if q32.ndim != 1 or q32.size < 3 or np.any((q32 <= 0) | (q32 > 1)):
@@ -232,9 +243,15 @@ class PaperSCFEstimator(SCFEstimator):
         ends = exact_epsilon(np.array([PAPER_MIN_RATE, 1.0]), plan, adv, a_orders, acc)
         eps = eps32.astype(np.float64)
         return cls(
-            plan, adv, float(a), float(b), float(c), float(ends[1]),
+            plan,
+            adv,
+            float(a),
+            float(b),
+            float(c),
+            float(ends[1]),
             _r2(q, eps, float(a), float(b), float(c)),
-            accountant=acc, eps_at_min=float(ends[0]),
+            accountant=acc,
+            eps_at_min=float(ends[0]),
         )
 
     @classmethod

@@ -62,14 +62,17 @@ app = typer.Typer(
 )
 
 
-
 @app.callback(invoke_without_command=True)
 def _root(
     ctx: typer.Context,
     version: bool = typer.Option(False, "--version", help="Print the pdpfl version and exit."),
     verbose: int = typer.Option(
-        0, "-v", "--verbose", count=True, help="More log output (-v info, -vv debug); runs "
-        "also write run.log in their output folder."
+        0,
+        "-v",
+        "--verbose",
+        count=True,
+        help="More log output (-v info, -vv debug); runs "
+        "also write run.log in their output folder.",
     ),
     log_level: str | None = typer.Option(
         None, "--log-level", help="Log level: debug, info, warning (default) or error."
@@ -93,8 +96,7 @@ def _root(
         raise typer.Exit(code=2)
 
 
-for _module in (account, calibrate, data, run, compare, privacy, export, audit, reproduce,
-                flower):
+for _module in (account, calibrate, data, run, compare, privacy, export, audit, reproduce, flower):
     _module.register(app)
 
 

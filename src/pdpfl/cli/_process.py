@@ -82,22 +82,31 @@ def exit_needs_collector(objects: Iterable[Any]) -> bool:
     generator or coroutine with cleanup code (``finally``/``with``), or any other ``__del__``
     (temporary files, user classes), except the few in :data:`_HARMLESS_FINALIZERS`."""
     std: set[int] = set()
-    for stream in (sys.stdin, sys.stdout, sys.stderr, sys.__stdin__, sys.__stdout__,
-                   sys.__stderr__):
+    for stream in (
+        sys.stdin,
+        sys.stdout,
+        sys.stderr,
+        sys.__stdin__,
+        sys.__stdout__,
+        sys.__stderr__,
+    ):
         buffer = getattr(stream, "buffer", None)
         for part in (stream, buffer, getattr(buffer, "raw", None)):
             if part is not None:
                 std.add(id(part))
-    frames = {types.GeneratorType: ("gi_frame", "gi_code"),
-              types.CoroutineType: ("cr_frame", "cr_code"),
-              types.AsyncGeneratorType: ("ag_frame", "ag_code")}
+    frames = {
+        types.GeneratorType: ("gi_frame", "gi_code"),
+        types.CoroutineType: ("cr_frame", "cr_code"),
+        types.AsyncGeneratorType: ("ag_frame", "ag_code"),
+    }
     plain: dict[type, bool] = {}  # type -> no finalizer that matters
     for obj in objects:
         kind = type(obj)
         no_finalizer = plain.get(kind)
         if no_finalizer is None:
             no_finalizer = plain[kind] = not hasattr(kind, "__del__") or (
-                (kind.__module__, kind.__qualname__) in _HARMLESS_FINALIZERS)
+                (kind.__module__, kind.__qualname__) in _HARMLESS_FINALIZERS
+            )
         if no_finalizer:
             continue
         if isinstance(obj, io.IOBase):

@@ -87,9 +87,7 @@ def account(
     ] = None,
     unit: Annotated[
         str,
-        typer.Option(
-            "--unit", help="record (rPDP-FL) | client (IDP-FedAvg) | user (ULDP-FL)."
-        ),
+        typer.Option("--unit", help="record (rPDP-FL) | client (IDP-FedAvg) | user (ULDP-FL)."),
     ] = "record",
     accountant: Annotated[
         str,
@@ -123,19 +121,25 @@ def account(
     else:
         name = unit_.value
         if rounds is None:
-            fail(f"--rounds: a {name}-level mechanism is T rounds of a Poisson-subsampled "
-                 "Gaussian; give --rounds T")
+            fail(
+                f"--rounds: a {name}-level mechanism is T rounds of a Poisson-subsampled "
+                "Gaussian; give --rounds T"
+            )
         if steps != 1:
-            fail(f"--steps: a {name}-level mechanism releases one noisy update per round "
-                 "(no local steps to account); drop --steps")
+            fail(
+                f"--steps: a {name}-level mechanism releases one noisy update per round "
+                "(no local steps to account); drop --steps"
+            )
         if client_rate != 1.0:
             fail(f"--client-rate: the {name}'s own sampling rate is --q; drop --client-rate")
         if participations is not None:
             fail("--participations: only for the record-level server view")
         if adv.value != "third-party":
-            fail(f"--adversary: {name}-level DP (central noise at the aggregator) is stated "
-                 "against third parties; the aggregator sees the clipped updates and is trusted "
-                 "— use --adversary third-party")
+            fail(
+                f"--adversary: {name}-level DP (central noise at the aggregator) is stated "
+                "against third parties; the aggregator sees the clipped updates and is trusted "
+                "— use --adversary third-party"
+            )
         mech = unit_plan_from_options(unit_, sigma=sigma, delta=delta, rounds=rounds)
 
     if bool(q) == (q_file is not None):
@@ -192,8 +196,10 @@ def account(
 
     mechanism = {
         "type": (
-            "dp-sgd" if unit_ is PrivacyUnit.RECORD and rounds is None
-            else "rpdp-fl-two-stage" if unit_ is PrivacyUnit.RECORD
+            "dp-sgd"
+            if unit_ is PrivacyUnit.RECORD and rounds is None
+            else "rpdp-fl-two-stage"
+            if unit_ is PrivacyUnit.RECORD
             else "poisson-subsampled-gaussian"
         ),
         "unit": unit_.value,

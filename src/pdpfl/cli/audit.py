@@ -23,8 +23,11 @@ __all__ = ["audit_command", "register"]
 #: Exit status of an audit that found ε̂ above the accountant's ε.
 EXIT_VIOLATION = 1
 
-_OBSERVERS = {"third-party": ("third-party",), "server": ("server",),
-              "both": ("third-party", "server")}
+_OBSERVERS = {
+    "third-party": ("third-party",),
+    "server": ("server",),
+    "both": ("third-party", "server"),
+}
 
 
 def _session(config: Any, settings: Any) -> Any:
@@ -51,15 +54,31 @@ def _table(record: dict[str, Any], obs: str) -> Any:
 
     t = Table(title=f"audit: {_OBSERVER_TITLE[obs]}", box=box.SIMPLE_HEAD, title_justify="left")
     d0, d1 = f"{record['delta']:.0e}", f"{record['audit_delta']:.0e}"
-    for col in ("group", "budget", "q", f"ε acct\nδ={d0}", f"ε acct\nδ={d1}", f"ε̂\nδ={d1}",
-                "right /\nguesses"):
+    for col in (
+        "group",
+        "budget",
+        "q",
+        f"ε acct\nδ={d0}",
+        f"ε acct\nδ={d1}",
+        f"ε̂\nδ={d1}",
+        "right /\nguesses",
+    ):
         t.add_column(col, justify="right", no_wrap=True, min_width=len(col.split()[0]))
     for g in record["observers"][obs]:
-        t.add_row(g["label"], _fmt(g["budget"]), _fmt(g["canary_rate"]), _fmt(g["spent"], 4),
-                  _fmt(g["spent_at_audit_delta"], 4), _fmt(g["epsilon_lower"]),
-                  f"{g['correct']} / {g['guesses']}", style="red" if g["violated"] else None)
-    t.caption = (f"ε̂: lower bound, simultaneous {record['confidence']:.0%} confidence over all "
-                 f"{record['tests']} tests; control = canaries never trained (ε̂ must be 0)")
+        t.add_row(
+            g["label"],
+            _fmt(g["budget"]),
+            _fmt(g["canary_rate"]),
+            _fmt(g["spent"], 4),
+            _fmt(g["spent_at_audit_delta"], 4),
+            _fmt(g["epsilon_lower"]),
+            f"{g['correct']} / {g['guesses']}",
+            style="red" if g["violated"] else None,
+        )
+    t.caption = (
+        f"ε̂: lower bound, simultaneous {record['confidence']:.0%} confidence over all "
+        f"{record['tests']} tests; control = canaries never trained (ε̂ must be 0)"
+    )
     return t
 
 
@@ -75,9 +94,11 @@ def audit_command(
         None, "--out", help="Output folder (default: <output_dir>/audit)."
     ),
     seed: int | None = typer.Option(
-        None, "--seed", help="Seed of the audit's own coins (canaries, coordinates, hosts); "
+        None,
+        "--seed",
+        help="Seed of the audit's own coins (canaries, coordinates, hosts); "
         "default: a CSPRNG. The training's randomness is the config's (--set "
-        "randomness=reproducible makes the whole audit reproducible)."
+        "randomness=reproducible makes the whole audit reproducible).",
     ),
     overrides: list[str] | None = typer.Option(
         None, "--set", help="key=value override (dotted). Repeatable."
@@ -85,12 +106,16 @@ def audit_command(
     as_json: bool = typer.Option(False, "--json", help="Print audit.json instead of tables."),
     data_dir: str | None = typer.Option(None, "--data-dir", help="Folder with the dataset files."),
     space: str = typer.Option(
-        "auto", "--space", help="auto, model (the model's own coordinates) or block (an "
-        "audit-only block appended to the model; auto: block when the model is too small)."
+        "auto",
+        "--space",
+        help="auto, model (the model's own coordinates) or block (an "
+        "audit-only block appended to the model; auto: block when the model is too small).",
     ),
     delta: float | None = typer.Option(
-        None, "--delta", help="δ of the audit (default: the config's δ or 1/(100·M) if "
-        "smaller); the accountant's ε is recomputed at it."
+        None,
+        "--delta",
+        help="δ of the audit (default: the config's δ or 1/(100·M) if "
+        "smaller); the accountant's ε is recomputed at it.",
     ),
     force: bool = typer.Option(False, "--force", help="Overwrite a previous audit in --out."),
     quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
@@ -108,14 +133,24 @@ def audit_command(
     if delta is not None and not 0 < delta < 1:
         fail(f"--delta: must be in (0, 1), got {delta}")
     config = _load(config_path, list(overrides or []), data_dir)
-    settings = AuditSettings(canaries=canaries, observers=_OBSERVERS[observer],
-                             space=space, seed=seed, delta=delta)  # type: ignore[arg-type]
+    settings = AuditSettings(
+        canaries=canaries,
+        observers=_OBSERVERS[observer],
+        space=space,  # type: ignore[arg-type]
+        seed=seed,
+        delta=delta,
+    )
     session = _session(config, settings)
     out_dir = Path(out) if out is not None else Path(config.output_dir) / "audit"
     created = not out_dir.exists()
     try:
-        prepare_output_dir(out_dir, overwrite=force, option="--out",
-                           flags=("--force", "--force"), outputs=AUDIT_OUTPUTS)
+        prepare_output_dir(
+            out_dir,
+            overwrite=force,
+            option="--out",
+            flags=("--force", "--force"),
+            outputs=AUDIT_OUTPUTS,
+        )
     except OutputDirError as err:
         fail(str(err))
     try:
@@ -138,8 +173,11 @@ def audit_command(
             console.print(_table(record, obs))
         typer.echo(f"audit written to {out_dir} (AUDIT.md, audit.json, audit.png)")
     if result.violations:
-        typer.echo("error: the audit found ε̂ above the accountant's ε (a privacy bug, or "
-                   f"chance with probability at most {1 - settings.confidence:.0%}):", err=True)
+        typer.echo(
+            "error: the audit found ε̂ above the accountant's ε (a privacy bug, or "
+            f"chance with probability at most {1 - settings.confidence:.0%}):",
+            err=True,
+        )
         for line in result.violations:
             typer.echo(f"  {line}", err=True)
         raise typer.Exit(code=EXIT_VIOLATION)

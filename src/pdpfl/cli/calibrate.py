@@ -57,9 +57,7 @@ def calibrate_command(
     sigma: Annotated[float | None, typer.Option("--sigma", help="Noise multiplier σ.")] = None,
     epsilon_max: Annotated[
         float | None,
-        typer.Option(
-            "--epsilon-max", help="Choose σ so that q = 1 spends this ε (rPDP-FL rule)."
-        ),
+        typer.Option("--epsilon-max", help="Choose σ so that q = 1 spends this ε (rPDP-FL rule)."),
     ] = None,
     steps: Annotated[
         int | None,
@@ -85,15 +83,11 @@ def calibrate_command(
     ] = "certified",
     unit: Annotated[
         str,
-        typer.Option(
-            "--unit", help="record (rPDP-FL) | client (IDP-FedAvg) | user (ULDP-FL)."
-        ),
+        typer.Option("--unit", help="record (rPDP-FL) | client (IDP-FedAvg) | user (ULDP-FL)."),
     ] = "record",
     accountant: Annotated[
         str,
-        typer.Option(
-            "--accountant", help="rdp | pld (tighter: larger rates at the same budgets)."
-        ),
+        typer.Option("--accountant", help="rdp | pld (tighter: larger rates at the same budgets)."),
     ] = "rdp",
     allow_exclusion: Annotated[
         bool,
@@ -101,9 +95,7 @@ def calibrate_command(
             "--allow-exclusion", help="Give q = 0 to budgets below the smallest achievable ε."
         ),
     ] = False,
-    out: Annotated[
-        Path | None, typer.Option("--out", help="Write the rates here (.npy).")
-    ] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="Write the rates here (.npy).")] = None,
     as_json: Annotated[
         bool, typer.Option("--json", help="Print the report as one JSON object.")
     ] = False,
@@ -141,17 +133,25 @@ def calibrate_command(
     else:
         name = unit_.value
         if rounds is None:
-            fail(f"--rounds: a {name}-level mechanism is T rounds of a Poisson-subsampled "
-                 "Gaussian; give --rounds T")
+            fail(
+                f"--rounds: a {name}-level mechanism is T rounds of a Poisson-subsampled "
+                "Gaussian; give --rounds T"
+            )
         if steps is not None:
-            fail(f"--steps: a {name}-level mechanism releases one noisy update per round; "
-                 "drop --steps")
+            fail(
+                f"--steps: a {name}-level mechanism releases one noisy update per round; "
+                "drop --steps"
+            )
         if client_rate != 1.0:
-            fail(f"--client-rate: the {name}'s own sampling rate is what is calibrated; "
-                 "drop --client-rate")
+            fail(
+                f"--client-rate: the {name}'s own sampling rate is what is calibrated; "
+                "drop --client-rate"
+            )
         if adversary != "third-party":
-            fail(f"--adversary: {name}-level DP is stated against third parties (the central "
-                 "aggregator is trusted) — use --adversary third-party")
+            fail(
+                f"--adversary: {name}-level DP is stated against third parties (the central "
+                "aggregator is trusted) — use --adversary third-party"
+            )
         mech = unit_plan_from_options(
             unit_, sigma=1.0 if sigma is None else sigma, delta=delta, rounds=rounds
         )

@@ -50,21 +50,23 @@ def compare_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         mine = [r for r in rows if r["method"] == method]
         acc = np.array([_nan(r["final_accuracy"]) for r in mine], dtype=float)
         last3 = np.array([_nan(r["last3_mean_accuracy"]) for r in mine], dtype=float)
-        out.append({
-            "method": method,
-            "runs": len(mine),
-            "final_accuracy_mean": float(acc.mean()),
-            "final_accuracy_std": float(acc.std(ddof=1)) if len(acc) > 1 else 0.0,
-            "last3_mean_accuracy": float(last3.mean()),
-            "over_budget": int(sum(r["over_budget"] or 0 for r in mine)),
-            "epsilon": _max_epsilon([r.get("epsilon") for r in mine]),
-            "unit": mine[-1].get("unit", "record"),
-            "private": all(r.get("private", True) for r in mine),
-            "seconds": float(sum(r["seconds"] for r in mine)),
-            # σ and the group rates of the last seed (with realized group fractions they vary
-            # slightly between seeds; the CSV has every run's values).
-            **{k: v for k, v in mine[-1].items() if k == "sigma" or k.startswith("rate_")},
-        })
+        out.append(
+            {
+                "method": method,
+                "runs": len(mine),
+                "final_accuracy_mean": float(acc.mean()),
+                "final_accuracy_std": float(acc.std(ddof=1)) if len(acc) > 1 else 0.0,
+                "last3_mean_accuracy": float(last3.mean()),
+                "over_budget": int(sum(r["over_budget"] or 0 for r in mine)),
+                "epsilon": _max_epsilon([r.get("epsilon") for r in mine]),
+                "unit": mine[-1].get("unit", "record"),
+                "private": all(r.get("private", True) for r in mine),
+                "seconds": float(sum(r["seconds"] for r in mine)),
+                # σ and the group rates of the last seed (with realized group fractions they vary
+                # slightly between seeds; the CSV has every run's values).
+                **{k: v for k, v in mine[-1].items() if k == "sigma" or k.startswith("rate_")},
+            }
+        )
     return out
 
 
@@ -134,8 +136,17 @@ def _multi_values(args: list[str]) -> dict[str, list[str]]:
 
 
 #: Columns of ``--csv`` / ``compare.csv`` (one row per finished run).
-CSV_FIELDS = ["method", "seed", "final_accuracy", "last3_mean_accuracy", "over_budget", "seconds",
-              "unit", "epsilon", "private"]
+CSV_FIELDS = [
+    "method",
+    "seed",
+    "final_accuracy",
+    "last3_mean_accuracy",
+    "over_budget",
+    "seconds",
+    "unit",
+    "epsilon",
+    "private",
+]
 
 
 class _CsvRows:
@@ -175,12 +186,16 @@ def compare_command(
     data_dir: str | None = typer.Option(None, "--data-dir", help="Folder with the dataset files."),
     as_json: bool = typer.Option(False, "--json", help="Print the table as one JSON object."),
     plugins: list[str] | None = typer.Option(
-        None, "--import", help="Python file or module to import first (e.g. one that calls "
-        "@register_model). Repeatable."
+        None,
+        "--import",
+        help="Python file or module to import first (e.g. one that calls "
+        "@register_model). Repeatable.",
     ),
     device: str | None = typer.Option(
-        None, "--device", help="Where silos train: auto, cpu, cuda, cuda:N or mps (overrides "
-        "training.device; default cpu)."
+        None,
+        "--device",
+        help="Where silos train: auto, cpu, cuda, cuda:N or mps (overrides "
+        "training.device; default cpu).",
     ),
 ) -> None:
     """Run several methods over several seeds and print mean ± std of the final accuracy.
@@ -192,10 +207,13 @@ def compare_command(
     extra = _multi_values(list(ctx.args))
     for option in ("--methods", "--seeds"):
         if option in extra and not extra[option]:
-            fail(f"{option}: no value given (e.g. --methods rpdp minimum --seeds 1 2); leave "
-                 "the option out for the default")
-    methods = list(dict.fromkeys(extra.get("--methods") or
-                                 ["rpdp", "minimum", "dropout", "privacy-free"]))
+            fail(
+                f"{option}: no value given (e.g. --methods rpdp minimum --seeds 1 2); leave "
+                "the option out for the default"
+            )
+    methods = list(
+        dict.fromkeys(extra.get("--methods") or ["rpdp", "minimum", "dropout", "privacy-free"])
+    )
     try:
         seeds = list(dict.fromkeys(int(s) for s in extra.get("--seeds", [])))
     except ValueError:
@@ -205,9 +223,11 @@ def compare_command(
     from pdpfl.config import ConfigError, with_updates
 
     import_plugins(plugins)
-    base = _load(config_path, [*(overrides or []),
-                               *([f"training.device={device}"] if device is not None else [])],
-                 data_dir)
+    base = _load(
+        config_path,
+        [*(overrides or []), *([f"training.device={device}"] if device is not None else [])],
+        data_dir,
+    )
     check_device(base)
     seeds = seeds or [base.seed]
     configs = {}
@@ -227,8 +247,12 @@ def compare_command(
         lock.enter_context(locked(out_dir, created=created))
     try:
         if keep:
-            own = (*{m.replace(":", "-") for m in methods}, *_previous_runs(out_dir),
-                   "compare.csv", "compare.png")
+            own = (
+                *{m.replace(":", "-") for m in methods},
+                *_previous_runs(out_dir),
+                "compare.csv",
+                "compare.png",
+            )
             _prepare_out(out_dir, resume=False, force=force, outputs=own)
         sinks = []
         try:  # every output is validated (written once) before any training
@@ -252,8 +276,9 @@ def compare_command(
                 if key not in federations:
                     federations[key] = _load_federation(cfg)
                 run_dir = root / method.replace(":", "-") / f"seed{seed}"
-                summary = _simulate(cfg, run_dir, False, progress=False,
-                                    federation=federations[key], created=True)
+                summary = _simulate(
+                    cfg, run_dir, False, progress=False, federation=federations[key], created=True
+                )
                 row = run_row(method, seed, summary, cfg.privacy.adversary)
                 rows.append(row)
                 for sink in sinks:
@@ -263,12 +288,16 @@ def compare_command(
                     typer.echo(
                         f"{method:>14} seed {seed}: accuracy "
                         f"{fmt_acc(_nan(row['final_accuracy']))} "
-                        f"({row['seconds']:.1f}s)", err=True,
+                        f"({row['seconds']:.1f}s)",
+                        err=True,
                     )
         except KeyboardInterrupt:
             where = ", ".join(str(s.path) for s in sinks)
-            typer.echo(f"\ninterrupted: {len(rows)} of {len(configs)} runs finished"
-                       + (f" (their rows are in {where})" if where else ""), err=True)
+            typer.echo(
+                f"\ninterrupted: {len(rows)} of {len(configs)} runs finished"
+                + (f" (their rows are in {where})" if where else ""),
+                err=True,
+            )
             raise typer.Exit(code=EXIT_INTERRUPTED) from None
         finally:
             if not keep:
@@ -281,8 +310,10 @@ def compare_command(
 
             print_json(_finite({"methods": table, "runs": rows}))  # ε = ∞ (no DP) becomes null
             return
-        title = (f"{base.name}: final test accuracy, seed{'s' if len(seeds) > 1 else ''} "
-                 + ", ".join(map(str, seeds)))
+        title = (
+            f"{base.name}: final test accuracy, seed{'s' if len(seeds) > 1 else ''} "
+            + ", ".join(map(str, seeds))
+        )
         from rich.console import Console
 
         console = Console()
@@ -304,6 +335,7 @@ def compare_command(
     finally:
         lock.close()
 
+
 def _previous_runs(root: Path) -> list[str]:
     """Sub-folders of ``root`` laid out by an earlier ``pdpfl compare`` (``METHOD/seedN/``)."""
     import re
@@ -311,8 +343,11 @@ def _previous_runs(root: Path) -> list[str]:
     if not root.is_dir():
         return []
     return [
-        d.name for d in root.iterdir()
-        if d.is_dir() and not d.is_symlink() and any(d.iterdir())
+        d.name
+        for d in root.iterdir()
+        if d.is_dir()
+        and not d.is_symlink()
+        and any(d.iterdir())
         and all(re.fullmatch(r"seed\d+", c.name) and c.is_dir() for c in d.iterdir())
     ]
 

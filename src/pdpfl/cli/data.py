@@ -11,8 +11,9 @@ import typer
 
 from pdpfl.cli._common import fail, print_json
 
-data_app = typer.Typer(help="Benchmark federations: list, describe, fetch files.",
-                       no_args_is_help=True)
+data_app = typer.Typer(
+    help="Benchmark federations: list, describe, fetch files.", no_args_is_help=True
+)
 
 
 def _parse_pairs(pairs: list[str], option: str) -> dict[str, Any]:
@@ -42,9 +43,16 @@ def list_datasets(
     from pdpfl.data import DATASETS, PARTITIONS
 
     info = {
-        "datasets": {n: {"description": d.description, "default_clients": d.default_clients,
-                         "fixed_silos": d.fixed_silos, "options": list(d.options),
-                         "needs_files": d.needs_files} for n, d in DATASETS.items()},
+        "datasets": {
+            n: {
+                "description": d.description,
+                "default_clients": d.default_clients,
+                "fixed_silos": d.fixed_silos,
+                "options": list(d.options),
+                "needs_files": d.needs_files,
+            }
+            for n, d in DATASETS.items()
+        },
         "partitions": {n: list(p) for n, p in PARTITIONS.items()},
     }
     if as_json:
@@ -52,23 +60,29 @@ def list_datasets(
         return
     for n, d in DATASETS.items():
         typer.echo(f"{n:15s} {d.description}")
-    typer.echo("partitions: " + ", ".join(
-        f"{n}({', '.join(p)})" if p else n for n, p in PARTITIONS.items()))
+    typer.echo(
+        "partitions: "
+        + ", ".join(f"{n}({', '.join(p)})" if p else n for n, p in PARTITIONS.items())
+    )
 
 
 @data_app.command("describe")
 def describe(
     name: str = typer.Argument(..., help="Dataset name (see `pdpfl data list`)."),
     num_clients: int | None = typer.Option(None, "--num-clients", help="Number of silos."),
-    partition: str = typer.Option("iid", "--partition",
-                                  help="iid, n-way-k-shot, shards or dirichlet."),
-    param: list[str] = typer.Option([], "--param", "-p",
-                                    help="Partition parameter KEY=VALUE (repeatable)."),
-    option: list[str] = typer.Option([], "--option", "-o",
-                                     help="Dataset option KEY=VALUE (repeatable)."),
+    partition: str = typer.Option(
+        "iid", "--partition", help="iid, n-way-k-shot, shards or dirichlet."
+    ),
+    param: list[str] = typer.Option(
+        [], "--param", "-p", help="Partition parameter KEY=VALUE (repeatable)."
+    ),
+    option: list[str] = typer.Option(
+        [], "--option", "-o", help="Dataset option KEY=VALUE (repeatable)."
+    ),
     seed: int = typer.Option(42, "--seed", help="Seed of the partition and splits."),
-    data_dir: Path | None = typer.Option(None, "--data-dir",
-                                         help="Folder holding the dataset files."),
+    data_dir: Path | None = typer.Option(
+        None, "--data-dir", help="Folder holding the dataset files."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Build a federation and print its one-screen summary (counts per silo and label)."""
@@ -77,9 +91,15 @@ def describe(
     params = _parse_pairs(param, "--param")
     options = _parse_pairs(option, "--option")
     try:
-        fed = load_federation(name, num_clients=num_clients, partition=partition,
-                              partition_params=params or None, seed=seed, data_dir=data_dir,
-                              **options)
+        fed = load_federation(
+            name,
+            num_clients=num_clients,
+            partition=partition,
+            partition_params=params or None,
+            seed=seed,
+            data_dir=data_dir,
+            **options,
+        )
     except (ValueError, DataFileNotFoundError, ChecksumError) as exc:
         fail(str(exc))
     summary = fed.describe()
@@ -89,8 +109,9 @@ def describe(
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"{summary['name']}: {summary['features']} features, "
-                        f"{summary['classes']} classes")
+    table = Table(
+        title=f"{summary['name']}: {summary['features']} features, {summary['classes']} classes"
+    )
     for col in ("silo", "train", "test", "train labels"):
         table.add_column(col)
     for c in summary["clients"]:
@@ -103,8 +124,9 @@ def describe(
 @data_app.command("fetch")
 def fetch(
     name: str = typer.Argument(..., help="heart-disease, mnist, mnist-10k or cifar10."),
-    data_dir: Path | None = typer.Option(None, "--data-dir",
-                                         help="Folder searched before the cache."),
+    data_dir: Path | None = typer.Option(
+        None, "--data-dir", help="Folder searched before the cache."
+    ),
 ) -> None:
     """Find (or download into the cache) and verify the files of a dataset; print their paths."""
     from pdpfl.data import ChecksumError, DataFileNotFoundError, resolve_file
@@ -115,8 +137,9 @@ def fetch(
         paths = [resolve_file(s, data_dir) for s in specs]
     except (ValueError, DataFileNotFoundError, ChecksumError) as exc:
         fail(str(exc))
-    print_json({"name": name, "files": {s.filename: str(p) for s, p in zip(specs, paths,
-                                                                             strict=True)}})
+    print_json(
+        {"name": name, "files": {s.filename: str(p) for s, p in zip(specs, paths, strict=True)}}
+    )
 
 
 def register(app: typer.Typer) -> None:

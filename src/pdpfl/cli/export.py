@@ -33,8 +33,10 @@ def export_command(
     name = MODEL_NAME if round_ is None else f"models/round-{round_:04d}.safetensors"
     source = run_dir / name
     if not source.is_file():
-        fail(f"RUN_DIR: no {name} in {run_dir}"
-             + (" (was the run made with save_models: every-round?)" if round_ else ""))
+        fail(
+            f"RUN_DIR: no {name} in {run_dir}"
+            + (" (was the run made with save_models: every-round?)" if round_ else "")
+        )
     try:
         tensors, metadata = read_model(source)
     except ValueError as err:

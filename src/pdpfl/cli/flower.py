@@ -256,8 +256,10 @@ def supernode(
     if data_dir is not None and not data_dir.expanduser().is_dir():
         fail(f"--data-dir: not a folder: {data_dir}")
     if state_dir.expanduser().exists() and not state_dir.expanduser().is_dir():
-        fail(f"--state-dir: {state_dir} is a file, not a folder (the silo keeps its ledger and "
-             "state files there)")
+        fail(
+            f"--state-dir: {state_dir} is a file, not a folder (the silo keeps its ledger and "
+            "state files there)"
+        )
     state = state_dir.expanduser().resolve()
     node_config: dict[str, object] = {
         PARTITION_ID: silo,

@@ -74,16 +74,21 @@ def privacy_command(
     if unit_id is not None:
         rows = _rows(select_id(table, unit_id))
         if not rows:
-            fail(f"--id: no {summary.unit} with id {unit_id!r} in {run_dir} "
-                 f"({len(table['id'])} {summary.unit}s; ids are in privacy.csv)")
+            fail(
+                f"--id: no {summary.unit} with id {unit_id!r} in {run_dir} "
+                f"({len(table['id'])} {summary.unit}s; ids are in privacy.csv)"
+            )
         if as_json:
             print_json({"id": unit_id, "rows": rows})
             return
         for row in rows:
             typer.echo(_describe(row))
         return
-    target = out if out is not None else (run_dir if run_dir.is_dir() else run_dir.parent) / \
-        "privacy.csv"
+    target = (
+        out
+        if out is not None
+        else (run_dir if run_dir.is_dir() else run_dir.parent) / "privacy.csv"
+    )
     try:
         write_text(target, _csv_text(table))
     except OSError as err:
@@ -95,8 +100,11 @@ def privacy_command(
 
     from pdpfl.cli.report import group_table, plural
 
-    Console().print(group_table(summary, f"ε spent vs budget, per budget group "
-                                          f"({summary.units} {plural(summary.unit)})"))
+    Console().print(
+        group_table(
+            summary, f"ε spent vs budget, per budget group ({summary.units} {plural(summary.unit)})"
+        )
+    )
     typer.echo(f"per-{summary.unit} table written to {target}")
 
 

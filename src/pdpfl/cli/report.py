@@ -65,15 +65,19 @@ def group_table(privacy: PrivacySummary, title: str) -> Any:
     obs = privacy.observers
     short = {"third-party": "3rd", "server": "srv"}
     t = Table(title=title, box=box.SIMPLE_HEAD, title_justify="left")
-    for col in ("budget ε", plural(privacy.unit),
-                *(f"max ε\n{'third party' if o == 'third-party' else o}" for o in obs),
-                "mean use\n" + " / ".join(short[o] for o in obs),
-                "over budget\n" + " / ".join(short[o] for o in obs)):
+    for col in (
+        "budget ε",
+        plural(privacy.unit),
+        *(f"max ε\n{'third party' if o == 'third-party' else o}" for o in obs),
+        "mean use\n" + " / ".join(short[o] for o in obs),
+        "over budget\n" + " / ".join(short[o] for o in obs),
+    ):
         t.add_column(col, justify="right", no_wrap=True)
     for g in privacy.groups:
         over = [int(g.over_budget.get(o, 0)) for o in obs]
         t.add_row(
-            g.label, str(g.units),
+            g.label,
+            str(g.units),
             *(fmt(g.spent_max.get(o)) for o in obs),
             " / ".join(_fmt_use(g.mean_utilization(o)) for o in obs),
             " / ".join(str(v) for v in over),
@@ -82,8 +86,9 @@ def group_table(privacy: PrivacySummary, title: str) -> Any:
     notes = []
     excluded = {g.label: g.excluded for g in privacy.groups if g.excluded}
     if excluded:
-        notes.append("excluded (q = 0): " + ", ".join(
-            f"{n} in group {k}" for k, n in excluded.items()))
+        notes.append(
+            "excluded (q = 0): " + ", ".join(f"{n} in group {k}" for k, n in excluded.items())
+        )
     notes.append(f"mean use = mean of ε spent / budget over the group's {plural(privacy.unit)}")
     for key, value in privacy.approximate.items():
         notes.append(f"approximate (not a guarantee): {key} = {fmt(value)}")
@@ -107,31 +112,36 @@ def run_tables(summary: dict[str, Any]) -> list[Any]:
     head.add_row("final test loss", fmt(summary.get("final_loss")))
     aggregation = summary.get("aggregation") or {}
     if aggregation.get("protocol", "plain") != "plain":
-        head.add_row("aggregation", f"{aggregation['protocol']} (server sees "
-                     f"{aggregation.get('server_sees', 'the sum')})")
+        head.add_row(
+            "aggregation",
+            f"{aggregation['protocol']} (server sees {aggregation.get('server_sees', 'the sum')})",
+        )
     if privacy is None:
         head.add_row(f"{plural(unit)} over budget", "kept at the silos (deployment)")
     elif not privacy.private:
-        head.add_row(f"{plural(privacy.unit)} over budget",
-                     f"all {privacy.units} (no DP: ε = ∞)")
+        head.add_row(f"{plural(privacy.unit)} over budget", f"all {privacy.units} (no DP: ε = ∞)")
     else:
         u = plural(privacy.unit)
-        head.add_row(f"{u} over budget",
-                     f"{summary['over_budget']} of {privacy.units} "
-                     f"(adversary: {summary['adversary']})")
+        head.add_row(
+            f"{u} over budget",
+            f"{summary['over_budget']} of {privacy.units} (adversary: {summary['adversary']})",
+        )
         for obs in privacy.observers:
             head.add_row(f"max ε ({obs})", fmt(privacy.spent_max(obs)))
         head.add_row(f"{u} stopped early", str(privacy.stopped))
         if privacy.excluded:
             head.add_row(f"{u} excluded (q = 0)", str(privacy.excluded))
-    head.add_row("rounds", f"{summary['rounds_completed']}"
-                 + ("" if summary.get("completed", True) else " (interrupted)"))
+    head.add_row(
+        "rounds",
+        f"{summary['rounds_completed']}"
+        + ("" if summary.get("completed", True) else " (interrupted)"),
+    )
     head.add_row("training seconds", f"{summary['seconds']:.1f}")
     out = [head]
     if privacy is not None and privacy.private and privacy.groups:
-        out.append(group_table(
-            privacy, f"ε spent vs budget, per budget group ({plural(privacy.unit)})"
-        ))
+        out.append(
+            group_table(privacy, f"ε spent vs budget, per budget group ({plural(privacy.unit)})")
+        )
     return out
 
 
@@ -153,11 +163,19 @@ def compare_table(title: str, table: list[dict[str, Any]]) -> Any:
         acc = fmt_acc(r["final_accuracy_mean"])
         if r["runs"] > 1:
             acc += f" ± {fmt_acc(r['final_accuracy_std'])}"
-        t.add_row(r["method"], str(r["runs"]), acc, fmt_acc(r["last3_mean_accuracy"]),
-                  _epsilon_cell(r), _over_budget_cell(r), f"{r['seconds']:.1f}")
+        t.add_row(
+            r["method"],
+            str(r["runs"]),
+            acc,
+            fmt_acc(r["last3_mean_accuracy"]),
+            _epsilon_cell(r),
+            _over_budget_cell(r),
+            f"{r['seconds']:.1f}",
+        )
     units = dict.fromkeys(r.get("unit", "record") for r in table if r.get("private", True))
     t.caption = "accuracy: pooled test accuracy after the last round; ε and over budget per " + (
-        ", ".join(plural(u, 1) for u in units) if units else "record")
+        ", ".join(plural(u, 1) for u in units) if units else "record"
+    )
     if len(units) > 1:
         t.caption += " (" + ", ".join(f"{r['method']}: {r.get('unit')}" for r in table) + ")"
     return t
@@ -169,9 +187,9 @@ def mechanism_table(table: list[dict[str, Any]]) -> Any:
     from rich import box
     from rich.table import Table
 
-    extra = list(dict.fromkeys(
-        k for r in table for k in r if k == "sigma" or k.startswith("rate_")
-    ))
+    extra = list(
+        dict.fromkeys(k for r in table for k in r if k == "sigma" or k.startswith("rate_"))
+    )
     if not extra:
         return None
     t = Table(title="mechanism (last seed)", box=box.SIMPLE_HEAD, title_justify="left")

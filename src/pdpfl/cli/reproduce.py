@@ -23,22 +23,35 @@ EXIT_INTERRUPTED = 130
 
 
 def reproduce_command(
-    paper: Annotated[str, typer.Argument(
-        help="rpdp-fl, idp-fedavg, uldp-fl, prifedsync or all.")],
-    quick: Annotated[bool, typer.Option("--quick", help="Every experiment, shortened (all "
-                                        "four papers in under 15 minutes on 2 cores).")] = False,
-    smoke: Annotated[bool, typer.Option("--smoke", help="One tiny experiment per paper "
-                                        "(seconds; what the test-suite runs).")] = False,
-    seeds: Annotated[list[int] | None, typer.Option("--seeds", help="Seeds (several values "
-                                                    "allowed); default: the tier's.")] = None,
-    data_dir: Annotated[str | None, typer.Option("--data-dir", help="Folder with the dataset "
-                                                 "files (nothing is downloaded).")] = None,
-    out: Annotated[Path | None, typer.Option("--out", help="Output folder (default "
-                                             "runs/reproduce/PAPER).")] = None,
-    force: Annotated[bool, typer.Option("--force", help="Replace a previous report in "
-                                        "--out.")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print results.json on "
-                                          "stdout.")] = False,
+    paper: Annotated[str, typer.Argument(help="rpdp-fl, idp-fedavg, uldp-fl, prifedsync or all.")],
+    quick: Annotated[
+        bool,
+        typer.Option(
+            "--quick",
+            help="Every experiment, shortened (all four papers in under 15 minutes on 2 cores).",
+        ),
+    ] = False,
+    smoke: Annotated[
+        bool,
+        typer.Option(
+            "--smoke", help="One tiny experiment per paper (seconds; what the test-suite runs)."
+        ),
+    ] = False,
+    seeds: Annotated[
+        list[int] | None,
+        typer.Option("--seeds", help="Seeds (several values allowed); default: the tier's."),
+    ] = None,
+    data_dir: Annotated[
+        str | None,
+        typer.Option("--data-dir", help="Folder with the dataset files (nothing is downloaded)."),
+    ] = None,
+    out: Annotated[
+        Path | None, typer.Option("--out", help="Output folder (default runs/reproduce/PAPER).")
+    ] = None,
+    force: Annotated[
+        bool, typer.Option("--force", help="Replace a previous report in --out.")
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print results.json on stdout.")] = False,
 ) -> None:
     """Run a paper's headline experiments and write REPORT.md beside the published numbers."""
     from pdpfl.reproduce import PAPERS, expected_seconds, reproduce
@@ -55,17 +68,25 @@ def reproduce_command(
     tier = "smoke" if smoke else "quick" if quick else "full"
     target = out if out is not None else Path("runs") / "reproduce" / paper
     minutes = expected_seconds(paper, tier) / 60
-    typer.echo(f"pdpfl reproduce {paper} ({tier} tier): expected about {minutes:.0f} min on "
-               "2 CPU cores (more on a busy machine); writing to " + str(target), err=True)
+    typer.echo(
+        f"pdpfl reproduce {paper} ({tier} tier): expected about {minutes:.0f} min on "
+        "2 CPU cores (more on a busy machine); writing to " + str(target),
+        err=True,
+    )
     try:
-        result = reproduce(paper, out=target, tier=tier, seeds=seeds or None,
-                           data_dir=data_dir, force=force,
-                           log=lambda msg: typer.echo(msg, err=True))
+        result = reproduce(
+            paper,
+            out=target,
+            tier=tier,
+            seeds=seeds or None,
+            data_dir=data_dir,
+            force=force,
+            log=lambda msg: typer.echo(msg, err=True),
+        )
     except OutputDirError as err:
         fail(str(err))
     except KeyboardInterrupt:
-        typer.echo(f"\ninterrupted: the runs finished so far are under {target / 'runs'}",
-                   err=True)
+        typer.echo(f"\ninterrupted: the runs finished so far are under {target / 'runs'}", err=True)
         raise typer.Exit(code=EXIT_INTERRUPTED) from None
     if as_json:
         print_json(result)

@@ -32,7 +32,6 @@ EXIT_DIVERGED = 3
 FLOWER_RUNTIMES = ("flower", "flower-simulation")
 
 
-
 def _load(config_path: Path, overrides: list[str] | None, data_dir: str | None):
     from pdpfl.config import ConfigError, load_config
 
@@ -85,16 +84,28 @@ def locked(out_dir: Path, *, created: bool, option: str = "--out") -> Iterator[N
     try:
         yield
     finally:
-        if not created and not had_lock and not any(
-            (out_dir / name).exists() for name in ("metrics.jsonl", "summary.json",
-                                                   "checkpoint.npz", "compare.csv", "audit.json")
+        if (
+            not created
+            and not had_lock
+            and not any(
+                (out_dir / name).exists()
+                for name in (
+                    "metrics.jsonl",
+                    "summary.json",
+                    "checkpoint.npz",
+                    "compare.csv",
+                    "audit.json",
+                )
+            )
         ):
             # a refused command leaves no trace in a folder it did not create (the lock file
             # is removed while still held: a process that opened it meanwhile is refused)
             lock_file.unlink(missing_ok=True)
         lock.__exit__(None, None, None)
-        if created and out_dir.is_dir() and not any(
-            p.name != ".pdpfl.lock" for p in out_dir.iterdir()
+        if (
+            created
+            and out_dir.is_dir()
+            and not any(p.name != ".pdpfl.lock" for p in out_dir.iterdir())
         ):
             shutil.rmtree(out_dir, ignore_errors=True)  # nothing of ours was written
 
@@ -104,14 +115,27 @@ def _prepare_out(out_dir: Path, *, resume: bool, force: bool, **kwargs: Any) -> 
     from pdpfl.runtime.outputs import OutputDirError, prepare_output_dir
 
     try:
-        prepare_output_dir(out_dir, resume=resume, overwrite=force, option="--out",
-                           flags=("--force", "--resume"), **kwargs)
+        prepare_output_dir(
+            out_dir,
+            resume=resume,
+            overwrite=force,
+            option="--out",
+            flags=("--force", "--resume"),
+            **kwargs,
+        )
     except OutputDirError as err:
         fail(str(err))
 
 
-def _resume_hint(config_path: Path, out_dir: Path, overrides: list[str], data_dir: str | None,
-                 runtime: str | None, plugins: list[str], device: str | None = None) -> str:
+def _resume_hint(
+    config_path: Path,
+    out_dir: Path,
+    overrides: list[str],
+    data_dir: str | None,
+    runtime: str | None,
+    plugins: list[str],
+    device: str | None = None,
+) -> str:
     parts = ["pdpfl", "run", str(config_path), "--out", str(out_dir), "--resume"]
     for plugin in plugins:
         parts += ["--import", plugin]
@@ -133,7 +157,8 @@ def _interrupted(out_dir: Path, rounds: int, hint: str) -> None:
     if has_checkpoint(out_dir) and done:
         typer.echo(
             f"\ninterrupted: {done} of {rounds} rounds are saved in {out_dir}; continue with\n"
-            f"  {hint}", err=True,
+            f"  {hint}",
+            err=True,
         )
     else:
         typer.echo("\ninterrupted before the first round finished: nothing was saved", err=True)
@@ -154,24 +179,33 @@ def run_command(
     as_json: bool = typer.Option(False, "--json", help="Print summary.json instead of tables."),
     quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
     runtime: str | None = typer.Option(
-        None, "--runtime", help="simulation (in-process), flower (SuperLink + SuperNodes on "
+        None,
+        "--runtime",
+        help="simulation (in-process), flower (SuperLink + SuperNodes on "
         "loopback) or flower-simulation (Flower's Simulation Engine, Ray; needs "
-        "pdpfl[simulation]); overrides the config."
+        "pdpfl[simulation]); overrides the config.",
     ),
     plugins: list[str] | None = typer.Option(
-        None, "--import", help="Python file or module to import first (e.g. one that calls "
-        "@register_model). Repeatable."
+        None,
+        "--import",
+        help="Python file or module to import first (e.g. one that calls "
+        "@register_model). Repeatable.",
     ),
     device: str | None = typer.Option(
-        None, "--device", help="Where silos train: auto, cpu, cuda, cuda:N or mps (overrides "
-        "training.device; default cpu)."
+        None,
+        "--device",
+        help="Where silos train: auto, cpu, cuda, cuda:N or mps (overrides "
+        "training.device; default cpu).",
     ),
 ) -> None:
     """Train one federation (rPDP-FL or a baseline) and write metrics, summary, ledgers, plots."""
     if resume and force:
         fail("--resume and --force: choose one (continue the run, or replace it)")
-    extra = [*(overrides or []), *([f"runtime={runtime}"] if runtime is not None else []),
-             *([f"training.device={device}"] if device is not None else [])]
+    extra = [
+        *(overrides or []),
+        *([f"runtime={runtime}"] if runtime is not None else []),
+        *([f"training.device={device}"] if device is not None else []),
+    ]
     with collector_paused() as paused:  # imports and parsing: no garbage worth its passes
         import_plugins(plugins)
         config = _load(config_path, extra, data_dir)
@@ -190,17 +224,25 @@ def run_command(
     if config.runtime == "flower-simulation":
         check_simulation_engine(config, "--runtime" if runtime is not None else "runtime")
     existed = out_dir.exists()
-    hint = _resume_hint(config_path, out_dir, list(overrides or []), data_dir, runtime,
-                        list(plugins or []), device)
+    hint = _resume_hint(
+        config_path, out_dir, list(overrides or []), data_dir, runtime, list(plugins or []), device
+    )
     with locked(out_dir, created=not existed):
         _prepare_out(out_dir, resume=resume, force=force)
         try:
             if config.runtime in FLOWER_RUNTIMES:
-                summary = _flower(config, out_dir, resume, progress=not (quiet or as_json),
-                                  hint=hint, engine=config.runtime == "flower-simulation")
+                summary = _flower(
+                    config,
+                    out_dir,
+                    resume,
+                    progress=not (quiet or as_json),
+                    hint=hint,
+                    engine=config.runtime == "flower-simulation",
+                )
             else:
-                summary = _simulate(config, out_dir, resume, progress=not (quiet or as_json),
-                                    created=not existed)
+                summary = _simulate(
+                    config, out_dir, resume, progress=not (quiet or as_json), created=not existed
+                )
         except KeyboardInterrupt:
             _interrupted(out_dir, config.training.rounds, hint)
     for warning in summary.get("warnings", []):
@@ -216,8 +258,10 @@ def run_command(
         for table in run_tables(summary):
             console.print(table)
         ledgers = " and per-unit ledgers (pdpfl privacy)" if (out_dir / "ledgers").is_dir() else ""
-        typer.echo(f"outputs written to {out_dir} (summary.json, metrics.jsonl, model{ledgers})\n"
-                   f"  plots: {out_dir / 'accuracy.png'}, {out_dir / 'epsilon.png'}")
+        typer.echo(
+            f"outputs written to {out_dir} (summary.json, metrics.jsonl, model{ledgers})\n"
+            f"  plots: {out_dir / 'accuracy.png'}, {out_dir / 'epsilon.png'}"
+        )
 
 
 def check_simulation_engine(config: Any, option: str) -> None:
@@ -226,8 +270,10 @@ def check_simulation_engine(config: Any, option: str) -> None:
     import importlib.util
 
     if importlib.util.find_spec("flwr") is None or importlib.util.find_spec("ray") is None:
-        fail(f"{option}: flower-simulation needs the simulation extra: "
-             "pip install 'pdpfl[simulation]'")
+        fail(
+            f"{option}: flower-simulation needs the simulation extra: "
+            "pip install 'pdpfl[simulation]'"
+        )
     from pdpfl.runtime.flower.simulation_engine import check_simulation
 
     try:
@@ -236,8 +282,9 @@ def check_simulation_engine(config: Any, option: str) -> None:
         fail(str(err))
 
 
-def _flower(config: Any, out_dir: Path, resume: bool, *, progress: bool,
-            hint: str, engine: bool = False) -> dict[str, Any]:
+def _flower(
+    config: Any, out_dir: Path, resume: bool, *, progress: bool, hint: str, engine: bool = False
+) -> dict[str, Any]:
     from pdpfl.errors import TrainingDiverged
     from pdpfl.runtime.flower import (  # lazy: flwr is optional
         FlowerInterrupted,
@@ -252,17 +299,22 @@ def _flower(config: Any, out_dir: Path, resume: bool, *, progress: bool,
             return run_flower_simulation(config, out_dir, resume, progress=progress)
         return run_flower(config, out_dir, resume, progress=progress)
     except TrainingDiverged as err:  # outputs (completed: false) are written; exit 3
-        typer.echo(f"error: {err}\n  every finished round and every ledger charge is kept in "
-                   f"{out_dir} (summary.json says completed: false)", err=True)
+        typer.echo(
+            f"error: {err}\n  every finished round and every ledger charge is kept in "
+            f"{out_dir} (summary.json says completed: false)",
+            err=True,
+        )
         raise typer.Exit(code=EXIT_DIVERGED) from None
     except FlowerRunError as err:  # a runtime failure, not bad input: exit 1, no traceback
-        typer.echo(f"error: Flower federation failed: {err} (logs in {out_dir / 'flower'})",
-                   err=True)
+        typer.echo(
+            f"error: Flower federation failed: {err} (logs in {out_dir / 'flower'})", err=True
+        )
         raise typer.Exit(code=1) from err
     except FlowerInterrupted as stop:  # every Flower process is already stopped
         typer.echo(
             f"\ninterrupted after {stop.rounds_done} round(s); every Flower process was "
-            f"stopped. Resume with:\n  {hint}", err=True,
+            f"stopped. Resume with:\n  {hint}",
+            err=True,
         )
         raise typer.Exit(code=EXIT_INTERRUPTED) from None
 
@@ -288,11 +340,13 @@ def _simulate(
         with warnings.catch_warnings():
             # printed once from the summary at the end
             warnings.simplefilter("ignore", SetupWarning)
-            return simulate_into(config, out_dir, resume, progress=progress,
-                                 federation=federation)
+            return simulate_into(config, out_dir, resume, progress=progress, federation=federation)
     except TrainingDiverged as err:  # outputs (completed: false) are written; exit 3
-        typer.echo(f"error: {err}\n  every finished round and every ledger charge is kept in "
-                   f"{out_dir} (summary.json says completed: false)", err=True)
+        typer.echo(
+            f"error: {err}\n  every finished round and every ledger charge is kept in "
+            f"{out_dir} (summary.json says completed: false)",
+            err=True,
+        )
         raise typer.Exit(code=EXIT_DIVERGED) from None
     except ValueError as err:
         _discard(out_dir, created)
@@ -306,8 +360,6 @@ def _discard(out_dir: Path, created: bool) -> None:
     """Remove a folder this command created when no round was written into it."""
     if created and out_dir.exists() and not (out_dir / "metrics.jsonl").exists():
         shutil.rmtree(out_dir, ignore_errors=True)
-
-
 
 
 def register(app: typer.Typer) -> None:

@@ -96,8 +96,9 @@ def _name_override(name: str) -> Callable[[str | None], list[str]]:
     return lambda _arg: [f"algorithm.name={name}"]
 
 
-def register_algorithm_config(cls: type[AlgorithmConfig], *, replace: bool = False
-                              ) -> type[AlgorithmConfig]:
+def register_algorithm_config(
+    cls: type[AlgorithmConfig], *, replace: bool = False
+) -> type[AlgorithmConfig]:
     """Register an algorithm's config class (and a ``compare`` method of the same name)."""
     field = cls.model_fields.get("name")
     name = getattr(field.annotation, "__args__", (None,))[0] if field is not None else None
@@ -149,8 +150,9 @@ class ExperimentConfig(_Section):
     name: str = "experiment"
     seed: int = Field(42, ge=0, lt=2**63)
     runtime: Literal["simulation", "flower", "flower-simulation"] = Field(
-        "simulation", description="simulation (in-process), flower (SuperLink + SuperNodes on "
-        "loopback) or flower-simulation (Flower's Simulation Engine, Ray: pdpfl[simulation])"
+        "simulation",
+        description="simulation (in-process), flower (SuperLink + SuperNodes on "
+        "loopback) or flower-simulation (Flower's Simulation Engine, Ray: pdpfl[simulation])",
     )
     randomness: Literal["secure", "reproducible"] = Field(
         "secure",
@@ -159,24 +161,30 @@ class ExperimentConfig(_Section):
         "who knows the seed (research and tests only)",
     )
     aggregation: Literal["plain", "secure"] = Field(
-        "plain", description="how the silos' contributions are summed: plain (the server sees "
-        "each update) or secure (pairwise-masked summation: the server learns only the sum)"
+        "plain",
+        description="how the silos' contributions are summed: plain (the server sees "
+        "each update) or secure (pairwise-masked summation: the server learns only the sum)",
     )
     participation: Literal["visible", "hidden"] = Field(
-        "visible", description="visible: the server samples the silos (it sees who took part); "
+        "visible",
+        description="visible: the server samples the silos (it sees who took part); "
         "hidden (needs aggregation: secure): every silo sends a masked contribution every "
-        "round, drawing its own λ-coin, so the server's view equals a third party's"
+        "round, drawing its own λ-coin, so the server's view equals a third party's",
     )
     secure: SecureConfig = Field(default_factory=lambda: SecureConfig.model_validate({}))
     flower: FlowerConfig = Field(default_factory=lambda: FlowerConfig.model_validate({}))
     output_dir: str = "runs/experiment"
     save_models: Literal["final", "every-round"] = Field(
-        "final", description="final: model.safetensors only; every-round: also the global "
-        "model after each round, models/round-NNNN.safetensors"
+        "final",
+        description="final: model.safetensors only; every-round: also the global "
+        "model after each round, models/round-NNNN.safetensors",
     )
     threads: int | None = Field(
-        None, ge=1, le=256, description="torch intra-op threads while training (1 is fastest "
-        "for small models such as logreg); None keeps torch's setting"
+        None,
+        ge=1,
+        le=256,
+        description="torch intra-op threads while training (1 is fastest "
+        "for small models such as logreg); None keeps torch's setting",
     )
     data: DataConfig
     model: ModelConfig = Field(default_factory=ModelConfig)

@@ -32,9 +32,13 @@ def _format_errors(err: ValidationError) -> list[str]:
         msg = e["msg"]
         if e["type"] == "union_tag_invalid":
             msg = (
-                f"unknown algorithm {e['input'].get('name')!r}; registered: "
-                + ", ".join(sorted(names))
-            ) if isinstance(e.get("input"), dict) else msg
+                (
+                    f"unknown algorithm {e['input'].get('name')!r}; registered: "
+                    + ", ".join(sorted(names))
+                )
+                if isinstance(e.get("input"), dict)
+                else msg
+            )
             loc = "algorithm.name"
         if e["type"] == "extra_forbidden":
             msg = "unknown key"
@@ -80,8 +84,9 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
     try:
         data = json.loads(json.dumps(raw))  # deep copy of plain data
     except (TypeError, ValueError, RecursionError) as err:
-        raise ConfigError([f"config: not plain data (mappings, lists, text, numbers): "
-                           f"{err}"]) from None
+        raise ConfigError(
+            [f"config: not plain data (mappings, lists, text, numbers): {err}"]
+        ) from None
     index = _leaf_index()
     problems = []
     for item in overrides:
@@ -91,8 +96,10 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
         key, text = item.split("=", 1)
         key = key.strip()
         if key.count(".") >= _MAX_KEY_PARTS or not all(key.split(".")):
-            problems.append(f"--set {key[:80]!r}: expected a dotted key such as training.lr "
-                            f"(at most {_MAX_KEY_PARTS} parts, none empty)")
+            problems.append(
+                f"--set {key[:80]!r}: expected a dotted key such as training.lr "
+                f"(at most {_MAX_KEY_PARTS} parts, none empty)"
+            )
             continue
         if "." not in key:
             paths = index.get(key, [])
@@ -128,7 +135,8 @@ def _section_fields(raw: dict[str, Any]) -> dict[str, dict[str, Any]]:
             fields[section] = dict(ann.model_fields)
     algorithm = raw.get("algorithm")
     fields["algorithm"] = _algorithm_fields(
-        algorithm.get("name") if isinstance(algorithm, dict) else None)
+        algorithm.get("name") if isinstance(algorithm, dict) else None
+    )
     return fields
 
 
@@ -165,14 +173,19 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     if raw is None:
         return {}
     if not isinstance(raw, dict):
-        raise ConfigError([f"config: {path} holds a {_kind(raw)}; expected a mapping of "
-                           "sections (data, training, ...)"])
+        raise ConfigError(
+            [
+                f"config: {path} holds a {_kind(raw)}; expected a mapping of "
+                "sections (data, training, ...)"
+            ]
+        )
     return raw
 
 
 def _kind(value: Any) -> str:
-    return {list: "list", str: "text value", int: "number", float: "number",
-            bool: "boolean"}.get(type(value), type(value).__name__)
+    return {list: "list", str: "text value", int: "number", float: "number", bool: "boolean"}.get(
+        type(value), type(value).__name__
+    )
 
 
 def load_config(

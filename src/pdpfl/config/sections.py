@@ -71,13 +71,13 @@ class ModelConfig(_Section):
         params = list(signature.parameters.values())
         if any(p.kind is p.VAR_KEYWORD for p in params):
             return self
-        allowed = [p.name for p in params[2:]
-                   if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        allowed = [
+            p.name for p in params[2:] if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+        ]
         unknown = sorted(set(self.options) - set(allowed))
         if unknown:
             raise ValueError(
-                f"options: unknown option(s) {unknown} for model {self.name!r}; "
-                f"allowed: {allowed}"
+                f"options: unknown option(s) {unknown} for model {self.name!r}; allowed: {allowed}"
             )
         return self
 
@@ -88,16 +88,20 @@ class BudgetsConfig(_Section):
     scenario: str = "three-levels"
     params: dict[str, Any] = Field(default_factory=dict)
     file: str | None = Field(
-        None, min_length=1, description="budgets file: a .csv with the columns record_id and "
+        None,
+        min_length=1,
+        description="budgets file: a .csv with the columns record_id and "
         "epsilon (matched by id), or one ε per training record in order (.csv/.npy); "
         "{client_id} and {client} are replaced per silo",
     )
     on_unmatched: Literal["error", "ignore"] = Field(
-        "error", description="budgets for record ids that are not in the data: an error "
+        "error",
+        description="budgets for record ids that are not in the data: an error "
         "(default), or ignore them -- counted in the run's warnings",
     )
     cap_at_epsilon_max: bool = Field(
-        False, description="records whose budget is above the ε that sampling at q = 1 spends "
+        False,
+        description="records whose budget is above the ε that sampling at q = 1 spends "
         "(privacy.epsilon_max) are an error by default; true trains them at q = 1 (they spend "
         "less than their budget), counted in the run's warnings",
     )
@@ -140,8 +144,9 @@ class PrivacyConfig(_Section):
         "(sees who took part), third parties (see the models), or both (default)",
     )
     calibration: Literal["certified", "scf", "scf-paper", "binary-search"] = Field(
-        "certified", description="ε → q: certified (exact on a grid, default), scf (pdpfl's "
-        "curve fit), scf-paper (rPDP-FL's SCF as its reference code ran it), binary-search"
+        "certified",
+        description="ε → q: certified (exact on a grid, default), scf (pdpfl's "
+        "curve fit), scf-paper (rPDP-FL's SCF as its reference code ran it), binary-search",
     )
     accountant: Literal["rdp", "pld"] = Field(
         "rdp",
@@ -185,9 +190,7 @@ class TrainingConfig(_Section):
         import re
 
         if not re.fullmatch(r"auto|cpu|mps|cuda(:\d+)?", value):
-            raise ValueError(
-                f"expected one of auto, cpu, cuda, cuda:<index>, mps, got {value!r}"
-            )
+            raise ValueError(f"expected one of auto, cpu, cuda, cuda:<index>, mps, got {value!r}")
         return value
 
     @field_validator("lr", "weight_decay")
@@ -233,32 +236,42 @@ class SecureConfig(_Section):
     """
 
     fractional_bits: int = Field(
-        32, ge=0, le=52, description="secure summation: fixed-point fractional bits f of the "
-        "ring Z_2^64 (resolution 2^-f; each of m silos may send values up to 2^(55-f)/m)"
+        32,
+        ge=0,
+        le=52,
+        description="secure summation: fixed-point fractional bits f of the "
+        "ring Z_2^64 (resolution 2^-f; each of m silos may send values up to 2^(55-f)/m)",
     )
     paillier_bits: int = Field(
         3072, ge=3072, le=8192, description="private weighting: Paillier modulus size (bits)"
     )
     n_max: int = Field(
-        2000, ge=1, le=100_000, description="private weighting: N_max, the largest total "
-        "record count of a user (DIV = lcm(1..N_max) must leave room in the Paillier modulus)"
+        2000,
+        ge=1,
+        le=100_000,
+        description="private weighting: N_max, the largest total "
+        "record count of a user (DIV = lcm(1..N_max) must leave room in the Paillier modulus)",
     )
     allowed_totals: list[int] | None = Field(
-        None, description="private weighting: the paper's remedy for large N_u -- the only "
-        "record totals a user may have (e.g. powers of two); DIV = lcm(allowed_totals)"
+        None,
+        description="private weighting: the paper's remedy for large N_u -- the only "
+        "record totals a user may have (e.g. powers of two); DIV = lcm(allowed_totals)",
     )
     precision: float = Field(
         1e-10, gt=0, lt=1, description="private weighting: fixed-point precision P of Encode"
     )
     workers: int | None = Field(
-        None, ge=1, le=64, description="processes for the Paillier arithmetic of each party "
-        "(default: min(2, CPUs))"
+        None,
+        ge=1,
+        le=64,
+        description="processes for the Paillier arithmetic of each party (default: min(2, CPUs))",
     )
     threshold: float = Field(
-        2.0 / 3.0, description="secure summation and private weighting: a round's sum is "
+        2.0 / 3.0,
+        description="secure summation and private weighting: a round's sum is "
         "released only if at least t = max(min_survivors, ceil(threshold * n)) of the n silos "
         "asked contributed (dropout tolerance n - t; the server and up to t - 1 silos learn "
-        "nothing beyond the sum; a noise share is sized sigma^2 C^2 / t); in (1/2, 1]"
+        "nothing beyond the sum; a noise share is sized sigma^2 C^2 / t); in (1/2, 1]",
     )
     min_survivors: int = Field(
         2, description="the smallest t of any round (>= 2: a lone upload is never unmasked)"
@@ -295,10 +308,15 @@ class SecureConfig(_Section):
 class ClientResourcesConfig(_Section):
     """Ray resources of each ClientApp actor of Flower's Simulation Engine."""
 
-    num_cpus: float = Field(1.0, gt=0, le=1024, description="CPUs per actor (the actor pool "
-                            "has about CPUs / num_cpus actors)")
-    num_gpus: float = Field(0.0, ge=0, le=64, description="GPUs (or a fraction of one) per "
-                            "actor; 0 trains on the CPU")
+    num_cpus: float = Field(
+        1.0,
+        gt=0,
+        le=1024,
+        description="CPUs per actor (the actor pool has about CPUs / num_cpus actors)",
+    )
+    num_gpus: float = Field(
+        0.0, ge=0, le=64, description="GPUs (or a fraction of one) per actor; 0 trains on the CPU"
+    )
 
 
 class FlowerSimulationConfig(_Section):

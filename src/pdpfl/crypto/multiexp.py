@@ -35,7 +35,12 @@ TABLE_MEMORY_CAP = 256 * 2**20
 
 
 def plan_multiexp(
-    bases: int, products: int, exponent_bits: int, modulus_bits: int, *, reuse: int = 1,
+    bases: int,
+    products: int,
+    exponent_bits: int,
+    modulus_bits: int,
+    *,
+    reuse: int = 1,
     memory_cap: int = TABLE_MEMORY_CAP,
 ) -> tuple[int, bool]:
     """``(window, signed)`` minimising table cost / ``reuse`` + ``products`` × per-product cost.
@@ -63,12 +68,18 @@ def plan_multiexp(
 
 
 def choose_window(
-    bases: int, products: int, exponent_bits: int, modulus_bits: int, *, reuse: int = 1,
+    bases: int,
+    products: int,
+    exponent_bits: int,
+    modulus_bits: int,
+    *,
+    reuse: int = 1,
     memory_cap: int = TABLE_MEMORY_CAP,
 ) -> int:
     """The window of :func:`plan_multiexp`."""
-    return plan_multiexp(bases, products, exponent_bits, modulus_bits, reuse=reuse,
-                         memory_cap=memory_cap)[0]
+    return plan_multiexp(
+        bases, products, exponent_bits, modulus_bits, reuse=reuse, memory_cap=memory_cap
+    )[0]
 
 
 class MultiExp:
@@ -119,9 +130,9 @@ class MultiExp:
         windows = max(1, math.ceil(bits / w))
         mask = (1 << w) - 1
         # digits[t, u, j]: window t (most significant first) of |e[u, j]|
-        digits = np.stack(
-            [(mag >> (w * (windows - 1 - t))) & mask for t in range(windows)]
-        ).astype(np.int64)
+        digits = np.stack([(mag >> (w * (windows - 1 - t))) & mask for t in range(windows)]).astype(
+            np.int64
+        )
         sign = e < 0
         mod = self.modulus
         pos = self.positive

@@ -54,8 +54,11 @@ CURVE = "P-256"
 POINT_BYTES = 65
 # FIPS 186-4 D.1.2.3: the order ℓ and base point G of P-256.
 _ORDER = 0xFFFFFFFF00000000FFFFFFFFFFFFFFFFBCE6FAADA7179E84F3B9CAC2FC632551
-_G = EccPoint(0x6B17D1F2E12C4247F8BCE6E563A440F277037D812DEB33A0F4A13945D898C296,
-              0x4FE342E2FE1A7F9B8EE7EB4A7C0F9E162BCE33576B315ECECBB6406837BF51F5, CURVE)
+_G = EccPoint(
+    0x6B17D1F2E12C4247F8BCE6E563A440F277037D812DEB33A0F4A13945D898C296,
+    0x4FE342E2FE1A7F9B8EE7EB4A7C0F9E162BCE33576B315ECECBB6406837BF51F5,
+    CURVE,
+)
 
 
 def _scalar() -> int:
@@ -122,8 +125,9 @@ def _key(ctx: bytes, A: bytes, B: bytes, shared: EccPoint, index: int) -> bytes:
     return derive(point_bytes(shared), context(b"pdpfl-ot-v1", ctx, A, B, index))
 
 
-def transfer(sender: OtSender, receiver_message: bytes, messages: list[bytes],
-             ctx: bytes) -> list[bytes]:
+def transfer(
+    sender: OtSender, receiver_message: bytes, messages: list[bytes], ctx: bytes
+) -> list[bytes]:
     """Step 3: e_i = AEAD_{k_i}(m_i) for every i, k_i = H(ctx, A, B, a·(B − i·A))."""
     B = point_from_bytes(receiver_message, what="receiver's point B")
     A = point_from_bytes(sender.public, what="sender's point A")
@@ -141,13 +145,13 @@ def transfer(sender: OtSender, receiver_message: bytes, messages: list[bytes],
     return out
 
 
-def receive(receiver: OtReceiver, sender_public: bytes, sealed: list[bytes],
-            ctx: bytes) -> bytes:
+def receive(receiver: OtReceiver, sender_public: bytes, sealed: list[bytes], ctx: bytes) -> bytes:
     """Step 4: open e_c with k_c = H(ctx, A, B, b·A) (IntegrityError if it was modified)."""
     c = receiver.choice
     if not 0 <= c < len(sealed):
         raise IntegrityError("oblivious transfer: fewer items than the choice")
     A = point_from_bytes(sender_public, what="sender's point A")
     key = _key(ctx, sender_public, receiver.message, A * receiver.b, c)
-    return open_sealed(key, sealed[c], context(b"pdpfl-ot-item", ctx, c),
-                       what="oblivious-transfer item")
+    return open_sealed(
+        key, sealed[c], context(b"pdpfl-ot-item", ctx, c), what="oblivious-transfer item"
+    )

@@ -128,7 +128,11 @@ class PaillierPublicKey:
         return b"".join(int(c).to_bytes(width, "little") for c in cts)
 
     def ciphertexts_from_bytes(
-        self, data: bytes, count: int | None = None, *, check_units: bool = False,
+        self,
+        data: bytes,
+        count: int | None = None,
+        *,
+        check_units: bool = False,
         what: str = "ciphertexts",
     ) -> list[mpz]:
         """Parse fixed-width ciphertexts; anything outside [1, n²) (or a non-unit) raises."""

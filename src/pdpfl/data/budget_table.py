@@ -76,8 +76,11 @@ class BudgetTable:
 
 def _epsilons(values: Any, ids: np.ndarray, where: Where) -> np.ndarray:
     """Finite ε > 0 per id, or an error naming the id, the position and what is wrong."""
-    raw = list(np.asarray(values, dtype=object).reshape(-1)) if not isinstance(
-        values, list) else values
+    raw = (
+        list(np.asarray(values, dtype=object).reshape(-1))
+        if not isinstance(values, list)
+        else values
+    )
     out = np.empty(len(raw), dtype=np.float64)
     for i, v in enumerate(raw):
         who = f"record id {int(ids[i])} ({where.at([i])})"
@@ -92,11 +95,11 @@ def _epsilons(values: Any, ids: np.ndarray, where: Where) -> np.ndarray:
                 raise TypeError
             eps = float(v.strip()) if isinstance(v, str) else float(v)
         except (TypeError, ValueError):
-            raise DataValidationError(
-                f"{where.source}: {who}: ε {v!r} is not a number") from None
+            raise DataValidationError(f"{where.source}: {who}: ε {v!r} is not a number") from None
         if not (np.isfinite(eps) and eps > 0):
             raise DataValidationError(
-                f"{where.source}: {who}: ε = {eps!r}; every ε must be a finite number > 0")
+                f"{where.source}: {who}: ε = {eps!r}; every ε must be a finite number > 0"
+            )
         out[i] = eps
     return out
 
@@ -104,8 +107,11 @@ def _epsilons(values: Any, ids: np.ndarray, where: Where) -> np.ndarray:
 def budget_table(budgets: Any, *, source: str = "budgets") -> BudgetTable:
     """Validated budgets from a dict ``id -> ε``, a pandas Series indexed by id, a pair
     ``(ids, values)`` or a 1-D array indexed by id (``budgets[i]`` is the ε of record ``i``)."""
-    if hasattr(budgets, "index") and hasattr(budgets, "to_numpy") and not isinstance(
-            budgets, np.ndarray):  # a pandas Series indexed by record id
+    if (
+        hasattr(budgets, "index")
+        and hasattr(budgets, "to_numpy")
+        and not isinstance(budgets, np.ndarray)
+    ):  # a pandas Series indexed by record id
         keys: Any = np.asarray(budgets.index)
         values: Any = list(budgets.to_numpy(dtype=object))
         where = Where(f"{source} (Series)", rows=list(keys), word="index")
@@ -125,8 +131,9 @@ def budget_table(budgets: Any, *, source: str = "budgets") -> BudgetTable:
             )
         array = np.asarray(budgets, dtype=object)
         if array.ndim != 1:
-            raise DataValidationError(f"{source}: expected a 1-D array indexed by record id, "
-                                      f"got shape {array.shape}")
+            raise DataValidationError(
+                f"{source}: expected a 1-D array indexed by record id, got shape {array.shape}"
+            )
         values = list(array)
         keys = np.arange(len(values))
         where = Where(f"{source} (array indexed by record id)", word="index")
@@ -165,20 +172,27 @@ def read_table(path: Any) -> BudgetTable:
         raise DataValidationError(f"budgets.file: {p}: not a readable CSV ({err})") from None
     missing = [c for c in BUDGET_TABLE_COLUMNS if c not in header]
     if missing:
-        raise DataValidationError(f"budgets.file: {p}: no column {missing[0]!r} in the header "
-                                  f"{header}")
+        raise DataValidationError(
+            f"budgets.file: {p}: no column {missing[0]!r} in the header {header}"
+        )
     if not rows:
         raise DataValidationError(f"budgets.file: {p}: no rows after the header")
     j_id, j_eps = (header.index(c) for c in BUDGET_TABLE_COLUMNS)
     short = [line for line, r in rows if len(r) <= max(j_id, j_eps)]
     if short:
-        raise DataValidationError(f"budgets.file: {p}: row {short[0]} has fewer than "
-                                  f"{max(j_id, j_eps) + 1} fields")
+        raise DataValidationError(
+            f"budgets.file: {p}: row {short[0]} has fewer than {max(j_id, j_eps) + 1} fields"
+        )
     lines = [line for line, _ in rows]
-    ids = check_record_ids([r[j_id] for _, r in rows],
-                           where=Where(f"budgets.file: {p}, column 'record_id'", lines, "row"))
-    values = _epsilons([r[j_eps] for _, r in rows], ids,
-                       Where(f"budgets.file: {p}, column 'epsilon'", lines, "row"))
+    ids = check_record_ids(
+        [r[j_id] for _, r in rows],
+        where=Where(f"budgets.file: {p}, column 'record_id'", lines, "row"),
+    )
+    values = _epsilons(
+        [r[j_eps] for _, r in rows],
+        ids,
+        Where(f"budgets.file: {p}, column 'epsilon'", lines, "row"),
+    )
     return BudgetTable(ids, values, Where(f"budgets.file: {p}", lines, "row"))
 
 
@@ -189,8 +203,11 @@ def read_budget_table(path: Any) -> dict[int, float]:
 
 def _known_ids(clients: list[Any]) -> np.ndarray:
     parts = [np.asarray(c.record_ids, dtype=np.int64) for c in clients]
-    parts += [np.asarray(c.test_record_ids, dtype=np.int64) for c in clients
-              if getattr(c, "test_record_ids", None) is not None]
+    parts += [
+        np.asarray(c.test_record_ids, dtype=np.int64)
+        for c in clients
+        if getattr(c, "test_record_ids", None) is not None
+    ]
     return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
 
@@ -198,18 +215,23 @@ def _unmatched_message(table: BudgetTable, pos: np.ndarray, *, ignore: bool) -> 
     example = ", ".join(f"{int(table.ids[i])}" for i in pos[:5])
     where = table.where.at(pos)
     if ignore:
-        return (f"budgets: {pos.size} budget(s) of {table.where.source} are for record ids "
-                f"that are not in the data (e.g. {example}; {where}); they were ignored "
-                "(budgets.on_unmatched: ignore)")
-    return (f"{table.where.source}: {pos.size} budget(s) are for record ids that are not in "
-            f"the data (e.g. {example}; {where}); fix those ids (a typo or another data set?) "
-            "or set budgets.on_unmatched: ignore to train without them")
+        return (
+            f"budgets: {pos.size} budget(s) of {table.where.source} are for record ids "
+            f"that are not in the data (e.g. {example}; {where}); they were ignored "
+            "(budgets.on_unmatched: ignore)"
+        )
+    return (
+        f"{table.where.source}: {pos.size} budget(s) are for record ids that are not in "
+        f"the data (e.g. {example}; {where}); fix those ids (a typo or another data set?) "
+        "or set budgets.on_unmatched: ignore to train without them"
+    )
 
 
 def _check_on_unmatched(on_unmatched: str) -> bool:
     if on_unmatched not in ON_UNMATCHED:
-        raise ValueError(f"on_unmatched: expected one of {list(ON_UNMATCHED)}, got "
-                         f"{on_unmatched!r}")
+        raise ValueError(
+            f"on_unmatched: expected one of {list(ON_UNMATCHED)}, got {on_unmatched!r}"
+        )
     return on_unmatched == "ignore"
 
 
@@ -226,8 +248,9 @@ def _train_values(table: BudgetTable, client: Any, k: int) -> np.ndarray:
     return values
 
 
-def align_budgets(federation: Federation, budgets: Any, *,
-                  on_unmatched: str = "error") -> list[np.ndarray]:
+def align_budgets(
+    federation: Federation, budgets: Any, *, on_unmatched: str = "error"
+) -> list[np.ndarray]:
     """Each silo's per-record budgets in its train order, matched by record id.
 
     ``budgets``: a mapping ``record id -> ε`` (a dict, or a pandas Series indexed by id), a
@@ -252,8 +275,9 @@ def unmatched_budgets_warning(federation: Federation, budgets: Any) -> str | Non
     return _unmatched_message(table, pos, ignore=True) if pos.size else None
 
 
-def silo_budgets(path: Any, record_ids: np.ndarray, *, silo: Any = None,
-                 on_unmatched: str = "error") -> np.ndarray:
+def silo_budgets(
+    path: Any, record_ids: np.ndarray, *, silo: Any = None, on_unmatched: str = "error"
+) -> np.ndarray:
     """One silo's budgets from a table keyed by record id, in the order of ``record_ids``.
 
     With ``silo`` (its :class:`~pdpfl.data.federation.ClientData`; give it when the file is this
@@ -273,7 +297,8 @@ def silo_budgets(path: Any, record_ids: np.ndarray, *, silo: Any = None,
     if len(missing):
         raise DataValidationError(
             f"budgets.file: {len(missing)} training record(s) of this silo have no row in "
-            f"{path} (record ids e.g. {missing[:5].tolist()}); give one ε per record id")
+            f"{path} (record ids e.g. {missing[:5].tolist()}); give one ε per record id"
+        )
     return values
 
 

@@ -33,8 +33,18 @@ TRAIN_BATCHES = tuple(f"data_batch_{k}.bin" for k in range(1, 6))
 TEST_BATCHES = ("test_batch.bin",)
 RECORD_BYTES = 1 + 3 * 32 * 32
 NUM_TRAIN = 50_000
-CLASS_NAMES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse",
-               "ship", "truck"]
+CLASS_NAMES = [
+    "airplane",
+    "automobile",
+    "bird",
+    "cat",
+    "deer",
+    "dog",
+    "frog",
+    "horse",
+    "ship",
+    "truck",
+]
 POOLS = ("train", "test", "all")
 
 
@@ -60,8 +70,9 @@ def _extracted_folder(data_dir: str | os.PathLike[str] | None) -> Path | None:
     return None
 
 
-def read_batches(names: tuple[str, ...], data_dir: str | os.PathLike[str] | None = None, *,
-                 download: bool = True) -> tuple[np.ndarray, np.ndarray]:
+def read_batches(
+    names: tuple[str, ...], data_dir: str | os.PathLike[str] | None = None, *, download: bool = True
+) -> tuple[np.ndarray, np.ndarray]:
     """Concatenated ``(images uint8 (n, 3, 32, 32), labels)`` of the named batch files."""
     blobs: dict[str, bytes] = {}
     folder = _extracted_folder(data_dir)
@@ -83,8 +94,9 @@ def read_batches(names: tuple[str, ...], data_dir: str | os.PathLike[str] | None
     return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
 
 
-def cifar10_pool(pool: str = "train", *, data_dir: str | os.PathLike[str] | None = None,
-                 download: bool = True) -> Pool:
+def cifar10_pool(
+    pool: str = "train", *, data_dir: str | os.PathLike[str] | None = None, download: bool = True
+) -> Pool:
     """The records of ``pool`` (``train``: 50k, ``test``: 10k, ``all``: 60k)."""
     if pool not in POOLS:
         raise ValueError(f"pool must be one of {list(POOLS)}, got {pool!r}")
@@ -99,7 +111,13 @@ def cifar10_pool(pool: str = "train", *, data_dir: str | os.PathLike[str] | None
         xs.append(x)
         ys.append(y)
         ids.append(NUM_TRAIN + np.arange(len(y), dtype=np.int64))
-    return Pool(name="cifar10", x=np.concatenate(xs).astype(np.float32) / 255.0,
-                y=np.concatenate(ys), record_ids=np.concatenate(ids),
-                input_shape=(3, 32, 32), num_classes=10, class_names=list(CLASS_NAMES),
-                channel_stats=((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)))
+    return Pool(
+        name="cifar10",
+        x=np.concatenate(xs).astype(np.float32) / 255.0,
+        y=np.concatenate(ys),
+        record_ids=np.concatenate(ids),
+        input_shape=(3, 32, 32),
+        num_classes=10,
+        class_names=list(CLASS_NAMES),
+        channel_stats=((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
+    )

@@ -119,13 +119,17 @@ def federation_from_arrays(
     if isinstance(num_clients, bool) or not isinstance(num_clients, int) or num_clients < 1:
         raise ValueError(f"num_clients must be an integer >= 1, got {num_clients!r}")
     d = preprocess(
-        x, y, numpy_generator(seed, f"split:{name}"), test_fraction=test_fraction,
+        x,
+        y,
+        numpy_generator(seed, f"split:{name}"),
+        test_fraction=test_fraction,
         majority_fraction=majority_fraction,
     )
     n = len(d["y_train"])
     if users is not None:
-        alloc = assign_users(n, num_silos=num_clients,
-                             rng=numpy_generator(seed, f"users:{name}"), **users)
+        alloc = assign_users(
+            n, num_silos=num_clients, rng=numpy_generator(seed, f"users:{name}"), **users
+        )
         silo_of, user_of = alloc.silo_ids, alloc.user_ids
     else:
         silo_of = numpy_generator(seed, f"partition:{name}").permutation(n) % num_clients
@@ -135,19 +139,31 @@ def federation_from_arrays(
     for k in range(num_clients):
         tr = np.flatnonzero(silo_of == k)
         te = np.flatnonzero(test_silo == k)
-        clients.append(ClientData(
-            name=f"client-{k}", x_train=d["x_train"][tr], y_train=d["y_train"][tr],
-            x_test=d["x_test"][te], y_test=d["y_test"][te], record_ids=d["train_ids"][tr],
-            user_ids=None if user_of is None else user_of[tr],
-            test_record_ids=d["test_ids"][te],
-        ))
+        clients.append(
+            ClientData(
+                name=f"client-{k}",
+                x_train=d["x_train"][tr],
+                y_train=d["y_train"][tr],
+                x_test=d["x_test"][te],
+                y_test=d["y_test"][te],
+                record_ids=d["train_ids"][tr],
+                user_ids=None if user_of is None else user_of[tr],
+                test_record_ids=d["test_ids"][te],
+            )
+        )
     return Federation(
-        name=name, clients=clients, input_shape=(x.shape[1],), num_classes=2,
+        name=name,
+        clients=clients,
+        input_shape=(x.shape[1],),
+        num_classes=2,
         feature_names=list(FEATURES) if x.shape[1] == len(FEATURES) else None,
         class_names=["legitimate", "fraud"],
-        metadata={"seed": seed, "test_fraction": test_fraction,
-                  "majority_fraction": majority_fraction,
-                  **({"users": dict(users)} if users else {})},
+        metadata={
+            "seed": seed,
+            "test_fraction": test_fraction,
+            "majority_fraction": majority_fraction,
+            **({"users": dict(users)} if users else {}),
+        },
     )
 
 
@@ -165,6 +181,11 @@ def load_creditcard(
     path = resolve_file(SPEC, data_dir, download_missing=download)
     x, y = read_csv(path)
     return federation_from_arrays(
-        x, y, num_clients=num_clients, seed=seed, users=users, test_fraction=test_fraction,
+        x,
+        y,
+        num_clients=num_clients,
+        seed=seed,
+        users=users,
+        test_fraction=test_fraction,
         majority_fraction=majority_fraction,
     )

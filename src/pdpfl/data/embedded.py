@@ -15,15 +15,22 @@ def digits_pool(*, flat: bool = True) -> Pool:
     from sklearn.datasets import load_digits
 
     d = load_digits()
-    x = (np.asarray(d.data, dtype=np.float32) / 16.0)
+    x = np.asarray(d.data, dtype=np.float32) / 16.0
     shape: tuple[int, ...] = (64,)
     names: list[str] | None = [f"pixel_{r}_{c}" for r in range(8) for c in range(8)]
     if not flat:
         x = x.reshape(-1, 1, 8, 8)
         shape, names = (1, 8, 8), None
-    return Pool(name="digits", x=x, y=np.asarray(d.target, dtype=np.int64),
-                record_ids=np.arange(len(x), dtype=np.int64), input_shape=shape,
-                num_classes=10, feature_names=names, class_names=[str(k) for k in range(10)])
+    return Pool(
+        name="digits",
+        x=x,
+        y=np.asarray(d.target, dtype=np.int64),
+        record_ids=np.arange(len(x), dtype=np.int64),
+        input_shape=shape,
+        num_classes=10,
+        feature_names=names,
+        class_names=[str(k) for k in range(10)],
+    )
 
 
 def breast_cancer_pool() -> Pool:
@@ -31,8 +38,13 @@ def breast_cancer_pool() -> Pool:
     from sklearn.datasets import load_breast_cancer
 
     d = load_breast_cancer()
-    return Pool(name="breast-cancer", x=np.asarray(d.data, dtype=np.float64),
-                y=np.asarray(d.target, dtype=np.int64),
-                record_ids=np.arange(len(d.target), dtype=np.int64), input_shape=(30,),
-                num_classes=2, feature_names=[str(f) for f in d.feature_names],
-                class_names=[str(c) for c in d.target_names])
+    return Pool(
+        name="breast-cancer",
+        x=np.asarray(d.data, dtype=np.float64),
+        y=np.asarray(d.target, dtype=np.int64),
+        record_ids=np.arange(len(d.target), dtype=np.int64),
+        input_shape=(30,),
+        num_classes=2,
+        feature_names=[str(f) for f in d.feature_names],
+        class_names=[str(c) for c in d.target_names],
+    )

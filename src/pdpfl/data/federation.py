@@ -61,8 +61,10 @@ class ClientData:
         self.y_train = _as_int64(self.y_train).reshape(-1)
         self.y_test = _as_int64(self.y_test).reshape(-1)
         self.record_ids = _as_int64(self.record_ids).reshape(-1)
-        for side, x, ids in (("training", self.x_train, self.record_ids),
-                             ("test", self.x_test, self.test_record_ids)):
+        for side, x, ids in (
+            ("training", self.x_train, self.record_ids),
+            ("test", self.x_test, self.test_record_ids),
+        ):
             bad = non_finite_records(x)
             if bad.any():
                 raise DataValidationError(
@@ -191,7 +193,8 @@ class Federation:
         test_ids = None
         if all(c.test_record_ids is not None for c in cs):
             test_ids = np.concatenate(
-                [c.test_record_ids for c in cs if c.test_record_ids is not None])
+                [c.test_record_ids for c in cs if c.test_record_ids is not None]
+            )
         return ClientData(
             name=f"{self.name}-pooled",
             x_train=np.concatenate([c.x_train for c in cs]),

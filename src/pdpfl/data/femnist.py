@@ -156,8 +156,9 @@ def database_path(data_dir: str | os.PathLike[str] | None = None, *, download: b
     return target
 
 
-def read_split(database: str | os.PathLike[str], split: str) -> dict[str, tuple[np.ndarray,
-                                                                                np.ndarray]]:
+def read_split(
+    database: str | os.PathLike[str], split: str
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """``{writer id: (pixels float32 (n, 28, 28), labels int64)}`` of ``train`` or ``test``."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {sorted(SPLITS)}, got {split!r}")
@@ -179,8 +180,12 @@ def read_split(database: str | os.PathLike[str], split: str) -> dict[str, tuple[
         for client, proto in rows:
             ex = parse_example(proto)
             px, lab = ex.get("pixels"), ex.get("label")
-            if not isinstance(px, np.ndarray) or px.size != 784 or not isinstance(
-                    lab, np.ndarray) or lab.size != 1:
+            if (
+                not isinstance(px, np.ndarray)
+                or px.size != 784
+                or not isinstance(lab, np.ndarray)
+                or lab.size != 1
+            ):
                 raise ValueError(f"{database}: malformed example of client {client!r}")
             pixels.setdefault(client, []).append(px.reshape(28, 28))
             labels.setdefault(client, []).append(int(lab[0]))
@@ -208,8 +213,9 @@ def load_femnist_digits(
     3,383 keeps a seeded random subset of the writers.
     """
     if partition not in PARTITIONS:
-        raise ValueError(f"partition must be one of {list(PARTITIONS)} for femnist-digits, "
-                         f"got {partition!r}")
+        raise ValueError(
+            f"partition must be one of {list(PARTITIONS)} for femnist-digits, got {partition!r}"
+        )
     db = database_path(data_dir, download=download)
     train, test = read_split(db, "train"), read_split(db, "test")
     writers = sorted(set(train) | set(test))
@@ -236,16 +242,29 @@ def load_femnist_digits(
         x_tr, x_te = xs_tr[k], xs_te[k]
         if invert:
             x_tr, x_te = 1.0 - x_tr, 1.0 - x_te
-        clients.append(ClientData(
-            name=str(w), x_train=x_tr[:, None], y_train=ys_tr[k], x_test=x_te[:, None],
-            y_test=ys_te[k], record_ids=np.arange(offset_tr, offset_tr + len(ys_tr[k])),
-            test_record_ids=np.arange(offset_te, offset_te + len(ys_te[k])),
-        ))
+        clients.append(
+            ClientData(
+                name=str(w),
+                x_train=x_tr[:, None],
+                y_train=ys_tr[k],
+                x_test=x_te[:, None],
+                y_test=ys_te[k],
+                record_ids=np.arange(offset_tr, offset_tr + len(ys_tr[k])),
+                test_record_ids=np.arange(offset_te, offset_te + len(ys_te[k])),
+            )
+        )
         offset_tr += len(ys_tr[k])
         offset_te += len(ys_te[k])
     return Federation(
-        name="femnist-digits", clients=clients, input_shape=(1, 28, 28), num_classes=10,
+        name="femnist-digits",
+        clients=clients,
+        input_shape=(1, 28, 28),
+        num_classes=10,
         class_names=[str(k) for k in range(10)],
-        metadata={"partition": partition, "seed": seed, "writers": len(writers),
-                  "invert": bool(invert)},
+        metadata={
+            "partition": partition,
+            "seed": seed,
+            "writers": len(writers),
+            "invert": bool(invert),
+        },
     )

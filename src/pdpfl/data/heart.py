@@ -34,16 +34,46 @@ BASE_URL = "https://archive.ics.uci.edu/ml/machine-learning-databases/heart-dise
 CENTRES: tuple[tuple[str, str, str], ...] = (
     ("cleveland", "cleveland", "a74b7efa387bc9d108d7d0115d831fe9b414b29ae7124f331b622b4efa0427c8"),
     ("hungary", "hungarian", "d1ad108f785768cd3d7e82dc522e6f5a61eea93cccfb3a46ee8076f73fc3d796"),
-    ("switzerland", "switzerland",
-     "834a405ccf5b66ab4056bb77794adc8df0b7125186454c0a1d002d33c6c3b314"),
+    (
+        "switzerland",
+        "switzerland",
+        "834a405ccf5b66ab4056bb77794adc8df0b7125186454c0a1d002d33c6c3b314",
+    ),
     ("va-long-beach", "va", "e7c93d8d0d2acdadfa4c5e8de768e2191e7f618b952e29623f1f0d5949ff6b8f"),
 )
 
-RAW_COLUMNS = ("age", "sex", "cp", "trestbps", "chol", "fbs", "restecg", "thalach", "exang",
-               "oldpeak", "slope", "ca", "thal", "num")
+RAW_COLUMNS = (
+    "age",
+    "sex",
+    "cp",
+    "trestbps",
+    "chol",
+    "fbs",
+    "restecg",
+    "thalach",
+    "exang",
+    "oldpeak",
+    "slope",
+    "ca",
+    "thal",
+    "num",
+)
 DROPPED_COLUMNS = ("slope", "ca", "thal")
-FEATURE_NAMES = ["age", "sex", "cp_2", "cp_3", "cp_4", "trestbps", "chol", "fbs",
-                 "restecg_1", "restecg_2", "thalach", "exang", "oldpeak"]
+FEATURE_NAMES = [
+    "age",
+    "sex",
+    "cp_2",
+    "cp_3",
+    "cp_4",
+    "trestbps",
+    "chol",
+    "fbs",
+    "restecg_1",
+    "restecg_2",
+    "thalach",
+    "exang",
+    "oldpeak",
+]
 CLASS_NAMES = ["no-disease", "disease"]
 
 
@@ -77,8 +107,9 @@ def parse_processed(text: str) -> np.ndarray:
         try:
             rows.append([np.nan if f.strip() == "?" else float(f) for f in fields])
         except ValueError:
-            raise ValueError(f"line {len(rows) + 1}: a field is not a number or '?': "
-                             f"{line!r}") from None
+            raise ValueError(
+                f"line {len(rows) + 1}: a field is not a number or '?': {line!r}"
+            ) from None
     return np.asarray(rows, dtype=np.float64)
 
 
@@ -96,17 +127,26 @@ def encode(raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
             raise ValueError(f"column {name!r} has values outside {levels}: {np.unique(v[bad])}")
         return [(v == lv).astype(np.float64) for lv in levels[1:]]
 
-    feats = [r[:, col["age"]], r[:, col["sex"]], *onehot("cp", (1, 2, 3, 4)),
-             r[:, col["trestbps"]], r[:, col["chol"]], r[:, col["fbs"]],
-             *onehot("restecg", (0, 1, 2)), r[:, col["thalach"]], r[:, col["exang"]],
-             r[:, col["oldpeak"]]]
+    feats = [
+        r[:, col["age"]],
+        r[:, col["sex"]],
+        *onehot("cp", (1, 2, 3, 4)),
+        r[:, col["trestbps"]],
+        r[:, col["chol"]],
+        r[:, col["fbs"]],
+        *onehot("restecg", (0, 1, 2)),
+        r[:, col["thalach"]],
+        r[:, col["exang"]],
+        r[:, col["oldpeak"]],
+    ]
     x = np.stack(feats, axis=1)
     y = (r[:, col["num"]] != 0).astype(np.int64)
     return x, y, keep
 
 
-def load_centres(data_dir: str | os.PathLike[str] | None = None, *,
-                 download: bool = True) -> list[HeartCentre]:
+def load_centres(
+    data_dir: str | os.PathLike[str] | None = None, *, download: bool = True
+) -> list[HeartCentre]:
     """The four cleaned centres (steps 1-3 and 5), unsplit and unnormalized."""
     centres = []
     offset = 0
@@ -115,8 +155,9 @@ def load_centres(data_dir: str | os.PathLike[str] | None = None, *,
         raw = parse_processed(path.read_text(encoding="ascii"))
         x, y, keep = encode(raw)
         lines = np.flatnonzero(keep) + 1  # 1-based (non-empty) line of each kept record
-        check_features(x, where=Where(str(path), rows=lines, word="line"),
-                       columns=list(FEATURE_NAMES))
+        check_features(
+            x, where=Where(str(path), rows=lines, word="line"), columns=list(FEATURE_NAMES)
+        )
         ids = offset + np.flatnonzero(keep)
         centres.append(HeartCentre(name, x, y, ids.astype(np.int64)))
         offset += len(raw)
@@ -146,12 +187,23 @@ def load_heart_disease(
         x_tr, x_te = c.x[tr], c.x[te]
         if normalize:
             x_tr, x_te = zscore(x_tr, x_te)
-        clients.append(ClientData(
-            name=c.name, x_train=x_tr, y_train=c.y[tr], x_test=x_te, y_test=c.y[te],
-            record_ids=c.record_ids[tr], test_record_ids=c.record_ids[te],
-        ))
+        clients.append(
+            ClientData(
+                name=c.name,
+                x_train=x_tr,
+                y_train=c.y[tr],
+                x_test=x_te,
+                y_test=c.y[te],
+                record_ids=c.record_ids[tr],
+                test_record_ids=c.record_ids[te],
+            )
+        )
     return Federation(
-        name="heart-disease", clients=clients, input_shape=(len(FEATURE_NAMES),),
-        num_classes=2, feature_names=list(FEATURE_NAMES), class_names=list(CLASS_NAMES),
+        name="heart-disease",
+        clients=clients,
+        input_shape=(len(FEATURE_NAMES),),
+        num_classes=2,
+        feature_names=list(FEATURE_NAMES),
+        class_names=list(CLASS_NAMES),
         metadata={"fixed_silos": True, "test_fraction": test_fraction},
     )

@@ -8,7 +8,12 @@ import os
 import numpy as np
 
 _DTYPES: dict[int, str] = {
-    0x08: "u1", 0x09: "i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"
+    0x08: "u1",
+    0x09: "i1",
+    0x0B: ">i2",
+    0x0C: ">i4",
+    0x0D: ">f4",
+    0x0E: ">f8",
 }
 
 
@@ -26,10 +31,14 @@ def parse_idx(data: bytes) -> np.ndarray:
     dtype = np.dtype(_DTYPES[code])
     expected = int(np.prod(dims, dtype=np.int64)) * dtype.itemsize
     if len(data) - header != expected:
-        raise ValueError(f"IDX: payload has {len(data) - header} bytes, dims {dims} need "
-                         f"{expected}")
-    return np.frombuffer(data, dtype=dtype, offset=header).reshape(dims).astype(
-        dtype.newbyteorder("="))
+        raise ValueError(
+            f"IDX: payload has {len(data) - header} bytes, dims {dims} need {expected}"
+        )
+    return (
+        np.frombuffer(data, dtype=dtype, offset=header)
+        .reshape(dims)
+        .astype(dtype.newbyteorder("="))
+    )
 
 
 def read_idx(path: str | os.PathLike[str]) -> np.ndarray:

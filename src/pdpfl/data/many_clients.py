@@ -66,8 +66,9 @@ def label_mix_partition(
             if total <= 0:  # degenerate draw (all mass underflowed): uniform over labels left
                 pick = labels[int(rng.integers(len(labels)))]
             else:
-                pick = labels[min(int(np.searchsorted(row, rng.random() * total, "right")),
-                                  len(labels) - 1)]
+                pick = labels[
+                    min(int(np.searchsorted(row, rng.random() * total, "right")), len(labels) - 1)
+                ]
             remaining[pick] -= 1
             counts[current, pick] += 1
             current = (current + 1) % m
@@ -102,14 +103,23 @@ def federate_train_test(
         raise ValueError("test_parts: one entry per client")
     clients = []
     for k, (tr, te) in enumerate(zip(train_parts, test_parts, strict=True)):
-        clients.append(ClientData(
-            name=client_names[k] if client_names else f"client-{k}",
-            x_train=train.x[tr], y_train=train.y[tr], x_test=test.x[te], y_test=test.y[te],
-            record_ids=train.record_ids[tr], test_record_ids=test.record_ids[te],
-        ))
+        clients.append(
+            ClientData(
+                name=client_names[k] if client_names else f"client-{k}",
+                x_train=train.x[tr],
+                y_train=train.y[tr],
+                x_test=test.x[te],
+                y_test=test.y[te],
+                record_ids=train.record_ids[tr],
+                test_record_ids=test.record_ids[te],
+            )
+        )
     return Federation(
-        name=name, clients=clients, input_shape=train.input_shape,
-        num_classes=train.num_classes, class_names=train.class_names,
+        name=name,
+        clients=clients,
+        input_shape=train.input_shape,
+        num_classes=train.num_classes,
+        class_names=train.class_names,
         metadata={"seed": seed, **(metadata or {})},
     )
 
@@ -138,10 +148,13 @@ def load_cifar10_clients(
     if partition == "label-mix":
         unknown = sorted(set(params) - {"concentration"})
         if unknown:
-            raise ValueError(f"unknown partition_params {unknown} for partition 'label-mix'; "
-                             "allowed: ['concentration']")
-        parts = label_mix_partition(train.y, num_clients, rng,
-                                    float(params.get("concentration", 1.0)))
+            raise ValueError(
+                f"unknown partition_params {unknown} for partition 'label-mix'; "
+                "allowed: ['concentration']"
+            )
+        parts = label_mix_partition(
+            train.y, num_clients, rng, float(params.get("concentration", 1.0))
+        )
     elif partition == "uniform":
         if params:
             raise ValueError("partition 'uniform' takes no partition_params")
@@ -149,7 +162,15 @@ def load_cifar10_clients(
     elif partition in PARTITIONS:
         parts = partition_indices(train.y, num_clients, partition, params, rng=rng)
     else:
-        raise ValueError(f"partition must be one of {['label-mix', 'uniform', *PARTITIONS]} "
-                         f"for cifar10-clients, got {partition!r}")
-    return federate_train_test(train, test, parts, seed=seed, name="cifar10-clients",
-                               metadata={"partition": partition, "partition_params": params})
+        raise ValueError(
+            f"partition must be one of {['label-mix', 'uniform', *PARTITIONS]} "
+            f"for cifar10-clients, got {partition!r}"
+        )
+    return federate_train_test(
+        train,
+        test,
+        parts,
+        seed=seed,
+        name="cifar10-clients",
+        metadata={"partition": partition, "partition_params": params},
+    )

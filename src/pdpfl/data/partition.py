@@ -43,8 +43,9 @@ PARTITIONS: dict[str, tuple[str, ...]] = {
 }
 
 
-def _int_param(params: dict[str, Any], name: str, default: int | None, low: int,
-               high: int | None = None) -> int | None:
+def _int_param(
+    params: dict[str, Any], name: str, default: int | None, low: int, high: int | None = None
+) -> int | None:
     value = params.get(name, default)
     if value is None:
         return None
@@ -60,17 +61,22 @@ def _int_param(params: dict[str, Any], name: str, default: int | None, low: int,
     return value
 
 
-def _iid(y: np.ndarray, m: int, params: dict[str, Any],
-         rng: np.random.Generator) -> list[np.ndarray]:
+def _iid(
+    y: np.ndarray, m: int, params: dict[str, Any], rng: np.random.Generator
+) -> list[np.ndarray]:
     return [np.sort(p) for p in np.array_split(rng.permutation(len(y)), m)]
 
 
-def _n_way_k_shot(y: np.ndarray, m: int, params: dict[str, Any],
-                  rng: np.random.Generator) -> list[np.ndarray]:
+def _n_way_k_shot(
+    y: np.ndarray, m: int, params: dict[str, Any], rng: np.random.Generator
+) -> list[np.ndarray]:
     classes = np.unique(y)
     n_classes = len(classes)
-    if "n_way" in params and "classes_per_client" in params and (
-            params["n_way"] != params["classes_per_client"]):
+    if (
+        "n_way" in params
+        and "classes_per_client" in params
+        and (params["n_way"] != params["classes_per_client"])
+    ):
         raise ValueError("give either 'n_way' or its alias 'classes_per_client', not both")
     key = "n_way" if "n_way" in params else "classes_per_client"
     n_way = _int_param(params, key, min(2, n_classes), 1, n_classes)
@@ -96,12 +102,13 @@ def _n_way_k_shot(y: np.ndarray, m: int, params: dict[str, Any],
     for c, h in holders.items():
         idx = by_class[c][rng.permutation(len(by_class[c]))]
         for j, client in enumerate(h):
-            parts[client].append(idx[j * k_shot:(j + 1) * k_shot])
+            parts[client].append(idx[j * k_shot : (j + 1) * k_shot])
     return [np.sort(np.concatenate(p)) for p in parts]
 
 
-def _shards(y: np.ndarray, m: int, params: dict[str, Any],
-            rng: np.random.Generator) -> list[np.ndarray]:
+def _shards(
+    y: np.ndarray, m: int, params: dict[str, Any], rng: np.random.Generator
+) -> list[np.ndarray]:
     most = max(1, len(y) // m)
     s = _int_param(params, "shards_per_client", min(2, most), 1, most)
     assert s is not None
@@ -112,8 +119,9 @@ def _shards(y: np.ndarray, m: int, params: dict[str, Any],
     return [np.sort(np.concatenate([shards[k] for k in row])) for row in deal]
 
 
-def _label_shards(y: np.ndarray, m: int, params: dict[str, Any],
-                  rng: np.random.Generator) -> list[np.ndarray]:
+def _label_shards(
+    y: np.ndarray, m: int, params: dict[str, Any], rng: np.random.Generator
+) -> list[np.ndarray]:
     most = max(1, len(y) // m)
     s = _int_param(params, "shards_per_client", min(4, most), 1, most)
     assert s is not None
@@ -139,13 +147,12 @@ def _label_shards(y: np.ndarray, m: int, params: dict[str, Any],
     return [np.sort(np.concatenate([shards[k] for k in row])) for row in deal]
 
 
-def _dirichlet(y: np.ndarray, m: int, params: dict[str, Any],
-               rng: np.random.Generator) -> list[np.ndarray]:
+def _dirichlet(
+    y: np.ndarray, m: int, params: dict[str, Any], rng: np.random.Generator
+) -> list[np.ndarray]:
     beta = params.get("beta", 0.5)
-    if isinstance(beta, bool) or not isinstance(beta, int | float) or not (
-            0 < beta < float("inf")):
-        raise ValueError(f"partition parameter 'beta' must be a finite number > 0, got "
-                         f"{beta!r}")
+    if isinstance(beta, bool) or not isinstance(beta, int | float) or not (0 < beta < float("inf")):
+        raise ValueError(f"partition parameter 'beta' must be a finite number > 0, got {beta!r}")
     min_size = _int_param(params, "min_size", min(10, len(y) // m), 0, len(y) // m)
     tries = _int_param(params, "max_tries", 1000, 1)
     assert min_size is not None and tries is not None
@@ -169,7 +176,10 @@ def _dirichlet(y: np.ndarray, m: int, params: dict[str, Any],
 
 
 _BUILDERS: dict[str, Callable[..., list[np.ndarray]]] = {
-    "iid": _iid, "n-way-k-shot": _n_way_k_shot, "shards": _shards, "dirichlet": _dirichlet,
+    "iid": _iid,
+    "n-way-k-shot": _n_way_k_shot,
+    "shards": _shards,
+    "dirichlet": _dirichlet,
     "label-shards": _label_shards,
 }
 
@@ -200,7 +210,10 @@ def partition_indices(
             f"unknown partition_params {unknown} for partition {method!r}; allowed: {allowed}"
         )
     y = np.asarray(labels).reshape(-1)
-    if isinstance(num_clients, bool) or not isinstance(num_clients, int | np.integer) or not (
-            1 <= num_clients <= len(y)):
+    if (
+        isinstance(num_clients, bool)
+        or not isinstance(num_clients, int | np.integer)
+        or not (1 <= num_clients <= len(y))
+    ):
         raise ValueError(f"num_clients must be an integer in [1, {len(y)}], got {num_clients!r}")
     return _BUILDERS[method](y, int(num_clients), params, rng)

@@ -45,8 +45,9 @@ def _zscore(train: np.ndarray, test: np.ndarray) -> tuple[np.ndarray, np.ndarray
     return (train - mean) / std, (test - mean) / std
 
 
-def _every_user_trains(splits: list[tuple[np.ndarray, np.ndarray]], user_ids: np.ndarray,
-                       num_users: int) -> list[tuple[np.ndarray, np.ndarray]]:
+def _every_user_trains(
+    splits: list[tuple[np.ndarray, np.ndarray]], user_ids: np.ndarray, num_users: int
+) -> list[tuple[np.ndarray, np.ndarray]]:
     """Move one test record of each user that has no training record into its silo's train
     split (every user of a user-level federation has at least one training record)."""
     trained = np.zeros(num_users, dtype=bool)
@@ -91,49 +92,72 @@ def federate(
     if normalize not in NORMALIZATIONS:
         raise ValueError(f"normalize must be one of {list(NORMALIZATIONS)}, got {normalize!r}")
     if normalize == "standard" and pool.channel_stats is None:
-        raise ValueError(f"normalize='standard' needs published channel statistics, which "
-                         f"{pool.name!r} has not; use 'zscore' or 'none'")
+        raise ValueError(
+            f"normalize='standard' needs published channel statistics, which "
+            f"{pool.name!r} has not; use 'zscore' or 'none'"
+        )
     fed_name = name or pool.name
     alloc: UserAllocation | None = None
     silo_names: list[str] | None = None
     if users is not None and pool.silos is not None:
-        raise ValueError("num_users: the silos come from the silo column; user allocation "
-                         "(num_users) cannot also decide them")
+        raise ValueError(
+            "num_users: the silos come from the silo column; user allocation "
+            "(num_users) cannot also decide them"
+        )
     if users is not None:
         if partition != "iid" or partition_params:
-            raise ValueError("partition must be 'iid' (the default) when num_users is given: "
-                             "the user allocation decides each record's silo")
+            raise ValueError(
+                "partition must be 'iid' (the default) when num_users is given: "
+                "the user allocation decides each record's silo"
+            )
         if isinstance(num_clients, bool) or not isinstance(num_clients, int) or num_clients < 1:
             raise ValueError(f"num_clients must be an integer >= 1, got {num_clients!r}")
         extra: dict[str, Any] = {}
         if users.get("labels_per_user") is not None:
             extra["labels"] = pool.y
-        alloc = assign_users(len(pool.y), num_silos=num_clients,
-                             rng=numpy_generator(seed, f"users:{fed_name}"), **users, **extra)
+        alloc = assign_users(
+            len(pool.y),
+            num_silos=num_clients,
+            rng=numpy_generator(seed, f"users:{fed_name}"),
+            **users,
+            **extra,
+        )
         parts = [np.flatnonzero(alloc.silo_ids == k) for k in range(num_clients)]
         empty = [k for k, p in enumerate(parts) if len(p) < 2]
         if empty:
-            raise ValueError(f"user allocation left silos {empty} with fewer than 2 records; "
-                             f"use fewer clients, more users or a smaller alpha_silo")
+            raise ValueError(
+                f"user allocation left silos {empty} with fewer than 2 records; "
+                f"use fewer clients, more users or a smaller alpha_silo"
+            )
     elif pool.silos is not None:
         if partition != "iid" or partition_params:
-            raise ValueError("partition: the silos come from the silo column; leave partition "
-                             "and partition_params out")
+            raise ValueError(
+                "partition: the silos come from the silo column; leave partition "
+                "and partition_params out"
+            )
         keys = np.unique(pool.silos)
         if num_clients is not None and num_clients != len(keys):
-            raise ValueError(f"num_clients: the silo column names {len(keys)} silos, got "
-                             f"num_clients={num_clients} (leave it out)")
+            raise ValueError(
+                f"num_clients: the silo column names {len(keys)} silos, got "
+                f"num_clients={num_clients} (leave it out)"
+            )
         parts = [np.flatnonzero(pool.silos == key) for key in keys]
         silo_names = [str(key) for key in keys]
     else:
         if num_clients is None:
             raise ValueError("num_clients: required when the data has no silo column")
-        parts = partition_indices(pool.y, num_clients, partition, partition_params,
-                                  rng=numpy_generator(seed, f"partition:{fed_name}"))
+        parts = partition_indices(
+            pool.y,
+            num_clients,
+            partition,
+            partition_params,
+            rng=numpy_generator(seed, f"partition:{fed_name}"),
+        )
     splits = []
     for k, part in enumerate(parts):
-        tr_pos, te_pos = stratified_split(pool.y[part], test_fraction,
-                                          numpy_generator(seed, f"split:{fed_name}", k))
+        tr_pos, te_pos = stratified_split(
+            pool.y[part], test_fraction, numpy_generator(seed, f"split:{fed_name}", k)
+        )
         splits.append((part[tr_pos], part[te_pos]))
     if alloc is not None:
         splits = _every_user_trains(splits, alloc.user_ids, alloc.num_users)
@@ -149,20 +173,33 @@ def federate(
             mean = np.asarray(pool.channel_stats[0], np.float32).reshape(shape)
             std = np.asarray(pool.channel_stats[1], np.float32).reshape(shape)
             x_tr, x_te = (x_tr - mean) / std, (x_te - mean) / std
-        clients.append(ClientData(
-            name=f"client-{k}" if silo_names is None else silo_names[k],
-            x_train=x_tr, y_train=pool.y[tr], x_test=x_te,
-            y_test=pool.y[te], record_ids=pool.record_ids[tr],
-            user_ids=None if alloc is None else alloc.user_ids[tr],
-            test_record_ids=pool.record_ids[te],
-        ))
+        clients.append(
+            ClientData(
+                name=f"client-{k}" if silo_names is None else silo_names[k],
+                x_train=x_tr,
+                y_train=pool.y[tr],
+                x_test=x_te,
+                y_test=pool.y[te],
+                record_ids=pool.record_ids[tr],
+                user_ids=None if alloc is None else alloc.user_ids[tr],
+                test_record_ids=pool.record_ids[te],
+            )
+        )
     return Federation(
-        name=fed_name, clients=clients, input_shape=pool.input_shape,
-        num_classes=pool.num_classes, feature_names=pool.feature_names,
+        name=fed_name,
+        clients=clients,
+        input_shape=pool.input_shape,
+        num_classes=pool.num_classes,
+        feature_names=pool.feature_names,
         class_names=pool.class_names,
-        metadata={"partition": "users" if alloc is not None else (
-                      "silo-column" if silo_names is not None else partition),
-                  "partition_params": dict(partition_params or {}), "seed": seed,
-                  "test_fraction": test_fraction, "normalize": normalize,
-                  **({"users": dict(users)} if users else {})},
+        metadata={
+            "partition": "users"
+            if alloc is not None
+            else ("silo-column" if silo_names is not None else partition),
+            "partition_params": dict(partition_params or {}),
+            "seed": seed,
+            "test_fraction": test_fraction,
+            "normalize": normalize,
+            **({"users": dict(users)} if users else {}),
+        },
     )

@@ -121,31 +121,54 @@ def prifedsync_mnist(
     params = {"shards_per_client": s}
     if chosen == "10k":
         pool = mnist_pool("test", data_dir=data_dir, name=name, download=download)
-        fed = federate(pool, num_clients=m, partition="label-shards", partition_params=params,
-                       seed=seed, test_fraction=test_fraction, normalize=normalize, name=name)
+        fed = federate(
+            pool,
+            num_clients=m,
+            partition="label-shards",
+            partition_params=params,
+            seed=seed,
+            test_fraction=test_fraction,
+            normalize=normalize,
+            name=name,
+        )
         fed.metadata.update({"layout": "10k"})
         return fed
     train = mnist_pool("train", data_dir=data_dir, name=name, download=download)
     test = mnist_pool("test", data_dir=data_dir, name=name, download=download)
-    parts = partition_indices(train.y, m, "label-shards", params,
-                              rng=numpy_generator(seed, f"partition:{name}"))
+    parts = partition_indices(
+        train.y, m, "label-shards", params, rng=numpy_generator(seed, f"partition:{name}")
+    )
     clients = []
     for k, part in enumerate(parts):
         labels = np.unique(train.y[part])
         candidates = np.flatnonzero(np.isin(test.y, labels))
         rng = numpy_generator(seed, f"test:{name}", k)
         pick = np.sort(rng.choice(candidates, size=min(n_test, len(candidates)), replace=False))
-        clients.append(ClientData(
-            name=f"client-{k}", x_train=_normalise(train.x[part], train, normalize),
-            y_train=train.y[part], x_test=_normalise(test.x[pick], test, normalize),
-            y_test=test.y[pick], record_ids=train.record_ids[part],
-            test_record_ids=test.record_ids[pick],
-        ))
+        clients.append(
+            ClientData(
+                name=f"client-{k}",
+                x_train=_normalise(train.x[part], train, normalize),
+                y_train=train.y[part],
+                x_test=_normalise(test.x[pick], test, normalize),
+                y_test=test.y[pick],
+                record_ids=train.record_ids[part],
+                test_record_ids=test.record_ids[pick],
+            )
+        )
     return Federation(
-        name=name, clients=clients, input_shape=train.input_shape,
-        num_classes=train.num_classes, class_names=train.class_names,
-        metadata={"layout": "60k", "partition": "label-shards", "partition_params": params,
-                  "test_per_client": n_test, "seed": seed, "normalize": normalize},
+        name=name,
+        clients=clients,
+        input_shape=train.input_shape,
+        num_classes=train.num_classes,
+        class_names=train.class_names,
+        metadata={
+            "layout": "60k",
+            "partition": "label-shards",
+            "partition_params": params,
+            "test_per_client": n_test,
+            "seed": seed,
+            "normalize": normalize,
+        },
     )
 
 
@@ -184,7 +207,7 @@ def dirichlet_disjoint(
             take = np.minimum(rng.multinomial(need, w), left)
             counts += take
             need -= int(take.sum())
-        picks = [pools[c][used[c]:used[c] + counts[c]] for c in range(len(classes))]
+        picks = [pools[c][used[c] : used[c] + counts[c]] for c in range(len(classes))]
         used += counts
         out.append(np.sort(np.concatenate(picks)))
     return out, mixes
@@ -213,8 +236,9 @@ def prifedsync_cifar10(
     name = "prifedsync-cifar10"
     train = cifar10_pool("train", data_dir=data_dir, download=download)
     test = cifar10_pool("test", data_dir=data_dir, download=download)
-    parts, _ = dirichlet_disjoint(train.y, m, n_train, float(beta),
-                                  numpy_generator(seed, f"partition:{name}"))
+    parts, _ = dirichlet_disjoint(
+        train.y, m, n_train, float(beta), numpy_generator(seed, f"partition:{name}")
+    )
     by_label = {int(c): np.flatnonzero(test.y == c) for c in np.unique(test.y)}
     clients = []
     for k, part in enumerate(parts):
@@ -226,18 +250,31 @@ def prifedsync_cifar10(
             avail = by_label.get(int(c), np.zeros(0, np.int64))
             pick.append(rng.choice(avail, size=min(int(t), len(avail)), replace=False))
         sel = np.sort(np.concatenate(pick)).astype(np.int64)
-        clients.append(ClientData(
-            name=f"client-{k}", x_train=_normalise(train.x[part], train, normalize),
-            y_train=train.y[part], x_test=_normalise(test.x[sel], test, normalize),
-            y_test=test.y[sel], record_ids=train.record_ids[part],
-            test_record_ids=test.record_ids[sel],
-        ))
+        clients.append(
+            ClientData(
+                name=f"client-{k}",
+                x_train=_normalise(train.x[part], train, normalize),
+                y_train=train.y[part],
+                x_test=_normalise(test.x[sel], test, normalize),
+                y_test=test.y[sel],
+                record_ids=train.record_ids[part],
+                test_record_ids=test.record_ids[sel],
+            )
+        )
     return Federation(
-        name=name, clients=clients, input_shape=train.input_shape,
-        num_classes=train.num_classes, class_names=train.class_names,
-        metadata={"partition": "dirichlet-disjoint", "beta": float(beta),
-                  "train_per_client": n_train, "test_per_client": n_test, "seed": seed,
-                  "normalize": normalize},
+        name=name,
+        clients=clients,
+        input_shape=train.input_shape,
+        num_classes=train.num_classes,
+        class_names=train.class_names,
+        metadata={
+            "partition": "dirichlet-disjoint",
+            "beta": float(beta),
+            "train_per_client": n_train,
+            "test_per_client": n_test,
+            "seed": seed,
+            "normalize": normalize,
+        },
     )
 
 

@@ -15,8 +15,9 @@ def num_test_records(n: int, test_fraction: float) -> int:
     return int(math.ceil(test_fraction * n - 1e-9))
 
 
-def _largest_remainder(total: int, weights: np.ndarray, caps: np.ndarray,
-                       rng: np.random.Generator) -> np.ndarray:
+def _largest_remainder(
+    total: int, weights: np.ndarray, caps: np.ndarray, rng: np.random.Generator
+) -> np.ndarray:
     """Integer allocation of ``total`` proportional to ``weights`` with per-entry ``caps``."""
     alloc = np.zeros(len(weights), dtype=np.int64)
     remaining = total
@@ -64,7 +65,7 @@ def stratified_split(
         idx = np.flatnonzero(inverse == k)
         idx = idx[rng.permutation(len(idx))]
         test.append(idx[: alloc[k]])
-        train.append(idx[alloc[k]:])
+        train.append(idx[alloc[k] :])
     tr = np.sort(np.concatenate(train)) if train else np.zeros(0, np.int64)
     te = np.sort(np.concatenate(test)) if test else np.zeros(0, np.int64)
     return tr.astype(np.int64), te.astype(np.int64)

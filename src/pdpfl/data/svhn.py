@@ -52,20 +52,33 @@ def read_mat(path: str | os.PathLike[str]) -> tuple[np.ndarray, np.ndarray]:
     return np.ascontiguousarray(np.transpose(x, (3, 2, 0, 1))), np.where(y == 10, 0, y)
 
 
-def svhn_pool(split: str, *, data_dir: str | os.PathLike[str] | None = None,
-              download: bool = True) -> Pool:
+def svhn_pool(
+    split: str, *, data_dir: str | os.PathLike[str] | None = None, download: bool = True
+) -> Pool:
     """The ``train`` (73,257) or ``test`` (26,032) images as a :class:`Pool`."""
     if split not in ("train", "test"):
         raise ValueError(f"split must be 'train' or 'test', got {split!r}")
     x, y = read_mat(resolve_file(spec(f"{split}_32x32.mat"), data_dir, download_missing=download))
     offset = 0 if split == "train" else NUM_TRAIN
-    return Pool(name="svhn", x=x.astype(np.float32) / 255.0, y=y,
-                record_ids=offset + np.arange(len(y), dtype=np.int64), input_shape=(3, 32, 32),
-                num_classes=10, class_names=[str(k) for k in range(10)])
+    return Pool(
+        name="svhn",
+        x=x.astype(np.float32) / 255.0,
+        y=y,
+        record_ids=offset + np.arange(len(y), dtype=np.int64),
+        input_shape=(3, 32, 32),
+        num_classes=10,
+        class_names=[str(k) for k in range(10)],
+    )
 
 
-def load_svhn(*, num_clients: int = 725, partition: str = "iid", seed: int = 42,
-              data_dir: str | os.PathLike[str] | None = None, download: bool = True) -> Federation:
+def load_svhn(
+    *,
+    num_clients: int = 725,
+    partition: str = "iid",
+    seed: int = 42,
+    data_dir: str | os.PathLike[str] | None = None,
+    download: bool = True,
+) -> Federation:
     """SVHN over ``num_clients`` clients, every training image to a uniformly random client."""
     if partition != "iid":
         raise ValueError(f"partition must be 'iid' for svhn (as in IDP-FedAvg), got {partition!r}")
@@ -74,5 +87,6 @@ def load_svhn(*, num_clients: int = 725, partition: str = "iid", seed: int = 42,
     train = svhn_pool("train", data_dir=data_dir, download=download)
     test = svhn_pool("test", data_dir=data_dir, download=download)
     parts = uniform_assignment(len(train.y), num_clients, numpy_generator(seed, "partition:svhn"))
-    return federate_train_test(train, test, parts, seed=seed, name="svhn",
-                               metadata={"partition": "iid"})
+    return federate_train_test(
+        train, test, parts, seed=seed, name="svhn", metadata={"partition": "iid"}
+    )

@@ -53,8 +53,7 @@ def _as_numbers(cells: np.ndarray) -> np.ndarray | None:
 
 
 def _col(where: Where, column: str, option: str) -> Where:
-    return Where(f"{where.source}, column {column!r} (option {option!r})", where.rows,
-                 where.word)
+    return Where(f"{where.source}, column {column!r} (option {option!r})", where.rows, where.word)
 
 
 def csv_pool(
@@ -84,8 +83,9 @@ def csv_pool(
             reader = csv.reader(fh, delimiter=delimiter)
             rows = [(reader.line_num, r) for r in reader]
     except UnicodeDecodeError as err:
-        raise ValueError(f"option 'path': {p} is not UTF-8 text ({err.reason} at byte "
-                         f"{err.start})") from None
+        raise ValueError(
+            f"option 'path': {p} is not UTF-8 text ({err.reason} at byte {err.start})"
+        ) from None
     except csv.Error as err:
         raise ValueError(f"option 'path': {p} is not a readable CSV file ({err})") from None
     rows = [(line, r) for line, r in rows if r]  # blank lines; a row of empty cells is checked
@@ -97,8 +97,9 @@ def csv_pool(
         raise ValueError(f"{p}: column names {repeated} appear more than once in the header")
     label = header[-1] if label_column is None else label_column
     if label not in header:
-        raise ValueError(f"option 'label_column': {label!r} is not a column of {p}; "
-                         f"columns: {header}")
+        raise ValueError(
+            f"option 'label_column': {label!r} is not a column of {p}; columns: {header}"
+        )
     j = header.index(label)
     if isinstance(drop_columns, str):  # "a,b" or "[a, b]" from a command line
         drop_columns = [c.strip() for c in drop_columns.strip("[]").split(",") if c.strip()]
@@ -106,8 +107,9 @@ def csv_pool(
     special = {"silo_column": silo_column, "record_id_column": record_id_column}
     for option, col in [*special.items(), *(("drop_columns", d) for d in drop)]:
         if col is not None and col not in header:
-            raise ValueError(f"option {option!r}: {col!r} is not a column of {p}; "
-                             f"columns: {header}")
+            raise ValueError(
+                f"option {option!r}: {col!r} is not a column of {p}; columns: {header}"
+            )
         if col == label:
             raise ValueError(f"option {option!r}: {col!r} is the label column")
     skip = {j} | {header.index(c) for c in [*special.values(), *drop] if c is not None}
@@ -115,8 +117,10 @@ def csv_pool(
     body = [r for _, r in rows[1:]]
     bad = [line for line, r in rows[1:] if len(r) != len(header)]
     if bad:
-        raise ValueError(f"{p}: rows {bad[:5]} do not have {len(header)} fields (the header's "
-                         f"count, split at {delimiter!r}; option 'delimiter' sets another)")
+        raise ValueError(
+            f"{p}: rows {bad[:5]} do not have {len(header)} fields (the header's "
+            f"count, split at {delimiter!r}; option 'delimiter' sets another)"
+        )
     cols = [k for k in range(len(header)) if k not in skip]
     if not cols:
         raise ValueError(f"{p}: no feature column left after the label and drop_columns")
@@ -128,35 +132,50 @@ def csv_pool(
             try:
                 x[i, out] = float(r[k])
             except ValueError:
-                raise ValueError(f"{p}: column {header[k]!r} row {lines[i]} is not numeric: "
-                                 f"{r[k]!r} (leave it out with option 'drop_columns')") from None
+                raise ValueError(
+                    f"{p}: column {header[k]!r} row {lines[i]} is not numeric: "
+                    f"{r[k]!r} (leave it out with option 'drop_columns')"
+                ) from None
     x = check_features(x, where=where, columns=features)
     raw_labels: np.ndarray = np.asarray([r[j].strip().strip('"') for r in body])
     numeric = _as_numbers(raw_labels)
     if numeric is not None:  # "1" and "1.0" are one class; 0.5 is refused as continuous
         raw_labels = numeric
-    y, num_classes, class_names = check_labels(raw_labels, where=_col(where, label,
-                                                                      "label_column"))
+    y, num_classes, class_names = check_labels(raw_labels, where=_col(where, label, "label_column"))
     ids = np.arange(len(y), dtype=np.int64)
     if record_id_column is not None:
         k = header.index(record_id_column)
-        ids = check_record_ids([r[k] for r in body],
-                               where=_col(where, record_id_column, "record_id_column"))
+        ids = check_record_ids(
+            [r[k] for r in body], where=_col(where, record_id_column, "record_id_column")
+        )
     silos = None
     if silo_column is not None:
         k = header.index(silo_column)
-        silos = check_silo_keys(np.asarray([r[k].strip().strip('"') for r in body]),
-                                where=_col(where, silo_column, "silo_column"))
+        silos = check_silo_keys(
+            np.asarray([r[k].strip().strip('"') for r in body]),
+            where=_col(where, silo_column, "silo_column"),
+        )
     if undersample not in (None, False):
         ratio = 1.0 if undersample is True else undersample
-        if isinstance(ratio, bool) or not isinstance(ratio, int | float) or not (
-                1 <= ratio < float("inf")):
-            raise ValueError(f"option 'undersample' must be True or a ratio >= 1, "
-                             f"got {undersample!r}")
+        if (
+            isinstance(ratio, bool)
+            or not isinstance(ratio, int | float)
+            or not (1 <= ratio < float("inf"))
+        ):
+            raise ValueError(
+                f"option 'undersample' must be True or a ratio >= 1, got {undersample!r}"
+            )
         keep = _undersample(y, float(ratio), rng)
         x, y, ids = x[keep], y[keep], ids[keep]
         silos = None if silos is None else silos[keep]
-    return Pool(name="csv", x=x, y=y.astype(np.int64), record_ids=ids,
-                input_shape=(len(features),), num_classes=num_classes,
-                feature_names=features, class_names=class_names,
-                silos=silos)
+    return Pool(
+        name="csv",
+        x=x,
+        y=y.astype(np.int64),
+        record_ids=ids,
+        input_shape=(len(features),),
+        num_classes=num_classes,
+        feature_names=features,
+        class_names=class_names,
+        silos=silos,
+    )

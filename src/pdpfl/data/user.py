@@ -58,8 +58,9 @@ __all__ = [
 ]
 
 
-def _labels(y: np.ndarray, num_classes: int | None,
-            where: Where | str = "y") -> tuple[np.ndarray, int, list[str]]:
+def _labels(
+    y: np.ndarray, num_classes: int | None, where: Where | str = "y"
+) -> tuple[np.ndarray, int, list[str]]:
     """Class indices, number of classes and class names of the raw labels ``y``."""
     return check_labels(y, where=where, num_classes=num_classes)
 
@@ -89,7 +90,8 @@ def _test_mask(test: Any, n: int, where: Where | str = "test") -> np.ndarray:
         arr = arr[:, 0]
     if arr.ndim != 1 or len(arr) != n:
         raise DataValidationError(
-            f"{w.source}: expected one boolean per record ({n}), got shape {arr.shape}")
+            f"{w.source}: expected one boolean per record ({n}), got shape {arr.shape}"
+        )
     if arr.dtype == bool:
         return arr
     bad = np.flatnonzero(missing_mask(arr) | ~np.isin(arr, [0, 1, True, False]))
@@ -104,8 +106,11 @@ def _test_mask(test: Any, n: int, where: Where | str = "test") -> np.ndarray:
 def _check_split_options(normalize: str, test_fraction: float, own_split: bool) -> None:
     if normalize not in ("none", "zscore"):
         raise ValueError(f"normalize: expected 'none' or 'zscore', got {normalize!r}")
-    if not own_split and (isinstance(test_fraction, bool) or not isinstance(
-            test_fraction, int | float) or not 0 <= float(test_fraction) < 1):
+    if not own_split and (
+        isinstance(test_fraction, bool)
+        or not isinstance(test_fraction, int | float)
+        or not 0 <= float(test_fraction) < 1
+    ):
         raise ValueError(f"test_fraction: expected a number in [0, 1), got {test_fraction!r}")
 
 
@@ -157,15 +162,35 @@ def federation_from_arrays(
     pdpfl.data.validation.DataValidationError
         Data that would silently change (see :mod:`pdpfl.data.validation`), naming where.
     """
-    return _from_arrays(x, y, silos, record_ids=record_ids, test=test,
-                        test_fraction=test_fraction, seed=seed, normalize=normalize,
-                        num_classes=num_classes, name=name, feature_names=feature_names)
+    return _from_arrays(
+        x,
+        y,
+        silos,
+        record_ids=record_ids,
+        test=test,
+        test_fraction=test_fraction,
+        seed=seed,
+        normalize=normalize,
+        num_classes=num_classes,
+        name=name,
+        feature_names=feature_names,
+    )
 
 
 def _from_arrays(
-    x: Any, y: Any, silos: Any, *, record_ids: Any, test: Any, test_fraction: float,
-    seed: int, normalize: str, num_classes: int | None, name: str,
-    feature_names: Sequence[str] | None, where: dict[str, Where] | None = None,
+    x: Any,
+    y: Any,
+    silos: Any,
+    *,
+    record_ids: Any,
+    test: Any,
+    test_fraction: float,
+    seed: int,
+    normalize: str,
+    num_classes: int | None,
+    name: str,
+    feature_names: Sequence[str] | None,
+    where: dict[str, Where] | None = None,
 ) -> Federation:
     w = where or {}
     _check_split_options(normalize, test_fraction, test is not None)
@@ -182,20 +207,36 @@ def _from_arrays(
         if test_mask is not None:
             tr, te = rows[~test_mask[rows]], rows[test_mask[rows]]
         else:
-            tr_pos, te_pos = stratified_split(labels[rows], float(test_fraction),
-                                              numpy_generator(seed, f"split:{name}", j))
+            tr_pos, te_pos = stratified_split(
+                labels[rows], float(test_fraction), numpy_generator(seed, f"split:{name}", j)
+            )
             tr, te = rows[tr_pos], rows[te_pos]
         x_tr, x_te = _normalize(xx[tr], xx[te], normalize)
-        clients.append(ClientData(
-            name=str(key), x_train=x_tr, y_train=labels[tr], x_test=x_te, y_test=labels[te],
-            record_ids=ids[tr], test_record_ids=ids[te],
-        ))
+        clients.append(
+            ClientData(
+                name=str(key),
+                x_train=x_tr,
+                y_train=labels[tr],
+                x_test=x_te,
+                y_test=labels[te],
+                record_ids=ids[tr],
+                test_record_ids=ids[te],
+            )
+        )
     return Federation(
-        name=name, clients=clients, input_shape=xx.shape[1:], num_classes=k,
-        feature_names=columns, class_names=class_names,
-        metadata={"partition": "user", "built_from": "arrays", "seed": int(seed),
-                  "test_fraction": None if test is not None else float(test_fraction),
-                  "normalize": normalize},
+        name=name,
+        clients=clients,
+        input_shape=xx.shape[1:],
+        num_classes=k,
+        feature_names=columns,
+        class_names=class_names,
+        metadata={
+            "partition": "user",
+            "built_from": "arrays",
+            "seed": int(seed),
+            "test_fraction": None if test is not None else float(test_fraction),
+            "normalize": normalize,
+        },
     )
 
 
@@ -270,15 +311,26 @@ def federation_from_dataframe(
     ids = df[record_id].to_numpy() if record_id is not None else np.asarray(df.index)
     x = df[features].to_numpy(dtype=np.float64, na_value=np.nan)
     fed = _from_arrays(
-        x, df[label].to_numpy(), df[silo].to_numpy(), record_ids=ids,
+        x,
+        df[label].to_numpy(),
+        df[silo].to_numpy(),
+        record_ids=ids,
         test=None if test is None else df[test].to_numpy(),
-        test_fraction=test_fraction, seed=seed, normalize=normalize, num_classes=None,
-        name=name, feature_names=features,
-        where={"x": arg("features (DataFrame)", None), "y": arg("label", label),
-               "silos": arg("silo", silo),
-               "record_ids": arg("record_id", record_id) if record_id is not None else arg(
-                   "record_id (the DataFrame's index)", None),
-               "test": arg("test", test)},
+        test_fraction=test_fraction,
+        seed=seed,
+        normalize=normalize,
+        num_classes=None,
+        name=name,
+        feature_names=features,
+        where={
+            "x": arg("features (DataFrame)", None),
+            "y": arg("label", label),
+            "silos": arg("silo", silo),
+            "record_ids": arg("record_id", record_id)
+            if record_id is not None
+            else arg("record_id (the DataFrame's index)", None),
+            "test": arg("test", test),
+        },
     )
     fed.metadata["built_from"] = "dataframe"
     return fed
@@ -305,8 +357,11 @@ def federation_from_silos(
     split with ``test_fraction``. ``record_ids`` (one array per silo, train records first then
     test records for 4-tuples) default to consecutive integers over the silos in order.
     """
-    items = list(silos.items()) if isinstance(silos, Mapping) else [
-        (f"silo-{j}", s) for j, s in enumerate(silos)]
+    items = (
+        list(silos.items())
+        if isinstance(silos, Mapping)
+        else [(f"silo-{j}", s) for j, s in enumerate(silos)]
+    )
     if not items:
         raise ValueError("silos: at least one silo is required")
     names = [str(key) for key, _ in items]
@@ -316,13 +371,19 @@ def federation_from_silos(
     xs, ys, silo_of, test_of = [], [], [], []
     for j, (key, parts) in enumerate(items):
         if not isinstance(parts, tuple | list) or len(parts) not in (2, 4):
-            raise ValueError(f"silos[{key!r}]: expected (x, y) or (x_train, y_train, x_test, "
-                             "y_test)")
+            raise ValueError(
+                f"silos[{key!r}]: expected (x, y) or (x_train, y_train, x_test, y_test)"
+            )
         if own_split and len(parts) != 4:
-            raise ValueError("silos: give every silo as (x, y), or every silo as "
-                             "(x_train, y_train, x_test, y_test)")
-        pairs = [(parts[0], parts[1], "", False)] if len(parts) == 2 else [
-            (parts[0], parts[1], " (train)", False), (parts[2], parts[3], " (test)", True)]
+            raise ValueError(
+                "silos: give every silo as (x, y), or every silo as "
+                "(x_train, y_train, x_test, y_test)"
+            )
+        pairs = (
+            [(parts[0], parts[1], "", False)]
+            if len(parts) == 2
+            else [(parts[0], parts[1], " (train)", False), (parts[2], parts[3], " (test)", True)]
+        )
         count = 0
         for xa, ya, side, is_test in pairs:
             where = f"silos[{key!r}]{side}"
@@ -341,8 +402,9 @@ def federation_from_silos(
         raise ValueError(f"silos: every silo needs the same feature shape, got {sorted(shapes)}")
     kinds = {{"U": "text", "b": "booleans"}.get(a.dtype.kind, "numbers") for a in ys if len(a)}
     if len(kinds) > 1:
-        raise DataValidationError(f"silos: the silos' labels mix {' and '.join(sorted(kinds))}; "
-                                  "convert them to one type")
+        raise DataValidationError(
+            f"silos: the silos' labels mix {' and '.join(sorted(kinds))}; convert them to one type"
+        )
     x = np.concatenate([a for a in xs if len(a)])
     y = np.concatenate([a for a in ys if len(a)])
     ids = None
@@ -350,19 +412,31 @@ def federation_from_silos(
         if len(record_ids) != len(items):
             raise ValueError(f"record_ids: expected one array per silo ({len(items)})")
         parts_ids = []
-        for (key, _), r, n_silo in zip(items, record_ids, np.bincount(
-                np.asarray(silo_of, dtype=np.int64), minlength=len(items)), strict=True):
+        for (key, _), r, n_silo in zip(
+            items,
+            record_ids,
+            np.bincount(np.asarray(silo_of, dtype=np.int64), minlength=len(items)),
+            strict=True,
+        ):
             arr = np.asarray(r).reshape(-1)
             if len(arr) != n_silo:
-                raise DataValidationError(f"record_ids[{key!r}]: {len(arr)} ids for {n_silo} "
-                                          "records of that silo")
+                raise DataValidationError(
+                    f"record_ids[{key!r}]: {len(arr)} ids for {n_silo} records of that silo"
+                )
             parts_ids.append(arr)
         ids = np.concatenate(parts_ids)
     fed = _from_arrays(
-        x, y, np.asarray(silo_of), record_ids=ids,
+        x,
+        y,
+        np.asarray(silo_of),
+        record_ids=ids,
         test=np.asarray(test_of, dtype=bool) if own_split else None,
-        test_fraction=test_fraction, seed=seed, normalize=normalize, num_classes=num_classes,
-        name=name, feature_names=None,
+        test_fraction=test_fraction,
+        seed=seed,
+        normalize=normalize,
+        num_classes=num_classes,
+        name=name,
+        feature_names=None,
         where={"record_ids": Where("record_ids (all silos, in order)")},
     )
     for client, (key, _) in zip(fed.clients, items, strict=True):

@@ -74,8 +74,11 @@ def _uniform_users(n: int, num_users: int, rng: np.random.Generator) -> np.ndarr
 
 
 def _check(name: str, value: float, low: float, strict: bool = False) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float | np.number) or (
-            value <= low if strict else value < low):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float | np.number)
+        or (value <= low if strict else value < low)
+    ):
         op = ">" if strict else ">="
         raise ValueError(f"{name} must be a number {op} {low}, got {value!r}")
 
@@ -115,23 +118,32 @@ def assign_users(
         the random stream (e.g. ``pdpfl.seeding.numpy_generator(seed, "users")``).
     """
     if distribution not in USER_DISTRIBUTIONS:
-        raise ValueError(f"distribution must be one of {list(USER_DISTRIBUTIONS)}, "
-                         f"got {distribution!r}")
+        raise ValueError(
+            f"distribution must be one of {list(USER_DISTRIBUTIONS)}, got {distribution!r}"
+        )
     n = int(num_records)
     if n < 1:
         raise ValueError(f"num_records must be >= 1, got {num_records}")
-    if isinstance(num_users, bool) or not isinstance(num_users, int | np.integer) or not (
-            1 <= num_users <= n):
-        raise ValueError(f"num_users must be an integer in [1, {n}] (every user needs a "
-                         f"record), got {num_users!r}")
+    if (
+        isinstance(num_users, bool)
+        or not isinstance(num_users, int | np.integer)
+        or not (1 <= num_users <= n)
+    ):
+        raise ValueError(
+            f"num_users must be an integer in [1, {n}] (every user needs a "
+            f"record), got {num_users!r}"
+        )
     _check("alpha_user", alpha_user, 0.0)
     _check("alpha_silo", alpha_silo, 0.0)
     if not 0.0 <= home_fraction <= 1.0:
         raise ValueError(f"home_fraction must be in [0, 1], got {home_fraction!r}")
     u = int(num_users)
     if labels_per_user is not None:
-        if isinstance(labels_per_user, bool) or not isinstance(labels_per_user, int | np.integer) \
-                or labels_per_user < 1:
+        if (
+            isinstance(labels_per_user, bool)
+            or not isinstance(labels_per_user, int | np.integer)
+            or labels_per_user < 1
+        ):
             raise ValueError(f"labels_per_user must be an integer >= 1, got {labels_per_user!r}")
         if labels is None or np.shape(labels) != (n,):
             raise ValueError("labels_per_user needs labels: one class label per record")
@@ -145,8 +157,11 @@ def assign_users(
         if distribution == "uniform":
             return UserAllocation(_uniform_users(n, u, rng), silos, u, s)
         return _fixed_silo_zipf(silos, s, u, alpha_user, home_fraction, rng)
-    if isinstance(num_silos, bool) or not isinstance(num_silos, int | np.integer) or (
-            num_silos < 1):
+    if (
+        isinstance(num_silos, bool)
+        or not isinstance(num_silos, int | np.integer)
+        or (num_silos < 1)
+    ):
         raise ValueError(f"num_silos must be an integer >= 1, got {num_silos!r}")
     s = int(num_silos)
     if distribution == "uniform":
@@ -156,8 +171,9 @@ def assign_users(
         return _relabel(alloc, np.asarray(labels), int(labels_per_user), rng)
     per_user = _zipf_counts(n, u, alpha_user, rng)
     p_silo = _zipf_probs(s, alpha_silo)
-    blocks = np.stack([rng.multinomial(k, p_silo)[np.argsort(rng.permutation(s))]
-                       for k in per_user])  # (u, s): Zipf over a random silo order
+    blocks = np.stack(
+        [rng.multinomial(k, p_silo)[np.argsort(rng.permutation(s))] for k in per_user]
+    )  # (u, s): Zipf over a random silo order
     flat = blocks.reshape(-1)
     user_of = np.repeat(np.repeat(np.arange(u), s), flat)
     silo_of = np.repeat(np.tile(np.arange(s), u), flat)
@@ -172,8 +188,9 @@ def assign_users(
     return _relabel(alloc, np.asarray(labels), int(labels_per_user), rng)
 
 
-def _relabel(alloc: UserAllocation, labels: np.ndarray, k: int,
-             rng: np.random.Generator) -> UserAllocation:
+def _relabel(
+    alloc: UserAllocation, labels: np.ndarray, k: int, rng: np.random.Generator
+) -> UserAllocation:
     """Re-deal the records to the (user, silo) slots of ``alloc`` so that each user's records
     come from ``k`` random labels (counts per user and per (user, silo) are kept)."""
     n = len(labels)
@@ -199,13 +216,13 @@ def _relabel(alloc: UserAllocation, labels: np.ndarray, k: int,
             per = -(-m // len(avail))
             for c in avail:
                 take = int(min(per, left[c], m))
-                got.append(pools[c][used[c]:used[c] + take])
+                got.append(pools[c][used[c] : used[c] + take])
                 used[c] += take
                 left[c] -= take
                 m -= take
                 if m == 0:
                     break
-        mine = slots[start[user]:start[user + 1]]
+        mine = slots[start[user] : start[user + 1]]
         record_of_slot[mine] = rng.permutation(np.concatenate(got)) if got else mine[:0]
     users = np.empty(n, dtype=np.int64)
     silos = np.empty(n, dtype=np.int64)
@@ -214,8 +231,14 @@ def _relabel(alloc: UserAllocation, labels: np.ndarray, k: int,
     return UserAllocation(users, silos, alloc.num_users, alloc.num_silos)
 
 
-def _fixed_silo_zipf(silos: np.ndarray, s: int, u: int, alpha_user: float,
-                     home_fraction: float, rng: np.random.Generator) -> UserAllocation:
+def _fixed_silo_zipf(
+    silos: np.ndarray,
+    s: int,
+    u: int,
+    alpha_user: float,
+    home_fraction: float,
+    rng: np.random.Generator,
+) -> UserAllocation:
     n = len(silos)
     cap = np.bincount(silos, minlength=s)
     per_user = _zipf_counts(n, u, alpha_user, rng)
@@ -223,7 +246,8 @@ def _fixed_silo_zipf(silos: np.ndarray, s: int, u: int, alpha_user: float,
     slot_user = np.repeat(np.arange(u), per_user)
     n_home = np.rint(home_fraction * per_user).astype(np.int64)
     is_home = np.arange(n) - np.repeat(np.cumsum(per_user) - per_user, per_user) < np.repeat(
-        n_home, per_user)
+        n_home, per_user
+    )
     slot_silo = np.repeat(home, per_user)
     if s > 1:  # the rest uniformly over the user's other silos
         away = rng.integers(s - 1, size=n)

@@ -40,10 +40,30 @@ __all__ = [
 ]
 
 #: Text cells read as "missing" (pandas' default NA strings): refused as labels, silos, ids.
-MISSING_TEXT = frozenset({
-    "", "nan", "NaN", "NAN", "-nan", "-NaN", "NA", "N/A", "n/a", "na", "<NA>", "#N/A",
-    "#NA", "null", "NULL", "Null", "None", "none", "NaT", "?",
-})
+MISSING_TEXT = frozenset(
+    {
+        "",
+        "nan",
+        "NaN",
+        "NAN",
+        "-nan",
+        "-NaN",
+        "NA",
+        "N/A",
+        "n/a",
+        "na",
+        "<NA>",
+        "#N/A",
+        "#NA",
+        "null",
+        "NULL",
+        "Null",
+        "None",
+        "none",
+        "NaT",
+        "?",
+    }
+)
 
 #: Largest magnitude a feature may have: training runs in float32.
 FLOAT32_MAX = float(np.finfo(np.float32).max)
@@ -68,9 +88,12 @@ class Where:
 
     def at(self, positions: Sequence[int] | np.ndarray, limit: int = 5) -> str:
         pos = [int(p) for p in list(positions)[:limit]]
-        shown = [repr(self.rows[p]) if self.rows is not None and isinstance(
-            self.rows[p], str) else str(self.rows[p] if self.rows is not None else p)
-            for p in pos]
+        shown = [
+            repr(self.rows[p])
+            if self.rows is not None and isinstance(self.rows[p], str)
+            else str(self.rows[p] if self.rows is not None else p)
+            for p in pos
+        ]
         more = len(positions) - len(pos)
         word = self.word if len(positions) == 1 else _plural(self.word)
         text = f"{word} {', '.join(shown)}"
@@ -139,13 +162,15 @@ def _one_per_record(values: Any, where: Where, what: str) -> np.ndarray:
     try:
         arr = np.asarray(values)
     except ValueError as err:  # ragged nested lists
-        raise DataValidationError(f"{where.source}: expected one {what} per record ({err})"
-                                  ) from None
+        raise DataValidationError(
+            f"{where.source}: expected one {what} per record ({err})"
+        ) from None
     if arr.ndim == 2 and arr.shape[1] == 1:
         arr = arr[:, 0]
     if arr.ndim != 1:
-        hint = (" -- one-hot labels? pass y.argmax(axis=1)" if what == "label"
-                and arr.ndim == 2 else "")
+        hint = (
+            " -- one-hot labels? pass y.argmax(axis=1)" if what == "label" and arr.ndim == 2 else ""
+        )
         raise DataValidationError(
             f"{where.source}: expected one {what} per record (shape (n,)), got shape "
             f"{arr.shape}{hint}"
@@ -157,8 +182,11 @@ def _refuse_missing(arr: np.ndarray, where: Where, what: str, fix: str) -> None:
     bad = np.flatnonzero(missing_mask(arr))
     if bad.size:
         example = arr[bad[0]]
-        shown = "empty" if isinstance(example, str) and not example.strip() else repr(
-            example.item() if isinstance(example, np.generic) else example)
+        shown = (
+            "empty"
+            if isinstance(example, str) and not example.strip()
+            else repr(example.item() if isinstance(example, np.generic) else example)
+        )
         raise DataValidationError(
             f"{where.source}: {bad.size} record(s) have no {what} ({shown}) at "
             f"{where.at(bad)}; {fix}"
@@ -182,8 +210,9 @@ def check_features(
     except ValueError as err:
         raise DataValidationError(f"{w.source}: not an array of numbers ({err})") from None
     if arr.ndim == 0:
-        raise DataValidationError(f"{w.source}: expected an array of shape (n, features...), "
-                                  f"got a single value")
+        raise DataValidationError(
+            f"{w.source}: expected an array of shape (n, features...), got a single value"
+        )
     if arr.ndim == 1:
         arr = arr.reshape(-1, 1)
     kind = arr.dtype.kind
@@ -226,8 +255,11 @@ def _object_features(arr: np.ndarray, w: Where, columns: Sequence[str] | None) -
             if ok:
                 out[i, j] = float(v)
                 continue
-            col = f", column {columns[j]!r}" if columns is not None and j < len(columns) else (
-                f", feature {j}" if flat.shape[1] > 1 else "")
+            col = (
+                f", column {columns[j]!r}"
+                if columns is not None and j < len(columns)
+                else (f", feature {j}" if flat.shape[1] > 1 else "")
+            )
             raise DataValidationError(
                 f"{w.source}: {w.at([i])}{col} is not a number: {v!r}; encode it or leave "
                 "that column out"
@@ -235,13 +267,15 @@ def _object_features(arr: np.ndarray, w: Where, columns: Sequence[str] | None) -
     return out.reshape(arr.shape)
 
 
-def _cells(flat: np.ndarray, mask: np.ndarray, w: Where,
-           columns: Sequence[str] | None) -> str:
+def _cells(flat: np.ndarray, mask: np.ndarray, w: Where, columns: Sequence[str] | None) -> str:
     rows, cols = np.nonzero(mask)
     parts = []
     for r, c in list(zip(rows.tolist(), cols.tolist(), strict=True))[:3]:
-        col = f"column {columns[c]!r}" if columns is not None and c < len(columns) else (
-            f"feature {c}" if flat.shape[1] > 1 else "")
+        col = (
+            f"column {columns[c]!r}"
+            if columns is not None and c < len(columns)
+            else (f"feature {c}" if flat.shape[1] > 1 else "")
+        )
         parts.append(f"{w.at([r])}{', ' + col if col else ''}: {float(flat[r, c])!r}")
     more = int(mask.sum()) - len(parts)
     return "; ".join(parts) + (f"; and {more} more" if more > 0 else "")
@@ -270,8 +304,7 @@ def check_labels(
         raise DataValidationError(f"{w.source}: no records")
     if num_classes is not None:
         if isinstance(num_classes, bool) or int(num_classes) != num_classes or num_classes < 2:
-            raise DataValidationError(
-                f"num_classes: expected an integer >= 2, got {num_classes!r}")
+            raise DataValidationError(f"num_classes: expected an integer >= 2, got {num_classes!r}")
         k = int(num_classes)
         if arr.dtype.kind not in "iub":
             raise DataValidationError(
@@ -313,8 +346,9 @@ def _as_class_values(arr: np.ndarray, w: Where, what: str) -> np.ndarray:
     """Labels or silo keys as one comparable type: text, or integers (integral floats)."""
     kind = arr.dtype.kind
     if kind in "cmMV":
-        raise DataValidationError(f"{w.source}: {what}s must be text or integers, got dtype "
-                                  f"{arr.dtype}")
+        raise DataValidationError(
+            f"{w.source}: {what}s must be text or integers, got dtype {arr.dtype}"
+        )
     if kind == "f":
         frac = np.flatnonzero(arr != np.round(arr))
         if frac.size:
@@ -324,14 +358,16 @@ def _as_class_values(arr: np.ndarray, w: Where, what: str) -> np.ndarray:
             )
         huge = np.flatnonzero(np.abs(arr) >= 2.0**62)
         if huge.size:
-            raise DataValidationError(f"{w.source}: {what} {_plain(arr[huge[0]])!r} at "
-                                      f"{w.at(huge)} is too large")
+            raise DataValidationError(
+                f"{w.source}: {what} {_plain(arr[huge[0]])!r} at {w.at(huge)} is too large"
+            )
         return arr.astype(np.int64)
     if kind != "O":
         return arr
     texts = np.array([isinstance(v, str | np.str_ | bytes) for v in arr])
-    numbers = np.array([isinstance(v, int | float | np.integer | np.floating)
-                        for v in arr])  # bool is an int
+    numbers = np.array(
+        [isinstance(v, int | float | np.integer | np.floating) for v in arr]
+    )  # bool is an int
     other = np.flatnonzero(~(texts | numbers))
     if other.size:
         v = arr[other[0]]
@@ -362,26 +398,26 @@ def _as_class_values(arr: np.ndarray, w: Where, what: str) -> np.ndarray:
 # ------------------------------------------------------------------------- silos and ids
 
 
-def check_silo_keys(silos: Any, *, n: int | None = None, where: Where | str = "silos"
-                    ) -> np.ndarray:
+def check_silo_keys(
+    silos: Any, *, n: int | None = None, where: Where | str = "silos"
+) -> np.ndarray:
     """One silo label per record (text or integers); missing or mixed-type labels refused."""
     w = _where(where)
     arr = _one_per_record(silos, w, "silo")
     if n is not None and len(arr) != n:
-        raise DataValidationError(
-            f"{w.source}: expected one silo per record ({n}), got {len(arr)}")
+        raise DataValidationError(f"{w.source}: expected one silo per record ({n}), got {len(arr)}")
     _refuse_missing(arr, w, "silo", "give every record its silo or drop those records")
     return _as_class_values(arr, w, "silo")
 
 
-def check_record_ids(ids: Any, *, n: int | None = None, where: Where | str = "record_ids"
-                     ) -> np.ndarray:
+def check_record_ids(
+    ids: Any, *, n: int | None = None, where: Where | str = "record_ids"
+) -> np.ndarray:
     """Unique int64 record ids, one per record (integral floats and digit strings accepted)."""
     w = _where(where)
     arr = _one_per_record(ids, w, "record id")
     if n is not None and len(arr) != n:
-        raise DataValidationError(
-            f"{w.source}: expected one id per record ({n}), got {len(arr)}")
+        raise DataValidationError(f"{w.source}: expected one id per record ({n}), got {len(arr)}")
     _refuse_missing(arr, w, "record id", "give every record a unique integer id")
     out = _as_int64(arr, w)
     uniq, inverse, counts = np.unique(out, return_inverse=True, return_counts=True)
@@ -407,8 +443,9 @@ def _as_int64(arr: np.ndarray, w: Where) -> np.ndarray:
     if kind == "u":
         big = np.flatnonzero(arr > np.iinfo(np.int64).max)
         if big.size:
-            raise DataValidationError(f"{w.source}: id {arr[big[0]]} at {w.at(big)} does not "
-                                      "fit in 64 bits")
+            raise DataValidationError(
+                f"{w.source}: id {arr[big[0]]} at {w.at(big)} does not fit in 64 bits"
+            )
         return arr.astype(np.int64)
     out = np.empty(len(arr), dtype=np.int64)
     for i, v in enumerate(arr.tolist()):
@@ -435,8 +472,10 @@ def check_federation_data(federation: Any) -> None:
     record ids."""
     k = int(federation.num_classes)
     for c in federation.clients:
-        for side, x, y, ids in (("training", c.x_train, c.y_train, c.record_ids),
-                                ("test", c.x_test, c.y_test, c.test_record_ids)):
+        for side, x, y, ids in (
+            ("training", c.x_train, c.y_train, c.record_ids),
+            ("test", c.x_test, c.y_test, c.test_record_ids),
+        ):
             x = np.asarray(x)
             y = np.asarray(y)
             if x.size:

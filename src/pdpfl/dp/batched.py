@@ -276,9 +276,7 @@ def _sequential_grad_fn(model: nn.Module, frozen: dict[str, Tensor]) -> Callable
         leaves = {n: p.detach().requires_grad_(True) for n, p in params.items()}
         out = forward(leaves, x)
         if out.shape[-1] == 1:  # the conventions of pdpfl.models.loss_fn
-            per = F.binary_cross_entropy_with_logits(
-                out[..., 0], y.to(out.dtype), reduction="none"
-            )
+            per = F.binary_cross_entropy_with_logits(out[..., 0], y.to(out.dtype), reduction="none")
         else:
             per = F.cross_entropy(
                 out.reshape(-1, out.shape[-1]), y.reshape(-1).long(), reduction="none"

@@ -173,9 +173,7 @@ def _use_gram(batch: int, positions: int, k_in: int, k_out: int, materialise: bo
     return smaller and batch * k_in * k_out > _MATERIALISE_LIMIT
 
 
-def _materialised(
-    param: Tensor, grads: Tensor, err: Tensor | None, b: int, fast: bool
-) -> Part:
+def _materialised(param: Tensor, grads: Tensor, err: Tensor | None, b: int, fast: bool) -> Part:
     """A part from per-sample gradients ``grads`` (B, ...) whose distance to the exact gradient
     of the recorded values is at most ``err`` (None: ``grads`` are exact)."""
     flat = grads.reshape(grads.shape[0], -1)
@@ -234,9 +232,7 @@ def _linear_parts(
     return parts
 
 
-def _patch_norm_bounds(
-    a: Tensor, geometry: Geometry, row_norms: Tensor | None = None
-) -> Tensor:
+def _patch_norm_bounds(a: Tensor, geometry: Geometry, row_norms: Tensor | None = None) -> Tensor:
     """An upper bound on ‖u_b‖_F, u_b the im2col matrix of record b, without forming it:
     ‖u‖_F² = Σ n_h(h) n_w(w) a_{c,h,w}² ≤ max(n_h n_w)·‖a‖_F² (tight up to border effects;
     it only scales the float32 error term). ``row_norms``: the norms of the rows of
@@ -371,9 +367,7 @@ def _conv_parts(
     a, g = a.to(wd), g.to(wd)
     cout, L = g.shape[1], g.shape[2] * g.shape[3]
     K = m.weight[0].numel()  # (Cin/G)·kh·kw
-    gram = (
-        m.weight.requires_grad and m.groups == 1 and _use_gram(B, L, K, cout, materialise)
-    )
+    gram = m.weight.requires_grad and m.groups == 1 and _use_gram(B, L, K, cout, materialise)
     want_bias = m.bias is not None and m.bias.requires_grad
     weight = m.weight.requires_grad and not gram
     strategy = _patch_strategy(a, cout, geometry, int(m.groups)) if weight else "gather"

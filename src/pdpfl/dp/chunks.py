@@ -55,9 +55,7 @@ class _Recorder:
         self.clone = clone
         self.handles = [m.register_forward_hook(self._hook) for m in modules]
 
-    def _hook(
-        self, module: nn.Module, inputs: tuple[Tensor, ...], output: Tensor
-    ) -> Tensor | None:
+    def _hook(self, module: nn.Module, inputs: tuple[Tensor, ...], output: Tensor) -> Tensor | None:
         a = inputs[0].detach()  # shares the version counter of the input
         self.records.append((module, a, output))
         self.versions.append((a._version, output._version))
@@ -188,9 +186,7 @@ def _hook_chunk(
             return float(loss(out.detach()[keep], y[keep])) * n
 
     def redo(idx: Tensor) -> list[Part]:
-        return [
-            p for m, a, g in pairs for p in layer_parts(m, a[idx], g[idx], _F64, materialise)
-        ]
+        return [p for m, a, g in pairs for p in layer_parts(m, a[idx], g[idx], _F64, materialise)]
 
     return _Chunk(parts, losses, redo if wd == _F32 else None, pairs if linear else None)
 

@@ -40,8 +40,7 @@ def resolve_device(device: str | torch.device | None) -> torch.device | None:
         dev = torch.device(device)
     except (RuntimeError, TypeError) as exc:
         raise ValueError(
-            "device: expected one of 'auto', 'cpu', 'cuda', 'cuda:<index>', 'mps', "
-            f"got {device!r}"
+            f"device: expected one of 'auto', 'cpu', 'cuda', 'cuda:<index>', 'mps', got {device!r}"
         ) from exc
     if dev.type not in ("cpu", "cuda", "mps"):
         raise ValueError(

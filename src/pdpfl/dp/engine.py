@@ -375,7 +375,11 @@ class PersonalizedDPSGD:
         return self._step(x, y, q, as_stream(stream), normalizer, extra)
 
     def _step(
-        self, x: Tensor, y: Tensor, q: Tensor | np.ndarray, stream: RandomStream,
+        self,
+        x: Tensor,
+        y: Tensor,
+        q: Tensor | np.ndarray,
+        stream: RandomStream,
         normalizer: float | None,
         extra: ExtraRows | None = None,
     ) -> StepResult:

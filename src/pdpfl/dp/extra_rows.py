@@ -75,8 +75,9 @@ class ExtraRows:
             raise ValueError("extra rows: a row's coordinates must be distinct")
         if not np.all(np.isfinite(values)):
             raise ValueError("extra rows: values must be finite")
-        if rates.size and not (np.all(np.isfinite(rates)) and rates.min() >= 0
-                               and rates.max() <= 1):
+        if rates.size and not (
+            np.all(np.isfinite(rates)) and rates.min() >= 0 and rates.max() <= 1
+        ):
             raise ValueError("extra rows: rates must be in [0, 1]")
         self.coords = coords.astype(np.int64)
         self.values = values
@@ -100,8 +101,9 @@ class ExtraRows:
         np.add.at(self.counts, idx, 1)
         coords, values = self.coords[idx], self.values[idx]
         norms = np.sqrt(np.sum(values * values, axis=1))
-        factors = np.where(norms > max_grad_norm,
-                           max_grad_norm / np.maximum(norms, 1e-300) * _SHRINK, 1.0)
+        factors = np.where(
+            norms > max_grad_norm, max_grad_norm / np.maximum(norms, 1e-300) * _SHRINK, 1.0
+        )
         scaled = (values * factors[:, None]).reshape(-1)
         flat = coords.reshape(-1)
         sizes = [int(s.numel()) for s in sums]

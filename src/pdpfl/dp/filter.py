@@ -186,9 +186,18 @@ def filter_gd_steps(
     model.train()
     for _ in range(int(steps)):
         st = filter_step(
-            model, x, y, budgets=state.budgets, spent=state.spent, active=state.active,
-            noise_multiplier=noise_multiplier, max_grad_norm=max_grad_norm, stream=stream,
-            normalizer=normalizer, loss=loss, physical_batch_size=physical_batch_size,
+            model,
+            x,
+            y,
+            budgets=state.budgets,
+            spent=state.spent,
+            active=state.active,
+            noise_multiplier=noise_multiplier,
+            max_grad_norm=max_grad_norm,
+            stream=stream,
+            normalizer=normalizer,
+            loss=loss,
+            physical_batch_size=physical_batch_size,
         )
         optimizer.zero_grad(set_to_none=True)
         for p, g in zip(params, st.grads, strict=True):

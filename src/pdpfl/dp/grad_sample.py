@@ -342,9 +342,7 @@ def _undecided(parts: list[Part], est2: Tensor, norm: Tensor) -> Tensor:
     for part in parts:
         if part.err is not None:
             err2 = err2 + part.err.square()
-    tight = (norm.square() - est2 <= _F32_TOLERANCE * est2) & (
-        err2 <= F32_ACCURACY**2 * est2
-    )
+    tight = (norm.square() - est2 <= _F32_TOLERANCE * est2) & (err2 <= F32_ACCURACY**2 * est2)
     return ~(tight & torch.isfinite(norm))
 
 

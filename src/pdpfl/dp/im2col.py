@@ -156,9 +156,7 @@ def _gather_into(
     return out
 
 
-def patches_into(
-    a: Tensor, geometry: Geometry, out: Tensor, ws: Workspace | None = None
-) -> Tensor:
+def patches_into(a: Tensor, geometry: Geometry, out: Tensor, ws: Workspace | None = None) -> Tensor:
     """``unfold_rows(a, *geometry)`` written into ``out`` (``(b, L, C·kh·kw)``, any float
     dtype) with one gather: several times faster than a permuted copy on the CPU. Padding
     goes through a reused buffer of ``ws`` when given; a channels-last ``a`` is read in its
@@ -185,7 +183,6 @@ def max_coverage(hw: tuple[int, int], geometry: Geometry) -> int:
     ho = (H + 2 * ph - dh * (kh - 1) - 1) // sh + 1
     wo = (W + 2 * pw - dw * (kw - 1) - 1) // sw + 1
     return max(_coverage(H, ho, kh, dh, ph, sh)) * max(_coverage(W, wo, kw, dw, pw, sw))
-
 
 
 def nhwc_patches(a: Tensor, geometry: Geometry, groups: int) -> bool:

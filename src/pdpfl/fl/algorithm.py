@@ -144,16 +144,18 @@ class Algorithm(AlgorithmConfig):
         server, clients = algorithm.build_parties(config, federation, env)
         protocol = protocol_from_config(config)
         check_compatible(server, protocol)
-        return Assembly(config, federation, server, clients, protocol, warnings,
-                        list(env.parameter_names))
+        return Assembly(
+            config, federation, server, clients, protocol, warnings, list(env.parameter_names)
+        )
 
     def build(
         self, config: ExperimentConfig, federation: Federation
     ) -> tuple[ServerAlgorithm, dict[int, ClientAlgorithm]]:
         """The server and every silo of an in-process federation (setup computed once; the
         federation is not checked: :meth:`assemble` does that)."""
-        return self.build_parties(config, federation, resolve_environment(config, federation,
-                                                                       check=False))
+        return self.build_parties(
+            config, federation, resolve_environment(config, federation, check=False)
+        )
 
     def build_parties(
         self, config: ExperimentConfig, federation: Federation, env: Environment

@@ -78,7 +78,8 @@ def _batch_size_warnings(config: ExperimentConfig, clients: list[Any]) -> list[s
     effect = (
         "each noisy sum is divided by B although at most n records can be sampled, so the "
         f"updates shrink by at least B/n = {b / max(n, 1):.3g}x"
-        if private else "the privacy-free baseline samples at rate min(1, B/n) = 1 (full batches)"
+        if private
+        else "the privacy-free baseline samples at rate min(1, B/n) = 1 (full batches)"
     )
     return [
         f"training.batch_size: B = {b:g} is larger than the training set of {len(too_big)} "

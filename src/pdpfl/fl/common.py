@@ -94,9 +94,12 @@ def client_budgets(config: ExperimentConfig, client_id: int, client_data: Any) -
         path = config.budgets.file.format(client_id=client_id, client=client_data.name)
         if is_budget_table(path):
             own = path != config.budgets.file  # this silo's own file: check its ids here
-            return silo_budgets(path, client_data.record_ids,
-                                silo=client_data if own else None,
-                                on_unmatched=config.budgets.on_unmatched)
+            return silo_budgets(
+                path,
+                client_data.record_ids,
+                silo=client_data if own else None,
+                on_unmatched=config.budgets.on_unmatched,
+            )
         try:
             values = np.asarray(budgets_mod.load_budgets(path), dtype=float)
         except FileNotFoundError:
@@ -140,8 +143,13 @@ def silo_model(
     """
     from pdpfl.models import initial_model
 
-    model = initial_model(config.model.name, info.input_shape, info.num_classes,
-                          dict(config.model.options), seed=config.seed)
+    model = initial_model(
+        config.model.name,
+        info.input_shape,
+        info.num_classes,
+        dict(config.model.options),
+        seed=config.seed,
+    )
     if on_device:
         dev = training_device(config)
         if dev.type != "cpu":

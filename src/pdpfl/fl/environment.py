@@ -71,7 +71,12 @@ def resolve_environment(
         warnings += check_budget_file(config, federation)
     # every party's own randomness (the server's and each silo's, never shared)
     rngs = {party: make_randomness(config.randomness, config.seed) for party in owners}
-    x0 = initial_model(config.model.name, info.input_shape, info.num_classes,
-                       dict(config.model.options), seed=config.seed)
+    x0 = initial_model(
+        config.model.name,
+        info.input_shape,
+        info.num_classes,
+        dict(config.model.options),
+        seed=config.seed,
+    )
     names = tuple(name for name, _ in trainable_parameters(x0))
     return Environment(info, tuple(warnings), device, rngs, names)

@@ -129,8 +129,9 @@ def evaluate_round(
         check_evaluation(e)
         if not np.isfinite(float(e.get("loss", 0.0))) and float(e.get("n", 0)) > 0:
             raise TrainingDiverged(
-                f"the test loss of the new global model is not finite; likely "
-                f"{LIKELY_CAUSES}", round_index=t, silo=int(c),
+                f"the test loss of the new global model is not finite; likely {LIKELY_CAUSES}",
+                round_index=t,
+                silo=int(c),
             )
     privacy = collect_privacy(transport.privacy_summaries(), server, unit)
     return metrics_line(t, selected, contributions, evals, privacy), privacy
@@ -142,8 +143,14 @@ def diverged_round(
     """Step 3, for a round that diverged: its metrics line (no model, no metrics: nothing
     non-finite was published) and the privacy summary, whose charges stay (other silos may
     have released)."""
-    line = {"round": err.round_index, "diverged": err.to_dict(), "selected": [],
-            "contributions": 0, "accuracy": None, "loss": None}
+    line = {
+        "round": err.round_index,
+        "diverged": err.to_dict(),
+        "selected": [],
+        "contributions": 0,
+        "accuracy": None,
+        "loss": None,
+    }
     return line, collect_privacy(transport.privacy_summaries(), server, unit)
 
 
@@ -186,7 +193,8 @@ def check_model(params: Params, t: int) -> None:
         if not np.all(np.isfinite(np.asarray(p))):
             raise TrainingDiverged(
                 f"the aggregated global model (parameter {k}) is not finite; likely "
-                f"{LIKELY_CAUSES}", round_index=t,
+                f"{LIKELY_CAUSES}",
+                round_index=t,
             )
 
 

@@ -150,13 +150,15 @@ class Silo(ABC):
                 raise NonFiniteError(
                     f"its update of parameter {k} is not finite, so nothing was released; "
                     f"likely {LIKELY_CAUSES}",
-                    round_index=self.next_round - 1, silo=self.client_id,
+                    round_index=self.next_round - 1,
+                    silo=self.client_id,
                 )
         for key, value in contribution.metrics.items():
             if not np.isfinite(float(value)):
                 raise NonFiniteError(
                     f"its metric {key!r} is not finite, so nothing was released",
-                    round_index=self.next_round - 1, silo=self.client_id,
+                    round_index=self.next_round - 1,
+                    silo=self.client_id,
                 )
         return contribution
 

@@ -63,11 +63,20 @@ def _shared_epsilon(
     options: dict[str, Any] = {}
     if orders is not None:
         grid = np.frombuffer(orders, dtype=np.float64)
-        options = ({"orders": grid} if accountant == "rdp"
-                   else {"rdp_orders": grid} if accountant == "pld" else {})
+        options = (
+            {"orders": grid}
+            if accountant == "rdp"
+            else {"rdp_orders": grid}
+            if accountant == "pld"
+            else {}
+        )
     e, _ = mechanism_epsilon(
-        mechanism, np.array([rate], dtype=np.float64), view, np.array([count], dtype=np.int64),
-        accountant=accountant, **options,
+        mechanism,
+        np.array([rate], dtype=np.float64),
+        view,
+        np.array([count], dtype=np.int64),
+        accountant=accountant,
+        **options,
     )
     return float(np.asarray(e, dtype=np.float64).reshape(-1)[0])
 
@@ -166,7 +175,8 @@ class PrivacyLedger:
         self.noise_multipliers = sig
         self.orders = None if orders is None else check_orders(orders).copy()
         self._orders_key: bytes | None = (
-            None if self.orders is None
+            None
+            if self.orders is None
             else np.ascontiguousarray(self.orders, dtype=np.float64).tobytes()
         )
         self.accountant = as_accountant_name(accountant)
@@ -248,8 +258,12 @@ class PrivacyLedger:
             return _shared_epsilon(shared, rate, view, count, accountant, self._orders_key)
         except TypeError:  # an unhashable mechanism description: not shared
             e, _ = mechanism_epsilon(
-                mech, np.array([rate]), view, np.array([count], dtype=np.int64),
-                accountant=accountant, **self._options(accountant),
+                mech,
+                np.array([rate]),
+                view,
+                np.array([count], dtype=np.int64),
+                accountant=accountant,
+                **self._options(accountant),
             )
             return float(np.asarray(e, dtype=np.float64).reshape(-1)[0])
 
@@ -298,8 +312,12 @@ class PrivacyLedger:
             for s in range(0, sel_all.size, _CHUNK):
                 sel = sel_all[s : s + _CHUNK]
                 e, _ = mechanism_epsilon(
-                    mech, self._row_rate[row[sel]], view, cnt[sel],
-                    accountant=accountant, **self._options(accountant),
+                    mech,
+                    self._row_rate[row[sel]],
+                    view,
+                    cnt[sel],
+                    accountant=accountant,
+                    **self._options(accountant),
                 )
                 eps[sel] = e
         if todo.size and len(cache) + todo.size <= _CACHE_LIMIT:
@@ -322,8 +340,9 @@ class PrivacyLedger:
         assert out is not None
         return out
 
-    def spent_epsilon(self, adversary: str = "third-party", accountant: str | None = None
-                      ) -> np.ndarray:
+    def spent_epsilon(
+        self, adversary: str = "third-party", accountant: str | None = None
+    ) -> np.ndarray:
         """ε spent so far by each unit (``both`` = the larger over the observers accounted).
 
         ``accountant`` overrides the ledger's accountant for this call (e.g. an approximate
@@ -407,8 +426,9 @@ class PrivacyLedger:
         ``capped`` marks units whose budget is above what the mechanism can spend (counted per
         group).
         """
-        capped_mask = np.zeros(self.n, dtype=bool) if capped is None else _mask(
-            capped, self.n, "capped")
+        capped_mask = (
+            np.zeros(self.n, dtype=bool) if capped is None else _mask(capped, self.n, "capped")
+        )
         idx, labels = budget_groups(self.budgets)
         spent = {o: self.spent_epsilon(o) for o in self.observers}
         over = {o: over_budget(spent[o], self.budgets) for o in self.observers}
@@ -426,27 +446,31 @@ class PrivacyLedger:
                 info["rate"] = float(q[0])
             # the group's noise multiplier (the largest, if its units differ)
             info["noise_multiplier"] = float(self.noise_multipliers[m].max())
-            groups.append(GroupSummary(
-                label=label,
-                units=int(m.sum()),
-                budget_min=float(b.min()),
-                budget_max=float(b.max()),
-                excluded=int(excluded[m].sum()),
-                stopped=int(stopped[m].sum()),
-                capped=int(capped_mask[m].sum()),
-                spent_max={o: float(spent[o][m].max()) for o in self.observers},
-                utilization_sum={o: float((spent[o][m] / b).sum()) for o in self.observers},
-                over_budget={o: int(over[o][m].sum()) for o in self.observers},
-                info=info,
-            ))
+            groups.append(
+                GroupSummary(
+                    label=label,
+                    units=int(m.sum()),
+                    budget_min=float(b.min()),
+                    budget_max=float(b.max()),
+                    excluded=int(excluded[m].sum()),
+                    stopped=int(stopped[m].sum()),
+                    capped=int(capped_mask[m].sum()),
+                    spent_max={o: float(spent[o][m].max()) for o in self.observers},
+                    utilization_sum={o: float((spent[o][m] / b).sum()) for o in self.observers},
+                    over_budget={o: int(over[o][m].sum()) for o in self.observers},
+                    info=info,
+                )
+            )
         approx: dict[str, float] = {}
         if approximate is not None:
             for o in self.observers:
                 e = self.spent_epsilon(o, approximate)
                 approx[f"{approximate}_epsilon_max_{o.replace('-', '_')}"] = float(e.max())
-        info = {} if per_unit_sigma else {
-            "noise_multiplier": float(self.noise_multipliers[0]) if self.n else 0.0
-        }
+        info = (
+            {}
+            if per_unit_sigma
+            else {"noise_multiplier": float(self.noise_multipliers[0]) if self.n else 0.0}
+        )
         return PrivacySummary(
             unit=self.unit,
             units=self.n,

@@ -48,8 +48,9 @@ def mechanism_to_dict(mechanism: Any) -> dict[str, Any]:
         raise ValueError(
             f"mechanism: cannot save {cls.__name__}: only dataclasses of pdpfl.privacy are stored"
         )
-    fields = {f.name: _plain(getattr(mechanism, f.name))
-              for f in dataclasses.fields(mechanism) if f.init}
+    fields = {
+        f.name: _plain(getattr(mechanism, f.name)) for f in dataclasses.fields(mechanism) if f.init
+    }
     return {"type": f"{cls.__module__}:{cls.__qualname__}", "fields": fields}
 
 
@@ -73,7 +74,10 @@ def mechanism_from_dict(data: dict[str, Any]) -> Any:
 
 
 def save_ledger(
-    ledger: PrivacyLedger, path: str | Path, *, identity: str | None = None,
+    ledger: PrivacyLedger,
+    path: str | Path,
+    *,
+    identity: str | None = None,
     party: str = "operator",
 ) -> None:
     """Write ``ledger`` atomically as ``.npz`` (every row and the mechanism).
@@ -124,7 +128,9 @@ def load_ledger(path: str | Path, *, party: str = "operator") -> PrivacyLedger:
             if not isinstance(mechanism, UnitMechanism):
                 raise ValueError("the stored mechanism is not a UnitMechanism")
             ledger = PrivacyLedger(
-                z["budgets"], z["rates"], mechanism,
+                z["budgets"],
+                z["rates"],
+                mechanism,
                 ids=z["ids"],
                 noise_multipliers=z["noise_multipliers"],
                 orders=z["orders"] if z["orders"].size else None,

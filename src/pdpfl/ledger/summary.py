@@ -101,10 +101,12 @@ class GroupSummary:
             excluded=self.excluded + other.excluded,
             stopped=self.stopped + other.stopped,
             capped=self.capped + other.capped,
-            spent_max={o: float(_max(self.spent_max.get(o), other.spent_max.get(o)) or 0.0)
-                       for o in obs},
-            utilization_sum={o: self.utilization_sum.get(o, 0.0) + other.utilization_sum.get(o, 0.0)
-                             for o in obs},
+            spent_max={
+                o: float(_max(self.spent_max.get(o), other.spent_max.get(o)) or 0.0) for o in obs
+            },
+            utilization_sum={
+                o: self.utilization_sum.get(o, 0.0) + other.utilization_sum.get(o, 0.0) for o in obs
+            },
             over_budget={o: self.over_budget.get(o, 0) + other.over_budget.get(o, 0) for o in obs},
             info=info,
         )
@@ -136,10 +138,14 @@ class GroupSummary:
             excluded=int(d.get("excluded", 0)),
             stopped=int(d.get("stopped", 0)),
             capped=int(d.get("capped", 0)),
-            spent_max={str(k): inf if v is None else float(v)
-                       for k, v in dict(d.get("spent_max", {})).items()},
-            utilization_sum={str(k): inf if v is None else float(v)
-                             for k, v in dict(d.get("utilization_sum", {})).items()},
+            spent_max={
+                str(k): inf if v is None else float(v)
+                for k, v in dict(d.get("spent_max", {})).items()
+            },
+            utilization_sum={
+                str(k): inf if v is None else float(v)
+                for k, v in dict(d.get("utilization_sum", {})).items()
+            },
             over_budget={str(k): int(v) for k, v in dict(d.get("over_budget", {})).items()},
             info={str(k): float(v) for k, v in dict(d.get("info", {})).items()},
         )
@@ -285,8 +291,9 @@ class PrivacySummary:
             accountant=str(d.get("accountant", "rdp")),
             groups=tuple(GroupSummary.from_dict(g) for g in d.get("groups", [])),
             private=bool(d.get("private", True)),
-            approximate={str(k): float(v) for k, v in dict(d.get("approximate", {})).items()
-                         if v is not None},
+            approximate={
+                str(k): float(v) for k, v in dict(d.get("approximate", {})).items() if v is not None
+            },
             info={str(k): float(v) for k, v in dict(d.get("info", {})).items() if v is not None},
         )
 
@@ -294,7 +301,6 @@ class PrivacySummary:
     def none(cls, unit: str, units: int) -> PrivacySummary:
         """The summary of ``units`` units trained without differential privacy (ε = ∞)."""
         return cls(unit=unit, units=int(units), observers=(), groups=(), private=False)
-
 
 
 def nonprivate_summary(unit: str, budgets: np.ndarray) -> PrivacySummary:
@@ -308,12 +314,22 @@ def nonprivate_summary(unit: str, budgets: np.ndarray) -> PrivacySummary:
         if not m.any():
             continue
         k = int(m.sum())
-        groups.append(GroupSummary(
-            label=label, units=k,
-            budget_min=float(budgets[m].min()), budget_max=float(budgets[m].max()),
-            spent_max={o: math.inf for o in OBSERVERS},
-            utilization_sum={o: math.inf for o in OBSERVERS},
-            over_budget={o: k for o in OBSERVERS},
-        ))
-    return PrivacySummary(unit=unit, units=int(budgets.size), observers=OBSERVERS,
-                          accountant="none", groups=tuple(groups), private=False)
+        groups.append(
+            GroupSummary(
+                label=label,
+                units=k,
+                budget_min=float(budgets[m].min()),
+                budget_max=float(budgets[m].max()),
+                spent_max={o: math.inf for o in OBSERVERS},
+                utilization_sum={o: math.inf for o in OBSERVERS},
+                over_budget={o: k for o in OBSERVERS},
+            )
+        )
+    return PrivacySummary(
+        unit=unit,
+        units=int(budgets.size),
+        observers=OBSERVERS,
+        accountant="none",
+        groups=tuple(groups),
+        private=False,
+    )

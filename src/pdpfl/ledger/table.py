@@ -21,9 +21,19 @@ __all__ = ["COLUMNS", "find_ledgers", "load_ledgers", "privacy_table", "select_i
 
 #: Columns of :func:`privacy_table` and of ``privacy.csv``, in order.
 COLUMNS = (
-    "id", "unit", "holder", "budget", "group", "rate", "noise_multiplier",
-    "rounds_third_party", "epsilon_third_party", "rounds_server", "epsilon_server",
-    "stopped", "excluded",
+    "id",
+    "unit",
+    "holder",
+    "budget",
+    "group",
+    "rate",
+    "noise_multiplier",
+    "rounds_third_party",
+    "epsilon_third_party",
+    "rounds_server",
+    "epsilon_server",
+    "stopped",
+    "excluded",
 )
 
 

@@ -86,9 +86,10 @@ def integer_rdp_pairs(q: np.ndarray, sigma: float, alphas: np.ndarray) -> np.nda
         af = alphas[s:e].astype(np.float64)
         lq, l1q = log_q[s:e], log_1mq[s:e]
         log_am1 = mx + np.log(total) + af * l1q
-        margin = accuracy * (
-            ucmax[inv[s:e]] + af * (np.abs(lq) + 2.0 * np.abs(l1q)) + np.abs(mx) + 4.0
-        ) + (af + 8.0) * unit
+        margin = (
+            accuracy * (ucmax[inv[s:e]] + af * (np.abs(lq) + 2.0 * np.abs(l1q)) + np.abs(mx) + 4.0)
+            + (af + 8.0) * unit
+        )
         out[s:e] = np.logaddexp(0.0, log_am1 + margin) / (af - 1.0)
         s = e
     return out * (1.0 + 4.0 * unit)

@@ -202,8 +202,11 @@ def _refine(
     eps, order = eps.copy(), order.copy()
     col = np.searchsorted(a, order)
     rows = np.flatnonzero(
-        (col > 0) & (col < a.size - 1) & (a[np.minimum(col, a.size - 1)] == order)
-        & np.isfinite(eps) & (eps > 0)
+        (col > 0)
+        & (col < a.size - 1)
+        & (a[np.minimum(col, a.size - 1)] == order)
+        & np.isfinite(eps)
+        & (eps > 0)
     )
     if rows.size == 0:
         return eps, order
@@ -227,8 +230,9 @@ def _refine(
         inner = np.flatnonzero((qr > 0.0) & (qr < 1.0))
         if inner.size:
             rows = r[inner]
-            rho[inner] = _subsampled_pairs(qr[inner], sigma, alpha[inner],
-                                           integer=lambda i, k: exact(rows[i], k))
+            rho[inner] = _subsampled_pairs(
+                qr[inner], sigma, alpha[inner], integer=lambda i, k: exact(rows[i], k)
+            )
         total = compose(rho[:, None], r, alpha[:, None])
         return epsilon_per_order(np.maximum(total, 0.0), alpha[:, None], delta)[:, 0]
 
@@ -273,9 +277,14 @@ def _refine(
             # extra "step < half the step before last" test is dropped (ε is smooth and
             # unimodal here, and every row ends after _REFINE_STEPS anyway).
             parab = (
-                (w != x) & (v != x) & (v != w)
-                & np.isfinite(p_) & np.isfinite(q_) & (q_ > 0)
-                & (p_ > q_ * (lo - x)) & (p_ < q_ * (hi - x))
+                (w != x)
+                & (v != x)
+                & (v != w)
+                & np.isfinite(p_)
+                & np.isfinite(q_)
+                & (q_ > 0)
+                & (p_ > q_ * (lo - x))
+                & (p_ < q_ * (hi - x))
             )
             d_par = p_ / q_
         u_par = x + d_par

@@ -265,9 +265,10 @@ def tradeoff_clt_functionals(mu: float, client_rate: float = 1.0) -> tuple[float
         else:
             hi = mid
     a, b = m / 2.0 - hi, m / 2.0 + hi
-    phi_a, phi_b = math.exp(-a * a / 2.0) / math.sqrt(2 * math.pi), math.exp(
-        -b * b / 2.0
-    ) / math.sqrt(2 * math.pi)
+    phi_a, phi_b = (
+        math.exp(-a * a / 2.0) / math.sqrt(2 * math.pi),
+        math.exp(-b * b / 2.0) / math.sqrt(2 * math.pi),
+    )
     mass = float(special.ndtr(b) - special.ndtr(a))
     first = phi_a - phi_b  # ∫_a^b z φ(z) dz
     second = mass + a * phi_a - b * phi_b  # ∫_a^b z² φ(z) dz

@@ -54,9 +54,7 @@ def group_orders(group_size: int, base: ArrayLike = DEFAULT_ORDERS) -> np.ndarra
     return np.union1d(check_orders(base), extra)
 
 
-def group_rdp(
-    rdp: ArrayLike, orders: ArrayLike, group_size: int
-) -> tuple[np.ndarray, np.ndarray]:
+def group_rdp(rdp: ArrayLike, orders: ArrayLike, group_size: int) -> tuple[np.ndarray, np.ndarray]:
     """RDP curve for groups of ``group_size`` records (Mironov 2017, Prop. 2).
 
     Returns ``(rdp_group (..., n_kept), orders_group (n_kept,))``: orders α ≥ 2^{c+1} become

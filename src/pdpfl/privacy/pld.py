@@ -260,7 +260,8 @@ class PldAccountant:
         n = 1 if rates is None else rates.size
         k = check_counts(counts, n)
         q_up = (
-            np.ones(n) if rates is None
+            np.ones(n)
+            if rates is None
             else rate_grid_up(rates, self.rate_grid_rel_step, self.rate_grid_min)
         )
         sig = self._signature(event)

@@ -103,6 +103,7 @@ __all__ = [
 #: Largest ⌈α⌉ for which the Taylor bound (exact moments) is used.
 _TAYLOR_MAX_ORDER = 16
 
+
 def check_noise_multiplier(noise_multiplier: float, name: str = "noise_multiplier") -> float:
     """Return σ as a float; ValueError naming ``name`` unless finite and > 0."""
     try:
@@ -241,8 +242,11 @@ def _subsampled_pairs(
     # (q_i, ⌊α_i⌋ ≥ 2) pair instead of one call per distinct integer order.
     need_lo = np.flatnonzero(~is_int & (lo >= 2))
     k = np.concatenate([hi, lo[need_lo]])
-    vals = (integer_rdp_pairs(np.concatenate([q, q[need_lo]]), sigma, k) if integer is None
-            else integer(np.concatenate([np.arange(q.size), need_lo]), k))
+    vals = (
+        integer_rdp_pairs(np.concatenate([q, q[need_lo]]), sigma, k)
+        if integer is None
+        else integer(np.concatenate([np.arange(q.size), need_lo]), k)
+    )
     rho_hi = vals[: q.size]
     rho_lo = np.zeros(q.size)
     rho_lo[need_lo] = vals[q.size :]
@@ -291,10 +295,16 @@ def _integer_rdp(q: np.ndarray, sigma: float, alphas: np.ndarray) -> np.ndarray:
         np.exp(work, out=work)
         total = np.add.reduceat(work, starts, axis=1)
         log_am1 = mx + np.log(total) + af[None, :] * log_1mq[e, None]
-        margin = FUNCTION_ACCURACY * (
-            cmax[None, :] + af[None, :] * (np.abs(log_q[e, None]) + 2.0 * np.abs(log_1mq[e, None]))
-            + np.abs(mx) + 4.0
-        ) + (af[None, :] + 8.0) * _U
+        margin = (
+            FUNCTION_ACCURACY
+            * (
+                cmax[None, :]
+                + af[None, :] * (np.abs(log_q[e, None]) + 2.0 * np.abs(log_1mq[e, None]))
+                + np.abs(mx)
+                + 4.0
+            )
+            + (af[None, :] + 8.0) * _U
+        )
         out[e] = np.logaddexp(0.0, log_am1 + margin) / (af - 1.0)[None, :]
     return out * (1.0 + 4.0 * _U)
 

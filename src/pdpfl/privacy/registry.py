@@ -93,9 +93,7 @@ def as_accountant_name(name: str) -> str:
     """Validate an accountant name; ValueError names ``accountant`` and the allowed values."""
     key = str(name).strip().lower()
     if key not in _REGISTRY:
-        raise ValueError(
-            f"accountant: expected one of {', '.join(_REGISTRY)}, got {name!r}"
-        )
+        raise ValueError(f"accountant: expected one of {', '.join(_REGISTRY)}, got {name!r}")
     return key
 
 
@@ -142,6 +140,4 @@ def check_counts(counts: ArrayLike, n: int) -> np.ndarray:
     try:
         return np.broadcast_to(k.astype(np.int64), (n,)).copy()
     except ValueError:
-        raise ValueError(
-            f"counts: expected a scalar or {n} values, got shape {k.shape}"
-        ) from None
+        raise ValueError(f"counts: expected a scalar or {n} values, got shape {k.shape}") from None

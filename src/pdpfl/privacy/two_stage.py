@@ -173,14 +173,26 @@ def plan_epsilon(
     adv = as_adversary(adversary)
     if adv is Adversary.BOTH:
         e_tp, o_tp = plan_epsilon(
-            rates, plan, Adversary.THIRD_PARTY, participations, orders,
-            accountant=accountant, refine=refine, **options,
+            rates,
+            plan,
+            Adversary.THIRD_PARTY,
+            participations,
+            orders,
+            accountant=accountant,
+            refine=refine,
+            **options,
         )
         if _same_for_both(plan, participations, accountant):
             return e_tp, o_tp
         e_sv, o_sv = plan_epsilon(
-            rates, plan, Adversary.SERVER, participations, orders,
-            accountant=accountant, refine=refine, **options,
+            rates,
+            plan,
+            Adversary.SERVER,
+            participations,
+            orders,
+            accountant=accountant,
+            refine=refine,
+            **options,
         )
         take_sv = e_sv >= e_tp
         return np.where(take_sv, e_sv, e_tp), np.where(take_sv, o_sv, o_tp)

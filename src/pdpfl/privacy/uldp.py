@@ -128,10 +128,14 @@ class UserLevelPlan:
         obs = tuple(as_adversary(o).value for o in self.observers_)
         if not obs or "both" in obs or len(set(obs)) != len(obs):
             raise ValueError("observers: expected a non-empty subset of third-party, server")
-        object.__setattr__(self, "noise_multiplier", _sigma(self.noise_multiplier,
-                                                             "noise_multiplier"))
-        object.__setattr__(self, "server_noise_multiplier",
-                           _sigma(self.server_noise_multiplier, "server_noise_multiplier"))
+        object.__setattr__(
+            self, "noise_multiplier", _sigma(self.noise_multiplier, "noise_multiplier")
+        )
+        object.__setattr__(
+            self,
+            "server_noise_multiplier",
+            _sigma(self.server_noise_multiplier, "server_noise_multiplier"),
+        )
         object.__setattr__(self, "delta", delta)
         object.__setattr__(self, "rounds", int(rounds))
         object.__setattr__(self, "observers_", obs)
@@ -192,19 +196,24 @@ class UserLevelPlan:
         a property of the aggregation, not of the noise level)."""
         sigma = _sigma(noise_multiplier, "noise_multiplier")
         ratio = self.server_noise_multiplier / self.noise_multiplier
-        return UserLevelPlan(sigma, sigma * ratio, self.delta, self.rounds, self.observers_,
-                             self.hidden_sampling)
+        return UserLevelPlan(
+            sigma, sigma * ratio, self.delta, self.rounds, self.observers_, self.hidden_sampling
+        )
 
     def as_training_plan(self) -> TrainingPlan:
         """The third party's view as a :class:`TrainingPlan` (T rounds of one Poisson-sampled
         Gaussian step, λ = 1) for the certified rate calibrator (personal budgets)."""
         return TrainingPlan(
-            noise_multiplier=self.noise_multiplier, delta=self.delta, steps=1,
-            rounds=self.rounds, client_rate=1.0,
+            noise_multiplier=self.noise_multiplier,
+            delta=self.delta,
+            steps=1,
+            rounds=self.rounds,
+            client_rate=1.0,
         )
 
-    def planned_epsilon(self, rates: ArrayLike, observer: str,
-                        orders: ArrayLike = ORDERS) -> np.ndarray:
+    def planned_epsilon(
+        self, rates: ArrayLike, observer: str, orders: ArrayLike = ORDERS
+    ) -> np.ndarray:
         """ε of T charged rounds per rate against ``observer`` (the ledger's conversion)."""
         eps, _ = mechanism_epsilon(self, rates, observer, self.rounds, orders=orders)
         return eps
@@ -214,7 +223,10 @@ class UserLevelPlan:
 
 
 def user_epsilon(
-    noise_multiplier: float, delta: float, rounds: int, rate: float = 1.0,
+    noise_multiplier: float,
+    delta: float,
+    rounds: int,
+    rate: float = 1.0,
     orders: ArrayLike | None = None,
 ) -> float:
     """User-level ε of T rounds of the (Poisson-subsampled) Gaussian (Theorems 3, 5; Lemma 6).
@@ -229,8 +241,13 @@ def user_epsilon(
     if int(rounds) <= 0:
         return 0.0
     if orders is None:
-        plan = UserLevelPlan(float(noise_multiplier), float(noise_multiplier), float(delta),
-                             int(rounds), ("third-party",))
+        plan = UserLevelPlan(
+            float(noise_multiplier),
+            float(noise_multiplier),
+            float(delta),
+            int(rounds),
+            ("third-party",),
+        )
         return float(plan.planned_epsilon(np.array([float(rate)]), "third-party")[0])
     grid = np.asarray(orders, dtype=np.float64)
     rdp = np.asarray(poisson_gaussian_rdp(np.array([rate]), noise_multiplier, grid))
@@ -284,12 +301,12 @@ def group_epsilon(
     return out
 
 
-def record_rdp(noise_multiplier: float, rate: float, steps: int
-               ) -> Callable[[np.ndarray], np.ndarray]:
+def record_rdp(
+    noise_multiplier: float, rate: float, steps: int
+) -> Callable[[np.ndarray], np.ndarray]:
     """ρ(α) of ``steps`` Poisson-sampled Gaussian steps at one record rate (GROUP's silos)."""
 
     def rdp(orders: np.ndarray) -> np.ndarray:
-        return steps * np.asarray(poisson_gaussian_rdp(np.array([rate]), noise_multiplier,
-                                                       orders))
+        return steps * np.asarray(poisson_gaussian_rdp(np.array([rate]), noise_multiplier, orders))
 
     return rdp

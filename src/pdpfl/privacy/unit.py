@@ -123,9 +123,7 @@ class UnitMechanism(Protocol):
         took part in."""
         ...
 
-    def total_event(
-        self, rates: ArrayLike, observer: str, rounds: int | None = None
-    ) -> Mechanism:
+    def total_event(self, rates: ArrayLike, observer: str, rounds: int | None = None) -> Mechanism:
         """``rounds`` (default T) charged rounds composed."""
         ...
 
@@ -377,14 +375,22 @@ class LocalStepsPlan:
 
     def with_noise(self, noise_multiplier: float) -> LocalStepsPlan:
         return LocalStepsPlan(
-            self.sampler, float(noise_multiplier), self.local_steps, self.delta, self.rounds,
+            self.sampler,
+            float(noise_multiplier),
+            self.local_steps,
+            self.delta,
+            self.rounds,
             self.observers_,
         )
 
     def with_steps(self, local_steps: int) -> LocalStepsPlan:
         """The same plan with K = ``local_steps`` (calibration of the local steps)."""
         return LocalStepsPlan(
-            self.sampler, self.noise_multiplier, int(local_steps), self.delta, self.rounds,
+            self.sampler,
+            self.noise_multiplier,
+            int(local_steps),
+            self.delta,
+            self.rounds,
             self.observers_,
         )
 
@@ -453,6 +459,11 @@ class GroupPlan:
 
     def with_noise(self, noise_multiplier: float) -> GroupPlan:
         return GroupPlan(
-            float(noise_multiplier), self.local_steps, self.delta, self.rounds, self.group_size,
-            self.conversion, self.observers_,
+            float(noise_multiplier),
+            self.local_steps,
+            self.delta,
+            self.rounds,
+            self.group_size,
+            self.conversion,
+            self.observers_,
         )

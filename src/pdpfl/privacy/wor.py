@@ -263,8 +263,9 @@ def _pairs(gamma: float, sigma: float) -> list[tuple[Callable, Callable, Callabl
         base, far = normal_logpdf(0.0), normal_logpdf(shift)
         return (
             lambda x: np.logaddexp(l1g + base(x), lg + far(x)),
-            lambda x: (1.0 - gamma) * special.ndtr(x / sigma)
-            + gamma * special.ndtr((x - shift) / sigma),
+            lambda x: (
+                (1.0 - gamma) * special.ndtr(x / sigma) + gamma * special.ndtr((x - shift) / sigma)
+            ),
         )
 
     mix1, mix1_cdf = mixture(1.0)

@@ -42,8 +42,7 @@ PAPERS: dict[str, str] = {
 assert tuple(PAPERS) == PAPER_KEYS
 
 #: What ``pdpfl reproduce`` writes in its output folder (``--force`` replaces these only).
-OUTPUTS: tuple[str, ...] = ("REPORT.md", "results.json", "figures", "runs", "budgets",
-                            *PAPER_KEYS)
+OUTPUTS: tuple[str, ...] = ("REPORT.md", "results.json", "figures", "runs", "budgets", *PAPER_KEYS)
 
 
 def finite(obj: Any) -> Any:
@@ -85,9 +84,11 @@ def prepare_out(out: Path, force: bool) -> None:
         entries = sorted(p.name for p in out.iterdir() if not p.name.startswith(".pdpfl"))
         if entries and not force:
             shown = ", ".join(entries[:4]) + (", ..." if len(entries) > 4 else "")
-            raise OutputDirError(f"--out: {out} already holds files ({shown}); pass --force to "
-                                 "replace pdpfl's reproduce outputs there, or choose another "
-                                 "folder")
+            raise OutputDirError(
+                f"--out: {out} already holds files ({shown}); pass --force to "
+                "replace pdpfl's reproduce outputs there, or choose another "
+                "folder"
+            )
         for name in OUTPUTS:
             p = out / name
             if p.is_dir() and not p.is_symlink():
@@ -100,15 +101,18 @@ def prepare_out(out: Path, force: bool) -> None:
         probe.write_text("")
         probe.unlink()
     except OSError as err:
-        raise OutputDirError(f"--out: cannot write to {out} ({err.strerror or err}); choose "
-                             "another folder") from None
+        raise OutputDirError(
+            f"--out: cannot write to {out} ({err.strerror or err}); choose another folder"
+        ) from None
 
 
 def _machine() -> str:
     load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
-    return (f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPU cores, Python "
-            f"{platform.python_version()}; load average {load[0]:.2f} / {load[1]:.2f} / "
-            f"{load[2]:.2f} at the start (other work on the machine slows the runs)")
+    return (
+        f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPU cores, Python "
+        f"{platform.python_version()}; load average {load[0]:.2f} / {load[1]:.2f} / "
+        f"{load[2]:.2f} at the start (other work on the machine slows the runs)"
+    )
 
 
 def _command(paper: str, tier: str, seeds: Sequence[int] | None, data_dir: str | None) -> str:
@@ -133,7 +137,7 @@ def _run_paper(paper: str, ctx: Context, command: str) -> dict[str, Any]:
         "",
         "Every number labelled *paper* is read from `src/pdpfl/reproduce/published/"
         f"{paper}.json`, where each value cites its table or figure; every ε is read from the "
-        "run's typed privacy summary (`summary.json[\"privacy\"]`). A difference larger than the "
+        'run\'s typed privacy summary (`summary.json["privacy"]`). A difference larger than the '
         "seeds' spread (max of pdpfl's and the paper's standard deviation over seeds) is listed "
         "with its reason and evidence at the end.",
     ]
@@ -144,9 +148,13 @@ def _run_paper(paper: str, ctx: Context, command: str) -> dict[str, Any]:
     report.footer = ["## Rerun", "", "```text", command, "```", ""]
     report.write(ctx.out / "REPORT.md")
     results = {
-        "paper": paper, "tier": ctx.tier, "seconds": round(wall, 1), "runs": ctx.runs,
+        "paper": paper,
+        "tier": ctx.tier,
+        "seconds": round(wall, 1),
+        "runs": ctx.runs,
         "differences": [{"what": w, "reason": e.key} for w, e in report.differences],
-        "unexplained": report.unexplained, "skipped": report.skipped,
+        "unexplained": report.unexplained,
+        "skipped": report.skipped,
         "results": ctx.records,
     }
     from pdpfl.io import write_json
@@ -188,12 +196,18 @@ def reproduce(
     if paper != "all":
         return done[paper]
     wall = time.perf_counter() - started
-    lines = ["# pdpfl reproduce: all papers", "",
-             f"Tier **{tier}**, {wall / 60:.1f} min in total. Machine: {_machine()}.", ""]
+    lines = [
+        "# pdpfl reproduce: all papers",
+        "",
+        f"Tier **{tier}**, {wall / 60:.1f} min in total. Machine: {_machine()}.",
+        "",
+    ]
     for p, res in done.items():
-        lines.append(f"- [{load_published(p).title}]({p}/REPORT.md): {res['runs']} runs, "
-                     f"{res['seconds'] / 60:.1f} min, {len(res['differences'])} explained "
-                     f"difference(s), {len(res['unexplained'])} unexplained")
+        lines.append(
+            f"- [{load_published(p).title}]({p}/REPORT.md): {res['runs']} runs, "
+            f"{res['seconds'] / 60:.1f} min, {len(res['differences'])} explained "
+            f"difference(s), {len(res['unexplained'])} unexplained"
+        )
     from pdpfl.io import write_json, write_text
 
     write_text(root / "REPORT.md", "\n".join(lines) + "\n")

@@ -23,8 +23,18 @@ import numpy as np
 
 __all__ = ["Panel", "bars_figure", "budget_figure", "curves_figure", "xy_figure"]
 
-_COLOURS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown",
-            "tab:pink", "tab:gray", "tab:olive", "tab:cyan")
+_COLOURS = (
+    "tab:blue",
+    "tab:orange",
+    "tab:green",
+    "tab:red",
+    "tab:purple",
+    "tab:brown",
+    "tab:pink",
+    "tab:gray",
+    "tab:olive",
+    "tab:cyan",
+)
 
 
 def _plt() -> Any:
@@ -89,18 +99,25 @@ def curves_figure(path: Path, title: str, panels: Sequence[Panel], *, columns: i
                 ax.fill_between(x, lo, hi, color=colour[m], alpha=0.18, lw=0)
         for m, curve in panel.published.items():
             if len(curve):
-                ax.plot(np.arange(1, len(curve) + 1), curve, color=colour[m], ls="--", lw=1.1,
-                        label=f"{m} (paper)")
+                ax.plot(
+                    np.arange(1, len(curve) + 1),
+                    curve,
+                    color=colour[m],
+                    ls="--",
+                    lw=1.1,
+                    label=f"{m} (paper)",
+                )
         ax.set_xlabel("round", fontsize=8)
         ax.set_ylabel(panel.ylabel, fontsize=8)
         ax.tick_params(labelsize=7)
         ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[len(panels):]:
+    for ax in list(axes.flat)[len(panels) :]:
         ax.axis("off")
     handles, labels = axes.flat[0].get_legend_handles_labels()
     if handles:
-        fig.legend(handles, labels, loc="lower center", ncol=min(4, len(labels)), fontsize=7,
-                   frameon=False)
+        fig.legend(
+            handles, labels, loc="lower center", ncol=min(4, len(labels)), fontsize=7, frameon=False
+        )
     fig.suptitle(title, fontsize=10)
     fig.tight_layout(rect=(0, 0.08 if handles else 0, 1, 0.95))
     return _save(fig, path)
@@ -119,16 +136,27 @@ def budget_figure(
     methods = list(groups)
     fig, ax = plt.subplots(figsize=(max(4.5, 1.2 * len(labels) * max(1, len(methods)) / 2), 3.4))
     width = 0.8 / max(1, len(methods))
-    finite = [v for rows in groups.values() for _, b, s in rows for v in (b, s)
-              if math.isfinite(v) and v > 0]
+    finite = [
+        v
+        for rows in groups.values()
+        for _, b, s in rows
+        for v in (b, s)
+        if math.isfinite(v) and v > 0
+    ]
     top = max(finite, default=1.0) * 4
     for i, m in enumerate(methods):
         for g, budget, spent in groups[m]:
             x = labels.index(g) + (i - (len(methods) - 1) / 2) * width
             inf = not math.isfinite(spent)
-            ax.bar(x, top if inf else max(spent, 1e-6), width * 0.9,
-                   color=_COLOURS[i % len(_COLOURS)], hatch="//" if inf else None,
-                   alpha=0.5 if inf else 0.85, label=m if g == groups[m][0][0] else None)
+            ax.bar(
+                x,
+                top if inf else max(spent, 1e-6),
+                width * 0.9,
+                color=_COLOURS[i % len(_COLOURS)],
+                hatch="//" if inf else None,
+                alpha=0.5 if inf else 0.85,
+                label=m if g == groups[m][0][0] else None,
+            )
             ax.plot([x - width / 2, x + width / 2], [budget, budget], color="black", lw=1.5)
     ax.set_yscale("log")
     ax.set_xticks(range(len(labels)), [f"ε = {g}" for g in labels], fontsize=8)
@@ -141,8 +169,14 @@ def budget_figure(
 
 
 def xy_figure(
-    path: Path, title: str, series: Mapping[str, tuple[Sequence[float], Sequence[float]]], *,
-    xlabel: str, ylabel: str, logy: bool = False, logx: bool = False,
+    path: Path,
+    title: str,
+    series: Mapping[str, tuple[Sequence[float], Sequence[float]]],
+    *,
+    xlabel: str,
+    ylabel: str,
+    logy: bool = False,
+    logx: bool = False,
     published: Mapping[str, tuple[Sequence[float], Sequence[float]]] | None = None,
 ) -> Path:
     """pdpfl's series (solid, markers) beside the paper's (open markers, dashed)."""
@@ -153,8 +187,9 @@ def xy_figure(
     for m, (x, y) in series.items():
         ax.plot(x, y, marker="o", ms=3.5, lw=1.4, color=colour[m], label=f"{m} (pdpfl)")
     for m, (x, y) in (published or {}).items():
-        ax.plot(x, y, marker="s", ms=5, mfc="none", ls="--", lw=1, color=colour[m],
-                label=f"{m} (paper)")
+        ax.plot(
+            x, y, marker="s", ms=5, mfc="none", ls="--", lw=1, color=colour[m], label=f"{m} (paper)"
+        )
     if logy:
         ax.set_yscale("log")
     if logx:
@@ -169,13 +204,17 @@ def xy_figure(
 
 
 def bars_figure(
-    path: Path, title: str, categories: Sequence[str], series: Mapping[str, Sequence[float]], *,
-    ylabel: str, logy: bool = False,
+    path: Path,
+    title: str,
+    categories: Sequence[str],
+    series: Mapping[str, Sequence[float]],
+    *,
+    ylabel: str,
+    logy: bool = False,
 ) -> Path:
     """Grouped bars: one group per category, one bar per series (NaN: no bar)."""
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(max(4.5, 1.1 * len(categories) * max(1, len(series)) / 2),
-                                    3.4))
+    fig, ax = plt.subplots(figsize=(max(4.5, 1.1 * len(categories) * max(1, len(series)) / 2), 3.4))
     width = 0.8 / max(1, len(series))
     for i, (name, values) in enumerate(series.items()):
         xs = [c + (i - (len(series) - 1) / 2) * width for c in range(len(categories))]

@@ -23,8 +23,14 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-__all__ = ["PAPER_KEYS", "SCHEMA", "PublishedEntry", "PublishedPaper", "check_document",
-           "load_published"]
+__all__ = [
+    "PAPER_KEYS",
+    "SCHEMA",
+    "PublishedEntry",
+    "PublishedPaper",
+    "check_document",
+    "load_published",
+]
 
 #: Version of the JSON form of the published values.
 SCHEMA = "pdpfl.published/1"
@@ -99,8 +105,11 @@ def check_document(doc: Any, key: str) -> list[str]:
     if not isinstance(paper, dict):
         problems.append(f"{key}: 'paper' must be an object")
     else:
-        problems += [f"{key}: paper.{f} is missing" for f in _PAPER_FIELDS
-                     if not str(paper.get(f, "")).strip()]
+        problems += [
+            f"{key}: paper.{f} is missing"
+            for f in _PAPER_FIELDS
+            if not str(paper.get(f, "")).strip()
+        ]
         if paper.get("key") != key:
             problems.append(f"{key}: paper.key is {paper.get('key')!r}")
     entries = doc.get("entries")
@@ -122,7 +131,8 @@ def check_document(doc: Any, key: str) -> list[str]:
         seen.add(eid)
         cite = e.get("cite")
         if not isinstance(cite, str) or not any(
-                w in cite for w in ("Table", "Figure", "Fig.", "§")):
+            w in cite for w in ("Table", "Figure", "Fig.", "§")
+        ):
             problems.append(f"{where}: 'cite' must name the table, figure or section")
         if ("value" in e) == ("claim" in e):
             problems.append(f"{where}: give exactly one of 'value' and 'claim'")
@@ -144,13 +154,15 @@ def check_document(doc: Any, key: str) -> list[str]:
 def _entry(e: dict[str, Any]) -> PublishedEntry:
     known = {"id", "cite", "value", "spread", "seeds", "curve", "claim", "quantity", "source"}
     return PublishedEntry(
-        id=str(e["id"]), cite=str(e["cite"]),
+        id=str(e["id"]),
+        cite=str(e["cite"]),
         value=None if e.get("value") is None else float(e["value"]),
         spread=None if e.get("spread") is None else float(e["spread"]),
         seeds=None if e.get("seeds") is None else int(e["seeds"]),
         curve=tuple(float(v) for v in e.get("curve", ())),
         claim=None if e.get("claim") is None else str(e["claim"]),
-        quantity=str(e.get("quantity", "")), source=str(e.get("source", "")),
+        quantity=str(e.get("quantity", "")),
+        source=str(e.get("source", "")),
         extra={k: v for k, v in e.items() if k not in known},
     )
 
@@ -160,15 +172,22 @@ def load_published(key: str) -> PublishedPaper:
     """The published values of paper ``key`` (ValueError if the file is invalid)."""
     if key not in PAPER_KEYS:
         raise ValueError(f"unknown paper {key!r}; choose from {', '.join(PAPER_KEYS)}")
-    text = resources.files("pdpfl.reproduce").joinpath("published", f"{key}.json").read_text(
-        encoding="utf-8")
+    text = (
+        resources.files("pdpfl.reproduce")
+        .joinpath("published", f"{key}.json")
+        .read_text(encoding="utf-8")
+    )
     doc = json.loads(text)
     problems = check_document(doc, key)
     if problems:
         raise ValueError("; ".join(problems))
     p = doc["paper"]
     return PublishedPaper(
-        key=key, title=str(p["title"]), authors=str(p["authors"]), venue=str(p["venue"]),
-        text=str(p["text"]), reference_code=str(p.get("reference_code", "")),
+        key=key,
+        title=str(p["title"]),
+        authors=str(p["authors"]),
+        venue=str(p["venue"]),
+        text=str(p["text"]),
+        reference_code=str(p.get("reference_code", "")),
         entries={str(e["id"]): _entry(e) for e in doc["entries"]},
     )

@@ -75,8 +75,10 @@ def markdown_table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
     def cell(v: Any) -> str:
         return str(v).replace("|", "\\|").replace("\n", " ")
 
-    lines = ["| " + " | ".join(cell(h) for h in header) + " |",
-             "| " + " | ".join("---" for _ in header) + " |"]
+    lines = [
+        "| " + " | ".join(cell(h) for h in header) + " |",
+        "| " + " | ".join("---" for _ in header) + " |",
+    ]
     lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
     return "\n".join(lines)
 
@@ -140,7 +142,8 @@ FEW_SEEDS = Explanation(
     "the noise of evaluating one run on a finite test set, before any training randomness; "
     "the spread of one or two seeds underestimates it. The full tier's seeds decide.",
     "the gap, 2·SE and n in each item (computed from this run's accuracies and test-set size); "
-    "rerun with more `--seeds`.")
+    "rerun with more `--seeds`.",
+)
 
 
 def binomial_se(accuracy: float, n_test: int) -> float:

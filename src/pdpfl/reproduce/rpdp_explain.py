@@ -15,7 +15,8 @@ EXPLAIN = {
         "same σ (the signal-to-noise ratio of a step falls with the expected batch Σq) and "
         "PrivacyFree itself is lower.",
         "PrivacyFree on the substitute, measured in this run (row PrivacyFree of the same table), "
-        "against the paper's 0.98: the ceiling itself is lower, before any DP."),
+        "against the paper's 0.98: the ceiling itself is lower, before any DP.",
+    ),
     "baselines": rep.Explanation(
         "baselines",
         "pdpfl's Minimum and Dropout keep rPDP-FL's σ and give every kept record q = F(ε) from the "
@@ -26,12 +27,14 @@ EXPLAIN = {
         "spread is 0.04-0.12), so their means move with these choices.",
         "the variants measured in the full tier (section 'Why Minimum and Dropout differ'): "
         "Minimum with the reference's fixed-q calibration and both baselines with size-weighted "
-        "aggregation, each over the same seeds."),
+        "aggregation, each over the same seeds.",
+    ),
     "table2-device": rep.Explanation(
         "table2-device",
         "Seconds per step are measured on this CPU machine, the paper's on an NVIDIA A40 GPU; "
         "compare the ratio Filter / SCF, which the table prints.",
-        "the ratio column of Table 2 (paper: 2.6× on Heart, 3.3× on MNIST)."),
+        "the ratio column of Table 2 (paper: 2.6× on Heart, 3.3× on MNIST).",
+    ),
     "table2-one-run": rep.Explanation(
         "table2-one-run",
         "Table 2's accuracies are one run each of the reference notebook (no seeds, no spread; "
@@ -43,7 +46,8 @@ EXPLAIN = {
         "(3.706 for the top group, column 'largest ε'). Filter's late steps average ≈ 10-50 "
         "active records over the public 486, as in the notebook's Figure 7.",
         "the per-seed accuracies of this table's runs in results.json (more seeds: "
-        "`--seeds 42 43 44 45 46`) and the 'largest ε' / 'stopped' columns."),
+        "`--seeds 42 43 44 45 46`) and the 'largest ε' / 'stopped' columns.",
+    ),
     "table3-binary": rep.Explanation(
         "table3-binary",
         "pdpfl's BinarySearch evaluates the exact accountant vectorized over every distinct "
@@ -51,5 +55,6 @@ EXPLAIN = {
         "like 1,000 sequential Opacus searches; the paper's 597 s is the reference's loop. "
         "pdpfl's certified calibration takes about as long as BinarySearch and, unlike SCF, "
         "puts no record over budget (column 'over budget').",
-        "the seconds and over-budget columns of Table 3 measured in this run."),
+        "the seconds and over-budget columns of Table 3 measured in this run.",
+    ),
 }

@@ -33,32 +33,49 @@ __all__ = ["KEY", "run"]
 
 KEY = "rpdp-fl"
 
-METHODS = (Method("rPDP-FL", "rpdp"), Method("Minimum", "minimum"),
-           Method("Dropout", "dropout"), Method("PrivacyFree", "privacy-free"))
-SCENARIOS = {"three-levels": "ThreeLevels", "bounded-pareto": "BoundedPareto",
-             "bounded-mix-gauss": "BoundedMixGauss"}
+METHODS = (
+    Method("rPDP-FL", "rpdp"),
+    Method("Minimum", "minimum"),
+    Method("Dropout", "dropout"),
+    Method("PrivacyFree", "privacy-free"),
+)
+SCENARIOS = {
+    "three-levels": "ThreeLevels",
+    "bounded-pareto": "BoundedPareto",
+    "bounded-mix-gauss": "BoundedMixGauss",
+}
 #: The reference's BoundedMixGauss: N(0.1, sd 0.05), N(1, sd 0.1), N(5, sd 0.5) (variances).
-MIX_GAUSS = ("budgets.scenario=bounded-mix-gauss",
-             "budgets.params={weights: [0.7, 0.2, 0.1], means: [0.1, 1.0, 5.0], "
-             "variances: [0.0025, 0.01, 0.25], bounds: [0.1, 10.0]}")
+MIX_GAUSS = (
+    "budgets.scenario=bounded-mix-gauss",
+    "budgets.params={weights: [0.7, 0.2, 0.1], means: [0.1, 1.0, 5.0], "
+    "variances: [0.0025, 0.01, 0.25], bounds: [0.1, 10.0]}",
+)
 #: The reference's BoundedPareto: ε = lower + Lomax(shape), clipped to [lower, upper].
 PARETO = {"shape": 4.0, "lower": 0.1, "upper": 10.0}
-DATASETS = {"heart": ("Fed-Heart-Disease", "rpdp_heart", "heart-disease", ()),
-            "mnist-iid": ("MNIST-IID", "rpdp_mnist", "mnist-10k", ()),
-            "mnist-niid": ("MNIST-NonIID", "rpdp_mnist", "mnist-10k",
-                           ("data.partition=n-way-k-shot", "data.partition_params={n_way: 5}"))}
+DATASETS = {
+    "heart": ("Fed-Heart-Disease", "rpdp_heart", "heart-disease", ()),
+    "mnist-iid": ("MNIST-IID", "rpdp_mnist", "mnist-10k", ()),
+    "mnist-niid": (
+        "MNIST-NonIID",
+        "rpdp_mnist",
+        "mnist-10k",
+        ("data.partition=n-way-k-shot", "data.partition_params={n_way: 5}"),
+    ),
+}
 
 #: The quick tier's MNIST Figure 8: logistic regression, T = 5, τ = 10 (the CNN at the paper's
 #: T = 15, τ = 50 takes most of an hour on 2 cores; a CNN at a few steps stays at chance).
 QUICK_MNIST = ("model.name=logreg", "rounds=5", "local_steps=10")
 
 
-
-def _scenario_overrides(ctx: Context, scenario: str, dataset: str, config: str,
-                        extra: tuple[str, ...], seed: int) -> list[str]:
+def _scenario_overrides(
+    ctx: Context, scenario: str, dataset: str, config: str, extra: tuple[str, ...], seed: int
+) -> list[str]:
     if scenario == "three-levels":
-        return ["budgets.scenario=three-levels",
-                "budgets.params={values: [0.1, 1.0, 5.0], ratios: [0.7, 0.2, 0.1]}"]
+        return [
+            "budgets.scenario=three-levels",
+            "budgets.params={values: [0.1, 1.0, 5.0], ratios: [0.7, 0.2, 0.1]}",
+        ]
     if scenario == "bounded-mix-gauss":
         return list(MIX_GAUSS)
     fed = ctx.federation(ctx.load(config, [*extra, f"seed={seed}"]))
@@ -67,8 +84,11 @@ def _scenario_overrides(ctx: Context, scenario: str, dataset: str, config: str,
         rows = ["record_id,epsilon"]
         for i, c in enumerate(fed.clients):
             rng = np.random.default_rng([seed, i, 7])  # simulated users' choices (data)
-            eps = np.clip(PARETO["lower"] + rng.pareto(PARETO["shape"], len(c.y_train)),
-                          PARETO["lower"], PARETO["upper"])
+            eps = np.clip(
+                PARETO["lower"] + rng.pareto(PARETO["shape"], len(c.y_train)),
+                PARETO["lower"],
+                PARETO["upper"],
+            )
             rows += [f"{int(r)},{e:.17g}" for r, e in zip(c.record_ids, eps, strict=True)]
         from pdpfl.io import write_text
 
@@ -93,9 +113,15 @@ def _method_extra(scenario: str, method: Method) -> list[str]:
     return []
 
 
-def _fig8_table(pub: Any, dataset: str, results: dict[str, list[RunResult]],
-                report: rep.Report, section: rep.Section, substitute: bool,
-                comparable: bool) -> None:
+def _fig8_table(
+    pub: Any,
+    dataset: str,
+    results: dict[str, list[RunResult]],
+    report: rep.Report,
+    section: rep.Section,
+    substitute: bool,
+    comparable: bool,
+) -> None:
     rows = []
     for scenario, label in SCENARIOS.items():
         for m in METHODS:
@@ -106,65 +132,102 @@ def _fig8_table(pub: Any, dataset: str, results: dict[str, list[RunResult]],
             v = rep.verdict([r.final for r in runs], entry) if comparable else None
             eps = [r.privacy.headline_epsilon("third-party") for r in runs if r.privacy]
             over = sum(r.privacy.over_budget_any("both") for r in runs if r.privacy)
-            rows.append([label, m.label, rep.fmt_pm(*rep.mean_std(r.final for r in runs)),
-                         "–" if entry is None else rep.fmt_pm(entry.value or 0.0,
-                                                              entry.spread or 0.0,
-                                                              entry.seeds or 1),
-                         v.label() if v is not None else
-                         "–" if comparable else "not compared (shortened tier)",
-                         rep.fmt(max((e for e in eps if e is not None), default=None), 3),
-                         "no DP" if m.method == "privacy-free" else over])
+            rows.append(
+                [
+                    label,
+                    m.label,
+                    rep.fmt_pm(*rep.mean_std(r.final for r in runs)),
+                    "–"
+                    if entry is None
+                    else rep.fmt_pm(entry.value or 0.0, entry.spread or 0.0, entry.seeds or 1),
+                    v.label()
+                    if v is not None
+                    else "–"
+                    if comparable
+                    else "not compared (shortened tier)",
+                    rep.fmt(max((e for e in eps if e is not None), default=None), 3),
+                    "no DP" if m.method == "privacy-free" else over,
+                ]
+            )
             if v is not None and not v.agrees:
                 what = f"Figure 8 {dataset} {label} {m.label}"
                 note = rep.within_test_noise(v.difference, v.ours, runs[-1].n_test, v.n)
-                key = ("substitute" if substitute else
-                       "baselines" if m.method in ("minimum", "dropout") else "")
+                key = (
+                    "substitute"
+                    if substitute
+                    else "baselines"
+                    if m.method in ("minimum", "dropout")
+                    else ""
+                )
                 if note is not None:
                     report.differ(what + note, rep.FEW_SEEDS)
                 else:
                     report.differ(what, EXPLAIN.get(key))
-    section.add(rep.markdown_table(
-        ["scenario", "method", "pdpfl final acc.", "paper (Fig. 8)", "verdict",
-         "largest ε spent", "records over budget"], rows))
+    section.add(
+        rep.markdown_table(
+            [
+                "scenario",
+                "method",
+                "pdpfl final acc.",
+                "paper (Fig. 8)",
+                "verdict",
+                "largest ε spent",
+                "records over budget",
+            ],
+            rows,
+        )
+    )
 
 
 def _figure8(ctx: Context, report: rep.Report) -> None:
     pub = load_published(KEY)
     sec = report.section("Figure 8: utility of personalization (federated)")
-    sec.add("Test accuracy (pooled over the silos' test splits) after the last round, mean ± std "
-            "over seeds; the paper's value is the mean over its 5 seeds (42-46) of the plotted "
-            "runs, ± their std. ε: the largest ε any record spent against third parties, from "
-            "each run's typed privacy summary; no record is over budget for any DP method.")
-    datasets = ctx.pick(["heart"], ["heart", "mnist-iid", "mnist-niid"],
-                        ["heart", "mnist-iid", "mnist-niid"])
+    sec.add(
+        "Test accuracy (pooled over the silos' test splits) after the last round, mean ± std "
+        "over seeds; the paper's value is the mean over its 5 seeds (42-46) of the plotted "
+        "runs, ± their std. ε: the largest ε any record spent against third parties, from "
+        "each run's typed privacy summary; no record is over budget for any DP method."
+    )
+    datasets = ctx.pick(
+        ["heart"], ["heart", "mnist-iid", "mnist-niid"], ["heart", "mnist-iid", "mnist-niid"]
+    )
     for ds in datasets:
         title, config, dataset, extra = DATASETS[ds]
         missing = missing_files(dataset, ctx.data_dir)
         if missing:
-            report.skipped.append(f"Figure 8 {title}: {', '.join(missing)} not found; "
-                                  f"`pdpfl data fetch {dataset}` (or pass --data-dir)")
+            report.skipped.append(
+                f"Figure 8 {title}: {', '.join(missing)} not found; "
+                f"`pdpfl data fetch {dataset}` (or pass --data-dir)"
+            )
             continue
         heart = ds == "heart"
-        seeds = ctx.seeds_for(ctx.pick([42], [42, 43] if heart else [42],
-                                       [42, 43, 44, 45, 46] if heart else [42, 43, 44]))
-        scenarios = ctx.pick(["three-levels"], list(SCENARIOS) if heart else ["three-levels"],
-                             list(SCENARIOS))
+        seeds = ctx.seeds_for(
+            ctx.pick(
+                [42], [42, 43] if heart else [42], [42, 43, 44, 45, 46] if heart else [42, 43, 44]
+            )
+        )
+        scenarios = ctx.pick(
+            ["three-levels"], list(SCENARIOS) if heart else ["three-levels"], list(SCENARIOS)
+        )
         methods = ctx.pick(METHODS[:2], METHODS, METHODS)
-        tier = ctx.pick(["rounds=3", "local_steps=5"],
-                        [] if heart else QUICK_MNIST, [])
+        tier = ctx.pick(["rounds=3", "local_steps=5"], [] if heart else QUICK_MNIST, [])
         results: dict[str, list[RunResult]] = {}
         for scenario in scenarios:
-            exp = Experiment(f"fig8-{ds}-{scenario}", config, tuple(methods), seeds,
-                             (*extra, *tier), dataset)
+            exp = Experiment(
+                f"fig8-{ds}-{scenario}", config, tuple(methods), seeds, (*extra, *tier), dataset
+            )
             for seed in seeds:
                 budgets = _scenario_overrides(ctx, scenario, ds, config, (*extra, *tier), seed)
                 for m in methods:
                     r = ctx.run_one(exp, m, seed, extra=[*budgets, *_method_extra(scenario, m)])
                     results.setdefault(f"{scenario}/{m.label}", []).append(r)
-        sec.add(f"**{title}**" + ("" if heart else " (the 10k-image substitute)")
-                + ("" if not tier else f", shortened: {', '.join(tier)}") + ":")
-        _fig8_table(pub, ds, results, report, sec, substitute=not heart,
-                    comparable=not tier)
+        sec.add(
+            f"**{title}**"
+            + ("" if heart else " (the 10k-image substitute)")
+            + ("" if not tier else f", shortened: {', '.join(tier)}")
+            + ":"
+        )
+        _fig8_table(pub, ds, results, report, sec, substitute=not heart, comparable=not tier)
         panels = []
         for scenario in scenarios:
             p = Panel(f"{title}: {SCENARIOS[scenario]}")
@@ -175,26 +238,37 @@ def _figure8(ctx: Context, report: rep.Report) -> None:
                     p.published[m.label] = entry.curve
             panels.append(p)
         name = f"figures/fig8-{ds}.png"
-        curves_figure(ctx.out / name, f"rPDP-FL Figure 8 — {title}"
-                      + (" (10k-image substitute)" if not heart else ""), panels)
-        sec.figure(name, f"Figure 8, {title}: test accuracy per round (band: min-max over "
-                   "seeds; dashed: the paper's curve)" + ("" if not tier else
-                                                           "; shortened tier, no paper curve"))
+        curves_figure(
+            ctx.out / name,
+            f"rPDP-FL Figure 8 — {title}" + (" (10k-image substitute)" if not heart else ""),
+            panels,
+        )
+        sec.figure(
+            name,
+            f"Figure 8, {title}: test accuracy per round (band: min-max over "
+            "seeds; dashed: the paper's curve)"
+            + ("" if not tier else "; shortened tier, no paper curve"),
+        )
         groups = {}
         for m in methods:
             runs = results.get(f"three-levels/{m.label}", [])
             if runs and runs[-1].privacy is not None:
-                groups[m.label] = [(g.label, g.budget_max,
-                                    g.spent_max.get("third-party", math.inf))
-                                   for g in runs[-1].privacy.groups]
+                groups[m.label] = [
+                    (g.label, g.budget_max, g.spent_max.get("third-party", math.inf))
+                    for g in runs[-1].privacy.groups
+                ]
                 if not runs[-1].privacy.private:
-                    groups[m.label] = [(g.label, g.budget_max, math.inf)
-                                       for g in runs[-1].privacy.groups]
+                    groups[m.label] = [
+                        (g.label, g.budget_max, math.inf) for g in runs[-1].privacy.groups
+                    ]
         if groups:
             name = f"figures/fig8-{ds}-epsilon.png"
             budget_figure(ctx.out / name, f"{title}, ThreeLevels: ε spent vs budget", groups)
-            sec.figure(name, f"{title}, ThreeLevels: largest ε spent per budget group (typed "
-                       "privacy summary, third party) vs the budget")
+            sec.figure(
+                name,
+                f"{title}, ThreeLevels: largest ε spent per budget group (typed "
+                "privacy summary, third party) vs the budget",
+            )
         if heart and ctx.tier == "full":
             _baseline_evidence(ctx, report, seeds, results)
     report.hyperparameters += [
@@ -211,25 +285,45 @@ def _figure8(ctx: Context, report: rep.Report) -> None:
     ]
 
 
-def _baseline_evidence(ctx: Context, report: rep.Report, seeds: tuple[int, ...],
-                       results: dict[str, list[RunResult]]) -> None:
+def _baseline_evidence(
+    ctx: Context, report: rep.Report, seeds: tuple[int, ...], results: dict[str, list[RunResult]]
+) -> None:
     """Full tier: the baselines with the reference's choices, on Heart ThreeLevels."""
     sec = report.section("Why Minimum and Dropout differ (Heart, ThreeLevels)")
     variants = [
-        ("Minimum, fixed q = 16/46 (the reference's calibration)", Method(
-            "Minimum (fixed q)", "minimum", ("algorithm.sampling_rate=0.347826",),
-            key="minimum-fixed-q")),
-        ("Minimum, size-weighted aggregation (the reference's)", Method(
-            "Minimum (size-weighted)", "minimum", ("data.public_silo_sizes=true",
-                                                   "algorithm.weighting=num_examples"),
-            key="minimum-weighted")),
-        ("Dropout, size-weighted aggregation (the reference's)", Method(
-            "Dropout (size-weighted)", "dropout", ("data.public_silo_sizes=true",
-                                                   "algorithm.weighting=num_examples"),
-            key="dropout-weighted")),
-        ("Dropout, the paper's SCF rates", Method(
-            "Dropout (SCF)", "dropout", ("privacy.calibration=scf-paper",),
-            key="dropout-scf")),
+        (
+            "Minimum, fixed q = 16/46 (the reference's calibration)",
+            Method(
+                "Minimum (fixed q)",
+                "minimum",
+                ("algorithm.sampling_rate=0.347826",),
+                key="minimum-fixed-q",
+            ),
+        ),
+        (
+            "Minimum, size-weighted aggregation (the reference's)",
+            Method(
+                "Minimum (size-weighted)",
+                "minimum",
+                ("data.public_silo_sizes=true", "algorithm.weighting=num_examples"),
+                key="minimum-weighted",
+            ),
+        ),
+        (
+            "Dropout, size-weighted aggregation (the reference's)",
+            Method(
+                "Dropout (size-weighted)",
+                "dropout",
+                ("data.public_silo_sizes=true", "algorithm.weighting=num_examples"),
+                key="dropout-weighted",
+            ),
+        ),
+        (
+            "Dropout, the paper's SCF rates",
+            Method(
+                "Dropout (SCF)", "dropout", ("privacy.calibration=scf-paper",), key="dropout-scf"
+            ),
+        ),
     ]
     pub = load_published(KEY)
     rows = []
@@ -238,40 +332,58 @@ def _baseline_evidence(ctx: Context, report: rep.Report, seeds: tuple[int, ...],
         runs = [ctx.run_one(exp, m, s) for s in seeds]
         base = results.get(f"three-levels/{m.method.capitalize()}", [])
         entry = pub.get(f"fig8/heart/three-levels/{m.method}")
-        rows.append([what, rep.fmt_pm(*rep.mean_std(r.final for r in base)),
-                     rep.fmt_pm(*rep.mean_std(r.final for r in runs)),
-                     "–" if entry is None else rep.fmt(entry.value),
-                     rep.fmt(max(r.privacy.headline_epsilon("third-party") or 0.0
-                                 for r in runs if r.privacy), 3)])
-    sec.add("Each variant changes one choice of pdpfl's baseline to the reference's and runs "
-            "the same seeds; ε is the largest spent (typed summary), always within ε_min / "
-            "ε_mod for pdpfl's rates.")
-    sec.add(rep.markdown_table(["variant", "pdpfl default", "variant", "paper", "largest ε"],
-                               rows))
+        rows.append(
+            [
+                what,
+                rep.fmt_pm(*rep.mean_std(r.final for r in base)),
+                rep.fmt_pm(*rep.mean_std(r.final for r in runs)),
+                "–" if entry is None else rep.fmt(entry.value),
+                rep.fmt(
+                    max(
+                        r.privacy.headline_epsilon("third-party") or 0.0 for r in runs if r.privacy
+                    ),
+                    3,
+                ),
+            ]
+        )
+    sec.add(
+        "Each variant changes one choice of pdpfl's baseline to the reference's and runs "
+        "the same seeds; ε is the largest spent (typed summary), always within ε_min / "
+        "ε_mod for pdpfl's rates."
+    )
+    sec.add(rep.markdown_table(["variant", "pdpfl default", "variant", "paper", "largest ε"], rows))
 
 
 def _table2(ctx: Context, report: rep.Report) -> None:
     pub = load_published(KEY)
     sec = report.section("Table 2: SCF vs Filter (centralized, pooled data)")
-    methods = (Method("SCF (paper)", "centralized", key="scf"),
-               Method("certified (pdpfl)", "centralized", ("privacy.calibration=certified",),
-                      key="certified"),
-               Method("Filter", "centralized-filter", key="filter"))
+    methods = (
+        Method("SCF (paper)", "centralized", key="scf"),
+        Method(
+            "certified (pdpfl)", "centralized", ("privacy.calibration=certified",), key="certified"
+        ),
+        Method("Filter", "centralized-filter", key="filter"),
+    )
     rows = []
     bars: dict[str, list[float]] = {m.label: [] for m in methods}
     cats = []
-    for ds, config, dataset, n_pub in (("heart", "rpdp_pooled_heart", "heart-disease", 486),
-                                       ("mnist", "rpdp_pooled_mnist", "mnist-10k", None)):
+    for ds, config, dataset, n_pub in (
+        ("heart", "rpdp_pooled_heart", "heart-disease", 486),
+        ("mnist", "rpdp_pooled_mnist", "mnist-10k", None),
+    ):
         if ctx.tier != "full" and ds == "mnist":
             # few steps mean rates near 1: every step is a near-full batch of CNN gradients
             # (minutes per run on 2 cores) for an accuracy still at chance
-            report.skipped.append("Table 2 MNIST: full tier only (`pdpfl reproduce rpdp-fl`); "
-                                  "shortened, its rates are near 1 and a run takes minutes")
+            report.skipped.append(
+                "Table 2 MNIST: full tier only (`pdpfl reproduce rpdp-fl`); "
+                "shortened, its rates are near 1 and a run takes minutes"
+            )
             continue
         missing = missing_files(dataset, ctx.data_dir)
         if missing:
-            report.skipped.append(f"Table 2 {ds}: {', '.join(missing)} not found; "
-                                  f"`pdpfl data fetch {dataset}`")
+            report.skipped.append(
+                f"Table 2 {ds}: {', '.join(missing)} not found; `pdpfl data fetch {dataset}`"
+            )
             continue
         # Heart: the notebook's 108 steps; MNIST: 150 (one round each, so that the seconds per
         # step are the training's alone)
@@ -279,8 +391,7 @@ def _table2(ctx: Context, report: rep.Report) -> None:
         steps = ctx.pick(20, full_steps, full_steps)
         length = f"local_steps={steps}"
         seeds = ctx.seeds_for(ctx.pick([42], [42], [42, 43, 44]))
-        exp = Experiment(f"table2-{ds}", config, methods, seeds, (length,),
-                         dataset)
+        exp = Experiment(f"table2-{ds}", config, methods, seeds, (length,), dataset)
         fed = ctx.federation(ctx.load(config, [f"seed={seeds[0]}"]))
         n = sum(len(c.y_train) for c in fed.clients)
         out: dict[str, list[RunResult]] = {}
@@ -293,14 +404,16 @@ def _table2(ctx: Context, report: rep.Report) -> None:
                 except ValueError as err:  # e.g. the paper's SCF curve fit not converging
                     failed[m.key] = str(err)
                     ctx.log(f"  {exp.key} {m.label} seed {s}: failed ({err})")
-        per_step = {k: rep.mean_std(r.train_seconds / steps for r in v)[0]
-                    for k, v in out.items() if v}
+        per_step = {
+            k: rep.mean_std(r.train_seconds / steps for r in v)[0] for k, v in out.items() if v
+        }
         cats.append("Heart" if ds == "heart" else "MNIST-10k")
         for m in methods:
             runs = out.get(m.key, [])
             if m.key in failed or not runs:
-                rows.append([cats[-1], m.label, "–", f"failed: {failed.get(m.key, '')}",
-                             *(["–"] * 7)])
+                rows.append(
+                    [cats[-1], m.label, "–", f"failed: {failed.get(m.key, '')}", *(["–"] * 7)]
+                )
                 bars[m.label].append(math.nan)
                 report.differ(f"Table 2 {cats[-1]} {m.label}: the run failed", None)
                 continue
@@ -311,41 +424,79 @@ def _table2(ctx: Context, report: rep.Report) -> None:
             v = rep.verdict(accs, acc_e) if steps == full_steps else None
             scf = per_step.get("scf", math.nan)
             ratio = per_step[m.key] / scf if scf > 0 else math.nan
-            paper_ratio = ((pub.value(f"table2/{ds}/{pkey}/seconds_per_step") or math.nan)
-                           / (pub.value(f"table2/{ds}/scf/seconds_per_step") or math.nan))
+            paper_ratio = (pub.value(f"table2/{ds}/{pkey}/seconds_per_step") or math.nan) / (
+                pub.value(f"table2/{ds}/scf/seconds_per_step") or math.nan
+            )
             stopped = sum(r.privacy.stopped for r in runs if r.privacy) / len(runs)
-            b = n_pub or n if m.key == "filter" else runs[-1].summary["config"]["training"][
-                "batch_size"]
-            rows.append([
-                cats[-1], m.label, f"B = {float(b):g}",
-                rep.fmt_pm(*rep.mean_std(accs)),
-                "–" if acc_e is None else rep.fmt(acc_e.value) + (" (SCF row)" if m.key ==
-                                                                 "certified" else ""),
-                v.label() if v is not None else "not compared (shortened tier)",
-                rep.fmt(per_step[m.key], 4), rep.fmt(ratio, 3),
-                "–" if sec_e is None else f"{rep.fmt(sec_e.value, 4)} ({rep.fmt(paper_ratio, 3)})",
-                rep.fmt(max(r.privacy.headline_epsilon("both") or 0 for r in runs
-                            if r.privacy), 3), f"{stopped:.0f}"])
+            b = (
+                n_pub or n
+                if m.key == "filter"
+                else runs[-1].summary["config"]["training"]["batch_size"]
+            )
+            rows.append(
+                [
+                    cats[-1],
+                    m.label,
+                    f"B = {float(b):g}",
+                    rep.fmt_pm(*rep.mean_std(accs)),
+                    "–"
+                    if acc_e is None
+                    else rep.fmt(acc_e.value) + (" (SCF row)" if m.key == "certified" else ""),
+                    v.label() if v is not None else "not compared (shortened tier)",
+                    rep.fmt(per_step[m.key], 4),
+                    rep.fmt(ratio, 3),
+                    "–"
+                    if sec_e is None
+                    else f"{rep.fmt(sec_e.value, 4)} ({rep.fmt(paper_ratio, 3)})",
+                    rep.fmt(
+                        max(r.privacy.headline_epsilon("both") or 0 for r in runs if r.privacy), 3
+                    ),
+                    f"{stopped:.0f}",
+                ]
+            )
             bars[m.label].append(rep.mean_std(accs)[0])
             if v is not None and not v.agrees and ds == "mnist":
                 report.differ(f"Table 2 MNIST {m.label} accuracy", EXPLAIN["substitute"])
             elif v is not None and not v.agrees:
                 report.differ(f"Table 2 Heart {m.label} accuracy", EXPLAIN["table2-one-run"])
         if steps == full_steps:
-            report.differ(f"Table 2 {cats[-1]} seconds per step (absolute)",
-                          EXPLAIN["table2-device"])
+            report.differ(
+                f"Table 2 {cats[-1]} seconds per step (absolute)", EXPLAIN["table2-device"]
+            )
     if rows:
-        sec.add("Accuracy: the test accuracy after the last step (the reference notebook "
-                "averages its last 5 steps' test accuracies); seconds per training step on "
-                "this machine and, in brackets, the ratio to SCF (the paper: A40 GPU). ε: the "
-                "largest any record spent (typed summary); 'stopped': records that left (Filter) "
-                "or sat out (the pre-check stops records the paper's SCF would overspend).")
-        sec.add(rep.markdown_table(["data", "method", "batch", "pdpfl acc.", "paper acc.",
-                                    "verdict", "s/step", "× SCF", "paper s/step (× SCF)",
-                                    "largest ε", "stopped"], rows))
+        sec.add(
+            "Accuracy: the test accuracy after the last step (the reference notebook "
+            "averages its last 5 steps' test accuracies); seconds per training step on "
+            "this machine and, in brackets, the ratio to SCF (the paper: A40 GPU). ε: the "
+            "largest any record spent (typed summary); 'stopped': records that left (Filter) "
+            "or sat out (the pre-check stops records the paper's SCF would overspend)."
+        )
+        sec.add(
+            rep.markdown_table(
+                [
+                    "data",
+                    "method",
+                    "batch",
+                    "pdpfl acc.",
+                    "paper acc.",
+                    "verdict",
+                    "s/step",
+                    "× SCF",
+                    "paper s/step (× SCF)",
+                    "largest ε",
+                    "stopped",
+                ],
+                rows,
+            )
+        )
         name = "figures/table2.png"
-        bars_figure(ctx.out / name, "rPDP-FL Table 2: test accuracy (pooled data)", cats, bars,
-                    ylabel="test accuracy")
+        bars_figure(
+            ctx.out / name,
+            "rPDP-FL Table 2: test accuracy (pooled data)",
+            cats,
+            bars,
+            ylabel="test accuracy",
+        )
         sec.figure(name, "Table 2: centralized SCF / certified rPDP-SGD vs Filter")
     report.hyperparameters.append(
         "- Table 2: the reference's notebooks `demo_scf_vs_filter*.ipynb` -- Heart σ 10, C 1, "
@@ -354,7 +505,8 @@ def _table2(ctx: Context, report: rep.Report) -> None:
         "(its squared-norm budgets 5/20/100); MNIST σ 5, C 5, SGD lr 0.5, δ 1e-5, 150 steps, "
         "ε 2.0/4.7/11.8. Filter: each record's Rényi order maximises its squared-norm "
         "budget (pdpfl; the reference reports ε at the best order after the fact, which a "
-        "filter cannot).")
+        "filter cannot)."
+    )
 
 
 def _table3(ctx: Context, report: rep.Report) -> None:
@@ -368,13 +520,18 @@ def _table3(ctx: Context, report: rep.Report) -> None:
     cases = {
         "group-3": np.repeat([1.0, 2.0, 3.0], [540, 370, 90]),
         "group-100": np.repeat(np.round(np.arange(1.0, 6.0, 0.05), 2), 10),
-        "individual-1000": assign_budgets(make_scenario(
-            "bounded-mix-gauss", variances=[0.0025, 0.01, 0.25]), 1000, rng),
+        "individual-1000": assign_budgets(
+            make_scenario("bounded-mix-gauss", variances=[0.0025, 0.01, 0.25]), 1000, rng
+        ),
     }
     if ctx.tier == "smoke":
         cases = {"group-3": cases["group-3"]}
-    methods = {"binary-search": "BinarySearch", "scf-paper": "SCF (paper)",
-               "scf": "SCF (pdpfl)", "certified": "certified (pdpfl)"}
+    methods = {
+        "binary-search": "BinarySearch",
+        "scf-paper": "SCF (paper)",
+        "scf": "SCF (pdpfl)",
+        "certified": "certified (pdpfl)",
+    }
     rows: list[list[Any]] = []
     series: dict[str, list[float]] = {label: [] for label in methods.values()}
     for case, eps in cases.items():
@@ -388,46 +545,76 @@ def _table3(ctx: Context, report: rep.Report) -> None:
             series[label].append(seconds)
             pkey = {"binary-search": "binary-search", "scf-paper": "scf"}.get(m)
             paper = pub.value(f"table3/{case}/{pkey}/seconds") if pkey else None
-            rows.append([case, label, rep.fmt(seconds, 3), rep.fmt(paper, 4),
-                         res.report.over_budget, rep.fmt(res.report.median_utilization, 4)])
+            rows.append(
+                [
+                    case,
+                    label,
+                    rep.fmt(seconds, 3),
+                    rep.fmt(paper, 4),
+                    res.report.over_budget,
+                    rep.fmt(res.report.median_utilization, 4),
+                ]
+            )
         if ctx.tier != "smoke":
             report.differ(f"Table 3 {case} BinarySearch seconds", EXPLAIN["table3-binary"])
-    sec.add("One calibration per case on this machine (σ such that q = 1 spends the largest "
-            "budget, 100 steps, δ = 1e-3, as the reference's notebook); 'over budget': records "
-            "whose rate spends more than their budget (exact accountant); the paper's seconds "
-            "are the mean of 5 trials on its machine.")
-    sec.add(rep.markdown_table(["case", "method", "pdpfl s", "paper s", "over budget",
-                                "median utilization"], rows))
+    sec.add(
+        "One calibration per case on this machine (σ such that q = 1 spends the largest "
+        "budget, 100 steps, δ = 1e-3, as the reference's notebook); 'over budget': records "
+        "whose rate spends more than their budget (exact accountant); the paper's seconds "
+        "are the mean of 5 trials on its machine."
+    )
+    sec.add(
+        rep.markdown_table(
+            ["case", "method", "pdpfl s", "paper s", "over budget", "median utilization"], rows
+        )
+    )
     name = "figures/table3.png"
-    bars_figure(ctx.out / name, "rPDP-FL Table 3: seconds to calibrate 1,000 records",
-                list(cases), series, ylabel="seconds", logy=True)
+    bars_figure(
+        ctx.out / name,
+        "rPDP-FL Table 3: seconds to calibrate 1,000 records",
+        list(cases),
+        series,
+        ylabel="seconds",
+        logy=True,
+    )
     sec.figure(name, "Table 3: calibration time per method (log scale)")
     if ctx.tier == "full":
         _table3_accuracy(ctx, report, sec, cases)
 
 
-def _table3_accuracy(ctx: Context, report: rep.Report, sec: rep.Section,
-                     cases: dict[str, np.ndarray]) -> None:
+def _table3_accuracy(
+    ctx: Context, report: rep.Report, sec: rep.Section, cases: dict[str, np.ndarray]
+) -> None:
     if missing_files("mnist-10k", ctx.data_dir):
-        report.skipped.append("Table 3 accuracy: MNIST files not found; "
-                              "`pdpfl data fetch mnist-10k`")
+        report.skipped.append(
+            "Table 3 accuracy: MNIST files not found; `pdpfl data fetch mnist-10k`"
+        )
         return
     pub = load_published(KEY)
     seeds = ctx.seeds_for([42, 43, 44])
     rows = []
     for case, eps in cases.items():
-        methods = tuple(Method(label, "centralized", (f"privacy.calibration={m}",), key=m)
-                        for m, label in (("binary-search", "BinarySearch"),
-                                         ("scf-paper", "SCF (paper)"),
-                                         ("certified", "certified (pdpfl)")))
+        methods = tuple(
+            Method(label, "centralized", (f"privacy.calibration={m}",), key=m)
+            for m, label in (
+                ("binary-search", "BinarySearch"),
+                ("scf-paper", "SCF (paper)"),
+                ("certified", "certified (pdpfl)"),
+            )
+        )
         path = ctx.out / "budgets" / f"table3-{case}.npy"
         if not path.exists():
             from pdpfl.io import save_npy
 
             save_npy(path, np.asarray(eps, dtype=np.float64))
-        exp = Experiment(f"table3-{case}", "rpdp_table3_mnist", methods, seeds,
-                         (f"budgets.file={path}", f"privacy.epsilon_max={float(eps.max())}"),
-                         "mnist-10k")
+        exp = Experiment(
+            f"table3-{case}",
+            "rpdp_table3_mnist",
+            methods,
+            seeds,
+            (f"budgets.file={path}", f"privacy.epsilon_max={float(eps.max())}"),
+            "mnist-10k",
+        )
         for m in methods:
             finals = []
             for s in seeds:
@@ -436,13 +623,21 @@ def _table3_accuracy(ctx: Context, report: rep.Report, sec: rep.Section,
             pkey = {"binary-search": "binary-search", "scf-paper": "scf"}.get(m.key)
             entry = pub.get(f"table3/{case}/{pkey}/accuracy") if pkey else None
             v = rep.verdict(finals, entry)
-            rows.append([case, m.label, rep.fmt_pm(*rep.mean_std(finals)),
-                         "–" if entry is None else rep.fmt(entry.value),
-                         "–" if v is None else v.label()])
+            rows.append(
+                [
+                    case,
+                    m.label,
+                    rep.fmt_pm(*rep.mean_std(finals)),
+                    "–" if entry is None else rep.fmt(entry.value),
+                    "–" if v is None else v.label(),
+                ]
+            )
             if v is not None and not v.agrees:
                 report.differ(f"Table 3 {case} {m.label} accuracy", EXPLAIN["substitute"])
-    sec.add("Accuracy of DP-SGD on 1,000 records of the 10k-image substitute with each "
-            "method's rates (mean ± std over seeds):")
+    sec.add(
+        "Accuracy of DP-SGD on 1,000 records of the 10k-image substitute with each "
+        "method's rates (mean ± std over seeds):"
+    )
     sec.add(rep.markdown_table(["case", "method", "pdpfl acc.", "paper acc.", "verdict"], rows))
 
 
@@ -452,8 +647,13 @@ def _subset(federation: Any, n: int, seed: int) -> Any:
 
     c = federation.clients[0]
     keep = np.sort(np.random.default_rng(seed).permutation(len(c.y_train))[:n])
-    one = replace(c, x_train=c.x_train[keep], y_train=c.y_train[keep],
-                  record_ids=c.record_ids[keep], user_ids=None)
+    one = replace(
+        c,
+        x_train=c.x_train[keep],
+        y_train=c.y_train[keep],
+        record_ids=c.record_ids[keep],
+        user_ids=None,
+    )
     return replace(federation, clients=[one])
 
 

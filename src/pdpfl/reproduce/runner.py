@@ -151,15 +151,28 @@ def public_split(federation: Any, seed: int = 0) -> Any:
         order = rng.permutation(len(c.y_test))
         half = max(1, len(order) // 2)
         tr, va = order[:half], order[half:]
-        ids = (np.asarray(c.test_record_ids)[tr] if c.test_record_ids is not None
-               else np.arange(tr.size, dtype=np.int64))
-        clients.append(ClientData(
-            name=f"{c.name}-public", x_train=c.x_test[tr], y_train=c.y_test[tr],
-            x_test=c.x_test[va], y_test=c.y_test[va], record_ids=ids))
+        ids = (
+            np.asarray(c.test_record_ids)[tr]
+            if c.test_record_ids is not None
+            else np.arange(tr.size, dtype=np.int64)
+        )
+        clients.append(
+            ClientData(
+                name=f"{c.name}-public",
+                x_train=c.x_test[tr],
+                y_train=c.y_test[tr],
+                x_test=c.x_test[va],
+                y_test=c.y_test[va],
+                record_ids=ids,
+            )
+        )
     return Federation(
-        name=f"{federation.name}-public-split", clients=clients,
-        input_shape=federation.input_shape, num_classes=federation.num_classes,
-        feature_names=federation.feature_names, class_names=federation.class_names,
+        name=f"{federation.name}-public-split",
+        clients=clients,
+        input_shape=federation.input_shape,
+        num_classes=federation.num_classes,
+        feature_names=federation.feature_names,
+        class_names=federation.class_names,
     )
 
 
@@ -204,59 +217,94 @@ class Context:
         return self.federations[key]
 
     def run_one(
-        self, exp: Experiment, method: Method, seed: int, *, federation: Any | None = None,
-        extra: Sequence[str] = (), subdir: str = "",
+        self,
+        exp: Experiment,
+        method: Method,
+        seed: int,
+        *,
+        federation: Any | None = None,
+        extra: Sequence[str] = (),
+        subdir: str = "",
     ) -> RunResult:
         """One (method, seed) of ``exp`` through :func:`run_simulation`."""
         from pdpfl.runtime.loop import read_metrics
         from pdpfl.runtime.simulation import run_simulation
 
-        config = self.load(exp.config, [*exp.overrides, *method.config_overrides(), *extra,
-                                        f"seed={seed}"])
+        config = self.load(
+            exp.config, [*exp.overrides, *method.config_overrides(), *extra, f"seed={seed}"]
+        )
         fed = federation if federation is not None else self.federation(config)
         run_dir = self.out / "runs" / exp.key / (subdir or method.slug) / f"seed{seed}"
         t0 = time.perf_counter()
-        summary = run_simulation(config, run_dir, progress=False, federation=fed,
-                                 overwrite=True)
+        summary = run_simulation(config, run_dir, progress=False, federation=fed, overwrite=True)
         wall = time.perf_counter() - t0
         metrics = list(read_metrics(run_dir))
-        curve = [float(m[exp.metric]) if m.get(exp.metric) is not None else math.nan
-                 for m in metrics]
+        curve = [
+            float(m[exp.metric]) if m.get(exp.metric) is not None else math.nan for m in metrics
+        ]
         privacy = summary.get("privacy")
         typed = PrivacySummary.from_dict(privacy) if isinstance(privacy, dict) else None
         self.runs += 1
         eps = None if typed is None else typed.headline_epsilon(config.privacy.adversary)
-        self.records.append({
-            "experiment": exp.key, "method": method.slug, "label": method.label, "seed": seed,
-            "final": curve[-1] if curve else None, "curve": curve,
-            "epsilon": None if eps is None or not math.isfinite(eps) else eps,
-            "private": None if typed is None else typed.private,
-            "over_budget": None if typed is None else typed.over_budget_any("both"),
-            "seconds": round(float(summary.get("seconds", math.nan)), 3),
-            "run_dir": str(run_dir),
-        })
-        self.log(f"  {exp.key} {method.label} seed {seed}: "
-                 f"{exp.metric} {curve[-1] if curve else math.nan:.4f} ({wall:.1f}s)")
-        return RunResult(exp.key, method.slug, method.label, seed, summary, curve, typed, wall,
-                         run_dir, metrics)
+        self.records.append(
+            {
+                "experiment": exp.key,
+                "method": method.slug,
+                "label": method.label,
+                "seed": seed,
+                "final": curve[-1] if curve else None,
+                "curve": curve,
+                "epsilon": None if eps is None or not math.isfinite(eps) else eps,
+                "private": None if typed is None else typed.private,
+                "over_budget": None if typed is None else typed.over_budget_any("both"),
+                "seconds": round(float(summary.get("seconds", math.nan)), 3),
+                "run_dir": str(run_dir),
+            }
+        )
+        self.log(
+            f"  {exp.key} {method.label} seed {seed}: "
+            f"{exp.metric} {curve[-1] if curve else math.nan:.4f} ({wall:.1f}s)"
+        )
+        return RunResult(
+            exp.key, method.slug, method.label, seed, summary, curve, typed, wall, run_dir, metrics
+        )
 
     def tune(
-        self, exp: Experiment, method: Method, param: str, grid: Sequence[Any], *,
-        seed: int = 0, extra: Sequence[str] = (),
+        self,
+        exp: Experiment,
+        method: Method,
+        param: str,
+        grid: Sequence[Any],
+        *,
+        seed: int = 0,
+        extra: Sequence[str] = (),
     ) -> tuple[Any, list[tuple[Any, float]]]:
         """The value of ``param`` in ``grid`` with the best final validation accuracy of
         ``method`` on :func:`public_split` (test records only -- never a training record),
         and every (value, accuracy) tried."""
-        config = self.load(exp.config, [*exp.overrides, *method.config_overrides(), *extra,
-                                        f"seed={seed}"])
+        config = self.load(
+            exp.config, [*exp.overrides, *method.config_overrides(), *extra, f"seed={seed}"]
+        )
         fed = public_split(self.federation(config), seed)
-        tuning = Experiment(f"{exp.key}-tuning", exp.config, exp.methods, (seed,),
-                            exp.overrides, exp.dataset, exp.metric)
+        tuning = Experiment(
+            f"{exp.key}-tuning",
+            exp.config,
+            exp.methods,
+            (seed,),
+            exp.overrides,
+            exp.dataset,
+            exp.metric,
+        )
         scores = []
         for value in grid:
-            r = self.run_one(tuning, method, seed, federation=fed,
-                             extra=[*extra, f"{param}={value}"],
-                             subdir=f"{method.slug}/{param}={value}")
+            r = self.run_one(
+                tuning,
+                method,
+                seed,
+                federation=fed,
+                extra=[*extra, f"{param}={value}"],
+                subdir=f"{method.slug}/{param}={value}",
+            )
             scores.append((value, r.final))
         best = max(scores, key=lambda t: t[1] if math.isfinite(t[1]) else -math.inf)
         return best[0], scores

@@ -36,13 +36,15 @@ def _holder(path: Path) -> str:
     except (OSError, ValueError):
         return "another process"
     since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(info.get("since", 0))))
-    return (f"pid {info.get('pid')} on {info.get('host')} since {since} "
-            f"({info.get('command', '?')})")
+    return f"pid {info.get('pid')} on {info.get('host')} since {since} ({info.get('command', '?')})"
 
 
 @contextlib.contextmanager
 def folder_lock(
-    folder: str | os.PathLike[str], option: str = "--out", *, wait_s: float = 0.0,
+    folder: str | os.PathLike[str],
+    option: str = "--out",
+    *,
+    wait_s: float = 0.0,
     name: str = LOCK_NAME,
 ) -> Iterator[Path]:
     """Hold the folder's exclusive lock for the block (creating the folder if needed).
@@ -70,10 +72,16 @@ def folder_lock(
                 time.sleep(0.05)
         stale = os.fstat(fd).st_size > 0
         if stale:
-            log.info("took over a stale lock of %s (that process is no longer running)",
-                     _holder(lock_path))
-        info = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time(),
-                "command": " ".join(sys.argv[:4])[:200]}
+            log.info(
+                "took over a stale lock of %s (that process is no longer running)",
+                _holder(lock_path),
+            )
+        info = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "since": time.time(),
+            "command": " ".join(sys.argv[:4])[:200],
+        }
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(info).encode(), 0)
         try:

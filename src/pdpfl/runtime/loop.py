@@ -143,8 +143,15 @@ def run_federation(
     protocol = protocol if protocol is not None else protocol_from_config(config)
     check_compatible(server, protocol)
     return run_rounds(
-        server, transport, out_dir, LoopSettings.of(config), protocol, resume=resume,
-        progress=progress, on_round=on_round, stop_after=stop_after,
+        server,
+        transport,
+        out_dir,
+        LoopSettings.of(config),
+        protocol,
+        resume=resume,
+        progress=progress,
+        on_round=on_round,
+        stop_after=stop_after,
     )
 
 
@@ -233,8 +240,11 @@ def run_rounds(
             metrics = [m for m in read_metrics(out) if int(m["round"]) < start]
     last_round = rounds if stop_after is None else min(rounds, int(stop_after))
     # the privacy summary of this view; each round replaces it (no round: computed now)
-    privacy = collect_privacy(transport.privacy_summaries(), server, unit) \
-        if start >= last_round else None
+    privacy = (
+        collect_privacy(transport.privacy_summaries(), server, unit)
+        if start >= last_round
+        else None
+    )
 
     bar = _ProgressBar(rounds, start, enabled=progress)
     t0 = time.perf_counter()
@@ -257,8 +267,9 @@ def run_rounds(
                 round_config = dict(server.round_config(t))
             planned = None
             try:
-                aggregate, params = aggregate_round(server, transport, protocol, params, t,
-                                                    selected, round_config)
+                aggregate, params = aggregate_round(
+                    server, transport, protocol, params, t, selected, round_config
+                )
                 if prefetch is not None and t + 1 < last_round:
                     planned = (
                         list(server.select_clients(t + 1, list(transport.client_ids))),
@@ -266,8 +277,9 @@ def run_rounds(
                     )
                     if planned[0]:
                         prefetch(planned[0], params, t + 1, planned[1])
-                line, privacy = evaluate_round(server, transport, params, t, round_config,
-                                               selected, aggregate.count, unit)
+                line, privacy = evaluate_round(
+                    server, transport, params, t, round_config, selected, aggregate.count, unit
+                )
             except TrainingDiverged as err:
                 # Nothing non-finite was published. Keep what happened: the round is recorded
                 # (its charges stay -- other silos may have released), the model stays the
@@ -279,22 +291,31 @@ def run_rounds(
             metrics.append(line)
             if save_model is not None and diverged is None:
                 save_model(t, params)
-            save_round(out, metrics, {
-                "next_round": int(line["round"]) + 1,
-                "params": params,
-                "server_state": server.state_dict(),
-                "client_states": transport.client_states(),
-                "seconds": line["seconds"],
-                "config_hash": settings.fingerprint,
-                "run_id": run_id,
-                "planned_rounds": settings.planned_rounds or rounds,
-            })
+            save_round(
+                out,
+                metrics,
+                {
+                    "next_round": int(line["round"]) + 1,
+                    "params": params,
+                    "server_state": server.state_dict(),
+                    "client_states": transport.client_states(),
+                    "seconds": line["seconds"],
+                    "config_hash": settings.fingerprint,
+                    "run_id": run_id,
+                    "planned_rounds": settings.planned_rounds or rounds,
+                },
+            )
             if diverged is not None:
                 break
-            log.info("round %d/%d: %d silo(s) selected, %d contribution(s), accuracy %s, "
-                     "max ε %s", t + 1, rounds, len(selected), aggregate.count,
-                     _short(line.get("accuracy")),
-                     "-" if privacy is None else _short(privacy.headline_epsilon("both")))
+            log.info(
+                "round %d/%d: %d silo(s) selected, %d contribution(s), accuracy %s, max ε %s",
+                t + 1,
+                rounds,
+                len(selected),
+                aggregate.count,
+                _short(line.get("accuracy")),
+                "-" if privacy is None else _short(privacy.headline_epsilon("both")),
+            )
             bar.advance(line)
             if on_round is not None:
                 on_round(t, line)
@@ -303,8 +324,9 @@ def run_rounds(
     record: dict[str, Any] = {
         "params": params,
         "metrics": metrics,
-        "seconds": metrics[-1]["seconds"] if diverged is not None else
-        seconds_before + time.perf_counter() - t0,
+        "seconds": metrics[-1]["seconds"]
+        if diverged is not None
+        else seconds_before + time.perf_counter() - t0,
         "privacy": privacy,
         "server_state": server.state_dict(),
         "completed": diverged is None and last_round == rounds,

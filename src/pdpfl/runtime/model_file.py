@@ -46,7 +46,9 @@ def model_metadata(summary: dict[str, Any], round_index: int | None = None) -> d
 
 
 def write_model(
-    path: str | Path, params: list[np.ndarray], names: list[str] | None,
+    path: str | Path,
+    params: list[np.ndarray],
+    names: list[str] | None,
     metadata: dict[str, str],
 ) -> None:
     """Write ``params`` under ``names`` (default ``param.0``, ...) atomically."""
@@ -56,8 +58,10 @@ def write_model(
         names = [f"param.{i}" for i in range(len(params))]
     if len(names) != len(params) or len(set(names)) != len(names):
         raise ValueError(f"model: {len(params)} parameters need as many distinct names")
-    tensors = {n: np.ascontiguousarray(np.asarray(p, dtype=np.float32))
-               for n, p in zip(names, params, strict=True)}
+    tensors = {
+        n: np.ascontiguousarray(np.asarray(p, dtype=np.float32))
+        for n, p in zip(names, params, strict=True)
+    }
     write_bytes(path, save(tensors, metadata=metadata))
 
 

@@ -223,8 +223,11 @@ def privacy_fields(
         "eps_spent_max": {_tag(o): privacy.spent_max(o) for o in ("third-party", "server")},
         "epsilon": privacy.headline_epsilon(config.privacy.adversary),
         "per_group": per_group(privacy),
-        **({"noise_multiplier": privacy.info["noise_multiplier"]}
-           if "noise_multiplier" in privacy.info else {}),
+        **(
+            {"noise_multiplier": privacy.info["noise_multiplier"]}
+            if "noise_multiplier" in privacy.info
+            else {}
+        ),
         "warnings": privacy_warnings(config, privacy),
     }
 

@@ -34,8 +34,10 @@ def write_plots(metrics: list[dict[str, Any]], summary: dict[str, Any], out: Pat
     The figures are plain :class:`matplotlib.figure.Figure` objects rendered by the Agg canvas:
     pyplot (its backend selection and figure manager, ~0.3 s to import) is never loaded.
     """
-    for name, fig in (("accuracy.png", accuracy_figure(metrics, summary)),
-                      ("epsilon.png", epsilon_figure(summary))):
+    for name, fig in (
+        ("accuracy.png", accuracy_figure(metrics, summary)),
+        ("epsilon.png", epsilon_figure(summary)),
+    ):
         _save_fig(fig, out / name)
 
 
@@ -51,8 +53,16 @@ def _figure(width: float, height: float) -> tuple[Any, Any]:
 
 def _nothing_to_draw(ax: Any, why: str) -> None:
     """Say in the plot itself why it is empty (instead of drawing empty axes)."""
-    ax.text(0.5, 0.5, f"nothing to draw:\n{why}", ha="center", va="center", wrap=True,
-            transform=ax.transAxes, fontsize=9)
+    ax.text(
+        0.5,
+        0.5,
+        f"nothing to draw:\n{why}",
+        ha="center",
+        va="center",
+        wrap=True,
+        transform=ax.transAxes,
+        fontsize=9,
+    )
     ax.set_xticks([])
     ax.set_yticks([])
 
@@ -70,10 +80,15 @@ def accuracy_figure(metrics: list[dict[str, Any]], summary: dict[str, Any]) -> A
     elif all(v is None for v in pooled):
         _nothing_to_draw(ax, "no silo has test records, so no accuracy was measured")
     else:
-        ax.plot(rounds, [np.nan if v is None else v for v in pooled], marker="o", ms=3,
-                label="pooled")
-        ax.plot(rounds, [_num(m.get("mean_client_accuracy"), np.nan) for m in metrics],
-                ls="--", label="client mean")
+        ax.plot(
+            rounds, [np.nan if v is None else v for v in pooled], marker="o", ms=3, label="pooled"
+        )
+        ax.plot(
+            rounds,
+            [_num(m.get("mean_client_accuracy"), np.nan) for m in metrics],
+            ls="--",
+            label="client mean",
+        )
         ax.set_xlabel("round")
         ax.set_ylabel("test accuracy")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -99,9 +114,11 @@ def epsilon_figure(summary: dict[str, Any]) -> Any:
     unit = privacy.unit if privacy is not None else str(summary.get("privacy_unit", "unit"))
     ax.set_title(f"ε spent vs budget per budget group ({unit} level)")
     if privacy is None or not privacy.groups:
-        why = (f"the per-{unit} privacy summaries stay at the silos"
-               if str(summary.get("privacy_view", "")).startswith("coordinator")
-               else "no privacy accounting in this run")
+        why = (
+            f"the per-{unit} privacy summaries stay at the silos"
+            if str(summary.get("privacy_view", "")).startswith("coordinator")
+            else "no privacy accounting in this run"
+        )
         _nothing_to_draw(ax, why)
         fig.tight_layout()
         return fig
@@ -109,8 +126,9 @@ def epsilon_figure(summary: dict[str, Any]) -> Any:
     x = np.arange(len(groups))
     budget = [_num(g.budget_max, None) for g in groups]
     spent = {o: [_num(g.spent_max.get(o), None) for g in groups] for o in privacy.observers}
-    positive = [v for v in (*budget, *(v for vs in spent.values() for v in vs))
-                if v is not None and v > 0]
+    positive = [
+        v for v in (*budget, *(v for vs in spent.values() for v in vs)) if v is not None and v > 0
+    ]
     if not positive:
         _nothing_to_draw(ax, "no finite ε was spent or budgeted")
         fig.tight_layout()
@@ -122,10 +140,22 @@ def epsilon_figure(summary: dict[str, Any]) -> Any:
     if privacy.private:
         for k, (obs, values) in enumerate(spent.items()):
             offset = (k - (len(spent) - 1) / 2) * w
-            ax.bar(x + offset, [v or 0.0 for v in values], w, bottom=0,
-                   label=f"max spent ({obs})", color=colors.get(obs))
-    ax.hlines([b if b is not None else np.nan for b in budget], x - 0.45, x + 0.45,
-              colors="black", linewidth=2, label="budget")
+            ax.bar(
+                x + offset,
+                [v or 0.0 for v in values],
+                w,
+                bottom=0,
+                label=f"max spent ({obs})",
+                color=colors.get(obs),
+            )
+    ax.hlines(
+        [b if b is not None else np.nan for b in budget],
+        x - 0.45,
+        x + 0.45,
+        colors="black",
+        linewidth=2,
+        label="budget",
+    )
     for k, g in enumerate(groups):
         notes = []
         over = [int(g.over_budget.get(o, 0)) for o in privacy.observers]
@@ -134,10 +164,18 @@ def epsilon_figure(summary: dict[str, Any]) -> Any:
         if g.excluded:
             notes.append(f"excluded {g.excluded}")
         if notes:
-            top = max(v for v in (budget[k], *(vs[k] for vs in spent.values()), lo)
-                      if v is not None)
-            ax.text(x[k], top * 1.4, "\n".join(notes), ha="center", va="bottom", fontsize=7,
-                    color="tab:red")
+            top = max(
+                v for v in (budget[k], *(vs[k] for vs in spent.values()), lo) if v is not None
+            )
+            ax.text(
+                x[k],
+                top * 1.4,
+                "\n".join(notes),
+                ha="center",
+                va="bottom",
+                fontsize=7,
+                color="tab:red",
+            )
     ax.set_ylim(lo, hi)
     ax.set_xticks(x, [g.label for g in groups])
     ax.set_xlabel(f"budget group (ε; {unit}s)")

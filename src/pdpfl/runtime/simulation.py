@@ -102,8 +102,7 @@ class InProcessTransport:
             batched = [s for s in silos if isinstance(s, BatchedSilo)]
             for s in batched:
                 s.catch_up(int(round_index) + 1)
-            for c, metrics in zip(group, type(batched[0]).test_batch(batched, params),
-                                  strict=True):
+            for c, metrics in zip(group, type(batched[0]).test_batch(batched, params), strict=True):
                 out[c] = metrics
         return out
 
@@ -175,11 +174,15 @@ def from_config(config: ExperimentConfig, federation: Any) -> bool:
 def describe_data(config: ExperimentConfig, federation: Any) -> dict[str, Any]:
     """``summary["data"]``: the federation a run really trained on (sizes are operator-only)."""
     user = not from_config(config, federation)
-    meta = {k: v for k, v in getattr(federation, "metadata", {}).items()
-            if k != _LOADED_FROM and isinstance(v, str | int | float | bool | type(None))}
+    meta = {
+        k: v
+        for k, v in getattr(federation, "metadata", {}).items()
+        if k != _LOADED_FROM and isinstance(v, str | int | float | bool | type(None))
+    }
     return {
         "source": "user-supplied federation (passed to run_simulation; config.data not used)"
-        if user else "config.data",
+        if user
+        else "config.data",
         "dataset": str(federation.name),
         "clients": len(federation.clients),
         "silo_names": [str(c.name) for c in federation.clients],
@@ -258,8 +261,9 @@ def run_simulation(
         ) from None
     try:
         prepare_output_dir(out_dir, resume=resume, overwrite=overwrite)
-        return simulate_into(config, out_dir, resume, progress=progress,
-                             federation=federation, stop_after=stop_after)
+        return simulate_into(
+            config, out_dir, resume, progress=progress, federation=federation, stop_after=stop_after
+        )
     finally:
         lock.__exit__(None, None, None)
 
@@ -273,10 +277,16 @@ def round_model_writer(
     from pdpfl.runtime.model_file import FORMAT, write_model
 
     def save(round_index: int, params: Params) -> None:
-        meta = {"format": FORMAT, "pdpfl_version": __version__, "config_hash": str(fingerprint),
-                "algorithm": algorithm, "rounds": str(round_index + 1)}
-        write_model(out_dir / "models" / f"round-{round_index + 1:04d}.safetensors", params,
-                    names, meta)
+        meta = {
+            "format": FORMAT,
+            "pdpfl_version": __version__,
+            "config_hash": str(fingerprint),
+            "algorithm": algorithm,
+            "rounds": str(round_index + 1),
+        }
+        write_model(
+            out_dir / "models" / f"round-{round_index + 1:04d}.safetensors", params, names, meta
+        )
 
     return save
 
@@ -310,8 +320,9 @@ def simulate_into(
 
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     with log_to_file(Path(out_dir) / "run.log"):
-        return _simulate(config, out_dir, resume, progress=progress, federation=federation,
-                         stop_after=stop_after)
+        return _simulate(
+            config, out_dir, resume, progress=progress, federation=federation, stop_after=stop_after
+        )
 
 
 def _simulate(
@@ -337,8 +348,12 @@ def _simulate(
     config = config_for_federation(config, federation)
     if str(config.output_dir) != str(out_dir):  # the summary records where outputs really are
         config = config.model_copy(update={"output_dir": str(out_dir)})
-    log.info("federation %s: %d silos, %d training records", data["dataset"], data["clients"],
-             data["train_records"])
+    log.info(
+        "federation %s: %d silos, %d training records",
+        data["dataset"],
+        data["clients"],
+        data["train_records"],
+    )
     planned = _planned_rounds(Path(out_dir), config) if resume else None
     build = config
     if planned is not None and planned != config.training.rounds:
@@ -349,8 +364,11 @@ def _simulate(
         build = config.model_copy(update={"training": training})
         log.warning("extending the run from %d to %d rounds", planned, config.training.rounds)
     run = as_algorithm(build.algorithm).assemble(build, federation)
-    settings = replace(LoopSettings.of(run.config), rounds=config.training.rounds,
-                       planned_rounds=run.config.training.rounds)
+    settings = replace(
+        LoopSettings.of(run.config),
+        rounds=config.training.rounds,
+        planned_rounds=run.config.training.rounds,
+    )
     if planned is not None and planned != config.training.rounds:
         run.warnings.append(
             f"training.rounds: the run was extended from T = {planned} to "
@@ -358,8 +376,13 @@ def _simulate(
             "every extra round is charged to the ledgers, and units whose budget would be "
             "exceeded sit out"
         )
-    log.info("algorithm %s (%s-level DP), %s summation, %d rounds", config.algorithm.name,
-             config.algorithm.unit, run.protocol.name, run.config.training.rounds)
+    log.info(
+        "algorithm %s (%s-level DP), %s summation, %d rounds",
+        config.algorithm.name,
+        config.algorithm.unit,
+        run.protocol.name,
+        run.config.training.rounds,
+    )
     for message in run.warnings:
         log.warning("%s", message)
         warnings.warn(message, SetupWarning, stacklevel=3)
@@ -368,21 +391,37 @@ def _simulate(
     with torch_threads(config.threads):
         save_model = None
         if config.save_models == "every-round":
-            save_model = round_model_writer(Path(out_dir), run.parameter_names,
-                                            settings.fingerprint, config.algorithm.name)
+            save_model = round_model_writer(
+                Path(out_dir), run.parameter_names, settings.fingerprint, config.algorithm.name
+            )
         try:
             result = run_rounds(
-                run.server, transport, out_dir, settings, run.protocol, resume=resume,
-                progress=progress, stop_after=stop_after, save_model=save_model,
+                run.server,
+                transport,
+                out_dir,
+                settings,
+                run.protocol,
+                resume=resume,
+                progress=progress,
+                stop_after=stop_after,
+                save_model=save_model,
             )
         except TrainingDiverged as err:
             if err.result is None:
                 raise
             diverged, result = err, err.result
     result["setup_seconds"] = time.perf_counter() - started - result["seconds"]
-    summary = write_outputs(config, result, out_dir, clients=run.clients, server=run.server,
-                            view="operator", warnings=run.warnings, data=data,
-                            parameter_names=run.parameter_names)
+    summary = write_outputs(
+        config,
+        result,
+        out_dir,
+        clients=run.clients,
+        server=run.server,
+        view="operator",
+        warnings=run.warnings,
+        data=data,
+        parameter_names=run.parameter_names,
+    )
     if diverged is not None:  # the outputs (completed: false) are written; now say it loudly
         raise diverged
     return summary

@@ -191,8 +191,9 @@ class PlainSum:
         server: ServerAlgorithm,
     ) -> Aggregate:
         # min(n, t(n)): a lone silo asked adds all the noise itself (share_threshold).
-        t = min(len(selected), survivor_threshold(len(selected), self.threshold,
-                                                  self.min_survivors))
+        t = min(
+            len(selected), survivor_threshold(len(selected), self.threshold, self.min_survivors)
+        )
         shares = bool(getattr(server, "distributed_noise", False))
         if shares and len(selected) < t:
             return empty_aggregate(params)

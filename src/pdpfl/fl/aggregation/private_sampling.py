@@ -64,16 +64,24 @@ def ot_plaintexts(inverse: Sequence[mpz], k: int, p: int) -> list[mpz]:
     return out
 
 
-def choose_items(sender_public: bytes, users: Sequence[int], p: int
-                 ) -> tuple[dict[int, ot.OtReceiver], bytes]:
+def choose_items(
+    sender_public: bytes, users: Sequence[int], p: int
+) -> tuple[dict[int, ot.OtReceiver], bytes]:
     """The silo's choices c_u (uniform in [0, P), CSPRNG) and its OT messages B_u, in order."""
-    receivers = {int(u): ot.choose(sender_public, secrets.randbelow(int(p)), int(p))
-                 for u in users}
+    receivers = {int(u): ot.choose(sender_public, secrets.randbelow(int(p)), int(p)) for u in users}
     return receivers, b"".join(receivers[int(u)].message for u in users)
 
 
-def transfer_items(sender: ot.OtSender, choices: object, items: Sequence[Sequence[bytes]],
-                   users: Sequence[int], session: bytes, epoch: int, *, what: str) -> bytes:
+def transfer_items(
+    sender: ot.OtSender,
+    choices: object,
+    items: Sequence[Sequence[bytes]],
+    users: Sequence[int],
+    session: bytes,
+    epoch: int,
+    *,
+    what: str,
+) -> bytes:
     """The server's side: every user's P items sealed by :func:`pdpfl.crypto.ot.transfer`,
     concatenated (fixed widths, so sizes never depend on the items)."""
     if not isinstance(choices, bytes) or len(choices) != ot.POINT_BYTES * len(users):
@@ -85,9 +93,16 @@ def transfer_items(sender: ot.OtSender, choices: object, items: Sequence[Sequenc
     return bytes(out)
 
 
-def open_items(receivers: dict[int, ot.OtReceiver], sender_public: bytes, sealed: object,
-               users: Sequence[int], p: int, item_bytes: int, session: bytes,
-               epoch: int) -> list[bytes]:
+def open_items(
+    receivers: dict[int, ot.OtReceiver],
+    sender_public: bytes,
+    sealed: object,
+    users: Sequence[int],
+    p: int,
+    item_bytes: int,
+    session: bytes,
+    epoch: int,
+) -> list[bytes]:
     """The silo's side: the one item per user its choice opens (IntegrityError otherwise)."""
     width = int(item_bytes) + SEAL_OVERHEAD
     if not isinstance(sealed, bytes) or len(sealed) != width * int(p) * len(users):
@@ -96,6 +111,7 @@ def open_items(receivers: dict[int, ot.OtReceiver], sender_public: bytes, sealed
     for j, u in enumerate(users):
         base = j * width * int(p)
         row = [sealed[base + i * width : base + (i + 1) * width] for i in range(int(p))]
-        out.append(ot.receive(receivers[int(u)], sender_public, row,
-                              item_context(session, epoch, u)))
+        out.append(
+            ot.receive(receivers[int(u)], sender_public, row, item_context(session, epoch, u))
+        )
     return out

@@ -211,9 +211,12 @@ class PrivateWeightedSum:
         self.set_up = 0
         self.last_round: dict[str, Any] = {}
         self.params = WeightingParams(
-            paillier_bits=int(paillier_bits), n_max=int(n_max),
+            paillier_bits=int(paillier_bits),
+            n_max=int(n_max),
             allowed_totals=tuple(allowed_totals) if allowed_totals else None,
-            precision=float(precision), workers=workers, allow_weak_keys=bool(allow_weak_keys),
+            precision=float(precision),
+            workers=workers,
+            allow_weak_keys=bool(allow_weak_keys),
         )
         self.expected_rounds = max(1, int(expected_rounds))
         self.session: bytes | None = None
@@ -229,8 +232,9 @@ class PrivateWeightedSum:
         self.view: list[tuple[str, int, Payload]] = []
 
     # -- helpers ------------------------------------------------------------------------------
-    def _exchange(self, transport: Any, stage: str, requests: dict[int, Payload], t: int,
-                  *, required: bool) -> dict[int, Payload]:
+    def _exchange(
+        self, transport: Any, stage: str, requests: dict[int, Payload], t: int, *, required: bool
+    ) -> dict[int, Payload]:
         started = time.perf_counter()
         replies = transport.exchange(PROTOCOL, stage, requests, t)
         self.timings[stage] = self.timings.get(stage, 0.0) + time.perf_counter() - started
@@ -263,33 +267,42 @@ class PrivateWeightedSum:
         self._pk, self.__sk = pk, sk
         self.timings["keygen"] = time.perf_counter() - started
         # (a) pk to the silos, DH public keys back
-        req = {**self._base(), **self.params.to_payload(), "paillier_n": pk.to_bytes(),
-               "num_users": self.num_users,
-               "participants": np.asarray(self.participants, dtype=np.int64)}
-        replies = self._exchange(transport, "setup-keys", {c: req for c in self.participants}, t,
-                                 required=True)
+        req = {
+            **self._base(),
+            **self.params.to_payload(),
+            "paillier_n": pk.to_bytes(),
+            "num_users": self.num_users,
+            "participants": np.asarray(self.participants, dtype=np.int64),
+        }
+        replies = self._exchange(
+            transport, "setup-keys", {c: req for c in self.participants}, t, required=True
+        )
         for c in self.participants:
             if replies[c].get("pk_fingerprint") != pk.fingerprint():
                 raise IntegrityError(f"private weighting: silo {c} holds another Paillier key")
         dh = b"".join(_pub(replies[c], c) for c in self.participants)
         # (b)-(c) relay DH keys; the first silo seals R for the others
         req = {**self._base(), "dh_publics": dh}
-        replies = self._exchange(transport, "setup-seed", {c: req for c in self.participants}, t,
-                                 required=True)
+        replies = self._exchange(
+            transport, "setup-seed", {c: req for c in self.participants}, t, required=True
+        )
         leader = self.participants[0]
         seeds = {c: replies[leader].get(f"seed.{c}") for c in self.participants[1:]}
         if any(not isinstance(v, bytes) for v in seeds.values()):
             raise IntegrityError("private weighting: the first silo did not seal the shared seed")
         # (d)-(e) blinded, masked histograms
-        requests = {c: {**self._base(), **({"seed": seeds[c]} if c in seeds else {})}
-                    for c in self.participants}
+        requests = {
+            c: {**self._base(), **({"seed": seeds[c]} if c in seeds else {})}
+            for c in self.participants
+        }
         replies = self._exchange(transport, "setup-histogram", requests, t, required=True)
         started = time.perf_counter()
         n = pk.n
         totals = [mpz(0)] * self.num_users
         for c in self.participants:
             values = pk.integers_from_bytes(
-                replies[c].get("blinded_histogram", b""), self.num_users,
+                replies[c].get("blinded_histogram", b""),
+                self.num_users,
                 what=f"blinded histogram of silo {c}",
             )
             totals = [(a + b) % n for a, b in zip(totals, values, strict=True)]
@@ -308,8 +321,14 @@ class PrivateWeightedSum:
         self._installed_for = None
         self.timings["inverses"] = time.perf_counter() - started
 
-    def _install(self, transport: Any, sampled: np.ndarray | None, d: int, t: int,
-                 private: tuple[int, int] | None = None) -> None:
+    def _install(
+        self,
+        transport: Any,
+        sampled: np.ndarray | None,
+        d: int,
+        t: int,
+        private: tuple[int, int] | None = None,
+    ) -> None:
         """Step 2(a): encrypt β_u, let the silos compute and share X_u, install, verify.
 
         ``private`` = (k, P): private sub-sampling (Sec. 4.1) -- per user P ciphertexts, k of
@@ -322,8 +341,9 @@ class PrivateWeightedSum:
         started = time.perf_counter()
         items: list[list[bytes]] = []
         if private is None:
-            beta = [b if sampled is None or sampled[u] else mpz(0)
-                    for u, b in enumerate(self._inverse)]
+            beta = [
+                b if sampled is None or sampled[u] else mpz(0) for u, b in enumerate(self._inverse)
+            ]
         else:
             beta = ot_plaintexts(self._inverse, *private)
         workers = par.worth_parallel(len(beta) * pk.bits * 0.8, self.params.workers)
@@ -336,8 +356,10 @@ class PrivateWeightedSum:
             blob = pk.ciphertexts_to_bytes(cts)
         else:
             size = private[1]
-            items = [[pk.ciphertexts_to_bytes([c]) for c in cts[u * size : (u + 1) * size]]
-                     for u in range(self.num_users)]
+            items = [
+                [pk.ciphertexts_to_bytes([c]) for c in cts[u * size : (u + 1) * size]]
+                for u in range(self.num_users)
+            ]
         pending = list(range(self.num_users))
         silos = list(self.participants)
         # (silo, its users, its sealed X_u) per answer: a silo that took over a lost silo's
@@ -349,8 +371,15 @@ class PrivateWeightedSum:
             parts = np.array_split(np.asarray(pending, dtype=np.int64), len(silos))
             ask = {c: [int(u) for u in part] for c, part in zip(silos, parts, strict=True)}
             if private is None:
-                requests = {c: {**self._base(), "epoch": epoch, "weights": blob,
-                                "assign": np.asarray(ask[c], dtype=np.int64)} for c in silos}
+                requests = {
+                    c: {
+                        **self._base(),
+                        "epoch": epoch,
+                        "weights": blob,
+                        "assign": np.asarray(ask[c], dtype=np.int64),
+                    }
+                    for c in silos
+                }
             else:
                 requests = self._oblivious(transport, items, ask, epoch, t)
             replies = self._exchange(transport, "weights", requests, t, required=False)
@@ -359,17 +388,20 @@ class PrivateWeightedSum:
                     answers.append((c, ask[c], replies[c].get("shares", b"")))
             pending = sorted(u for c in silos if c not in replies for u in ask[c])
             silos = [c for c in silos if c in replies]
-        install: Payload = {**self._base(), "epoch": epoch,
-                            "participants": np.asarray(silos, dtype=np.int64),
-                            "senders": np.asarray([c for c, _, _ in answers], dtype=np.int64),
-                            "coordinates": int(d),
-                            "reuse": 1 if sampled is not None or private is not None
-                            else self.expected_rounds}
+        install: Payload = {
+            **self._base(),
+            "epoch": epoch,
+            "participants": np.asarray(silos, dtype=np.int64),
+            "senders": np.asarray([c for c, _, _ in answers], dtype=np.int64),
+            "coordinates": int(d),
+            "reuse": 1 if sampled is not None or private is not None else self.expected_rounds,
+        }
         for i, (_, users, blob_i) in enumerate(answers):
             install[f"shares.{i}"] = blob_i
             install[f"assign.{i}"] = np.asarray(users, dtype=np.int64)
-        replies = self._exchange(transport, "install", {c: install for c in silos}, t,
-                                 required=False)
+        replies = self._exchange(
+            transport, "install", {c: install for c in silos}, t, required=False
+        )
         self.participants = [c for c in silos if c in replies]
         if not self.participants:
             raise RuntimeError("private weighting: every silo was lost while installing weights")
@@ -377,8 +409,9 @@ class PrivateWeightedSum:
         started = time.perf_counter()
         product = [mpz(1)] * _CHECKS
         for c in self.participants:
-            cts = pk.ciphertexts_from_bytes(replies[c].get("check", b""), _CHECKS,
-                                            what=f"verification ciphertexts of silo {c}")
+            cts = pk.ciphertexts_from_bytes(
+                replies[c].get("check", b""), _CHECKS, what=f"verification ciphertexts of silo {c}"
+            )
             product = [pk.add(a, b) for a, b in zip(product, cts, strict=True)]
         ys = [sk.decrypt(c) for c in product]
         bound = mpz(self.params.divisor) << _CHECK_BOUND_BITS
@@ -393,15 +426,28 @@ class PrivateWeightedSum:
         self.timings["verify"] = self.timings.get("verify", 0.0) + time.perf_counter() - started
         self._installed_for = ("all",) if sampled is None and private is None else ("round", t)
 
-    def _oblivious(self, transport: Any, items: list[list[bytes]], ask: dict[int, list[int]],
-                   epoch: int, t: int) -> dict[int, Payload]:
+    def _oblivious(
+        self,
+        transport: Any,
+        items: list[list[bytes]],
+        ask: dict[int, list[int]],
+        epoch: int,
+        t: int,
+    ) -> dict[int, Payload]:
         """The oblivious transfers of one ``weights`` attempt: stage ``weights-ot`` collects
         each silo's receiver messages B_u for its users, then each user's P sealed items go
         into that silo's ``weights`` request (silos that did not answer get none)."""
         sender = ot.new_sender()
-        requests = {c: {**self._base(), "epoch": epoch, "ot_sender": sender.public,
-                        "ot_items": len(items[0]) if items else 0,
-                        "assign": np.asarray(ask[c], dtype=np.int64)} for c in ask}
+        requests = {
+            c: {
+                **self._base(),
+                "epoch": epoch,
+                "ot_sender": sender.public,
+                "ot_items": len(items[0]) if items else 0,
+                "assign": np.asarray(ask[c], dtype=np.int64),
+            }
+            for c in ask
+        }
         replies = self._exchange(transport, "weights-ot", requests, t, required=False)
         started = time.perf_counter()
         out: dict[int, Payload] = {}
@@ -409,11 +455,21 @@ class PrivateWeightedSum:
         for c, reply in replies.items():
             if c not in ask:
                 continue
-            out[c] = {**requests[c], "ot_sealed": transfer_items(
-                sender, reply.get("ot_choices"), [items[u] for u in ask[c]], ask[c],
-                self.session, epoch, what=f"silo {c}")}
+            out[c] = {
+                **requests[c],
+                "ot_sealed": transfer_items(
+                    sender,
+                    reply.get("ot_choices"),
+                    [items[u] for u in ask[c]],
+                    ask[c],
+                    self.session,
+                    epoch,
+                    what=f"silo {c}",
+                ),
+            }
         self.timings["ot_transfer"] = self.timings.get("ot_transfer", 0.0) + (
-            time.perf_counter() - started)
+            time.perf_counter() - started
+        )
         return out
 
     # -- SumProtocol --------------------------------------------------------------------------
@@ -455,7 +511,9 @@ class PrivateWeightedSum:
         if len(participants) < t_needed:
             return self._stop(f"refused: {len(participants)} silo(s) < t = {t_needed}", params)
         request: Payload = {
-            **self._base(), "epoch": self._epoch, "threshold": t_needed,
+            **self._base(),
+            "epoch": self._epoch,
+            "threshold": t_needed,
             "participants": np.asarray(participants, dtype=np.int64),
             "num_params": len(params),
         }
@@ -463,8 +521,9 @@ class PrivateWeightedSum:
             request[f"param.{i}"] = np.asarray(p)
         for k, v in config.items():
             request[f"config.{k}"] = v
-        replies = self._exchange(transport, "round", {c: request for c in participants}, t,
-                                 required=False)
+        replies = self._exchange(
+            transport, "round", {c: request for c in participants}, t, required=False
+        )
         lost = [c for c in participants if c not in replies]
         if lost:
             # No aggregate and no retry: the partial product still holds the lost silos' masks,
@@ -479,8 +538,9 @@ class PrivateWeightedSum:
             out.append(total[start : start + arr.size].reshape(arr.shape))
             start += arr.size
         self.last_round["outcome"] = "released"
-        return Aggregate(total=out, weight=float(len(participants)), metrics={},
-                         count=len(participants))
+        return Aggregate(
+            total=out, weight=float(len(participants)), metrics={}, count=len(participants)
+        )
 
     def survivors_needed(self) -> int:
         """t(|S|) for the silos set up: the fewest silos whose sum a round releases."""
@@ -501,8 +561,11 @@ class PrivateWeightedSum:
         for c in participants:
             if replies[c].get("pk_fingerprint") != pk.fingerprint():
                 raise IntegrityError(f"private weighting: silo {c} encrypted under another key")
-            per_silo.append(pk.ciphertexts_from_bytes(replies[c].get("ciphertexts", b""), d,
-                                                      what=f"ciphertexts of silo {c}"))
+            per_silo.append(
+                pk.ciphertexts_from_bytes(
+                    replies[c].get("ciphertexts", b""), d, what=f"ciphertexts of silo {c}"
+                )
+            )
         workers = par.worth_parallel(d * 1.2 * pk.bits, self.params.workers)
         chunks = [[cts[r.start : r.stop] for cts in per_silo] for r in par.split(d, workers)]
         plain = [m for part in par.run_chunks(_decrypt_chunk, sk, chunks, workers) for m in part]

@@ -235,7 +235,8 @@ class PrivateWeightingServer(Protocol):
 
 
 def plain_weighted_sum(
-    histograms: dict[int, np.ndarray], updates: dict[int, UserUpdates],
+    histograms: dict[int, np.ndarray],
+    updates: dict[int, UserUpdates],
     sampled: np.ndarray | None = None,
 ) -> np.ndarray:
     """Σ_s Σ_u w_{s,u}·Δ_{s,u} + Σ_s z_s in float64, w = n_{s,u}/N_u (0 if not sampled): the
@@ -302,6 +303,8 @@ def no_wrap_bound(div: int, values: list[list[int]], noise: list[int]) -> int:
     ``values[s]`` are silo s's encoded deltas v_{s,u}, ``noise[s]`` its round(z_s/P). The silos'
     checks keep it below DIV·2^vb < n/2^65 (module docstring; property-tested).
     """
-    total2 = sum(2 * (sum(abs(int(v)) for v in vs) + abs(int(z))) + 1
-                 for vs, z in zip(values, noise, strict=True))
+    total2 = sum(
+        2 * (sum(abs(int(v)) for v in vs) + abs(int(z))) + 1
+        for vs, z in zip(values, noise, strict=True)
+    )
     return (int(div) * total2 + 1) // 2

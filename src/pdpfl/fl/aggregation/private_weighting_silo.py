@@ -83,8 +83,15 @@ def _round_chunk(state: _SiloState, job: tuple[np.ndarray, list[int]]) -> bytes:
 class _SiloState:
     """Everything a silo keeps between stages (its protocol memory; never sent)."""
 
-    def __init__(self, silo_id: int, session: bytes, params: WeightingParams,
-                 pk: PaillierPublicKey, participants: list[int], histogram: np.ndarray) -> None:
+    def __init__(
+        self,
+        silo_id: int,
+        session: bytes,
+        params: WeightingParams,
+        pk: PaillierPublicKey,
+        participants: list[int],
+        histogram: np.ndarray,
+    ) -> None:
         self.silo_id = silo_id
         self.session = session
         self.params = params
@@ -188,8 +195,10 @@ def _setup_seed(ctx: SiloContext, payload: Payload) -> Payload:
     blob = payload.get("dh_publics")
     if not isinstance(blob, bytes) or len(blob) != PUBLIC_KEY_BYTES * len(participants):
         raise IntegrityError("private weighting: malformed list of DH public keys")
-    publics = {c: blob[i * PUBLIC_KEY_BYTES : (i + 1) * PUBLIC_KEY_BYTES]
-               for i, c in enumerate(participants)}
+    publics = {
+        c: blob[i * PUBLIC_KEY_BYTES : (i + 1) * PUBLIC_KEY_BYTES]
+        for i, c in enumerate(participants)
+    }
     if publics[ctx.silo_id] != public_bytes(state.dh):
         raise IntegrityError(
             "private weighting: the relayed key list does not hold this silo's key"
@@ -214,7 +223,8 @@ def _setup_histogram(ctx: SiloContext, payload: Payload) -> Payload:
     leader = state.participants[0]
     if ctx.silo_id != leader:
         state.seed = open_sealed(
-            state.pairwise[leader], payload.get("seed", b""),
+            state.pairwise[leader],
+            payload.get("seed", b""),
             state.ctx("seed", leader, ctx.silo_id),
             what="private weighting: shared seed R",
         )
@@ -232,8 +242,9 @@ def _setup_histogram(ctx: SiloContext, payload: Payload) -> Payload:
         r[u] = value
     state.r = r
     masks = state.pair_masks(state.ctx("histogram"), state.participants, state.num_users)
-    blinded = [(ru * int(h) + m) % n
-               for ru, h, m in zip(r, state.histogram.tolist(), masks, strict=True)]
+    blinded = [
+        (ru * int(h) + m) % n for ru, h, m in zip(r, state.histogram.tolist(), masks, strict=True)
+    ]
     return {"blinded_histogram": state.pk.integers_to_bytes(blinded)}
 
 
@@ -262,8 +273,9 @@ def _weights_ot(ctx: SiloContext, payload: Payload) -> Payload:
     return {"ot_choices": message}
 
 
-def _chosen_weights(state: _SiloState, payload: Payload, epoch: int,
-                    assign: list[int]) -> list[mpz]:
+def _chosen_weights(
+    state: _SiloState, payload: Payload, epoch: int, assign: list[int]
+) -> list[mpz]:
     """The one ciphertext per assigned user this silo's OT choices open (private sub-sampling),
     each checked like ⟦β_u⟧; the choices are forgotten afterwards."""
     if state.ot is None or state.ot[0] != epoch or sorted(state.ot[2]) != assign:
@@ -272,10 +284,12 @@ def _chosen_weights(state: _SiloState, payload: Payload, epoch: int,
     state.ot = None
     p = int(payload.get("ot_items", 0))
     width = state.pk.ciphertext_bytes
-    opened = open_items(receivers, sender, payload.get("ot_sealed"), assign, p, width,
-                        state.session, epoch)
-    return state.pk.ciphertexts_from_bytes(b"".join(opened), len(assign), check_units=True,
-                                           what="obliviously transferred weights")
+    opened = open_items(
+        receivers, sender, payload.get("ot_sealed"), assign, p, width, state.session, epoch
+    )
+    return state.pk.ciphertexts_from_bytes(
+        b"".join(opened), len(assign), check_units=True, what="obliviously transferred weights"
+    )
 
 
 def _weights(ctx: SiloContext, payload: Payload) -> Payload:
@@ -289,21 +303,22 @@ def _weights(ctx: SiloContext, payload: Payload) -> Payload:
         bases = _chosen_weights(state, payload, epoch, assign)
     else:
         cts = state.pk.ciphertexts_from_bytes(
-            payload["weights"], state.num_users, check_units=True,
-            what="encrypted weights ⟦β_u⟧"
+            payload["weights"], state.num_users, check_units=True, what="encrypted weights ⟦β_u⟧"
         )
         bases = [cts[u] for u in assign]
     n, n2 = state.pk.n, state.pk.n2
     exps = [state.r[u] * state.divisor % n for u in assign]
     workers = par.worth_parallel(len(assign) * 1.5 * state.pk.bits, state.params.workers)
-    chunks = [(bases[r.start : r.stop], exps[r.start : r.stop])
-              for r in par.split(len(assign), workers)]
+    chunks = [
+        (bases[r.start : r.stop], exps[r.start : r.stop]) for r in par.split(len(assign), workers)
+    ]
     shares = [x for part in par.run_chunks(_power_chunk, n2, chunks, workers) for x in part]
     state.epoch = None
     state.timings["weights"] = time.perf_counter() - started
     assert state.group_key is not None
     blob = seal(
-        state.group_key, state.pk.ciphertexts_to_bytes(shares),
+        state.group_key,
+        state.pk.ciphertexts_to_bytes(shares),
         state.ctx("share", epoch, ctx.silo_id, digest(*assign)),
     )
     return {"shares": blob}
@@ -324,8 +339,10 @@ def _install(ctx: SiloContext, payload: Payload) -> Payload:
     for i, s in enumerate(int(v) for v in senders.tolist()):
         assign = _ids(payload, f"assign.{i}")
         plain = open_sealed(
-            state.group_key, payload.get(f"shares.{i}", b""),
-            state.ctx("share", epoch, s, digest(*assign)), what=f"weight shares of silo {s}",
+            state.group_key,
+            payload.get(f"shares.{i}", b""),
+            state.ctx("share", epoch, s, digest(*assign)),
+            what=f"weight shares of silo {s}",
         )
         values = state.pk.ciphertexts_from_bytes(plain, len(assign), what="weight shares")
         for u, v in zip(assign, values, strict=True):
@@ -385,8 +402,9 @@ def _round(ctx: SiloContext, payload: Payload, t: int) -> Payload:
     participants = _ids(payload, "participants")
     if ctx.silo_id not in participants or not set(participants) <= set(state.participants):
         raise IntegrityError("private weighting: invalid participant list")
-    threshold = check_round_threshold(int(payload.get("threshold", 0)), len(state.participants),
-                                      what="private weighting")
+    threshold = check_round_threshold(
+        int(payload.get("threshold", 0)), len(state.participants), what="private weighting"
+    )
     if len(participants) < threshold:
         raise IntegrityError(
             f"private weighting: {len(participants)} participants < t = {threshold}; refused"
@@ -409,16 +427,19 @@ def _round(ctx: SiloContext, payload: Payload, t: int) -> Payload:
     div = int(state.divisor)
     masks = state.pair_masks(state.ctx("round", t, digest(*participants)), participants, d)
     randomness = getattr(client, "randomness", None)
-    stream = (randomness.stream("private-weighting-dither", t, ctx.silo_id)
-              if isinstance(randomness, Randomness) else None)
+    stream = (
+        randomness.stream("private-weighting-dither", t, ctx.silo_id)
+        if isinstance(randomness, Randomness)
+        else None
+    )
     us = dithers(div, d, stream)
-    plain = [(noise_plaintext(div, z, u) + m) % n
-             for z, u, m in zip(noise, us, masks, strict=True)]
+    plain = [(noise_plaintext(div, z, u) + m) % n for z, u, m in zip(noise, us, masks, strict=True)]
     assert state.rerandomizer is not None
     cost = d * (exponents.shape[0] * 5 + 40 + RERANDOMIZER_BITS / state.rerandomizer.window)
     workers = par.worth_parallel(cost, state.params.workers)
-    chunks = [(exponents[:, r.start : r.stop], plain[r.start : r.stop])
-              for r in par.split(d, workers)]
+    chunks = [
+        (exponents[:, r.start : r.stop], plain[r.start : r.stop]) for r in par.split(d, workers)
+    ]
     blob = b"".join(par.run_chunks(_round_chunk, state, chunks, workers))
     state.timings["round"] = time.perf_counter() - started
     state.timings["round_cpu"] = cpu_seconds() - cpu

@@ -176,8 +176,7 @@ class SecureSum:
         if len(asked) < t:
             return self._stop(f"refused: {len(asked)} silo(s) asked < t = {t}", params)
         # 0. advertise keys
-        request = {"session": session, "participants": np.asarray(asked, np.int64),
-                   "threshold": t}
+        request = {"session": session, "participants": np.asarray(asked, np.int64), "threshold": t}
         replies = transport.exchange(PROTOCOL, "advertise", {c: request for c in asked}, r)
         u1 = [c for c in asked if c in replies and replies[c].get("declined") is False]
         self.last_round["declined"] = [c for c in asked if replies.get(c, {}).get("declined")]
@@ -187,9 +186,12 @@ class SecureSum:
         channel_keys = {c: _key(replies[c], "channel_key", c) for c in u1}
         mask_keys = {c: _key(replies[c], "mask_key", c) for c in u1}
         # 1. share seeds
-        request = {"session": session, "u1": np.asarray(u1, np.int64),
-                   "channel_keys": b"".join(channel_keys[c] for c in u1),
-                   "mask_keys": b"".join(mask_keys[c] for c in u1)}
+        request = {
+            "session": session,
+            "u1": np.asarray(u1, np.int64),
+            "channel_keys": b"".join(channel_keys[c] for c in u1),
+            "mask_keys": b"".join(mask_keys[c] for c in u1),
+        }
         replies = transport.exchange(PROTOCOL, "share", {c: request for c in u1}, r)
         size = SEALED_SHARE_BYTES * (len(u1) - 1)
         u2 = [c for c in u1 if c in replies and _sized(replies[c], "shares", size, c)]
@@ -205,7 +207,9 @@ class SecureSum:
             for sender in u2:
                 if sender != receiver:
                     k = [c for c in u1 if c != sender].index(receiver)
-                    blob.append(sealed[sender][k * SEALED_SHARE_BYTES:(k + 1) * SEALED_SHARE_BYTES])
+                    blob.append(
+                        sealed[sender][k * SEALED_SHARE_BYTES : (k + 1) * SEALED_SHARE_BYTES]
+                    )
             requests[receiver] = {**base, "shares": b"".join(blob)}
         replies = transport.exchange(PROTOCOL, "upload", requests, r)
         length = sum(int(np.asarray(p).size) for p in params) + len(metric_names)
@@ -216,24 +220,46 @@ class SecureSum:
             return self._stop(f"no aggregate: {len(u3)} masked upload(s) < t = {t}", params)
         uploads = {c: replies[c] for c in u3}
         # 3. unmask
-        request = {"session": session, "survivors": np.asarray(u3, np.int64),
-                   "dropped": np.asarray(dropped, np.int64)}
+        request = {
+            "session": session,
+            "survivors": np.asarray(u3, np.int64),
+            "dropped": np.asarray(dropped, np.int64),
+        }
         replies = transport.exchange(PROTOCOL, "unmask", {c: request for c in u3}, r)
-        u4 = [c for c in u3 if c in replies
-              and _sized(replies[c], "self_shares", 16 * len(u3), c)
-              and _sized(replies[c], "mask_shares", 16 * len(dropped), c)]
+        u4 = [
+            c
+            for c in u3
+            if c in replies
+            and _sized(replies[c], "self_shares", 16 * len(u3), c)
+            and _sized(replies[c], "mask_shares", 16 * len(dropped), c)
+        ]
         self.last_round["u4"] = u4
         if len(u4) < t:
             return self._stop(f"no aggregate: {len(u4)} silo(s) sent shares < t = {t}", params)
-        total = self._unmask(session, r, t, u1, u2, u3, dropped, mask_keys, uploads,
-                             {c: replies[c] for c in u4}, length)
+        total = self._unmask(
+            session,
+            r,
+            t,
+            u1,
+            u2,
+            u3,
+            dropped,
+            mask_keys,
+            uploads,
+            {c: replies[c] for c in u4},
+            length,
+        )
         self.released[r] = list(u3)
         self.last_round["outcome"] = "released"
         return self._aggregate(total, uploads, u2, u3, params, metric_names)
 
     # -- helpers -------------------------------------------------------------------------------
     def _upload_request(
-        self, session: bytes, u2: list[int], params: Params, config: Scalars,
+        self,
+        session: bytes,
+        u2: list[int],
+        params: Params,
+        config: Scalars,
         metric_names: list[str],
     ) -> Payload:
         request: Payload = {
@@ -252,17 +278,28 @@ class SecureSum:
         return request
 
     def _unmask(
-        self, session: bytes, r: int, t: int, u1: list[int], u2: list[int], u3: list[int],
-        dropped: list[int], mask_keys: dict[int, bytes], uploads: dict[int, Payload],
-        shares: dict[int, Payload], length: int,
+        self,
+        session: bytes,
+        r: int,
+        t: int,
+        u1: list[int],
+        u2: list[int],
+        u3: list[int],
+        dropped: list[int],
+        mask_keys: dict[int, bytes],
+        uploads: dict[int, Payload],
+        shares: dict[int, Payload],
+        length: int,
     ) -> np.ndarray:
         total = np.zeros(length, dtype=np.uint64)
         for c in u3:
             total += uploads[c]["masked"]  # ring addition (wraps modulo 2^64)
 
         def table(field: str, owners: list[int]) -> list[dict[int, bytes]]:
-            return [{h: shares[h][field][16 * k : 16 * (k + 1)] for h in shares}
-                    for k in range(len(owners))]
+            return [
+                {h: shares[h][field][16 * k : 16 * (k + 1)] for h in shares}
+                for k in range(len(owners))
+            ]
 
         seeds = shamir.combine_many(table("self_shares", u3), t, u1)
         for c, seed in zip(u3, seeds, strict=True):
@@ -279,8 +316,13 @@ class SecureSum:
         return total
 
     def _aggregate(
-        self, total: np.ndarray, uploads: dict[int, Payload], u2: list[int], u3: list[int],
-        params: Params, metric_names: list[str],
+        self,
+        total: np.ndarray,
+        uploads: dict[int, Payload],
+        u2: list[int],
+        u3: list[int],
+        params: Params,
+        metric_names: list[str],
     ) -> Aggregate:
         values = self.ring.decode(total, len(u3), encoded_for=len(u2))
         weight = 0.0

@@ -70,8 +70,9 @@ def key_table(blob: bytes, members: list[int], what: str) -> dict[int, bytes]:
     """Split a concatenation of 32-byte public keys, one per member in order."""
     if len(blob) != PUBLIC_KEY_BYTES * len(members):
         raise IntegrityError(f"secure summation: malformed list of {what} keys")
-    return {c: blob[i * PUBLIC_KEY_BYTES : (i + 1) * PUBLIC_KEY_BYTES]
-            for i, c in enumerate(members)}
+    return {
+        c: blob[i * PUBLIC_KEY_BYTES : (i + 1) * PUBLIC_KEY_BYTES] for i, c in enumerate(members)
+    }
 
 
 def mask_key(seed: bytes, session: bytes, round_index: int) -> X25519PrivateKey:
@@ -86,8 +87,13 @@ def self_mask(seed: bytes, session: bytes, round_index: int, silo: int, size: in
 
 
 def pair_mask(
-    own: X25519PrivateKey, own_id: int, peer_public: bytes, peer_id: int, session: bytes,
-    round_index: int, size: int,
+    own: X25519PrivateKey,
+    own_id: int,
+    peer_public: bytes,
+    peer_id: int,
+    session: bytes,
+    round_index: int,
+    size: int,
 ) -> np.ndarray:
     """The pairwise mask of ``own_id`` and ``peer_id`` (identical at both ends)."""
     lo, hi = sorted((int(own_id), int(peer_id)))

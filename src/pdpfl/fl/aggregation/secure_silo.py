@@ -93,9 +93,14 @@ def _advertise(ctx: SiloContext, payload: Payload, t: int) -> Payload:
     channel = new_private_key()
     mask_seed, self_seed = secrets.token_bytes(16), secrets.token_bytes(16)
     ctx.memory[PROTOCOL] = {
-        "session": session, "round": t, "stage": "advertised", "threshold": threshold,
-        "participants": participants, "channel_key": _raw(channel),
-        "mask_seed": mask_seed, "self_seed": self_seed,
+        "session": session,
+        "round": t,
+        "stage": "advertised",
+        "threshold": threshold,
+        "participants": participants,
+        "channel_key": _raw(channel),
+        "mask_seed": mask_seed,
+        "self_seed": self_seed,
     }
     return {
         "declined": False,
@@ -128,20 +133,25 @@ def _share(ctx: SiloContext, payload: Payload, t: int) -> Payload:
         plain = self_shares[other] + mask_shares[other]
         sealed.append(seal(keys[other], plain, share_aad(session, t, ctx.silo_id, other)))
     mem.update(
-        stage="shared", u1=u1, mask_keys=masks, channels=keys,
+        stage="shared",
+        u1=u1,
+        mask_keys=masks,
+        channels=keys,
         held={ctx.silo_id: (self_shares[ctx.silo_id], mask_shares[ctx.silo_id])},
     )
     del mem["channel_key"]  # the channel keys are derived; the X25519 key is no longer needed
     return {"shares": b"".join(sealed)}
 
 
-def _open_shares(ctx: SiloContext, mem: dict[str, Any], payload: Payload, u2: list[int],
-                 t: int) -> None:
+def _open_shares(
+    ctx: SiloContext, mem: dict[str, Any], payload: Payload, u2: list[int], t: int
+) -> None:
     senders = [c for c in u2 if c != ctx.silo_id]
     blob = field_bytes(payload, "shares", SEALED_SHARE_BYTES * len(senders))
     for i, sender in enumerate(senders):
         plain = open_sealed(
-            mem["channels"][sender], blob[i * SEALED_SHARE_BYTES : (i + 1) * SEALED_SHARE_BYTES],
+            mem["channels"][sender],
+            blob[i * SEALED_SHARE_BYTES : (i + 1) * SEALED_SHARE_BYTES],
             share_aad(mem["session"], t, sender, ctx.silo_id),
             what=f"secure summation: shares from silo {sender}",
         )
@@ -150,7 +160,11 @@ def _open_shares(ctx: SiloContext, mem: dict[str, Any], payload: Payload, u2: li
 
 
 def _contribution(
-    ctx: SiloContext, payload: Payload, t: int, shapes: list[tuple[int, ...]], names: list[str],
+    ctx: SiloContext,
+    payload: Payload,
+    t: int,
+    shapes: list[tuple[int, ...]],
+    names: list[str],
     config: dict[str, Any],
 ) -> tuple[np.ndarray, float]:
     """This silo's update ‖ metrics as float64 (zeros if its hidden coin said no), and weight."""
@@ -226,8 +240,10 @@ def _unmask(ctx: SiloContext, payload: Payload, t: int) -> Payload:
             "its self mask and its pairwise masks would reveal its update; refused"
         )
     if sorted(survivors + dropped) != u2:
-        raise IntegrityError("secure summation: survivors and dropped silos do not partition "
-                             "the silos this one masked with")
+        raise IntegrityError(
+            "secure summation: survivors and dropped silos do not partition "
+            "the silos this one masked with"
+        )
     _subset(ctx, survivors, u2, threshold, "survivors")
     mem["stage"] = "unmasked"  # answered once: a second request (any lists) is refused
     held = mem.pop("held")

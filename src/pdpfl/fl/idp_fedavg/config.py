@@ -103,9 +103,10 @@ class IdpFedAvgConfig(Algorithm):
     count_noise_ratio: float = Field(0.05, gt=0, description="σ_b = ratio × c")
     server_lr: float = Field(1.0, gt=0, description="η_s")
     tolerated_dropouts: int | None = Field(
-        None, description="removed: the distributed variant sizes every noise share for the "
+        None,
+        description="removed: the distributed variant sizes every noise share for the "
         "t = max(secure.min_survivors, ceil(secure.threshold * N)) clients any released sum "
-        "holds (N - t dropouts tolerated); set secure.threshold instead"
+        "holds (N - t dropouts tolerated); set secure.threshold instead",
     )
 
     unit: ClassVar[PrivacyUnitName] = "client"
@@ -180,7 +181,10 @@ class IdpFedAvgConfig(Algorithm):
         return publish(self, config, info)
 
     def server(
-        self, config: ExperimentConfig, info: FederationInfo, setup: PublicSetup,
+        self,
+        config: ExperimentConfig,
+        info: FederationInfo,
+        setup: PublicSetup,
         randomness: Randomness,
     ) -> IdpFedAvgServer:
         pub = _as_setup(setup)
@@ -195,8 +199,13 @@ class IdpFedAvgConfig(Algorithm):
         )
 
     def client(
-        self, config: ExperimentConfig, client_id: int, data: ClientData, info: FederationInfo,
-        setup: PublicSetup, randomness: Randomness,
+        self,
+        config: ExperimentConfig,
+        client_id: int,
+        data: ClientData,
+        info: FederationInfo,
+        setup: PublicSetup,
+        randomness: Randomness,
     ) -> IdpSilo:
         pub = _as_setup(setup)
         training_device(config)  # the model is built lazily: check the device now
@@ -209,8 +218,14 @@ class IdpFedAvgConfig(Algorithm):
             randomness=randomness,
             model_factory=partial(silo_model, config, info),
             model_key=json.dumps(
-                [config.model.name, dict(config.model.options), list(info.input_shape),
-                 info.num_classes], sort_keys=True, default=str,
+                [
+                    config.model.name,
+                    dict(config.model.options),
+                    list(info.input_shape),
+                    info.num_classes,
+                ],
+                sort_keys=True,
+                default=str,
             ),
         )
 

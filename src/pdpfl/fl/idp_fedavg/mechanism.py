@@ -262,9 +262,7 @@ class IdpOptions(GroupAssignment, Protocol):
     def server_lr(self) -> float: ...
 
 
-def _group_sizes(
-    algo: IdpOptions, per_client: np.ndarray, n: int
-) -> tuple[np.ndarray, np.ndarray]:
+def _group_sizes(algo: IdpOptions, per_client: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
     """Distinct budgets (ascending) and their sizes: realized counts or nominal ratio × N."""
     levels, counts = np.unique(per_client, return_counts=True)
     if algo.rate_fractions != "nominal" or algo.budget_file is not None:
@@ -289,24 +287,42 @@ class _Noise:
     count_std: float | None
 
 
-def _noise(algo: IdpOptions, levels: np.ndarray, sizes: np.ndarray, q: float, delta: float,
-           rounds: int, count_std: float | None) -> _Noise:
+def _noise(
+    algo: IdpOptions,
+    levels: np.ndarray,
+    sizes: np.ndarray,
+    q: float,
+    delta: float,
+    rounds: int,
+    count_std: float | None,
+) -> _Noise:
     """σ, rates and accounting per group for ``algo.method`` (see the module docstring)."""
     P = len(levels)
     if algo.method == "no-dp":
         return _Noise([q] * P, [None] * P, [None] * P, [1.0] * P, None, None, None)
     if algo.method == "individual":
         res = sample_group_rates(
-            levels, sizes, q, delta=delta, rounds=rounds,
-            nonprivate_rate=algo.nonprivate_rate, rate_tol=algo.sample_tolerance,
+            levels,
+            sizes,
+            q,
+            delta=delta,
+            rounds=rounds,
+            nonprivate_rate=algo.nonprivate_rate,
+            rate_tol=algo.sample_tolerance,
         )
         sigma = res.noise_multiplier
-        value = None if sigma is None else (
-            split_noise(sigma, count_std) if count_std is not None else sigma
+        value = (
+            None
+            if sigma is None
+            else (split_noise(sigma, count_std) if count_std is not None else sigma)
         )
         return _Noise(
-            list(res.rates), [sigma if math.isfinite(b) else None for b in levels],
-            [float(b) if math.isfinite(b) else None for b in levels], [1.0] * P, sigma, value,
+            list(res.rates),
+            [sigma if math.isfinite(b) else None for b in levels],
+            [float(b) if math.isfinite(b) else None for b in levels],
+            [1.0] * P,
+            sigma,
+            value,
             count_std,
         )
     finite = levels[np.isfinite(levels)]

@@ -79,9 +79,9 @@ def noise_for_rate(epsilon: float, rate: float, delta: float, rounds: int) -> fl
     Poisson(q)-subsampled Gaussian rounds (memoized: a pure function of public values)."""
     from pdpfl.calibration.noise import noise_for_uniform_rate
 
-    return float(noise_for_uniform_rate(
-        float(epsilon), float(rate), client_plan(1.0, delta, rounds)
-    ))
+    return float(
+        noise_for_uniform_rate(float(epsilon), float(rate), client_plan(1.0, delta, rounds))
+    )
 
 
 def sample_group_rates(
@@ -113,8 +113,14 @@ def sample_group_rates(
     if eps.size == 0 or eps.shape != size.shape:
         raise ValueError("budgets/sizes: need two non-empty sequences of equal length")
     return _sample_cached(
-        tuple(eps.tolist()), tuple(size.tolist()), float(target_rate), float(delta),
-        int(rounds), float(nonprivate_rate), float(rate_tol), float(q_tol),
+        tuple(eps.tolist()),
+        tuple(size.tolist()),
+        float(target_rate),
+        float(delta),
+        int(rounds),
+        float(nonprivate_rate),
+        float(rate_tol),
+        float(q_tol),
     )
 
 
@@ -154,8 +160,15 @@ def _sample_cached(
     live = private & (size > 0)
     if not live.any():  # nothing private is sampled: no noise needed for anyone
         return GroupRates(
-            _floats(eps), _floats(size), _floats(rates), None, _floats(epsilons),
-            float(target_rate), float(target_rate), float(delta), int(rounds),
+            _floats(eps),
+            _floats(size),
+            _floats(rates),
+            None,
+            _floats(epsilons),
+            float(target_rate),
+            float(target_rate),
+            float(delta),
+            int(rounds),
         )
     p_eps, p_size = eps[live], size[live]
     weights = p_size / p_size.sum()
@@ -177,8 +190,9 @@ def _sample_cached(
             p_eps, p_size, target_rate, client_plan(1.0, delta, rounds), rate_tol=rate_tol
         )
         sigma = float(found_sigma)
-        lookup = dict(zip(p_eps.tolist(), np.asarray(found, dtype=np.float64).tolist(),
-                          strict=True))
+        lookup = dict(
+            zip(p_eps.tolist(), np.asarray(found, dtype=np.float64).tolist(), strict=True)
+        )
         proposed = np.array([lookup.get(float(e), np.nan) for e in eps[private]])
 
     # Verification at the returned σ: a proposed rate is kept only if it is within its budget
@@ -214,8 +228,15 @@ def _sample_cached(
             f"(relative) below the target c/N = {target_rate:.6g} at σ = {sigma:.6g}"
         )
     return GroupRates(
-        _floats(eps), _floats(size), _floats(rates), sigma, _floats(epsilons),
-        float(target_rate), mean, float(delta), int(rounds),
+        _floats(eps),
+        _floats(size),
+        _floats(rates),
+        sigma,
+        _floats(epsilons),
+        float(target_rate),
+        mean,
+        float(delta),
+        int(rounds),
     )
 
 

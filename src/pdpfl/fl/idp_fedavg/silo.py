@@ -132,11 +132,18 @@ class IdpSilo(BatchedSilo[IdpJob, Delta]):
         ledger = None
         #: The ε the pre-check enforces (its own; ε_min/ε_max for strict/relaxed).
         self.enforced: np.ndarray | None = None
-        if (setup.private and math.isfinite(self.budget) and assigned is not None
-                and sigma is not None):
+        if (
+            setup.private
+            and math.isfinite(self.budget)
+            and assigned is not None
+            and sigma is not None
+        ):
             ledger = PrivacyLedger(
-                np.array([self.budget]), np.array([self.rate]), client_mechanism(setup),
-                ids=np.array([self.name]), noise_multipliers=np.array([float(sigma)]),
+                np.array([self.budget]),
+                np.array([self.rate]),
+                client_mechanism(setup),
+                ids=np.array([self.name]),
+                noise_multipliers=np.array([float(sigma)]),
             )
             self.enforced = np.array([float(assigned)])
         super().__init__(client_id, ledger, adversary="both")
@@ -174,14 +181,23 @@ class IdpSilo(BatchedSilo[IdpJob, Delta]):
         data = None
         if sampled:
             data = repeated_epochs(
-                self.x_train, self.y_train, self.setup.local.epochs,
+                self.x_train,
+                self.y_train,
+                self.setup.local.epochs,
                 self.randomness.stream("local-shuffle", t, self.client_id),
             )
         from pdpfl.fl.aggregation.threshold import SURVIVORS_KEY
 
         announced = plan.config.get(SURVIVORS_KEY)
-        return IdpJob(self, global_params, t, clip, sampled, data,
-                      None if announced is None else int(announced))
+        return IdpJob(
+            self,
+            global_params,
+            t,
+            clip,
+            sampled,
+            data,
+            None if announced is None else int(announced),
+        )
 
     @classmethod
     def train_batch(cls, jobs: Sequence[IdpJob]) -> list[Delta]:
@@ -202,9 +218,11 @@ class IdpSilo(BatchedSilo[IdpJob, Delta]):
         return out
 
     def finish(self, job: IdpJob, result: Delta) -> Contribution:
-        delta = result if result is not None else [
-            np.zeros(np.shape(p), dtype=np.float64) for p in job.params
-        ]
+        delta = (
+            result
+            if result is not None
+            else [np.zeros(np.shape(p), dtype=np.float64) for p in job.params]
+        )
         arrays, metrics = self.release_update(job, delta)
         return Contribution(update=arrays, weight=1.0, metrics=metrics)
 
@@ -219,8 +237,9 @@ class IdpSilo(BatchedSilo[IdpJob, Delta]):
         return evaluate_clients(self.model, params, [(self.x_test, self.y_test)])[0]
 
     @classmethod
-    def test_batch(cls, silos: Sequence[BatchedSilo[IdpJob, Delta]], params: Params
-                   ) -> list[Scalars]:
+    def test_batch(
+        cls, silos: Sequence[BatchedSilo[IdpJob, Delta]], params: Params
+    ) -> list[Scalars]:
         """One pass of ``params`` over every silo's test split (the same metrics as alone)."""
         mine = [s for s in silos if isinstance(s, IdpSilo)]
         if len(mine) != len(silos) or not mine:
@@ -237,9 +256,11 @@ class IdpSilo(BatchedSilo[IdpJob, Delta]):
     def privacy_summary(self) -> PrivacySummary:
         """This client's privacy (stays at the client; the simulator merges them), unit
         ``client``; group info: its group's sampling ``rate`` and ``noise_multiplier``."""
-        run = {} if self.setup.noise_multiplier is None else {
-            "noise_multiplier": float(self.setup.noise_multiplier)
-        }
+        run = (
+            {}
+            if self.setup.noise_multiplier is None
+            else {"noise_multiplier": float(self.setup.noise_multiplier)}
+        )
         if self.ledger is not None:
             summary = self.ledger.summary()
             return summary if dict(summary.info) == run else summary.with_info(**run)
@@ -255,15 +276,23 @@ class IdpSilo(BatchedSilo[IdpJob, Delta]):
         if sigma is not None:
             info["noise_multiplier"] = float(sigma)
         group = GroupSummary(
-            label=label_of(b), units=1, budget_min=b, budget_max=b,
+            label=label_of(b),
+            units=1,
+            budget_min=b,
+            budget_max=b,
             spent_max={o: math.inf for o in observers},
             utilization_sum={o: math.inf if over else 0.0 for o in observers},
             over_budget={o: over for o in observers},
             info=info,
         )
         return PrivacySummary(
-            unit="client", units=1, observers=observers, accountant="rdp",
-            groups=(group,), private=self.setup.private, info=run,
+            unit="client",
+            units=1,
+            observers=observers,
+            accountant="rdp",
+            groups=(group,),
+            private=self.setup.private,
+            info=run,
         )
 
     # -- resume ------------------------------------------------------------------------------
@@ -334,8 +363,7 @@ class DistributedIdpSilo(IdpSilo):
         if setup.adaptive:
             below = (1.0 if norm <= clip else 0.0) - 0.5 if job.sampled else 0.0
             below -= 0.5 * canaries  # a canary's update is above C_t
-            share = share_std(float(setup.count_noise_std or 0.0), setup.survivors,
-                              job.announced)
+            share = share_std(float(setup.count_noise_std or 0.0), setup.survivors, job.announced)
             z = float(self.randomness.stream("count-share", t, self.client_id).normal((1,))[0])
             metrics["clip_count"] = below + share * z
         return [v.numpy().astype(np.float32) for v in out], metrics

@@ -169,9 +169,11 @@ def evaluate_clients(
     out_metrics: list[Scalars] = []
     for j in range(k):
         m = int(n[j])
-        out_metrics.append({
-            "loss": float(loss_sum[j] / m) if m else float("nan"),
-            "accuracy": float(corr_sum[j] / m) if m else float("nan"),
-            "n": m,
-        })
+        out_metrics.append(
+            {
+                "loss": float(loss_sum[j] / m) if m else float("nan"),
+                "accuracy": float(corr_sum[j] / m) if m else float("nan"),
+                "n": m,
+            }
+        )
     return out_metrics

@@ -48,38 +48,48 @@ class PriFedSyncConfig(Algorithm):
         "(the paper's Algorithm 2); poisson: one Bernoulli(B/n) coin per record",
     )
     alpha: float = Field(
-        0.1, ge=0, le=1, description="elastic sync: a joined client moves its local model this "
-        "fraction toward the global model (Eq. 2.1)"
+        0.1,
+        ge=0,
+        le=1,
+        description="elastic sync: a joined client moves its local model this "
+        "fraction toward the global model (Eq. 2.1)",
     )
     server_lr: float = Field(
         1.0, gt=0, le=1, description="η: global ← (1 − η)·global + η·mean of joined local models"
     )
     target_epsilon: float | list[float | None] | None = Field(
-        None, description="per-client target ε at privacy.delta (one value, or one per client; "
-        "privacy.epsilon_max is the target of every client without one)"
+        None,
+        description="per-client target ε at privacy.delta (one value, or one per client; "
+        "privacy.epsilon_max is the target of every client without one)",
     )
     target_mu: float | list[float | None] | None = Field(
         None, description="per-client target μ-GDP, enforced as its (ε, δ) at privacy.delta"
     )
     calibrate: Literal["noise", "steps"] = Field(
-        "noise", description="what a client with a target adjusts: its noise σ_j or its local "
-        "steps K_j (≤ training.local_steps, at privacy.noise_multiplier)"
+        "noise",
+        description="what a client with a target adjusts: its noise σ_j or its local "
+        "steps K_j (≤ training.local_steps, at privacy.noise_multiplier)",
     )
     local_epoch: bool = Field(
-        False, description="K_j = min(training.local_steps, ⌈n_j/B⌉): one local epoch per "
-        "round (computed at the silo from its own n_j, as in the paper's §4)"
+        False,
+        description="K_j = min(training.local_steps, ⌈n_j/B⌉): one local epoch per "
+        "round (computed at the silo from its own n_j, as in the paper's §4)",
     )
     planned_rounds: int | None = Field(
-        None, ge=1, description="participations a target is calibrated for (default: all "
-        "training.rounds); the ledger stops a client before it would exceed its target"
+        None,
+        ge=1,
+        description="participations a target is calibrated for (default: all "
+        "training.rounds); the ledger stops a client before it would exceed its target",
     )
     budget_accounting: Accounting = Field(
-        "rigorous", description="rigorous: RDP bound (WOR: Wang et al. 2019 Thm 9); clt: the "
-        "paper's Theorem 2 μ (an approximation that can under-report)"
+        "rigorous",
+        description="rigorous: RDP bound (WOR: Wang et al. 2019 Thm 9); clt: the "
+        "paper's Theorem 2 μ (an approximation that can under-report)",
     )
     evaluate: Literal["local", "global"] = Field(
-        "local", description="what each silo's evaluation reply measures on its test split: its "
-        "personalized local model (the paper's metric) or the global model"
+        "local",
+        description="what each silo's evaluation reply measures on its test split: its "
+        "personalized local model (the paper's metric) or the global model",
     )
 
     unit: ClassVar[PrivacyUnitName] = "record"
@@ -157,14 +167,22 @@ class PriFedSyncConfig(Algorithm):
         return public_setup(config, info)
 
     def server(
-        self, config: ExperimentConfig, info: FederationInfo, setup: PublicSetup,
+        self,
+        config: ExperimentConfig,
+        info: FederationInfo,
+        setup: PublicSetup,
         randomness: Randomness,
     ) -> PriFedSyncServer:
         return PriFedSyncServer(initial_params(config, info), server_lr=self.server_lr)
 
     def client(
-        self, config: ExperimentConfig, client_id: int, data: ClientData, info: FederationInfo,
-        setup: PublicSetup, randomness: Randomness,
+        self,
+        config: ExperimentConfig,
+        client_id: int,
+        data: ClientData,
+        info: FederationInfo,
+        setup: PublicSetup,
+        randomness: Randomness,
     ) -> PriFedSyncSilo:
         """One client, from its own data, the published setup and its own randomness."""
         if not isinstance(setup, PriFedSyncSetup):

@@ -198,9 +198,7 @@ def epsilon(
     count = int(participations)
     if count == 0 or plan.local_steps == 0:
         return 0.0
-    eps, _ = mechanism_epsilon(
-        plan, [rate], "server", count, accountant=ACCOUNTANTS[accounting]
-    )
+    eps, _ = mechanism_epsilon(plan, [rate], "server", count, accountant=ACCOUNTANTS[accounting])
     return float(eps[0])
 
 
@@ -267,8 +265,14 @@ def client_plan(
     if setup.calibrate == "noise":
         try:
             sigma_j = noise_for_epsilon(
-                plan, target, rounds=planned, accountant=acc, rate=rate,
-                bracket=NOISE_BRACKET, limits=None, **options,
+                plan,
+                target,
+                rounds=planned,
+                accountant=acc,
+                rate=rate,
+                bracket=NOISE_BRACKET,
+                limits=None,
+                **options,
             )
         except InfeasibleTargetError:
             raise ValueError(

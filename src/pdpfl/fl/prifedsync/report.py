@@ -44,8 +44,7 @@ def evaluate_models(clients: Mapping[int, object], global_params: Params) -> dic
         acc = np.array([r[key]["accuracy"] for r in rows if r[key]["n"] > 0])
         n = np.array([r[key]["n"] for r in rows if r[key]["n"] > 0], dtype=float)
         out[f"{key}_mean_client_accuracy"] = float(acc.mean()) if acc.size else float("nan")
-        out[f"{key}_pooled_accuracy"] = (float(np.dot(acc, n) / n.sum()) if n.sum()
-                                         else float("nan"))
+        out[f"{key}_pooled_accuracy"] = float(np.dot(acc, n) / n.sum()) if n.sum() else float("nan")
     return out
 
 

@@ -60,8 +60,10 @@ class PriFedSyncServer:
             return [np.asarray(p).copy() for p in global_params]
         eta = self.server_lr
         return [
-            ((1.0 - eta) * np.asarray(g, np.float64)
-             + eta * np.asarray(t, np.float64) / aggregate.weight).astype(np.float32)
+            (
+                (1.0 - eta) * np.asarray(g, np.float64)
+                + eta * np.asarray(t, np.float64) / aggregate.weight
+            ).astype(np.float32)
             for g, t in zip(global_params, aggregate.total, strict=True)
         ]
 

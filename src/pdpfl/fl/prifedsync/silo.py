@@ -58,8 +58,10 @@ NO_TARGET = "no target"
 
 
 def _as_tensors(x: np.ndarray, y: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-    return (torch.as_tensor(np.asarray(x, dtype=np.float32)),
-            torch.as_tensor(np.asarray(y, dtype=np.int64)))
+    return (
+        torch.as_tensor(np.asarray(x, dtype=np.float32)),
+        torch.as_tensor(np.asarray(y, dtype=np.int64)),
+    )
 
 
 class PriFedSyncSilo(Silo):
@@ -131,13 +133,19 @@ class PriFedSyncSilo(Silo):
         )
         #: The client's target ε at δ (None: none; the records' budget is then the planned ε).
         self.target_epsilon = None if target_epsilon is None else float(target_epsilon)
-        budget = (self.target_epsilon if self.target_epsilon is not None
-                  else planned_epsilon(self.mechanism, self.rate, setup.rounds))
+        budget = (
+            self.target_epsilon
+            if self.target_epsilon is not None
+            else planned_epsilon(self.mechanism, self.rate, setup.rounds)
+        )
         # orders=None: the accountant's own grid for the event (without-replacement events
         # have their integer grid, Theorem 9); the calibration above used the same
         ledger = PrivacyLedger(
-            np.full(n, budget), np.full(n, self.rate), self.mechanism,
-            ids=getattr(data, "record_ids", None), orders=None,
+            np.full(n, budget),
+            np.full(n, self.rate),
+            self.mechanism,
+            ids=getattr(data, "record_ids", None),
+            orders=None,
         )
         super().__init__(client_id, ledger, adversary="both")
         self.ledger: PrivacyLedger = ledger
@@ -231,8 +239,10 @@ class PriFedSyncSilo(Silo):
         """Eq. (2.1): h ← (1 − α)·h + α·global, in float64, rounded once to float32."""
         a = self.alpha
         self.local = [
-            (np.asarray(h, np.float64)
-             + a * (np.asarray(g, np.float64) - np.asarray(h, np.float64))).astype(np.float32)
+            (
+                np.asarray(h, np.float64)
+                + a * (np.asarray(g, np.float64) - np.asarray(h, np.float64))
+            ).astype(np.float32)
             for h, g in zip(self.local, global_params, strict=True)
         ]
         self.pending_sync = -1
@@ -263,17 +273,27 @@ class PriFedSyncSilo(Silo):
         self.model.train()
         if self.sampler == "poisson":
             res = train_steps(
-                self.model, self.x_train, self.y_train,
+                self.model,
+                self.x_train,
+                self.y_train,
                 rates=torch.full((n,), self.rate, dtype=torch.float64),
-                steps=k, noise_multiplier=sigma, max_grad_norm=self.max_grad_norm,
-                optimizer=self.optimizer, stream=stream, normalizer=self.batch_size,
-                physical_batch_size=self.physical_batch_size, extra=self.extra_rows,
+                steps=k,
+                noise_multiplier=sigma,
+                max_grad_norm=self.max_grad_norm,
+                optimizer=self.optimizer,
+                stream=stream,
+                normalizer=self.batch_size,
+                physical_batch_size=self.physical_batch_size,
+                extra=self.extra_rows,
             )
             self.last_train_loss = float(res.mean_loss)
         else:
             engine = PersonalizedDPSGD(
-                self.model, self.optimizer, noise_multiplier=sigma,
-                max_grad_norm=self.max_grad_norm, physical_batch_size=self.physical_batch_size,
+                self.model,
+                self.optimizer,
+                noise_multiplier=sigma,
+                max_grad_norm=self.max_grad_norm,
+                physical_batch_size=self.physical_batch_size,
             )
             b = int(self.batch_size)
             extra = self.extra_rows
@@ -285,7 +305,9 @@ class PriFedSyncSilo(Silo):
                 self.last_batches.append(idx.numpy())
                 dev = engine.device  # training.device: the sampled batch crosses to it
                 grads, loss_sum = engine.privatized_gradient(
-                    self.x_train[idx].to(dev), self.y_train[idx].to(dev), self.batch_size,
+                    self.x_train[idx].to(dev),
+                    self.y_train[idx].to(dev),
+                    self.batch_size,
                     stream,
                     None if extra is None else _drawn_rows(extra, (drawn[drawn >= n] - n).numpy()),
                 )
@@ -324,8 +346,9 @@ class PriFedSyncSilo(Silo):
     # -- resume ------------------------------------------------------------------------------
     def extra_state(self) -> dict[str, Any]:
         opt_state = {
-            int(k): {name: (v.detach().clone() if torch.is_tensor(v) else v)
-                     for name, v in entry.items()}
+            int(k): {
+                name: (v.detach().clone() if torch.is_tensor(v) else v) for name, v in entry.items()
+            }
             for k, entry in self.optimizer.state_dict()["state"].items()
         }
         return {
@@ -346,8 +369,10 @@ class PriFedSyncSilo(Silo):
         self.pending_sync = int(state["pending_sync"])
         groups = self.optimizer.state_dict()["param_groups"]
         opt_state = {
-            int(k): {name: (torch.as_tensor(v) if isinstance(v, np.ndarray | torch.Tensor) else v)
-                     for name, v in entry.items()}
+            int(k): {
+                name: (torch.as_tensor(v) if isinstance(v, np.ndarray | torch.Tensor) else v)
+                for name, v in entry.items()
+            }
             for k, entry in dict(state["optimizer"]).items()
         }
         self.optimizer.load_state_dict({"state": opt_state, "param_groups": groups})
@@ -358,8 +383,11 @@ def _drawn_rows(rows: ExtraRows, drawn: np.ndarray) -> ExtraRows:
     from pdpfl.dp.extra_rows import ExtraRows
 
     np.add.at(rows.counts, drawn, 1)
-    return ExtraRows(coords=rows.coords[drawn], values=rows.values[drawn],
-                     rates=np.ones(drawn.size, dtype=np.float64))
+    return ExtraRows(
+        coords=rows.coords[drawn],
+        values=rows.values[drawn],
+        rates=np.ones(drawn.size, dtype=np.float64),
+    )
 
 
 #: Former name (code written against the first release).

@@ -117,13 +117,18 @@ class _UniformBase(DpFedAvgConfig):
 
             sigma = float(
                 noise_for_uniform_rate(
-                    eps, self.sampling_rate, mechanism_plan(config, 1.0),
+                    eps,
+                    self.sampling_rate,
+                    mechanism_plan(config, 1.0),
                     adversary=config.privacy.adversary,
                 )
             )
             return DpFedAvgSetup(
-                mode="uniform", noise_multiplier=sigma, uniform_epsilon=eps,
-                uniform_rate=float(self.sampling_rate), **setup_fields(config),
+                mode="uniform",
+                noise_multiplier=sigma,
+                uniform_epsilon=eps,
+                uniform_rate=float(self.sampling_rate),
+                **setup_fields(config),
             )
         sigma = noise_multiplier(config)
         est = fit_published_estimator(config, sigma)
@@ -134,8 +139,12 @@ class _UniformBase(DpFedAvgConfig):
                 "mechanism can give a positive sampling rate; lower σ or choose a larger ε"
             )
         return DpFedAvgSetup(
-            mode="uniform", noise_multiplier=sigma, uniform_epsilon=eps, uniform_rate=q,
-            estimator=est.to_dict(), **setup_fields(config),
+            mode="uniform",
+            noise_multiplier=sigma,
+            uniform_epsilon=eps,
+            uniform_rate=q,
+            estimator=est.to_dict(),
+            **setup_fields(config),
         )
 
 
@@ -248,10 +257,21 @@ class FilterSilo(Silo):
     """
 
     def __init__(
-        self, client_id: int, model: torch.nn.Module, data: Any, budgets: np.ndarray,
-        setup: FilterSetup, *, randomness: Randomness, normalizer: float,
-        allow_exclusion: bool = False, optimizer: str = "sgd", lr: float = 0.1,
-        momentum: float = 0.0, weight_decay: float = 0.0, physical_batch_size: int = 512,
+        self,
+        client_id: int,
+        model: torch.nn.Module,
+        data: Any,
+        budgets: np.ndarray,
+        setup: FilterSetup,
+        *,
+        randomness: Randomness,
+        normalizer: float,
+        allow_exclusion: bool = False,
+        optimizer: str = "sgd",
+        lr: float = 0.1,
+        momentum: float = 0.0,
+        weight_decay: float = 0.0,
+        physical_batch_size: int = 512,
     ) -> None:
         from pdpfl.dp.filter import FilterState, best_filter_orders
         from pdpfl.dp.steps import check_normalizer
@@ -267,8 +287,11 @@ class FilterSilo(Silo):
         self.x_test = torch.as_tensor(np.asarray(data.x_test, dtype=np.float32))
         self.y_test = torch.as_tensor(np.asarray(data.y_test, dtype=np.int64))
         self.budgets = np.asarray(budgets, dtype=np.float64)
-        self.alphas = (best_filter_orders(self.budgets, delta=setup.delta) if setup.order is None
-                       else np.full(self.budgets.size, float(setup.order)))
+        self.alphas = (
+            best_filter_orders(self.budgets, delta=setup.delta)
+            if setup.order is None
+            else np.full(self.budgets.size, float(setup.order))
+        )
         rho = self.budgets - math.log(1 / setup.delta) / (self.alphas - 1)
         if np.any(rho <= 0) and not allow_exclusion:
             low = self.budgets[rho <= 0]
@@ -286,9 +309,11 @@ class FilterSilo(Silo):
         from pdpfl.dp.filter import filter_epsilons
 
         eps = filter_epsilons(
-            self.state.spent, delta=self.setup.delta,
+            self.state.spent,
+            delta=self.setup.delta,
             noise_multiplier=self.setup.noise_multiplier,
-            max_grad_norm=self.setup.max_grad_norm, alphas=self.alphas,
+            max_grad_norm=self.setup.max_grad_norm,
+            alphas=self.alphas,
         )
         return np.where(self.state.spent > 0, eps, 0.0)
 
@@ -299,20 +324,33 @@ class FilterSilo(Silo):
         from pdpfl.models import get_params, set_params
 
         set_params(self.model, global_params)
-        opt = make_optimizer(self.optimizer_name, self.model.parameters(), lr=self.lr,
-                             weight_decay=self.weight_decay, momentum=self.momentum)
+        opt = make_optimizer(
+            self.optimizer_name,
+            self.model.parameters(),
+            lr=self.lr,
+            weight_decay=self.weight_decay,
+            momentum=self.momentum,
+        )
         filter_gd_steps(
-            self.model, self.x_train, self.y_train, self.state, steps=self.setup.local_steps,
+            self.model,
+            self.x_train,
+            self.y_train,
+            self.state,
+            steps=self.setup.local_steps,
             noise_multiplier=self.setup.noise_multiplier,
-            max_grad_norm=self.setup.max_grad_norm, optimizer=opt,
+            max_grad_norm=self.setup.max_grad_norm,
+            optimizer=opt,
             stream=self.randomness.stream("local-training", plan.round_index, self.client_id),
-            normalizer=self.normalizer, physical_batch_size=self.physical_batch_size,
+            normalizer=self.normalizer,
+            physical_batch_size=self.physical_batch_size,
         )
         new = get_params(self.model)
-        return Contribution(update=[
-            (np.asarray(a, np.float64) - np.asarray(b, np.float64)).astype(np.float32)
-            for a, b in zip(new, global_params, strict=True)
-        ])
+        return Contribution(
+            update=[
+                (np.asarray(a, np.float64) - np.asarray(b, np.float64)).astype(np.float32)
+                for a, b in zip(new, global_params, strict=True)
+            ]
+        )
 
     def test(self, params: Params) -> Scalars:
         from pdpfl.dp.engine import evaluate
@@ -332,26 +370,40 @@ class FilterSilo(Silo):
             if not m.any():
                 continue
             b = self.budgets[m]
-            groups.append(GroupSummary(
-                label=label, units=int(m.sum()), budget_min=float(b.min()),
-                budget_max=float(b.max()), excluded=int((self.state.budgets[m] <= 0).sum()),
-                stopped=int((self.state.exit_step[m] > 0).sum()),
-                spent_max={o: float(spent[m].max()) for o in OBSERVERS},
-                utilization_sum={o: float((spent[m] / b).sum()) for o in OBSERVERS},
-                over_budget={o: int(over[m].sum()) for o in OBSERVERS},
-                info={"mean_order": float(self.alphas[m].mean()),
-                      "active": float(self.state.active[m].sum())},
-            ))
+            groups.append(
+                GroupSummary(
+                    label=label,
+                    units=int(m.sum()),
+                    budget_min=float(b.min()),
+                    budget_max=float(b.max()),
+                    excluded=int((self.state.budgets[m] <= 0).sum()),
+                    stopped=int((self.state.exit_step[m] > 0).sum()),
+                    spent_max={o: float(spent[m].max()) for o in OBSERVERS},
+                    utilization_sum={o: float((spent[m] / b).sum()) for o in OBSERVERS},
+                    over_budget={o: int(over[m].sum()) for o in OBSERVERS},
+                    info={
+                        "mean_order": float(self.alphas[m].mean()),
+                        "active": float(self.state.active[m].sum()),
+                    },
+                )
+            )
         return PrivacySummary(
-            unit="record", units=int(self.budgets.size), observers=OBSERVERS,
-            accountant="rdp-filter", groups=tuple(groups),
+            unit="record",
+            units=int(self.budgets.size),
+            observers=OBSERVERS,
+            accountant="rdp-filter",
+            groups=tuple(groups),
             info={"noise_multiplier": float(self.setup.noise_multiplier)},
         )
 
     def extra_state(self) -> dict[str, Any]:
         s = self.state
-        return {"spent": s.spent.copy(), "active": s.active.copy(),
-                "exit_step": s.exit_step.copy(), "steps_done": int(s.steps_done)}
+        return {
+            "spent": s.spent.copy(),
+            "active": s.active.copy(),
+            "exit_step": s.exit_step.copy(),
+            "steps_done": int(s.steps_done),
+        }
 
     def load_extra_state(self, state: dict[str, Any]) -> None:
         if not state:
@@ -374,8 +426,10 @@ class CentralizedFilterConfig(CentralizedConfig):
 
     name: Literal["centralized-filter"] = "centralized-filter"  # type: ignore[assignment]
     filter_order: float | None = Field(
-        None, gt=1, description="the Rényi order α of every record's filter (default: each "
-        "record the order that maximises its squared-norm budget)"
+        None,
+        gt=1,
+        description="the Rényi order α of every record's filter (default: each "
+        "record the order that maximises its squared-norm budget)",
     )
     summary: ClassVar[str] = "Filter: private GD with an individual Rényi filter (pooled data)"
     setup_type: ClassVar[type[PublicSetup]] = FilterSetup
@@ -391,31 +445,51 @@ class CentralizedFilterConfig(CentralizedConfig):
             sigma = float(pv.noise_multiplier)
         elif pv.epsilon_max is not None:
             sigma = filter_noise_for_max_budget(
-                float(pv.epsilon_max), steps=tr.rounds * tr.local_steps, delta=pv.delta)
+                float(pv.epsilon_max), steps=tr.rounds * tr.local_steps, delta=pv.delta
+            )
         else:
             raise ValueError("privacy: set privacy.noise_multiplier or privacy.epsilon_max")
         return FilterSetup(
-            noise_multiplier=sigma, delta=pv.delta, local_steps=tr.local_steps,
-            rounds=tr.rounds, max_grad_norm=tr.max_grad_norm, adversary=pv.adversary,
+            noise_multiplier=sigma,
+            delta=pv.delta,
+            local_steps=tr.local_steps,
+            rounds=tr.rounds,
+            max_grad_norm=tr.max_grad_norm,
+            adversary=pv.adversary,
             order=self.filter_order,
         )
 
     def client(  # type: ignore[override]
-        self, config: ExperimentConfig, client_id: int, data: ClientData, info: FederationInfo,
-        setup: PublicSetup, randomness: Randomness,
+        self,
+        config: ExperimentConfig,
+        client_id: int,
+        data: ClientData,
+        info: FederationInfo,
+        setup: PublicSetup,
+        randomness: Randomness,
     ) -> FilterSilo:
         if not isinstance(setup, FilterSetup):
             raise TypeError(f"{self.name}: expected a FilterSetup, got {type(setup).__name__}")
         tr = config.training
         batch = tr.batch_size_for(client_id)
         if batch is None:
-            raise ValueError("training.batch_size: required for centralized-filter (the public "
-                             "data-set size that divides each noisy sum)")
+            raise ValueError(
+                "training.batch_size: required for centralized-filter (the public "
+                "data-set size that divides each noisy sum)"
+            )
         return FilterSilo(
-            client_id, silo_model(config, info), data, client_budgets(config, client_id, data),
-            setup, randomness=randomness, normalizer=float(batch),
-            allow_exclusion=config.privacy.allow_exclusion, optimizer=tr.optimizer, lr=tr.lr,
-            momentum=tr.momentum, weight_decay=tr.weight_decay,
+            client_id,
+            silo_model(config, info),
+            data,
+            client_budgets(config, client_id, data),
+            setup,
+            randomness=randomness,
+            normalizer=float(batch),
+            allow_exclusion=config.privacy.allow_exclusion,
+            optimizer=tr.optimizer,
+            lr=tr.lr,
+            momentum=tr.momentum,
+            weight_decay=tr.weight_decay,
             physical_batch_size=tr.physical_batch_size,
         )
 

@@ -29,9 +29,7 @@ def check_budget_mix(config: ExperimentConfig, clients: list[Any]) -> None:
     if config.budgets.file is not None:
         return  # per-record budgets from a file: no configured shares
     # what the silos will draw (cheap: one draw per record), then the mix they should keep
-    realized = np.concatenate(
-        [client_budgets(config, k, c) for k, c in enumerate(clients)]
-    )
+    realized = np.concatenate([client_budgets(config, k, c) for k, c in enumerate(clients)])
     scenario = budgets_mod.make_scenario(config.budgets.scenario, **config.budgets.params)
     if isinstance(scenario, budgets_mod.PerLabel):
         return  # the labels decide: no configured shares to keep

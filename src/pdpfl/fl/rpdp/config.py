@@ -64,7 +64,10 @@ class DpFedAvgConfig(Algorithm):
         return []
 
     def server(
-        self, config: ExperimentConfig, info: FederationInfo, setup: PublicSetup,
+        self,
+        config: ExperimentConfig,
+        info: FederationInfo,
+        setup: PublicSetup,
         randomness: Randomness,
     ) -> FedAvgServer:
         return FedAvgServer(
@@ -75,8 +78,13 @@ class DpFedAvgConfig(Algorithm):
         )
 
     def client(
-        self, config: ExperimentConfig, client_id: int, data: ClientData, info: FederationInfo,
-        setup: PublicSetup, randomness: Randomness,
+        self,
+        config: ExperimentConfig,
+        client_id: int,
+        data: ClientData,
+        info: FederationInfo,
+        setup: PublicSetup,
+        randomness: Randomness,
     ) -> DpFedAvgSilo:
         if not isinstance(setup, DpFedAvgSetup):
             raise TypeError(f"{self.name}: expected a DpFedAvgSetup, got {type(setup).__name__}")
@@ -107,8 +115,9 @@ class DpFedAvgConfig(Algorithm):
             momentum=tr.momentum,
             weight_decay=tr.weight_decay,
             physical_batch_size=tr.physical_batch_size,
-            nonprivate_rate=(min(1.0, batch / max(n, 1)) if (not setup.private and batch)
-                             else None),
+            nonprivate_rate=(
+                min(1.0, batch / max(n, 1)) if (not setup.private and batch) else None
+            ),
         )
 
 

@@ -139,7 +139,11 @@ def noise_multiplier(config: ExperimentConfig) -> float:
     if pv.epsilon_max is None:
         raise ValueError("privacy: set privacy.noise_multiplier or privacy.epsilon_max")
     return noise_for_max_budget_cached(
-        float(pv.epsilon_max), pv.delta, tr.local_steps, tr.rounds, tr.client_rate,
+        float(pv.epsilon_max),
+        pv.delta,
+        tr.local_steps,
+        tr.rounds,
+        tr.client_rate,
         config.privacy.adversary,
     )
 
@@ -197,6 +201,8 @@ def personalized_setup(config: ExperimentConfig) -> DpFedAvgSetup:
     est = fit_published_estimator(config, sigma)
     check_feasible(config, est)
     return DpFedAvgSetup(
-        mode="personalized", noise_multiplier=sigma, estimator=est.to_dict(),
+        mode="personalized",
+        noise_multiplier=sigma,
+        estimator=est.to_dict(),
         **setup_fields(config),
     )

@@ -37,8 +37,10 @@ __all__ = ["DpFedAvgClient", "DpFedAvgSilo"]
 
 
 def _as_tensors(x: np.ndarray, y: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-    return (torch.as_tensor(np.asarray(x, dtype=np.float32)),
-            torch.as_tensor(np.asarray(y, dtype=np.int64)))
+    return (
+        torch.as_tensor(np.asarray(x, dtype=np.float32)),
+        torch.as_tensor(np.asarray(y, dtype=np.int64)),
+    )
 
 
 class DpFedAvgSilo(Silo):
@@ -122,7 +124,11 @@ class DpFedAvgSilo(Silo):
                 self._refuse_unreachable(client_id, allow_exclusion)
                 self.capped = self._capped(client_id, epsilon_cap, cap_at_epsilon_max)
             ledger = PrivacyLedger(
-                self.budgets, self.rates, setup.plan(), ids=ids, accountant=setup.accountant,
+                self.budgets,
+                self.rates,
+                setup.plan(),
+                ids=ids,
+                accountant=setup.accountant,
             )
         else:
             self.normalizer = None
@@ -152,9 +158,14 @@ class DpFedAvgSilo(Silo):
         cap = epsilon_cap
         if cap is None:  # σ given: what the estimator spends at q = 1
             est = self.setup.estimator_object()
-            cap = next((float(v) for v in (getattr(est, "max_epsilon", None),
-                                           getattr(est, "eps_at_one", None)) if v is not None),
-                       None)
+            cap = next(
+                (
+                    float(v)
+                    for v in (getattr(est, "max_epsilon", None), getattr(est, "eps_at_one", None))
+                    if v is not None
+                ),
+                None,
+            )
         if cap is None:
             return np.zeros(len(self.budgets), dtype=bool)
         capped = (self.rates >= 1.0) & (self.budgets > cap * (1 + 1e-9))
@@ -203,11 +214,16 @@ class DpFedAvgSilo(Silo):
         rates = self.rates if self.ledger is None else np.where(plan.active, self.rates, 0.0)
         set_params(self.model, global_params)
         opt = make_optimizer(
-            self.optimizer_name, self.model.parameters(), lr=self.lr,
-            weight_decay=self.weight_decay, momentum=self.momentum,
+            self.optimizer_name,
+            self.model.parameters(),
+            lr=self.lr,
+            weight_decay=self.weight_decay,
+            momentum=self.momentum,
         )
         result = train_steps(
-            self.model, self.x_train, self.y_train,
+            self.model,
+            self.x_train,
+            self.y_train,
             rates=torch.as_tensor(rates, dtype=torch.float64),
             steps=self.setup.local_steps,
             noise_multiplier=self.setup.noise_multiplier,
@@ -223,8 +239,9 @@ class DpFedAvgSilo(Silo):
         self.last_train_loss = float(result.mean_loss)
         new = get_params(self.model)
         delta = [
-            ((np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)) * self.weight)
-            .astype(np.float32)
+            (
+                (np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)) * self.weight
+            ).astype(np.float32)
             for a, b in zip(new, global_params, strict=True)
         ]
         return Contribution(update=delta, weight=self.weight)

@@ -79,12 +79,17 @@ class UldpConfig(Algorithm):
     """Fields shared by every ULDP-FL algorithm (each uses the ones its docstring names)."""
 
     local_epochs: int = Field(
-        1, ge=1, le=100_000, description="Q: local epochs per user (AVG) or per silo (NAIVE, "
-        "DEFAULT); ULDP-SGD takes one mean gradient per user"
+        1,
+        ge=1,
+        le=100_000,
+        description="Q: local epochs per user (AVG) or per silo (NAIVE, "
+        "DEFAULT); ULDP-SGD takes one mean gradient per user",
     )
     server_lr: float | None = Field(
-        None, gt=0, description="η_g, the global learning rate; default: the paper's choice, "
-        "10 for AVG/SGD (Remark 2: |S|-times larger than FedAvg's) and 1 otherwise"
+        None,
+        gt=0,
+        description="η_g, the global learning rate; default: the paper's choice, "
+        "10 for AVG/SGD (Remark 2: |S|-times larger than FedAvg's) and 1 otherwise",
     )
     weights: Literal["uniform", "enhanced", "private"] = Field(
         "uniform",
@@ -94,42 +99,56 @@ class UldpConfig(Algorithm):
         "Paillier + masking; no histogram leaves a silo, the server sees only the sum)",
     )
     user_rate: float | None = Field(
-        None, gt=0, le=1, description="q: user-level Poisson sub-sampling (Alg. 4, AVG/SGD); "
-        "None = every user every round"
+        None,
+        gt=0,
+        le=1,
+        description="q: user-level Poisson sub-sampling (Alg. 4, AVG/SGD); "
+        "None = every user every round",
     )
     subsampling: Literal["server", "private"] = Field(
-        "server", description="AVG/SGD with user_rate: who draws the user sample -- the server "
+        "server",
+        description="AVG/SGD with user_rate: who draws the user sample -- the server "
         "(Alg. 4; it learns who was sampled and is accounted without amplification) or private "
         "(Sec. 4.1: 1-out-of-P oblivious transfer of Paillier-encrypted weights; needs weights: "
         "private and user_rate a multiple of 1/ot_items; the server is accounted like a third "
         "party)",
     )
     ot_items: int = Field(
-        10, ge=2, le=1000, description="P: items per user of the private sub-sampling's "
+        10,
+        ge=2,
+        le=1000,
+        description="P: items per user of the private sub-sampling's "
         "oblivious transfer (q must be a multiple of 1/P; server cost linear in P·|U|)",
     )
     personal_budgets: bool = Field(
-        False, description="AVG/SGD: each user's own ε_u (the budgets section, drawn over "
-        "users) enforced through per-user sampling rates q_u and the server's user ledger"
+        False,
+        description="AVG/SGD: each user's own ε_u (the budgets section, drawn over "
+        "users) enforced through per-user sampling rates q_u and the server's user ledger",
     )
     sensitivity: Literal["rigorous", "paper"] = Field(
-        "rigorous", description="NAIVE: rigorous 2|S|C (default) or the paper's |S|C (the "
-        "honest ε is then reported, with a warning)"
+        "rigorous",
+        description="NAIVE: rigorous 2|S|C (default) or the paper's |S|C (the "
+        "honest ε is then reported, with a warning)",
     )
     group_k: Annotated[int, Field(ge=1)] | Literal["max", "median"] = Field(
-        8, description="GROUP: records kept per user across silos (an integer, max or median "
-        "of N_u; max/median need data.public_user_histograms)"
+        8,
+        description="GROUP: records kept per user across silos (an integer, max or median "
+        "of N_u; max/median need data.public_user_histograms)",
     )
     group_flags: Literal["fair", "split"] = Field(
-        "split", description="GROUP: fair = round-robin over the silos holding the user's "
-        "records (needs the histograms); split = data-independent share ⌈k/|S|⌉ per silo"
+        "split",
+        description="GROUP: fair = round-robin over the silos holding the user's "
+        "records (needs the histograms); split = data-independent share ⌈k/|S|⌉ per silo",
     )
     group_conversion: Literal["best", "rdp", "dp"] = Field(
         "best", description="GROUP: Lemma 9 (rdp), Lemma 8 (dp) or the smaller (best)"
     )
     record_rate: float | None = Field(
-        None, gt=0, le=1, description="GROUP: public per-record Poisson rate of the silos' "
-        "DP-SGD (τ = training.local_steps steps per round)"
+        None,
+        gt=0,
+        le=1,
+        description="GROUP: public per-record Poisson rate of the silos' "
+        "DP-SGD (τ = training.local_steps steps per round)",
     )
 
     unit: ClassVar[PrivacyUnitName] = "user"
@@ -191,8 +210,9 @@ class UldpConfig(Algorithm):
         """η_g: ``server_lr``, else the paper's per-method value (spec A.5.4)."""
         return float(self.server_lr) if self.server_lr is not None else self.default_server_lr
 
-    def observer_noise(self, sigma: float, num_silos: int, survivors: int = 0
-                       ) -> tuple[float, float]:
+    def observer_noise(
+        self, sigma: float, num_silos: int, survivors: int = 0
+    ) -> tuple[float, float]:
         """(σ_tp, σ_sv): the noise multipliers a third party and the server see per round under
         plain aggregation (the sum's σ for both unless the variant says otherwise); ``survivors``
         is the t each silo's noise share is sized for (0: |S|)."""
@@ -210,33 +230,56 @@ class UldpConfig(Algorithm):
 
     def _setup(self, setup: PublicSetup, kind: type[UldpSetup]) -> Any:
         if not isinstance(setup, kind):
-            raise TypeError(f"{self.name}: expected a {kind.__name__}, got "
-                            f"{type(setup).__name__}")
+            raise TypeError(f"{self.name}: expected a {kind.__name__}, got {type(setup).__name__}")
         return setup
 
-    def _server_kwargs(self, config: ExperimentConfig, info: FederationInfo, setup: UldpSetup,
-                       randomness: Randomness) -> dict[str, Any]:
-        return dict(initial_params=initial_params(config, info), setup=setup,
-                    server_lr=self.server_learning_rate(), randomness=randomness,
-                    warnings=self.warnings(config, setup))
+    def _server_kwargs(
+        self,
+        config: ExperimentConfig,
+        info: FederationInfo,
+        setup: UldpSetup,
+        randomness: Randomness,
+    ) -> dict[str, Any]:
+        return dict(
+            initial_params=initial_params(config, info),
+            setup=setup,
+            server_lr=self.server_learning_rate(),
+            randomness=randomness,
+            warnings=self.warnings(config, setup),
+        )
 
     def _ledger_plan(self, config: ExperimentConfig, setup: UldpSetup) -> UserLevelPlan:
         """The server's :class:`UserLevelPlan`; under secure summation the server sees only
         the sum, like a third party."""
-        tp, sv = self.observer_noise(setup.noise_multiplier, setup.num_silos,
-                                     int(getattr(setup, "survivors", 0)))
+        tp, sv = self.observer_noise(
+            setup.noise_multiplier, setup.num_silos, int(getattr(setup, "survivors", 0))
+        )
         if config.aggregation == "secure":
             sv = tp
         return user_plan(setup, tp, sv)
 
-    def _silo(self, cls: type[SiloT], config: ExperimentConfig, client_id: int,
-              data: ClientData, info: FederationInfo, setup: UldpSetup,
-              randomness: Randomness) -> SiloT:
+    def _silo(
+        self,
+        cls: type[SiloT],
+        config: ExperimentConfig,
+        client_id: int,
+        data: ClientData,
+        info: FederationInfo,
+        setup: UldpSetup,
+        randomness: Randomness,
+    ) -> SiloT:
         tr = config.training
         return cls(
-            client_id, silo_model(config, info), data, setup,
-            randomness=randomness, batch_size=tr.batch_size_for(client_id), lr=tr.lr,
-            momentum=tr.momentum, weight_decay=tr.weight_decay, optimizer=tr.optimizer,
+            client_id,
+            silo_model(config, info),
+            data,
+            setup,
+            randomness=randomness,
+            batch_size=tr.batch_size_for(client_id),
+            lr=tr.lr,
+            momentum=tr.momentum,
+            weight_decay=tr.weight_decay,
+            optimizer=tr.optimizer,
             physical_batch_size=tr.physical_batch_size,
         )
 
@@ -244,17 +287,23 @@ class UldpConfig(Algorithm):
 def private_subsampling_problems(algo: UldpConfig) -> list[str]:
     """``algorithm.subsampling: private`` (Sec. 4.1): private weights, one uniform q = k/P."""
     if algo.user_rate is None or algo.personal_budgets:
-        return ["algorithm.subsampling: private needs one user_rate q (personal budgets draw "
-                "per-user rates the oblivious transfer cannot carry); set algorithm.user_rate"]
+        return [
+            "algorithm.subsampling: private needs one user_rate q (personal budgets draw "
+            "per-user rates the oblivious transfer cannot carry); set algorithm.user_rate"
+        ]
     if algo.weights != "private":
-        return ["algorithm.subsampling: private hides the sample inside the private weighting "
-                f"protocol; set algorithm.weights: private (got {algo.weights!r})"]
+        return [
+            "algorithm.subsampling: private hides the sample inside the private weighting "
+            f"protocol; set algorithm.weights: private (got {algo.weights!r})"
+        ]
     p, q = int(algo.ot_items), float(algo.user_rate)
     k = round(q * p)
     if k < 1 or abs(q * p - k) > 1e-9:
-        return [f"algorithm.user_rate: with subsampling: private, q must be a multiple of 1/P "
-                f"= 1/{p} (algorithm.ot_items) in [1/{p}, 1], got {q!r}; e.g. "
-                f"{max(1, min(p, k)) / p:g}"]
+        return [
+            f"algorithm.user_rate: with subsampling: private, q must be a multiple of 1/P "
+            f"= 1/{p} (algorithm.ot_items) in [1/{p}, 1], got {q!r}; e.g. "
+            f"{max(1, min(p, k)) / p:g}"
+        ]
     return []
 
 
@@ -272,8 +321,9 @@ class UldpNaiveConfig(UldpConfig):
     def kappa(self) -> float:
         return 2.0 if self.sensitivity == "rigorous" else 1.0
 
-    def observer_noise(self, sigma: float, num_silos: int, survivors: int = 0
-                       ) -> tuple[float, float]:
+    def observer_noise(
+        self, sigma: float, num_silos: int, survivors: int = 0
+    ) -> tuple[float, float]:
         eff = sigma * self.kappa / 2.0  # noise σκ|S|C over the rigorous sensitivity 2|S|C
         return eff, eff
 
@@ -295,17 +345,33 @@ class UldpNaiveConfig(UldpConfig):
         std = sigma * self.kappa * config.training.max_grad_norm * math.sqrt(info.num_clients)
         return UldpSetup(**setup_fields(config, info, num_users(config), sigma, std))
 
-    def server(self, config: ExperimentConfig, info: FederationInfo, setup: PublicSetup,
-               randomness: Randomness) -> NaiveServer:
+    def server(
+        self,
+        config: ExperimentConfig,
+        info: FederationInfo,
+        setup: PublicSetup,
+        randomness: Randomness,
+    ) -> NaiveServer:
         s = self._setup(setup, UldpSetup)
         plan = self._ledger_plan(config, s)
         rates = np.ones(s.num_users)
-        return NaiveServer(**self._server_kwargs(config, info, s, randomness), plan=plan,
-                           budgets=planned_budgets(plan, rates), rates=rates,
-                           adversary=config.privacy.adversary)
+        return NaiveServer(
+            **self._server_kwargs(config, info, s, randomness),
+            plan=plan,
+            budgets=planned_budgets(plan, rates),
+            rates=rates,
+            adversary=config.privacy.adversary,
+        )
 
-    def client(self, config: ExperimentConfig, client_id: int, data: ClientData,
-               info: FederationInfo, setup: PublicSetup, randomness: Randomness) -> NaiveSilo:
+    def client(
+        self,
+        config: ExperimentConfig,
+        client_id: int,
+        data: ClientData,
+        info: FederationInfo,
+        setup: PublicSetup,
+        randomness: Randomness,
+    ) -> NaiveSilo:
         s = self._setup(setup, UldpSetup)
         return self._silo(NaiveSilo, config, client_id, data, info, s, randomness)
 
@@ -317,7 +383,9 @@ class UldpGroupConfig(UldpConfig):
     name: Literal["uldp-group"] = "uldp-group"
     summary: ClassVar[str] = "ULDP-GROUP-k: ≤ k records per user, silo DP-SGD, group privacy"
     toy_overrides: ClassVar[tuple[str, ...]] = (
-        *_TOY, "privacy.epsilon_max=null", "privacy.noise_multiplier=2.0",
+        *_TOY,
+        "privacy.epsilon_max=null",
+        "privacy.noise_multiplier=2.0",
         "algorithm.record_rate=0.2",
     )
     setup_type: ClassVar[type[PublicSetup]] = GroupSetup
@@ -349,25 +417,38 @@ class UldpGroupConfig(UldpConfig):
         sigma = noise_multiplier(config)
         k = resolve_group_k(self.group_k, None if hist is None else hist.sum(axis=0))
         if self.group_flags == "fair":
-            quota = fair_group_quotas(need_histogram(hist, "algorithm.group_flags: fair flags"),
-                                      k)
+            quota = fair_group_quotas(need_histogram(hist, "algorithm.group_flags: fair flags"), k)
         else:
             quota = split_group_quotas(info.num_clients, users, k)
         std = sigma * config.training.max_grad_norm  # per DP-SGD step, on the clipped sum
         return GroupSetup(
-            **setup_fields(config, info, users, sigma, std), group_k=k,
+            **setup_fields(config, info, users, sigma, std),
+            group_k=k,
             group_quota=tuple(tuple(int(v) for v in row) for row in quota),
             record_rate=float(self.record_rate or 0.0),
         )
 
-    def server(self, config: ExperimentConfig, info: FederationInfo, setup: PublicSetup,
-               randomness: Randomness) -> GroupServer:
+    def server(
+        self,
+        config: ExperimentConfig,
+        info: FederationInfo,
+        setup: PublicSetup,
+        randomness: Randomness,
+    ) -> GroupServer:
         s = self._setup(setup, GroupSetup)
-        return GroupServer(**self._server_kwargs(config, info, s, randomness),
-                           conversion=self.group_conversion)
+        return GroupServer(
+            **self._server_kwargs(config, info, s, randomness), conversion=self.group_conversion
+        )
 
-    def client(self, config: ExperimentConfig, client_id: int, data: ClientData,
-               info: FederationInfo, setup: PublicSetup, randomness: Randomness) -> GroupSilo:
+    def client(
+        self,
+        config: ExperimentConfig,
+        client_id: int,
+        data: ClientData,
+        info: FederationInfo,
+        setup: PublicSetup,
+        randomness: Randomness,
+    ) -> GroupSilo:
         s = self._setup(setup, GroupSetup)
         return self._silo(GroupSilo, config, client_id, data, info, s, randomness)
 
@@ -389,8 +470,11 @@ class UserLevelConfig(UldpConfig):
     silo_class: ClassVar[type[UserLevelSilo]] = AvgSilo
 
     def histogram_need(self) -> str | None:
-        return "algorithm.weights: enhanced weights n_{s,u}/N_u" if (
-            self.weights == "enhanced") else None
+        return (
+            "algorithm.weights: enhanced weights n_{s,u}/N_u"
+            if (self.weights == "enhanced")
+            else None
+        )
 
     def variant_problems(self, config: ExperimentConfig) -> list[str]:
         if self.personal_budgets and self.user_rate is not None:
@@ -402,8 +486,9 @@ class UserLevelConfig(UldpConfig):
             return private_subsampling_problems(self)
         return []
 
-    def observer_noise(self, sigma: float, num_silos: int, survivors: int = 0
-                       ) -> tuple[float, float]:
+    def observer_noise(
+        self, sigma: float, num_silos: int, survivors: int = 0
+    ) -> tuple[float, float]:
         # Enhanced weights under plain aggregation: the server sees silo s's update, where one
         # user can weigh w_{s,u} = 1 (joint over the silos: ‖w_{·,u}‖₂ ≤ 1) against noise σC/√t
         # per silo. Uniform weights (‖w_{·,u}‖₂ ≤ 1/√|S|: multiplier σ√(|S|/t) ≥ σ), or private
@@ -425,19 +510,28 @@ class UserLevelConfig(UldpConfig):
         std = sigma * config.training.max_grad_norm / math.sqrt(survivors)
         totals = None
         if self.weights == "enhanced":
-            hist = need_histogram(public_histogram(config, info, users),
-                                  "algorithm.weights: enhanced weights")
+            hist = need_histogram(
+                public_histogram(config, info, users), "algorithm.weights: enhanced weights"
+            )
             enhanced_weights(hist)  # validates Σ_s w_(s,u) ≤ 1
             totals = tuple(int(v) for v in hist.sum(axis=0))
         private = self.subsampling == "private"
         return UserLevelSetup(
-            **setup_fields(config, info, users, sigma, std), weights=self.weights,
-            user_totals=totals, user_sampling=self.samples_users and not private,
-            survivors=survivors, ot_items=self.ot_items if private else 0,
+            **setup_fields(config, info, users, sigma, std),
+            weights=self.weights,
+            user_totals=totals,
+            user_sampling=self.samples_users and not private,
+            survivors=survivors,
+            ot_items=self.ot_items if private else 0,
         )
 
-    def server(self, config: ExperimentConfig, info: FederationInfo, setup: PublicSetup,
-               randomness: Randomness) -> UldpServer:
+    def server(
+        self,
+        config: ExperimentConfig,
+        info: FederationInfo,
+        setup: PublicSetup,
+        randomness: Randomness,
+    ) -> UldpServer:
         s = self._setup(setup, UserLevelSetup)
         plan = self._ledger_plan(config, s)
         if self.personal_budgets:
@@ -446,14 +540,24 @@ class UserLevelConfig(UldpConfig):
         else:
             rates = np.full(s.num_users, 1.0 if self.user_rate is None else self.user_rate)
             budgets = planned_budgets(plan, rates)
-        return self.server_class(**self._server_kwargs(config, info, s, randomness), plan=plan,
-                                 budgets=budgets, rates=rates,
-                                 adversary=config.privacy.adversary,
-                                 personal=self.personal_budgets)
+        return self.server_class(
+            **self._server_kwargs(config, info, s, randomness),
+            plan=plan,
+            budgets=budgets,
+            rates=rates,
+            adversary=config.privacy.adversary,
+            personal=self.personal_budgets,
+        )
 
-    def client(self, config: ExperimentConfig, client_id: int, data: ClientData,
-               info: FederationInfo, setup: PublicSetup, randomness: Randomness
-               ) -> UserLevelSilo:
+    def client(
+        self,
+        config: ExperimentConfig,
+        client_id: int,
+        data: ClientData,
+        info: FederationInfo,
+        setup: PublicSetup,
+        randomness: Randomness,
+    ) -> UserLevelSilo:
         s = self._setup(setup, UserLevelSetup)
         return self._silo(self.silo_class, config, client_id, data, info, s, randomness)
 
@@ -495,14 +599,26 @@ class UldpDefaultConfig(UldpConfig):
         users = int(dict(config.data.options).get("num_users") or 0)
         return UldpSetup(**setup_fields(config, info, users, 0.0, 0.0))
 
-    def server(self, config: ExperimentConfig, info: FederationInfo, setup: PublicSetup,
-               randomness: Randomness) -> DefaultServer:
+    def server(
+        self,
+        config: ExperimentConfig,
+        info: FederationInfo,
+        setup: PublicSetup,
+        randomness: Randomness,
+    ) -> DefaultServer:
         s = self._setup(setup, UldpSetup)
         budgets = user_budgets(config) if s.num_users else np.zeros(0)
         return DefaultServer(**self._server_kwargs(config, info, s, randomness), budgets=budgets)
 
-    def client(self, config: ExperimentConfig, client_id: int, data: ClientData,
-               info: FederationInfo, setup: PublicSetup, randomness: Randomness) -> DefaultSilo:
+    def client(
+        self,
+        config: ExperimentConfig,
+        client_id: int,
+        data: ClientData,
+        info: FederationInfo,
+        setup: PublicSetup,
+        randomness: Randomness,
+    ) -> DefaultSilo:
         s = self._setup(setup, UldpSetup)
         return self._silo(DefaultSilo, config, client_id, data, info, s, randomness)
 

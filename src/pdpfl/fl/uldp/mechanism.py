@@ -124,8 +124,9 @@ class UserLevelSetup(UldpSetup):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.weights not in ("uniform", "enhanced", "private"):
-            raise ValueError(f"weights: expected uniform, enhanced or private, got "
-                             f"{self.weights!r}")
+            raise ValueError(
+                f"weights: expected uniform, enhanced or private, got {self.weights!r}"
+            )
         if self.user_totals is not None:
             object.__setattr__(self, "user_totals", tuple(int(v) for v in self.user_totals))
         if self.weights == "enhanced" and self.user_totals is None:
@@ -133,13 +134,15 @@ class UserLevelSetup(UldpSetup):
         object.__setattr__(self, "user_sampling", bool(self.user_sampling))
         t = self.survivors
         if isinstance(t, bool) or int(t) != t or not 0 <= int(t) <= self.num_silos:
-            raise ValueError(f"setup: survivors must be an integer in [0, {self.num_silos}], "
-                             f"got {t!r}")
+            raise ValueError(
+                f"setup: survivors must be an integer in [0, {self.num_silos}], got {t!r}"
+            )
         object.__setattr__(self, "survivors", int(t) or self.num_silos)
         p = self.ot_items
         if isinstance(p, bool) or int(p) != p or int(p) < 0 or (p and self.weights != "private"):
-            raise ValueError(f"setup: ot_items must be 0, or P >= 2 with private weights, got "
-                             f"{p!r}")
+            raise ValueError(
+                f"setup: ot_items must be 0, or P >= 2 with private weights, got {p!r}"
+            )
         object.__setattr__(self, "ot_items", int(p))
 
 
@@ -165,8 +168,9 @@ class GroupSetup(UldpSetup):
     def __post_init__(self) -> None:
         super().__post_init__()
         object.__setattr__(self, "group_k", check_group_size(self.group_k))
-        object.__setattr__(self, "group_quota",
-                           tuple(tuple(int(v) for v in row) for row in self.group_quota))
+        object.__setattr__(
+            self, "group_quota", tuple(tuple(int(v) for v in row) for row in self.group_quota)
+        )
         rate = float(self.record_rate)
         if not (0.0 < rate <= 1.0):
             raise ValueError(f"record_rate: must be in (0, 1], got {self.record_rate!r}")
@@ -196,12 +200,14 @@ def noise_multiplier(config: ExperimentConfig, user_rate: float = 1.0) -> float:
     from pdpfl.calibration.noise import noise_for_uniform_rate
 
     template = UserLevelPlan(1.0, 1.0, pv.delta, config.training.rounds)
-    return float(noise_for_uniform_rate(float(pv.epsilon_max), float(user_rate),
-                                        template.as_training_plan()))
+    return float(
+        noise_for_uniform_rate(float(pv.epsilon_max), float(user_rate), template.as_training_plan())
+    )
 
 
-def public_histogram(config: ExperimentConfig, info: FederationInfo, users: int
-                     ) -> np.ndarray | None:
+def public_histogram(
+    config: ExperimentConfig, info: FederationInfo, users: int
+) -> np.ndarray | None:
     """The disclosed (|S|, |U|) histogram n_{s,u} (``data.public_user_histograms``), or None."""
     if info.user_histogram is None:
         return None
@@ -252,12 +258,12 @@ def user_plan(setup: UldpSetup, third_party: float, server: float) -> UserLevelP
     """The :class:`~pdpfl.privacy.uldp.UserLevelPlan` of the server's user-level ledger (the
     server charged like a third party when the sampling is hidden from it: ``ot_items``)."""
     hidden = int(getattr(setup, "ot_items", 0)) > 0
-    return UserLevelPlan(float(third_party), float(server), setup.delta, setup.rounds,
-                         hidden_sampling=hidden)
+    return UserLevelPlan(
+        float(third_party), float(server), setup.delta, setup.rounds, hidden_sampling=hidden
+    )
 
 
-def user_rates(budgets: np.ndarray, plan: UserLevelPlan, *, allow_exclusion: bool
-               ) -> np.ndarray:
+def user_rates(budgets: np.ndarray, plan: UserLevelPlan, *, allow_exclusion: bool) -> np.ndarray:
     """q_u = F(ε_u) from the certified calibrator at the user level (T rounds of
     SGM(q_u, σ_tp) against third parties): no user's planned ε exceeds ε_u.
 
@@ -304,14 +310,20 @@ def decode_mask(text: str, users: int) -> np.ndarray:
     return bits[:users].astype(bool)
 
 
-def setup_fields(config: ExperimentConfig, info: FederationInfo, users: int,
-                 sigma: float, noise_std: float) -> dict[str, Any]:
+def setup_fields(
+    config: ExperimentConfig, info: FederationInfo, users: int, sigma: float, noise_std: float
+) -> dict[str, Any]:
     """The :class:`UldpSetup` fields every variant shares."""
     tr = config.training
     algo: Any = config.algorithm
     return dict(
-        num_silos=info.num_clients, num_users=users, noise_multiplier=sigma,
-        noise_std=noise_std, delta=config.privacy.delta, rounds=tr.rounds,
-        max_grad_norm=float(tr.max_grad_norm), local_epochs=int(algo.local_epochs),
+        num_silos=info.num_clients,
+        num_users=users,
+        noise_multiplier=sigma,
+        noise_std=noise_std,
+        delta=config.privacy.delta,
+        rounds=tr.rounds,
+        max_grad_norm=float(tr.max_grad_norm),
+        local_epochs=int(algo.local_epochs),
         local_steps=tr.local_steps,
     )

@@ -23,25 +23,61 @@ def _group(arg: str | None) -> list[str]:
 
 
 for _name, _help, _over, _arg in (
-    ("default", "DEFAULT: FedAvg with two-sided learning rates, no DP", lambda a: [
-        "algorithm.name=uldp-default"], False),
+    (
+        "default",
+        "DEFAULT: FedAvg with two-sided learning rates, no DP",
+        lambda a: ["algorithm.name=uldp-default"],
+        False,
+    ),
     ("uldp-group", "ULDP-GROUP-k (uldp-group:K with K an integer, max or median)", _group, True),
-    ("uldp-avg-w", "ULDP-AVG with enhanced weights (discloses the histograms to the server)",
-     lambda a: ["algorithm.name=uldp-avg", *_ENHANCED], False),
-    ("uldp-sgd-w", "ULDP-SGD with enhanced weights (discloses the histograms to the server)",
-     lambda a: ["algorithm.name=uldp-sgd", *_ENHANCED], False),
-    ("uldp-avg-s", "ULDP-AVG with user sub-sampling q = ARG",
-     lambda a: ["algorithm.name=uldp-avg", *_rate(a)], True),
-    ("uldp-avg-ws", "ULDP-AVG-w with user sub-sampling q = ARG",
-     lambda a: ["algorithm.name=uldp-avg", *_ENHANCED, *_rate(a)], True),
-    ("uldp-sgd-s", "ULDP-SGD with user sub-sampling q = ARG",
-     lambda a: ["algorithm.name=uldp-sgd", *_rate(a)], True),
-    ("uldp-sgd-ws", "ULDP-SGD-w with user sub-sampling q = ARG",
-     lambda a: ["algorithm.name=uldp-sgd", *_ENHANCED, *_rate(a)], True),
-    ("puldp-avg-w", "ULDP-AVG-w with personal budgets per user (budgets section; per-user "
-     "rates q_u from the certified calibrator)", lambda a: [
-         "algorithm.name=uldp-avg", *_ENHANCED, "algorithm.personal_budgets=true"], False),
-    ("puldp-avg", "ULDP-AVG (uniform weights) with personal budgets per user", lambda a: [
-        "algorithm.name=uldp-avg", "algorithm.personal_budgets=true"], False),
+    (
+        "uldp-avg-w",
+        "ULDP-AVG with enhanced weights (discloses the histograms to the server)",
+        lambda a: ["algorithm.name=uldp-avg", *_ENHANCED],
+        False,
+    ),
+    (
+        "uldp-sgd-w",
+        "ULDP-SGD with enhanced weights (discloses the histograms to the server)",
+        lambda a: ["algorithm.name=uldp-sgd", *_ENHANCED],
+        False,
+    ),
+    (
+        "uldp-avg-s",
+        "ULDP-AVG with user sub-sampling q = ARG",
+        lambda a: ["algorithm.name=uldp-avg", *_rate(a)],
+        True,
+    ),
+    (
+        "uldp-avg-ws",
+        "ULDP-AVG-w with user sub-sampling q = ARG",
+        lambda a: ["algorithm.name=uldp-avg", *_ENHANCED, *_rate(a)],
+        True,
+    ),
+    (
+        "uldp-sgd-s",
+        "ULDP-SGD with user sub-sampling q = ARG",
+        lambda a: ["algorithm.name=uldp-sgd", *_rate(a)],
+        True,
+    ),
+    (
+        "uldp-sgd-ws",
+        "ULDP-SGD-w with user sub-sampling q = ARG",
+        lambda a: ["algorithm.name=uldp-sgd", *_ENHANCED, *_rate(a)],
+        True,
+    ),
+    (
+        "puldp-avg-w",
+        "ULDP-AVG-w with personal budgets per user (budgets section; per-user "
+        "rates q_u from the certified calibrator)",
+        lambda a: ["algorithm.name=uldp-avg", *_ENHANCED, "algorithm.personal_budgets=true"],
+        False,
+    ),
+    (
+        "puldp-avg",
+        "ULDP-AVG (uniform weights) with personal budgets per user",
+        lambda a: ["algorithm.name=uldp-avg", "algorithm.personal_budgets=true"],
+        False,
+    ),
 ):
     METHODS.register(_name, MethodSpec(_name, _over, _help, takes_argument=_arg), replace=True)

@@ -75,8 +75,15 @@ class UldpServer(ABC):
     #: The user-level ledger (None where ε is not accounted per user).
     ledger: PrivacyLedger | None = None
 
-    def __init__(self, initial_params: Params, setup: UldpSetup, *, server_lr: float,
-                 randomness: Randomness, warnings: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        initial_params: Params,
+        setup: UldpSetup,
+        *,
+        server_lr: float,
+        randomness: Randomness,
+        warnings: list[str] | None = None,
+    ) -> None:
         self._initial = [np.asarray(p, dtype=np.float32).copy() for p in initial_params]
         self.setup = setup
         self.num_silos = int(setup.num_silos)
@@ -150,8 +157,9 @@ class DefaultServer(UldpServer):
     ``data.options.num_users``); a run without DP exceeds every one of them.
     """
 
-    def __init__(self, initial_params: Params, setup: UldpSetup, *, budgets: np.ndarray,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self, initial_params: Params, setup: UldpSetup, *, budgets: np.ndarray, **kwargs: Any
+    ) -> None:
         super().__init__(initial_params, setup, **kwargs)
         self.budgets = np.asarray(budgets, dtype=np.float64)
 
@@ -174,19 +182,29 @@ class GroupServer(UldpServer):
 
     ledger: PrivacyLedger
 
-    def __init__(self, initial_params: Params, setup: GroupSetup, *, conversion: str,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self, initial_params: Params, setup: GroupSetup, *, conversion: str, **kwargs: Any
+    ) -> None:
         super().__init__(initial_params, setup, **kwargs)
         self.group_setup = setup
         self.conversion = conversion
         self._cache: dict[int, dict[str, float]] = {}
-        plan: Any = GroupPlan(setup.noise_multiplier, setup.local_steps, setup.delta,
-                              setup.rounds, setup.group_k, conversion)  # type: ignore[arg-type]
+        plan: Any = GroupPlan(
+            setup.noise_multiplier,
+            setup.local_steps,
+            setup.delta,
+            setup.rounds,
+            setup.group_k,
+            conversion,  # type: ignore[arg-type]
+        )
         planned = self.group_account(setup.rounds)["epsilon"]
         users = self.num_users
         self.ledger = PrivacyLedger(
-            np.full(users, planned), np.full(users, setup.record_rate), plan,
-            ids=np.arange(users, dtype=np.int64), orders=None,  # the group event's own grid
+            np.full(users, planned),
+            np.full(users, setup.record_rate),
+            plan,
+            ids=np.arange(users, dtype=np.int64),
+            orders=None,  # the group event's own grid
         )
 
     @property
@@ -249,9 +267,17 @@ class LedgerServer(UldpServer):
 
     ledger: PrivacyLedger
 
-    def __init__(self, initial_params: Params, setup: UldpSetup, *, plan: UserLevelPlan,
-                 budgets: np.ndarray, rates: np.ndarray, adversary: str = "both",
-                 **kwargs: Any) -> None:
+    def __init__(
+        self,
+        initial_params: Params,
+        setup: UldpSetup,
+        *,
+        plan: UserLevelPlan,
+        budgets: np.ndarray,
+        rates: np.ndarray,
+        adversary: str = "both",
+        **kwargs: Any,
+    ) -> None:
         super().__init__(initial_params, setup, **kwargs)
         self.plan = plan
         self.adversary = adversary
@@ -263,7 +289,10 @@ class LedgerServer(UldpServer):
         # attributes, which no frozen description -- TrainingPlan neither -- has statically)
         mechanism: Any = plan
         self.ledger = PrivacyLedger(
-            budgets, rates, mechanism, ids=np.arange(self.num_users, dtype=np.int64),
+            budgets,
+            rates,
+            mechanism,
+            ids=np.arange(self.num_users, dtype=np.int64),
             orders=ORDERS,
         )
         #: The round whose users are decided (and charged): (t, active, taking).
@@ -352,8 +381,9 @@ class LedgerServer(UldpServer):
             active = np.asarray(pending["active"], dtype=bool)
             taking = np.asarray(pending["taking"], dtype=bool)
             if active.shape != (self.num_users,) or taking.shape != active.shape:
-                raise ValueError("server state: the pending round's user masks have the wrong "
-                                 "shape")
+                raise ValueError(
+                    "server state: the pending round's user masks have the wrong shape"
+                )
             self._pending = (int(pending["round"]), active, taking)
 
 
@@ -376,8 +406,9 @@ class SamplingServer(LedgerServer):
     #: Each silo adds a share σ²C²/t of the noise (pdpfl.fl.aggregation.share_threshold).
     distributed_noise: ClassVar[bool] = True
 
-    def __init__(self, initial_params: Params, setup: UldpSetup, *, personal: bool,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self, initial_params: Params, setup: UldpSetup, *, personal: bool, **kwargs: Any
+    ) -> None:
         super().__init__(initial_params, setup, **kwargs)
         self.personal = bool(personal)
         self.enforces_budgets = self.personal
@@ -387,7 +418,8 @@ class SamplingServer(LedgerServer):
         #: by oblivious transfer carry the user's weight; the server draws no coins, sends no
         #: user mask and never learns the sample (None: Algorithm 4 at the server).
         self.private_sampling: tuple[int, int] | None = (
-            (round(float(self.rates[0]) * p), p) if p else None)
+            (round(float(self.rates[0]) * p), p) if p else None
+        )
         total_rate = float(self.rates.sum())
         if total_rate <= 0:
             raise ValueError("budgets: no user can be sampled (every q_u = 0)")

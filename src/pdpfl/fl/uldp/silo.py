@@ -128,14 +128,16 @@ class UldpSilo(Silo):
         )
 
     # -- noise ---------------------------------------------------------------------------
-    def privatize(self, sums: list[torch.Tensor], round_index: int,
-                  std: float | None = None) -> list[np.ndarray]:
+    def privatize(
+        self, sums: list[torch.Tensor], round_index: int, std: float | None = None
+    ) -> list[np.ndarray]:
         """Add this silo's Gaussian noise N(0, std²) (default ``noise_std``) in float64 (its own
         stream)."""
         return [o.to(torch.float32).numpy() for o in self.noisy(sums, round_index, std)]
 
-    def noisy(self, sums: list[torch.Tensor], round_index: int,
-              std: float | None = None) -> list[torch.Tensor]:
+    def noisy(
+        self, sums: list[torch.Tensor], round_index: int, std: float | None = None
+    ) -> list[torch.Tensor]:
         """``sums`` + N(0, std²) per coordinate (default ``noise_std``) in float64 from the
         silo's own stream."""
         from pdpfl.dp.steps import noisy_normalised_sum
@@ -202,8 +204,9 @@ class GroupSilo(UldpSilo):
 
     needs_user_ids = True
 
-    def __init__(self, client_id: int, model: torch.nn.Module, data: Any, setup: GroupSetup,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self, client_id: int, model: torch.nn.Module, data: Any, setup: GroupSetup, **kwargs: Any
+    ) -> None:
         super().__init__(client_id, model, data, setup, **kwargs)
         self.group_setup = setup
         quota = np.asarray(setup.group_quota, dtype=np.int64)
@@ -225,8 +228,11 @@ class GroupSilo(UldpSilo):
 
         set_params(self.model, global_params)
         opt = make_optimizer(
-            self.optimizer, self.model.parameters(), lr=self.lr,
-            weight_decay=self.weight_decay, momentum=self.momentum,
+            self.optimizer,
+            self.model.parameters(),
+            lr=self.lr,
+            weight_decay=self.weight_decay,
+            momentum=self.momentum,
         )
         idx = torch.as_tensor(self.kept, dtype=torch.long)
         result = train_steps(
@@ -245,7 +251,11 @@ class GroupSilo(UldpSilo):
         )
         self.last_train_loss = float(result.mean_loss)
         new = get_params(self.model)
-        return Contribution(update=[
-            (np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)).astype(np.float32)
-            for a, b in zip(new, global_params, strict=True)
-        ])
+        return Contribution(
+            update=[
+                (np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)).astype(
+                    np.float32
+                )
+                for a, b in zip(new, global_params, strict=True)
+            ]
+        )

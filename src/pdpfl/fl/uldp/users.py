@@ -65,13 +65,23 @@ class UserLevelSilo(UldpSilo):
     #: ... and the stream of round t's coins (the same for every silo holding them).
     extra_coins: Callable[[int], RandomStream] | None = None
 
-    def __init__(self, client_id: int, model: torch.nn.Module, data: Any,
-                 setup: UserLevelSetup, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        client_id: int,
+        model: torch.nn.Module,
+        data: Any,
+        setup: UserLevelSetup,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(client_id, model, data, setup, **kwargs)
         self.user_setup = setup
         #: w_{s,u} of this silo's users (None for private weights: only the protocol has them).
         self.user_weights = silo_weights(
-            setup.weights, self.counts, self.users, self.num_silos, setup.user_totals,
+            setup.weights,
+            self.counts,
+            self.users,
+            self.num_silos,
+            setup.user_totals,
             self.client_id,
         )
 
@@ -102,8 +112,9 @@ class UserLevelSilo(UldpSilo):
         """The user's vector from its trained delta (AVG: the delta itself)."""
         return deltas
 
-    def user_vectors(self, global_params: Params, positions: np.ndarray, round_index: int
-                     ) -> list[torch.Tensor]:
+    def user_vectors(
+        self, global_params: Params, positions: np.ndarray, round_index: int
+    ) -> list[torch.Tensor]:
         """Δ_{s,u} for the users at ``positions`` (step 1), stacked as one (K, *shape) tensor
         per parameter."""
         from pdpfl.dp.batched import train_copies
@@ -129,8 +140,9 @@ class UserLevelSilo(UldpSilo):
         # trained on training.device; clipping, weighting and noise run on the CPU
         return self.finish_vectors([d.cpu() for d in deltas])
 
-    def clipped_vectors(self, global_params: Params, positions: np.ndarray, round_index: int
-                        ) -> list[torch.Tensor]:
+    def clipped_vectors(
+        self, global_params: Params, positions: np.ndarray, round_index: int
+    ) -> list[torch.Tensor]:
         """Steps 1-2: Clip(Δ_{s,u}, C) of the users at ``positions``."""
         from pdpfl.dp.steps import clip_vectors
 
@@ -170,8 +182,9 @@ class UserLevelSilo(UldpSilo):
         if self.extra_rows is not None and self.extra_coins is not None:  # audit canary users
             bound = self.extra_weight * float(self.setup.max_grad_norm)  # w·Clip(Δ, C), Dirac
             self.extra_rows.add_sampled(sums, self.extra_coins(plan.round_index), bound)
-        return Contribution(update=self.privatize(sums, plan.round_index,
-                                                  self.share_std(plan.config)))
+        return Contribution(
+            update=self.privatize(sums, plan.round_index, self.share_std(plan.config))
+        )
 
     # -- ULDP-FL private weighting (Protocol 1): what the silo supplies, never sent itself ---
     def user_histogram(self) -> np.ndarray:
@@ -180,8 +193,7 @@ class UserLevelSilo(UldpSilo):
         hist[self.users] = self.counts
         return hist
 
-    def user_updates(self, global_params: Params, round_index: int, config: Scalars
-                     ) -> UserUpdates:
+    def user_updates(self, global_params: Params, round_index: int, config: Scalars) -> UserUpdates:
         """Clip(Δ_{s,u}, C) of this round's users, flattened, and the silo's noise z_s
         (Alg. 3 lines 10-17 without the weighting, which the protocol does encrypted).
 
@@ -189,8 +201,10 @@ class UserLevelSilo(UldpSilo):
         from pdpfl.fl.aggregation.private_weighting import UserUpdates
 
         if self.user_setup.weights != "private":
-            raise ValueError("weights: private applies to uldp-avg / uldp-sgd configured with "
-                             "algorithm.weights: private")
+            raise ValueError(
+                "weights: private applies to uldp-avg / uldp-sgd configured with "
+                "algorithm.weights: private"
+            )
         plan = self.begin_round(round_index, config)
         t = plan.round_index
         shapes = [tuple(np.shape(p)) for p in global_params]
@@ -204,10 +218,13 @@ class UserLevelSilo(UldpSilo):
         else:
             deltas = np.zeros((0, d))
         zeros = [torch.zeros(s, dtype=torch.float64) for s in shapes]
-        noise = np.concatenate([np.asarray(z, dtype=np.float64).ravel()
-                                for z in self.noisy(zeros, t, self.share_std(plan.config))])
-        return UserUpdates(users=self.users[positions].astype(np.int64), deltas=deltas,
-                           noise=noise)
+        noise = np.concatenate(
+            [
+                np.asarray(z, dtype=np.float64).ravel()
+                for z in self.noisy(zeros, t, self.share_std(plan.config))
+            ]
+        )
+        return UserUpdates(users=self.users[positions].astype(np.int64), deltas=deltas, noise=noise)
 
 
 class AvgSilo(UserLevelSilo):

@@ -74,8 +74,12 @@ def check_weights(weights: np.ndarray) -> None:
 
 
 def silo_weights(
-    kind: str, counts: np.ndarray, users: np.ndarray, num_silos: int,
-    totals: tuple[int, ...] | None, silo: int,
+    kind: str,
+    counts: np.ndarray,
+    users: np.ndarray,
+    num_silos: int,
+    totals: tuple[int, ...] | None,
+    silo: int,
 ) -> np.ndarray | None:
     """w_{s,u} of one silo's users (``counts`` n_{s,u} of ``users``), computed at the silo.
 

@@ -119,8 +119,16 @@ def release_key(round_index: int, params: Any, config: Any) -> str:
     return key(round_index, params, config)
 
 
-def _diverged(msg: Message, silo: Any, err: TrainingDiverged, action: str, round_index: int,
-              compute_s: float, age: Any, evaluation: MetricRecord | None = None) -> Message:
+def _diverged(
+    msg: Message,
+    silo: Any,
+    err: TrainingDiverged,
+    action: str,
+    round_index: int,
+    compute_s: float,
+    age: Any,
+    evaluation: MetricRecord | None = None,
+) -> Message:
     """The reply of a silo whose training diverged: nothing released, only where and why
     (public: the run stops for everyone), and the evaluation it was asked for with it. Its
     charges are on its disk first."""
@@ -160,8 +168,16 @@ def _hello(msg: Message, context: Context) -> Message:
     )
 
 
-def _evaluation(client: Any, silo: Any, params: Any, round_index: int, config: Any,
-                age: Any, *, persist: bool = True) -> MetricRecord:
+def _evaluation(
+    client: Any,
+    silo: Any,
+    params: Any,
+    round_index: int,
+    config: Any,
+    age: Any,
+    *,
+    persist: bool = True,
+) -> MetricRecord:
     """Evaluate ``params`` on the silo's test split: ``loss``, ``accuracy``, ``n`` only."""
     t0 = time.perf_counter()
     with silo.threads():
@@ -192,8 +208,13 @@ def _train(msg: Message, context: Context) -> Message:
         # (the previous round's global model): evaluate first, as the simulator does.
         first = msg.content.config_records[EVALUATE_FIRST]
         evaluation = _evaluation(
-            client, silo, params, int(cast(int, first["round"])), config_to_scalars(
-                msg.content.config_records[EVALUATE_FIRST + ".config"]), age, persist=False
+            client,
+            silo,
+            params,
+            int(cast(int, first["round"])),
+            config_to_scalars(msg.content.config_records[EVALUATE_FIRST + ".config"]),
+            age,
+            persist=False,
         )
         age = None
     key = release_key(round_index, params, config)
@@ -206,8 +227,16 @@ def _train(msg: Message, context: Context) -> Message:
             with silo.threads():
                 contribution = client.fit(params, round_index, config)
         except TrainingDiverged as err:  # NonFiniteError: nothing was released
-            return _diverged(msg, silo, err, "fit-diverged", round_index,
-                             time.perf_counter() - t0, age, evaluation)
+            return _diverged(
+                msg,
+                silo,
+                err,
+                "fit-diverged",
+                round_index,
+                time.perf_counter() - t0,
+                age,
+                evaluation,
+            )
         if type(contribution) is not Contribution:
             raise PrivacyBoundaryError(
                 f"the silo's algorithm returned a {type(contribution).__name__}, not a Contribution"
@@ -258,8 +287,15 @@ def _stage(msg: Message, context: Context) -> Message:
                 protocol, name, payload, round_index, SiloContext(client, silo.silo, silo.memory)
             )
     except TrainingDiverged as err:  # a stage that trains: nothing was released
-        return _diverged(msg, silo, err, f"stage:{protocol}/{name}-diverged", round_index,
-                         time.perf_counter() - t0, age)
+        return _diverged(
+            msg,
+            silo,
+            err,
+            f"stage:{protocol}/{name}-diverged",
+            round_index,
+            time.perf_counter() - t0,
+            age,
+        )
     compute_s = time.perf_counter() - t0
     if not isinstance(out, dict):
         raise TypeError(
@@ -481,8 +517,11 @@ def _main(grid: Grid, context: Context) -> None:
             flower_dir / RESULT_FILE,
             {
                 "status": "ok" if diverged is None else "diverged",
-                **({} if diverged is None else {"error": str(diverged),
-                                                "diverged": diverged.to_dict()}),
+                **(
+                    {}
+                    if diverged is None
+                    else {"error": str(diverged), "diverged": diverged.to_dict()}
+                ),
                 "run_key": run_key,
                 "silo_nodes": {str(s): str(n) for s, n in sorted(silo_nodes.items())},
                 "lost": {str(s): why for s, why in sorted(transport.lost.items())},

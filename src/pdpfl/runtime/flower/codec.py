@@ -62,7 +62,7 @@ def records_to_contribution(names: set[str] | frozenset[str], record_dict: Any) 
     for key, value in values.items():
         if not key.startswith(_METRIC_PREFIX):
             raise PrivacyBoundaryError(f"a train reply carries the undeclared field {key!r}")
-        metrics[key[len(_METRIC_PREFIX):]] = float(value)
+        metrics[key[len(_METRIC_PREFIX) :]] = float(value)
     return Contribution(
         update=record_to_params(record_dict.array_records["update"]), weight=weight, metrics=metrics
     )

@@ -44,6 +44,7 @@ def config_digest(config_dict: dict[str, Any]) -> str:
     text = json.dumps(data, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
+
 DEFAULT_HOOKS = "pdpfl.runtime.flower.hooks:PDPFL_HOOKS"
 
 
@@ -235,8 +236,14 @@ def _build_client(
     algorithm = as_algorithm(config.algorithm)
     info = FederationInfo.from_dict(public["info"])
     setup = algorithm.setup_type.from_dict(public["setup"])
-    return algorithm.client(config, silo, _silo_data(config, silo, node_config), info, setup,
-                            party_randomness(config, f"silo-{silo}"))
+    return algorithm.client(
+        config,
+        silo,
+        _silo_data(config, silo, node_config),
+        info,
+        setup,
+        party_randomness(config, f"silo-{silo}"),
+    )
 
 
 def _run(

@@ -302,8 +302,14 @@ def run_flower(
     if run_timeout_s is None:
         run_timeout_s = startup_timeout_s + 2 * rounds * round_timeout_s + 60.0
     run_config = app_run_config(
-        spec.config_to_dict(config), out, resume, hooks=hooks, round_timeout_s=round_timeout_s,
-        startup_timeout_s=startup_timeout_s, min_silos=min_silos, prefetch=prefetch,
+        spec.config_to_dict(config),
+        out,
+        resume,
+        hooks=hooks,
+        round_timeout_s=round_timeout_s,
+        startup_timeout_s=startup_timeout_s,
+        min_silos=min_silos,
+        prefetch=prefetch,
     )
     app_dir = write_app(flower_dir / "app", run_config)
     node_configs = silo_node_configs(flower_dir, num_silos, data_dirs=data_dirs, hooks=hooks)
@@ -331,7 +337,9 @@ def run_flower(
     finally:
         display.close()
     return collect_result(
-        config, out, num_silos,
+        config,
+        out,
+        num_silos,
         missing=f"flwr run exit code {code}; see {flower_dir}/flwr-run.log and superlink.log",
     )
 
@@ -350,8 +358,9 @@ def collect_result(config: Any, out: Path, num_silos: int, *, missing: str) -> d
         raise FlowerRunError(f"the Flower run failed: {result.get('error')}")
     _collect_ledgers(flower_dir, out, result.get("run_key", ""), num_silos)
     summary = result.get("summary") or {}
-    summary = _operator_summary(config, summary, flower_dir, out, result.get("run_key", ""),
-                                num_silos)
+    summary = _operator_summary(
+        config, summary, flower_dir, out, result.get("run_key", ""), num_silos
+    )
     raise_if_diverged(result, summary)
     return summary
 
@@ -454,5 +463,6 @@ def _collect_ledgers(flower_dir: Path, out: Path, run_key: str, num_silos: int) 
         if src.exists():
             (out / "ledgers").mkdir(parents=True, exist_ok=True)
             ledger = load_ledger(src, party=f"silo-{i}")
-            save_ledger(ledger, out / "ledgers" / f"client_{i}.npz",
-                        identity=f"flower-run-{run_key}")
+            save_ledger(
+                ledger, out / "ledgers" / f"client_{i}.npz", identity=f"flower-run-{run_key}"
+            )

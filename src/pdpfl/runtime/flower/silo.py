@@ -239,8 +239,12 @@ class Silo:
         return hashlib.sha256(self.identity.encode()).hexdigest()[:32]
 
     def _seal(self, payload: bytes, purpose: str) -> bytes:
-        return seal(payload, purpose=purpose, identity=f"{self.identity}@{self.generation}",
-                    party=self.party)
+        return seal(
+            payload,
+            purpose=purpose,
+            identity=f"{self.identity}@{self.generation}",
+            party=self.party,
+        )
 
     def _unseal(self, path: Path, purpose: str, generation: int | None) -> tuple[bytes, int]:
         """The payload of a sealed state file and its generation (IntegrityError otherwise).
@@ -374,8 +378,12 @@ class Silo:
         write_bytes(self.state_path, self._seal(encode_state(client.state_dict()), "silo-state"))
         ledger = getattr(client, "ledger", None)
         if isinstance(ledger, PrivacyLedger):
-            save_ledger(ledger, self.folder / f"ledger-silo-{self.silo}.npz", identity=ident,
-                        party=self.party)
+            save_ledger(
+                ledger,
+                self.folder / f"ledger-silo-{self.silo}.npz",
+                identity=ident,
+                party=self.party,
+            )
         # The silo's own privacy report: stays on this disk (never in a reply).
         report = client.privacy_summary()
         if isinstance(report, PrivacySummary):
@@ -384,15 +392,17 @@ class Silo:
             write_json(self.folder / f"privacy-summary-silo-{self.silo}.json", _finite(report))
         public = self.memory.get(PUBLIC_MEMORY)
         if public or self.public_memory_path.exists():
-            write_bytes(self.public_memory_path,
-                        self._seal(encode_memory(public or {}), "protocol-public"))
+            write_bytes(
+                self.public_memory_path, self._seal(encode_memory(public or {}), "protocol-public")
+            )
         if not is_warm():
             storable = {
                 k: v for k, v in self.memory.items() if k != PUBLIC_MEMORY and not holds_secrets(k)
             }
             if storable or self.memory_path.exists():
-                write_bytes(self.memory_path, self._seal(encode_memory(storable),
-                                                         "protocol-memory"))
+                write_bytes(
+                    self.memory_path, self._seal(encode_memory(storable), "protocol-memory")
+                )
         if self.releases or self.releases_path.exists():
             write_bytes(self.releases_path, self._seal(encode_state(self.releases), "releases"))
         record_progress(self.mark_id, self.generation, self.party)
@@ -425,8 +435,9 @@ class SiloHost:
             return
         stack = ExitStack()
         wait = 0.0 if is_warm() else PER_MESSAGE_LOCK_WAIT_S
-        stack.enter_context(folder_lock(folder, option="--state-dir", wait_s=wait,
-                                        name=f".pdpfl-silo-{index}.lock"))
+        stack.enter_context(
+            folder_lock(folder, option="--state-dir", wait_s=wait, name=f".pdpfl-silo-{index}.lock")
+        )
         self._locks[(str(folder), index)] = stack
 
     def _release_unused(self) -> None:

@@ -95,8 +95,9 @@ def load_plan() -> dict[str, Any]:
     return _read_plan(path, Path(path).stat().st_mtime_ns)
 
 
-def _context(context: Context, run_config: Mapping[str, Any],
-             node_config: Mapping[str, Any]) -> Context:
+def _context(
+    context: Context, run_config: Mapping[str, Any], node_config: Mapping[str, Any]
+) -> Context:
     return Context(
         run_id=context.run_id,
         node_id=context.node_id,
@@ -177,11 +178,13 @@ def check_simulation(config: Any, hooks: str = DEFAULT_HOOKS) -> None:
             f"algorithm.name: {algorithm.name!r} runs only in the in-process simulator; "
             "use runtime: simulation"
         )
-    resources = getattr(getattr(getattr(config, "flower", None), "simulation", None),
-                        "client_resources", None)
+    resources = getattr(
+        getattr(getattr(config, "flower", None), "simulation", None), "client_resources", None
+    )
     if resources is not None:
-        check_resources(resources.num_cpus, resources.num_gpus,
-                        "flower.simulation.client_resources")
+        check_resources(
+            resources.num_cpus, resources.num_gpus, "flower.simulation.client_resources"
+        )
     if not hasattr(config, "aggregation"):
         return
     from pdpfl.fl.aggregation import holds_secrets, protocol_from_config
@@ -226,8 +229,11 @@ def backend_config(client_resources: Mapping[str, float] | None) -> dict[str, An
     resources = {"num_cpus": 1.0, "num_gpus": 0.0, **dict(client_resources or {})}
     return {
         "client_resources": {k: float(v) for k, v in resources.items()},
-        "init_args": {"include_dashboard": False, "log_to_driver": False,
-                      "logging_level": logging.WARNING},
+        "init_args": {
+            "include_dashboard": False,
+            "log_to_driver": False,
+            "logging_level": logging.WARNING,
+        },
     }
 
 
@@ -353,8 +359,10 @@ def run_flower_simulation(
     num_silos = spec.num_silos(config)
     if startup_timeout_s is None:
         startup_timeout_s = default_startup_timeout(num_silos)
-    for name, value in (("round_timeout_s", round_timeout_s),
-                        ("startup_timeout_s", startup_timeout_s)):
+    for name, value in (
+        ("round_timeout_s", round_timeout_s),
+        ("startup_timeout_s", startup_timeout_s),
+    ):
         if not value > 0:
             raise ValueError(f"{name}: must be > 0, got {value}")
     if client_resources is None:
@@ -363,8 +371,10 @@ def run_flower_simulation(
         if resources is not None:
             client_resources = {"num_cpus": resources.num_cpus, "num_gpus": resources.num_gpus}
     else:
-        check_resources(float(client_resources.get("num_cpus", 1.0)),
-                        float(client_resources.get("num_gpus", 0.0)))
+        check_resources(
+            float(client_resources.get("num_cpus", 1.0)),
+            float(client_resources.get("num_gpus", 0.0)),
+        )
     out = Path(out_dir).resolve()
     check_resume(config, out, resume)
     flower_dir = out / "flower"
@@ -372,8 +382,14 @@ def run_flower_simulation(
     for name in (RESULT_FILE, STATUS_FILE):
         (flower_dir / name).unlink(missing_ok=True)
     run_config = app_run_config(
-        spec.config_to_dict(config), out, resume, hooks=hooks, round_timeout_s=round_timeout_s,
-        startup_timeout_s=startup_timeout_s, min_silos=min_silos, prefetch=prefetch,
+        spec.config_to_dict(config),
+        out,
+        resume,
+        hooks=hooks,
+        round_timeout_s=round_timeout_s,
+        startup_timeout_s=startup_timeout_s,
+        min_silos=min_silos,
+        prefetch=prefetch,
     )
     node_configs = silo_node_configs(flower_dir, num_silos, data_dirs=data_dirs, hooks=hooks)
     plan_path = flower_dir / PLAN_FILE
@@ -382,12 +398,15 @@ def run_flower_simulation(
     display = CoordinatorProgress(out, rounds, num_silos, enabled=progress)
     stop, interrupted = threading.Event(), threading.Event()
     ENGINE_STOPPED.clear()
-    env = {PLAN_ENV: str(plan_path), "FLWR_TELEMETRY_ENABLED": "0",
-           "RAY_DEDUP_LOGS": "0", "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"}
+    env = {
+        PLAN_ENV: str(plan_path),
+        "FLWR_TELEMETRY_ENABLED": "0",
+        "RAY_DEDUP_LOGS": "0",
+        "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0",
+    }
     failure: BaseException | None = None
     try:
-        with (_environment(env), _flower_log(flower_dir / LOG_FILE),
-              _stop_on_signals(interrupted)):
+        with _environment(env), _flower_log(flower_dir / LOG_FILE), _stop_on_signals(interrupted):
             from flwr.simulation import run_simulation
 
             ticker = _ticker(display.tick, stop) if progress else None
@@ -420,8 +439,11 @@ def run_flower_simulation(
         raise FlowerInterrupted(out, len(read_metrics(out)))
     if failure is not None:
         _wait_for(flower_dir / RESULT_FILE, 10.0)  # the stopped ServerApp writes its error
-        result = json.loads((flower_dir / RESULT_FILE).read_text()) if (
-            flower_dir / RESULT_FILE).exists() else {}
+        result = (
+            json.loads((flower_dir / RESULT_FILE).read_text())
+            if (flower_dir / RESULT_FILE).exists()
+            else {}
+        )
         if result.get("status") not in ("ok", "diverged"):
             raise FlowerRunError(
                 f"Flower's Simulation Engine failed ({type(failure).__name__}: {failure}); the "

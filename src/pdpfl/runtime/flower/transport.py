@@ -248,11 +248,14 @@ class FlowerTransport:
                     self.lost[silo] = (
                         f"round {pending.round} {pending.action}: error {reply.error.reason}"
                     )
-                elif (DIVERGED in reply.content.config_records
-                      and pending.action != ACTION_FIT_EVALUATE):
+                elif (
+                    DIVERGED in reply.content.config_records
+                    and pending.action != ACTION_FIT_EVALUATE
+                ):
                     # (an announced training's divergence is raised when its round collects it)
-                    self._diverged(pending.round, pending.action, silo,
-                                   reply.content.config_records[DIVERGED])
+                    self._diverged(
+                        pending.round, pending.action, silo, reply.content.config_records[DIVERGED]
+                    )
                 else:
                     received[silo] = reply.content
                     self._record_message(pending.action, silo, reply.content)

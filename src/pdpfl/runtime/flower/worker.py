@@ -120,8 +120,8 @@ def _component(fab_content: bytes) -> str | None:
     from flwr.common.config import get_fab_config
 
     config = get_fab_config(fab_content)
-    return config.get("tool", {}).get("flwr", {}).get("app", {}).get("components", {}).get(
-        "clientapp"
+    return (
+        config.get("tool", {}).get("flwr", {}).get("app", {}).get("components", {}).get("clientapp")
     )
 
 
