@@ -14,7 +14,8 @@ budget accountant; IDP-FedAvg's and PriFedSync's stop rules are the same duty fo
    runs, so no contribution can leave before its cost is on the books (a step that fails leaves
    the charge: over-counting is safe, under-counting never happens);
 6. **release** -- the step's :class:`~pdpfl.fl.api.Contribution` is checked against the privacy
-   boundary (only declared fields, finite numbers) before it is returned;
+   boundary (the gate of :mod:`pdpfl.fl.messages`: only declared fields, float32 arrays of the
+   model's shapes, finite numbers) before it is returned;
 7. **resume** -- :meth:`Silo.state_dict`/:meth:`Silo.load_state_dict` carry the counters, the
    ledger and the algorithm's own state (:meth:`Silo.extra_state`).
 
@@ -28,6 +29,7 @@ holds threads, locks or process-global caches.
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -35,8 +37,9 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 import numpy as np
 
-from pdpfl.errors import LIKELY_CAUSES, TrainingDiverged
+from pdpfl.errors import TrainingDiverged
 from pdpfl.fl.api import Contribution, Params, Scalars, check_contribution
+from pdpfl.fl.messages import nonfinite_metric_cause, nonfinite_update_cause
 from pdpfl.ledger import PrivacyLedger, PrivacySummary
 
 __all__ = ["BatchedSilo", "NonFiniteError", "RoundPlan", "Silo"]
@@ -47,6 +50,14 @@ R = TypeVar("R")
 
 class NonFiniteError(TrainingDiverged):
     """A silo's update or metric is not finite: nothing is released (the run stops)."""
+
+
+def _nonfinite(value: object) -> bool:
+    return (
+        isinstance(value, int | float | np.number)
+        and not isinstance(value, bool)
+        and not math.isfinite(float(value))
+    )
 
 
 @dataclass(frozen=True)
@@ -142,30 +153,41 @@ class Silo(ABC):
         self._account(active, joins)  # write-ahead: charged before the step runs
         return RoundPlan(t, active, joins, dict(config))
 
-    def release(self, contribution: Contribution) -> Contribution:
-        """Step 6: only a finite :class:`Contribution` with declared metrics leaves the silo."""
-        check_contribution(contribution, self.public_metrics)
-        for k, u in enumerate(contribution.update):
-            if not np.all(np.isfinite(np.asarray(u))):
-                raise NonFiniteError(
-                    f"its update of parameter {k} is not finite, so nothing was released; "
-                    f"likely {LIKELY_CAUSES}",
-                    round_index=self.next_round - 1,
-                    silo=self.client_id,
-                )
-        for key, value in contribution.metrics.items():
-            if not np.isfinite(float(value)):
-                raise NonFiniteError(
-                    f"its metric {key!r} is not finite, so nothing was released",
-                    round_index=self.next_round - 1,
-                    silo=self.client_id,
-                )
-        return contribution
+    def release(self, contribution: Contribution, params: Params | None = None) -> Contribution:
+        """Step 6: only a finite :class:`Contribution` with declared metrics leaves the silo.
+
+        A non-finite update or declared metric is :class:`NonFiniteError` (the run stops,
+        nothing is released); everything else is the gate of the training reply
+        (:func:`~pdpfl.fl.api.check_contribution`; ``params``: the round's global model, whose
+        shapes the update must have).
+        """
+        if type(contribution) is Contribution and isinstance(contribution.update, list):
+            for k, u in enumerate(contribution.update):
+                if isinstance(u, np.ndarray) and u.dtype.kind == "f" and not np.isfinite(u).all():
+                    raise NonFiniteError(
+                        nonfinite_update_cause(k),
+                        round_index=self.next_round - 1,
+                        silo=self.client_id,
+                    )
+            for key, value in dict(contribution.metrics).items():
+                if key in self.public_metrics and _nonfinite(value):
+                    raise NonFiniteError(
+                        nonfinite_metric_cause(key),
+                        round_index=self.next_round - 1,
+                        silo=self.client_id,
+                    )
+        return check_contribution(
+            contribution,
+            self.public_metrics,
+            params=params,
+            silo=self.client_id,
+            round_index=self.next_round - 1,
+        )
 
     def fit(self, global_params: Params, round_index: int, config: Scalars) -> Contribution:
         """The round: :meth:`begin_round`, the algorithm's :meth:`step`, :meth:`release`."""
         plan = self.begin_round(round_index, config)
-        return self.release(self.step(global_params, plan))
+        return self.release(self.step(global_params, plan), global_params)
 
     @abstractmethod
     def step(self, global_params: Params, plan: RoundPlan) -> Contribution:

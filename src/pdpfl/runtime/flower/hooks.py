@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from pdpfl.fl.api import ClientAlgorithm, Scalars, ServerAlgorithm
+from pdpfl.fl.messages import SILO_INFO, MessageId
 
 #: Set (to "1") in a warm worker process: silos stay in memory between messages.
 WARM_ENV = "PDPFL_WARM_WORKER"
@@ -73,6 +74,10 @@ class AppHooks:
         (``on_round(round_index, metrics_line)`` is called after every round).
     finish
         At the server, ``(config, result, out_dir) -> summary``: writes the run's outputs.
+    silo_info_message
+        The declared message (:mod:`pdpfl.fl.messages`) that ``silo_info``'s facts must be:
+        pdpfl's :data:`~pdpfl.fl.messages.SILO_INFO` by default; hooks that send other facts
+        register their own schema and name it here.
     """
 
     config_from_dict: Callable[[dict[str, Any]], Any]
@@ -83,6 +88,7 @@ class AppHooks:
     build_client: Callable[[Any, int, Mapping[str, Any], dict[str, Any]], ClientAlgorithm]
     run: Callable[..., dict[str, Any]]
     finish: Callable[[Any, dict[str, Any], Path], dict[str, Any]]
+    silo_info_message: MessageId = SILO_INFO
 
 
 def load_hooks(spec: str) -> AppHooks:
