@@ -105,7 +105,7 @@ def test_python_int_continuations_keep_the_law(monkeypatch):
     """Force the rare branches: a Laplace counter beyond its vectorized bound (every V ≥ 1) and
     proposals beyond the int64 headroom (|Y| > 3) continue exactly in Python ints."""
     monkeypatch.setattr(dn, "_MAX_VECTOR_V", 1)
-    x = sample_discrete_gaussian(6000, 9, _stream(4))
+    x = sample_discrete_gaussian(4000, 9, _stream(4))
     assert _chi_square_p(x, 9) > 1e-3
 
     class Tight(DiscreteGaussianSpec):
@@ -115,14 +115,14 @@ def test_python_int_continuations_keep_the_law(monkeypatch):
 
     base = discrete_gaussian_spec(9)
     tight = Tight(t=base.t, m=base.m, log2_den=base.log2_den, requested=base.requested)
-    x = sample_discrete_gaussian(6000, tight, _stream(5))
+    x = sample_discrete_gaussian(4000, tight, _stream(5))
     assert np.mean(np.abs(x) > 3) > 0.1  # the continuation ran for many draws
     assert _chi_square_p(x, 9) > 1e-3
 
 
 def test_the_scalar_reference_sampler_has_the_same_law():
     s = _stream(7)
-    x = np.array([sample_discrete_gaussian_exact(Fraction(7, 3), s) for _ in range(3000)])
+    x = np.array([sample_discrete_gaussian_exact(Fraction(7, 3), s) for _ in range(2000)])
     assert _chi_square_p(x, Fraction(7, 3)) > 1e-3
 
 
@@ -201,7 +201,8 @@ _EXACT_PATH = (
     "_py_discrete_laplace",
     "_py_accept",
     "sample_discrete_gaussian_exact",
-    "_laplace_into",
+    "_laplace_counter",
+    "_discrete_laplace",
     "sample_discrete_gaussian",
     "_checked_int64",
 )

@@ -10,7 +10,7 @@ and 2; parameters from :mod:`pdpfl.dp.discrete_params`):
 2. **scale** by γ = 2^k (exact in float64), after clipping the float vector to norm C again
    (a no-op for the clipped vectors callers pass; the exact check below is what guarantees);
 3. **conditional randomized rounding**: each coordinate rounded up with probability equal to its
-   fractional part (53-bit comparisons on the silo's random words), redrawn while
+   fractional part (to 2^-32: 32-bit lanes of the silo's random words), redrawn while
    ‖x̃‖₂² > N_p; the check is exact in integers (:func:`norm_sq_at_most`). After
    :data:`MAX_ROUNDING_TRIES` draws (each fails with probability ≤ β for a clipped input) the
    vector is rounded toward zero and, if the input was not clipped, shrunk by integer steps
@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -59,6 +60,7 @@ __all__ = [
     "hadamard_unrotate",
     "norm_sq_at_most",
     "conditional_round",
+    "conditional_round_rows",
     "round_units",
     "scale_and_round",
 ]
@@ -147,29 +149,100 @@ def norm_sq_at_most(x: np.ndarray, bound: int) -> bool:
     return bool(level[0] <= lim)
 
 
+def _rows_at_most(x: np.ndarray, bounds: np.ndarray) -> np.ndarray:
+    """Row-wise ‖x_i‖₂² ≤ bounds_i, exactly, for a float64 batch of integers (|x| < 2^53): a
+    float64 sum of squares decides when it is clear of the bound by more than its worst-case
+    rounding error (4·(d + 1)·2^-53 relative: d squares and d − 1 additions of non-negative
+    terms, any summation order), :func:`norm_sq_at_most` on the int64 row when it is not."""
+    total = np.einsum("ij,ij->i", x, x)
+    lim = bounds.astype(np.float64)
+    slack = 4.0 * (x.shape[1] + 1) * 2.0**-53
+    out = total <= lim * (1.0 - slack)
+    unclear = np.flatnonzero(~out & (total <= lim * (1.0 + slack)))
+    for i in unclear.tolist():
+        out[i] = norm_sq_at_most(x[i].astype(np.int64), int(bounds[i]))
+    return out
+
+
 def conditional_round(v: np.ndarray, bound_sq: int, stream: RandomStream) -> np.ndarray:
     """An int64 vector x̃ with ‖x̃‖₂² ≤ ``bound_sq`` from the scaled float vector v (module
     docstring, step 3): randomized rounding redrawn up to :data:`MAX_ROUNDING_TRIES` times,
     then the deterministic fallback."""
     v = np.asarray(v, dtype=np.float64)
+    return conditional_round_rows(v.reshape(1, -1), [bound_sq], stream)[0]
+
+
+#: Coordinates rounded per batch of rows (memory: three int64 arrays of this size).
+_ROUND_CHUNK = 1 << 22
+
+
+def conditional_round_rows(
+    rows: np.ndarray, bounds: Sequence[int], stream: RandomStream
+) -> np.ndarray:
+    """:func:`conditional_round` for each row of a (k, d') float batch, row i at ``bounds[i]``
+    (one vectorized draw per attempt for all rows still failing) → int64 (k, d')."""
+    v = np.asarray(rows, dtype=np.float64)
+    if v.ndim != 2:
+        raise ValueError(f"rows: expected a 2-d batch, got shape {v.shape}")
     if not np.all(np.isfinite(v)):
         raise ValueError("vector: contains NaN or infinity")
-    if v.size and float(np.max(np.abs(v))) >= 2.0**62:
-        raise ValueError("vector: a scaled coordinate is beyond 2^62 (the input is not clipped)")
+    if v.size and float(np.max(np.abs(v))) >= 2.0**52:
+        raise ValueError("vector: a scaled coordinate is beyond 2^52 (the input is not clipped)")
+    lims = np.array([int(b) for b in bounds], dtype=np.int64)
+    if lims.shape != (v.shape[0],) or np.any(lims < 0) or np.any(lims >= 2**62):
+        raise ValueError(f"bounds: expected {v.shape[0]} integers in [0, 2^62)")
+    out = np.empty(v.shape, dtype=np.int64)
+    per = max(1, _ROUND_CHUNK // max(1, v.shape[1]))
+    for s in range(0, v.shape[0], per):
+        out[s : s + per] = _round_chunk(v[s : s + per], lims[s : s + per], stream)
+    return out
+
+
+def _round_chunk(v: np.ndarray, lims: np.ndarray, stream: RandomStream) -> np.ndarray:
     low = np.floor(v)
-    # P(round up) = ⌊frac·2^53⌋/2^53 (frac·2^53 < 2^53 is exact; floor exact)
-    thr = np.floor((v - low) * _TWO_53).astype(np.int64)
-    base = low.astype(np.int64)
-    shift = np.uint64(11)
+    # P(round up) = ⌊frac·2^32⌋/2^32: a uint32 lane of the silo's words below the threshold
+    # (v − low can round to 1.0 for tiny negative v: the threshold is capped at 2^32 − 1)
+    thr = np.minimum((v - low) * 4294967296.0, 4294967295.0).astype(np.uint32)
+    out = np.empty(v.shape, dtype=np.int64)
+    todo = np.arange(v.shape[0])
+    d = v.shape[1]
     for _ in range(MAX_ROUNDING_TRIES):
-        up = (stream.words(v.size) >> shift).astype(np.int64) < thr
-        x = base + up
-        if norm_sq_at_most(x, bound_sq):
-            return x
-    x = np.trunc(v).astype(np.int64)  # |x_j| ≤ |v_j|: ‖x‖ ≤ ‖v‖
-    while not norm_sq_at_most(x, bound_sq):
-        x = x - np.sign(x) * (np.abs(x) // 4) - np.sign(x) * (np.abs(x) % 4 > 0)
-    return x
+        if not todo.size:
+            return out
+        lanes = stream.words((todo.size * d + 1) // 2).view(np.uint32)[: todo.size * d]
+        x = low[todo] + (lanes.reshape(todo.size, d) < thr[todo])  # integers in float64
+        ok = _rows_at_most(x, lims[todo])
+        out[todo[ok]] = x[ok].astype(np.int64)
+        todo = todo[~ok]
+    for i in todo.tolist():  # the deterministic fallback (module docstring)
+        x = np.trunc(v[i]).astype(np.int64)  # |x_j| ≤ |v_j|: ‖x‖ ≤ ‖v‖
+        while not norm_sq_at_most(x, int(lims[i])):
+            x = x - np.sign(x) * (np.abs(x) // 4) - np.sign(x) * (np.abs(x) % 4 > 0)
+        out[i] = x
+    return out
+
+
+def _prepare(
+    rows: np.ndarray, params: DiscreteShareParams, rotation_seed: int | None
+) -> np.ndarray:
+    """Steps 1-2 for a (k, d) batch: refuse NaN/inf, clip each row to C again (defensive: callers
+    pass clipped rows; the exact integer check is what guarantees), rotate (one batched
+    transform), scale by γ → float64 (k, d')."""
+    if rows.ndim != 2 or rows.shape[1] != params.dimension:
+        raise ValueError(
+            f"vector: expected {params.dimension} coordinates per vector, got shape {rows.shape}"
+        )
+    if not np.all(np.isfinite(rows)):
+        raise ValueError("vector: contains NaN or infinity")
+    norms = np.linalg.norm(rows, axis=1, keepdims=True)
+    factor = np.ones_like(norms)
+    np.divide(params.clip, norms, out=factor, where=norms > params.clip)
+    rows = rows * factor
+    if params.rotation:
+        if rotation_seed is None:
+            raise ValueError("rotation_seed: required when the rotation is on")
+        rows = hadamard_rotate(rows, rotation_seed, params.padded_dimension)
+    return rows * params.scale
 
 
 def scale_and_round(
@@ -182,20 +255,9 @@ def scale_and_round(
 ) -> np.ndarray:
     """Steps 1-3 for one vector of ``params.dimension`` coordinates → int64 (d',) with
     ‖x̃‖₂² ≤ ``bound_sq`` (default N)."""
-    x = np.asarray(vector, dtype=np.float64).reshape(-1)
-    if x.size != params.dimension:
-        raise ValueError(f"vector: expected {params.dimension} coordinates, got {x.size}")
-    if not np.all(np.isfinite(x)):
-        raise ValueError("vector: contains NaN or infinity")
-    norm = float(np.linalg.norm(x))
-    if norm > params.clip:  # defensive: callers pass clipped vectors; the integer check rules
-        x = x * (params.clip / norm)
-    if params.rotation:
-        if rotation_seed is None:
-            raise ValueError("rotation_seed: required when the rotation is on")
-        x = hadamard_rotate(x, rotation_seed, params.padded_dimension)
+    rows = np.asarray(vector, dtype=np.float64).reshape(1, -1)
     bound = params.l2_sensitivity_sq if bound_sq is None else int(bound_sq)
-    return conditional_round(x * params.scale, bound, stream)
+    return conditional_round(_prepare(rows, params, rotation_seed)[0], bound, stream)
 
 
 def round_units(
@@ -209,19 +271,21 @@ def round_units(
     w_u ∈ [0, 1]) and rounded separately at its part bound N_p(w_u) → int64 (d',).
 
     The ULDP-FL helper (module docstring): every unit's total over the silos stays within the
-    accounted N when its weights sum to at most 1 and ``params.parts`` covers its silos.
+    accounted N when its weights sum to at most 1 and ``params.parts`` covers its silos. The
+    rotation runs once over the whole batch.
     """
     rows = np.asarray(vectors, dtype=np.float64)
-    if rows.ndim != 2 or rows.shape[1] != params.dimension:
+    if rows.ndim != 2:
         raise ValueError(f"vectors: expected shape (k, {params.dimension}), got {rows.shape}")
     w = np.asarray(weights, dtype=np.float64).reshape(-1)
     if w.size != rows.shape[0]:
         raise ValueError(f"weights: expected {rows.shape[0]} weights, got {w.size}")
-    total = np.zeros(params.padded_dimension, dtype=np.int64)
-    for row, weight in zip(rows, w, strict=True):
-        bound = params.part_bound_sq(float(weight))
-        total += scale_and_round(row * weight, params, stream, rotation_seed, bound_sq=bound)
-    return total
+    bounds = [params.part_bound_sq(float(weight)) for weight in w]  # validates the weights
+    scaled = _prepare(rows * w[:, None], params, rotation_seed)
+    if not scaled.shape[0]:
+        return np.zeros(params.padded_dimension, dtype=np.int64)
+    rounded = conditional_round_rows(scaled, bounds, stream)
+    return rounded.sum(axis=0)  # |Σ| ≤ k·2^31 per coordinate: no int64 overflow
 
 
 # ----------------------------------------------------------------------------- noise and ring
