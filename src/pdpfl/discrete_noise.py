@@ -33,10 +33,11 @@ k is chosen (:func:`discrete_gaussian_spec`) so that the denominator stays below
 numerator fits int64 for every |Y| ≤ ``y_safe`` (at least 64·t when σ ≲ 4.8·10^7; then
 P(|Y| > y_safe) ≤ e^{−64} per proposal): the vectorized path runs in numpy int64, drawing
 proposals in batches and keeping the accepted ones in index order (a choice that depends only on
-the acceptance coins, so the kept draws are i.i.d. from the target law). A draw whose intermediate values could leave int64 -- |Y| > y_safe, a Laplace
-counter V beyond its bound, or any σ so large that even D = 1 overflows -- is continued (from the
-same state, never restarted: restarting would bias the law) by the exact Python-int transcription
-of the same algorithm. Exactness therefore never depends on luck; only speed does.
+the acceptance coins, so the kept draws are i.i.d. from the target law). A draw whose
+intermediate values could leave int64 -- |Y| > y_safe, a Laplace counter V beyond its bound, or
+any σ so large that even D = 1 overflows -- is continued (from the same state, never restarted:
+restarting would bias the law) by the exact Python-int transcription of the same algorithm.
+Exactness therefore never depends on luck; only speed does.
 
 Speed: see ``benchmarks/discrete_noise.py`` (samples/s against the secure float normals).
 
