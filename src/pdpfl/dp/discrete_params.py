@@ -62,6 +62,7 @@ and puts :meth:`DiscreteShareParams.summary` into ``summary.json``; each silo en
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
@@ -255,11 +256,15 @@ def _wrap_bound(
 
 
 def _check_int(value: object, name: str, low: int, high: int | None = None) -> int:
-    ok = not isinstance(value, bool) and isinstance(value, int)
-    if not ok or int(value) < low or (high is not None and int(value) > high):  # type: ignore[call-overload]
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, numbers.Integral)
+        or int(value) < low
+        or (high is not None and int(value) > high)
+    ):
         upper = f" and <= {high}" if high is not None else ""
         raise ValueError(f"{name}: must be an integer >= {low}{upper}, got {value!r}")
-    return int(value)  # type: ignore[call-overload]
+    return int(value)
 
 
 def _check_real(value: object, name: str, low: float, high: float | None, strict: bool) -> float:
@@ -322,7 +327,9 @@ def discrete_share_params(
     max_inflation
         The largest accepted √N/(γC) − 1, ≥ 0.
     prefix
-        Prefix of the configuration field names in error messages (``secure.``).
+        Prefix of the configuration field names ``bits``, ``beta``, ``max_wrap`` and
+        ``max_inflation`` in error messages (``secure.``); the other arguments are named as
+        they are here (the caller maps them to its configuration).
 
     Raises
     ------
