@@ -33,8 +33,8 @@ a zero vector (≈ √d'/2 each).
 Noise. Each share carries σ_s² = σ²·N/t (rounded up by the exact sampler, recorded), so every
 released sum of at least t survivors holds noise of multiplier ≥ σ relative to the accounted
 sensitivity √N; the ledger charges :meth:`DiscreteShareParams.plan`
-(:class:`~pdpfl.privacy.unit.SampledDiscreteGaussianPlan`: the distributed discrete bound, never
-the continuous one).
+(:class:`~pdpfl.privacy.discrete_plan.SampledDiscreteGaussianPlan`: the distributed discrete
+bound, never the continuous one).
 
 Modular clipping (wrapping is post-processing of the exact integer sum: it costs utility, never
 privacy). A coordinate of the sum of m ≤ n survivors wraps iff it leaves [−2^{b−1}, 2^{b−1}).
@@ -69,7 +69,8 @@ from typing import Any
 
 from pdpfl.discrete_noise import DiscreteGaussianSpec, discrete_gaussian_spec
 from pdpfl.privacy.discrete import sum_log_ratio_bound
-from pdpfl.privacy.unit import PrivacyUnit, SampledDiscreteGaussianPlan
+from pdpfl.privacy.discrete_plan import SampledDiscreteGaussianPlan
+from pdpfl.privacy.unit import PrivacyUnit
 
 __all__ = ["DiscreteShareParams", "discrete_share_params", "rounding_bound_sq"]
 

@@ -24,6 +24,7 @@ from pdpfl.privacy.discrete import (
     discrete_gaussian_rdp,
     distributed_discrete_gaussian_rdp,
 )
+from pdpfl.privacy.discrete_plan import SampledDiscreteGaussianPlan
 from pdpfl.privacy.gdp import compose_gdp, gaussian_tradeoff, gdp_delta, gdp_epsilon
 from pdpfl.privacy.gdp_clt import GdpCltAccountant
 from pdpfl.privacy.mechanisms import (
@@ -53,7 +54,6 @@ from pdpfl.privacy.two_stage import plan_epsilon, plan_rdp, round_rdp
 from pdpfl.privacy.unit import (
     GroupPlan,
     LocalStepsPlan,
-    SampledDiscreteGaussianPlan,
     SampledGaussianPlan,
     UnitMechanism,
 )
