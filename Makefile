@@ -42,7 +42,7 @@ demo: $(STAMP)
 
 # Each script prints one JSON object; numbers, commands and the machine are in benchmarks/RESULTS.md.
 BENCHMARKS := accounting calibration gdp_mechanisms dpsgd data federated flower pld secure_sum uldp \
-	validation
+	validation discrete_noise
 bench: $(STAMP)
 	@for b in $(BENCHMARKS); do echo "== benchmarks/$$b.py"; $(BIN)/python benchmarks/$$b.py --json || exit 1; done
 

@@ -17,9 +17,20 @@ is an upper bound.
 * ``TwoStageRound(λ, local)`` → :func:`~pdpfl.privacy.rdp.two_stage_rdp` (rPDP-FL Lemma 6;
   by joint convexity of exp((α−1)D_α) the bound holds for any local mechanism);
 * ``Sequence(e_1, …)`` → Σ ρ_{e_i} (rows broadcast: all rate arrays must have equal length);
+* ``DistributedDiscreteGaussian`` (a sum of discrete Gaussian shares, integer units) →
+  :func:`~pdpfl.privacy.discrete.distributed_discrete_gaussian_rdp` (Kairouz, Liu & Steinke
+  2021 with explicit constants), one row;
+* ``PoissonSampled(q, DistributedDiscreteGaussian)`` → the sub-sampling bound of
+  :func:`~pdpfl.privacy.subsampled.poisson_subsampled_rdp` (Zhu & Wang 2019's binomial
+  expansion; the removal direction is dominated for this symmetric mechanism, proved there),
+  one row per rate;
 * ``GroupPrivacy(e, k, conversion)`` (outermost, possibly inside ``Composed``) → the group
   conversion of e's RDP curve: Lemma 9 (``rdp``), Lemma 4 + Lemma 8 with the optimal inner δ'
   (``dp``) or the smaller (``best``) (:mod:`pdpfl.privacy.group`).
+
+The distributed discrete Gaussian is refused by the ``pld`` and ``gdp-clt`` accountants
+(``supports`` is False there; :func:`mechanism_epsilon` raises
+:class:`~pdpfl.privacy.registry.UnsupportedEventError`).
 
 Anything else (e.g. subsampling a composition) is not supported (``supports`` is False, and
 :meth:`RdpAccountant.rdp` raises a ValueError naming the structure).
@@ -48,9 +59,11 @@ from numpy.typing import ArrayLike
 from pdpfl.privacy._search_orders import min_epsilon
 from pdpfl.privacy.adversary import Adversary, as_adversary
 from pdpfl.privacy.conversion import rdp_to_delta, rdp_to_epsilon
+from pdpfl.privacy.discrete import distributed_discrete_gaussian_rdp
 from pdpfl.privacy.group import group_epsilon_dp, group_epsilon_from_rdp, group_orders
 from pdpfl.privacy.mechanisms import (
     Composed,
+    DistributedDiscreteGaussian,
     GaussianMechanism,
     GroupPrivacy,
     Mechanism,
@@ -71,6 +84,7 @@ from pdpfl.privacy.registry import (
     make_accountant,
     register_accountant,
 )
+from pdpfl.privacy.subsampled import poisson_subsampled_rdp
 from pdpfl.privacy.wor import WOR_ORDERS, wor_gaussian_rdp_any_order
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -170,9 +184,11 @@ class RdpAccountant:
         return self._supports_curve(event)
 
     def _supports_curve(self, event: Mechanism) -> bool:
-        if isinstance(event, GaussianMechanism):
+        if isinstance(event, GaussianMechanism | DistributedDiscreteGaussian):
             return True
-        if isinstance(event, PoissonSampled | SampledWithoutReplacement):
+        if isinstance(event, PoissonSampled):
+            return isinstance(event.inner, GaussianMechanism | DistributedDiscreteGaussian)
+        if isinstance(event, SampledWithoutReplacement):
             return isinstance(event.inner, GaussianMechanism)
         if isinstance(event, Composed):
             return self._supports_curve(event.inner)
@@ -190,9 +206,15 @@ class RdpAccountant:
     def _rdp(self, event: Mechanism, a: np.ndarray) -> np.ndarray:
         if isinstance(event, GaussianMechanism):
             return (a / (2.0 * event.noise_multiplier**2))[None, :]
+        if isinstance(event, DistributedDiscreteGaussian):
+            return _ddg_curve(event)(a)[None, :]
         if isinstance(event, PoissonSampled):
             if isinstance(event.inner, GaussianMechanism):
                 return poisson_gaussian_rdp(event.rates, event.inner.noise_multiplier, a)
+            if isinstance(event.inner, DistributedDiscreteGaussian):
+                # symmetric pairs: the removal direction is dominated (subsampled.py lemma)
+                curve = _ddg_curve(event.inner)
+                return poisson_subsampled_rdp(event.rates, curve, a, symmetric=True)
             raise self._unsupported(event)
         if isinstance(event, SampledWithoutReplacement):
             if isinstance(event.inner, GaussianMechanism):
@@ -228,7 +250,8 @@ class RdpAccountant:
     def _unsupported(event: Mechanism) -> ValueError:
         return ValueError(
             f"RdpAccountant cannot interpret {outline(event, 1)}: sampling is supported "
-            "only directly around a GaussianMechanism"
+            "only directly around a GaussianMechanism (Poisson sampling also around a "
+            "DistributedDiscreteGaussian)"
         )
 
     # ------------------------------------------------------------------ conversions
@@ -313,6 +336,8 @@ class RdpAccountant:
         event's total, with the same float operations as :meth:`rdp`.
         """
         if isinstance(event, PoissonSampled):
+            if isinstance(event.inner, DistributedDiscreteGaussian):
+                return None  # the general curve path (no subsampled-Gaussian fast path)
             if not isinstance(event.inner, GaussianMechanism):
                 raise self._unsupported(event)
             return event.rates, event.inner.noise_multiplier, lambda rho, alphas: rho
@@ -342,11 +367,27 @@ class RdpAccountant:
         return None
 
 
+def _ddg_curve(event: DistributedDiscreteGaussian) -> Callable[[np.ndarray], np.ndarray]:
+    """The RDP curve of a distributed discrete Gaussian event, as a function of the orders."""
+
+    def curve(orders: np.ndarray) -> np.ndarray:
+        return distributed_discrete_gaussian_rdp(
+            orders,
+            event.share_variance,
+            event.shares,
+            event.l2_sensitivity_sq,
+            event.dimension,
+            event.l1_sensitivity,
+        )
+
+    return curve
+
+
 def _only_wor_gaussians(event: Mechanism) -> bool:
     """True if every Gaussian leaf of ``event`` sits inside a without-replacement sampler."""
     if isinstance(event, SampledWithoutReplacement):
         return True
-    if isinstance(event, GaussianMechanism | PoissonSampled):
+    if isinstance(event, GaussianMechanism | DistributedDiscreteGaussian | PoissonSampled):
         return False
     if isinstance(event, Composed | GroupPrivacy):
         return _only_wor_gaussians(event.inner)
