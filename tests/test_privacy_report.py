@@ -103,7 +103,7 @@ def test_ids_and_charges_survive_a_resume(tmp_path) -> None:
 
 
 def test_the_privacy_free_baseline_reports_infinite_epsilon_in_its_unit(tmp_path) -> None:
-    cfg = config_from_dict(TINY, ["algorithm.name=privacy-free"])
+    cfg = config_from_dict(TINY, ["algorithm.name=privacy-free", "lifetime.allow_respend=true"])
     summary = run_simulation(cfg, tmp_path, progress=False)
     assert summary["privacy"]["private"] is False
     assert summary["over_budget"] == summary["units"] > 0

@@ -264,7 +264,8 @@ def test_a_resumed_run_writes_the_same_user_ledger(tmp_path) -> None:
     from pdpfl.ledger.table import privacy_table, select_id
     from pdpfl.runtime.simulation import run_simulation
 
-    config = config_from_dict(BASE, ["algorithm.user_rate=0.5"])
+    # two runs on the same users, on purpose (not a second spending of their budgets)
+    config = config_from_dict(BASE, ["algorithm.user_rate=0.5", "lifetime.allow_respend=true"])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         whole = run_simulation(config, tmp_path / "whole", progress=False)
