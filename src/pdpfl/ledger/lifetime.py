@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from pdpfl.ledger.budget_store import BudgetStore, StoredRun, find_stores
-from pdpfl.ledger.describe import mechanism_from_dict
+from pdpfl.ledger.describe import mechanism_from_dict, mechanism_to_dict
 from pdpfl.ledger.groups import budget_groups
 from pdpfl.privacy.accountant import mechanism_epsilon
 from pdpfl.privacy.lifetime import LifetimeComposer, RunCharges, at_delta
@@ -217,8 +217,16 @@ class LifetimeAccount:
         if self.closed:
             raise ValueError(f"budget store {self.store.folder}: charged after the run closed it")
         if self._entry is None:
+            described = {
+                "mechanism": mechanism_to_dict(ledger.mechanism),
+                "observers": list(ledger.observers),
+                "delta": float(ledger.mechanism.delta),
+                "private": True,
+                "enforced": self.enforce,
+                "started": time.time(),
+            }
             self._entry = StoredRun(
-                {**self.meta, "accountant": ledger.accountant, "unit": ledger.unit},
+                {**described, **self.meta, "accountant": ledger.accountant, "unit": ledger.unit},
                 ledger.ids,
                 ledger.budgets,
                 ledger.rates,
