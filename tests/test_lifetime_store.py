@@ -130,6 +130,7 @@ def test_a_second_writer_is_refused_naming_the_holder_or_waits_its_turn(tmp_path
     assert seen and seen[0]["first"].tolist() == [2, 2, 2, 2]
 
 
+@pytest.mark.slow
 def test_two_processes_on_one_store_are_serialized(tmp_path: Path) -> None:
     """Process A holds the store; process B (another interpreter) is refused."""
     import subprocess

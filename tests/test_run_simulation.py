@@ -116,10 +116,16 @@ def _tmp() -> Path:
 
 @pytest.mark.slow
 def test_resume_equals_uninterrupted(tmp_path: Path) -> None:
-    # two runs on the same data, on purpose (not a second spending of anyone's budget)
-    cfg = config_from_dict(TINY, ["rounds=4", "lifetime.allow_respend=true"])
+    cfg = config_from_dict(TINY, ["rounds=4"])
     fed = load_federation_for(cfg)
-    full = run_simulation(cfg, tmp_path / "full", progress=False, federation=fed)
+    # the same data twice, each run with its own budget store (as if on two copies of it)
+    full = run_simulation(
+        with_updates(cfg, [f"lifetime.store={tmp_path / 'store-full'}"]),
+        tmp_path / "full",
+        progress=False,
+        federation=fed,
+    )
+    cfg = with_updates(cfg, [f"lifetime.store={tmp_path / 'store-part'}"])
     part = run_simulation(cfg, tmp_path / "part", progress=False, federation=fed, stop_after=2)
     assert part["rounds_completed"] == 2 and not part["completed"]
     resumed = run_simulation(cfg, tmp_path / "part", True, progress=False, federation=fed)

@@ -264,11 +264,12 @@ def test_a_resumed_run_writes_the_same_user_ledger(tmp_path) -> None:
     from pdpfl.ledger.table import privacy_table, select_id
     from pdpfl.runtime.simulation import run_simulation
 
-    # two runs on the same users, on purpose (not a second spending of their budgets)
-    config = config_from_dict(BASE, ["algorithm.user_rate=0.5", "lifetime.allow_respend=true"])
+    config = config_from_dict(BASE, ["algorithm.user_rate=0.5"])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        whole = run_simulation(config, tmp_path / "whole", progress=False)
+        # the same users twice, each run with its own budget store (two copies of the data)
+        other = config_from_dict(BASE, ["algorithm.user_rate=0.5", f"lifetime.store={tmp_path}"])
+        whole = run_simulation(other, tmp_path / "whole", progress=False)
         run_simulation(config, tmp_path / "cut", progress=False, stop_after=1)
         resumed = run_simulation(config, tmp_path / "cut", resume=True, progress=False)
     a = load_ledger(tmp_path / "whole" / "ledgers" / "server.npz")

@@ -38,7 +38,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from pdpfl.budgets import validate_budgets
-from pdpfl.ledger.groups import budget_groups, over_budget
+from pdpfl.ledger.groups import UnitFacts, budget_groups, over_budget
 from pdpfl.ledger.summary import OBSERVERS, GroupSummary, PrivacySummary, observers_of
 from pdpfl.privacy.accountant import as_accountant_name, mechanism_epsilon
 from pdpfl.privacy.orders import DEFAULT_ORDERS, check_orders
@@ -491,7 +491,7 @@ class PrivacyLedger:
         if self.lifetime is not None:
             life = {o: self.lifetime.spent(self, o, self.counts[o]) for o in self.observers}
             prior = self.lifetime.prior_units
-        extra = _LifetimeColumns(floor, prior, life, self.budgets)
+        extra = UnitFacts(floor, prior, life, self.budgets)
         sig = self.noise_multipliers
         per_unit_sigma = bool(sig.size) and bool(sig.min() != sig.max())
         groups = [] if self.n != 1 else [self._one_unit_group(labels[0], spent, over, extra)]
@@ -551,7 +551,7 @@ class PrivacyLedger:
         label: str,
         spent: dict[str, np.ndarray],
         over: dict[str, np.ndarray],
-        extra: _LifetimeColumns,
+        extra: UnitFacts,
     ) -> GroupSummary:
         """The one group of a one-unit ledger (e.g. a client's own), in plain floats: the same
         numbers as the general per-group reductions, without their cost."""
@@ -612,25 +612,3 @@ class PrivacyLedger:
     def plan(self) -> UnitMechanism:
         """The mechanism description (historical name)."""
         return self.mechanism
-
-
-class _LifetimeColumns:
-    """Per-unit δ-floor and lifetime facts, reduced per budget group for :class:`GroupSummary`."""
-
-    def __init__(
-        self,
-        floor: np.ndarray,
-        prior: np.ndarray,
-        lifetime: dict[str, np.ndarray],
-        budgets: np.ndarray,
-    ) -> None:
-        self.floor, self.prior, self.lifetime = floor, prior, lifetime
-        self.over = {o: over_budget(e, budgets) for o, e in lifetime.items()}
-
-    def group(self, m: np.ndarray) -> dict[str, Any]:
-        return {
-            "floor": int(self.floor[m].sum()),
-            "prior": int(self.prior[m].sum()),
-            "lifetime_max": {o: float(e[m].max()) for o, e in self.lifetime.items()},
-            "lifetime_over": {o: int(v[m].sum()) for o, v in self.over.items()},
-        }
