@@ -180,6 +180,22 @@ def test_every_charge_is_on_disk_before_the_round_runs_and_a_crash_keeps_it(
     store.close()
 
 
+def test_a_crash_between_a_run_file_and_the_index_keeps_the_charge(tmp_path: Path) -> None:
+    from pdpfl.integrity import key_dir
+
+    _run(tmp_path, "a", 1)
+    folder = tmp_path / "silo-0" / "data"
+    mark = key_dir() / "runs" / f"{BudgetStore(tmp_path, 'silo-0', 'data').mark_id}.mark"
+    index, high = (folder / "index.sealed").read_bytes(), mark.read_bytes()
+    _run(tmp_path, "b", 1)
+    # as if the process died right after writing run b's file: index and mark one step behind
+    (folder / "index.sealed").write_bytes(index)
+    mark.write_bytes(high)
+    store = BudgetStore(tmp_path, "silo-0", "data").open(lock=False)
+    assert sorted(store.runs) == ["a", "b"]  # run b's charge is not forgotten
+    assert store.runs["b"].counts["third-party"][2:].tolist() == [1, 1]
+
+
 def test_earlier_runs_limit_the_next_one_by_composition(tmp_path: Path) -> None:
     first = _run(tmp_path, "a", 3)
     second = _run(tmp_path, "b", 3)

@@ -213,12 +213,15 @@ def open_lifetime(holders: list[Any], run_id: str, remaining_rounds: int) -> Lif
     :class:`LifetimeExceeded` (nothing charged) for a run that would overspend and cannot stop
     its units, :class:`~pdpfl.ledger.budget_store.StoreBusy` when another run holds a store."""
     session = LifetimeSession()
+    writes: list[Any] = []
     try:
-        for holder in holders:
+        for holder in holders:  # every store opened and checked first: a refusal charges none
             target = getattr(holder, TARGET_ATTR, None)
             if not isinstance(target, LifetimeTarget):
                 continue
-            _open_one(session, holder, target, run_id, int(remaining_rounds))
+            writes.append(_open_one(session, holder, target, run_id, int(remaining_rounds)))
+        for write in writes:  # then the run enters every store, before anything is released
+            write()
     except BaseException:
         session.close()
         raise
@@ -227,7 +230,8 @@ def open_lifetime(holders: list[Any], run_id: str, remaining_rounds: int) -> Lif
 
 def _open_one(
     session: LifetimeSession, holder: Any, target: LifetimeTarget, run_id: str, remaining: int
-) -> None:
+) -> Any:
+    """Open and check one holder's store; returns the write that enters the run there."""
     store = target.store().open(lock=True, wait_s=target.options.wait_s)
     session.stores.append(store)
     enforce = not target.options.allow_respend
@@ -246,23 +250,22 @@ def _open_one(
         budgets = np.asarray(getattr(holder, "budgets", []), dtype=np.float64).reshape(-1)
         if budgets.shape != ids.shape:
             budgets = np.full(ids.size, np.nan)
-        store.put(
-            StoredRun(
-                _meta(target, run_id, None),
-                ids,
-                budgets,
-                np.ones(ids.size),
-                np.ones(ids.size),
-                {"third-party": np.ones(ids.size, np.int64), "server": np.ones(ids.size, np.int64)},
-            )
+        ones = np.ones(ids.size, np.int64)
+        entry = StoredRun(
+            _meta(target, run_id, None),
+            ids,
+            budgets,
+            np.ones(ids.size),
+            np.ones(ids.size),
+            {"third-party": ones, "server": ones},
         )
-        return
+        return lambda: store.put(entry)
     meta = _meta(target, run_id, ledger)
     account = LifetimeAccount.attach(ledger, store, meta, enforce=enforce, write=False)
     session.accounts.append(account)
     if enforce:
         _check(session, holder, ledger, store, remaining, bool(account.prior_units.any()))
-    account.charge(ledger)  # the run is in the store before anything is released
+    return lambda: account.charge(ledger)
 
 
 def _check(

@@ -21,7 +21,8 @@ truncated file, a file sealed with another party's key, a store of another datas
 names its key), a run file older than the index says (a rollback of one run) and an index older
 than the mark (a rollback of the store, or a deleted store whose mark remains). Writes: the run
 file first, then the index, then the mark -- a crash between them leaves a run file one
-generation *ahead* of the index, which is accepted (it can only over-count).
+generation *ahead* of the index (or, for a new run, a run file the index does not list yet),
+which is accepted: it can only over-count.
 
 Concurrency: a run holds the store's exclusive lock (``flock``) from before its first charge
 until it ends; a second run on the same store waits ``wait_s`` seconds and is then refused with
@@ -318,6 +319,21 @@ class BudgetStore:
             except (ValueError, KeyError, OSError) as err:
                 raise IntegrityError(f"budget store file {path}: does not decode ({err})") from None
             top = max(top, run_gen)
+        for path in sorted(self.folder.glob("run-*.npz")):
+            run_id = path.stem[len("run-") :]
+            if run_id in runs:
+                continue
+            # written, but the index write did not follow (a crash): a genuine charge (the seal
+            # verifies) is kept -- the store never forgets what it recorded
+            data, found, run_gen = self._unseal(path, "budget-run")
+            if found != f"run-{run_id}":
+                raise IntegrityError(f"budget store file {path}: it holds another run ({found})")
+            try:
+                runs[run_id] = StoredRun.from_bytes(data, run_gen)
+            except (ValueError, KeyError, OSError) as err:
+                raise IntegrityError(f"budget store file {path}: does not decode ({err})") from None
+            index.setdefault("runs", []).append({"run": run_id, "generation": run_gen})
+            top = max(top, run_gen)
         self.index, self.runs, self.generation = index, runs, top
 
     def _empty_index(self) -> dict[str, Any]:
@@ -377,8 +393,6 @@ def find_stores(path: str | os.PathLike[str]) -> list[tuple[Path, str, str]]:
     out = []
     for index in found:
         store = index.parent
-        if (p / _INDEX).exists():
-            continue
         depth = len(store.relative_to(p).parts)
         root = p.parent if depth == 1 else p
         out.append((root, store.parent.name, store.name))

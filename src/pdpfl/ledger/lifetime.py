@@ -148,7 +148,10 @@ class LifetimeAccount:
             if not present.any():
                 continue
             mine = run.run_id == self.run_id
-            self.prior_runs += int(not mine)
+            charged_any = any(
+                np.any(c[np.maximum(pos, 0)][present] > 0) for c in run.counts.values()
+            )
+            self.prior_runs += int(not mine and charged_any)
             if not run.meta.get("private", True):
                 charged = np.zeros(n, dtype=bool)
                 for c in run.counts.values():
