@@ -188,6 +188,7 @@ def test_resume_on_a_missing_folder_exits_2_in_every_runtime(tmp_path: Path) -> 
         run_simulation(config_from_dict(BASE), tmp_path / "empty", resume=True, progress=False)
 
 
+@pytest.mark.slow  # importing Flower takes seconds
 def test_flower_runtimes_refuse_a_resume_without_checkpoint(tmp_path: Path) -> None:
     pytest.importorskip("flwr")
     from pdpfl.runtime.flower.apps import _run_key
