@@ -206,6 +206,18 @@ def supernode(
     state_dir: Path = typer.Option(
         Path("~/.pdpfl/silo-state"), "--state-dir", help="Where the silo keeps its ledger."
     ),
+    budget_store: Path | None = typer.Option(
+        None,
+        "--budget-store",
+        help="Where the silo keeps its people's budgets for life, across runs (default: "
+        "STATE_DIR/budgets).",
+    ),
+    allow_respend: bool = typer.Option(
+        False,
+        "--allow-respend",
+        help="Let runs that ask for it (lifetime.allow_respend) re-spend this silo's data "
+        "(public or synthetic data only).",
+    ),
     port: int = typer.Option(
         9094, "--port", min=1, max=65535, help="Local Runtime API port (127.0.0.1 only)."
     ),
@@ -239,7 +251,14 @@ def supernode(
 
     Runs in the foreground until Ctrl-C / SIGTERM, which stops both processes.
     """
-    from pdpfl.runtime.flower.hooks import DATA_DIR, NUM_PARTITIONS, PARTITION_ID, STATE_DIR
+    from pdpfl.runtime.flower.hooks import (
+        ALLOW_RESPEND,
+        BUDGET_STORE,
+        DATA_DIR,
+        NUM_PARTITIONS,
+        PARTITION_ID,
+        STATE_DIR,
+    )
     from pdpfl.runtime.flower.processes import MODES, SECRET_NAME, node_config_arg, worker_command
 
     if silo >= num_silos:
@@ -268,6 +287,12 @@ def supernode(
     }
     if data_dir is not None:
         node_config[DATA_DIR] = str(data_dir.expanduser().resolve())
+    if budget_store is not None:
+        if budget_store.expanduser().exists() and not budget_store.expanduser().is_dir():
+            fail(f"--budget-store: {budget_store} is a file, not a folder")
+        node_config[BUDGET_STORE] = str(budget_store.expanduser().resolve())
+    if allow_respend:
+        node_config[ALLOW_RESPEND] = True
     if expect_config is not None:
         from pdpfl.config import ConfigError, config_hash, load_config
         from pdpfl.runtime.flower.hooks import CONFIG_HASH_KEY

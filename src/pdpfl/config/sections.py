@@ -123,12 +123,20 @@ class BudgetsConfig(_Section):
             from pdpfl.budgets import make_scenario
 
             try:
-                make_scenario(self.scenario, **self.params)
+                scenario = make_scenario(self.scenario, **self.params)
             except (ValueError, TypeError) as exc:
                 text = str(exc)
                 raise ValueError(
                     text if text.startswith("scenario") else f"params: {text}"
                 ) from None
+            from pdpfl.budgets import MIN_BUDGET, public_statistics
+
+            lowest, _ = public_statistics(scenario)
+            if lowest is not None and lowest < MIN_BUDGET:
+                raise ValueError(
+                    f"params: the scenario's smallest budget ε = {lowest!r} is below the "
+                    f"minimum {MIN_BUDGET:g} (a smaller ε gives no usable sampling rate)"
+                )
         return self
 
 
@@ -158,6 +166,32 @@ class PrivacyConfig(_Section):
         False,
         description="give q = 0 to records whose budget is below the smallest achievable ε "
         "(counted in the headline) instead of refusing the run",
+    )
+
+
+class LifetimeConfig(_Section):
+    """A person's budget is for life: the budget store every run on the same data charges
+    (:mod:`pdpfl.ledger.lifetime`)."""
+
+    store: str | None = Field(
+        None,
+        min_length=1,
+        description="folder of the budget stores (default: $PDPFL_BUDGET_DIR, else "
+        "$XDG_DATA_HOME/pdpfl/budgets); a Flower silo keeps its own under its SuperNode's "
+        "state folder",
+    )
+    allow_respend: bool = Field(
+        False,
+        description="true: earlier runs on this data do not limit this one (public or "
+        "synthetic data, e.g. the shipped examples); the run is still recorded in the store "
+        "and the headline and summary.json say that lifetime budgets were not enforced",
+    )
+    wait_s: float = Field(
+        0.0,
+        ge=0,
+        le=86_400,
+        description="seconds a run waits for a budget store that another run is charging "
+        "before it is refused (0: refuse at once)",
     )
 
 

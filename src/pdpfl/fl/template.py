@@ -7,7 +7,10 @@ budget accountant; IDP-FedAvg's and PriFedSync's stop rules are the same duty fo
    accounted (no double charge after a retry or a resume);
 2. **catch-up** -- rounds the silo was not asked in still cost third parties (who do not see
    who took part) for every active unit: they are charged, in order, before anything else;
-3. **pre-check** -- units that would exceed their budget if charged once more sit the round out;
+3. **pre-check** -- units that would exceed their budget if charged once more sit the round out,
+   and so do units whose budget *for life* would be exceeded (earlier runs on the same data,
+   from the ledger's budget store, :mod:`pdpfl.ledger.lifetime`), whatever the algorithm's own
+   pre-check is;
 4. **participation** -- the server's selection (default) or the silo's own coin (hidden
    participation, IDP-FedAvg's distributed variant);
 5. **charge before release** -- the round is charged to the ledger *before* the algorithm's step
@@ -40,7 +43,7 @@ import numpy as np
 from pdpfl.errors import TrainingDiverged
 from pdpfl.fl.api import Contribution, Params, Scalars, check_contribution
 from pdpfl.fl.messages import nonfinite_metric_cause, nonfinite_update_cause
-from pdpfl.ledger import PrivacyLedger, PrivacySummary
+from pdpfl.ledger import PrivacyLedger, PrivacySummary, observers_of
 
 __all__ = ["BatchedSilo", "NonFiniteError", "RoundPlan", "Silo"]
 
@@ -101,6 +104,9 @@ class Silo(ABC):
 
     #: The :class:`~pdpfl.fl.api.Contribution` metric keys this silo may release.
     public_metrics: ClassVar[frozenset[str]] = frozenset()
+    #: Units that would exceed their budget sit out (the pre-check): a run on data whose
+    #: lifetime budgets are partly spent goes ahead without them (:mod:`pdpfl.fl.lifetime`).
+    enforces_budgets: ClassVar[bool] = True
 
     def __init__(
         self, client_id: int, ledger: PrivacyLedger | None, *, adversary: str = "both"
@@ -126,6 +132,22 @@ class Silo(ABC):
         exceed = np.asarray(self.ledger.would_exceed(adversary=self.adversary), dtype=bool)
         return ~exceed & (self.ledger.rates > 0)
 
+    def _allowed(self) -> np.ndarray:
+        """The algorithm's pre-check (:meth:`_precheck`), and the lifetime budgets: a unit whose
+        lifetime ε would exceed its budget after one more round sits out too (enforced unless
+        ``lifetime.allow_respend``)."""
+        active = self._precheck()
+        ledger = self.ledger
+        if (
+            ledger is not None
+            and ledger.lifetime is not None
+            and ledger.lifetime.enforce
+            and any(o in ledger.observers for o in observers_of(self.adversary))
+        ):
+            over = ledger.lifetime_spent(self.adversary, extra=1) > ledger.budgets
+            active = active & ~np.asarray(over, dtype=bool)
+        return active
+
     def _account(self, active: np.ndarray, participates: bool) -> None:
         if self.ledger is not None:
             self.ledger.record_round(participated=active & participates, active=active)
@@ -135,7 +157,7 @@ class Silo(ABC):
     def catch_up(self, until: int) -> None:
         """Charge rounds ``next_round .. until-1`` in which this silo was not asked."""
         while self.next_round < until:
-            self._account(self._precheck(), False)
+            self._account(self._allowed(), False)
 
     # ---------------------------------------------------------------- the round
     def participates(self, round_index: int, config: Scalars) -> bool:
@@ -148,7 +170,7 @@ class Silo(ABC):
         if t < self.next_round:
             raise ValueError(f"silo {self.client_id}: round {t} was already accounted")
         self.catch_up(t)
-        active = self._precheck()
+        active = self._allowed()
         joins = bool(self.participates(t, config))
         self._account(active, joins)  # write-ahead: charged before the step runs
         return RoundPlan(t, active, joins, dict(config))

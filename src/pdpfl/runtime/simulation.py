@@ -272,11 +272,13 @@ def run_simulation(
     (pdpfl's previous outputs there are replaced) or ``resume=True`` (continue its checkpoint).
     """
     from pdpfl.runtime.lock import FolderLocked, folder_lock
-    from pdpfl.runtime.outputs import OutputDirError, prepare_output_dir
+    from pdpfl.runtime.outputs import OutputDirError, check_resumable, prepare_output_dir
 
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise OutputDirError(f"out_dir: {out} exists and is not a folder")
+    if resume:  # before the lock creates the folder: --resume never starts a run
+        check_resumable(out)
     lock = folder_lock(out, option="out_dir")
     try:
         lock.__enter__()

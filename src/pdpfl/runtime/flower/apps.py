@@ -462,6 +462,12 @@ def _run_key(flower_dir: Path, resume: bool) -> tuple[str, bool]:
     path = flower_dir / RUN_KEY_FILE
     if resume and path.exists() and (flower_dir.parent / CHECKPOINT_NAME).exists():
         return path.read_text().strip(), True
+    if resume and not (flower_dir.parent / CHECKPOINT_NAME).exists():
+        # --resume never starts a run (its silos would charge everyone again)
+        raise ValueError(
+            f"--resume: nothing to resume in {flower_dir.parent} (no {CHECKPOINT_NAME} of a "
+            "Flower run there); start a new run without --resume, or name the run's folder"
+        )
     key = secrets.token_hex(8)
     write_text(path, key + "\n")
     return key, False
