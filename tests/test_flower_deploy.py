@@ -260,7 +260,9 @@ def test_a_supernode_without_a_key_or_trusting_another_ca_is_refused(tmp_path: P
             ca = tmp_path / "other-ca" if name == "foreign-ca" else coordinator / "certs"
             shutil.copy(ca / "ca.pem", host / "ca.pem")
             if name != "keyless":
-                shutil.copy(host / "keys" / "supernode.pub", coordinator / "keys" / f"h-{i}.pub")
+                shutil.copy(
+                    host / "keys" / "supernode.pub", coordinator / "keys" / f"hospital-{i}.pub"
+                )
         assert deploy.run("register", coordinator).count("registered successfully") == 2
         procs = {}
         for name, host in hosts.items():
