@@ -90,13 +90,13 @@ class Smoke:
     def __init__(self, pdpfl: Path, work: Path, data_dir: Path | None) -> None:
         self.pdpfl, self.work, self.data_dir = pdpfl, work, data_dir
         self.cpu_s, self.lock, self.mine = 0.0, threading.Lock(), threading.local()
+        self.env = {**os.environ, "PDPFL_NO_DOWNLOAD": "1", "PYTHONWARNINGS": "ignore"}
+        self.env.pop("PYTHONPATH", None)  # the installed wheel, never a source tree
 
     def check_cpu_s(self) -> float:
         """CPU seconds of this thread's pdpfl commands since the last call."""
         cpu, self.mine.cpu_s = getattr(self.mine, "cpu_s", 0.0), 0.0
         return cpu
-        self.env = {**os.environ, "PDPFL_NO_DOWNLOAD": "1", "PYTHONWARNINGS": "ignore"}
-        self.env.pop("PYTHONPATH", None)  # the installed wheel, never a source tree
 
     def pdpfl_cmd(self, *args: str) -> subprocess.CompletedProcess[str]:
         """Run ``pdpfl ARGS``; its CPU time (user + system) is added to :attr:`cpu_s`."""
