@@ -46,7 +46,7 @@ CHEAP: dict[str, list[str]] = {
     "idp-fedavg": ["algorithm.local_epochs=1"],
     "uldp": ["algorithm.local_epochs=1", "training.local_steps=2"],
 }
-#: Examples with more clients run with this many (and a quarter of them per round, IDP-FedAvg).
+#: Examples with more clients run with this many (IDP-FedAvg: at most this many per round).
 MAX_CLIENTS = 20
 #: Seconds one pdpfl command may take before it is killed (a failed check).
 TIMEOUT_S = 600.0
@@ -166,8 +166,10 @@ def example_runs(example: Path) -> list[tuple[str, list[str]]]:
     cheap = ["rounds=1", *CHEAP.get(family, ["training.local_steps=2"])]
     if int((raw.get("data") or {}).get("num_clients") or 0) > MAX_CLIENTS:
         cheap.append(f"data.num_clients={MAX_CLIENTS}")
-    if int(section.get("clients_per_round") or 0) > MAX_CLIENTS // 4:
-        cheap.append(f"algorithm.clients_per_round={MAX_CLIENTS // 4}")
+    if int(section.get("clients_per_round") or 0) > MAX_CLIENTS:
+        cheap.append(f"algorithm.clients_per_round={MAX_CLIENTS}")
+        # adaptive clipping needs σ < 2σ_b, σ_b = ratio·c: a smaller cohort, a larger ratio
+        cheap.append("algorithm.count_noise_ratio=0.2")
     if name in ("uldp-avg", "uldp-sgd"):
         cheap.append("algorithm.user_rate=0.1")  # every sampled user trains a model copy
     secure = ["aggregation=secure"]
