@@ -340,9 +340,7 @@ class PrivacyLedger:
         assert out is not None
         return out
 
-    def spent_epsilon(
-        self, adversary: str = "third-party", accountant: str | None = None
-    ) -> np.ndarray:
+    def spent_epsilon(self, adversary: str = "both", accountant: str | None = None) -> np.ndarray:
         """ε spent so far by each unit (``both`` = the larger over the observers accounted).
 
         ``accountant`` overrides the ledger's accountant for this call (e.g. an approximate
