@@ -21,7 +21,6 @@ of noise adds its sampler here and its description in :mod:`pdpfl.privacy.noise`
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -37,7 +36,7 @@ __all__ = ["add_noise", "central_noise", "register_sampler", "samplers"]
 Values = Tensor | np.ndarray | Sequence[Tensor]
 #: ``sampler(targets, noise, std, stream, shapes)``: add noise of per-coordinate ``std`` in place
 #: to the float64 ``targets`` (their concatenation, drawn in the layout ``shapes``).
-Sampler = Callable[[list[Tensor], Any, float, RandomStream, list[tuple[int, ...]]], None]
+Sampler = Callable[[list[Tensor], Any, float, RandomStream, Sequence[Any]], None]
 
 
 def _gaussian(
@@ -45,14 +44,18 @@ def _gaussian(
     noise: GaussianNoise,
     std: float,
     stream: RandomStream,
-    shapes: list[tuple[int, ...]],
+    shapes: Sequence[Any],
 ) -> None:
     """N(0, std²) per coordinate: one draw of all coordinates, in ``shapes`` order."""
     z = draw_normals(stream, shapes, device=targets[0].device)
     if len(targets) == 1:
         t = targets[0]
+        if z.numel() != t.numel():
+            raise ValueError(f"shapes: {list(shapes)} do not hold the {t.numel()} coordinates")
         t.add_(z if t.dim() == 1 else z.view(t.shape), alpha=std)
         return
+    if z.numel() != sum(t.numel() for t in targets):
+        raise ValueError(f"shapes: {list(shapes)} do not hold the coordinates of the values")
     offset = 0
     for t in targets:
         n = t.numel()
@@ -127,9 +130,11 @@ def add_noise(
     out: Values
     if isinstance(values, Tensor):  # the hot path (one flat vector of a DP-SGD step)
         targets, out = [values], values
+        wrong = values.dtype is not torch.float64
     else:
         targets, out = _targets(values)
-    if any(t.dtype != torch.float64 for t in targets):
+        wrong = any(t.dtype is not torch.float64 for t in targets)
+    if wrong:
         raise ValueError(
             "values: DP noise is added in float64 (to a float64 copy of the clipped sum, rounded "
             f"once afterwards), got {sorted({str(t.dtype) for t in targets})}"
@@ -140,12 +145,7 @@ def add_noise(
         raise ValueError("stream: the owning party's random stream is required to add noise")
     if isinstance(stream, torch.Generator):
         stream = stream_from_generator(stream)
-    layout = [tuple(t.shape) for t in targets] if shapes is None else list(shapes)
-    total = sum(t.numel() for t in targets)
-    if sum(math.prod(s) for s in layout) != total:
-        raise ValueError(f"shapes: {layout} do not hold the {total} coordinates of values")
-    if total:
-        sampler(targets, noise, std, stream, layout)
+    sampler(targets, noise, std, stream, [t.shape for t in targets] if shapes is None else shapes)
     return out
 
 
