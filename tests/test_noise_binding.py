@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 
 from pdpfl.dp import noise as noise_module
 from pdpfl.dp.engine import PersonalizedDPSGD, make_optimizer
-from pdpfl.dp.noise import add_noise
+from pdpfl.dp.noise import PreparedNoise, add_noise
 from pdpfl.fl.aggregation import sum_contributions
 from pdpfl.privacy.accountant import RdpAccountant
 from pdpfl.privacy.mechanisms import (
@@ -338,3 +338,6 @@ def test_the_engine_draws_its_description(draws: list[tuple[Any, float]]) -> Non
         PersonalizedDPSGD(model, opt, noise=noise, noise_multiplier=0.7)
     with pytest.raises(ValueError, match="one share"):
         PersonalizedDPSGD(model, opt, noise=GaussianNoise(0.7, 0.5, shares=2))
+    prepared = PreparedNoise(noise, [(2, 3), (2,)])  # the engine's hot path, checked once
+    with pytest.raises(ValueError, match="float64 vector of 8"):
+        prepared(torch.zeros(7, dtype=torch.float64), SecureRandomness().stream("p"))

@@ -14,8 +14,8 @@ One step on a silo's data ``D`` with per-record sampling rates ``q_i``:
    it decides and float64 where it does not, non-finite records add nothing, weight tying takes
    the exact path; see :mod:`pdpfl.dp.grad_sample`). The clipped sum is accumulated in float64.
 4. **Noise**: the clipped sum plus ``N(0, σ²C²)`` per coordinate, added in float64 (one draw
-   for all parameters from the same stream, in parameter order) by
-   :func:`pdpfl.dp.noise.add_noise` from the engine's noise description
+   for all parameters from the same stream, in parameter order) by the one noise adder
+   (:mod:`pdpfl.dp.noise`, prepared once per engine) from the engine's noise description
    (:class:`~pdpfl.privacy.noise.GaussianNoise` (σ, C): the object whose event a ledger
    charges; pass ``noise=`` to share the caller's).
 5. **Normalisation** by a *public* constant ``normalizer`` (the configured expected batch size:
@@ -54,7 +54,7 @@ from pdpfl.dp.bookkeeping import Workspace
 from pdpfl.dp.device import math_device, resolve_device
 from pdpfl.dp.extra_rows import ExtraRows
 from pdpfl.dp.grad_sample import ClippedSum, _clipped_grad_sum, hooked_modules, resolve_method
-from pdpfl.dp.noise import add_noise, central_noise
+from pdpfl.dp.noise import PreparedNoise, central_noise
 from pdpfl.dp.steps import _checked_rates, as_rates, check_normalizer, poisson_sample
 from pdpfl.dp.training import evaluate, make_optimizer, move_to_device
 from pdpfl.dp.validate import (
@@ -187,6 +187,8 @@ class PersonalizedDPSGD:
         self._sizes = [p.numel() for p in self.params]
         self._numel = sum(self._sizes)
         self._index = {id(p): k for k, p in enumerate(self.params)}
+        # the one noise adder, prepared once for this layout (pdpfl.dp.noise)
+        self._add_noise = None if noise is None else PreparedNoise(noise, self._shapes)
         # step() rounds the noisy gradient into this buffer and hands its views to the
         # optimizer as `.grad` (overwritten by the next step, as backward() does)
         self._grad_buf: Tensor | None = None
@@ -292,8 +294,8 @@ class PersonalizedDPSGD:
 
         ``reuse``: round into the engine's gradient buffer and return its views (the same
         tensors every step; for :meth:`step`, whose gradients only the optimizer sees)."""
-        if self.noise is not None:
-            add_noise(flat, self.noise, stream, shapes=self._shapes)
+        if self._add_noise is not None:
+            self._add_noise(flat, stream)
         flat.div_(normalizer)
         dtype, device = self.params[0].dtype, self.params[0].device
         if all(p.dtype == dtype and p.device == device for p in self.params):

@@ -21,6 +21,7 @@ of noise adds its sampler here and its description in :mod:`pdpfl.privacy.noise`
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -31,7 +32,7 @@ from torch import Tensor
 from pdpfl.privacy.noise import GaussianNoise, NoiseSpec
 from pdpfl.randomness import RandomStream, draw_normals, stream_from_generator
 
-__all__ = ["add_noise", "central_noise", "register_sampler", "samplers"]
+__all__ = ["PreparedNoise", "add_noise", "central_noise", "register_sampler", "samplers"]
 
 Values = Tensor | np.ndarray | Sequence[Tensor]
 #: ``sampler(targets, noise, std, stream, shapes)``: add noise of per-coordinate ``std`` in place
@@ -121,11 +122,7 @@ def add_noise(
     announced_survivors
         A smaller t a summation protocol announced for the round (a share is then larger).
     """
-    sampler = _SAMPLERS.get(getattr(noise, "kind", ""))
-    if sampler is None:
-        raise ValueError(
-            f"noise: no sampler for {type(noise).__name__} (kinds: {', '.join(_SAMPLERS)})"
-        )
+    sampler = _sampler(noise)
     std = noise.std(announced_survivors)
     out: Values
     if isinstance(values, Tensor):  # the hot path (one flat vector of a DP-SGD step)
@@ -147,6 +144,42 @@ def add_noise(
         stream = stream_from_generator(stream)
     sampler(targets, noise, std, stream, [t.shape for t in targets] if shapes is None else shapes)
     return out
+
+
+def _sampler(noise: NoiseSpec) -> Sampler:
+    sampler = _SAMPLERS.get(getattr(noise, "kind", ""))
+    if sampler is None:
+        raise ValueError(
+            f"noise: no sampler for {type(noise).__name__} (kinds: {', '.join(_SAMPLERS)})"
+        )
+    return sampler
+
+
+class PreparedNoise:
+    """:func:`add_noise` of one description on one float64 vector layout, checked once: the
+    DP-SGD step's hot path (the same sampler and the same draw, without the per-call checks).
+
+    ``prepared(flat, stream)`` adds the noise to the flat float64 vector of ``shapes`` in place.
+    """
+
+    __slots__ = ("noise", "shapes", "std", "numel", "_sampler")
+
+    def __init__(self, noise: NoiseSpec, shapes: Sequence[tuple[int, ...] | torch.Size]) -> None:
+        self._sampler = _sampler(noise)
+        self.noise = noise
+        self.shapes = [tuple(int(d) for d in s) for s in shapes]
+        self.std = noise.std()
+        self.numel = sum(math.prod(s) for s in self.shapes)
+
+    def __call__(self, flat: Tensor, stream: RandomStream) -> Tensor:
+        if flat.dtype is not torch.float64 or flat.numel() != self.numel:
+            raise ValueError(
+                f"values: expected the float64 vector of {self.numel} coordinates, got "
+                f"{flat.dtype} with {flat.numel()}"
+            )
+        if self.std:
+            self._sampler([flat], self.noise, self.std, stream, self.shapes)
+        return flat
 
 
 def central_noise(
