@@ -339,5 +339,5 @@ def test_the_engine_draws_its_description(draws: list[tuple[Any, float]]) -> Non
     with pytest.raises(ValueError, match="one share"):
         PersonalizedDPSGD(model, opt, noise=GaussianNoise(0.7, 0.5, shares=2))
     prepared = PreparedNoise(noise, [(2, 3), (2,)])  # the engine's hot path, checked once
-    with pytest.raises(ValueError, match="float64 vector of 8"):
+    with pytest.raises(ValueError, match="shapes"):
         prepared(torch.zeros(7, dtype=torch.float64), SecureRandomness().stream("p"))

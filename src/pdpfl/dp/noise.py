@@ -48,6 +48,9 @@ def _gaussian(
     shapes: Sequence[Any],
 ) -> None:
     """N(0, std²) per coordinate: one draw of all coordinates, in ``shapes`` order."""
+    if len(targets) == 1 and targets[0].dim() == 1:
+        _gaussian_flat(targets[0], std, stream, shapes)
+        return
     z = draw_normals(stream, shapes, device=targets[0].device)
     if len(targets) == 1:
         t = targets[0]
@@ -62,6 +65,14 @@ def _gaussian(
         n = t.numel()
         t.add_(z[offset : offset + n].view(t.shape), alpha=std)
         offset += n
+
+
+def _gaussian_flat(flat: Tensor, std: float, stream: RandomStream, shapes: Sequence[Any]) -> None:
+    """:func:`_gaussian` on one flat vector (the DP-SGD step's hot path)."""
+    z = draw_normals(stream, shapes, device=flat.device)
+    if z.numel() != flat.numel():
+        raise ValueError(f"shapes: {list(shapes)} do not hold the {flat.numel()} coordinates")
+    flat.add_(z, alpha=std)
 
 
 _SAMPLERS: dict[str, Sampler] = {"gaussian": _gaussian}
@@ -162,23 +173,28 @@ class PreparedNoise:
     ``prepared(flat, stream)`` adds the noise to the flat float64 vector of ``shapes`` in place.
     """
 
-    __slots__ = ("noise", "shapes", "std", "numel", "_sampler")
+    __slots__ = ("noise", "shapes", "std", "numel", "_sampler", "_flat")
 
     def __init__(self, noise: NoiseSpec, shapes: Sequence[tuple[int, ...] | torch.Size]) -> None:
         self._sampler = _sampler(noise)
+        # the built-in Gaussian sampler's flat path (the same draw, one call)
+        self._flat = _gaussian_flat if self._sampler is _gaussian else None
         self.noise = noise
         self.shapes = [tuple(int(d) for d in s) for s in shapes]
         self.std = noise.std()
         self.numel = sum(math.prod(s) for s in self.shapes)
 
     def __call__(self, flat: Tensor, stream: RandomStream) -> Tensor:
-        if flat.dtype is not torch.float64 or flat.numel() != self.numel:
+        if flat.dtype is not torch.float64 or flat.dim() != 1:
             raise ValueError(
-                f"values: expected the float64 vector of {self.numel} coordinates, got "
-                f"{flat.dtype} with {flat.numel()}"
+                f"values: expected the flat float64 vector of {self.numel} coordinates, got "
+                f"{flat.dtype} of shape {tuple(flat.shape)}"
             )
         if self.std:
-            self._sampler([flat], self.noise, self.std, stream, self.shapes)
+            if self._flat is not None:
+                self._flat(flat, self.std, stream, self.shapes)
+            else:
+                self._sampler([flat], self.noise, self.std, stream, self.shapes)
         return flat
 
 
