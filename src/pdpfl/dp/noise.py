@@ -47,7 +47,13 @@ def _gaussian(
     stream: RandomStream,
     shapes: Sequence[Any],
 ) -> None:
-    """N(0, std²) per coordinate: one draw of all coordinates, in ``shapes`` order."""
+    """N(0, std²) per coordinate: one draw of all coordinates, in ``shapes`` order, added to
+    float64 values (a float64 copy of the clipped sum, rounded once afterwards)."""
+    if any(t.dtype is not torch.float64 for t in targets):
+        raise ValueError(
+            "values: Gaussian noise is added in float64 (to a float64 copy of the clipped sum, "
+            f"rounded once afterwards), got {sorted({str(t.dtype) for t in targets})}"
+        )
     if len(targets) == 1 and targets[0].dim() == 1:
         _gaussian_flat(targets[0], std, stream, shapes)
         return
@@ -100,7 +106,7 @@ def _targets(values: Values) -> tuple[list[Tensor], Values]:
         return [torch.from_numpy(values)], values  # shares memory: the array gets the noise
     targets = list(values)
     if not targets or not all(isinstance(t, Tensor) for t in targets):
-        raise ValueError("values: expected a float64 tensor, array or sequence of tensors")
+        raise ValueError("values: expected a tensor, an array or a sequence of tensors")
     if len({t.device for t in targets}) != 1:
         raise ValueError("values: every tensor must be on one device")
     return targets, values
@@ -119,8 +125,9 @@ def add_noise(
     Parameters
     ----------
     values
-        float64: a tensor, a (writable) numpy array, or a sequence of tensors on one device
-        (one draw for all, in order).
+        A tensor, a (writable) numpy array, or a sequence of tensors on one device (one draw
+        for all, in order), of the dtype the kind's sampler adds to (float64 for Gaussian
+        noise: checked by the sampler).
     noise
         The noise description (:class:`~pdpfl.privacy.noise.GaussianNoise`): the std added per
         coordinate is ``noise.std(announced_survivors)`` (σ·C, or σ·C/√t for a share).
@@ -136,17 +143,10 @@ def add_noise(
     sampler = _sampler(noise)
     std = noise.std(announced_survivors)
     out: Values
-    if isinstance(values, Tensor):  # the hot path (one flat vector of a DP-SGD step)
+    if isinstance(values, Tensor):
         targets, out = [values], values
-        wrong = values.dtype is not torch.float64
     else:
         targets, out = _targets(values)
-        wrong = any(t.dtype is not torch.float64 for t in targets)
-    if wrong:
-        raise ValueError(
-            "values: DP noise is added in float64 (to a float64 copy of the clipped sum, rounded "
-            f"once afterwards), got {sorted({str(t.dtype) for t in targets})}"
-        )
     if std == 0.0:
         return out
     if stream is None:

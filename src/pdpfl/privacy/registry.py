@@ -129,8 +129,10 @@ def make_accountant(name: str | Accountant = "rdp", **options: Any) -> Accountan
     key = as_accountant_name(name)
     norm = tuple(sorted((k, _freeze(v)) for k, v in options.items()))
     with _LOCK:
-        inst = _INSTANCES.get((key, norm))
-        if inst is None:
+        inst = _INSTANCES.pop((key, norm), None)
+        if inst is not None:  # least recently used first: a hit moves to the end
+            _INSTANCES[(key, norm)] = inst
+        else:
             inst = _REGISTRY[key](**options)
             if len(_INSTANCES) >= _MAX_INSTANCES:
                 _INSTANCES.pop(next(iter(_INSTANCES)))
