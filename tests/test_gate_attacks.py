@@ -289,6 +289,7 @@ def test_on_flower_a_tampered_masked_upload_never_leaves_the_silo(
             "model": {"name": "logreg"},
             "algorithm": {"name": "privacy-free"},
             "training": {"rounds": 1, "local_steps": 1, "batch_size": 8, "lr": 0.3},
+            "lifetime": {"allow_respend": True},  # public data, a non-DP algorithm
         }
     )
     out = tmp_path / "flower"
@@ -302,6 +303,8 @@ def test_on_flower_a_tampered_masked_upload_never_leaves_the_silo(
         "pdpfl-min-silos": 1,
     }
     grid = FakeGrid(run_config, out / "silos", n, hooks=None, monkeypatch=monkeypatch)
+    for node_config in grid.node_configs.values():
+        node_config["allow-respend"] = True  # the SuperNodes agree to re-spend public data
     seen = _pulled(grid)
     try:
         serve(grid, out)

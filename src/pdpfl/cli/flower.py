@@ -69,6 +69,17 @@ def _client_tls(insecure: bool, root_certificates: Path | None) -> None:
         fail(f"--root-certificates: file not found: {root_certificates}")
 
 
+def _loopback_only(insecure: bool, option: str, address: str) -> None:
+    """``--insecure`` only where ``address`` is loopback (exit 2 naming both otherwise)."""
+    if insecure:
+        from pdpfl.runtime.flower.loopback import check_insecure
+
+        try:
+            check_insecure([(option, address)])
+        except ValueError as err:
+            fail(str(err))
+
+
 def _address(value: str, option: str = "--superlink") -> str:
     if ":" not in value or not value.rsplit(":", 1)[1].isdigit():
         fail(f"{option}: expected host:port, got {value!r}")
@@ -114,6 +125,7 @@ def superlink(
     """Start the federation's SuperLink (the coordinating server; runs the ServerApp)."""
     if supernode_auth and insecure:
         fail("--enable-supernode-auth: SuperNode authentication needs TLS (drop --insecure)")
+    _loopback_only(insecure, "--host", host)
     cmd = [_binary("flower-superlink"), *_tls_args(insecure, certfile, keyfile, ca_certfile)]
     cmd += ["--host", host, "--port", str(port), "--disable-runtime-dependency-installation"]
     if supernode_auth:
@@ -190,6 +202,7 @@ def register_key(
     """
     _address(superlink_address)
     _client_tls(insecure, root_certificates)
+    _loopback_only(insecure, "--superlink", superlink_address)
     if not public_key.is_file():
         fail(f"PUBLIC_KEY: file not found: {public_key}")
     home = _connection_home(superlink_address, insecure, root_certificates)
@@ -271,6 +284,7 @@ def supernode(
         fail(f"--silo: must be in [0, {num_silos - 1}] for --num-silos {num_silos}, got {silo}")
     _address(superlink_address)
     _client_tls(insecure, root_certificates)
+    _loopback_only(insecure, "--superlink", superlink_address)
     if mode not in MODES:
         fail(f"--mode: must be one of {', '.join(MODES)}, got {mode!r}")
     if auth_key is not None:
@@ -459,6 +473,7 @@ def submit(
     """Submit CONFIG to a running SuperLink (``flwr run --stream``) and follow its logs."""
     _address(superlink_address)
     _client_tls(insecure, root_certificates)
+    _loopback_only(insecure, "--superlink", superlink_address)
     work = Path(tempfile.mkdtemp(prefix="pdpfl-flower-"))
     app_dir = _app_for(
         config_path,

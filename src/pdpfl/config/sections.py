@@ -156,17 +156,39 @@ class PrivacyConfig(_Section):
         description="ε → q: certified (exact on a grid, default), scf (pdpfl's "
         "curve fit), scf-paper (rPDP-FL's SCF as its reference code ran it), binary-search",
     )
-    accountant: Literal["rdp", "pld"] = Field(
+    accountant: str = Field(
         "rdp",
-        description="accountant of the calibration and the silo ledgers: rdp (Rényi DP, optimal "
-        "order) or pld (privacy-loss distributions: tighter, so larger sampling rates at the "
-        "same budgets; σ from epsilon_max is still chosen with rdp)",
+        description="accountant of every ledger and calibration (σ from epsilon_max, rates, "
+        "targets): rdp (Rényi DP, optimal order), pld (privacy-loss distributions: tighter, so "
+        "larger rates or less noise at the same budgets), or any accountant registered with "
+        "pdpfl.privacy.register_accountant whose ε are upper bounds; an algorithm whose events "
+        "the accountant cannot interpret refuses it",
     )
     allow_exclusion: bool = Field(
         False,
         description="give q = 0 to records whose budget is below the smallest achievable ε "
         "(counted in the headline) instead of refusing the run",
     )
+
+    @field_validator("accountant")
+    @classmethod
+    def _registered_accountant(cls, value: str) -> str:
+        """A registered accountant whose every ε is an upper bound (pdpfl.privacy.registry)."""
+        from pdpfl.privacy.registry import accountant_names, as_accountant_name, make_accountant
+
+        rigorous = accountant_names(rigorous=True)
+        try:
+            name = as_accountant_name(value)
+        except ValueError:
+            raise ValueError(
+                f"expected one of {', '.join(rigorous)} (registered accountants), got {value!r}"
+            ) from None
+        if make_accountant(name).approximate:
+            raise ValueError(
+                f"{name} reports an approximation, not an upper bound, so it cannot enforce "
+                f"budgets; choose one of {', '.join(rigorous)}"
+            )
+        return name
 
 
 class LifetimeConfig(_Section):

@@ -362,7 +362,7 @@ class PrivacyLedger:
         assert out is not None
         return out
 
-    def lifetime_spent(self, adversary: str = "third-party", extra: int = 0) -> np.ndarray:
+    def lifetime_spent(self, adversary: str = "both", extra: int = 0) -> np.ndarray:
         """Lifetime ε of each unit (``both`` = the larger over the observers accounted): every
         earlier run on this data composed with this one charged ``extra`` more rounds (this
         run's own ε when no budget store is attached)."""
@@ -387,9 +387,7 @@ class PrivacyLedger:
             out = np.maximum(out, self._epsilon(obs, np.full(self.n, t), self.accountant))
         return out
 
-    def spent_epsilon(
-        self, adversary: str = "third-party", accountant: str | None = None
-    ) -> np.ndarray:
+    def spent_epsilon(self, adversary: str = "both", accountant: str | None = None) -> np.ndarray:
         """ε spent so far by each unit (``both`` = the larger over the observers accounted).
 
         ``accountant`` overrides the ledger's accountant for this call (e.g. an approximate

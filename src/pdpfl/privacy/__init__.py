@@ -6,7 +6,8 @@ Theorem 1), :mod:`~pdpfl.privacy.search` (σ for a target ε). Mechanisms as dat
 :mod:`~pdpfl.privacy.mechanisms` interpreted by the accountants registered in
 :mod:`~pdpfl.privacy.registry` (``rdp`` — :mod:`~pdpfl.privacy.accountant`; ``pld`` —
 :mod:`~pdpfl.privacy.pld`; ``gdp-clt``, an approximation — :mod:`~pdpfl.privacy.gdp_clt`), fed by
-one description per algorithm (:mod:`~pdpfl.privacy.unit`). Also f-DP / Gaussian DP
+one description per algorithm (:mod:`~pdpfl.privacy.unit`), and the noise each mechanism adds,
+described once beside its event (:mod:`~pdpfl.privacy.noise`). Also f-DP / Gaussian DP
 (:mod:`~pdpfl.privacy.gdp`), sampling without replacement (:mod:`~pdpfl.privacy.wor`) and group
 privacy (:mod:`~pdpfl.privacy.group`), the (distributed) discrete Gaussian
 (:mod:`~pdpfl.privacy.discrete`) and Poisson sub-sampling of any RDP curve
@@ -38,6 +39,7 @@ from pdpfl.privacy.mechanisms import (
     TwoStageRound,
     plan_event,
 )
+from pdpfl.privacy.noise import GaussianNoise, JointGaussian, NoiseBindingError
 from pdpfl.privacy.orders import DEFAULT_ORDERS
 from pdpfl.privacy.plan import TrainingPlan
 from pdpfl.privacy.rdp import gaussian_rdp, poisson_gaussian_rdp, poisson_gaussian_rdp_pairs
@@ -47,6 +49,7 @@ from pdpfl.privacy.registry import (
     accountant_names,
     make_accountant,
     register_accountant,
+    unregister_accountant,
 )
 from pdpfl.privacy.search import find_noise_multiplier
 from pdpfl.privacy.subsampled import poisson_subsampled_rdp
@@ -79,6 +82,10 @@ __all__ = [
     "RdpAccountant",
     "Accountant",
     "register_accountant",
+    "unregister_accountant",
+    "GaussianNoise",
+    "JointGaussian",
+    "NoiseBindingError",
     "make_accountant",
     "accountant_names",
     "mechanism_epsilon",

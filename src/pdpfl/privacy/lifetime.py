@@ -286,12 +286,18 @@ def _pld_epsilon(events: list[Mechanism], counts: list[int], delta: float) -> fl
     acc = pldmod.PldAccountant()
     if not all(acc.supports(e) for e in events):
         return math.inf
-    mu = math.sqrt(sum(k * pldmod._mu2(e) for e, k in zip(events, counts, strict=True)))
+    compiled = []
+    for e in events:
+        node, rates = acc._compile(e)  # noqa: SLF001 (the accountant's one traversal)
+        compiled.append((node, 1.0 if rates is None else float(np.asarray(rates).reshape(-1)[0])))
+    mu = math.sqrt(
+        sum(k * pldmod._mu2(node, q) for (node, q), k in zip(compiled, counts, strict=True))
+    )
     est = pldmod._gdp_epsilon(mu, delta)
     interval = float(min(max(est / acc.interval_ratio, acc.min_interval), acc.max_interval))
     total, eta = None, 0.0
-    for e, k in zip(events, counts, strict=True):
-        pld, err = acc._build(pldmod._flatten(Composed(e, k)), interval)  # noqa: SLF001
+    for (node, q), k in zip(compiled, counts, strict=True):
+        pld, err = pldmod._build(pldmod._flatten(pldmod._Rep(node, k)), q, interval)
         if total is None:
             total, eta = pld, err
             continue
