@@ -266,3 +266,27 @@ def test_float_rounding_no_longer_decides_the_threshold() -> None:
     assert [survivor_threshold(n) for n in (3, 4, 10, 100)] == [2, 3, 7, 67]
     # a threshold just above 1/2 still yields a strict majority
     assert survivor_threshold(10, 0.5000000001) == 6
+
+
+@pytest.mark.parametrize("n", [3, 5])
+def test_a_replayed_or_moved_confirmation_does_not_count(n: int) -> None:
+    """The server cannot make one silo's confirmation count twice: a tag is bound to its
+    sender, so one moved into another silo's slot fails, and the signer list is distinct."""
+    rnd = Round(n)
+    rnd.fresh()
+    everyone = list(range(n))
+    view = {"session": rnd.session, "survivors": np.array(everyone),
+            "dropped": np.array([], np.int64)}  # fmt: skip
+    replies = rnd.transport.exchange("secure", "consistency", {c: view for c in everyone}, 0)
+    victim = 0
+    tags = {c: tag_for(replies[c]["confirm"], c, victim, everyone) for c in everyone if c != 0}
+    honest = {**view, "signers": np.array(everyone),
+              "confirmations": b"".join(tags[c] for c in everyone if c != 0)}  # fmt: skip
+    moved = {**honest, "confirmations": tags[1] * (n - 1)}  # silo 1's tag in every slot
+    with pytest.raises(IntegrityError, match="confirmation of the survivor set does not verify"):
+        rnd.transport.exchange("secure", "unmask", {victim: moved}, 0)
+    twice = {**honest, "signers": np.array([0, 1, 1]), "confirmations": tags[1] * 2}
+    with pytest.raises(IntegrityError, match="sorted and distinct"):
+        rnd.transport.exchange("secure", "unmask", {victim: twice}, 0)
+    reply = rnd.transport.exchange("secure", "unmask", {victim: honest}, 0)[victim]
+    assert len(reply["self_shares"]) == 16 * n  # the genuine confirmations are enough
