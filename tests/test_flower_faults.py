@@ -142,7 +142,9 @@ def test_dropping_below_t_releases_nothing_and_resume_continues(tmp_path: Path) 
     Fewer than t silos (and fewer than ``min_silos``) remain: the round is never unmasked and
     the run stops at the checkpoint of round 0. ``resume`` restarts every silo (new keys): a
     silo that masked round 1 before declines it, so round 1 is summed only over silos that had
-    not, if they reach t; round 2 has every silo."""
+    not, if they reach the consistency quorum q = 3 (they do not: no aggregate); round 2 has
+    every silo."""
+    from pdpfl.fl.aggregation.secure_identity import consistency_quorum
     from pdpfl.integrity import unseal
     from pdpfl.io import decode_state
     from pdpfl.runtime.flower import run_flower
@@ -177,7 +179,9 @@ def test_dropping_below_t_releases_nothing_and_resume_continues(tmp_path: Path) 
     assert summary["rounds_completed"] == 3
     metrics = _lines(out / "metrics.jsonl")
     assert [m["round"] for m in metrics] == [0, 1, 2]
-    assert metrics[1]["contributions"] == (len(fresh) if len(fresh) >= 2 else 0)
+    # asked: all three silos (t = 2, consistency quorum q = 3); silo 0 declines round 1
+    q = consistency_quorum(3, 2)
+    assert metrics[1]["contributions"] == (len(fresh) if len(fresh) >= q else 0)
     assert metrics[2]["contributions"] == 3
     assert all(1 in masked(s) or s not in fresh for s in range(3))
     assert not resumed.alive()
