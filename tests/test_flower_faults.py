@@ -183,5 +183,8 @@ def test_dropping_below_t_releases_nothing_and_resume_continues(tmp_path: Path) 
     q = consistency_quorum(3, 2)
     assert metrics[1]["contributions"] == (len(fresh) if len(fresh) >= q else 0)
     assert metrics[2]["contributions"] == 3
-    assert all(1 in masked(s) or s not in fresh for s in range(3))
+    if len(fresh) >= q:
+        assert all(1 in masked(s) for s in fresh)
+    else:  # the round stopped once the keys were in: no fresh silo masked (or computed) it
+        assert not any(1 in masked(s) for s in fresh)
     assert not resumed.alive()
