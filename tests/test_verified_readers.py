@@ -187,7 +187,8 @@ def test_a_folder_without_a_run_id_says_so_and_one_without_its_checkpoint_is_ref
     assert "NOT VERIFIED" in res.output
     with pytest.warns(UnverifiedRunWarning, match="NOT VERIFIED"):
         pdpfl.privacy_table(folder, as_frame=False)
-    assert pdpfl.verify_run(folder)["verified"] is False
+    with pytest.warns(UnverifiedRunWarning):
+        assert pdpfl.verify_run(folder)["verified"] is False
     res = CliRunner().invoke(app, ["export", str(folder), "--out", str(folder / "m.safetensors")])
     assert res.exit_code == 0 and "NOT VERIFIED" in res.output
 
