@@ -21,13 +21,14 @@ EXPLAIN = {
         "baselines",
         "pdpfl's Minimum and Dropout keep rPDP-FL's σ and give every kept record q = F(ε) from the "
         "certified calibration (ε spent ≤ ε_min / ε_mod), and every method divides by the same "
-        "public B and averages silos uniformly; the reference calibrates its Minimum at a fixed "
-        "q = 16/46 with the σ for ε_min, weights silos by their (private) sizes and divides by "
-        "each silo's Σq. On Heart the baselines' accuracy is dominated by noise (their per-seed "
-        "spread is 0.04-0.12), so their means move with these choices.",
+        "public B; the reference calibrates its Minimum at a fixed q = 16/46 with the σ for "
+        "ε_min and divides by each silo's Σq (a number computed from private budgets). On Heart "
+        "the baselines' accuracy is dominated by noise (their per-seed spread is 0.04-0.12), so "
+        "their means move with these choices.",
         "the variants measured in the full tier (section 'Why Minimum and Dropout differ'): "
-        "Minimum with the reference's fixed-q calibration and both baselines with size-weighted "
-        "aggregation, each over the same seeds.",
+        "Minimum with the reference's fixed-q calibration, Dropout with the paper's SCF rates "
+        "and both baselines with uniform instead of size-weighted aggregation, each over the "
+        "same seeds.",
     ),
     "table2-device": rep.Explanation(
         "table2-device",
