@@ -20,6 +20,8 @@ from typer.testing import CliRunner
 
 from pdpfl.cli import app
 from pdpfl.ledger import PrivacyLedger
+from pdpfl.ledger.budget_store import default_store_dir
+from pdpfl.ledger.lifetime import lifetime_table
 from pdpfl.privacy.tuning import (
     PoissonTrials,
     TruncatedNegativeBinomial,
@@ -186,17 +188,24 @@ def test_ledger_curves_match_dp_accounting():
 
 # ------------------------------------------------------------------- the search
 def _toy(extra=()):
-    return toy_config("rpdp", ["rounds=2", "privacy.adversary=third-party", *extra])
+    """Synthetic-size digits (public data): its budget stores record without enforcing."""
+    return toy_config(
+        "rpdp",
+        ["rounds=2", "privacy.adversary=third-party", "lifetime.allow_respend=true", *extra],
+    )
 
 
 def test_parse_grid():
     grid = parse_grid(["training.lr=0.1,0.3", "algorithm.name=rpdp", "x.y=[1,2],[3]"])
     assert grid["training.lr"] == ["0.1", "0.3"] and grid["x.y"] == ["[1,2]", "[3]"]
-    for bad in ["seed=1,2", "data.num_clients=2,3", "budgets.scenario=a", "lr", "=1"]:
+    for bad in ["seed=1,2", "data.num_clients=2,3", "budgets.scenario=a", "lr", "=1"] + [
+        "lifetime.allow_respend=true,false"
+    ]:
         with pytest.raises(ValueError, match="--grid"):
             parse_grid([bad])
 
 
+@pytest.mark.slow
 def test_a_search_at_the_full_budget_is_refused_before_training(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -205,6 +214,7 @@ def test_a_search_at_the_full_budget_is_refused_before_training(tmp_path):
     assert not (tmp_path / "t" / "trials").exists()
 
 
+@pytest.mark.slow
 def test_tune_runs_charges_and_releases_the_best(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -229,6 +239,22 @@ def test_tune_runs_charges_and_releases_the_best(tmp_path):
         assert np.all(eps <= budgets * (1 + 1e-9))
         extra = npz["rdp_search_third_party"] - npz["rdp_trial_third_party"]
         np.testing.assert_allclose(npz["rdp_extra_third_party"], np.maximum(extra, 0))
+    # every trial is a real run: each one charged the silos' lifetime budget stores
+    if res.trials:
+        table = lifetime_table(default_store_dir())
+        charged = {r for ids in table["run_ids"] for r in str(ids).split(";") if r}
+        assert len(charged) == len(res.trials)
+        assert set(table["party"]) == {"silo-0", "silo-1", "silo-2"}
+
+
+def test_a_search_on_enforced_lifetime_budgets_is_refused_before_anything(tmp_path):
+    """Each trial would charge the store in full against its own budgets: the second would
+    find every unit spent. Refused before the output folder exists."""
+    enforced = toy_config("rpdp", ["rounds=2", "privacy.adversary=third-party"])
+    assert not enforced.lifetime.allow_respend
+    with pytest.raises(TuneRefused, match=r"^lifetime\.allow_respend: tune needs true"):
+        tune(enforced, ["training.lr=0.05,0.5"], tmp_path / "t", trial_budget_fraction=0.25)
+    assert not (tmp_path / "t").exists()
 
 
 def test_cli_plan_and_errors(tmp_path):

@@ -52,7 +52,14 @@ log = logging.getLogger(__name__)
 #: What ``tune`` writes in its output folder (``overwrite`` replaces these only).
 OUTPUTS: tuple[str, ...] = ("tune.json", "result.json", "ledgers", "trials", "trial-budgets")
 #: Grid keys that would change who the units are or what they own.
-FORBIDDEN_PREFIXES: tuple[str, ...] = ("data.", "budgets.", "seed", "name", "output_dir")
+FORBIDDEN_PREFIXES: tuple[str, ...] = (
+    "data.",
+    "budgets.",
+    "lifetime.",
+    "seed",
+    "name",
+    "output_dir",
+)
 SCHEMA = "pdpfl.tune/1"
 
 
@@ -93,8 +100,9 @@ def parse_grid(items: Sequence[str]) -> dict[str, list[str]]:
             raise ValueError(f"--grid: {key} is given twice")
         if any(key == p.rstrip(".") or key.startswith(p) for p in FORBIDDEN_PREFIXES):
             raise ValueError(
-                f"--grid: {key} would change the data, the budgets or the seed, i.e. who the units "
-                "are; tune hyper-parameters of the training and the algorithm only"
+                f"--grid: {key} would change the data, the budgets, their budget store or the "
+                "seed, i.e. who the units are and what they own; tune hyper-parameters of the "
+                "training and the algorithm only"
             )
         vals = list(dict.fromkeys(_split_values(values)))
         if not vals:
@@ -313,6 +321,28 @@ def plan_search(
     )
 
 
+def check_lifetime(config: Any) -> None:
+    """Refuse a search on data whose lifetime budgets are enforced (``TuneRefused``).
+
+    Every trial is a real run, and every run charges the silos' budget stores
+    (:mod:`pdpfl.ledger.lifetime`) in full, against the budgets *it* was calibrated for: a
+    trial at a fraction f of the budgets is recorded with budgets f·b, so the next trial finds
+    every unit's lifetime budget spent and trains nobody (at f = 1 the first trial spends it
+    all). The store has no entry yet for the search's own cost (the Papernot-Steinke curves of
+    ``ledgers/search.npz``) in place of its trials' entries, so such a search cannot pay for
+    itself there; on public or synthetic data (``lifetime.allow_respend: true``) the store
+    records every trial and enforces nothing."""
+    lifetime = getattr(config, "lifetime", None)
+    if lifetime is not None and not bool(getattr(lifetime, "allow_respend", False)):
+        raise TuneRefused(
+            "lifetime.allow_respend: tune needs true (public or synthetic data, on which the "
+            "budget stores record every trial without enforcing): on data whose lifetime "
+            "budgets are enforced every trial charges the store in full against its own "
+            "budgets, so the second trial would find every unit's budget spent; the store "
+            "cannot hold the search's own cost in place of its trials' yet (docs/tune.md)"
+        )
+
+
 def _draw(config: Any, plan: SearchPlan) -> tuple[int, list[int]]:
     """K (capped) and each trial's candidate, from the tuner's own randomness."""
     from pdpfl.randomness import make_randomness
@@ -364,13 +394,15 @@ def tune(
 ) -> TuneResult:
     """Run a private random search over ``grid`` and return the selected configuration with
     the whole search's ε (see the module docstring). Raises :class:`TuneRefused` before any
-    trial if some unit's budget cannot pay for the search."""
+    trial if some unit's budget cannot pay for the search, or if the data's lifetime budgets
+    are enforced (:func:`check_lifetime`)."""
     from pdpfl.io import write_json
     from pdpfl.runtime.outputs import prepare_output_dir
     from pdpfl.runtime.simulation import load_federation_for, run_simulation
 
     say = log_fn or log.info
     grid = parse_grid(list(grid)) if not isinstance(grid, dict) else grid
+    check_lifetime(config)
     root = prepare_output_dir(
         out, overwrite=overwrite, option="--out", outputs=OUTPUTS, flags=("--force", "--resume")
     )
