@@ -267,6 +267,11 @@ def test_cli_plan_and_errors(tmp_path):
     )
     res = runner.invoke(app, ["tune", str(cfg), "--grid", "training.lr=0.1,0.3", "--plan"])
     assert res.exit_code == 2 and "error: --grid: the search would spend" in res.output
+    res = runner.invoke(
+        app, ["tune", str(cfg), "--grid", "lr=0.1,0.3", "--out", str(tmp_path / "o")]
+    )
+    assert res.exit_code == 2 and "error: lifetime.allow_respend: tune needs true" in res.output
+    assert not (tmp_path / "o").exists()
     res = runner.invoke(app, ["tune", str(cfg), "--grid", "seed=1,2", "--plan"])
     assert res.exit_code == 2 and "error: --grid: seed" in res.output
     res = runner.invoke(app, ["tune", str(cfg), "--grid", "lr=1", "--distribution", "x"])
