@@ -133,7 +133,7 @@ def _ledger_counts(path):
 @pytest.mark.parametrize(
     "algorithm",
     [
-        "rpdp",
+        pytest.param("rpdp", marks=pytest.mark.slow),
         pytest.param("idp-fedavg", marks=pytest.mark.slow),
         pytest.param("uldp-avg", marks=pytest.mark.slow),
         pytest.param("prifedsync", marks=pytest.mark.slow),
@@ -151,6 +151,7 @@ def test_ledgers_and_privacy_unchanged(tmp_path, algorithm):
     )
 
 
+@pytest.mark.slow
 def test_resume_continues_the_optimizer_exactly(tmp_path):
     extra = ["server_optimizer.name=fedavgm", "eta=0.7"]
     whole = _run(tmp_path, "whole", "rpdp", extra)
