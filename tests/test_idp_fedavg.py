@@ -477,7 +477,7 @@ def test_transport_batch_equals_each_silo_alone_and_the_loop(optimizer, variant,
         assert evals[c]["loss"] == pytest.approx(ey["loss"], rel=1e-5)
 
 
-def test_auto_strategy_uses_the_loop_for_conv_nets_on_cpu():
+def test_auto_strategy_uses_the_loop_for_conv_nets():
     from pdpfl.models import create_model
 
     assert idp.choose_strategy("auto", create_model("idp-cnn", (1, 28, 28), 10)) == "loop"
