@@ -25,6 +25,7 @@ from pdpfl.cli import (
     receipts,
     reproduce,
     run,
+    tune,
 )
 
 
@@ -128,6 +129,7 @@ for _module in (
     data,
     run,
     compare,
+    tune,
     privacy,
     receipts,
     export,
