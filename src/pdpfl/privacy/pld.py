@@ -317,34 +317,70 @@ class PldAccountant:
             return math.inf
         return float(pld.get_epsilon_for_delta(d_eff))
 
-    def _build(self, event: Mechanism, interval: float) -> tuple[Any, float]:
+    def loss_distribution(
+        self,
+        event: Mechanism,
+        count: int = 1,
+        *,
+        interval: float | None = None,
+        pessimistic: bool = True,
+    ) -> tuple[Any, float, float]:
+        """``(pld, η, interval)``: dp-accounting's PLD of ``count`` repetitions of the
+        scalar-rate ``event`` (its one rate rounded up to the rate grid, as :meth:`pld_epsilon`),
+        the bound η on its FFT error (module docstring) and the discretization interval used
+        (default :meth:`interval_for`). ``pessimistic=False`` rounds the other way: every
+        hockey-stick divergence of the result, plus η, is then a *lower* bound on the exact one
+        (used where a number must not overstate what a mechanism leaks, e.g. an audit's ε̂)."""
+        if not self.supports(event):
+            raise self._unsupported(event)
+        rates = self._rates(event)
+        scalar = event
+        if rates is not None:
+            if rates.size != 1:
+                raise ValueError("loss_distribution: expected an event with one sampling rate")
+            q_up = rate_grid_up(rates, self.rate_grid_rel_step, self.rate_grid_min)
+            scalar = _with_rate(event, float(q_up[0]))
+        k = int(check_counts(count, 1)[0])
+        used = self.interval_for(scalar, k, 1e-6) if interval is None else float(interval)
+        if not (math.isfinite(used) and used > 0):
+            raise ValueError(f"interval: must be a finite number > 0, got {interval!r}")
+        pld, eta = self._build(_flatten(Composed(scalar, k)), used, pessimistic)
+        return pld, eta, used
+
+    def _build(
+        self, event: Mechanism, interval: float, pessimistic: bool = True
+    ) -> tuple[Any, float]:
         """(PLD, η): the PLD of a scalar-rate event and its accumulated FFT-error bound."""
         pldlib = _dp_accounting()
         if isinstance(event, GaussianMechanism):
             return pldlib.from_gaussian_mechanism(
-                event.noise_multiplier, value_discretization_interval=interval
+                event.noise_multiplier,
+                value_discretization_interval=interval,
+                pessimistic_estimate=pessimistic,
             ), 0.0
         if isinstance(event, PoissonSampled):
             q = float(event.rate)  # a scalar-rate event here
             if q == 0.0:
-                return pldlib.identity(interval), 0.0
+                return pldlib.identity(interval, pessimistic_estimate=pessimistic), 0.0
             assert isinstance(event.inner, GaussianMechanism)
             return pldlib.from_gaussian_mechanism(
                 event.inner.noise_multiplier,
                 value_discretization_interval=interval,
                 sampling_prob=q,
+                pessimistic_estimate=pessimistic,
             ), 0.0
         if isinstance(event, Composed):
-            inner, eta = self._build(event.inner, interval)
+            inner, eta = self._build(event.inner, interval, pessimistic)
             if event.count == 0:
-                return pldlib.identity(interval), 0.0
+                return pldlib.identity(interval, pessimistic_estimate=pessimistic), 0.0
             return _compose(inner, event.count, eta)
         assert isinstance(event, TwoStageRound)
-        local, eta = self._build(event.local, interval)
+        local, eta = self._build(event.local, interval, pessimistic)
         lam = event.client_rate
         if lam == 1.0:
             return local, eta
-        return local.compute_mixture(pldlib.identity(interval), lam), lam * eta
+        identity = pldlib.identity(interval, pessimistic_estimate=pessimistic)
+        return local.compute_mixture(identity, lam), lam * eta
 
 
 def _compose(pld: Any, count: int, eta: float) -> tuple[Any, float]:
