@@ -139,3 +139,65 @@ def test_cli_exits_4_when_inconclusive(tmp_path: Path, monkeypatch: pytest.Monke
     assert record["verdict"] == INCONCLUSIVE and record["inconclusive"]
     assert record["observers"]["server"][0]["canaries_for_power"] == found.canaries_for_power
     assert "INCONCLUSIVE (saturated)" in (out / "AUDIT.md").read_text()
+
+
+def test_observer_rounds_and_standardized_scores() -> None:
+    """Round by round, the third party's view telescopes to −(x_T − x_0) and the server's to
+    the host's releases; standardizing by the control canaries' spread weighs every round by
+    its own noise (adaptive clipping changes the scale from round to round)."""
+    from pdpfl.audit.observe import (
+        FlatIndex,
+        ReleaseLog,
+        observer_rounds,
+        observer_scores,
+        standardized_scores,
+    )
+    from pdpfl.fl.api import Contribution
+
+    rng = np.random.default_rng(1)
+    n, rounds = 400, 6
+    log = ReleaseLog(FlatIndex([(n,)], np.arange(n)))
+    hosts = np.zeros(n, dtype=np.int64)
+    control = np.arange(n) >= n // 2
+    included = (np.arange(n) % 2 == 0) & ~control
+    scale = np.array([0.01, 1.0, 100.0, 0.1, 10.0, 1.0])  # a round's noise and signal scale
+    x = np.zeros(n)
+    for t in range(rounds):
+        release = scale[t] * (rng.standard_normal(n) - 0.5 * included)  # canary: −0.5 noise sd
+        log.record(t, 0, Contribution(update=[release.astype(np.float32)], weight=1.0))
+        x = x + release
+        log.record_model(t, [x])
+    for obs in ("third-party", "server"):
+        per_round = observer_rounds(
+            obs,
+            hosts=hosts,
+            log=log,
+            initial=[np.zeros(n)],
+            rounds=rounds,
+            hides_individual_updates=False,
+        )
+        assert per_round.shape == (rounds, n)
+        np.testing.assert_allclose(
+            per_round.sum(axis=0),
+            observer_scores(
+                obs,
+                hosts=hosts,
+                log=log,
+                initial=[np.zeros(n)],
+                final=[x],
+                hides_individual_updates=False,
+            ),
+            rtol=1e-5,
+            atol=1e-3,
+        )
+    z = standardized_scores(per_round, hosts, control)
+    raw = per_round.sum(axis=0)
+    audited = ~control
+
+    def separation(s: np.ndarray) -> float:
+        a, b = s[audited & included], s[audited & ~included]
+        return float((a.mean() - b.mean()) / b.std())
+
+    # every round contributes 0.5 sd: √6·0.5 ≈ 1.2 standardized, the raw sum sees one round
+    assert separation(z) > 1.0 > 0.8 > separation(raw)
+    assert abs(float(z[control].std()) - np.sqrt(rounds)) < 0.5

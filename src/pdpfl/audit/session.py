@@ -45,7 +45,13 @@ from pdpfl.audit.evidence import (
 )
 from pdpfl.audit.fdp import MechanismFamily
 from pdpfl.audit.hooks import AuditUnsupported, CanaryHook, canary_hook
-from pdpfl.audit.observe import FlatIndex, ReleaseLog, ReleaseTap, observer_scores
+from pdpfl.audit.observe import (
+    FlatIndex,
+    ReleaseLog,
+    ReleaseTap,
+    observer_rounds,
+    standardized_scores,
+)
 from pdpfl.audit.space import Space, block_config, choose_space
 from pdpfl.fl.algorithm import Assembly, as_algorithm
 from pdpfl.ledger import OBSERVERS, GroupSummary, PrivacyLedger, PrivacySummary
@@ -223,6 +229,8 @@ class AuditSession:
         self.settings = settings
         self.meta = meta
         self._summary_groups = summary_groups
+        #: What the statistics could not do (reported with the run's warnings).
+        self.notes: list[str] = []
 
     # ------------------------------------------------------------------ planning
     @classmethod
@@ -321,7 +329,13 @@ class AuditSession:
             # the reproducible-mode banner: audit.json records the randomness instead
             warnings.simplefilter("ignore", ReproducibleRandomnessWarning)
             record = run_rounds(
-                run.server, InProcessTransport(taps), tmp, settings, run.protocol, progress=progress
+                run.server,
+                InProcessTransport(taps),
+                tmp,
+                settings,
+                run.protocol,
+                progress=progress,
+                save_model=log.record_model,  # the sequence of global models third parties see
             )
         seconds = time.perf_counter() - started
         spent, ledgers = self._spent(log, settings.rounds)
@@ -336,15 +350,17 @@ class AuditSession:
 
         out: dict[str, list[GroupAudit]] = {}
         for obs in observers:
-            scores = observer_scores(
+            per_round = observer_rounds(
                 obs,
                 hosts=plan.host,
                 log=log,
                 initial=initial,
-                final=record["params"],
+                rounds=settings.rounds,
                 hides_individual_updates=bool(run.protocol.hides_individual_updates),
                 release_sign=float(self.hook.release_sign(run)),
             )
+            control = np.array([s.control for s in plan.groups], dtype=bool)[plan.group]
+            scores = standardized_scores(per_round, plan.host, control)
             families = {g: self._family(g, obs, ledgers) for g in range(groups)}
             top = max(
                 (g for g in range(groups) if families[g] is not None),
@@ -379,7 +395,7 @@ class AuditSession:
                 "16, at most 8 rungs); Bonferroni over statistics, rungs, groups and observers"
             ),
         }
-        return AuditResult(meta, out, warnings=list(run.warnings))
+        return AuditResult(meta, out, warnings=[*run.warnings, *self.notes])
 
     def _spent(
         self, log: ReleaseLog, rounds: int
@@ -433,9 +449,15 @@ class AuditSession:
         rate, count, sigma = max(rates), max(counts), min(sigmas)
         if rate <= 0.0 or count <= 0:
             return None
-        return MechanismFamily(
+        family = MechanismFamily(
             mechanisms[0], obs, rate, count, sigma, _member_epsilon(base, obs, rate, count, sigma)
         )
+        try:
+            family.member(0)  # the claim itself: an accountant must interpret the mechanism
+        except ValueError as err:
+            self.notes.append(f"no f-DP test for group {plan.groups[g].label} ({obs}): {err}")
+            return None
+        return family
 
     def _group(
         self,
