@@ -200,6 +200,32 @@ def test_uldp_broken_noise_is_caught() -> None:
     _caught(record, "server")
 
 
+@pytest.mark.slow
+def test_uldp_half_the_noise_is_caught() -> None:
+    """Half the claimed noise (not a tenth): the f-DP test rejects the accountant's own curve
+    with 2000 canaries, where the correct mechanism is consistent."""
+
+    def halves(session: AuditSession) -> None:
+        silo: Any
+        for silo in session.run.clients.values():
+            broken = dataclasses.replace(silo.user_setup, noise_std=silo.user_setup.noise_std / 2)
+            silo.setup = silo.user_setup = broken
+
+    config = toy_config(
+        "uldp-avg", ["privacy.epsilon_max=3.0", "training.rounds=5", "randomness=reproducible"]
+    )
+    settings = AuditSettings(canaries=2000, seed=3, space="block", observers=("server",))
+    session = AuditSession.create(config, settings)
+    halves(session)
+    record = session.execute().to_dict()
+    group = record["observers"]["server"][0]
+    assert record["verdict"] == "violation" and group["rejects_claim"]
+    assert group["statistic"] == "f-dp" and group["epsilon_lower"] >= group["spent_at_audit_delta"]
+    assert record["observers"]["server"][-1]["epsilon_lower"] == 0.0  # the control
+    fine = AuditSession.create(config, settings).execute().to_dict()
+    assert fine["verdict"] == "consistent"
+
+
 def test_uldp_refuses_variants_without_user_vectors() -> None:
     with pytest.raises(AuditUnsupported, match="no canary hook.*uldp-avg, uldp-sgd"):
         AuditSession.create(toy_config("uldp-naive", ULDP), AuditSettings(canaries=10))

@@ -21,7 +21,8 @@ the number of tests: Bonferroni), and the group's **ε̂ is the largest of them*
 with the statistic and rung that gave it. With probability at least the audit's confidence
 every reported ε̂ is simultaneously valid.
 
-**Verdict** (:attr:`Evidence.status`): ``violation`` when ε̂ exceeds the accountant's ε;
+**Verdict** (:attr:`Evidence.status`): ``violation`` when ε̂ exceeds the accountant's ε (or
+the f-DP test rejects the group's own claimed curve, ν = 1: ε̂ is then at least that ε);
 ``inconclusive (saturated)`` when the winning test got every guess right while *no* test of the
 ladder could have certified the accountant's ε even with every guess right (the audit had no
 power to fail; :attr:`Evidence.canaries_for_power` says how many canaries would give it power);
@@ -159,10 +160,20 @@ class Evidence:
         return max(values) if values else None
 
     @property
+    def rejects_claim(self) -> bool:
+        """The f-DP test rejected the group's own claimed curve (member ν ≤ 1 of its family):
+        ε̂ is then at least the accountant's ε, the crossing lying between grid points."""
+        if not self.claimed or self.fdp_family is None:
+            return False
+        return any(
+            r.fdp_noise_factor is not None and r.fdp_noise_factor <= 1.0 + 1e-12 for r in self.rungs
+        )
+
+    @property
     def violated(self) -> bool:
         if self.claimed is None:
             return False
-        return self.epsilon > self.claimed * (1 + TOLERANCE) + TOLERANCE
+        return self.epsilon > self.claimed * (1 + TOLERANCE) + TOLERANCE or self.rejects_claim
 
     @property
     def saturated(self) -> bool:
@@ -204,6 +215,7 @@ class Evidence:
             "one_shot_mu": None if self.one_shot is None else self.one_shot[0],
             "one_shot_epsilon": None if self.one_shot is None else self.one_shot[1],
             "status": self.status,
+            "rejects_claim": self.rejects_claim,
             "violated": self.violated,
         }
 

@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 from scipy import special
 
+from pdpfl.ledger import PrivacyLedger
 from pdpfl.privacy.risk import PrivacyCurve
 
 __all__ = [
@@ -52,6 +53,7 @@ __all__ = [
     "MechanismFamily",
     "audit_family",
     "gaussian_family",
+    "ledger_epsilon",
     "rejects",
 ]
 
@@ -225,3 +227,26 @@ def audit_family(
         else:
             lo = mid
     return FamilyBound(family.epsilon_at(hi), 2.0 ** (hi / GRID))
+
+
+def ledger_epsilon(
+    ledger: PrivacyLedger, obs: str, rate: float, count: int, sigma: float
+) -> Callable[[float], float]:
+    """ν ↦ the ε ``ledger``'s accountant gives one unit at ``rate`` charged ``count`` rounds
+    against ``obs`` under noise σ·ν (the same conversion as the canaries' own ε, so ν = 1 gives
+    the accountant's ε of the group): :attr:`MechanismFamily.epsilon`."""
+
+    def epsilon(factor: float) -> float:
+        one = PrivacyLedger(
+            np.ones(1),
+            np.array([rate]),
+            ledger.mechanism,
+            noise_multipliers=np.array([sigma * float(factor)]),
+            orders=ledger.orders,
+            accountant=ledger.accountant,
+        )
+        for _ in range(count):
+            one.record_round(participated=np.ones(1, bool), active=np.ones(1, bool))
+        return float(one.spent_epsilon(obs)[0])
+
+    return epsilon

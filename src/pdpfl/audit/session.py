@@ -17,10 +17,19 @@ what an observer of the federation sees):
    canaries' ledgers round by round like their hosts' units, scores every canary for every
    observer (:mod:`pdpfl.audit.observe`) and bounds each group (:mod:`pdpfl.audit.bound`).
 
-Confidence is **simultaneous**: every reported ε̂ (all groups, the control group, both
-observers, every candidate k) is computed at level (1 − confidence) / (number of tests), so with
-probability ≥ confidence *all* of them are below their groups' true ε at the audit's δ. A group
-whose ε̂ exceeds the accountant's ε is a **violation** (:attr:`AuditResult.violations`).
+Each observer's view of every canary, round by round (:func:`~pdpfl.audit.observe.observer_rounds`),
+is standardized by the control canaries' spread and summed into one score per canary; each
+group's scores become two lower bounds, Steinke et al.'s and the f-DP audit's against the
+group's own mechanism family (:mod:`pdpfl.audit.fdp`), over a ladder of guess counts, with a
+verdict, the one-shot estimate and the measured attack rates (:mod:`pdpfl.audit.evidence`),
+beside the accountant's risk card (:mod:`pdpfl.privacy.risk`).
+
+Confidence is **simultaneous**: every reported test (both statistics, every rung of the ladder,
+all groups, the control group, every observer) runs at level (1 − confidence) / (number of
+tests), so with probability ≥ confidence *all* ε̂ are below their groups' true ε at the audit's
+δ. A group whose ε̂ exceeds the accountant's ε is a **violation**
+(:attr:`AuditResult.violations`); one whose test saturated where it could not have failed is
+**inconclusive** (:attr:`AuditResult.inconclusive`).
 """
 
 from __future__ import annotations
@@ -43,7 +52,7 @@ from pdpfl.audit.evidence import (
     evidence,
     guess_ladder,
 )
-from pdpfl.audit.fdp import MechanismFamily
+from pdpfl.audit.fdp import MechanismFamily, ledger_epsilon
 from pdpfl.audit.hooks import AuditUnsupported, CanaryHook, canary_hook
 from pdpfl.audit.observe import (
     FlatIndex,
@@ -141,13 +150,19 @@ class AuditResult:
 
     @property
     def violations(self) -> list[str]:
-        return [
-            f"{obs}: group {g.label}: audited ε̂ = {g.epsilon:.4g} > the accountant's "
-            f"ε = {g.spent_audit:.4g} at δ = {self.meta['audit_delta']:.3g}"
-            for obs, rows in self.groups.items()
-            for g in rows
-            if g.violated
-        ]
+        out = []
+        for obs, rows in self.groups.items():
+            for g in rows:
+                if not g.violated:
+                    continue
+                above = g.spent_audit is None or g.epsilon > g.spent_audit
+                why = "" if above else " (the f-DP test rejects the accountant's privacy curve)"
+                out.append(
+                    f"{obs}: group {g.label}: audited ε̂ = {g.epsilon:.4g} "
+                    f"{'>' if above else '≥'} the accountant's ε = {g.spent_audit:.4g} at "
+                    f"δ = {self.meta['audit_delta']:.3g}{why}"
+                )
+        return out
 
     @property
     def inconclusive(self) -> list[str]:
@@ -450,7 +465,7 @@ class AuditSession:
         if rate <= 0.0 or count <= 0:
             return None
         family = MechanismFamily(
-            mechanisms[0], obs, rate, count, sigma, _member_epsilon(base, obs, rate, count, sigma)
+            mechanisms[0], obs, rate, count, sigma, ledger_epsilon(base, obs, rate, count, sigma)
         )
         try:
             family.member(0)  # the claim itself: an accountant must interpret the mechanism
@@ -504,25 +519,3 @@ class AuditSession:
             evidence=found,
             risk=risk,
         )
-
-
-def _member_epsilon(
-    ledger: PrivacyLedger, obs: str, rate: float, count: int, sigma: float
-) -> Callable[[float], float]:
-    """ν ↦ the ε ``ledger``'s accountant gives one unit at ``rate`` charged ``count`` rounds
-    against ``obs`` under noise σ·ν (the same conversion as the canaries' own ε)."""
-
-    def epsilon(factor: float) -> float:
-        one = PrivacyLedger(
-            np.ones(1),
-            np.array([rate]),
-            ledger.mechanism,
-            noise_multipliers=np.array([sigma * float(factor)]),
-            orders=ledger.orders,
-            accountant=ledger.accountant,
-        )
-        for _ in range(count):
-            one.record_round(participated=np.ones(1, bool), active=np.ones(1, bool))
-        return float(one.spent_epsilon(obs)[0])
-
-    return epsilon
