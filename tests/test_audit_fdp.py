@@ -146,6 +146,7 @@ def _family(sigma: float, rounds: int) -> MechanismFamily:
     return MechanismFamily(mech, "third-party", 1.0, rounds, sigma, epsilon)
 
 
+@pytest.mark.slow
 def test_the_mechanism_family_catches_half_the_noise() -> None:
     """Scores of a mechanism run at half its claimed noise (μ doubled) make the f-DP ε̂ exceed
     the accountant's ε; the correct noise does not (4000 canaries, k = 500)."""
