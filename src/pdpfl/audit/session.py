@@ -459,7 +459,13 @@ class AuditSession:
             rates.append(float(ledger.rates[rows].max()))
             counts.append(int(ledger.counts[obs][rows].max()))
             sigmas.append(float(ledger.noise_multipliers[rows].min()))
-        if base is None or any(mech != mechanisms[0] for mech in mechanisms):
+        if base is None:
+            return None
+        if any(mech != mechanisms[0] for mech in mechanisms):
+            self.notes.append(
+                f"no f-DP test for group {plan.groups[g].label} ({obs}): its canaries' hosts "
+                "charge different mechanisms (one family cannot describe them all)"
+            )
             return None
         rate, count, sigma = max(rates), max(counts), min(sigmas)
         if rate <= 0.0 or count <= 0:
