@@ -7,7 +7,8 @@ of a ladder fixed by m alone (:func:`guess_ladder`: k = m/2, m/4, … while 2k �
 :data:`RUNGS` rungs -- a one-run audit of a strong mechanism is most powerful at small k, a
 weak one at large k).
 
-**Two statistics per rung**, each a valid test:
+**Two statistics per rung**, each a valid test (the f-DP search skips a rung that cannot beat
+the group's best so far -- one evaluation -- and reports it as not searched):
 
 * Steinke, Nasr & Jagielski (NeurIPS 2023): ε̂ such that no (ε, δ)-DP mechanism with ε < ε̂
   gives this many correct guesses (:func:`pdpfl.audit.bound.epsilon_lower_bound`), whatever
@@ -336,16 +337,25 @@ def evidence(
     inc = np.asarray(included, dtype=bool)
     m = int(inc.size)
     ks = guess_ladder(m) if ks is None else [int(k) for k in ks]
-    rungs: list[Rung] = []
-    for k in ks:
-        r, v = guess_counts(scores, inc, k, order)
-        steinke = epsilon_lower_bound(m, r, v, delta, level)
-        fdp: float | None = None
-        factor: float | None = None
-        if family is not None:
-            found = audit_family(family, m, r, v, level)
-            fdp, factor = found.epsilon, found.parameter
-        rungs.append(Rung(k, r, v, steinke, fdp, factor))
+    counts = [guess_counts(scores, inc, k, order) for k in ks]
+    steinke = [epsilon_lower_bound(m, r, v, delta, level) for r, v in counts]
+    fdp: list[float | None] = [None] * len(ks)
+    factor: list[float | None] = [None] * len(ks)
+    if family is not None:
+        # the rung Steinke et al. rank first is searched fully; the others only when they can
+        # beat it (one evaluation each: :func:`audit_family`'s ``better_than``)
+        best: float | None = None
+        for i in sorted(range(len(ks)), key=lambda i: -steinke[i]):
+            found = audit_family(family, m, *counts[i], level, better_than=best)
+            if found is None:
+                continue
+            fdp[i], factor[i] = found.epsilon, found.parameter
+            if found.parameter is not None:
+                best = found.parameter
+    rungs = [
+        Rung(k, r, v, steinke[i], fdp[i], factor[i])
+        for i, (k, (r, v)) in enumerate(zip(ks, counts, strict=True))
+    ]
     best, statistic, top = 0, "steinke", -1.0
     for i, rung in enumerate(rungs):
         for name, value in (("steinke", rung.steinke), ("f-dp", rung.fdp)):

@@ -104,7 +104,7 @@ class FprTable:
     rounding the query *down* to the grid (f̄⁻¹ is non-decreasing, so the result is a lower
     bound: the test stays valid)."""
 
-    def __init__(self, curve: PrivacyCurve, points: int = 4000) -> None:
+    def __init__(self, curve: PrivacyCurve, points: int = 2000) -> None:
         tails = np.geomspace(1e-14, 0.5, points)
         grid = np.unique(np.concatenate([[0.0], tails, 1.0 - tails, [1.0]]))
         self.grid = grid
@@ -182,7 +182,7 @@ class MechanismFamily:
             noise_multiplier=sigma,
             interval=None,
             rdp=not PldAccountant().supports(event),
-            max_pairs=2000,
+            max_pairs=1000,
         )
         return FprTable(curve)
 
@@ -203,26 +203,54 @@ def audit_family(
     v: int,
     level: float,
     *,
-    low: float = 1.0 / 16.0,
-    high: float = 64.0,
-) -> FamilyBound:
+    low: float = 1.0 / 8.0,
+    high: float = 32.0,
+    better_than: float | None = None,
+) -> FamilyBound | None:
     """ε̂ of the mechanism family: the ε of the least private grid member ν̂ that (m, r, v)
     rejects (module docstring).
 
-    Rejection is monotone in ν (more noise: more private: easier to reject), so a bisection
-    over the grid between ``low`` and ``high`` finds the rejected member next to the last one
-    that is not rejected; ε̂ is its ε, never above the exact crossing's. If ``high`` is not
-    rejected, ε̂ = 0; if ``low`` is, ε̂ = ε(low) (a lower bound).
+    Rejection is monotone in ν (more noise: more private: easier to reject), so a search over
+    the grid between ``low`` and ``high`` -- galloping from the claim ν = 1, then bisecting --
+    finds the rejected member next to the last one that is not rejected; ε̂ is its ε, never
+    above the exact crossing's. If ``high`` is not rejected, ε̂ = 0; if ``low`` is, ε̂ = ε(low)
+    (a lower bound). ``better_than``: a member ν already found by another test; None is
+    returned at once (one evaluation) when this count cannot reject the next less private
+    member, i.e. cannot give a larger ε̂.
     """
     _check(m, r, v, level)
-    lo, hi = round(math.log2(low) * GRID), round(math.log2(high) * GRID)
-    if v == 0 or 2 * v <= r or not rejects(family.member(hi), m, r, v, level):
-        return FamilyBound(0.0, None)
-    if rejects(family.member(lo), m, r, v, level):
-        return FamilyBound(family.epsilon_at(lo), 2.0 ** (lo / GRID))
+    bottom, top = round(math.log2(low) * GRID), round(math.log2(high) * GRID)
+
+    def rejected(j: int) -> bool:
+        return rejects(family.member(j), m, r, v, level)
+
+    if v == 0 or 2 * v <= r:
+        return None if better_than is not None else FamilyBound(0.0, None)
+    if better_than is not None or rejected(0):
+        # gallop down from a rejected member: the claim ν = 1 (j = 0; its table also serves the
+        # power check), or the next member below another test's result
+        if better_than is None:
+            hi, step = 0, GRID
+        else:
+            hi, step = round(math.log2(better_than) * GRID) - 1, 1
+            if not rejected(hi):
+                return None
+        lo = max(bottom, hi - step)
+        while lo > bottom and rejected(lo):
+            hi, step = lo, 2 * step
+            lo = max(bottom, hi - step)
+        if lo >= hi or rejected(lo):  # down to the low end: ε(low), a lower bound
+            return FamilyBound(family.epsilon_at(lo), 2.0 ** (lo / GRID))
+    else:  # gallop up from the claim, which is not rejected
+        lo, hi, step = 0, min(top, GRID), 2 * GRID
+        while hi < top and not rejected(hi):
+            lo, hi = hi, min(top, hi + step)
+            step *= 2
+        if not rejected(hi):
+            return FamilyBound(0.0, None)
     while hi - lo > 1:  # invariant: lo not rejected, hi rejected
         mid = (lo + hi) // 2
-        if rejects(family.member(mid), m, r, v, level):
+        if rejected(mid):
             hi = mid
         else:
             lo = mid

@@ -105,12 +105,14 @@ def risk_section(
     }
 
 
-def run_risk(ledgers: list[PrivacyLedger], unit: str) -> dict[str, Any] | None:
-    """``summary.json["risk"]`` of a run: :func:`risk_section` of the ledgers this view holds
-    (None without any: no differential privacy, or a coordinator whose silos keep theirs)."""
+def run_risk(holders: Iterable[Any], unit: str) -> dict[str, Any] | None:
+    """``summary.json["risk"]`` of a run: :func:`risk_section` of the ledgers its parties hold
+    (each holder's ``ledger`` attribute: the silos', the server's); None without any (no
+    differential privacy, or a coordinator whose silos keep theirs)."""
+    ledgers = [led for h in holders if isinstance(led := getattr(h, "ledger", None), PrivacyLedger)]
     if not ledgers:
         return None
-    return risk_section(ledgers, unit)
+    return risk_section(ledgers, str(unit))
 
 
 def unit_risk(

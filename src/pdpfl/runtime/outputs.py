@@ -308,20 +308,17 @@ def write_outputs(
         summary["warnings"] = [*warnings, *summary.get("warnings", [])]
     if data is not None:
         summary["data"] = data
-    holders = [(f"client_{cid}", c) for cid, c in (clients or {}).items()]
-    holders.append(("server", server))
-    ledgers: list[tuple[str, PrivacyLedger]] = [
-        (name, led)
-        for name, h in holders
-        if isinstance(led := getattr(h, "ledger", None), PrivacyLedger)
-    ]
-    summary["risk"] = run_risk([led for _, led in ledgers], str(summary.get("privacy_unit")))
+    summary["risk"] = run_risk([*(clients or {}).values(), server], summary["privacy_unit"])
     if plots:  # the plots and the model's header read ε = ∞ (no DP) as such
         write_plots(result["metrics"], summary, out)
     write_model(out / MODEL_NAME, result["params"], parameter_names, model_metadata(summary))
     summary = finite(summary)  # what is returned is what is on disk: NaN/inf become None
     save_npz(out / "model.npz", **{f"p{i:03d}": p for i, p in enumerate(result["params"])})
-    for name, ledger in ledgers:
-        save_ledger(ledger, out / "ledgers" / f"{name}.npz", identity=result.get("run_id"))
+    holders = [(f"client_{cid}", c) for cid, c in (clients or {}).items()]
+    holders.append(("server", server))
+    for name, holder in holders:
+        ledger = getattr(holder, "ledger", None)
+        if isinstance(ledger, PrivacyLedger):
+            save_ledger(ledger, out / "ledgers" / f"{name}.npz", identity=result.get("run_id"))
     write_json(out / "summary.json", summary)
     return summary
