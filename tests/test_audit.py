@@ -77,7 +77,8 @@ def test_small_audit_sees_the_top_group_and_says_where_it_had_no_power(
     assert server["10"]["canary_rate"] == 1.0 and server["10"]["epsilon_lower"] > 0.5
     top = server["10"]
     assert top["status"] == "inconclusive (saturated)" and top["saturated"] and not top["power"]
-    assert top["correct"] == top["guesses"] and top["canaries_for_power"] > 200
+    assert any(r["correct"] == r["guesses"] >= 16 for r in top["rungs"])  # a test at its ceiling
+    assert top["canaries_for_power"] > 200
     assert top["epsilon_lower"] < top["spent_at_audit_delta"]
     assert all(g["status"] == "consistent" for g in record["observers"]["third-party"])
     assert top["risk"]["observer"] == "server" and len(top["risk"]["tpr_max"]) == 3

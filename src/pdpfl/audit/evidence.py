@@ -24,10 +24,10 @@ every reported ε̂ is simultaneously valid.
 
 **Verdict** (:attr:`Evidence.status`): ``violation`` when ε̂ exceeds the accountant's ε (or
 the f-DP test rejects the group's own claimed curve, ν = 1: ε̂ is then at least that ε);
-``inconclusive (saturated)`` when the winning test got every guess right while *no* test of the
-ladder could have certified the accountant's ε even with every guess right (the audit had no
-power to fail; :attr:`Evidence.canaries_for_power` says how many canaries would give it power);
-else ``consistent``.
+``inconclusive (saturated)`` when a rung got every guess right while *no* test of the ladder
+could have certified the accountant's ε even with every guess right (the audit had no power to
+fail there: its tests hit their ceilings; :attr:`Evidence.canaries_for_power` says how many
+canaries would give it power); else ``consistent``.
 
 **The one-shot estimate** (Andrew et al., ICLR 2024, "One-shot empirical privacy estimation
 for federated learning"; :func:`one_shot_estimate`): the included canaries' scores and the
@@ -178,11 +178,8 @@ class Evidence:
 
     @property
     def saturated(self) -> bool:
-        """The winning test got every guess right, and no test could have failed."""
-        if not self.rungs or self.power or self.epsilon <= 0.0:
-            return False
-        win = self.rungs[self.best]
-        return win.v == win.r
+        """A rung got every guess right, and no test could have failed (module docstring)."""
+        return not self.power and _perfect(self.rungs)
 
     @property
     def status(self) -> str:
@@ -244,6 +241,12 @@ def one_shot_estimate(
 #: A measured rate needs at least this many false positives allowed at its FPR (fewer: the
 #: threshold is one or two scores and the estimate mostly noise; reported as None).
 MIN_FALSE_POSITIVES = 5
+
+
+def _perfect(rungs: tuple[Rung, ...] | list[Rung]) -> bool:
+    """Some rung of at least :data:`MIN_GUESSES` guesses got every one right (with no signal
+    that happens with probability 2^-16 or less per rung)."""
+    return any(r.v == r.r and r.r >= MIN_GUESSES for r in rungs)
 
 
 def measured_tpr(
@@ -364,15 +367,7 @@ def evidence(
     claim = family.inverse(1.0) if family is not None and claimed else None
     power = claimed is not None and _power(m, ks, delta, level, claimed, claim)
     needed: int | None = None
-    win = rungs[best] if rungs else None
-    if (
-        claimed
-        and not power
-        and win is not None
-        and win.v == win.r
-        and top > 0
-        and level_for is not None
-    ):
+    if claimed and not power and _perfect(rungs) and level_for is not None:
         needed = canaries_for_power(claimed, delta, level_for, claim, start=2 * m)
     return Evidence(
         m=m,
