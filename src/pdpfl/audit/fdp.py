@@ -107,7 +107,7 @@ class FprTable:
     rounding the query *down* to the grid (f̄⁻¹ is non-decreasing, so the result is a lower
     bound: the test stays valid)."""
 
-    def __init__(self, curve: PrivacyCurve, points: int = 2000) -> None:
+    def __init__(self, curve: PrivacyCurve, points: int = 4000) -> None:
         tails = np.geomspace(1e-14, 0.5, points)
         grid = np.unique(np.concatenate([[0.0], tails, 1.0 - tails, [1.0]]))
         self.grid = grid
@@ -185,7 +185,7 @@ class MechanismFamily:
             noise_multiplier=sigma,
             interval=None,
             rdp=not PldAccountant().supports(event),
-            max_pairs=1000,
+            max_pairs=2000,
         )
         return FprTable(curve)
 
