@@ -42,14 +42,39 @@ def usage_error_line(err: click.UsageError) -> str:
     return f"error: {err.format_message()}"
 
 
+def missing_extra_line(err: ImportError, command: str | None) -> str | None:
+    """``error: <field>: ... pip install 'pdpfl[EXTRA]'`` when ``err`` is a missing optional
+    extra (:data:`pdpfl.errors.EXTRAS`), else None (a broken install keeps its traceback)."""
+    from pdpfl.errors import MissingExtra, extra_of
+
+    if isinstance(err, MissingExtra):
+        return f"error: {err}"
+    found = extra_of(err)
+    if found is None:
+        return None
+    module, extra = found
+    field = f"pdpfl {command}" if command else "pdpfl"
+    return (
+        f"error: {field}: needs the {extra} extra: pip install 'pdpfl[{extra}]' "
+        f"({module} is not installed)"
+    )
+
+
 class _Commands(TyperGroup):
-    """The root command: click's usage errors in pdpfl's one-line format (exit 2)."""
+    """The root command: click's usage errors in pdpfl's one-line format (exit 2); a feature
+    whose optional extra is not installed names the extra (exit 2, no traceback)."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
         except click.UsageError as err:
             click.echo(usage_error_line(err), err=True)
+            raise click.exceptions.Exit(2) from None
+        except ImportError as err:
+            line = missing_extra_line(err, ctx.invoked_subcommand)
+            if line is None:
+                raise
+            click.echo(line, err=True)
             raise click.exceptions.Exit(2) from None
 
 

@@ -214,14 +214,15 @@ def config_hash(config: ExperimentConfig) -> str:
 def run_fingerprint(config: ExperimentConfig) -> str:
     """What a checkpoint must match to be resumed: :func:`config_hash` of the config with its
     file paths resolved (``--data-dir data`` and ``--data-dir /abs/data`` are the same run),
-    the output folder, the number of rounds T (a finished run may be extended) and the
-    per-round model option left out."""
+    the output folder, the number of rounds T (a finished run may be extended), the
+    per-round model option and the budget store's settings left out."""
     data = config_to_dict(config)
     data.pop("output_dir", None)
     data.pop("save_models", None)
     data["training"].pop("rounds", None)
     data["training"].pop("device", None)  # a run may continue on another device
     data.pop("flower", None)  # nor do the Simulation Engine's resources
+    data.pop("lifetime", None)  # nor where the budget store is (a resume charges the same run)
     for section, key in (("data", "data_dir"), ("budgets", "file")):
         value = data.get(section, {}).get(key)
         if value:

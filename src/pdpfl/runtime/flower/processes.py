@@ -24,6 +24,7 @@ from typing import Any, TextIO
 from pdpfl.runtime.flower.hooks import (
     STATE_DIR,
 )
+from pdpfl.runtime.flower.loopback import check_insecure
 from pdpfl.runtime.flower.transport import FlowerRunError
 
 FLOWER_ENV = {
@@ -317,6 +318,8 @@ class LocalFederation:
         self.port = free_port()
         write_connection(self.flwr_home, self.address, root_certificates=self.root_certificates)
         tls = self.superlink_args or ["--insecure"]
+        if "--insecure" in tls:
+            check_insecure([("--superlink", self.address)])  # loopback only
         self.superlink = self._spawn(
             [
                 flower_binary("flower-superlink"),
