@@ -20,6 +20,8 @@ could not have failed is reported inconclusive.
   :mod:`~pdpfl.audit.prifedsync_canaries`);
 * :mod:`~pdpfl.audit.observe` -- what each observer sees, round by round (the canaries' scores);
 * :mod:`~pdpfl.audit.session` -- one audit run; :mod:`~pdpfl.audit.report` -- its outputs.
+* :mod:`~pdpfl.audit.ceiling` -- what ideal canaries of a group's mechanism would certify
+  with the same statistics (the one-run ceiling a measured ε̂ is read against).
 
 ::
 
