@@ -98,7 +98,8 @@ def risk_section(
         "meaning": (
             "tpr_max: the largest true-positive rate any membership attack on one "
             f"{unit} of the group can reach at each false-positive rate, from the accountant's "
-            "privacy-loss distribution (an upper bound; Kulynych et al. 2024)"
+            "privacy-loss distribution (an upper bound; Kulynych et al. 2024), for this run's "
+            "charges (earlier runs on the same data, in the lifetime budget store, add to it)"
         ),
         "groups": groups,
         "headline": headline,
