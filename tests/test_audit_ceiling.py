@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from pdpfl.audit.ceiling import _llr, ideal_audit, ideal_scores
+from pdpfl.audit import AuditSession, AuditSettings
+from pdpfl.audit.canaries import CONTROL_LABEL
+from pdpfl.audit.ceiling import _llr, ideal_audit, ideal_scores, session_ceilings
 from pdpfl.audit.fdp import MechanismFamily
 from pdpfl.privacy.accountant import mechanism_epsilon
 from pdpfl.privacy.mechanisms import (
@@ -19,11 +21,14 @@ from pdpfl.privacy.mechanisms import (
     SampledWithoutReplacement,
     TwoStageRound,
 )
-from pdpfl.privacy.unit import SampledGaussianPlan
+from pdpfl.privacy.unit import PrivacyUnit, SampledGaussianPlan
+from pdpfl.testing import toy_config
 
 
 def _family(sigma: float, rounds: int, rate: float = 1.0) -> MechanismFamily:
-    mech = SampledGaussianPlan("client", noise_multiplier=sigma, delta=1e-5, rounds=rounds)
+    mech = SampledGaussianPlan(
+        PrivacyUnit.CLIENT, noise_multiplier=sigma, delta=1e-5, rounds=rounds
+    )
 
     def epsilon(factor: float) -> float:
         e, _ = mechanism_epsilon(
@@ -90,3 +95,26 @@ def test_the_ceiling_is_a_valid_audit_with_power() -> None:
     assert fine.claimed == pytest.approx(family.epsilon(1.0))
     broken = ideal_audit(family, 4000, 1e-6, level, seed=3, noise_factor=0.5)
     assert broken.epsilon > broken.claimed and broken.evidence.violated
+
+
+@pytest.mark.slow
+def test_session_ceilings_test_the_audits_own_claim() -> None:
+    """On a planned audit (ULDP-AVG, every user in every round): one ceiling per budget group,
+    its claim the ε the real audit compares its ε̂ with (the canaries' ledger at δ_audit), and
+    an observer the audit does not test is refused."""
+    config = toy_config(
+        "uldp-avg", ["privacy.epsilon_max=1.0", "training.rounds=5", "randomness=reproducible"]
+    )
+    settings = AuditSettings(canaries=200, seed=3, space="block", observers=("server",))
+    record = AuditSession.create(config, settings).execute().to_dict()
+    session = AuditSession.create(config, settings)
+    out = session_ceilings(session, "server", seed=1)
+    groups = [g for g in record["observers"]["server"] if g["label"] != CONTROL_LABEL]
+    assert sorted(out) == sorted(g["label"] for g in groups)
+    for g in groups:
+        ceiling = out[g["label"]]
+        assert ceiling.claimed == pytest.approx(g["spent_at_audit_delta"], rel=1e-9)
+        assert 0.0 <= ceiling.epsilon <= ceiling.claimed
+        assert ceiling.evidence.m == 200
+    with pytest.raises(ValueError, match="observer: expected one of server"):
+        session_ceilings(session, "third-party")
