@@ -73,6 +73,8 @@ def _llr(event: Mechanism, included: np.ndarray, rng: np.random.Generator) -> np
             q, inner = float(rate.reshape(-1)[0]), event.inner
         else:
             q, inner = float(event.client_rate), event.local
+        if q <= 0.0:  # never sampled: the observation does not depend on the canary
+            return np.zeros(included.size)
         coins = rng.random(included.size) < q
         inner_llr = _llr(inner, included & coins, rng)
         # log(1 − q + q·e^ℓ), computed without overflow for large ℓ
