@@ -42,6 +42,7 @@ LAYERS: dict[str, int] = {
     "api": 7,
     "audit": 7,
     "reproduce": 7,
+    "tune": 7,
     "testing": 7,
     "cli": 8,
     "__init__": 9,

@@ -25,6 +25,7 @@ from pdpfl.config.sections import (
     ModelConfig,
     PrivacyConfig,
     SecureConfig,
+    ServerOptimizerConfig,
     TrainingConfig,
 )
 from pdpfl.registry import Registry
@@ -194,6 +195,11 @@ class ExperimentConfig(_Section):
     privacy: PrivacyConfig = Field(default_factory=lambda: PrivacyConfig.model_validate({}))
     lifetime: LifetimeConfig = Field(default_factory=lambda: LifetimeConfig.model_validate({}))
     training: TrainingConfig
+    server_optimizer: ServerOptimizerConfig = Field(
+        default_factory=lambda: ServerOptimizerConfig.model_validate({}),
+        description="post-processing of each round's released aggregate (FedAvgM, FedAdam, "
+        "FedYogi; Reddi et al. 2021); none by default",
+    )
 
     @model_validator(mode="after")
     def _cross_checks(self) -> ExperimentConfig:

@@ -203,9 +203,17 @@ def config_to_dict(config: ExperimentConfig) -> dict[str, Any]:
     return config.model_dump(mode="json")
 
 
+def _drop_defaults(data: dict[str, Any]) -> dict[str, Any]:
+    """Sections added after a release that hash like their absence at their default (a config
+    written before ``server_optimizer`` existed keeps its hash and its resumable checkpoints)."""
+    if data.get("server_optimizer", {}).get("name") == "none":
+        data.pop("server_optimizer", None)
+    return data
+
+
 def config_hash(config: ExperimentConfig) -> str:
     """SHA-256 (first 16 hex digits) of the canonical JSON of the config, output folder excluded."""
-    data = config_to_dict(config)
+    data = _drop_defaults(config_to_dict(config))
     data.pop("output_dir", None)
     text = json.dumps(data, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
@@ -216,7 +224,7 @@ def run_fingerprint(config: ExperimentConfig) -> str:
     file paths resolved (``--data-dir data`` and ``--data-dir /abs/data`` are the same run),
     the output folder, the number of rounds T (a finished run may be extended), the
     per-round model option and the budget store's settings left out."""
-    data = config_to_dict(config)
+    data = _drop_defaults(config_to_dict(config))
     data.pop("output_dir", None)
     data.pop("save_models", None)
     data["training"].pop("rounds", None)

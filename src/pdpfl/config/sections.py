@@ -389,3 +389,38 @@ class FlowerConfig(_Section):
     simulation: FlowerSimulationConfig = Field(
         default_factory=lambda: FlowerSimulationConfig.model_validate({})
     )
+
+
+class ServerOptimizerConfig(_Section):
+    """``server_optimizer:``: how the server turns each round's released aggregate into the next
+    global model (Reddi et al., ICLR 2021, "Adaptive Federated Optimization", Algorithm 2).
+
+    The algorithm's own server step proposes x̂_{t+1}; with ``name`` other than ``none`` the
+    pseudo-gradient Δ_t = x̂_{t+1} − x_t drives a server optimizer instead. It reads only the
+    released global models, so it is post-processing: every ε is unchanged
+    (:mod:`pdpfl.fl.server_optimizer`).
+    """
+
+    name: Literal["none", "fedavgm", "fedadam", "fedyogi"] = Field(
+        "none",
+        description="none (the algorithm's own step), fedavgm (server momentum), fedadam or "
+        "fedyogi (adaptive server steps)",
+    )
+    eta: float | None = Field(
+        None,
+        gt=0,
+        le=1e6,
+        description="η, the server learning rate (default: 1.0 for fedavgm, 0.01 for "
+        "fedadam/fedyogi)",
+    )
+    beta1: float = Field(0.9, ge=0, lt=1, description="β₁: momentum of Δ (fedavgm's β)")
+    beta2: float = Field(0.99, ge=0, lt=1, description="β₂: decay of the second moment")
+    tau: float = Field(
+        1e-3, gt=0, le=1e6, description="τ: adaptivity (the second moment starts at τ²)"
+    )
+
+    def server_lr(self) -> float:
+        """η: the configured value, else the method's default."""
+        if self.eta is not None:
+            return float(self.eta)
+        return 1.0 if self.name == "fedavgm" else 0.01
