@@ -3,10 +3,12 @@
 ``RUN_DIR``: reads the ledgers a run wrote (``RUN_DIR/ledgers/*.npz``; a Flower silo's state
 folder holds its own ``ledger-silo-<i>.npz``), prints the per-budget-group table in the run's
 unit and writes ``privacy.csv`` (one row per unit: id, unit, budget, ε spent per observer,
-rounds charged, stopped, excluded). ``--id X`` answers for one person; ``--receipt FILE``
-writes that person a signed privacy receipt (:mod:`pdpfl.ledger.receipts`). Every ledger is
-verified against the run first (:func:`pdpfl.ledger.runfolder.open_run`: an unsealed, foreign or
-stale ledger is refused, exit 2, naming the file) and every report says what was verified.
+rounds charged, stopped, excluded), and prints each group's attack-risk card (the largest TPR
+any membership attack reaches at FPR 0.1 / 1 / 10 %: :mod:`pdpfl.ledger.risk`). ``--id X``
+answers for one person, their own card included; ``--receipt FILE`` writes that person a signed
+privacy receipt (:mod:`pdpfl.ledger.receipts`). Every ledger is verified against the run first
+(:func:`pdpfl.ledger.runfolder.open_run`: an unsealed, foreign or stale ledger is refused, exit
+2, naming the file) and every report says what was verified.
 
 ``--store STORE``: a person's budget for life -- every run that ever charged the budget stores
 under ``STORE`` (:mod:`pdpfl.ledger.lifetime`): the runs, and per budget group the lifetime ε
@@ -119,12 +121,17 @@ def privacy_command(
                 f"--id: no {summary.unit} with id {unit_id!r} in {run_dir} "
                 f"({len(table['id'])} {summary.unit}s; ids are in privacy.csv)"
             )
+        cards = _unit_risk(check.ledgers, rows)
         if as_json:
-            print_json({"id": unit_id, "rows": rows, "verification": check.to_dict()})
+            print_json(
+                {"id": unit_id, "rows": rows, "risk": cards, "verification": check.to_dict()}
+            )
             return
         typer.echo(check.note)
-        for row in rows:
+        for row, card in zip(rows, cards, strict=True):
             typer.echo(_describe(row))
+            for obs, sentence in card.items():
+                typer.echo(f"  attack risk ({obs}): {sentence['sentence']}")
         return
     target = (
         out
@@ -135,20 +142,30 @@ def privacy_command(
         write_text(target, _csv_text(table))
     except OSError as err:
         fail(f"--out: cannot write {target} ({err.strerror or err})")
+    from pdpfl.ledger.risk import risk_section
+
+    risk = risk_section(list(check.ledgers.values()), summary.unit)
     if as_json:
         print_json(
-            {"summary": summary.to_dict(), "csv": str(target), "verification": check.to_dict()}
+            {
+                "summary": summary.to_dict(),
+                "csv": str(target),
+                "risk": risk,
+                "verification": check.to_dict(),
+            }
         )
         return
     from rich.console import Console
 
-    from pdpfl.cli.report import group_table, plural
+    from pdpfl.cli.report import group_table, plural, risk_table
 
-    Console().print(
+    console = Console()
+    console.print(
         group_table(
             summary, f"ε spent vs budget, per budget group ({summary.units} {plural(summary.unit)})"
         )
     )
+    console.print(risk_table(risk, f"attack risk, per budget group ({plural(summary.unit)})"))
     typer.echo(check.note)
     typer.echo(f"per-{summary.unit} table written to {target}")
 
@@ -199,6 +216,24 @@ def _write_receipt(
         typer.echo(f"receipt for {r.statement['unit']} {unit_id} signed by {r.signer.party} "
                    f"(key {r.signer.fingerprint}) written to {target}")  # fmt: skip
     typer.echo(f"check it with: pdpfl verify-receipt {target}")
+
+
+def _unit_risk(
+    ledgers: dict[str, Any], rows: list[dict[str, object]]
+) -> list[dict[str, dict[str, object]]]:
+    """Each row's own attack-risk card per observer, from its holder's (verified) ledger."""
+    from pdpfl.ledger.risk import unit_risk
+
+    out = []
+    for row in rows:
+        cards = unit_risk(ledgers[str(row["holder"])], str(row["id"]))
+        out.append(
+            {
+                obs: {**card.to_dict(), "sentence": card.sentence(str(row["unit"]))}
+                for obs, card in cards.items()
+            }
+        )
+    return out
 
 
 def _describe(row: dict[str, object]) -> str:
