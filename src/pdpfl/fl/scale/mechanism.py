@@ -166,9 +166,7 @@ def group_noise(
     template = TrainingPlan(
         noise_multiplier=1.0, delta=delta, steps=steps, rounds=rounds, client_rate=client_rate
     )
-    return float(
-        noise_for_uniform_rate(epsilon, rate, template, adversary, accountant=accountant)
-    )
+    return float(noise_for_uniform_rate(epsilon, rate, template, adversary, accountant=accountant))
 
 
 def default_groups(config: ExperimentConfig, top: float, points: int) -> list[float]:

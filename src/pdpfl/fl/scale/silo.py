@@ -141,7 +141,10 @@ class ScaleSilo(Silo):
             momentum=self.momentum,
         )
         engine = PersonalizedDPSGD(
-            self.model, opt, noise=self._checked_noise(), physical_batch_size=self.physical_batch_size
+            self.model,
+            opt,
+            noise=self._checked_noise(),
+            physical_batch_size=self.physical_batch_size,
         )
         rates = np.where(plan.active, self.rates, 0.0)
         clips = torch.as_tensor(self.clips, dtype=torch.float64)
