@@ -39,7 +39,7 @@ BUILTIN_ALGORITHMS: tuple[str, ...] = (
     "pdpfl.fl.idp_fedavg",
     "pdpfl.fl.prifedsync",
     "pdpfl.fl.uldp",
-    "pdpfl.fl.scale",
+    "pdpfl.fl.idp_sgd",
 )
 
 

@@ -188,7 +188,7 @@ def scale_setup(
     """The published mechanism: σ of ε_max at rate q, then σ_p of every group (ascending)."""
     pv, tr = config.privacy, config.training
     if pv.epsilon_max is None:
-        raise ValueError("privacy.epsilon_max: required by scale (the top group's ε)")
+        raise ValueError("privacy.epsilon_max: required by idp-sgd-scale (the top group's ε)")
     top = float(pv.epsilon_max)
     budgets = sorted({float(g) for g in groups} if groups else default_groups(config, top, points))
     if budgets[-1] > top * (1 + _TOLERANCE):

@@ -1,4 +1,4 @@
-"""Scale's config section (``algorithm.name: scale``): it builds the setup, server and silos.
+"""The ``idp-sgd-scale`` config section (IDP-SGD Scale): it builds the setup, server, silos.
 
 Built through the public extension points only: :func:`~pdpfl.fl.algorithm.register_algorithm`
 on an :class:`~pdpfl.fl.algorithm.Algorithm`, a :class:`~pdpfl.fl.template.Silo`, and the
@@ -15,9 +15,9 @@ from pdpfl.config import ExperimentConfig
 from pdpfl.fl.algorithm import Algorithm, PublicSetup, register_algorithm
 from pdpfl.fl.api import FederationInfo
 from pdpfl.fl.common import accountant_problems, client_budgets, initial_params, silo_model
+from pdpfl.fl.idp_sgd.mechanism import ScaleSetup, round_events, scale_setup
+from pdpfl.fl.idp_sgd.silo import ScaleSilo
 from pdpfl.fl.rpdp import FedAvgServer
-from pdpfl.fl.scale.mechanism import ScaleSetup, round_events, scale_setup
-from pdpfl.fl.scale.silo import ScaleSilo
 
 if TYPE_CHECKING:  # pragma: no cover
     from pdpfl.data.federation import ClientData
@@ -30,7 +30,7 @@ __all__ = ["ScaleConfig"]
 class ScaleConfig(Algorithm):
     """Individualized DP-SGD's Scale: one rate q, one noise σC, a clip norm C_p per group."""
 
-    name: Literal["scale"] = "scale"
+    name: Literal["idp-sgd-scale"] = "idp-sgd-scale"
     sampling_rate: float = Field(
         ..., gt=0, le=1, description="q: every record's Poisson rate in every local step"
     )
@@ -51,18 +51,18 @@ class ScaleConfig(Algorithm):
         problems = []
         if config.privacy.epsilon_max is None or config.privacy.noise_multiplier is not None:
             problems.append(
-                "privacy.epsilon_max: scale needs ε_max (the top group, clipped at "
+                "privacy.epsilon_max: idp-sgd-scale needs ε_max (the top group, clipped at "
                 "training.max_grad_norm; σ is its noise) and no privacy.noise_multiplier"
             )
         if config.training.batch_size is None:
             problems.append(
-                "training.batch_size: required by scale -- the public expected batch size B "
-                "that divides each step's noisy sum"
+                "training.batch_size: required by idp-sgd-scale -- the public expected batch "
+                "size B that divides each step's noisy sum"
             )
         if any(g <= 0 for g in self.groups or ()):
             problems.append("algorithm.groups: every group's ε must be > 0")
         return problems + accountant_problems(
-            config, round_events(config, self.sampling_rate), "scale (a record)"
+            config, round_events(config, self.sampling_rate), "idp-sgd-scale (a record)"
         )
 
     def setup(self, config: ExperimentConfig, info: FederationInfo) -> ScaleSetup:
@@ -92,7 +92,7 @@ class ScaleConfig(Algorithm):
         randomness: Randomness,
     ) -> ScaleSilo:
         if not isinstance(setup, ScaleSetup):
-            raise TypeError(f"scale: expected a ScaleSetup, got {type(setup).__name__}")
+            raise TypeError(f"idp-sgd-scale: expected a ScaleSetup, got {type(setup).__name__}")
         tr = config.training
         return ScaleSilo(
             client_id,

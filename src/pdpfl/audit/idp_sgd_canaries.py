@@ -1,4 +1,4 @@
-"""Record-level canaries for Scale (:mod:`pdpfl.fl.scale`): each clipped at its group's C_p.
+"""Record-level canaries for Scale (:mod:`pdpfl.fl.idp_sgd`): each clipped at its group's C_p.
 
 A canary of budget ε is an extra record of a host silo: its rate is q (every record's), its
 Dirac row ``C·e_j`` is clipped to the C_p of the group the silo would put a record of budget ε
@@ -20,7 +20,7 @@ import numpy as np
 from pdpfl.audit.hooks import AuditUnsupported, CanaryHookBase, register_canary_hook
 from pdpfl.dp.extra_rows import ExtraRows
 from pdpfl.fl.algorithm import Assembly
-from pdpfl.fl.scale import ScaleConfig, ScaleSilo
+from pdpfl.fl.idp_sgd import ScaleConfig, ScaleSilo
 from pdpfl.ledger import PrivacyLedger
 
 __all__ = ["ScaleCanaries"]

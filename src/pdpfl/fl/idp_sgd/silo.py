@@ -1,7 +1,7 @@
 """The Scale silo: DP-SGD with one clip norm per budget group (Boenisch et al. 2023, Alg. 1).
 
 Built at the silo from its own data, its records' budgets and the published
-:class:`~pdpfl.fl.scale.mechanism.ScaleSetup`: each record joins its group locally (budgets
+:class:`~pdpfl.fl.idp_sgd.mechanism.ScaleSetup`: each record joins its group locally (budgets
 never leave the silo) and gets C_i = σ·C/σ_p. Each round it is asked, :meth:`ScaleSilo.step`
 runs τ steps from the global model: Poisson sampling at rate q (line 5 of the paper's
 Algorithm 1), per-record clipping to C_i (line 8, individualized), the one noise N(0, σ²C²)
@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from pdpfl.fl.api import Contribution, Params, Scalars
-from pdpfl.fl.scale.mechanism import ScaleSetup
+from pdpfl.fl.idp_sgd.mechanism import ScaleSetup
 from pdpfl.fl.template import RoundPlan, Silo
 from pdpfl.ledger import PrivacyLedger, PrivacySummary
 from pdpfl.privacy.noise import GaussianNoise, check_charged

@@ -18,13 +18,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pdpfl.config import load_config
-from pdpfl.fl.scale import ScaleSetup, ScaleSilo, scale_setup
+from pdpfl.fl.idp_sgd import ScaleSetup, ScaleSilo, scale_setup
 from pdpfl.ledger import PrivacyLedger
 from pdpfl.models import get_params
 from pdpfl.privacy.noise import GaussianNoise, NoiseBindingError
 from pdpfl.randomness import make_randomness
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "scale_digits.yaml"
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "idp_sgd_digits.yaml"
 
 #: A hand-made setup (no calibration): σ = 2, C = 1, groups 1 / 3 / 8 at σ_p = 8, 4, 2.
 SETUP = ScaleSetup(
