@@ -19,18 +19,19 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from pdpfl.fl.api import Contribution, Params, Scalars
 from pdpfl.fl.idp_sgd.mechanism import ScaleSetup
 from pdpfl.fl.template import RoundPlan, Silo
 from pdpfl.ledger import PrivacyLedger, PrivacySummary
 from pdpfl.privacy.noise import GaussianNoise, check_charged
-from pdpfl.randomness import Randomness
 
 if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
     from pdpfl.data.federation import ClientData
     from pdpfl.dp.extra_rows import ExtraRows
+    from pdpfl.randomness import Randomness
 
 __all__ = ["ScaleSilo"]
 
@@ -68,6 +69,8 @@ class ScaleSilo(Silo):
         weight_decay: float = 0.0,
         physical_batch_size: int = 512,
     ) -> None:
+        import torch  # here: parsing a config never imports torch
+
         from pdpfl.dp.steps import check_normalizer
 
         self.setup, self.model, self.randomness = setup, model, randomness
@@ -129,6 +132,8 @@ class ScaleSilo(Silo):
 
     def step(self, global_params: Params, plan: RoundPlan) -> Contribution:
         """τ steps: sample at q, clip record i to C_i, add N(0, σ²C²), divide by B; Δx."""
+        import torch
+
         from pdpfl.dp import PersonalizedDPSGD, clipped_grad_sum, make_optimizer
         from pdpfl.models import get_params, loss_fn, set_params
 
