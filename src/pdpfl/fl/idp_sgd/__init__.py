@@ -7,11 +7,13 @@ spends exactly their group's ε_p. The template the docs walk through for a new 
 
 * :mod:`~pdpfl.fl.idp_sgd.mechanism` -- what the server publishes (σ, q, the groups' σ_p);
 * :mod:`~pdpfl.fl.idp_sgd.silo` -- DP-SGD with per-record clip norms on the silo template;
+* :mod:`~pdpfl.fl.idp_sgd.server` -- λ-sampling of silos and the FedAvg step;
 * :mod:`~pdpfl.fl.idp_sgd.config` -- the ``idp-sgd-scale`` config section, which builds them.
 """
 
 from pdpfl.fl.idp_sgd.config import ScaleConfig
 from pdpfl.fl.idp_sgd.mechanism import ScaleSetup, scale_setup
+from pdpfl.fl.idp_sgd.server import ScaleServer
 from pdpfl.fl.idp_sgd.silo import ScaleSilo
 
-__all__ = ["ScaleConfig", "ScaleSetup", "ScaleSilo", "scale_setup"]
+__all__ = ["ScaleConfig", "ScaleServer", "ScaleSetup", "ScaleSilo", "scale_setup"]

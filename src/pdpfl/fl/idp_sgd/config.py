@@ -1,8 +1,8 @@
 """The ``idp-sgd-scale`` config section (IDP-SGD Scale): it builds the setup, server, silos.
 
 Built through the public extension points only: :func:`~pdpfl.fl.algorithm.register_algorithm`
-on an :class:`~pdpfl.fl.algorithm.Algorithm`, a :class:`~pdpfl.fl.template.Silo`, and the
-DP-FedAvg server of :mod:`pdpfl.fl.rpdp` (Poisson client sampling at λ, x ← x + η_s·mean Δx).
+on an :class:`~pdpfl.fl.algorithm.Algorithm`, a :class:`~pdpfl.fl.template.Silo` and a
+:class:`~pdpfl.fl.api.ServerAlgorithm` (no other algorithm package is imported).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from pdpfl.fl.algorithm import Algorithm, PublicSetup, register_algorithm
 from pdpfl.fl.api import FederationInfo
 from pdpfl.fl.common import accountant_problems, client_budgets, initial_params, silo_model
 from pdpfl.fl.idp_sgd.mechanism import ScaleSetup, round_events, scale_setup
+from pdpfl.fl.idp_sgd.server import ScaleServer
 from pdpfl.fl.idp_sgd.silo import ScaleSilo
-from pdpfl.fl.rpdp import FedAvgServer
 
 if TYPE_CHECKING:  # pragma: no cover
     from pdpfl.data.federation import ClientData
@@ -74,8 +74,8 @@ class ScaleConfig(Algorithm):
         info: FederationInfo,
         setup: PublicSetup,
         randomness: Randomness,
-    ) -> FedAvgServer:
-        return FedAvgServer(
+    ) -> ScaleServer:
+        return ScaleServer(
             initial_params(config, info),
             client_rate=config.training.client_rate,
             randomness=randomness,
