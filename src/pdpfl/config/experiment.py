@@ -237,14 +237,14 @@ def _default_algorithm() -> AlgorithmConfig:
 _MODEL_CACHE: dict[int, type[ExperimentConfig]] = {}
 
 
-def _algorithm_name(raw: Any) -> str:
+def _algorithm_name(raw: object) -> str:
     """The algorithm a raw config names (``rpdp`` by default)."""
     section = raw.get("algorithm") if isinstance(raw, dict) else None
     name = section.get("name") if isinstance(section, dict) else None
     return name if isinstance(name, str) else "rpdp"
 
 
-def experiment_model(raw: Any = None) -> type[ExperimentConfig]:
+def experiment_model(raw: object = None) -> type[ExperimentConfig]:
     """:class:`ExperimentConfig` whose ``algorithm`` is a discriminated union on ``name``.
 
     ``raw``: the dictionary about to be validated; only the algorithm it names (and the default,
