@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from pdpfl.audit import client_canaries as _client_canaries  # noqa: F401 (registers)
+from pdpfl.audit import idp_sgd_canaries as _idp_sgd_canaries  # noqa: F401 (registers)
 from pdpfl.audit import prifedsync_canaries as _prifedsync_canaries  # noqa: F401 (registers)
 from pdpfl.audit import user_canaries as _user_canaries  # noqa: F401 (registers)
 from pdpfl.audit.bound import AuditBound, audit_scores, epsilon_lower_bound, p_value

@@ -87,7 +87,9 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
         raise ConfigError(
             [f"config: not plain data (mappings, lists, text, numbers): {err}"]
         ) from None
-    index = _leaf_index()
+    index: dict[str, list[str]] | None = (
+        None  # built on the first short key (loads every algorithm)
+    )
     problems = []
     for item in overrides:
         if "=" not in item:
@@ -102,6 +104,7 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
             )
             continue
         if "." not in key:
+            index = _leaf_index() if index is None else index
             paths = index.get(key, [])
             if len(paths) != 1:
                 hint = f" (one of {', '.join(paths)})" if paths else ""
@@ -158,7 +161,7 @@ def config_from_dict(raw: Any, overrides: list[str] | None = None) -> Experiment
     if problems:
         raise ConfigError(problems)
     try:
-        return experiment_model().model_validate(raw)
+        return experiment_model(raw).model_validate(raw)
     except ValidationError as err:
         raise ConfigError(_format_errors(err)) from None
 

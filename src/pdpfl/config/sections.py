@@ -37,6 +37,40 @@ class DataConfig(_Section):
     )
 
 
+#: The built-in models (:mod:`pdpfl.models`) and the options their builders take: a config is
+#: parsed without importing torch. ``tests/test_config_imports.py`` checks the table against the
+#: registered builders' signatures; any other name is looked up in :data:`pdpfl.models.MODELS`.
+BUILTIN_MODELS: dict[str, tuple[str, ...]] = {
+    "logreg": (),
+    "mlp": ("hidden",),
+    "mnist-cnn": (),
+    "prifedsync-mnist-cnn": ("dropout",),
+    "prifedsync-cifar-cnn": (),
+    "resnet18-gn": ("num_groups",),
+    "idp-cnn": ("dropout", "rescale"),
+    "cnnmnist": ("dropout",),
+    "private-fraud-net": ("hidden", "layers", "dropout"),
+}
+
+
+def model_options(name: str) -> list[str] | None:
+    """The option names model ``name`` takes (None: any keyword); KeyError if unregistered."""
+    if name in BUILTIN_MODELS:
+        return list(BUILTIN_MODELS[name])
+    import inspect
+
+    from pdpfl.models import MODELS
+
+    builder = MODELS[name]
+    try:
+        params = list(inspect.signature(builder).parameters.values())
+    except (TypeError, ValueError):  # pragma: no cover - builtins without a signature
+        return None
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return None
+    return [p.name for p in params[2:] if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+
+
 class ModelConfig(_Section):
     """The model: any name registered with :func:`pdpfl.models.register_model`."""
 
@@ -48,6 +82,8 @@ class ModelConfig(_Section):
     @field_validator("name")
     @classmethod
     def _registered(cls, value: str) -> str:
+        if value in BUILTIN_MODELS:
+            return value
         from pdpfl.models import MODELS
 
         if value not in MODELS:
@@ -57,23 +93,14 @@ class ModelConfig(_Section):
     @model_validator(mode="after")
     def _options_fit_the_builder(self) -> ModelConfig:
         """``options`` must be keyword arguments the registered builder takes."""
-        import inspect
-
-        from pdpfl.models import MODELS
-
-        builder = MODELS.get(self.name)
-        if builder is None or not self.options:
+        if not self.options:
             return self
         try:
-            signature = inspect.signature(builder)
-        except (TypeError, ValueError):  # pragma: no cover - builtins without a signature
+            allowed = model_options(self.name)
+        except KeyError:
             return self
-        params = list(signature.parameters.values())
-        if any(p.kind is p.VAR_KEYWORD for p in params):
+        if allowed is None:
             return self
-        allowed = [
-            p.name for p in params[2:] if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
-        ]
         unknown = sorted(set(self.options) - set(allowed))
         if unknown:
             raise ValueError(

@@ -82,7 +82,7 @@ _FFT_ERROR_CONSTANT = 32.0
 _TAIL = 1e-15
 
 
-def _dp_accounting():
+def _dp_accounting() -> Any:
     try:
         from dp_accounting.pld import privacy_loss_distribution as pldlib
     except ImportError as exc:  # pragma: no cover - exercised only without the extra
@@ -171,7 +171,7 @@ class PldAccountant:
         self.rate_grid_rel_step = float(rate_grid_rel_step)
         self.rate_grid_min = float(rate_grid_min)
         self.rdp = RdpAccountant(rdp_orders, refine=rdp_refine)
-        self._cache: OrderedDict[tuple, tuple[float, float]] = OrderedDict()
+        self._cache: OrderedDict[tuple[Any, ...], tuple[float, float]] = OrderedDict()
         self._cache_size = int(cache_size)
         self._lock = threading.Lock()
         #: Number of PLDs actually computed (for benchmarks).

@@ -140,7 +140,7 @@ class PrivacyCurve:
             second = 1.0 - down * (1.0 - d - x)
             out[s : s + _CHUNK] = np.min(np.minimum(first, second), axis=1)
         out = np.maximum(np.minimum(out, 1.0), flat)  # guessing at random reaches TPR = FPR
-        return out.reshape(a.shape)
+        return np.asarray(out.reshape(a.shape), dtype=np.float64)
 
     def fpr(self, tpr: ArrayLike) -> np.ndarray:
         """The smallest FPR at which any attack can reach TPR ``tpr`` (a lower bound; the
@@ -159,7 +159,7 @@ class PrivacyCurve:
             second = np.where(np.isnan(second), -np.inf, second)
             out[s : s + _CHUNK] = np.max(np.maximum(first, second), axis=1)
         out = np.minimum(np.clip(out, 0.0, 1.0), flat)  # f̄⁻¹(y) ≤ y (random guessing)
-        return out.reshape(y.shape)
+        return np.asarray(out.reshape(y.shape), dtype=np.float64)
 
     def pruned(self, points: int = 256) -> PrivacyCurve:
         """The pairs that decide :meth:`tpr` or :meth:`fpr` somewhere on a grid of ``points``

@@ -89,7 +89,7 @@ class TruncatedNegativeBinomial:
         g, e = self.gamma, self.eta
         if e == 0.0:
             return (1.0 / g - 1.0) / math.log(1.0 / g)
-        return e * (1.0 - g) / (g * (1.0 - g**e))
+        return float(e * (1.0 - g) / (g * (1.0 - g**e)))
 
     @classmethod
     def with_mean(cls, mean: float, eta: float = 0.0) -> TruncatedNegativeBinomial:
@@ -123,7 +123,7 @@ class TruncatedNegativeBinomial:
         return np.where(ks >= 1, out, -np.inf)
 
     def pmf(self, k: ArrayLike) -> np.ndarray:
-        return np.exp(self.log_pmf(k))
+        return np.asarray(np.exp(self.log_pmf(k)), dtype=np.float64)
 
     def tail(self, m: int) -> float:
         """P[K > m]."""
@@ -168,7 +168,7 @@ class PoissonTrials:
         return np.asarray(stats.poisson.logpmf(np.asarray(k), self.mu), dtype=np.float64)
 
     def pmf(self, k: ArrayLike) -> np.ndarray:
-        return np.exp(self.log_pmf(k))
+        return np.asarray(np.exp(self.log_pmf(k)), dtype=np.float64)
 
     def tail(self, m: int) -> float:
         return float(stats.poisson.sf(m, self.mu))
@@ -204,7 +204,7 @@ def tnb_rdp(
     # (1 + η)(1 − 1/λ̂) ε(λ̂) + (1 + η) log(1/γ)/λ̂, minimised over λ̂ (per unit)
     extra = (1.0 + eta) * ((1.0 - 1.0 / a) * r + math.log(1.0 / gamma) / a)
     best = np.min(extra, axis=-1, keepdims=True)
-    return r + best + math.log(distribution.mean) / (a - 1.0)
+    return np.asarray(r + best + math.log(distribution.mean) / (a - 1.0), dtype=np.float64)
 
 
 def poisson_rdp(rdp: ArrayLike, orders: ArrayLike, distribution: PoissonTrials) -> np.ndarray:
@@ -246,7 +246,7 @@ def mixture_rdp(
     logw = np.log(np.where(w > 0, w, 1.0)).reshape(shape) + np.where(w > 0, 0.0, -np.inf).reshape(
         shape
     )
-    return special.logsumexp((a - 1.0) * c + logw, axis=0) / (a - 1.0)
+    return np.asarray(special.logsumexp((a - 1.0) * c + logw, axis=0) / (a - 1.0), dtype=np.float64)
 
 
 def capped_pmf(distribution: TrialDistribution, cap: int) -> np.ndarray:
@@ -265,4 +265,6 @@ def random_composition_rdp(rdp: ArrayLike, orders: ArrayLike, pmf: ArrayLike) ->
     p = np.asarray(pmf, dtype=np.float64)
     ks = np.flatnonzero(p > 0)
     terms = np.log(p[ks])[:, None] + ks[:, None] * ((a - 1.0) * r[..., None, :])
-    return np.maximum(special.logsumexp(terms, axis=-2) / (a - 1.0), 0.0)
+    return np.asarray(
+        np.maximum(special.logsumexp(terms, axis=-2) / (a - 1.0), 0.0), dtype=np.float64
+    )
