@@ -62,7 +62,9 @@ BASE: dict[str, Any] = {
 }
 WEAK = {"paillier_bits": 1024, "n_max": 600, "allow_weak_keys": True, "workers": 1}
 
-SECURE = frozenset({("secure", s) for s in ("advertise", "share", "upload", "unmask")})
+SECURE = frozenset(
+    {("secure", s) for s in ("advertise", "share", "upload", "consistency", "unmask")}
+)
 WEIGHTING = frozenset(
     ("private-weighting", s)
     for s in ("setup-keys", "setup-seed", "setup-histogram", "weights", "install", "round")

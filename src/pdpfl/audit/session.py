@@ -335,6 +335,8 @@ class AuditSession:
         log = ReleaseLog(FlatIndex([np.shape(p) for p in initial], plan.coords))
         taps: dict[int, Any] = {c: ReleaseTap(s, c, log) for c, s in run.clients.items()}
         settings = LoopSettings.of(run.config)
+        transport = InProcessTransport(taps)
+        transport.configure_security(run.config)  # each silo's own secure-summation settings
         started = time.perf_counter()
         with (
             tempfile.TemporaryDirectory(prefix="pdpfl-audit-") as tmp,
@@ -345,12 +347,13 @@ class AuditSession:
             warnings.simplefilter("ignore", ReproducibleRandomnessWarning)
             record = run_rounds(
                 run.server,
-                InProcessTransport(taps),
+                transport,
                 tmp,
                 settings,
                 run.protocol,
                 progress=progress,
-                save_model=log.record_model,  # the sequence of global models third parties see
+                # the sequence of global models third parties see (the run id is not needed)
+                save_model=lambda t, params, _run_id: log.record_model(t, params),
             )
         seconds = time.perf_counter() - started
         spent, ledgers = self._spent(log, settings.rounds)

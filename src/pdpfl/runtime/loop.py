@@ -48,6 +48,7 @@ from pdpfl.checkpoint import (
 from pdpfl.errors import TrainingDiverged
 from pdpfl.fl.aggregation import SumProtocol, check_compatible, protocol_from_config
 from pdpfl.fl.api import Params, ServerAlgorithm
+from pdpfl.fl.extension import check_extension
 from pdpfl.fl.lifetime import open_lifetime, run_holders
 from pdpfl.fl.rounds import (
     Transport,
@@ -118,6 +119,11 @@ class LoopSettings:
     planned_rounds: int | None = None
     #: The server optimizer post-processing each round's model (None: the algorithm's step).
     server_optimizer: ServerOptimizerSpec | None = None
+    #: The user's explicit opt-in to extend a run past its plan although units that cannot sit
+    #: out exceed their budget (:func:`pdpfl.fl.extension.check_extension`).
+    allow_over_budget: bool = False
+    #: The algorithm's name (the extension's sentences name it).
+    algorithm: str = "this algorithm"
 
     @classmethod
     def of(cls, config: Any) -> LoopSettings:
@@ -130,6 +136,7 @@ class LoopSettings:
             server_optimizer=ServerOptimizerSpec.from_config(
                 getattr(config, "server_optimizer", None)
             ),
+            algorithm=str(getattr(getattr(config, "algorithm", None), "name", "this algorithm")),
         )
 
 
@@ -149,6 +156,9 @@ def run_federation(
     summation protocol, :func:`~pdpfl.fl.aggregation.protocol_from_config`)."""
     protocol = protocol if protocol is not None else protocol_from_config(config)
     check_compatible(server, protocol)
+    configure = getattr(transport, "configure_security", None)
+    if callable(configure):  # in-process silos take their protocol settings from the config
+        configure(config)
     return run_rounds(
         server,
         transport,
@@ -173,7 +183,7 @@ def run_rounds(
     progress: bool = True,
     on_round: RoundCallback | None = None,
     stop_after: int | None = None,
-    save_model: Callable[[int, Params], None] | None = None,
+    save_model: Callable[[int, Params, str], None] | None = None,
 ) -> dict[str, Any]:
     """Run ``settings.rounds`` rounds and return the run's record.
 
@@ -199,8 +209,8 @@ def run_rounds(
     stop_after
         Stop (as if interrupted) after this many rounds in total; for tests of ``resume``.
     save_model
-        Optional ``(round_index, params)`` called with each round's global model (before its
-        checkpoint is written).
+        Optional ``(round_index, params, run_id)`` called with each round's global model (before
+        its checkpoint is written).
 
     Returns
     -------
@@ -252,7 +262,25 @@ def run_rounds(
             transport.load_client_states(ckpt["client_states"])
             seconds_before = float(ckpt["seconds"])
             metrics = [m for m in read_metrics(out) if int(m["round"]) < start]
+    planned_t = settings.planned_rounds
+    # Past the planned T: units sit out at their budget, or the extension is refused unless the
+    # user opted in (issue #34); before any store is opened and anything is charged.
+    extension = (
+        check_extension(
+            run_holders(server, transport),
+            planned=int(planned_t),
+            rounds=rounds,
+            start=start,
+            allow_over_budget=settings.allow_over_budget,
+            algorithm=settings.algorithm,
+        )
+        if planned_t is not None
+        else None
+    )
+    for sentence in (extension or {}).get("warnings", []):
+        log.warning("%s", sentence)
     last_round = rounds if stop_after is None else min(rounds, int(stop_after))
+    next_round = start  # the round the checkpoint records (what the run's outputs are sealed at)
     # Every budget store of the parties held here is locked and charged from now on, before
     # any release; a run that would overspend and cannot stop its units is refused here.
     lifetime = open_lifetime(run_holders(server, transport), run_id, rounds - start)
@@ -310,7 +338,7 @@ def run_rounds(
             line["seconds"] = seconds_before + time.perf_counter() - t0
             metrics.append(line)
             if save_model is not None and diverged is None:
-                save_model(t, params)
+                save_model(t, params, run_id)
             state: dict[str, Any] = {
                 "next_round": int(line["round"]) + 1,
                 "params": params,
@@ -324,6 +352,7 @@ def run_rounds(
             if optimizer is not None:
                 state["server_optimizer"] = optimizer.state_dict()
             save_round(out, metrics, state)
+            next_round = int(line["round"]) + 1
             if diverged is not None:
                 break
             log.info(
@@ -352,7 +381,9 @@ def run_rounds(
         "completed": diverged is None and last_round == rounds,
         "fingerprint": settings.fingerprint,
         "run_id": run_id,
+        "next_round": next_round,
         "lifetime": lifetime.report(),
+        "extension": extension,
     }
     if diverged is not None:
         record["diverged"] = diverged.to_dict()
