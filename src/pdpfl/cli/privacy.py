@@ -63,6 +63,7 @@ def privacy_command(
     """Each person's ε spent (per observer) against their budget, from a run's ledgers."""
     from pdpfl.io import write_text
     from pdpfl.ledger.table import merged_summary, privacy_table, select_id
+    from pdpfl.runtime.outputs import holder_names, with_silo_names
 
     if not run_dir.exists():
         fail(f"RUN_DIR: {run_dir} does not exist")
@@ -71,8 +72,14 @@ def privacy_command(
         summary = merged_summary(run_dir)
     except ValueError as err:
         fail(f"RUN_DIR: {err}")
+    stems = table["holder"].copy()
+    table = with_silo_names(table, holder_names(run_dir if run_dir.is_dir() else run_dir.parent))
     if unit_id is not None:
-        rows = _rows(select_id(table, unit_id))
+        chosen = select_id(table, unit_id)
+        if not len(chosen["id"]) and summary.unit == "client":
+            # a client is a silo: its ledger file's name (client_<i>) also answers
+            chosen = {c: v[stems == str(unit_id)] for c, v in table.items()}
+        rows = _rows(chosen)
         if not rows:
             fail(
                 f"--id: no {summary.unit} with id {unit_id!r} in {run_dir} "
@@ -82,7 +89,7 @@ def privacy_command(
             print_json({"id": unit_id, "rows": rows})
             return
         for row in rows:
-            typer.echo(_describe(row))
+            typer.echo(_describe(row, summary.observers))
         return
     target = (
         out
@@ -108,18 +115,25 @@ def privacy_command(
     typer.echo(f"per-{summary.unit} table written to {target}")
 
 
-def _describe(row: dict[str, object]) -> str:
+def _describe(row: dict[str, object], observers: tuple[str, ...]) -> str:
+    """One unit's answer: budget, rate, σ, and ε spent against each observer its ledger
+    accounts for (a client-level ledger accounts for third parties only)."""
+
     def num(x: object) -> str:
         return "-" if x is None else f"{float(x):.4g}"  # type: ignore[arg-type]
 
+    holder = "" if row["holder"] == row["id"] else f" (held by {row['holder']})"
     lines = [
-        f"{row['unit']} {row['id']} ({row['holder']}): budget ε = {num(row['budget'])}, "
-        f"sampling rate {num(row['rate'])}, noise multiplier {num(row['noise_multiplier'])}",
-        f"  third party: ε spent {num(row['epsilon_third_party'])} over "
-        f"{row['rounds_third_party']} charged round(s)",
-        f"  server:      ε spent {num(row['epsilon_server'])} over "
-        f"{row['rounds_server']} charged round(s)",
+        f"{row['unit']} {row['id']}{holder}: budget ε = {num(row['budget'])}, "
+        f"sampling rate {num(row['rate'])}, noise multiplier {num(row['noise_multiplier'])}"
     ]
+    for obs, label in (("third-party", "third party:"), ("server", "server:     ")):
+        if obs in observers:
+            tag = obs.replace("-", "_")
+            lines.append(
+                f"  {label} ε spent {num(row[f'epsilon_{tag}'])} over "
+                f"{row[f'rounds_{tag}']} charged round(s)"
+            )
     if row["excluded"]:
         lines.append("  excluded: never sampled (budget below the smallest achievable ε)")
     elif row["stopped"]:

@@ -13,6 +13,7 @@ from pydantic import (
     ConfigDict,
     Field,
     create_model,
+    field_validator,
     model_validator,
 )
 
@@ -192,6 +193,27 @@ class ExperimentConfig(_Section):
     budgets: BudgetsConfig = Field(default_factory=lambda: BudgetsConfig.model_validate({}))
     privacy: PrivacyConfig = Field(default_factory=lambda: PrivacyConfig.model_validate({}))
     training: TrainingConfig
+
+    @field_validator("name")
+    @classmethod
+    def _printable_name(cls, value: str) -> str:
+        """A run's name reaches terminals, logs and plot titles: no control characters (an
+        escape sequence could rewrite the terminal; a newline would forge log lines)."""
+        import unicodedata
+
+        for i, ch in enumerate(value):
+            if (
+                unicodedata.category(ch) in ("Cc", "Zl", "Zp")
+                or "\u202a" <= ch <= "\u202e"
+                or ("\u2066" <= ch <= "\u2069")
+            ):
+                raise ValueError(
+                    f"contains the control character U+{ord(ch):04X} at position {i}; a run "
+                    "name is shown on terminals, in logs and in plots: use printable characters"
+                )
+        if not value.strip():
+            raise ValueError("must not be empty or blank")
+        return value
 
     @model_validator(mode="after")
     def _cross_checks(self) -> ExperimentConfig:
