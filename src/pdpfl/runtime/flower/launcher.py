@@ -356,9 +356,10 @@ def _restamp_model(out: Path, summary: dict[str, Any]) -> None:
     from pdpfl.runtime.model_file import MODEL_NAME, model_metadata, read_model, write_model
 
     path = out / MODEL_NAME
-    if not path.is_file():
+    try:
+        tensors, _ = read_model(path)
+    except ValueError:  # no model file (a run stopped before writing one): nothing to stamp
         return
-    tensors, _ = read_model(path)
     write_model(path, list(tensors.values()), list(tensors), model_metadata(summary))
 
 
