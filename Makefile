@@ -3,7 +3,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-fast demo bench lint format typecheck clean
+.PHONY: install test test-fast check-wheel demo bench lint format typecheck clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -25,6 +25,27 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow and not flower"
 
+# What `pip install pdpfl` gives a user: build the sdist and the wheel (from the sdist; no
+# deprecation warning from the package metadata), install the wheel with no extras into a bare
+# virtual environment (torch first, as the README says; pip's cache serves both installs), and
+# run every example for one round (plain and secure aggregation, ULDP-FL's private weighting),
+# `pdpfl privacy`, `account` and `calibrate`, and each extra's refusal (tests/wheel_smoke.py).
+WHEEL_VENV := build/wheel-venv
+DATA_DIR ?= ../shared/data
+check-wheel: $(STAMP)
+	rm -rf dist $(WHEEL_VENV) build/wheel-smoke
+	mkdir -p build
+	$(BIN)/python -m build --outdir dist . > build/check-wheel-build.log 2>&1 \
+		|| { cat build/check-wheel-build.log; exit 1; }
+	@if grep -i -n "deprecat" build/check-wheel-build.log; then \
+		echo "error: python -m build: deprecation warning above (build/check-wheel-build.log)"; \
+		exit 1; fi
+	$(PY) -m venv $(WHEEL_VENV)
+	$(WHEEL_VENV)/bin/pip install -q torch==2.13.0
+	$(WHEEL_VENV)/bin/pip install -q dist/pdpfl-*.whl
+	$(WHEEL_VENV)/bin/python tests/wheel_smoke.py --examples examples --data-dir $(DATA_DIR) \
+		--work build/wheel-smoke
+
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/ruff format --check src tests benchmarks
@@ -42,7 +63,7 @@ demo: $(STAMP)
 
 # Each script prints one JSON object; numbers, commands and the machine are in benchmarks/RESULTS.md.
 BENCHMARKS := accounting calibration gdp_mechanisms dpsgd data federated flower pld secure_sum uldp \
-	validation
+	validation discrete_noise
 bench: $(STAMP)
 	@for b in $(BENCHMARKS); do echo "== benchmarks/$$b.py"; $(BIN)/python benchmarks/$$b.py --json || exit 1; done
 

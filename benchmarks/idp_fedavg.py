@@ -83,7 +83,6 @@ def _aggregate_seconds(updates: list[list[np.ndarray]], params) -> float:
         sizes=(float(len(updates)),),
         assigned=(1.0,),
         rates=(1.0,),
-        noise_multipliers=(0.9,),
         clip_factors=(1.0,),
         noise_multiplier=0.9,
         value_noise_multiplier=0.95,

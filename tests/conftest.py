@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -45,3 +46,29 @@ def _key_dir(tmp_path_factory: pytest.TempPathFactory) -> None:
     never in the developer's home."""
     if "PDPFL_KEY_DIR" not in os.environ:
         os.environ["PDPFL_KEY_DIR"] = str(tmp_path_factory.mktemp("pdpfl-keys"))
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _budget_dir(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Budget stores (a person's budget for life, pdpfl.ledger.lifetime) are kept in a temporary
+    folder (inherited by the processes the suite starts), never in the developer's home."""
+    if "PDPFL_BUDGET_DIR" not in os.environ:
+        os.environ["PDPFL_BUDGET_DIR"] = str(tmp_path_factory.mktemp("pdpfl-budgets"))
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _module_budget_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """A fresh budget store folder per module, so that a module's shared runs never find the
+    data already spent by another module's runs."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PDPFL_BUDGET_DIR", str(tmp_path_factory.mktemp("budgets-module")))
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _test_budget_dir(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fresh budget store folder per test: the suite runs the same examples on the same data
+    many times, and each test starts with every lifetime budget unspent."""
+    monkeypatch.setenv("PDPFL_BUDGET_DIR", str(tmp_path_factory.mktemp("budgets")))

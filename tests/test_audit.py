@@ -3,7 +3,6 @@ mechanisms (noise divided by 10; a leaked noise-free field) that the audit must 
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -13,6 +12,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from noise_faults import weaken_noise
 from pdpfl.audit import AuditSession, AuditSettings, AuditUnsupported, run_audit
 from pdpfl.audit.canaries import CONTROL_LABEL
 from pdpfl.cli import app
@@ -89,13 +89,11 @@ def test_negative_control_is_at_chance(strong: tuple[Any, Path]) -> None:
         assert abs(control["correct"] / control["guesses"] - 0.5) < 0.2
 
 
-def _break_noise(session: AuditSession) -> None:
-    """The bug: every silo adds a tenth of the noise its ledger is charged for."""
-    for silo in session.run.clients.values():
-        assert isinstance(silo, DpFedAvgSilo)
-        silo.setup = dataclasses.replace(
-            silo.setup, noise_multiplier=silo.setup.noise_multiplier / 10
-        )
+def _break_noise(session: AuditSession, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bug: every silo adds a tenth of the noise its ledger is charged for (the sampler is
+    broken: the noise description itself is bound to the ledger, tests/test_noise_binding.py)."""
+    assert all(isinstance(s, DpFedAvgSilo) for s in session.run.clients.values())
+    weaken_noise(monkeypatch)
 
 
 class _LeakySilo:
@@ -123,18 +121,18 @@ class _LeakySilo:
         return getattr(self._silo, name)
 
 
-def _break_release(session: AuditSession) -> None:
+def _break_release(session: AuditSession, monkeypatch: pytest.MonkeyPatch) -> None:
     for c in list(session.run.clients):
         session.run.clients[c] = _LeakySilo(session.run.clients[c])
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("breaks", [_break_noise, _break_release], ids=["noise/10", "leak"])
-def test_a_broken_mechanism_is_caught(breaks: Any) -> None:
+def test_a_broken_mechanism_is_caught(breaks: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     session = AuditSession.create(
         _config(CLAIM), AuditSettings(canaries=200, seed=5, space="block", observers=("server",))
     )
-    breaks(session)
+    breaks(session, monkeypatch)
     result = session.execute()
     server = _rows(result, "server")
     # ε̂ above what the ledgers claim, in the small-budget groups: the audit fails loudly

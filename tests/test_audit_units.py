@@ -15,12 +15,12 @@ allow the budget groups the same 0.5 of chance above their ε, so that CI cannot
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import numpy as np
 import pytest
 
+from noise_faults import weaken_noise
 from pdpfl.audit import AuditSession, AuditSettings, AuditUnsupported
 from pdpfl.audit.canaries import CONTROL_LABEL, EVERYWHERE, GroupSpec, plan_canaries
 from pdpfl.fl.idp_fedavg import CentralIdpServer, DistributedIdpSilo
@@ -125,13 +125,10 @@ def test_idp_fedavg_canary_clients(extra: list[str], observers: tuple[str, ...])
 
 
 @pytest.mark.slow
-def test_idp_fedavg_broken_noise_is_caught() -> None:
-    def breaks(session: AuditSession) -> None:
-        server: Any = session.run.server
-        setup = server.setup
-        server.setup = dataclasses.replace(
-            setup, value_noise_multiplier=setup.value_noise_multiplier / 10
-        )
+def test_idp_fedavg_broken_noise_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    def breaks(session: AuditSession) -> None:  # the server's sampler draws a tenth
+        assert isinstance(session.run.server, CentralIdpServer)
+        weaken_noise(monkeypatch)
 
     _, record = _audit("idp-fedavg", IDP_CLAIM, canaries=200, breaks=breaks)
     _caught(record, "third-party")
@@ -188,12 +185,9 @@ def test_uldp_canary_users(extra: list[str]) -> None:
         assert counts[0].min() == 5  # q = 1: sampled every round
 
 
-def test_uldp_broken_noise_is_caught() -> None:
-    def breaks(session: AuditSession) -> None:
-        silo: Any
-        for silo in session.run.clients.values():
-            broken = dataclasses.replace(silo.user_setup, noise_std=silo.user_setup.noise_std / 10)
-            silo.setup = silo.user_setup = broken  # the noise shares are sized from user_setup
+def test_uldp_broken_noise_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    def breaks(session: AuditSession) -> None:  # every silo's sampler draws a tenth
+        weaken_noise(monkeypatch)
 
     _, record = _audit("uldp-avg", [*ULDP, "randomness=reproducible"], canaries=200, breaks=breaks)
     _caught(record, "third-party")
@@ -243,13 +237,9 @@ def test_prifedsync_canary_records(extra: list[str]) -> None:
         assert set(plan.host[plan.group == g2].tolist()) == {0}
 
 
-def test_prifedsync_broken_noise_is_caught() -> None:
-    def breaks(session: AuditSession) -> None:
-        silo: Any
-        for silo in session.run.clients.values():
-            silo.mechanism = dataclasses.replace(
-                silo.mechanism, noise_multiplier=silo.mechanism.noise_multiplier / 10
-            )
+def test_prifedsync_broken_noise_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    def breaks(session: AuditSession) -> None:  # every client's sampler draws a tenth
+        weaken_noise(monkeypatch)
 
     _, record = _audit(
         "prifedsync", [*PRIFEDSYNC, "algorithm.sampler=poisson"], canaries=200, breaks=breaks

@@ -110,7 +110,7 @@ def test_empty_csv_and_infeasible_budgets_exit_2(tmp_path) -> None:
         ["--budgets", str(tmp_path / "b.csv"), "--sigma", "3.5", *PLAN_ARGS, "--out", str(out)]
     )
     assert res.exit_code == 2 and "empty" in res.stderr and not out.exists()
-    save_npy(tmp_path / "tiny.npy", np.array([1e-6, 1.0]))
+    save_npy(tmp_path / "tiny.npy", np.array([2e-3, 1.0]))  # above MIN_BUDGET, below reach
     strict = ["--delta", "1e-8", "--steps", "5", "--rounds", "20", "--client-rate", "0.5"]
     res = run(
         ["--budgets", str(tmp_path / "tiny.npy"), "--sigma", "3.5", *strict, "--out", str(out)]

@@ -81,7 +81,7 @@ def test_run_writes_outputs_and_json(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_compare_table_and_csv(tmp_path: Path) -> None:
-    cfg = _write(tmp_path, TINY)
+    cfg = _write(tmp_path, {**TINY, "lifetime": {"allow_respend": True}})  # privacy-free: ε = ∞
     table = tmp_path / "runs.csv"
     res = _invoke(
         "compare",

@@ -74,7 +74,10 @@ def test_a_huge_learning_rate_exits_3_naming_the_round_and_keeps_the_charges(tmp
 
 
 def test_a_model_that_produces_nan_raises_the_dedicated_exception(tmp_path) -> None:
-    cfg = config_from_dict(TINY, ["model.name=nan-after-update", "algorithm.name=privacy-free"])
+    cfg = config_from_dict(
+        TINY,
+        ["model.name=nan-after-update", "algorithm.name=privacy-free", "lifetime.allow_respend=1"],
+    )
     with pytest.raises(TrainingDiverged) as info:
         run_simulation(cfg, tmp_path, progress=False)
     err = info.value

@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pdpfl.dp.steps import clip_vectors, noisy_normalised_sum, poisson_sample
+from pdpfl.privacy.noise import GaussianNoise
 from pdpfl.randomness import SecureRandomness, stream_from_generator
 
 
@@ -47,19 +48,22 @@ def test_clip_vectors_non_finite_units_add_nothing():
 
 def test_noisy_normalised_sum_float64_and_dtypes():
     sums = [torch.zeros(3, 2, dtype=torch.float64), torch.ones(4, dtype=torch.float64)]
-    out = noisy_normalised_sum(sums, 0.0, 2.0, None, dtypes=[torch.float32, torch.float16])
+    out = noisy_normalised_sum(sums, None, 2.0, None, dtypes=[torch.float32, torch.float16])
     assert [o.dtype for o in out] == [torch.float32, torch.float16]
     assert torch.equal(out[1], torch.full((4,), 0.5, dtype=torch.float16))
+    assert torch.equal(sums[1], torch.ones(4, dtype=torch.float64))  # the inputs are not touched
     stream = SecureRandomness().stream("t")
-    noisy = noisy_normalised_sum([torch.zeros(20000)], 3.0, 2.0, stream)[0]
+    noisy = noisy_normalised_sum([torch.zeros(20000)], GaussianNoise(3.0), 2.0, stream)[0]
     assert noisy.dtype == torch.float32
     assert float(noisy.std()) == pytest.approx(1.5, rel=0.03)
-    with pytest.raises(ValueError, match="stream: required"):
-        noisy_normalised_sum(sums, 1.0, 1.0, None)
+    share = noisy_normalised_sum([torch.zeros(20000)], GaussianNoise(3.0, 2.0, 4), 1.0, stream)[0]
+    assert float(share.std()) == pytest.approx(3.0, rel=0.03)  # σC/√t
+    with pytest.raises(ValueError, match="stream: .*required"):
+        noisy_normalised_sum(sums, GaussianNoise(1.0), 1.0, None)
     with pytest.raises(ValueError, match="normalizer: must be"):
-        noisy_normalised_sum(sums, 1.0, -1.0, stream)
+        noisy_normalised_sum(sums, GaussianNoise(1.0), -1.0, stream)
     with pytest.raises(ValueError, match="dtypes"):
-        noisy_normalised_sum(sums, 0.0, 1.0, None, dtypes=[torch.float32])
+        noisy_normalised_sum(sums, None, 1.0, None, dtypes=[torch.float32])
 
 
 def test_poisson_sample_uses_the_stream():

@@ -24,14 +24,14 @@ def _run(*args: str):
 
 def test_supernode_command_maps_silo_to_partition_id(tmp_path: Path) -> None:
     result = _run(
-        "supernode", "--silo", "1", "--num-silos", "3", "--superlink", "10.0.0.5:9093",
+        "supernode", "--silo", "1", "--num-silos", "3", "--superlink", "127.0.0.1:9093",
         "--insecure", "--state-dir", str(tmp_path / "state"), "--data-dir", str(tmp_path),
         "--dry-run",
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     cmd = shlex.split(result.output.strip())
     assert Path(cmd[0]).name == "flower-supernode"
-    assert cmd[cmd.index("--superlink") + 1] == "10.0.0.5:9093"
+    assert cmd[cmd.index("--superlink") + 1] == "127.0.0.1:9093"
     node_config = cmd[cmd.index("--node-config") + 1]
     assert "partition-id=1" in node_config and "num-partitions=3" in node_config
     assert f'data-dir="{tmp_path.resolve()}"' in node_config
@@ -40,9 +40,9 @@ def test_supernode_command_maps_silo_to_partition_id(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--silo", "3", "--num-silos", "3", "--superlink", "h:1", "--insecure"], "--silo"),
+        (["--silo", "3", "--num-silos", "3", "--superlink", "localhost:1", "--insecure"], "--silo"),
         (["--silo", "0", "--num-silos", "3", "--superlink", "nohost", "--insecure"], "--superlink"),
-        (["--silo", "0", "--num-silos", "3", "--superlink", "h:1"], "--root-certificates"),
+        (["--silo", "0", "--num-silos", "3", "--superlink", "localhost:1"], "--root-certificates"),
         (
             [
                 "--silo",
@@ -50,7 +50,7 @@ def test_supernode_command_maps_silo_to_partition_id(tmp_path: Path) -> None:
                 "--num-silos",
                 "2",
                 "--superlink",
-                "h:1",
+                "localhost:1",
                 "--root-certificates",
                 "/nope",
             ],
@@ -93,7 +93,7 @@ def test_app_command_embeds_the_validated_config(tmp_path: Path) -> None:
 
 def test_supernode_starts_a_warm_worker_next_to_the_supernode(tmp_path: Path) -> None:
     result = _run(
-        "supernode", "--silo", "0", "--num-silos", "2", "--superlink", "10.0.0.5:9093",
+        "supernode", "--silo", "0", "--num-silos", "2", "--superlink", "127.0.0.1:9093",
         "--insecure", "--state-dir", str(tmp_path / "state"), "--port", "9191", "--dry-run",
     )  # fmt: skip
     assert result.exit_code == 0, result.output
@@ -107,7 +107,7 @@ def test_supernode_starts_a_warm_worker_next_to_the_supernode(tmp_path: Path) ->
     assert worker[worker.index("--auth-secret-file") + 1] == secret
     # Flower's stock per-message processes: no worker, default isolation.
     result = _run(
-        "supernode", "--silo", "0", "--num-silos", "2", "--superlink", "h:1", "--insecure",
+        "supernode", "--silo", "0", "--num-silos", "2", "--superlink", "localhost:1", "--insecure",
         "--mode", "per-message", "--dry-run",
     )  # fmt: skip
     assert result.exit_code == 0 and len(result.output.strip().splitlines()) == 1
@@ -119,7 +119,7 @@ def test_supernode_starts_a_warm_worker_next_to_the_supernode(tmp_path: Path) ->
         "--num-silos",
         "2",
         "--superlink",
-        "h:1",
+        "localhost:1",
         "--insecure",
         "--mode",
         "lazy",
@@ -133,13 +133,13 @@ def test_supernode_can_pin_its_experiment(tmp_path: Path) -> None:
 
     config = EXAMPLES / "digits_demo.yaml"
     result = _run(
-        "supernode", "--silo", "0", "--num-silos", "10", "--superlink", "h:1", "--insecure",
+        "supernode", "--silo", "0", "--num-silos", "10", "--superlink", "localhost:1", "--insecure",
         "--expect-config", str(config), "--set", "rounds=2", "--dry-run",
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     expected = config_hash(load_config(config, ["rounds=2"]))
     assert f'config-hash="{expected}"' in result.output.splitlines()[0]
-    bad = _run("supernode", "--silo", "0", "--num-silos", "2", "--superlink", "h:1",
+    bad = _run("supernode", "--silo", "0", "--num-silos", "2", "--superlink", "localhost:1",
                "--insecure", "--set", "rounds=2", "--dry-run")  # fmt: skip
     assert bad.exit_code == 2 and "--expect-config" in bad.output
 
@@ -149,13 +149,13 @@ def test_supernode_authentication_options(tmp_path: Path) -> None:
     key.write_text("x")
     ca = tmp_path / "ca.pem"
     ca.write_text("x")
-    ok = _run("supernode", "--silo", "0", "--num-silos", "1", "--superlink", "h:1",
+    ok = _run("supernode", "--silo", "0", "--num-silos", "1", "--superlink", "localhost:1",
               "--root-certificates", str(ca), "--auth-supernode-private-key", str(key),
               "--dry-run")  # fmt: skip
     assert ok.exit_code == 0, ok.output
     cmd = shlex.split(ok.output.splitlines()[0])
     assert cmd[cmd.index("--auth-supernode-private-key") + 1] == str(key.resolve())
-    insecure = _run("supernode", "--silo", "0", "--num-silos", "1", "--superlink", "h:1",
+    insecure = _run("supernode", "--silo", "0", "--num-silos", "1", "--superlink", "localhost:1",
                     "--insecure", "--auth-supernode-private-key", str(key),
                     "--dry-run")  # fmt: skip
     assert insecure.exit_code == 2 and "needs TLS" in insecure.output
@@ -181,14 +181,16 @@ def test_keygen_writes_a_private_key_only_its_owner_reads(tmp_path: Path) -> Non
 def test_register_and_submit_commands(tmp_path: Path) -> None:
     pub = tmp_path / "a.pub"
     pub.write_text("x")
-    result = _run("register", str(pub), "--superlink", "10.0.0.5:9093", "--insecure", "--dry-run")
+    result = _run("register", str(pub), "--superlink", "127.0.0.1:9093", "--insecure", "--dry-run")
     assert result.exit_code == 0, result.output
     cmd = shlex.split(result.output.strip())
     assert cmd[1:4] == ["supernode", "register", str(pub.resolve())] and cmd[4] == "local"
-    missing = _run("register", str(tmp_path / "nope.pub"), "--superlink", "h:1", "--insecure")
+    missing = _run(
+        "register", str(tmp_path / "nope.pub"), "--superlink", "localhost:1", "--insecure"
+    )
     assert missing.exit_code == 2 and "file not found" in missing.output
     submit = _run(
-        "submit", str(EXAMPLES / "digits_demo.yaml"), "--superlink", "h:1", "--insecure",
+        "submit", str(EXAMPLES / "digits_demo.yaml"), "--superlink", "localhost:1", "--insecure",
         "--out", str(tmp_path / "out"), "--resume", "--dry-run",
     )  # fmt: skip
     assert submit.exit_code == 0, submit.output

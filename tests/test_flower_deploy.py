@@ -4,8 +4,9 @@ The coordinator and three hospitals each get their own folder; the bash blocks m
 ``<!-- deploy:NAME -->`` in the docs run as written, with ``coordinator.example.org`` →
 ``localhost``, fresh ports, and certificates (a CA and a server certificate for ``localhost``)
 made here with ``cryptography``. Checked: TLS + SuperNode authentication end to end, the
-simulator's model in reproducible mode, an unregistered SuperNode refused, and every process
-stopped (a silo pinned to its experiment refusing another one: ``test_flower_toy.py``).
+simulator's model in reproducible mode, a SuperNode with an unregistered key, without a key, or
+trusting another CA refused, and every process stopped (a silo pinned to its experiment refusing
+another one: ``test_flower_toy.py``).
 """
 
 from __future__ import annotations
@@ -232,6 +233,54 @@ def test_three_hospitals_with_tls_and_supernode_auth(tmp_path: Path) -> None:
             np.testing.assert_array_equal(a[key], b[key])
         # (A run with another configuration is refused by every pinned silo:
         # test_flower_toy.py::test_a_pinned_silo_refuses_any_other_experiment.)
+    finally:
+        left = deploy.stop()
+    assert not left
+
+
+def test_a_supernode_without_a_key_or_trusting_another_ca_is_refused(tmp_path: Path) -> None:
+    """Against the docs' SuperLink (TLS + SuperNode authentication): a SuperNode started without
+    its key, and one whose CA certificate is another CA's (its key registered: only TLS can
+    refuse it), both exit non-zero without ever activating; a registered SuperNode with the
+    right CA -- the control, same commands -- activates. (An unregistered key is refused in
+    test_three_hospitals_with_tls_and_supernode_auth.)"""
+    coordinator = tmp_path / "coordinator"
+    make_certificates(coordinator / "certs")
+    make_certificates(tmp_path / "other-ca")  # a CA the SuperLink's certificate is not from
+    hosts = {name: tmp_path / name for name in ("control", "keyless", "foreign-ca")}
+    deploy = Deployment(tmp_path)
+    try:
+        superlink = deploy.start("superlink", coordinator)
+        _wait_for_port(deploy.port, superlink, coordinator / "superlink.log")
+        (coordinator / "keys").mkdir()
+        for i, (name, host) in enumerate(hosts.items()):
+            deploy.run("keygen", host)
+            shutil.copy(ROOT / "examples" / "digits_demo.yaml", host / "experiment.yaml")
+            (host / "data").mkdir()
+            ca = tmp_path / "other-ca" if name == "foreign-ca" else coordinator / "certs"
+            shutil.copy(ca / "ca.pem", host / "ca.pem")
+            if name != "keyless":
+                shutil.copy(
+                    host / "keys" / "supernode.pub", coordinator / "keys" / f"hospital-{i}.pub"
+                )
+        assert deploy.run("register", coordinator).count("registered successfully") == 2
+        procs = {}
+        for name, host in hosts.items():
+            change = {"9094": f"{free_port()} --mode per-message"}
+            if name == "keyless":
+                change["--auth-supernode-private-key keys/supernode.key"] = ""
+            procs[name] = deploy.start("supernode", host, **change)
+        logs = {name: host / "supernode.log" for name, host in hosts.items()}
+        for name in ("keyless", "foreign-ca"):
+            assert procs[name].wait(timeout=120) != 0, logs[name].read_text()[-2000:]
+        deadline = time.monotonic() + 60
+        while "SuperNode ID:" not in logs["control"].read_text():
+            assert procs["control"].poll() is None, logs["control"].read_text()[-2000:]
+            assert time.monotonic() < deadline, "the control SuperNode did not activate"
+            time.sleep(0.2)
+        keyless, foreign = logs["keyless"].read_text(), logs["foreign-ca"].read_text()
+        assert "SuperNode authentication is enabled" in keyless and "SuperNode ID:" not in keyless
+        assert "CERTIFICATE_VERIFY_FAILED" in foreign and "SuperNode ID:" not in foreign
     finally:
         left = deploy.stop()
     assert not left

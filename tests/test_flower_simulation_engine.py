@@ -1,14 +1,18 @@
 """``--runtime flower-simulation``: the pdpfl Flower apps under Flower's Simulation Engine (Ray).
 
-The refusals (no Ray installed, a protocol that keeps secrets in a silo's memory) need no Ray;
-the end-to-end run -- the in-process simulator's model with one virtual SuperNode per silo --
-is skipped, saying why, where Ray (``pip install 'pdpfl[simulation]'``) is not installed.
+The refusals (no Ray installed, a protocol that keeps secrets in a silo's memory) need no Ray.
+The end-to-end runs -- a run stopped by failing ClientApps and resumed to the in-process
+simulator's model, a failing virtual client dropped while the others finish, Ctrl-C -- need Ray
+(``pip install 'pdpfl[simulation]'``, part of ``dev``): skipped, saying why, where it is not
+installed, except under CI (``CI`` set), where they run (and fail without Ray): 0 skipped.
+Failures are injected through the hooks of ``flower_engine_faults.py``.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +36,18 @@ TINY = [
 ]
 HAS_RAY = importlib.util.find_spec("ray") is not None
 runner = CliRunner()
+#: The engine's end-to-end tests; CI installs the simulation extra (in dev) and never skips them.
+_needs_ray = pytest.mark.skipif(
+    not HAS_RAY and not os.environ.get("CI"),
+    reason="Ray is not installed (pip install 'pdpfl[simulation]')",
+)
+
+
+def requires_ray(test):
+    """Ray end to end: slow, multi-process (flower), skipped without Ray outside CI."""
+    for mark in (_needs_ray, pytest.mark.slow, pytest.mark.flower):
+        test = mark(test)
+    return test
 
 
 def _lines(path: Path) -> list[dict]:
@@ -221,35 +237,37 @@ def test_the_virtual_supernode_gets_its_silos_node_config(
         virtual_node_context(ctx)
 
 
-@pytest.mark.flower
-@pytest.mark.slow
-@pytest.mark.skipif(not HAS_RAY, reason="Ray is not installed (pip install 'pdpfl[simulation]')")
-def test_three_virtual_supernodes_give_the_simulators_model(tmp_path: Path) -> None:
-    """digits, 3 silos, 2 rounds, reproducible: ``pdpfl run --runtime flower-simulation`` ends
-    with the in-process simulator's model, metrics and ε, and each silo's ledger."""
+def _engine_run(config, out: Path, plan: dict[int, list[int]], **kwargs):
+    """``run_flower_simulation`` with the fault plan ``{silo: [round indices]}``."""
+    from flower_engine_faults import PLAN_ENV, SPEC, write_plan
+    from pdpfl.runtime.flower.simulation_engine import run_flower_simulation
+
+    plan_file = out.parent / f"{out.name}-faults.json"
+    write_plan(plan_file, plan)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(PLAN_ENV, str(plan_file))
+        return run_flower_simulation(config, out, hooks=SPEC, **kwargs)
+
+
+@requires_ray
+def test_a_run_stopped_by_failing_silos_resumes_to_the_simulators_model(tmp_path: Path) -> None:
+    """digits, 3 virtual SuperNodes, 3 rounds, reproducible. Every silo's ClientApp raises in
+    round 3: the run stops (no silo left) with round 1 checkpointed (round 2's evaluation
+    travels with round 3's training request, which failed); resumed, it ends with the
+    in-process simulator's model, metrics and ε, and each silo's ledger."""
     import ray
 
+    from pdpfl.runtime.flower.transport import FlowerRunError
     from pdpfl.runtime.simulation import run_simulation
 
-    config = load_config(DEMO, TINY)
+    config = load_config(DEMO, [*TINY, "rounds=3", "flower.simulation.client_resources.num_cpus=1"])
     sim = run_simulation(config, tmp_path / "sim", progress=False)
     out = tmp_path / "engine"
-    res = runner.invoke(
-        app,
-        [
-            "run",
-            str(DEMO),
-            "--runtime",
-            "flower-simulation",
-            "--out",
-            str(out),
-            "--json",
-            "--set",
-            "flower.simulation.client_resources.num_cpus=1",
-            *[x for t in TINY for x in ("--set", t)],
-        ],
-    )
-    assert res.exit_code == 0, res.output
+    with pytest.raises(FlowerRunError, match=r"(?s)only 0 silo\(s\) reachable.*injected failure"):
+        _engine_run(config, out, {0: [2], 1: [2], 2: [2]})
+    assert [m["round"] for m in _lines(out / "metrics.jsonl")] == [0]
+    assert not ray.is_initialized()  # the engine shut Ray down after the failure too
+    summary = _engine_run(config, out, {}, resume=True)
     a, b = np.load(tmp_path / "sim" / "model.npz"), np.load(out / "model.npz")
     assert a.files == b.files
     for key in a.files:
@@ -259,8 +277,7 @@ def test_three_virtual_supernodes_give_the_simulators_model(tmp_path: Path) -> N
     np.testing.assert_allclose(
         [m["accuracy"] for m in eng_lines], [m["accuracy"] for m in sim_lines], atol=1e-6
     )
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary["rounds_completed"] == sim["rounds_completed"] == 2
+    assert summary["rounds_completed"] == sim["rounds_completed"] == 3
     assert summary["privacy_view"].startswith("operator: collected")
     assert summary["eps_spent_max"] == pytest.approx(sim["eps_spent_max"], abs=1e-9)
     for path in (tmp_path / "sim" / "ledgers").glob("*.npz"):
@@ -270,12 +287,35 @@ def test_three_virtual_supernodes_give_the_simulators_model(tmp_path: Path) -> N
     timings = _lines(next((out / "flower").glob("silo-2/run-*/timings-silo-2.jsonl")))
     assert [t["warm"] for t in timings] == [False] * len(timings)
     assert len(timings) >= 4 and all(t["build_s"] > 0 for t in timings)
-    assert not ray.is_initialized()  # the engine shut Ray down
+    assert not ray.is_initialized()
 
 
-@pytest.mark.flower
-@pytest.mark.slow
-@pytest.mark.skipif(not HAS_RAY, reason="Ray is not installed (pip install 'pdpfl[simulation]')")
+@requires_ray
+def test_a_failing_virtual_client_is_dropped_and_the_others_finish(tmp_path: Path) -> None:
+    """Silo 1's ClientApp raises in round 2 of 3: it is lost for the rest of the run (never
+    contacted again), the rounds complete with silos 0 and 2, and silo 1's ledger keeps the one
+    round it released -- nothing of the failed round, which released nothing."""
+    from pdpfl.ledger.table import load_ledgers
+
+    config = load_config(DEMO, [*TINY, "rounds=3"])
+    summary = _engine_run(config, tmp_path / "run", {1: [1]})
+    assert summary["rounds_completed"] == 3
+    lines = _lines(tmp_path / "run" / "metrics.jsonl")
+    assert [m["contributions"] for m in lines] == [3, 2, 2]
+    events = _lines(tmp_path / "run" / "flower" / "transport.jsonl")
+    failed = next(e for e in events if e["round"] == 1 and e["action"].startswith("fit"))
+    assert failed["lost"] == [1] and 1 not in failed["replied"]
+    assert all(1 not in e["sent"] for e in events if e["round"] == 2)
+    counts = {
+        name: ledger.counts["third-party"]
+        for name, ledger in load_ledgers(tmp_path / "run").items()
+    }
+    assert set(counts) == {"client_0", "client_1", "client_2"}
+    assert counts["client_1"].max() == 1
+    assert counts["client_0"].max() == counts["client_2"].max() == 3
+
+
+@requires_ray
 def test_ctrl_c_stops_the_engine_and_prints_the_resume_command(tmp_path: Path) -> None:
     """SIGINT mid-run: exit 130 within seconds with the finished rounds checkpointed, and no
     Ray process left (before, Flower's threads waited forever on actors Ray had shut down)."""

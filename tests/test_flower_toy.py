@@ -195,7 +195,12 @@ TOY_HOOKS = AppHooks(
     config_from_dict=_from_dict,
     config_to_dict=_to_dict,
     num_silos=lambda c: int(c.num_silos),
-    silo_info=lambda c, silo, node_config: {"silo": silo},
+    # public facts in the form of pdpfl's declared silo info (pdpfl.fl.messages.SILO_INFO)
+    silo_info=lambda c, silo, node_config: {
+        "input_shape": f"[{DIM}]",
+        "num_classes": 1,
+        "name": f"toy-{silo}",
+    },
     build_server=lambda c, infos: (ToyServer(c.seed, c.client_rate), {"silos": sorted(infos)}),
     build_client=lambda c, silo, node_config, public: ToyClient(silo, c.seed, c.fit_sleep_s),
     run=_run,
@@ -231,6 +236,32 @@ def toy_silo_handler(stage: str, payload: dict[str, Any], round_index: int, ctx:
     raise ValueError(f"unknown stage {stage!r}")
 
 
+def _toy_schemas() -> tuple[Any, ...]:
+    """The replies of the toy protocol's two stages, declared (pdpfl.fl.messages)."""
+    from pdpfl.fl.messages import Array, Bool, Bytes, Field, Int, MessageSchema, Rule
+
+    toy = "the toy protocol (tests)"
+    vector = Rule("of the request's vector", lambda c: np.shape(c.request["vector"]))
+    return (
+        MessageSchema(
+            ("toy-sum-sq", "commit"),
+            (
+                Field("commitment", Bytes(32), "crypto", doc="SHA-256 commitment"),
+                Field("ok", Bool(True), "public", public_by=toy),
+            ),
+        ),
+        MessageSchema(
+            ("toy-sum-sq", "reveal"),
+            (
+                Field("value", Int(low=0), "public", public_by=toy),
+                Field("nonce", Bytes(16), "crypto", doc="the commitment's nonce"),
+                Field("rounds", Int(low=1), "public", public_by=toy),
+                Field("echo", Array(("int64",), shape=vector), "public", public_by=toy),
+            ),
+        ),
+    )
+
+
 class ToySumOfSquares:
     """A multi-stage SumProtocol: the server learns Σ id² through two exchanges per round
     (and, to drive the model, the plain sum of the contributions fetched with ``fit``)."""
@@ -263,7 +294,7 @@ def register_toy_protocol() -> None:
 
     if "toy-sum-sq" not in aggregation._PROTOCOLS:
         aggregation.register_protocol("toy-sum-sq", ToySumOfSquares)
-        aggregation.register_silo_handler("toy-sum-sq", toy_silo_handler)
+        aggregation.register_silo_handler("toy-sum-sq", toy_silo_handler, schemas=_toy_schemas())
 
 
 register_toy_protocol()

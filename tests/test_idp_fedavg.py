@@ -54,7 +54,6 @@ def _setup(**overrides) -> idp.IdpSetup:
         sizes=(2.0, 2.0, 2.0),
         assigned=(1.0, 2.0, None),
         rates=(0.2, 0.5, 1.0),
-        noise_multipliers=(1.2, 1.2, None),
         clip_factors=(1.0, 1.0, 1.0),
         noise_multiplier=1.2,
         value_noise_multiplier=1.3,
@@ -79,7 +78,6 @@ def _setup(**overrides) -> idp.IdpSetup:
         "sizes",
         "assigned",
         "rates",
-        "noise_multipliers",
         "clip_factors",
         "observers",
     ):
@@ -275,7 +273,6 @@ def test_distributed_noise_shares_add_up_to_the_central_noise():
         rates=[1e-12, 1e-12, 1e-12],
         budgets=[1.0, 2.0, 3.0],
         assigned=[1.0, 2.0, 3.0],
-        noise_multipliers=[1.2, 1.2, 1.2],
     )
     total = np.zeros(200)
     count = 0.0
@@ -316,7 +313,14 @@ def test_distributed_client_clips_its_update_to_the_public_clip_norm():
 def test_a_client_stops_before_it_would_exceed_its_budget():
     """Run past the planned rounds: the ledger stops the client, which then releases zeros."""
     # ε after k rounds at q = 0.5, σ = 2, δ = 1e-3: 0.98, 1.36, 1.66, 1.92, ... 2.37 (k = 6)
-    pub = _setup(rounds=4, rates=[0.5, 0.5, 1.0], noise_multipliers=[2.0, 2.0, None])
+    pub = _setup(
+        rounds=4,
+        rates=[0.5, 0.5, 1.0],
+        clipping="fixed",
+        value_noise_multiplier=2.0,
+        count_noise_std=None,
+    )
+    assert pub.noise_multipliers == (2.0, 2.0, None)  # what the ledger charges
     client = _silo(0, _tiny_data(), 2.0, pub, SeededRandomness(0))
     params = [p.detach().numpy().copy() for p in torch.nn.Linear(4, 3).parameters()]
     released = []
@@ -422,7 +426,6 @@ def test_transport_batch_equals_each_silo_alone_and_the_loop(optimizer, variant,
             num_clients=5,
             variant=variant,
             rates=[0.6, 0.6, 1.0],
-            noise_multipliers=[5.0, 5.0, None],
             asked_per_round=5 if variant == "distributed" else 0,
         )
 
@@ -604,7 +607,8 @@ def test_compare_cli_methods_table_and_csv(tmp_path):
     from pdpfl.cli import app
 
     cfg = tmp_path / "idp.yaml"
-    cfg.write_text(yaml.safe_dump(CONFIG))  # the toy run's σ and rates are memoized
+    # the toy run's σ and rates are memoized; five methods re-use the data on purpose
+    cfg.write_text(yaml.safe_dump({**CONFIG, "lifetime": {"allow_respend": True}}))
     out_csv = tmp_path / "cmp.csv"
     res = CliRunner().invoke(
         app,

@@ -148,9 +148,8 @@ def test_compare_writes_rows_as_runs_finish(tmp_path: Path, monkeypatch) -> None
 
     monkeypatch.setattr(sim, "simulate_into", second_is_interrupted)
     table = tmp_path / "rows.csv"
-    res = _invoke(
-        "compare", str(_cfg(tmp_path)), "--methods", "rpdp", "privacy-free", "--csv", str(table)
-    )
+    cfg = _cfg(tmp_path, {**TINY, "lifetime": {"allow_respend": True}})  # privacy-free: ε = ∞
+    res = _invoke("compare", str(cfg), "--methods", "rpdp", "privacy-free", "--csv", str(table))
     assert res.exit_code == 130, res.output
     assert "interrupted" in res.output and str(table) in res.output
     rows = list(csv.DictReader(table.open()))
@@ -235,9 +234,8 @@ def _lines(text: str) -> list[str]:
 
 
 def test_compare_table_fits_80_columns_and_one_seed_shows_no_std(tmp_path: Path) -> None:
-    res = _invoke(
-        "compare", str(_cfg(tmp_path)), "--methods", "rpdp", "privacy-free", "--seeds", "3"
-    )
+    cfg = _cfg(tmp_path, {**TINY, "lifetime": {"allow_respend": True}})  # privacy-free: ε = ∞
+    res = _invoke("compare", str(cfg), "--methods", "rpdp", "privacy-free", "--seeds", "3")
     assert res.exit_code == 0, res.output
     table = res.stdout
     assert max(len(ln) for ln in _lines(table)) <= 80, table

@@ -89,11 +89,12 @@ def test_unknown_ids_and_folders_without_ledgers_are_clear_errors(run, tmp_path)
 
 @pytest.mark.slow
 def test_ids_and_charges_survive_a_resume(tmp_path) -> None:
-    cfg = config_from_dict(TINY)
     full = tmp_path / "full"
     part = tmp_path / "part"
-    run_simulation(cfg, full, progress=False)
-    run_simulation(cfg, part, progress=False, stop_after=1)
+    # the same data twice, each run with its own budget store (as if on two copies of it)
+    for out in (full, part):
+        cfg = config_from_dict(TINY, [f"lifetime.store={tmp_path / 'budgets' / out.name}"])
+        run_simulation(cfg, out, progress=False, stop_after=None if out == full else 1)
     run_simulation(cfg, part, resume=True, progress=False)
     a = pdpfl.privacy_table(full, as_frame=False)
     b = pdpfl.privacy_table(part, as_frame=False)
@@ -103,7 +104,7 @@ def test_ids_and_charges_survive_a_resume(tmp_path) -> None:
 
 
 def test_the_privacy_free_baseline_reports_infinite_epsilon_in_its_unit(tmp_path) -> None:
-    cfg = config_from_dict(TINY, ["algorithm.name=privacy-free"])
+    cfg = config_from_dict(TINY, ["algorithm.name=privacy-free", "lifetime.allow_respend=true"])
     summary = run_simulation(cfg, tmp_path, progress=False)
     assert summary["privacy"]["private"] is False
     assert summary["over_budget"] == summary["units"] > 0

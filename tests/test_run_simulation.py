@@ -118,7 +118,14 @@ def _tmp() -> Path:
 def test_resume_equals_uninterrupted(tmp_path: Path) -> None:
     cfg = config_from_dict(TINY, ["rounds=4"])
     fed = load_federation_for(cfg)
-    full = run_simulation(cfg, tmp_path / "full", progress=False, federation=fed)
+    # the same data twice, each run with its own budget store (as if on two copies of it)
+    full = run_simulation(
+        with_updates(cfg, [f"lifetime.store={tmp_path / 'store-full'}"]),
+        tmp_path / "full",
+        progress=False,
+        federation=fed,
+    )
+    cfg = with_updates(cfg, [f"lifetime.store={tmp_path / 'store-part'}"])
     part = run_simulation(cfg, tmp_path / "part", progress=False, federation=fed, stop_after=2)
     assert part["rounds_completed"] == 2 and not part["completed"]
     resumed = run_simulation(cfg, tmp_path / "part", True, progress=False, federation=fed)
@@ -209,7 +216,9 @@ def test_baselines_rates_and_privacy_free(tmp_path: Path) -> None:
     q = np.unique(np.concatenate([c.rates for c in clients.values()]))
     assert q.size == 1 and 0 < q[0] < 1
     assert next(iter(clients.values())).setup.uniform_epsilon == 0.5  # public minimum
-    cfg = config_from_dict(TINY, ["rounds=2", "algorithm.name=privacy-free"])
+    cfg = config_from_dict(
+        TINY, ["rounds=2", "algorithm.name=privacy-free", "lifetime.allow_respend=true"]
+    )
     summary = run_simulation(cfg, tmp_path, progress=False)
     assert summary["over_budget"] == summary["units"] > 0  # ε = ∞ for every record
     assert summary["per_group"]  # groups still listed, with infinite spend
@@ -267,7 +276,9 @@ def test_third_party_only_runs_warn_when_the_server_view_exceeds_budgets(tmp_pat
     """The paper's setting (third-party adversary, λ < 1): the server's view can exceed budgets;
     the headline reports it per observer and warns instead of hiding it."""
     cfg = config_from_dict(
-        TINY, ["rounds=6", "privacy.adversary=third-party", "client_rate=0.3", "local_steps=20"]
+        TINY,
+        ["rounds=6", "privacy.adversary=third-party", "client_rate=0.3", "local_steps=20"]
+        + ["lifetime.allow_respend=true"],  # two runs on the same data, on purpose
     )
     summary = run_simulation(cfg, tmp_path, progress=False)
     assert summary["over_budget_third_party"] == 0

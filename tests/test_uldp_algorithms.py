@@ -299,7 +299,8 @@ def test_secure_summation_gives_the_plain_model(name, tmp_path) -> None:
 
     models = {}
     for agg in ("plain", "secure"):
-        config = _config(f"algorithm.name={name}", f"aggregation={agg}")
+        # the same users twice, on purpose: not a second spending of their budgets
+        config = _config(f"algorithm.name={name}", f"aggregation={agg}", "lifetime.allow_respend=1")
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             summary = run_simulation(config, tmp_path / agg, progress=False)

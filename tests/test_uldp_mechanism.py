@@ -267,7 +267,9 @@ def test_a_resumed_run_writes_the_same_user_ledger(tmp_path) -> None:
     config = config_from_dict(BASE, ["algorithm.user_rate=0.5"])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        whole = run_simulation(config, tmp_path / "whole", progress=False)
+        # the same users twice, each run with its own budget store (two copies of the data)
+        other = config_from_dict(BASE, ["algorithm.user_rate=0.5", f"lifetime.store={tmp_path}"])
+        whole = run_simulation(other, tmp_path / "whole", progress=False)
         run_simulation(config, tmp_path / "cut", progress=False, stop_after=1)
         resumed = run_simulation(config, tmp_path / "cut", resume=True, progress=False)
     a = load_ledger(tmp_path / "whole" / "ledgers" / "server.npz")

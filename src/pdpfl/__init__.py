@@ -16,6 +16,7 @@ _API = (
     "federation_from_arrays",
     "federation_from_dataframe",
     "federation_from_silos",
+    "lifetime_budgets",
     "load_model",
     "privacy_table",
     "register_module",

@@ -48,6 +48,7 @@ __all__ = [
     "federation_from_arrays",
     "federation_from_dataframe",
     "federation_from_silos",
+    "lifetime_budgets",
     "load_model",
     "privacy_table",
     "register_module",
@@ -365,6 +366,42 @@ def privacy_table(run_dir: str | Path, *, unit_id: object = None, as_frame: bool
     )
     if unit_id is not None:
         table = select_id(table, str(unit_id))
+    if as_frame:
+        try:
+            import pandas as pd
+        except ImportError:  # pragma: no cover - pandas is optional
+            return table
+        return pd.DataFrame(table)
+    return table
+
+
+def lifetime_budgets(
+    store: str | Path | None = None,
+    *,
+    unit_id: object = None,
+    delta: float | None = None,
+    as_frame: bool = True,
+) -> Any:
+    """Each person's budget for life, from the budget stores every run charged (what
+    ``pdpfl privacy --store STORE`` shows).
+
+    One row per unit of every store under ``store`` (default: the store folder runs use,
+    ``$PDPFL_BUDGET_DIR`` or ``$XDG_DATA_HOME/pdpfl/budgets``; a Flower silo's is
+    ``<state-dir>/budgets``): ``store``, ``party`` (``silo-<i>`` or ``server``), ``dataset``
+    (the store's key), ``unit``, ``id``, ``budget``, ``group``, ``epsilon_<observer>`` -- the
+    lifetime ε, every run that charged the unit composed (RDP curves summed, PLDs composed; see
+    :mod:`pdpfl.privacy.lifetime`) at ``delta`` (default the smallest δ of the store's runs) --
+    ``remaining_<observer>``, ``runs`` and ``run_ids``. A pandas DataFrame when pandas is
+    installed and ``as_frame`` (else a dict of numpy columns); ``unit_id`` keeps one person's
+    rows. Every file is verified (a tampered, rolled-back or foreign store is refused).
+    """
+    from pdpfl.ledger.budget_store import default_store_dir
+    from pdpfl.ledger.lifetime import lifetime_table
+
+    table = lifetime_table(default_store_dir() if store is None else store, delta=delta)
+    if unit_id is not None:
+        keep = np.array([str(v) == str(unit_id) for v in table["id"]], dtype=bool)
+        table = {k: v[keep] for k, v in table.items()}
     if as_frame:
         try:
             import pandas as pd

@@ -6,9 +6,10 @@ This module imports nothing of pdpfl: every layer may raise these.
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Any
 
-__all__ = ["TrainingDiverged"]
+__all__ = ["EXTRAS", "MissingExtra", "TrainingDiverged", "extra_of", "require_extra"]
 
 
 class TrainingDiverged(RuntimeError):
@@ -49,3 +50,52 @@ LIKELY_CAUSES = (
     "training.weight_decay), non-finite feature values in the data, or a model whose forward "
     "pass produces NaN"
 )
+
+
+#: The optional extras (``pip install 'pdpfl[EXTRA]'``): the top-level module each one brings,
+#: and what it is for. Everything else a feature imports is a base dependency.
+EXTRAS: dict[str, tuple[str, str]] = {
+    "flwr": ("flower", "Flower deployments and --runtime flower"),
+    "ray": ("simulation", "Flower's Simulation Engine (--runtime flower-simulation)"),
+    "dp_accounting": ("pld", "the privacy-loss-distribution accountant (accountant: pld)"),
+    "pandas": ("pandas", "DataFrames in and out"),
+}
+
+
+class MissingExtra(ImportError):
+    """A feature needs a package of an optional extra that is not installed here.
+
+    ``str(err)`` is ``<field>: <feature> needs the <extra> extra: pip install 'pdpfl[<extra>]'``
+    (the CLI prints it as ``error: ...`` and exits 2).
+    """
+
+    def __init__(self, field: str, feature: str, extra: str, module: str) -> None:
+        self.field, self.feature, self.extra = field, feature, extra
+        super().__init__(
+            f"{field}: {feature} needs the {extra} extra: pip install 'pdpfl[{extra}]' "
+            f"({module} is not installed)",
+            name=module,
+        )
+
+
+def require_extra(module: str, field: str, feature: str | None = None) -> None:
+    """Raise :class:`MissingExtra` naming ``field`` when ``module`` (one of :data:`EXTRAS`'
+    modules) cannot be imported here."""
+    extra, purpose = EXTRAS[module]
+    if importlib.util.find_spec(module) is None:
+        raise MissingExtra(field, feature or purpose, extra, module)
+
+
+def extra_of(err: BaseException) -> tuple[str, str] | None:
+    """``(module, extra)`` when ``err`` -- or an exception it was raised from -- is a failed
+    import of an optional extra's module (:data:`EXTRAS`); else None."""
+    seen: set[int] = set()
+    current: BaseException | None = err
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, ImportError) and current.name:
+            module = current.name.split(".")[0]
+            if module in EXTRAS:
+                return module, EXTRAS[module][0]
+        current = current.__cause__ or current.__context__
+    return None

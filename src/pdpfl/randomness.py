@@ -39,6 +39,14 @@ dtype (float32), so the released value lives on a grid much coarser than the noi
 risk, stated as Opacus states it: these measures make the known attacks impractical but are not
 a proof; the exact output distribution is a discretised Gaussian, whose distance from the ideal
 one is not included in the reported δ.
+
+Exact random bits (``words``)
+-----------------------------
+Every stream also hands out raw uniform 64-bit words (``words(n)``, uint64): the ChaCha20
+keystream itself on the secure path, two 32-bit draws of the seeded generator per word on the
+reproducible one. Integer samplers (:mod:`pdpfl.discrete_noise`: the exact discrete Gaussian of
+distributed and central discrete noise) consume only these words, so no floating-point number
+lies on their path from random bits to the released integer.
 """
 
 from __future__ import annotations
@@ -124,6 +132,11 @@ class RandomStream(Protocol):
         """
         ...
 
+    def words(self, n: int) -> np.ndarray:
+        """``n`` independent uniform 64-bit words (uint64): the exact random bits that integer
+        samplers (:mod:`pdpfl.discrete_noise`) consume, with no floating point on the way."""
+        ...
+
 
 @runtime_checkable
 class Randomness(Protocol):
@@ -198,6 +211,21 @@ class _ChaChaStream:
             return self._to_uniform(words, floats)
         k = torch.from_numpy(self._words_np(n))
         return self._to_uniform(k if device is None else k.to(device))
+
+    def words(self, n: int) -> np.ndarray:
+        """``n`` raw 64-bit keystream words (uint64, little-endian), in keystream order.
+
+        The next ``8n`` keystream bytes, exactly as :meth:`uniform` would consume them (it keeps
+        the top 53 bits of the same words); no shift, no floating point.
+        """
+        n = int(n)
+        if n < 0:
+            raise ValueError(f"n: must be >= 0, got {n}")
+        out = np.empty(n, dtype=np.uint64)
+        for i in range(0, n, _ZERO_WORDS):  # keystream = ChaCha20(zeros)
+            blk = out[i : i + _ZERO_WORDS]
+            self._enc.update_into(_ZEROS[: 8 * blk.size], blk.view(np.uint8).data)
+        return out
 
     def uniform(self, n: int) -> np.ndarray:
         n = int(n)
@@ -330,6 +358,16 @@ class _TorchStream:
         u = torch.rand(n, generator=self._gen, dtype=torch.float64).numpy()
         # torch.rand is in [0, 1): map an exact 0 into the open interval.
         return np.where(u > 0.0, u, _INV_2_53 / 2)
+
+    def words(self, n: int) -> np.ndarray:
+        """``n`` uniform 64-bit words (uint64): two uniform 32-bit halves from the generator
+        (``torch.randint(0, 2**32)``), high half first; reproducible from the seed."""
+        n = int(n)
+        if n < 0:
+            raise ValueError(f"n: must be >= 0, got {n}")
+        halves = torch.randint(0, 1 << 32, (n, 2), generator=self._gen, dtype=torch.int64)
+        h = halves.numpy().astype(np.uint64)
+        return (h[:, 0] << np.uint64(32)) | h[:, 1]
 
     def normal(
         self, shape: tuple[int, ...] | torch.Size, *, device: torch.device | str | None = None

@@ -112,6 +112,7 @@ class ClientCanaries(CanaryHookBase):
             noise_multipliers=np.array(
                 [setup.noise_multiplier if s is None else s for s in sigmas], dtype=np.float64
             ),
+            accountant=setup.accountant,
         )
 
 

@@ -135,6 +135,7 @@ class UserCanaries(CanaryHookBase):
             np.asarray(rates, dtype=np.float64),
             mechanism,
             orders=ORDERS,
+            accountant=server.ledger.accountant,
         )
 
     def release_sign(self, run: Assembly) -> float:

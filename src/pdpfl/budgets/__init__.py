@@ -29,6 +29,7 @@ from pdpfl.budgets.assign import assign_budgets, make_scenario, public_statistic
 from pdpfl.budgets.files import load_budgets
 from pdpfl.budgets.scenarios import (
     HEART_DISEASE_BUDGETS,
+    MIN_BUDGET,
     SCENARIOS,
     BoundedMixGauss,
     BoundedPareto,
@@ -39,10 +40,13 @@ from pdpfl.budgets.scenarios import (
     ThreeLevels,
     Uniform,
     UserStudyGroups,
+    below_minimum,
     validate_budgets,
 )
 
 __all__ = [
+    "MIN_BUDGET",
+    "below_minimum",
     "BudgetScenario",
     "ThreeLevels",
     "BoundedPareto",

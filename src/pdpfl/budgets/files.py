@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pdpfl.budgets.scenarios import validate_budgets
+from pdpfl.budgets.scenarios import MIN_BUDGET, below_minimum, validate_budgets
 
 
 def is_number(text: str) -> bool:
@@ -30,7 +30,8 @@ def load_budgets(path: str | Path, column: str | int | None = None) -> np.ndarra
     Raises
     ------
     ValueError
-        Empty file, wrong shape, non-numeric cells, or any ε that is <= 0, NaN or infinite.
+        Empty file, wrong shape, non-numeric cells, or any ε that is NaN, infinite or below
+        :data:`~pdpfl.budgets.MIN_BUDGET` (named by line and column).
     FileNotFoundError
         When ``path`` does not exist.
     """
@@ -45,9 +46,11 @@ def load_budgets(path: str | Path, column: str | int | None = None) -> np.ndarra
             raise ValueError(f"budgets file {p.name}: not a readable .npy array ({exc})") from None
         if column is not None:
             raise ValueError("column: only applies to .csv budget files")
-        return validate_budgets(arr, name=f"budgets file {p.name}")
+        return validate_budgets(arr, name=f"budgets file {p.name}", minimum=MIN_BUDGET)
     if suffix == ".csv":
-        return validate_budgets(_read_csv_column(p, column), name=f"budgets file {p.name}")
+        return validate_budgets(
+            _read_csv_column(p, column), name=f"budgets file {p.name}", minimum=MIN_BUDGET
+        )
     raise ValueError(f"budgets file {p.name}: unsupported extension {suffix!r} (use .npy or .csv)")
 
 
@@ -102,6 +105,10 @@ def _read_csv_column(p: Path, column: str | int | None) -> list[float]:
                 f"budgets file {p.name}: line {lineno}: ε {row[idx].strip()!r} "
                 f"{what}; every ε must be a finite number > 0"
             )
+        low = below_minimum(value)
+        if low is not None:
+            name = header[idx] if header is not None else f"{idx + 1}"
+            raise ValueError(f"budgets file {p.name}: line {lineno}, column {name!r}: {low}")
         values.append(value)
     if not values:
         raise ValueError(f"budgets file {p.name}: no budget values (only a header)")

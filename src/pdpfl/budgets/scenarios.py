@@ -24,10 +24,30 @@ class BudgetScenario(Protocol):
 # ----------------------------------------------------------------------------- validation
 
 
-def validate_budgets(budgets: object, name: str = "budgets") -> np.ndarray:
+#: The smallest budget a person can choose: below it no mechanism here gives a usable rate
+#: (the calibrated rate sits at the δ-only floor), so a smaller ε (1e-300, a unit typo) is an
+#: input error, not a choice. To keep someone's data out of training, leave their record out.
+MIN_BUDGET = 1e-3
+
+
+def below_minimum(value: float) -> str | None:
+    """The message for a budget below :data:`MIN_BUDGET` (None if it is allowed)."""
+    if value < MIN_BUDGET:
+        return (
+            f"ε = {value!r} is below the smallest budget pdpfl accepts, {MIN_BUDGET:g} (a "
+            "smaller ε gives no usable sampling rate); to keep this record out of training, "
+            "remove it from the data"
+        )
+    return None
+
+
+def validate_budgets(
+    budgets: object, name: str = "budgets", *, minimum: float | None = None
+) -> np.ndarray:
     """Return ``budgets`` as a 1-D float64 array, or raise ``ValueError`` naming the problem.
 
-    Requirements: non-empty, one-dimensional, every value finite and strictly positive.
+    Requirements: non-empty, one-dimensional, every value finite and strictly positive (and at
+    least ``minimum`` when given: :data:`MIN_BUDGET` for budgets a person chose).
     """
     try:
         arr = np.asarray(budgets, dtype=np.float64)
@@ -49,6 +69,12 @@ def validate_budgets(budgets: object, name: str = "budgets") -> np.ndarray:
         raise ValueError(
             f"{name}: {int(nonpos.sum())} value(s) are <= 0 (first: {arr[i]!r} at index {i}); "
             "every ε must be > 0"
+        )
+    if minimum is not None and (arr < minimum).any():
+        i = int(np.argmax(arr < minimum))
+        raise ValueError(
+            f"{name}: {int((arr < minimum).sum())} value(s) are below the minimum "
+            f"{minimum:g} (first: index {i}: {below_minimum(float(arr[i]))})"
         )
     return arr
 

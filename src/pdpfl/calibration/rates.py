@@ -144,6 +144,9 @@ class CalibrationReport:
     max_spent_epsilon: float | None = None
     expected_batch_size: dict[str, float] | None = None
     details: dict[str, Any] = field(default_factory=dict)
+    #: Records at the δ-only floor: a positive rate whose ε is 0 (δ alone covers it), per
+    #: budget value -- they contribute almost nothing to training at that budget.
+    floor: dict[str, int] = field(default_factory=dict)
     #: Plain-language problems with this calibration (over-budget records, budgets left unused).
     warnings: list[str] = field(default_factory=list)
 
@@ -244,6 +247,16 @@ def calibrate(
         sums = np.bincount(inv.ravel(), weights=rates, minlength=ids.size)
         batch = {str(i): float(s) for i, s in zip(ids.tolist(), sums.tolist(), strict=True)}
     warnings = _warnings(estimator.method, over, util, b.size)
+    at_floor = used & (spent <= 0)
+    floor = {
+        f"{v:g}": int(c) for v, c in zip(*np.unique(b[at_floor], return_counts=True), strict=True)
+    }
+    for label, count in floor.items():
+        warnings.append(
+            f"{count} record(s) contribute almost nothing at ε = {label} for this plan: their "
+            "calibrated rate is the δ-only floor (ε = 0: δ alone covers it); more noise σ or "
+            "fewer steps/rounds give them usable rates"
+        )
     report = CalibrationReport(
         method=estimator.method,
         adversary=adv,
@@ -262,6 +275,7 @@ def calibrate(
         max_spent_epsilon=float(spent[used].max()) if used.any() else None,
         expected_batch_size=batch,
         details=dict(info.details),
+        floor=floor,
         warnings=warnings,
     )
     return CalibrationResult(rates=rates, report=report, estimator=estimator)

@@ -42,8 +42,27 @@ def usage_error_line(err: click.UsageError) -> str:
     return f"error: {err.format_message()}"
 
 
+def missing_extra_line(err: ImportError, command: str | None) -> str | None:
+    """``error: <field>: ... pip install 'pdpfl[EXTRA]'`` when ``err`` is a missing optional
+    extra (:data:`pdpfl.errors.EXTRAS`), else None (a broken install keeps its traceback)."""
+    from pdpfl.errors import MissingExtra, extra_of
+
+    if isinstance(err, MissingExtra):
+        return f"error: {err}"
+    found = extra_of(err)
+    if found is None:
+        return None
+    module, extra = found
+    field = f"pdpfl {command}" if command else "pdpfl"
+    return (
+        f"error: {field}: needs the {extra} extra: pip install 'pdpfl[{extra}]' "
+        f"({module} is not installed)"
+    )
+
+
 class _Commands(TyperGroup):
-    """The root command: click's usage errors in pdpfl's one-line format (exit 2); SIGTERM and
+    """The root command: click's usage errors in pdpfl's one-line format (exit 2); a feature
+    whose optional extra is not installed names the extra (exit 2, no traceback); SIGTERM and
     SIGHUP stop a command exactly as Ctrl-C does (:mod:`pdpfl.runtime.signals`), and a command
     stopped by one of them exits with 128 + the signal's number (130, 143, 129), without a
     traceback, whether or not it has its own clean-up."""
@@ -60,6 +79,12 @@ class _Commands(TyperGroup):
         except KeyboardInterrupt as err:  # a command without clean-up of its own
             click.echo(f"\ninterrupted ({signal_name(signal_of(err))})", err=True)
             raise click.exceptions.Exit(exit_code(err)) from None
+        except ImportError as err:
+            line = missing_extra_line(err, ctx.invoked_subcommand)
+            if line is None:
+                raise
+            click.echo(line, err=True)
+            raise click.exceptions.Exit(2) from None
 
 
 app = typer.Typer(

@@ -119,6 +119,13 @@ def parse_unit_and_accountant(unit: str, accountant: str) -> tuple[Any, str]:
         acc = as_accountant_name(accountant)
     except ValueError:
         fail(f"--accountant: expected rdp or pld, got {accountant!r}")
+    if acc == "pld":
+        from pdpfl.errors import MissingExtra, require_extra
+
+        try:
+            require_extra("dp_accounting", "--accountant", "pld")
+        except MissingExtra as err:
+            fail(str(err))
     return unit_, acc
 
 

@@ -74,6 +74,17 @@ def _client_tls(insecure: bool, root_certificates: Path | None) -> None:
         fail(f"--root-certificates: file not found: {root_certificates}")
 
 
+def _loopback_only(insecure: bool, option: str, address: str) -> None:
+    """``--insecure`` only where ``address`` is loopback (exit 2 naming both otherwise)."""
+    if insecure:
+        from pdpfl.runtime.flower.loopback import check_insecure
+
+        try:
+            check_insecure([(option, address)])
+        except ValueError as err:
+            fail(str(err))
+
+
 def _address(value: str, option: str = "--superlink") -> str:
     host, _, port = value.rpartition(":")
     if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
@@ -148,6 +159,7 @@ def superlink(
     """Start the federation's SuperLink (the coordinating server; runs the ServerApp)."""
     if supernode_auth and insecure:
         fail("--enable-supernode-auth: SuperNode authentication needs TLS (drop --insecure)")
+    _loopback_only(insecure, "--host", host)
     cmd = [_binary("flower-superlink"), *_tls_args(insecure, certfile, keyfile, ca_certfile)]
     if not dry_run:
         _check_port(host, port)
@@ -226,6 +238,7 @@ def register_key(
     """
     _address(superlink_address)
     _client_tls(insecure, root_certificates)
+    _loopback_only(insecure, "--superlink", superlink_address)
     if not public_key.is_file():
         fail(f"PUBLIC_KEY: file not found: {public_key}")
     home = _connection_home(superlink_address, insecure, root_certificates)
@@ -241,6 +254,18 @@ def supernode(
     data_dir: Path | None = typer.Option(None, "--data-dir", help="This silo's data folder."),
     state_dir: Path = typer.Option(
         Path("~/.pdpfl/silo-state"), "--state-dir", help="Where the silo keeps its ledger."
+    ),
+    budget_store: Path | None = typer.Option(
+        None,
+        "--budget-store",
+        help="Where the silo keeps its people's budgets for life, across runs (default: "
+        "STATE_DIR/budgets).",
+    ),
+    allow_respend: bool = typer.Option(
+        False,
+        "--allow-respend",
+        help="Let runs that ask for it (lifetime.allow_respend) re-spend this silo's data "
+        "(public or synthetic data only).",
     ),
     port: int = typer.Option(
         9094, "--port", min=1, max=65535, help="Local Runtime API port (127.0.0.1 only)."
@@ -284,13 +309,21 @@ def supernode(
     128 + the signal; the silo's state folder keeps every charge: start it again with the same
     --state-dir to continue a run).
     """
-    from pdpfl.runtime.flower.hooks import DATA_DIR, NUM_PARTITIONS, PARTITION_ID, STATE_DIR
+    from pdpfl.runtime.flower.hooks import (
+        ALLOW_RESPEND,
+        BUDGET_STORE,
+        DATA_DIR,
+        NUM_PARTITIONS,
+        PARTITION_ID,
+        STATE_DIR,
+    )
     from pdpfl.runtime.flower.processes import MODES, SECRET_NAME, node_config_arg, worker_command
 
     if silo >= num_silos:
         fail(f"--silo: must be in [0, {num_silos - 1}] for --num-silos {num_silos}, got {silo}")
     _address(superlink_address)
     _client_tls(insecure, root_certificates)
+    _loopback_only(insecure, "--superlink", superlink_address)
     if mode not in MODES:
         fail(f"--mode: must be one of {', '.join(MODES)}, got {mode!r}")
     if auth_key is not None:
@@ -313,6 +346,12 @@ def supernode(
     }
     if data_dir is not None:
         node_config[DATA_DIR] = str(data_dir.expanduser().resolve())
+    if budget_store is not None:
+        if budget_store.expanduser().exists() and not budget_store.expanduser().is_dir():
+            fail(f"--budget-store: {budget_store} is a file, not a folder")
+        node_config[BUDGET_STORE] = str(budget_store.expanduser().resolve())
+    if allow_respend:
+        node_config[ALLOW_RESPEND] = True
     if expect_config is not None:
         from pdpfl.config import ConfigError, config_hash, load_config
         from pdpfl.runtime.flower.hooks import CONFIG_HASH_KEY
@@ -482,6 +521,7 @@ def submit(
     """Submit CONFIG to a running SuperLink (``flwr run --stream``) and follow its logs."""
     _address(superlink_address)
     _client_tls(insecure, root_certificates)
+    _loopback_only(insecure, "--superlink", superlink_address)
     work = Path(tempfile.mkdtemp(prefix="pdpfl-flower-"))
     app_dir = _app_for(
         config_path,

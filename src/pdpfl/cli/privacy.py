@@ -1,9 +1,14 @@
-"""`pdpfl privacy RUN_DIR`: what each person spent, by id, against every observer.
+"""`pdpfl privacy RUN_DIR` / `pdpfl privacy --store STORE`: what each person spent, by id.
 
-Reads the ledgers a run wrote (``RUN_DIR/ledgers/*.npz``; a Flower silo's state folder holds
-its own ``ledger-silo-<i>.npz``), prints the per-budget-group table in the run's unit and
-writes ``privacy.csv`` (one row per unit: id, unit, budget, ε spent per observer, rounds
-charged, stopped, excluded). ``--id X`` answers for one person.
+``RUN_DIR``: reads the ledgers a run wrote (``RUN_DIR/ledgers/*.npz``; a Flower silo's state
+folder holds its own ``ledger-silo-<i>.npz``), prints the per-budget-group table in the run's
+unit and writes ``privacy.csv`` (one row per unit: id, unit, budget, ε spent per observer,
+rounds charged, stopped, excluded). ``--id X`` answers for one person.
+
+``--store STORE``: a person's budget for life -- every run that ever charged the budget stores
+under ``STORE`` (:mod:`pdpfl.ledger.lifetime`): the runs, and per budget group the lifetime ε
+per observer (all runs composed), the units over budget and what remains; ``--out FILE``
+writes one row per unit, ``--id X`` answers for one person with the runs that charged them.
 """
 
 from __future__ import annotations
@@ -53,18 +58,35 @@ def _rows(table: dict[str, np.ndarray]) -> list[dict[str, object]]:
 
 
 def privacy_command(
-    run_dir: Path = typer.Argument(..., help="A run's output folder, or a silo's state folder."),
+    run_dir: Path | None = typer.Argument(
+        None, help="A run's output folder, or a silo's state folder."
+    ),
+    store: Path | None = typer.Option(
+        None,
+        "--store",
+        help="A budget store folder (lifetime budgets across runs): the default is "
+        "$PDPFL_BUDGET_DIR or ~/.local/share/pdpfl/budgets; a Flower silo's is "
+        "STATE_DIR/budgets.",
+    ),
     unit_id: str | None = typer.Option(None, "--id", help="Answer for one person (unit id)."),
     out: Path | None = typer.Option(
         None, "--out", help="Where to write the per-unit table (default RUN_DIR/privacy.csv)."
     ),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
 ) -> None:
-    """Each person's ε spent (per observer) against their budget, from a run's ledgers."""
+    """Each person's ε spent (per observer) against their budget: in one run (RUN_DIR) or for
+    life (--store)."""
     from pdpfl.io import write_text
     from pdpfl.ledger.table import merged_summary, privacy_table, select_id
     from pdpfl.runtime.outputs import holder_names, with_silo_names
 
+    if store is not None:
+        if run_dir is not None:
+            fail("--store: give either RUN_DIR or --store STORE, not both")
+        _store_command(store, unit_id, out, as_json)
+        return
+    if run_dir is None:
+        fail("RUN_DIR: give a run's output folder, or --store STORE for lifetime budgets")
     if not run_dir.exists():
         fail(f"RUN_DIR: {run_dir} does not exist")
     try:
@@ -138,6 +160,165 @@ def _describe(row: dict[str, object], observers: tuple[str, ...]) -> str:
         lines.append("  excluded: never sampled (budget below the smallest achievable ε)")
     elif row["stopped"]:
         lines.append("  stopped: sat out rounds so as not to exceed the budget")
+    return "\n".join(lines)
+
+
+def _store_command(store: Path, unit_id: str | None, out: Path | None, as_json: bool) -> None:
+    """``pdpfl privacy --store STORE`` (module docstring)."""
+    from pdpfl.integrity import IntegrityError
+    from pdpfl.ledger.budget_store import BudgetStore, find_stores
+    from pdpfl.ledger.lifetime import lifetime_table, store_runs
+
+    if not store.expanduser().is_dir():
+        fail(f"--store: {store} is not a folder (a budget store root, e.g. $PDPFL_BUDGET_DIR)")
+    try:
+        table = lifetime_table(store)
+        runs = {
+            str(BudgetStore(root, party, key).folder): store_runs(
+                BudgetStore(root, party, key).open(lock=False)
+            )
+            for root, party, key in find_stores(store)
+        }
+    except IntegrityError as err:
+        fail(f"--store: {err}")
+    except ValueError as err:
+        fail(f"--store: {err}")
+    if unit_id is not None:
+        keep = np.array([str(v) == unit_id for v in table["id"]], dtype=bool)
+        rows = _rows({k: v[keep] for k, v in table.items()})
+        if not rows:
+            fail(f"--id: no unit with id {unit_id!r} in the budget stores under {store}")
+        if as_json:
+            print_json({"id": unit_id, "rows": rows, "runs": runs})
+            return
+        for row in rows:
+            typer.echo(_describe_lifetime(row, runs.get(str(row["store"]), [])))
+        return
+    if out is not None:
+        from pdpfl.io import write_text
+
+        try:
+            write_text(out, _table_csv(table))
+        except OSError as err:
+            fail(f"--out: cannot write {out} ({err.strerror or err})")
+    if as_json:
+        print_json({"stores": _store_groups(table, runs), "csv": None if out is None else str(out)})
+        return
+    from rich.console import Console
+
+    console = Console()
+    for entry in _store_groups(table, runs):
+        console.print(_store_table(entry))
+    if out is not None:
+        typer.echo(f"per-unit table written to {out}")
+    else:
+        typer.echo("--out FILE writes one row per unit (lifetime ε per observer, runs)")
+
+
+def _table_csv(table: dict[str, np.ndarray]) -> str:
+    buf = io.StringIO()
+    writer = csv.writer(buf)
+    writer.writerow(list(table))
+    for row in _rows(table):
+        writer.writerow(["" if v is None else repr(v) if isinstance(v, float) else v
+                         for v in row.values()])  # fmt: skip
+    return buf.getvalue()
+
+
+def _store_groups(
+    table: dict[str, np.ndarray], runs: dict[str, list[dict[str, object]]]
+) -> list[dict[str, object]]:
+    """Per store: its runs and, per budget group, units, lifetime max ε, over budget, the
+    least remaining."""
+    out: list[dict[str, object]] = []
+    for folder in dict.fromkeys(table["store"].tolist()):
+        m = table["store"] == folder
+        groups = []
+        labels = dict.fromkeys(table["group"][m].tolist())
+        lowest = {k: float(table["budget"][m & (table["group"] == k)].min()) for k in labels}
+        for label in sorted(labels, key=lambda k: lowest[k]):
+            g = m & (table["group"] == label)
+            row: dict[str, object] = {"group": label, "units": int(g.sum())}
+            for tag in ("third_party", "server"):
+                e = table[f"epsilon_{tag}"][g].astype(float)
+                b = table["budget"][g].astype(float)
+                known = ~np.isnan(e)
+                row[f"lifetime_max_{tag}"] = float(e[known].max()) if known.any() else None
+                row[f"over_budget_{tag}"] = int((e[known] > b[known] * (1 + 1e-9)).sum())
+                rem = table[f"remaining_{tag}"][g].astype(float)
+                row[f"remaining_min_{tag}"] = float(np.nanmin(rem)) if known.any() else None
+            groups.append(row)
+        first = int(np.flatnonzero(m)[0])
+        out.append(
+            {
+                "store": folder,
+                "party": str(table["party"][first]),
+                "dataset": str(table["dataset"][first]),
+                "unit": str(table["unit"][first]),
+                "units": int(m.sum()),
+                "delta": float(table["delta"][first]),
+                "runs": runs.get(str(folder), []),
+                "groups": groups,
+            }
+        )
+    return out
+
+
+def _store_table(entry: dict[str, object]) -> object:
+    from rich import box
+    from rich.table import Table
+
+    from pdpfl.cli.report import fmt, plural
+
+    unit = str(entry["unit"])
+    runs = list(entry["runs"])  # type: ignore[call-overload]
+    t = Table(
+        title=f"{entry['party']} · dataset {str(entry['dataset'])[:12]} · {len(runs)} run(s) · "
+        f"{entry['units']} {plural(unit)}",
+        box=box.SIMPLE_HEAD,
+        title_justify="left",
+    )
+    for col in ("budget ε", plural(unit), "lifetime ε\n3rd / srv", "over\n3rd / srv",
+                "least left\n3rd / srv"):  # fmt: skip
+        t.add_column(col, justify="right", no_wrap=True)
+    for g in entry["groups"]:  # type: ignore[attr-defined]
+        t.add_row(
+            str(g["group"]),
+            str(g["units"]),
+            f"{fmt(g['lifetime_max_third_party'])} / {fmt(g['lifetime_max_server'])}",
+            f"{g['over_budget_third_party']} / {g['over_budget_server']}",
+            f"{fmt(g['remaining_min_third_party'])} / {fmt(g['remaining_min_server'])}",
+        )
+    lines = [f"lifetime ε at δ = {fmt(entry['delta'])}: every run composed (not a sum of ε's)"]
+    for r in runs:
+        lines.append(
+            f"run {str(r['run'])[:16]} {r['started']} {r['algorithm']} ({r['name']}): "
+            + ("no DP" if not r["private"] else f"{r['accountant']}, δ = {fmt(r['delta'])}")
+            + ("" if r["enforced"] else ", lifetime not enforced (allow_respend)")
+        )
+    t.caption = "\n".join(lines)
+    return t
+
+
+def _describe_lifetime(row: dict[str, object], runs: list[dict[str, object]]) -> str:
+    def num(x: object) -> str:
+        return "-" if x is None else f"{float(x):.4g}"  # type: ignore[arg-type]
+
+    charged = set(str(row["run_ids"]).split(";")) if row["run_ids"] else set()
+    lines = [
+        f"{row['unit']} {row['id']} ({row['party']}, dataset {str(row['dataset'])[:12]}): "
+        f"budget ε = {num(row['budget'])}, {row['runs']} run(s) charged it",
+        f"  third party: lifetime ε {num(row['epsilon_third_party'])}, remaining "
+        f"{num(row['remaining_third_party'])}",
+        f"  server:      lifetime ε {num(row['epsilon_server'])}, remaining "
+        f"{num(row['remaining_server'])}",
+        f"  (at δ = {num(row['delta'])}; the runs composed, not their ε's summed)",
+    ]
+    for r in runs:
+        if str(r["run"]) in charged:
+            lines.append(
+                f"  run {str(r['run'])[:16]} {r['started']} {r['algorithm']} ({r['name']})"
+            )
     return "\n".join(lines)
 
 

@@ -89,6 +89,20 @@ def group_table(privacy: PrivacySummary, title: str) -> Any:
         notes.append(
             "excluded (q = 0): " + ", ".join(f"{n} in group {k}" for k, n in excluded.items())
         )
+    for g in privacy.groups:
+        if g.floor:
+            notes.append(
+                f"{g.floor} {plural(privacy.unit, g.floor)} contribute almost nothing at "
+                f"ε = {g.label} for this plan (δ-only floor: ε = 0 at their rate)"
+            )
+    if privacy.lifetime and any(g.lifetime_max for g in privacy.groups):
+        notes.append(
+            "lifetime max ε (all runs on this data): "
+            + ", ".join(
+                f"{g.label}: " + " / ".join(fmt(g.lifetime_max.get(o)) for o in obs)
+                for g in privacy.groups
+            )
+        )
     notes.append(f"mean use = mean of ε spent / budget over the group's {plural(privacy.unit)}")
     for key, value in privacy.approximate.items():
         notes.append(f"approximate (not a guarantee): {approximate_label(key)} = {fmt(value)}")
@@ -181,10 +195,18 @@ def run_tables(summary: dict[str, Any]) -> list[Any]:
             f"{summary['over_budget']} of {privacy.units} (against {observers_text(against)})",
         )
         for obs in privacy.observers:
-            head.add_row(f"max ε ({obs})", fmt(privacy.spent_max(obs)))
+            life = privacy.lifetime_max(obs)
+            head.add_row(
+                f"max ε ({obs})",
+                fmt(privacy.spent_max(obs)) + ("" if life is None else f" · lifetime {fmt(life)}"),
+            )
         head.add_row(f"{u} stopped early", str(privacy.stopped))
         if privacy.excluded:
             head.add_row(f"{u} excluded (q = 0)", str(privacy.excluded))
+        if privacy.floor:
+            head.add_row(f"{u} at the δ-only floor", f"{privacy.floor} (ε = 0: they add ~nothing)")
+        if privacy.lifetime:
+            head.add_row("lifetime budgets", _lifetime_cell(privacy, summary))
     head.add_row(
         "rounds",
         f"{summary['rounds_completed']}"
@@ -199,6 +221,16 @@ def run_tables(summary: dict[str, Any]) -> list[Any]:
             group_table(privacy, f"ε spent vs budget, per budget group ({plural(privacy.unit)})")
         )
     return out
+
+
+def _lifetime_cell(privacy: PrivacySummary, summary: dict[str, Any]) -> str:
+    """Whether the budget store limited this run, and how many units earlier runs charged."""
+    u = plural(privacy.unit)
+    runs = (summary.get("lifetime") or {}).get("earlier_runs")
+    earlier = f"{privacy.prior} {u} charged by earlier runs" + (f" ({runs} run(s))" if runs else "")
+    if privacy.lifetime == "respend":
+        return f"NOT enforced (lifetime.allow_respend); {earlier}"
+    return f"enforced; {earlier}"
 
 
 def compare_table(title: str, table: list[dict[str, Any]]) -> Any:

@@ -44,9 +44,27 @@ def _load(config_path: Path, overrides: list[str] | None, data_dir: str | None):
         what = "is not a folder" if Path(data_dir).expanduser().exists() else "does not exist"
         fail(f"--data-dir: {data_dir} {what} (give the folder that holds the dataset files)")
     try:
-        return load_config(config_path, overrides or [], data_dir=data_dir)
+        config = load_config(config_path, overrides or [], data_dir=data_dir)
     except ConfigError as err:
         fail("\n".join(err.problems) if len(err.problems) > 1 else err.problems[0])
+    check_extras(config)
+    return config
+
+
+def check_extras(config: Any, runtime_field: str | None = None) -> None:
+    """Exit 2 naming the field and the extra (``pip install 'pdpfl[EXTRA]'``) when the config
+    chose a feature whose optional extra is not installed -- before any output is written
+    (``runtime_field``: check ``runtime: flower`` too; flower-simulation is checked by
+    :func:`check_simulation_engine`)."""
+    from pdpfl.errors import MissingExtra, require_extra
+
+    try:
+        if config.privacy.accountant == "pld":
+            require_extra("dp_accounting", "privacy.accountant", "accountant: pld")
+        if runtime_field is not None and config.runtime == "flower":
+            require_extra("flwr", runtime_field, "runtime flower")
+    except MissingExtra as err:
+        fail(str(err))
 
 
 def check_device(config: Any) -> None:
@@ -236,6 +254,7 @@ def run_command(
                 f"algorithm.name: {config.algorithm.name!r} runs only in the simulator "
                 "(--runtime simulation)"
             )
+    check_extras(config, "--runtime" if runtime is not None else "runtime")
     if config.runtime == "flower-simulation":
         check_simulation_engine(config, "--runtime" if runtime is not None else "runtime")
     existed = out_dir.exists()

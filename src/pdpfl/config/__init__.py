@@ -9,10 +9,11 @@ dotted field, e.g. ``training.rounds: Input should be greater than or equal to 1
 Overrides use dotted keys (``training.lr=0.05``); a leaf name that is unique over the sections
 may be given alone (``rounds=5`` sets ``training.rounds``, T).
 
-The package: :mod:`~pdpfl.config.base` (the error, the section base), :mod:`~pdpfl.config.sections`
-(data, model, budgets, privacy, training, secure, Flower), :mod:`~pdpfl.config.experiment` (the
-experiment, the algorithm section's base and the registries), :mod:`~pdpfl.config.loading`
-(YAML, overrides, validation messages, hash and fingerprint).
+The package: :mod:`~pdpfl.config.base` (the error, the section base),
+:mod:`~pdpfl.config.sections` (data, model, budgets, privacy, lifetime, training, secure,
+Flower), :mod:`~pdpfl.config.experiment` (the experiment, the algorithm section's base and the
+registries), :mod:`~pdpfl.config.loading` (YAML, overrides, validation messages, hash and
+fingerprint).
 """
 
 from pdpfl.config.base import MAX_BATCH_SIZE, ConfigError
@@ -45,6 +46,7 @@ from pdpfl.config.sections import (
     DataConfig,
     FlowerConfig,
     FlowerSimulationConfig,
+    LifetimeConfig,
     ModelConfig,
     PrivacyConfig,
     SecureConfig,
@@ -64,6 +66,7 @@ __all__ = [
     "ExperimentConfig",
     "FlowerConfig",
     "FlowerSimulationConfig",
+    "LifetimeConfig",
     "MethodSpec",
     "ModelConfig",
     "PrivacyConfig",

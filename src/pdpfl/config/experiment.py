@@ -22,6 +22,7 @@ from pdpfl.config.sections import (
     BudgetsConfig,
     DataConfig,
     FlowerConfig,
+    LifetimeConfig,
     ModelConfig,
     PrivacyConfig,
     SecureConfig,
@@ -192,6 +193,7 @@ class ExperimentConfig(_Section):
     algorithm: AlgorithmConfig = Field(default_factory=lambda: _default_algorithm())
     budgets: BudgetsConfig = Field(default_factory=lambda: BudgetsConfig.model_validate({}))
     privacy: PrivacyConfig = Field(default_factory=lambda: PrivacyConfig.model_validate({}))
+    lifetime: LifetimeConfig = Field(default_factory=lambda: LifetimeConfig.model_validate({}))
     training: TrainingConfig
 
     @field_validator("name")

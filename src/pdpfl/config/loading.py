@@ -214,8 +214,8 @@ def config_hash(config: ExperimentConfig) -> str:
 def run_fingerprint(config: ExperimentConfig) -> str:
     """What a checkpoint must match to be resumed: :func:`config_hash` of the config with its
     file paths resolved (``--data-dir data`` and ``--data-dir /abs/data`` are the same run),
-    the output folder, the number of rounds T (a finished run may be extended) and the
-    per-round model option left out (:func:`fingerprint_fields`)."""
+    the output folder, the number of rounds T (a finished run may be extended), the
+    per-round model option and the budget store's settings left out (:func:`fingerprint_fields`)."""
     text = json.dumps(fingerprint_fields(config), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -229,6 +229,7 @@ def fingerprint_fields(config: ExperimentConfig) -> dict[str, Any]:
     data["training"].pop("rounds", None)
     data["training"].pop("device", None)  # a run may continue on another device
     data.pop("flower", None)  # nor do the Simulation Engine's resources
+    data.pop("lifetime", None)  # nor where the budget store is (a resume charges the same run)
     for section, key in (("data", "data_dir"), ("budgets", "file")):
         value = data.get(section, {}).get(key)
         if value:

@@ -123,12 +123,20 @@ class BudgetsConfig(_Section):
             from pdpfl.budgets import make_scenario
 
             try:
-                make_scenario(self.scenario, **self.params)
+                scenario = make_scenario(self.scenario, **self.params)
             except (ValueError, TypeError) as exc:
                 text = str(exc)
                 raise ValueError(
                     text if text.startswith("scenario") else f"params: {text}"
                 ) from None
+            from pdpfl.budgets import MIN_BUDGET, public_statistics
+
+            lowest, _ = public_statistics(scenario)
+            if lowest is not None and lowest < MIN_BUDGET:
+                raise ValueError(
+                    f"params: the scenario's smallest budget ε = {lowest!r} is below the "
+                    f"minimum {MIN_BUDGET:g} (a smaller ε gives no usable sampling rate)"
+                )
         return self
 
 
@@ -148,16 +156,64 @@ class PrivacyConfig(_Section):
         description="ε → q: certified (exact on a grid, default), scf (pdpfl's "
         "curve fit), scf-paper (rPDP-FL's SCF as its reference code ran it), binary-search",
     )
-    accountant: Literal["rdp", "pld"] = Field(
+    accountant: str = Field(
         "rdp",
-        description="accountant of the calibration and the silo ledgers: rdp (Rényi DP, optimal "
-        "order) or pld (privacy-loss distributions: tighter, so larger sampling rates at the "
-        "same budgets; σ from epsilon_max is still chosen with rdp)",
+        description="accountant of every ledger and calibration (σ from epsilon_max, rates, "
+        "targets): rdp (Rényi DP, optimal order), pld (privacy-loss distributions: tighter, so "
+        "larger rates or less noise at the same budgets), or any accountant registered with "
+        "pdpfl.privacy.register_accountant whose ε are upper bounds; an algorithm whose events "
+        "the accountant cannot interpret refuses it",
     )
     allow_exclusion: bool = Field(
         False,
         description="give q = 0 to records whose budget is below the smallest achievable ε "
         "(counted in the headline) instead of refusing the run",
+    )
+
+    @field_validator("accountant")
+    @classmethod
+    def _registered_accountant(cls, value: str) -> str:
+        """A registered accountant whose every ε is an upper bound (pdpfl.privacy.registry)."""
+        from pdpfl.privacy.registry import accountant_names, as_accountant_name, make_accountant
+
+        rigorous = accountant_names(rigorous=True)
+        try:
+            name = as_accountant_name(value)
+        except ValueError:
+            raise ValueError(
+                f"expected one of {', '.join(rigorous)} (registered accountants), got {value!r}"
+            ) from None
+        if make_accountant(name).approximate:
+            raise ValueError(
+                f"{name} reports an approximation, not an upper bound, so it cannot enforce "
+                f"budgets; choose one of {', '.join(rigorous)}"
+            )
+        return name
+
+
+class LifetimeConfig(_Section):
+    """A person's budget is for life: the budget store every run on the same data charges
+    (:mod:`pdpfl.ledger.lifetime`)."""
+
+    store: str | None = Field(
+        None,
+        min_length=1,
+        description="folder of the budget stores (default: $PDPFL_BUDGET_DIR, else "
+        "$XDG_DATA_HOME/pdpfl/budgets); a Flower silo keeps its own under its SuperNode's "
+        "state folder",
+    )
+    allow_respend: bool = Field(
+        False,
+        description="true: earlier runs on this data do not limit this one (public or "
+        "synthetic data, e.g. the shipped examples); the run is still recorded in the store "
+        "and the headline and summary.json say that lifetime budgets were not enforced",
+    )
+    wait_s: float = Field(
+        0.0,
+        ge=0,
+        le=86_400,
+        description="seconds a run waits for a budget store that another run is charging "
+        "before it is refused (0: refuse at once)",
     )
 
 

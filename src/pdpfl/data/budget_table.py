@@ -2,8 +2,9 @@
 
 A budget is a promise to one person, so nothing about it changes silently:
 
-* every ε is a finite number > 0 -- a NaN or empty ε is reported as such (with its record id
-  and row), never as "no row";
+* every ε is a finite number of at least :data:`~pdpfl.budgets.MIN_BUDGET` -- a NaN, empty
+  or vanishing ε (1e-300) is reported as such (with its record id, row and column), never as
+  "no row" or as a choice;
 * record ids are unique integers;
 * every training record needs a budget, and a budget for an id that is **not in the data**
   (neither a training nor a test record of any silo: usually a typo or the wrong file) is an
@@ -27,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from pdpfl.budgets import below_minimum
 from pdpfl.data.federation import Federation
 from pdpfl.data.validation import (
     DataValidationError,
@@ -100,6 +102,9 @@ def _epsilons(values: Any, ids: np.ndarray, where: Where) -> np.ndarray:
             raise DataValidationError(
                 f"{where.source}: {who}: ε = {eps!r}; every ε must be a finite number > 0"
             )
+        low = below_minimum(eps)
+        if low is not None:
+            raise DataValidationError(f"{where.source}: {who}: {low}")
         out[i] = eps
     return out
 

@@ -14,7 +14,10 @@ One step on a silo's data ``D`` with per-record sampling rates ``q_i``:
    it decides and float64 where it does not, non-finite records add nothing, weight tying takes
    the exact path; see :mod:`pdpfl.dp.grad_sample`). The clipped sum is accumulated in float64.
 4. **Noise**: the clipped sum plus ``N(0, σ²C²)`` per coordinate, added in float64 (one draw
-   for all parameters from the same stream, in parameter order).
+   for all parameters from the same stream, in parameter order) by the one noise adder
+   (:mod:`pdpfl.dp.noise`, prepared once per engine) from the engine's noise description
+   (:class:`~pdpfl.privacy.noise.GaussianNoise` (σ, C): the object whose event a ledger
+   charges; pass ``noise=`` to share the caller's).
 5. **Normalisation** by a *public* constant ``normalizer`` (the configured expected batch size:
    never the realized ``|S|``, never ``Σ q_i`` computed from private budgets). An empty batch is
    a noise-only step, never skipped. See :mod:`pdpfl.dp.steps`.
@@ -40,7 +43,6 @@ products, clipping factors, the float64 sum, the noise and the update then stay 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -52,6 +54,7 @@ from pdpfl.dp.bookkeeping import Workspace
 from pdpfl.dp.device import math_device, resolve_device
 from pdpfl.dp.extra_rows import ExtraRows
 from pdpfl.dp.grad_sample import ClippedSum, _clipped_grad_sum, hooked_modules, resolve_method
+from pdpfl.dp.noise import PreparedNoise, central_noise
 from pdpfl.dp.steps import _checked_rates, as_rates, check_normalizer, poisson_sample
 from pdpfl.dp.training import evaluate, make_optimizer, move_to_device
 from pdpfl.dp.validate import (
@@ -61,7 +64,8 @@ from pdpfl.dp.validate import (
     validate_model,
 )
 from pdpfl.models import loss_fn
-from pdpfl.randomness import RandomStream, draw_normals, stream_from_generator
+from pdpfl.privacy.noise import GaussianNoise
+from pdpfl.randomness import RandomStream, stream_from_generator
 
 __all__ = [
     "LocalTrainingResult",
@@ -120,6 +124,10 @@ class PersonalizedDPSGD:
         σ ≥ 0: noise standard deviation per coordinate is ``σ·C``.
     max_grad_norm
         C > 0: per-sample L2 clipping bound over all trainable parameters.
+    noise
+        Instead of ``noise_multiplier`` and ``max_grad_norm``: the noise description
+        (:class:`~pdpfl.privacy.noise.GaussianNoise` with σ and sensitivity C, one share) that
+        the caller's ledger charges; the engine then draws exactly that noise.
     private
         ``False`` → plain minibatch SGD on the Poisson batch (no clipping, no noise).
     physical_batch_size
@@ -139,22 +147,20 @@ class PersonalizedDPSGD:
         model: nn.Module,
         optimizer: torch.optim.Optimizer,
         *,
-        noise_multiplier: float,
-        max_grad_norm: float,
+        noise_multiplier: float | None = None,
+        max_grad_norm: float | None = None,
         private: bool = True,
         physical_batch_size: int = 512,
         loss: LossFn = loss_fn,
         grad_sampler: str = "auto",
         device: str | torch.device | None = None,
+        noise: GaussianNoise | None = None,
     ):
         if private:
+            noise = central_noise(noise, noise_multiplier, max_grad_norm)  # the σ, C check
             validate_model(model)
-            if not (noise_multiplier >= 0 and math.isfinite(noise_multiplier)):
-                raise ValueError(
-                    f"noise_multiplier must be finite and >= 0, got {noise_multiplier}"
-                )
-            if not (max_grad_norm > 0 and math.isfinite(max_grad_norm)):
-                raise ValueError(f"max_grad_norm must be finite and > 0, got {max_grad_norm}")
+        else:
+            noise = None
         if int(physical_batch_size) < 1:
             raise ValueError(f"physical_batch_size must be >= 1, got {physical_batch_size}")
         dev = resolve_device(device)
@@ -162,8 +168,12 @@ class PersonalizedDPSGD:
             move_to_device(model, optimizer, dev)
         self.model = model
         self.optimizer = optimizer
-        self.noise_multiplier = float(noise_multiplier)
-        self.max_grad_norm = float(max_grad_norm)
+        #: What every step adds: N(0, σ²C²) per coordinate (None: not private).
+        self.noise = noise
+        self.noise_multiplier = 0.0 if noise is None else noise.noise_multiplier
+        self.max_grad_norm = (
+            float(max_grad_norm or 0.0) if noise is None else float(noise.sensitivity)
+        )
         self.private = bool(private)
         self.physical_batch_size = int(physical_batch_size)
         self.loss = loss
@@ -177,6 +187,8 @@ class PersonalizedDPSGD:
         self._sizes = [p.numel() for p in self.params]
         self._numel = sum(self._sizes)
         self._index = {id(p): k for k, p in enumerate(self.params)}
+        # the one noise adder, prepared once for this layout (pdpfl.dp.noise)
+        self._add_noise = None if noise is None else PreparedNoise(noise, self._shapes)
         # step() rounds the noisy gradient into this buffer and hands its views to the
         # optimizer as `.grad` (overwritten by the next step, as backward() does)
         self._grad_buf: Tensor | None = None
@@ -282,9 +294,8 @@ class PersonalizedDPSGD:
 
         ``reuse``: round into the engine's gradient buffer and return its views (the same
         tensors every step; for :meth:`step`, whose gradients only the optimizer sees)."""
-        std = self.noise_multiplier * self.max_grad_norm
-        if std > 0:
-            flat.add_(draw_normals(stream, self._shapes, device=flat.device), alpha=std)
+        if self._add_noise is not None:
+            self._add_noise(flat, stream)
         flat.div_(normalizer)
         dtype, device = self.params[0].dtype, self.params[0].device
         if all(p.dtype == dtype and p.device == device for p in self.params):
@@ -429,8 +440,8 @@ def train_steps(
     *,
     rates: np.ndarray | Tensor,
     steps: int,
-    noise_multiplier: float,
-    max_grad_norm: float,
+    noise_multiplier: float | None = None,
+    max_grad_norm: float | None = None,
     optimizer: torch.optim.Optimizer,
     stream: RandomStream | torch.Generator,
     normalizer: float | None = None,
@@ -440,6 +451,7 @@ def train_steps(
     grad_sampler: str = "auto",
     device: str | torch.device | None = None,
     extra: ExtraRows | None = None,
+    noise: GaussianNoise | None = None,
 ) -> LocalTrainingResult:
     """τ = ``steps`` steps of personalized DP-SGD on one silo's full local data.
 
@@ -453,6 +465,8 @@ def train_steps(
     the model is; ``"cpu"``, ``"cuda"``, ``"cuda:N"``, ``"mps"``, ``"auto"``) moves the model,
     its optimizer state and ``(x, y)`` there for the whole run. ``extra`` (audit canaries;
     :mod:`pdpfl.dp.extra_rows`) adds sampled, clipped rows to every step's clipped sum.
+    ``noise`` replaces ``noise_multiplier`` and ``max_grad_norm`` with the noise description
+    the caller's ledger charges (:class:`~pdpfl.privacy.noise.GaussianNoise`).
     """
     if int(steps) < 0:
         raise ValueError(f"steps must be >= 0, got {steps}")
@@ -477,6 +491,7 @@ def train_steps(
         loss=loss,
         grad_sampler=grad_sampler,
         device=device,
+        noise=noise,
     )
     if device is not None:  # the data once, not every step
         x, y = x.to(engine.device), y.to(engine.device)

@@ -41,9 +41,11 @@ from torch import Tensor, nn
 from pdpfl.dp.centralized import CentralizedResult, group_accuracy, mechanism_stream
 from pdpfl.dp.engine import LossFn, as_stream, evaluate, make_optimizer
 from pdpfl.dp.grad_sample import clipped_grad_sum, resolve_method
+from pdpfl.dp.noise import central_noise
 from pdpfl.dp.steps import check_normalizer, noisy_normalised_sum
 from pdpfl.dp.validate import validate_model
 from pdpfl.models import loss_fn
+from pdpfl.privacy.noise import GaussianNoise
 from pdpfl.randomness import RandomStream
 
 __all__ = [
@@ -171,16 +173,19 @@ def filter_gd_steps(
     state: FilterState,
     *,
     steps: int,
-    noise_multiplier: float,
-    max_grad_norm: float,
+    noise_multiplier: float | None = None,
+    max_grad_norm: float | None = None,
     optimizer: torch.optim.Optimizer,
     stream: RandomStream | torch.Generator,
     normalizer: float | None = None,
     loss: LossFn = loss_fn,
     physical_batch_size: int = 512,
+    noise: GaussianNoise | None = None,
 ) -> list[int]:
     """``steps`` steps of private GD with the filter, updating ``state`` in place; returns the
-    number of active records used at each step (the paper's Fig. 7)."""
+    number of active records used at each step (the paper's Fig. 7). ``noise``: the noise
+    description (σ, C) instead of ``noise_multiplier`` and ``max_grad_norm``."""
+    noise = central_noise(noise, noise_multiplier, max_grad_norm)
     params = [p for p in model.parameters() if p.requires_grad]
     counts: list[int] = []
     model.train()
@@ -192,12 +197,11 @@ def filter_gd_steps(
             budgets=state.budgets,
             spent=state.spent,
             active=state.active,
-            noise_multiplier=noise_multiplier,
-            max_grad_norm=max_grad_norm,
             stream=stream,
             normalizer=normalizer,
             loss=loss,
             physical_batch_size=physical_batch_size,
+            noise=noise,
         )
         optimizer.zero_grad(set_to_none=True)
         for p, g in zip(params, st.grads, strict=True):
@@ -233,18 +237,23 @@ def filter_step(
     budgets: np.ndarray,
     spent: np.ndarray,
     active: np.ndarray,
-    noise_multiplier: float,
-    max_grad_norm: float,
+    noise_multiplier: float | None = None,
+    max_grad_norm: float | None = None,
     stream: RandomStream | torch.Generator,
     normalizer: float | None = None,
     loss: LossFn = loss_fn,
     physical_batch_size: int = 512,
     grad_sampler: str = "auto",
+    noise: GaussianNoise | None = None,
 ) -> FilterStep:
     """One step of private GD with the individual filter (see module docstring).
 
     ``stream`` supplies the noise; ``normalizer`` defaults to the (public) data-set size ``n``.
+    ``noise`` (instead of ``noise_multiplier`` and ``max_grad_norm``): the noise description
+    (σ, C) the caller accounts.
     """
+    noise = central_noise(noise, noise_multiplier, max_grad_norm)
+    max_grad_norm = noise.sensitivity
     n = x.shape[0]
     normalizer = check_normalizer(float(n) if normalizer is None else normalizer)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -275,9 +284,12 @@ def filter_step(
         scaled = np.where(factors > 0, norms * factors, 0.0)
         sq[idx] = scaled**2
         exhausted[idx] = (bound < max_grad_norm) & (norms >= bound)
-    std = noise_multiplier * max_grad_norm
     grads = noisy_normalised_sum(
-        sums, std, normalizer, as_stream(stream), dtypes=[p.dtype for p in params]
+        sums,
+        noise,
+        normalizer,
+        as_stream(stream),
+        dtypes=[p.dtype for p in params],
     )
     return FilterStep(grads, sq, exhausted, int(idx.size), loss_sum)
 
@@ -336,8 +348,7 @@ def train_filter_gd(
     B = np.asarray(squared_norm_budgets, dtype=np.float64)
     if B.shape != (n,) or np.any(~np.isfinite(B)) or np.any(B < 0):
         raise ValueError(f"squared_norm_budgets must be {n} finite values >= 0")
-    if not (max_grad_norm > 0 and noise_multiplier >= 0):
-        raise ValueError("max_grad_norm must be > 0 and noise_multiplier >= 0")
+    noise = GaussianNoise(noise_multiplier, max_grad_norm)  # the one σ, C check
     if int(steps) < 0:
         raise ValueError(f"steps must be >= 0, got {steps}")
     normalizer = check_normalizer(float(n) if normalizer is None else normalizer)
@@ -360,12 +371,11 @@ def train_filter_gd(
             budgets=B,
             spent=spent,
             active=active,
-            noise_multiplier=noise_multiplier,
-            max_grad_norm=max_grad_norm,
             stream=rng,
             normalizer=normalizer,
             loss=loss,
             physical_batch_size=physical_batch_size,
+            noise=noise,
         )
         opt.zero_grad(set_to_none=True)
         for p, g in zip(params, st.grads, strict=True):

@@ -10,9 +10,11 @@ Every pdpfl mechanism is assembled from these pieces (as Opacus' ``DPOptimizer.p
 * clipping -- per record inside a gradient computation
   (:func:`pdpfl.dp.grad_sample.clipped_grad_sum`), or per unit on whole parameter vectors
   (:func:`clip_vectors`: a user's model delta in ULDP-FL, a client's update in IDP-FedAvg);
-* :func:`noisy_normalised_sum` -- adds N(0, std²) per coordinate to a clipped sum in float64,
-  divides by a *public* normaliser and rounds once to the parameter dtype. The noise is added even
-  when nothing was sampled (an empty batch is a noise-only step).
+* :func:`noisy_normalised_sum` -- adds the noise of a description
+  (:class:`~pdpfl.privacy.noise.GaussianNoise`: N(0, σ²C²/t) per coordinate) to a clipped sum
+  in float64 through :func:`pdpfl.dp.noise.add_noise`, divides by a *public* normaliser and
+  rounds once to the parameter dtype. The noise is added even when nothing was sampled (an
+  empty batch is a noise-only step).
 
 Norms used for clipping are computed in float64 (with a rigorous error bound on the Gram /
 ghost-norm paths, see :mod:`pdpfl.dp.grad_sample`), so a crafted unit cannot slip past the bound
@@ -28,6 +30,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from pdpfl.dp.noise import add_noise
+from pdpfl.privacy.noise import NoiseSpec
 from pdpfl.randomness import RandomStream
 
 __all__ = [
@@ -102,33 +106,31 @@ def check_normalizer(normalizer: float | None, name: str = "normalizer") -> floa
 
 def noisy_normalised_sum(
     sums: Sequence[Tensor],
-    std: float,
+    noise: NoiseSpec | None,
     normalizer: float,
     stream: RandomStream | None,
     *,
     dtypes: Sequence[torch.dtype] | None = None,
+    announced_survivors: int | None = None,
 ) -> list[Tensor]:
     """``(Σ clipped + N(0, std² I)) / normalizer`` per tensor, noise drawn in tensor order.
 
-    The addition and the division happen in float64 and the result is rounded once, to each
-    tensor's dtype or to ``dtypes[k]`` (e.g. float64 clipped sums for float32 parameters; see
-    :mod:`pdpfl.randomness` on floating-point attacks). ``std = 0`` adds no noise (and needs no
-    stream).
+    ``noise`` is the noise description the caller's ledger charges (std per coordinate
+    ``noise.std(announced_survivors)``: σ·C, or σ·C/√t for a share); ``None`` adds nothing (no
+    DP) and needs no stream. The addition and the division happen in float64 and the result is
+    rounded once, to each tensor's dtype or to ``dtypes[k]`` (e.g. float64 clipped sums for
+    float32 parameters; see :mod:`pdpfl.randomness` on floating-point attacks).
     """
     b = check_normalizer(normalizer)
-    if not (math.isfinite(std) and std >= 0):
-        raise ValueError(f"std: must be finite and >= 0, got {std!r}")
     if dtypes is not None and len(dtypes) != len(sums):
         raise ValueError(f"dtypes: expected {len(sums)} dtypes, got {len(dtypes)}")
-    out = []
-    for k, s in enumerate(sums):
-        acc = s.detach().to(torch.float64)
-        if std > 0:
-            if stream is None:
-                raise ValueError("stream: required when std > 0")
-            acc = acc + std * stream.normal(tuple(s.shape)).to(acc.device)
-        out.append((acc / b).to(s.dtype if dtypes is None else dtypes[k]))
-    return out
+    accs = [s.detach().to(torch.float64, copy=True) for s in sums]
+    if noise is not None and accs:
+        add_noise(accs, noise, stream, announced_survivors=announced_survivors)
+    return [
+        (acc / b).to(s.dtype if dtypes is None else dtypes[k])
+        for k, (acc, s) in enumerate(zip(accs, sums, strict=True))
+    ]
 
 
 def vector_norms(vectors: Sequence[Tensor]) -> Tensor:

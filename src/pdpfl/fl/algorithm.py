@@ -29,6 +29,7 @@ from pdpfl.fl.aggregation import SumProtocol, check_compatible, protocol_from_co
 from pdpfl.fl.api import ClientAlgorithm, FederationInfo, ServerAlgorithm
 from pdpfl.fl.checks import check_federation
 from pdpfl.fl.environment import Environment, resolve_environment
+from pdpfl.fl.lifetime import set_targets
 
 if TYPE_CHECKING:  # pragma: no cover
     from pdpfl.data.federation import ClientData, Federation
@@ -142,6 +143,7 @@ class Algorithm(AlgorithmConfig):
         env = resolve_environment(config, federation)
         warnings = [*env.warnings, *algorithm.algorithm_checks(config, federation)]
         server, clients = algorithm.build_parties(config, federation, env)
+        set_targets(config, federation, server, clients)  # the budget stores they charge
         protocol = protocol_from_config(config)
         check_compatible(server, protocol)
         return Assembly(

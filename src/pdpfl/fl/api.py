@@ -12,8 +12,10 @@ update of the algorithm's DP mechanism, a public weight, and metrics the algorit
 :attr:`ServerAlgorithm.public_metrics` (each DP-protected or computed from values the
 configuration declares public). Runtimes carry exactly this object -- the simulator hands it over
 in memory, the Flower codec encodes exactly its fields -- and reject a contribution carrying
-anything else (:func:`check_contribution`). Silo sizes, noise-free losses, realized batch sizes,
-budgets and their statistics never leave a silo.
+anything else (:func:`check_contribution`: the gate of :mod:`pdpfl.fl.messages` for the
+training reply, ``update.{i}`` / ``weight`` / ``metric.{k}``). Silo sizes, noise-free losses,
+realized batch sizes, budgets and their statistics never leave a silo. Every other message a silo
+sends (evaluation, discovery, protocol stages) is declared there too and passes the same gate.
 
 Contributions reach the server through a summation protocol (:mod:`pdpfl.fl.aggregation`):
 the server algorithm receives only the :class:`Aggregate` -- the sum of the updates, weights
@@ -28,12 +30,19 @@ at the silo: the in-process simulator reads them because one operator owns every
 
 from __future__ import annotations
 
-import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 
+from pdpfl.fl.messages import (
+    EVALUATE_REPLY,
+    TRAIN_REPLY,
+    Outgoing,
+    PrivacyBoundaryError,
+    check_outgoing,
+)
 from pdpfl.ledger import PrivacySummary
 
 __all__ = [
@@ -48,6 +57,7 @@ __all__ = [
     "ServerAlgorithm",
     "check_contribution",
     "check_evaluation",
+    "contribution_payload",
 ]
 
 #: Model parameters as float32 arrays (trainable parameters only, in ``model.parameters()`` order).
@@ -58,10 +68,6 @@ Scalars = dict[str, Any]
 
 #: The keys an evaluation reply may carry (aggregate metrics of the silo's test split).
 EVALUATION_METRICS = frozenset({"loss", "accuracy", "n"})
-
-
-class PrivacyBoundaryError(RuntimeError):
-    """Something other than the mechanism's output was about to leave a silo."""
 
 
 @dataclass
@@ -219,47 +225,73 @@ class ServerAlgorithm(Protocol):
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
+def contribution_payload(contribution: Contribution) -> dict[str, Any]:
+    """The :data:`~pdpfl.fl.messages.TRAIN_REPLY` message of a contribution: ``update.{i}``,
+    ``weight`` and ``metric.{k}`` (what the Flower codec encodes, field for field)."""
+    out: dict[str, Any] = {f"update.{i}": u for i, u in enumerate(contribution.update)}
+    out["weight"] = contribution.weight
+    out.update({f"metric.{k}": v for k, v in contribution.metrics.items()})
+    return out
+
+
 def check_contribution(
-    contribution: Any, public_metrics: frozenset[str] | set[str], num_params: int | None = None
+    contribution: Any,
+    public_metrics: frozenset[str] | set[str],
+    num_params: int | None = None,
+    *,
+    params: Params | None = None,
+    silo: int | None = None,
+    round_index: int = 0,
 ) -> Contribution:
     """Validate what a silo is about to release; raise :class:`PrivacyBoundaryError` otherwise.
 
-    A contribution must be a :class:`Contribution` (no extra attributes), its ``update`` a list of
-    finite float32-convertible arrays (``num_params`` of them when given), its weight a finite
-    number and its metric keys a subset of ``public_metrics``.
+    A contribution must be a :class:`Contribution` (no extra attributes) whose message
+    (:func:`contribution_payload`) passes the gate for :data:`~pdpfl.fl.messages.TRAIN_REPLY`:
+    one finite float32 array per parameter (``num_params`` of them, of the shapes of ``params``
+    when given), a finite weight >= 0, and metric keys from ``public_metrics``.
     """
+    at = "" if silo is None else f"silo {silo}: "
     if type(contribution) is not Contribution:
         raise PrivacyBoundaryError(
-            f"a silo may release only a Contribution, got {type(contribution).__name__}"
+            f"{at}a silo may release only a Contribution, got {type(contribution).__name__}"
         )
     extra = set(vars(contribution)) - {"update", "weight", "metrics"}
     if extra:
-        raise PrivacyBoundaryError(f"contribution carries undeclared fields {sorted(extra)}")
+        raise PrivacyBoundaryError(f"{at}contribution carries undeclared fields {sorted(extra)}")
     if not isinstance(contribution.update, list):
-        raise PrivacyBoundaryError("contribution.update: expected a list of arrays")
-    if num_params is not None and len(contribution.update) != num_params:
+        raise PrivacyBoundaryError(f"{at}contribution.update: expected a list of arrays")
+    if not isinstance(contribution.metrics, dict):
+        raise PrivacyBoundaryError(f"{at}contribution.metrics: expected a dict")
+    expected = len(params) if params is not None else num_params
+    if expected is not None and len(contribution.update) != expected:
         raise PrivacyBoundaryError(
-            f"contribution.update: expected {num_params} arrays, got {len(contribution.update)}"
+            f"{at}contribution.update: expected {expected} arrays, got {len(contribution.update)}"
         )
-    if not (isinstance(contribution.weight, int | float) and math.isfinite(contribution.weight)):
-        raise PrivacyBoundaryError("contribution.weight: expected a finite number")
     undeclared = set(contribution.metrics) - set(public_metrics)
     if undeclared:
         raise PrivacyBoundaryError(
-            f"contribution.metrics: {sorted(undeclared)} are not declared public by the algorithm "
-            f"(declared: {sorted(public_metrics) or 'none'})"
+            f"{at}contribution.metrics: {sorted(undeclared)} are not declared public by the "
+            f"algorithm (declared: {sorted(public_metrics) or 'none'})"
         )
-    for key, value in contribution.metrics.items():
-        if isinstance(value, bool) or not isinstance(value, int | float | np.number):
-            raise PrivacyBoundaryError(f"contribution.metrics[{key!r}]: expected a number")
+    context = Outgoing(
+        round_index=int(round_index),
+        silo_id=silo,
+        params=params,
+        public_metrics=frozenset(public_metrics),
+    )
+    check_outgoing(TRAIN_REPLY, contribution_payload(contribution), context)
     return contribution
 
 
-def check_evaluation(metrics: Scalars) -> Scalars:
-    """Validate an evaluation reply: only :data:`EVALUATION_METRICS`, all numbers."""
-    extra = set(metrics) - EVALUATION_METRICS
+def check_evaluation(metrics: Scalars, *, silo: int | None = None, round_index: int = 0) -> Scalars:
+    """Validate an evaluation reply: exactly :data:`EVALUATION_METRICS` (``loss`` >= 0 and
+    ``accuracy`` in [0, 1] or NaN, ``n`` an integer >= 0) -- the gate for
+    :data:`~pdpfl.fl.messages.EVALUATE_REPLY`."""
+    extra = set(metrics) - EVALUATION_METRICS if isinstance(metrics, Mapping) else set()
     if extra:
+        at = "" if silo is None else f"silo {silo}: "
         raise PrivacyBoundaryError(
-            f"evaluation reply carries {sorted(extra)}; allowed: {sorted(EVALUATION_METRICS)}"
+            f"{at}evaluation reply carries {sorted(extra)}; allowed: {sorted(EVALUATION_METRICS)}"
         )
+    check_outgoing(EVALUATE_REPLY, metrics, Outgoing(round_index=int(round_index), silo_id=silo))
     return metrics

@@ -4,17 +4,25 @@
 * :func:`client_budgets` -- a silo's per-record budgets, computed on the silo;
 * :func:`initial_params` / :func:`silo_model` -- the public initial model x⁰;
 * :func:`party_randomness` -- one party's mechanism randomness (secure unless the config
-  explicitly asks for the reproducible research mode).
+  explicitly asks for the reproducible research mode);
+* :func:`checked_noise` -- the noise description a party is about to draw from, after checking
+  that it is what its ledger charges (:mod:`pdpfl.privacy.noise`);
+* :func:`accountant_problems` -- ``privacy.accountant`` refused (naming the accountants that
+  can) when it cannot interpret the events an algorithm charges.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
 from pdpfl.fl.api import FederationInfo, Params
+from pdpfl.privacy.mechanisms import Mechanism, outline
+from pdpfl.privacy.noise import GaussianNoise, JointGaussian, check_charged
+from pdpfl.privacy.registry import accountant_names, make_accountant
 from pdpfl.randomness import Randomness, make_randomness
 from pdpfl.seeding import numpy_generator
 
@@ -22,8 +30,13 @@ if TYPE_CHECKING:  # pragma: no cover
     import torch
 
     from pdpfl.config import ExperimentConfig
+    from pdpfl.ledger import PrivacyLedger
+
+N = TypeVar("N", bound=GaussianNoise | JointGaussian)
 
 __all__ = [
+    "accountant_problems",
+    "checked_noise",
     "client_budgets",
     "federation_info",
     "initial_params",
@@ -193,13 +206,65 @@ def noise_for_max_budget_cached(
     rounds: int | None,
     client_rate: float,
     adversary: str,
+    accountant: str = "rdp",
 ) -> float:
-    """σ at which q = 1 spends exactly ε_max (a pure function of public parameters; memoized
-    because ``pdpfl compare`` builds several methods with the same mechanism)."""
+    """σ at which q = 1 spends exactly ε_max under ``accountant`` (a pure function of public
+    parameters; memoized because ``pdpfl compare`` builds several methods with the same
+    mechanism)."""
     from pdpfl.calibration import noise_for_max_budget
     from pdpfl.privacy.plan import TrainingPlan
 
     template = TrainingPlan(
         noise_multiplier=1.0, delta=delta, steps=steps, rounds=rounds, client_rate=client_rate
     )
-    return float(noise_for_max_budget(epsilon_max, template, adversary=adversary))
+    return float(
+        noise_for_max_budget(epsilon_max, template, adversary=adversary, accountant=accountant)
+    )
+
+
+def checked_noise(noise: N, ledger: PrivacyLedger | None, what: str) -> N:
+    """``noise`` after checking that every unit of ``ledger`` is charged its multiplier.
+
+    The ledger's mechanism was built from this description when the party was built; a
+    description replaced (or altered) since then is refused before any noise is drawn
+    (:class:`~pdpfl.privacy.noise.NoiseBindingError`). ``what`` names the party.
+    """
+    if ledger is not None:
+        charged = np.asarray(ledger.noise_multipliers, dtype=np.float64)
+        other = charged[charged != noise.noise_multiplier]
+        if other.size:
+            check_charged(noise, float(other[0]), what=what)
+    return noise
+
+
+def accountant_problems(
+    config: ExperimentConfig, events: Sequence[Mechanism] | None, what: str
+) -> list[str]:
+    """``privacy.accountant`` must interpret every event the algorithm charges.
+
+    ``events`` are the algorithm's round events for its configuration (one per observer and
+    kind of round; ``None``: the algorithm is not accounted by an event, e.g. a Rényi filter,
+    which only ``rdp`` interprets). Returns one ``privacy.accountant: ...`` problem naming the
+    registered (rigorous) accountants that can, or nothing.
+    """
+    name = config.privacy.accountant
+    if events is None:
+        if name == "rdp":
+            return []
+        return [
+            f"privacy.accountant: {what} is accounted by its individual Rényi filter, which "
+            f"only rdp interprets; got {name!r} (set privacy.accountant: rdp)"
+        ]
+    wanted = list(events)
+    missing = [e for e in wanted if not make_accountant(name).supports(e)]
+    if not missing:
+        return []
+    able = [
+        n
+        for n in accountant_names(rigorous=True)
+        if all(make_accountant(n).supports(e) for e in wanted)
+    ]
+    return [
+        f"privacy.accountant: {name} cannot interpret {outline(missing[0])}, the event {what} "
+        f"charges; choose one of {', '.join(able) or '(none registered)'}"
+    ]

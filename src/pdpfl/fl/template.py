@@ -7,14 +7,18 @@ budget accountant; IDP-FedAvg's and PriFedSync's stop rules are the same duty fo
    accounted (no double charge after a retry or a resume);
 2. **catch-up** -- rounds the silo was not asked in still cost third parties (who do not see
    who took part) for every active unit: they are charged, in order, before anything else;
-3. **pre-check** -- units that would exceed their budget if charged once more sit the round out;
+3. **pre-check** -- units that would exceed their budget if charged once more sit the round out,
+   and so do units whose budget *for life* would be exceeded (earlier runs on the same data,
+   from the ledger's budget store, :mod:`pdpfl.ledger.lifetime`), whatever the algorithm's own
+   pre-check is;
 4. **participation** -- the server's selection (default) or the silo's own coin (hidden
    participation, IDP-FedAvg's distributed variant);
 5. **charge before release** -- the round is charged to the ledger *before* the algorithm's step
    runs, so no contribution can leave before its cost is on the books (a step that fails leaves
    the charge: over-counting is safe, under-counting never happens);
 6. **release** -- the step's :class:`~pdpfl.fl.api.Contribution` is checked against the privacy
-   boundary (only declared fields, finite numbers) before it is returned;
+   boundary (the gate of :mod:`pdpfl.fl.messages`: only declared fields, float32 arrays of the
+   model's shapes, finite numbers) before it is returned;
 7. **resume** -- :meth:`Silo.state_dict`/:meth:`Silo.load_state_dict` carry the counters, the
    ledger and the algorithm's own state (:meth:`Silo.extra_state`).
 
@@ -28,6 +32,7 @@ holds threads, locks or process-global caches.
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -35,9 +40,10 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 import numpy as np
 
-from pdpfl.errors import LIKELY_CAUSES, TrainingDiverged
+from pdpfl.errors import TrainingDiverged
 from pdpfl.fl.api import Contribution, Params, Scalars, check_contribution
-from pdpfl.ledger import PrivacyLedger, PrivacySummary
+from pdpfl.fl.messages import nonfinite_metric_cause, nonfinite_update_cause
+from pdpfl.ledger import PrivacyLedger, PrivacySummary, observers_of
 
 __all__ = ["BatchedSilo", "NonFiniteError", "RoundPlan", "Silo"]
 
@@ -47,6 +53,14 @@ R = TypeVar("R")
 
 class NonFiniteError(TrainingDiverged):
     """A silo's update or metric is not finite: nothing is released (the run stops)."""
+
+
+def _nonfinite(value: object) -> bool:
+    return (
+        isinstance(value, int | float | np.number)
+        and not isinstance(value, bool)
+        and not math.isfinite(float(value))
+    )
 
 
 @dataclass(frozen=True)
@@ -90,6 +104,9 @@ class Silo(ABC):
 
     #: The :class:`~pdpfl.fl.api.Contribution` metric keys this silo may release.
     public_metrics: ClassVar[frozenset[str]] = frozenset()
+    #: Units that would exceed their budget sit out (the pre-check): a run on data whose
+    #: lifetime budgets are partly spent goes ahead without them (:mod:`pdpfl.fl.lifetime`).
+    enforces_budgets: ClassVar[bool] = True
 
     def __init__(
         self, client_id: int, ledger: PrivacyLedger | None, *, adversary: str = "both"
@@ -115,6 +132,22 @@ class Silo(ABC):
         exceed = np.asarray(self.ledger.would_exceed(adversary=self.adversary), dtype=bool)
         return ~exceed & (self.ledger.rates > 0)
 
+    def _allowed(self) -> np.ndarray:
+        """The algorithm's pre-check (:meth:`_precheck`), and the lifetime budgets: a unit whose
+        lifetime ε would exceed its budget after one more round sits out too (enforced unless
+        ``lifetime.allow_respend``)."""
+        active = self._precheck()
+        ledger = self.ledger
+        if (
+            ledger is not None
+            and ledger.lifetime is not None
+            and ledger.lifetime.enforce
+            and any(o in ledger.observers for o in observers_of(self.adversary))
+        ):
+            over = ledger.lifetime_spent(self.adversary, extra=1) > ledger.budgets
+            active = active & ~np.asarray(over, dtype=bool)
+        return active
+
     def _account(self, active: np.ndarray, participates: bool) -> None:
         if self.ledger is not None:
             self.ledger.record_round(participated=active & participates, active=active)
@@ -124,7 +157,7 @@ class Silo(ABC):
     def catch_up(self, until: int) -> None:
         """Charge rounds ``next_round .. until-1`` in which this silo was not asked."""
         while self.next_round < until:
-            self._account(self._precheck(), False)
+            self._account(self._allowed(), False)
 
     # ---------------------------------------------------------------- the round
     def participates(self, round_index: int, config: Scalars) -> bool:
@@ -137,35 +170,46 @@ class Silo(ABC):
         if t < self.next_round:
             raise ValueError(f"silo {self.client_id}: round {t} was already accounted")
         self.catch_up(t)
-        active = self._precheck()
+        active = self._allowed()
         joins = bool(self.participates(t, config))
         self._account(active, joins)  # write-ahead: charged before the step runs
         return RoundPlan(t, active, joins, dict(config))
 
-    def release(self, contribution: Contribution) -> Contribution:
-        """Step 6: only a finite :class:`Contribution` with declared metrics leaves the silo."""
-        check_contribution(contribution, self.public_metrics)
-        for k, u in enumerate(contribution.update):
-            if not np.all(np.isfinite(np.asarray(u))):
-                raise NonFiniteError(
-                    f"its update of parameter {k} is not finite, so nothing was released; "
-                    f"likely {LIKELY_CAUSES}",
-                    round_index=self.next_round - 1,
-                    silo=self.client_id,
-                )
-        for key, value in contribution.metrics.items():
-            if not np.isfinite(float(value)):
-                raise NonFiniteError(
-                    f"its metric {key!r} is not finite, so nothing was released",
-                    round_index=self.next_round - 1,
-                    silo=self.client_id,
-                )
-        return contribution
+    def release(self, contribution: Contribution, params: Params | None = None) -> Contribution:
+        """Step 6: only a finite :class:`Contribution` with declared metrics leaves the silo.
+
+        A non-finite update or declared metric is :class:`NonFiniteError` (the run stops,
+        nothing is released); everything else is the gate of the training reply
+        (:func:`~pdpfl.fl.api.check_contribution`; ``params``: the round's global model, whose
+        shapes the update must have).
+        """
+        if type(contribution) is Contribution and isinstance(contribution.update, list):
+            for k, u in enumerate(contribution.update):
+                if isinstance(u, np.ndarray) and u.dtype.kind == "f" and not np.isfinite(u).all():
+                    raise NonFiniteError(
+                        nonfinite_update_cause(k),
+                        round_index=self.next_round - 1,
+                        silo=self.client_id,
+                    )
+            for key, value in dict(contribution.metrics).items():
+                if key in self.public_metrics and _nonfinite(value):
+                    raise NonFiniteError(
+                        nonfinite_metric_cause(key),
+                        round_index=self.next_round - 1,
+                        silo=self.client_id,
+                    )
+        return check_contribution(
+            contribution,
+            self.public_metrics,
+            params=params,
+            silo=self.client_id,
+            round_index=self.next_round - 1,
+        )
 
     def fit(self, global_params: Params, round_index: int, config: Scalars) -> Contribution:
         """The round: :meth:`begin_round`, the algorithm's :meth:`step`, :meth:`release`."""
         plan = self.begin_round(round_index, config)
-        return self.release(self.step(global_params, plan))
+        return self.release(self.step(global_params, plan), global_params)
 
     @abstractmethod
     def step(self, global_params: Params, plan: RoundPlan) -> Contribution:

@@ -5,9 +5,14 @@
 * :func:`save_ledger` / :func:`load_ledger` -- pickle-free ``.npz`` files
   (:mod:`pdpfl.ledger.store`);
 * :class:`PrivacySummary` -- per budget group and observer, mergeable across silos
-  (:mod:`pdpfl.ledger.summary`); :func:`budget_groups` is the one grouping policy.
+  (:mod:`pdpfl.ledger.summary`); :func:`budget_groups` is the one grouping policy;
+* a person's budget for life: :class:`~pdpfl.ledger.budget_store.BudgetStore` (every run that
+  charged a dataset's units, sealed and locked) and
+  :class:`~pdpfl.ledger.lifetime.LifetimeAccount` (a ledger's earlier-runs prior and its
+  written-ahead charges).
 """
 
+from pdpfl.ledger.budget_store import BudgetStore, StoreBusy
 from pdpfl.ledger.core import PrivacyLedger
 from pdpfl.ledger.groups import BUDGET_TOLERANCE, budget_groups, over_budget
 from pdpfl.ledger.store import load_ledger, save_ledger
@@ -22,6 +27,8 @@ from pdpfl.ledger.summary import (
 
 __all__ = [
     "BUDGET_TOLERANCE",
+    "BudgetStore",
+    "StoreBusy",
     "OBSERVERS",
     "SCHEMA",
     "GroupSummary",

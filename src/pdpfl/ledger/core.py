@@ -18,7 +18,9 @@ charged rounds per observer. The mechanism itself is described once, as a
   same function the calibration calls, so a unit charged T rounds has exactly the ε the
   calibration certified -- for any registered accountant (``rdp``, ``pld``, ...).
 * :meth:`PrivacyLedger.would_exceed` is the pre-check before a round: which units would go over
-  budget if charged once more (those sit the round out).
+  budget if charged once more (those sit the round out) -- with a lifetime account attached
+  (:mod:`pdpfl.ledger.lifetime`), also over their budget for life: earlier runs on the same
+  data composed with this one.
 
 Scale: the state is integer counters per unit and observer, never a units × orders matrix. ε is
 computed once per distinct (q, σ, count) and cached, so 10⁶ records sharing a few thousand rates
@@ -31,18 +33,35 @@ Persistence: :func:`pdpfl.ledger.store.save_ledger` / ``load_ledger``. Reports:
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from pdpfl.budgets import validate_budgets
-from pdpfl.ledger.groups import budget_groups, over_budget
+from pdpfl.ledger.groups import UnitFacts, budget_groups, over_budget
 from pdpfl.ledger.summary import OBSERVERS, GroupSummary, PrivacySummary, observers_of
 from pdpfl.privacy.accountant import as_accountant_name, mechanism_epsilon
 from pdpfl.privacy.orders import DEFAULT_ORDERS, check_orders
 from pdpfl.privacy.unit import UnitMechanism
 
-__all__ = ["PrivacyLedger"]
+__all__ = ["LifetimeLink", "PrivacyLedger"]
+
+
+class LifetimeLink(Protocol):
+    """What a ledger asks of its budget store (:class:`pdpfl.ledger.lifetime.LifetimeAccount`)."""
+
+    #: Earlier runs limit this one (False: ``lifetime.allow_respend``, reported only).
+    enforce: bool
+
+    @property
+    def prior_units(self) -> np.ndarray: ...
+
+    def spent(self, ledger: PrivacyLedger, observer: str, counts: np.ndarray) -> np.ndarray: ...
+
+    def charge(self, ledger: PrivacyLedger) -> None: ...
+
+    def rebase(self, ledger: PrivacyLedger, *, write: bool = True) -> None: ...
+
 
 _CHUNK = 65_536
 #: (row, count) → ε results kept per (accountant, observer) between calls.
@@ -196,6 +215,9 @@ class PrivacyLedger:
         self.rounds_recorded = 0
         self._cache: dict[tuple[str, str], dict[int, float]] = {}
         self._mechanisms: dict[float, UnitMechanism] = {sigma0: mechanism}
+        #: The link to this data's budget store (:mod:`pdpfl.ledger.lifetime`): earlier runs'
+        #: charges and this run's written-ahead ones. None: this run alone is accounted.
+        self.lifetime: LifetimeLink | None = None
 
     # ------------------------------------------------------------------ description
 
@@ -340,9 +362,32 @@ class PrivacyLedger:
         assert out is not None
         return out
 
-    def spent_epsilon(
-        self, adversary: str = "third-party", accountant: str | None = None
-    ) -> np.ndarray:
+    def lifetime_spent(self, adversary: str = "both", extra: int = 0) -> np.ndarray:
+        """Lifetime ε of each unit (``both`` = the larger over the observers accounted): every
+        earlier run on this data composed with this one charged ``extra`` more rounds (this
+        run's own ε when no budget store is attached)."""
+        if self.lifetime is None:
+            return self._spent(adversary, extra=extra)
+        present = [o for o in observers_of(adversary) if o in self.observers]
+        if not present:
+            return self._spent(adversary, extra=extra)  # raises, naming the observers
+        out: np.ndarray | None = None
+        for obs in present:
+            e = self.lifetime.spent(self, obs, self.counts[obs] + extra)
+            out = e if out is None else np.maximum(out, e)
+        assert out is not None
+        return out
+
+    def planned_epsilon(self, adversary: str = "both") -> np.ndarray:
+        """ε of each unit after the mechanism's planned rounds (every observer charged T)."""
+        present = [o for o in observers_of(adversary) if o in self.observers]
+        t = int(self.mechanism.planned_rounds)
+        out = np.zeros(self.n)
+        for obs in present:
+            out = np.maximum(out, self._epsilon(obs, np.full(self.n, t), self.accountant))
+        return out
+
+    def spent_epsilon(self, adversary: str = "both", accountant: str | None = None) -> np.ndarray:
         """ε spent so far by each unit (``both`` = the larger over the observers accounted).
 
         ``accountant`` overrides the ledger's accountant for this call (e.g. an approximate
@@ -372,7 +417,10 @@ class PrivacyLedger:
             limit = np.asarray(budgets, dtype=np.float64)
             if limit.shape != (self.n,) or np.isnan(limit).any():
                 raise ValueError(f"budgets: expected ({self.n},) limits (not NaN)")
-        exceed = self._spent("both" if len(present) == 2 else present[0], extra=1) > limit
+        view = "both" if len(present) == 2 else present[0]
+        exceed = self._spent(view, extra=1) > limit
+        if self.lifetime is not None and self.lifetime.enforce:
+            exceed |= self.lifetime_spent(view, extra=1) > self.budgets
         if mask is not None:
             exceed &= _mask(mask, self.n, "mask")
         return exceed
@@ -389,6 +437,8 @@ class PrivacyLedger:
             setattr(self, attr, getattr(self, attr) + (act if rule == "active" else part))
         self.sat_out_rounds += ~act
         self.rounds_recorded += 1
+        if self.lifetime is not None:  # written ahead: the store holds it before any release
+            self.lifetime.charge(self)
 
     # ------------------------------------------------------------------ reports
 
@@ -433,9 +483,16 @@ class PrivacyLedger:
         spent = {o: self.spent_epsilon(o) for o in self.observers}
         over = {o: over_budget(spent[o], self.budgets) for o in self.observers}
         stopped, excluded = self.stopped, self.excluded
+        floor = (self.rates > 0) & (self.planned_epsilon("both") <= 0)
+        life: dict[str, np.ndarray] = {}
+        prior = np.zeros(self.n, dtype=bool)
+        if self.lifetime is not None:
+            life = {o: self.lifetime.spent(self, o, self.counts[o]) for o in self.observers}
+            prior = self.lifetime.prior_units
+        extra = UnitFacts(floor, prior, life, self.budgets)
         sig = self.noise_multipliers
         per_unit_sigma = bool(sig.size) and bool(sig.min() != sig.max())
-        groups = [] if self.n != 1 else [self._one_unit_group(labels[0], spent, over)]
+        groups = [] if self.n != 1 else [self._one_unit_group(labels[0], spent, over, extra)]
         for g, label in enumerate(labels if self.n != 1 else ()):
             m = idx == g
             if not m.any():
@@ -459,6 +516,7 @@ class PrivacyLedger:
                     utilization_sum={o: float((spent[o][m] / b).sum()) for o in self.observers},
                     over_budget={o: int(over[o][m].sum()) for o in self.observers},
                     info=info,
+                    **extra.group(m),
                 )
             )
         approx: dict[str, float] = {}
@@ -479,10 +537,19 @@ class PrivacyLedger:
             groups=tuple(groups),
             approximate=approx,
             info=info,
+            lifetime=""
+            if self.lifetime is None
+            else "enforced"
+            if self.lifetime.enforce
+            else "respend",
         )
 
     def _one_unit_group(
-        self, label: str, spent: dict[str, np.ndarray], over: dict[str, np.ndarray]
+        self,
+        label: str,
+        spent: dict[str, np.ndarray],
+        over: dict[str, np.ndarray],
+        extra: UnitFacts,
     ) -> GroupSummary:
         """The one group of a one-unit ledger (e.g. a client's own), in plain floats: the same
         numbers as the general per-group reductions, without their cost."""
@@ -499,6 +566,7 @@ class PrivacyLedger:
             utilization_sum={o: float(spent[o][0]) / b for o in obs},
             over_budget={o: int(over[o][0]) for o in obs},
             info={"mean_rate": q, "rate": q, "noise_multiplier": float(self.noise_multipliers[0])},
+            **extra.group(np.ones(1, dtype=bool)),
         )
 
     # ------------------------------------------------------------------ resume
@@ -535,6 +603,8 @@ class PrivacyLedger:
             setattr(self, _OBSERVER_ATTR[obs], loaded[counter_key(obs)].copy())
         self.sat_out_rounds = loaded["sat_out_rounds"].copy()
         self.rounds_recorded = int(rounds)
+        if self.lifetime is not None:  # charges beyond the restored counts stay charged
+            self.lifetime.rebase(self)
 
     @property
     def plan(self) -> UnitMechanism:

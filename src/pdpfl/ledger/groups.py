@@ -9,12 +9,15 @@ label.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 __all__ = [
     "BIN_EDGES",
     "BIN_LABELS",
     "BUDGET_TOLERANCE",
+    "UnitFacts",
     "MAX_LEVELS",
     "budget_groups",
     "over_budget",
@@ -48,3 +51,26 @@ def budget_groups(budgets: np.ndarray) -> tuple[np.ndarray, list[str]]:
         return np.searchsorted(levels, budgets).astype(np.int64), [f"{v:g}" for v in levels]
     idx = np.searchsorted(np.asarray(BIN_EDGES), budgets, side="left").astype(np.int64)
     return idx, list(BIN_LABELS)
+
+
+class UnitFacts:
+    """Per-unit δ-floor and lifetime facts, reduced per budget group
+    (:class:`~pdpfl.ledger.summary.GroupSummary`'s ``floor``, ``prior``, ``lifetime_*``)."""
+
+    def __init__(
+        self,
+        floor: np.ndarray,
+        prior: np.ndarray,
+        lifetime: dict[str, np.ndarray],
+        budgets: np.ndarray,
+    ) -> None:
+        self.floor, self.prior, self.lifetime = floor, prior, lifetime
+        self.over = {o: over_budget(e, budgets) for o, e in lifetime.items()}
+
+    def group(self, m: np.ndarray) -> dict[str, Any]:
+        return {
+            "floor": int(self.floor[m].sum()),
+            "prior": int(self.prior[m].sum()),
+            "lifetime_max": {o: float(e[m].max()) for o, e in self.lifetime.items()},
+            "lifetime_over": {o: int(v[m].sum()) for o, v in self.over.items()},
+        }

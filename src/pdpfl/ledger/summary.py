@@ -13,6 +13,13 @@ carries :data:`SCHEMA`).
 
 Numbers labelled *approximate* (e.g. PriFedSync's CLT μ-GDP) live in ``approximate`` and are
 never used for the headline ε, which is always an upper bound.
+
+Two facts beyond this run's own ε are reported per group: ``floor`` -- units with a positive
+rate whose ε after the planned T rounds is 0 (the δ-only floor: δ alone covers them, so they
+contribute almost nothing to training at that budget) -- and, when the ledger charges a budget
+store (:mod:`pdpfl.ledger.lifetime`), the **lifetime** ε (every earlier run on the same data
+composed with this one: ``lifetime_max``, ``lifetime_over``, ``prior`` units that earlier runs
+charged; ``lifetime`` says ``enforced`` or ``respend``).
 """
 
 from __future__ import annotations
@@ -81,6 +88,14 @@ class GroupSummary:
     utilization_sum: Mapping[str, float] = field(default_factory=dict)
     over_budget: Mapping[str, int] = field(default_factory=dict)
     info: Mapping[str, float] = field(default_factory=dict)
+    #: Units with q > 0 whose ε after the planned rounds is 0 (the δ-only floor).
+    floor: int = 0
+    #: Units an earlier run on the same data had charged (budget store attached).
+    prior: int = 0
+    #: Largest lifetime ε per observer (empty without a budget store).
+    lifetime_max: Mapping[str, float] = field(default_factory=dict)
+    #: Units whose lifetime ε exceeds their budget, per observer.
+    lifetime_over: Mapping[str, int] = field(default_factory=dict)
 
     def mean_utilization(self, observer: str) -> float | None:
         s = self.utilization_sum.get(observer)
@@ -109,6 +124,18 @@ class GroupSummary:
             },
             over_budget={o: self.over_budget.get(o, 0) + other.over_budget.get(o, 0) for o in obs},
             info=info,
+            floor=self.floor + other.floor,
+            prior=self.prior + other.prior,
+            lifetime_max={
+                o: float(_max(self.lifetime_max.get(o), other.lifetime_max.get(o)) or 0.0)
+                for o in OBSERVERS
+                if o in self.lifetime_max or o in other.lifetime_max
+            },
+            lifetime_over={
+                o: self.lifetime_over.get(o, 0) + other.lifetime_over.get(o, 0)
+                for o in OBSERVERS
+                if o in self.lifetime_over or o in other.lifetime_over
+            },
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -125,6 +152,10 @@ class GroupSummary:
             "utilization_sum": dict(self.utilization_sum),
             "over_budget": dict(self.over_budget),
             "info": dict(self.info),
+            "floor": self.floor,
+            "prior": self.prior,
+            "lifetime_max": dict(self.lifetime_max),
+            "lifetime_over": dict(self.lifetime_over),
         }
 
     @classmethod
@@ -148,6 +179,13 @@ class GroupSummary:
             },
             over_budget={str(k): int(v) for k, v in dict(d.get("over_budget", {})).items()},
             info={str(k): float(v) for k, v in dict(d.get("info", {})).items()},
+            floor=int(d.get("floor", 0)),
+            prior=int(d.get("prior", 0)),
+            lifetime_max={
+                str(k): inf if v is None else float(v)
+                for k, v in dict(d.get("lifetime_max", {})).items()
+            },
+            lifetime_over={str(k): int(v) for k, v in dict(d.get("lifetime_over", {})).items()},
         )
 
 
@@ -174,6 +212,9 @@ class PrivacySummary:
         ``{"clt_epsilon_max": 3.1, "clt_mu_max": 0.9}``.
     info
         Public run-level facts of the mechanism (e.g. ``noise_multiplier``).
+    lifetime
+        ``""`` (no budget store), ``enforced`` (earlier runs limit this one) or ``respend``
+        (``lifetime.allow_respend``: reported, not enforced).
     """
 
     unit: str
@@ -184,6 +225,7 @@ class PrivacySummary:
     private: bool = True
     approximate: Mapping[str, float] = field(default_factory=dict)
     info: Mapping[str, float] = field(default_factory=dict)
+    lifetime: str = ""
 
     # -- derived numbers ------------------------------------------------------------------
     def spent_max(self, observer: str) -> float | None:
@@ -221,6 +263,36 @@ class PrivacySummary:
     def capped(self) -> int:
         return sum(g.capped for g in self.groups)
 
+    @property
+    def floor(self) -> int:
+        """Units at the δ-only floor (q > 0, ε = 0 after the planned rounds)."""
+        return sum(g.floor for g in self.groups)
+
+    @property
+    def prior(self) -> int:
+        """Units an earlier run on the same data had charged."""
+        return sum(g.prior for g in self.groups)
+
+    def lifetime_max(self, observer: str) -> float | None:
+        """The largest lifetime ε against ``observer`` (None: no budget store, or not
+        accounted; ∞ without DP)."""
+        if not self.lifetime:
+            return None
+        if not self.private:
+            return math.inf if self.units else 0.0
+        values = [g.lifetime_max[observer] for g in self.groups if observer in g.lifetime_max]
+        return max(values) if values else None
+
+    def lifetime_over(self, observer: str) -> int:
+        return sum(int(g.lifetime_over.get(observer, 0)) for g in self.groups)
+
+    def lifetime_headline(self, adversary: str) -> float | None:
+        """The largest lifetime ε against the observer(s) ``adversary`` names."""
+        known = [
+            v for v in (self.lifetime_max(o) for o in observers_of(adversary)) if v is not None
+        ]
+        return max(known) if known else None
+
     # -- combining ------------------------------------------------------------------------
     @classmethod
     def merge(cls, summaries: Iterable[PrivacySummary]) -> PrivacySummary:
@@ -246,6 +318,7 @@ class PrivacySummary:
             for k, v in s.info.items():
                 info[k] = max(info.get(k, v), v)
         accountants = {s.accountant for s in items}
+        modes = {s.lifetime for s in items}
         return cls(
             unit=first.unit,
             units=sum(s.units for s in items),
@@ -255,6 +328,7 @@ class PrivacySummary:
             private=all(s.private for s in items),
             approximate=approx,
             info=info,
+            lifetime="respend" if "respend" in modes else "enforced" if "enforced" in modes else "",
         )
 
     def with_info(self, **info: float) -> PrivacySummary:
@@ -277,6 +351,11 @@ class PrivacySummary:
             "groups": [g.to_dict() for g in self.groups],
             "approximate": dict(self.approximate),
             "info": dict(self.info),
+            "floor": self.floor,
+            "lifetime": self.lifetime,
+            "prior": self.prior,
+            "lifetime_max": {o: self.lifetime_max(o) for o in OBSERVERS},
+            "lifetime_over": {o: self.lifetime_over(o) for o in self.observers},
         }
 
     @classmethod
@@ -295,6 +374,7 @@ class PrivacySummary:
                 str(k): float(v) for k, v in dict(d.get("approximate", {})).items() if v is not None
             },
             info={str(k): float(v) for k, v in dict(d.get("info", {})).items() if v is not None},
+            lifetime=str(d.get("lifetime", "")),
         )
 
     @classmethod

@@ -17,12 +17,25 @@ is an upper bound.
 * ``TwoStageRound(λ, local)`` → :func:`~pdpfl.privacy.rdp.two_stage_rdp` (rPDP-FL Lemma 6;
   by joint convexity of exp((α−1)D_α) the bound holds for any local mechanism);
 * ``Sequence(e_1, …)`` → Σ ρ_{e_i} (rows broadcast: all rate arrays must have equal length);
+* ``DistributedDiscreteGaussian`` (a sum of discrete Gaussian shares, integer units) →
+  :func:`~pdpfl.privacy.discrete.distributed_discrete_gaussian_rdp` (Kairouz, Liu & Steinke
+  2021 with explicit constants), one row;
+* ``PoissonSampled(q, DistributedDiscreteGaussian)`` → the sub-sampling bound of
+  :func:`~pdpfl.privacy.subsampled.poisson_subsampled_rdp` (Zhu & Wang 2019's binomial
+  expansion; the removal direction is dominated for this symmetric mechanism, proved there),
+  one row per rate;
 * ``GroupPrivacy(e, k, conversion)`` (outermost, possibly inside ``Composed``) → the group
   conversion of e's RDP curve: Lemma 9 (``rdp``), Lemma 4 + Lemma 8 with the optimal inner δ'
   (``dp``) or the smaller (``best``) (:mod:`pdpfl.privacy.group`).
 
-Anything else (e.g. subsampling a composition) is not supported (``supports`` is False, and
-:meth:`RdpAccountant.rdp` raises a ValueError naming the structure).
+The distributed discrete Gaussian is refused by the ``pld`` and ``gdp-clt`` accountants
+(``supports`` is False there; :func:`mechanism_epsilon` raises
+:class:`~pdpfl.privacy.registry.UnsupportedEventError`).
+
+Anything else (e.g. subsampling a composition) is not supported: ``supports`` is False and every
+computation raises :class:`~pdpfl.privacy.registry.UnsupportedEventError` (a ValueError) naming
+the structure. Both come from one traversal of the event (:meth:`RdpAccountant._compile`), as in
+dp-accounting, so they cannot drift.
 
 Orders. ``RdpAccountant()`` (no ``orders``) uses each event family's own grid: pdpfl's
 :data:`~pdpfl.privacy.orders.DEFAULT_ORDERS` for Poisson/Gaussian events, the integer
@@ -40,6 +53,7 @@ agree exactly.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
@@ -48,9 +62,11 @@ from numpy.typing import ArrayLike
 from pdpfl.privacy._search_orders import min_epsilon
 from pdpfl.privacy.adversary import Adversary, as_adversary
 from pdpfl.privacy.conversion import rdp_to_delta, rdp_to_epsilon
+from pdpfl.privacy.discrete import distributed_discrete_gaussian_rdp
 from pdpfl.privacy.group import group_epsilon_dp, group_epsilon_from_rdp, group_orders
 from pdpfl.privacy.mechanisms import (
     Composed,
+    DistributedDiscreteGaussian,
     GaussianMechanism,
     GroupPrivacy,
     Mechanism,
@@ -71,6 +87,7 @@ from pdpfl.privacy.registry import (
     make_accountant,
     register_accountant,
 )
+from pdpfl.privacy.subsampled import poisson_subsampled_rdp
 from pdpfl.privacy.wor import WOR_ORDERS, wor_gaussian_rdp_any_order
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -89,6 +106,8 @@ __all__ = [
 
 #: f(rho_step, alphas) -> total RDP of the event (monotone in rho_step).
 _Compose = Callable[[np.ndarray, np.ndarray], np.ndarray]
+#: (q, σ, f): a chain of monotone compositions around one Poisson-sampled Gaussian.
+_Chain = tuple[np.ndarray, float, _Compose]
 
 
 def _strip_composed(event: Mechanism) -> tuple[Mechanism, int]:
@@ -100,20 +119,40 @@ def _strip_composed(event: Mechanism) -> tuple[Mechanism, int]:
     return event, mult
 
 
-def _contains(event: Mechanism, kind: type) -> bool:
-    if isinstance(event, kind):
-        return True
-    if isinstance(event, Composed | PoissonSampled | SampledWithoutReplacement | GroupPrivacy):
-        return _contains(event.inner, kind)
-    if isinstance(event, TwoStageRound):
-        return _contains(event.local, kind)
-    if isinstance(event, Sequence):
-        return any(_contains(e, kind) for e in event.events)
-    return False
+@dataclass(frozen=True)
+class _Curve:
+    """An event compiled for the RDP accountant: how to evaluate its curve, its fast path, and
+    which order grid it needs (``wor``: whether without-replacement leaves occur; ``wor_only``:
+    whether every Gaussian leaf sits in one)."""
+
+    rdp: Callable[[np.ndarray], np.ndarray]
+    chain: _Chain | None
+    wor: bool
+    wor_only: bool
+
+
+@dataclass(frozen=True)
+class _Group:
+    """``mult`` repetitions of a group conversion (outermost) of ``inner``'s curve."""
+
+    inner: _Curve
+    size: int
+    conversion: str
+    mult: int
+
+
+def _identity(rho: np.ndarray, alphas: np.ndarray) -> np.ndarray:
+    return rho
 
 
 class RdpAccountant:
     """Rényi-DP accountant over a grid of orders, with continuous refinement of the optimum.
+
+    Every event is first *compiled* (:meth:`_compile`, the one traversal of the event): into
+    the closures that evaluate its curve, its fast path and its order family, or into an
+    :class:`~pdpfl.privacy.registry.UnsupportedEventError` naming the node it cannot interpret.
+    :meth:`supports` is "compiles" (as dp-accounting's ``supports`` is ``_maybe_compose(event,
+    0, False) is None``), so what is supported and what is computed cannot drift.
 
     Parameters
     ----------
@@ -147,89 +186,138 @@ class RdpAccountant:
     def __repr__(self) -> str:
         return f"RdpAccountant(n_orders={self.orders.size}, refine={self.refine})"
 
+    # ------------------------------------------------------------------ the one traversal
+    def _compile(self, event: Mechanism) -> _Curve | _Group:
+        """``event`` compiled (module docstring); UnsupportedEventError naming the node."""
+        base, mult = _strip_composed(event)
+        if isinstance(base, GroupPrivacy):
+            return _Group(self._curve(base.inner), base.group_size, base.conversion, mult)
+        return self._curve(event)
+
+    def _curve(self, event: Mechanism) -> _Curve:
+        if isinstance(event, GaussianMechanism):
+            sigma = event.noise_multiplier
+            return _Curve(
+                lambda a: (a / (2.0 * sigma**2))[None, :],
+                (np.ones(1), sigma, _identity),
+                False,
+                False,
+            )
+        if isinstance(event, DistributedDiscreteGaussian):
+            ddg = _ddg_curve(event)
+            return _Curve(lambda a: ddg(a)[None, :], None, False, False)
+        if isinstance(event, PoissonSampled) and isinstance(
+            event.inner, DistributedDiscreteGaussian
+        ):
+            # symmetric pairs: the removal direction is dominated (subsampled.py lemma); no
+            # subsampled-Gaussian fast path
+            curve, rates = _ddg_curve(event.inner), event.rates
+            return _Curve(
+                lambda a: poisson_subsampled_rdp(rates, curve, a, symmetric=True),
+                None,
+                False,
+                False,
+            )
+        if isinstance(event, PoissonSampled | SampledWithoutReplacement):
+            inner = event.inner
+            if not isinstance(inner, GaussianMechanism):
+                raise UnsupportedEventError(
+                    f"RdpAccountant cannot interpret {outline(event, 1)}: sampling is supported "
+                    "only directly around a GaussianMechanism (Poisson sampling also around a "
+                    "DistributedDiscreteGaussian)"
+                )
+            q, sigma = event.rates, inner.noise_multiplier
+            if isinstance(event, PoissonSampled):
+                return _Curve(
+                    lambda a: poisson_gaussian_rdp(q, sigma, a), (q, sigma, _identity), False, False
+                )
+            return _Curve(lambda a: _wor_rows(q, sigma, a), None, True, True)
+        if isinstance(event, Composed):
+            return self._composed(self._curve(event.inner), event.count)
+        if isinstance(event, TwoStageRound):
+            return self._two_stage(event)
+        if isinstance(event, Sequence):
+            parts = [self._curve(e) for e in event.events]
+            return _Curve(
+                lambda a: _sum_rows([p.rdp(a) for p in parts]),
+                None,
+                any(p.wor for p in parts),
+                all(p.wor_only for p in parts),
+            )
+        if isinstance(event, GroupPrivacy):
+            raise UnsupportedEventError(
+                "RdpAccountant cannot interpret GroupPrivacy inside another event: the group "
+                "conversion applies to the whole mechanism (use it outermost)"
+            )
+        raise UnsupportedEventError(f"event: expected a mechanism, got {type(event).__name__}")
+
+    @staticmethod
+    def _composed(inner: _Curve, n: int) -> _Curve:
+        chain = None
+        if inner.chain is not None:
+            q, sigma, f = inner.chain
+            chain = (q, sigma, lambda rho, alphas: n * f(rho, alphas))
+        return _Curve(lambda a: n * inner.rdp(a), chain, inner.wor, inner.wor_only)
+
+    def _two_stage(self, event: TwoStageRound) -> _Curve:
+        """rPDP-FL Lemma 6: τ Poisson steps (or any local mechanism, once) behind λ."""
+        local, lam = event.local, event.client_rate
+        if isinstance(local, Composed) and isinstance(local.inner, PoissonSampled):
+            step, tau = self._curve(local.inner), local.count
+            chain = None
+            if step.chain is not None and tau != 0:
+                q, sigma, f = step.chain
+                chain = (q, sigma, lambda rho, al: two_stage_rdp(f(rho, al), tau, lam, al))
+
+            def rdp(a: np.ndarray) -> np.ndarray:
+                rho = step.rdp(a)
+                return np.zeros_like(rho) if tau == 0 else two_stage_rdp(rho, tau, lam, a)
+
+            return _Curve(rdp, chain, step.wor, step.wor_only)
+        inner = self._curve(local)
+        chain = None
+        if inner.chain is not None:
+            q, sigma, f = inner.chain
+            chain = (q, sigma, lambda rho, al: two_stage_rdp(f(rho, al), 1, lam, al))
+        return _Curve(
+            lambda a: two_stage_rdp(inner.rdp(a), 1, lam, a), chain, inner.wor, inner.wor_only
+        )
+
+    def supports(self, event: Mechanism) -> bool:
+        """True if ``event`` compiles: every node has an RDP rule here (module docstring)."""
+        try:
+            self._compile(event)
+        except UnsupportedEventError:
+            return False
+        return True
+
     # ------------------------------------------------------------------ orders
     def orders_for(self, event: Mechanism) -> np.ndarray:
         """The orders used for ``event`` (the given ones, or its family's default grid)."""
+        return self._orders(self._compile(event))
+
+    def _orders(self, program: _Curve | _Group) -> np.ndarray:
         if self.explicit_orders:
             return self.orders
-        base, _ = _strip_composed(event)
-        if isinstance(base, GroupPrivacy):
-            return group_orders(base.group_size, self.orders)
-        if _contains(event, SampledWithoutReplacement):
-            if _only_wor_gaussians(event):
+        if isinstance(program, _Group):
+            return group_orders(program.size, self.orders)
+        if program.wor:
+            if program.wor_only:
                 return np.asarray(WOR_ORDERS)
             return np.union1d(self.orders, WOR_ORDERS)  # mixed: both families' grids
         return self.orders
 
     # ------------------------------------------------------------------ RDP curves
-    def supports(self, event: Mechanism) -> bool:
-        """True if every node of ``event`` has an RDP rule here (see the module docstring)."""
-        base, _ = _strip_composed(event)
-        if isinstance(base, GroupPrivacy):
-            return self._supports_curve(base.inner)
-        return self._supports_curve(event)
-
-    def _supports_curve(self, event: Mechanism) -> bool:
-        if isinstance(event, GaussianMechanism):
-            return True
-        if isinstance(event, PoissonSampled | SampledWithoutReplacement):
-            return isinstance(event.inner, GaussianMechanism)
-        if isinstance(event, Composed):
-            return self._supports_curve(event.inner)
-        if isinstance(event, TwoStageRound):
-            return self._supports_curve(event.local)
-        if isinstance(event, Sequence):
-            return all(self._supports_curve(e) for e in event.events)
-        return False
-
     def rdp(self, event: Mechanism) -> np.ndarray:
         """RDP curve of ``event`` at :meth:`orders_for` ``(event)``: shape ``(n_rates, n_orders)``
         (1 row without per-record rates). Group events have no curve at these orders."""
-        return self._rdp(event, self.orders_for(event))
-
-    def _rdp(self, event: Mechanism, a: np.ndarray) -> np.ndarray:
-        if isinstance(event, GaussianMechanism):
-            return (a / (2.0 * event.noise_multiplier**2))[None, :]
-        if isinstance(event, PoissonSampled):
-            if isinstance(event.inner, GaussianMechanism):
-                return poisson_gaussian_rdp(event.rates, event.inner.noise_multiplier, a)
-            raise self._unsupported(event)
-        if isinstance(event, SampledWithoutReplacement):
-            if isinstance(event.inner, GaussianMechanism):
-                return _wor_rows(event.rates, event.inner.noise_multiplier, a)
-            raise self._unsupported(event)
-        if isinstance(event, Composed):
-            return event.count * self._rdp(event.inner, a)
-        if isinstance(event, TwoStageRound):
-            local = event.local
-            if isinstance(local, Composed) and isinstance(local.inner, PoissonSampled):
-                step = self._rdp(local.inner, a)
-                if local.count == 0:
-                    return np.zeros_like(step)
-                return two_stage_rdp(step, local.count, event.client_rate, a)
-            return two_stage_rdp(self._rdp(local, a), 1, event.client_rate, a)
-        if isinstance(event, Sequence):
-            parts = [self._rdp(e, a) for e in event.events]
-            rows = {p.shape[0] for p in parts} - {1}
-            if len(rows) > 1:
-                raise ValueError(
-                    f"events: per-record rate arrays of different lengths {sorted(rows)} "
-                    "cannot be composed"
-                )
-            return np.sum(np.broadcast_arrays(*parts), axis=0)
-        if isinstance(event, GroupPrivacy):
+        program = self._compile(event)
+        if isinstance(program, _Group):
             raise ValueError(
                 "RdpAccountant cannot interpret GroupPrivacy inside another event: the group "
                 "conversion applies to the whole mechanism (use it outermost)"
             )
-        raise ValueError(f"event: expected a mechanism, got {type(event).__name__}")
-
-    @staticmethod
-    def _unsupported(event: Mechanism) -> ValueError:
-        return ValueError(
-            f"RdpAccountant cannot interpret {outline(event, 1)}: sampling is supported "
-            "only directly around a GaussianMechanism"
-        )
+        return program.rdp(self._orders(program))
 
     # ------------------------------------------------------------------ conversions
     def epsilon(self, event: Mechanism, delta: float) -> tuple[np.ndarray, np.ndarray]:
@@ -245,22 +333,22 @@ class RdpAccountant:
         self, event: Mechanism, counts: ArrayLike, delta: float
     ) -> tuple[np.ndarray, np.ndarray]:
         """ε of ``counts[i]`` repetitions of row i of ``event`` (broadcast; 0 → ε = 0)."""
-        base, mult = _strip_composed(event)
-        if isinstance(base, GroupPrivacy):
-            return self._group_epsilon(base, mult, counts, delta)
-        chain = self._chain(event)
-        if chain is None:
-            a = self.orders_for(event)
+        program = self._compile(event)
+        if isinstance(program, _Group):
+            return self._group_epsilon(program, counts, delta)
+        if program.chain is None:
+            a = self._orders(program)
+            base, mult = _strip_composed(event)
             if isinstance(base, SampledWithoutReplacement):
                 # n·(m·ρ) as (n·m)·ρ: the same float operations as "steps × per-step RDP"
-                rdp = self._rdp(base, a)
+                rdp = self._curve(base).rdp(a)
                 k = check_counts(counts, rdp.shape[0]) * mult
             else:
-                rdp = self._rdp(event, a)
+                rdp = program.rdp(a)
                 k = check_counts(counts, rdp.shape[0])
             eps, order = rdp_to_epsilon(k[:, None] * rdp, a, delta)
             return np.where(k > 0, eps, 0.0), order
-        q, sigma, f = chain
+        q, sigma, f = program.chain
         k = check_counts(counts, q.size)
         eps = np.zeros(q.size)
         order = np.full(q.size, np.nan)
@@ -283,14 +371,14 @@ class RdpAccountant:
         return eps, order
 
     def _group_epsilon(
-        self, event: GroupPrivacy, mult: int, counts: ArrayLike, delta: float
+        self, program: _Group, counts: ArrayLike, delta: float
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Group conversion of ``counts·mult`` repetitions of ``event.inner`` (per row)."""
-        a = self.orders_for(event)
-        curve = self._rdp(event.inner, a)
-        k = check_counts(counts, curve.shape[0]) * mult
+        """Group conversion of ``counts·mult`` repetitions of the inner event (per row)."""
+        a = self._orders(program)
+        curve = program.inner.rdp(a)
+        k = check_counts(counts, curve.shape[0]) * program.mult
         total = k[:, None] * curve
-        route, size = event.conversion, event.group_size
+        route, size = program.conversion, program.size
         eps = np.full(k.size, np.inf)
         order = np.full(k.size, np.nan)
         if route in ("rdp", "best"):
@@ -305,56 +393,31 @@ class RdpAccountant:
         """δ per rate at ``epsilon`` and the optimal grid order (shape ``(n_rates,)``)."""
         return rdp_to_delta(self.rdp(event), self.orders_for(event), epsilon)
 
-    def _chain(self, event: Mechanism) -> tuple[np.ndarray, float, _Compose] | None:
-        """(q, σ, f) if ``event`` wraps a single PoissonSampled(q, Gaussian(σ)) in monotone
-        compositions (Composed / TwoStageRound), else None.
 
-        ``f(rho, alphas)`` maps per-step RDP at the orders ``alphas`` (broadcastable) to the
-        event's total, with the same float operations as :meth:`rdp`.
-        """
-        if isinstance(event, PoissonSampled):
-            if not isinstance(event.inner, GaussianMechanism):
-                raise self._unsupported(event)
-            return event.rates, event.inner.noise_multiplier, lambda rho, alphas: rho
-        if isinstance(event, GaussianMechanism):
-            return np.ones(1), event.noise_multiplier, lambda rho, alphas: rho
-        if isinstance(event, Composed):
-            sub = self._chain(event.inner)
-            if sub is None:
-                return None
-            q, sigma, f = sub
-            n = event.count
-            return q, sigma, lambda rho, alphas: n * f(rho, alphas)
-        if isinstance(event, TwoStageRound):
-            local, lam = event.local, event.client_rate
-            if isinstance(local, Composed) and isinstance(local.inner, PoissonSampled):
-                sub = self._chain(local.inner)
-                tau = local.count
-                if sub is None or tau == 0:
-                    return None
-                q, sigma, f = sub
-                return q, sigma, lambda rho, alphas: two_stage_rdp(f(rho, alphas), tau, lam, alphas)
-            sub = self._chain(local)
-            if sub is None:
-                return None
-            q, sigma, f = sub
-            return q, sigma, lambda rho, alphas: two_stage_rdp(f(rho, alphas), 1, lam, alphas)
-        return None
+def _ddg_curve(event: DistributedDiscreteGaussian) -> Callable[[np.ndarray], np.ndarray]:
+    """The RDP curve of a distributed discrete Gaussian event, as a function of the orders."""
+
+    def curve(orders: np.ndarray) -> np.ndarray:
+        return distributed_discrete_gaussian_rdp(
+            orders,
+            event.share_variance,
+            event.shares,
+            event.l2_sensitivity_sq,
+            event.dimension,
+            event.l1_sensitivity,
+        )
+
+    return curve
 
 
-def _only_wor_gaussians(event: Mechanism) -> bool:
-    """True if every Gaussian leaf of ``event`` sits inside a without-replacement sampler."""
-    if isinstance(event, SampledWithoutReplacement):
-        return True
-    if isinstance(event, GaussianMechanism | PoissonSampled):
-        return False
-    if isinstance(event, Composed | GroupPrivacy):
-        return _only_wor_gaussians(event.inner)
-    if isinstance(event, TwoStageRound):
-        return _only_wor_gaussians(event.local)
-    if isinstance(event, Sequence):
-        return all(_only_wor_gaussians(e) for e in event.events)
-    return False
+def _sum_rows(parts: list[np.ndarray]) -> np.ndarray:
+    """Σ of RDP curves whose rows broadcast (all rate arrays of equal length)."""
+    rows = {p.shape[0] for p in parts} - {1}
+    if len(rows) > 1:
+        raise ValueError(
+            f"events: per-record rate arrays of different lengths {sorted(rows)} cannot be composed"
+        )
+    return np.sum(np.broadcast_arrays(*parts), axis=0)
 
 
 def _wor_rows(ratios: np.ndarray, sigma: float, a: np.ndarray) -> np.ndarray:

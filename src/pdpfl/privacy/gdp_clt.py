@@ -22,6 +22,8 @@ is True so that every report can label the figure; the rigorous numbers come fro
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
@@ -35,11 +37,21 @@ from pdpfl.privacy.mechanisms import (
     PoissonSampled,
     SampledWithoutReplacement,
     Sequence,
+    is_mechanism,
     outline,
 )
 from pdpfl.privacy.registry import UnsupportedEventError, check_counts, register_accountant
 
 __all__ = ["GdpCltAccountant"]
+
+
+@dataclass(frozen=True)
+class _Mu:
+    """An event compiled for the CLT accountant: μ per row as a function of the repetitions,
+    and the row counts of its parts (1: no per-record rates)."""
+
+    mu: Callable[[np.ndarray], np.ndarray]
+    rows: frozenset[int]
 
 
 class GdpCltAccountant:
@@ -52,47 +64,69 @@ class GdpCltAccountant:
     def __repr__(self) -> str:
         return "GdpCltAccountant()"
 
-    def supports(self, event: Mechanism) -> bool:
-        """Gaussian, Poisson / without-replacement sampled Gaussians, compositions, sequences."""
-        if isinstance(event, GaussianMechanism):
-            return True
-        if isinstance(event, PoissonSampled | SampledWithoutReplacement):
-            return isinstance(event.inner, GaussianMechanism)
+    def _compile(self, event: Mechanism) -> _Mu:
+        """The one traversal of ``event``: a function from repetitions to μ per row, and the
+        row counts of its parts; UnsupportedEventError naming what it cannot interpret."""
         if isinstance(event, Composed):
-            return self.supports(event.inner)
+            inner, n = self._compile(event.inner), event.count
+            return _Mu(lambda steps: inner.mu(steps * n), inner.rows)
         if isinstance(event, Sequence):
-            return all(self.supports(e) for e in event.events)
-        return False
+            parts = [self._compile(e) for e in event.events]
+            return _Mu(
+                lambda steps: np.sqrt(
+                    np.sum(np.square(np.broadcast_arrays(*[p.mu(steps) for p in parts])), axis=0)
+                ),
+                frozenset().union(*(p.rows for p in parts)),
+            )
+        if isinstance(event, GaussianMechanism):
+            sigma = event.noise_multiplier
+            return _Mu(lambda steps: np.sqrt(steps.astype(np.float64)) / sigma, frozenset({1}))
+        if isinstance(event, PoissonSampled | SampledWithoutReplacement) and isinstance(
+            event.inner, GaussianMechanism
+        ):
+            q, sigma = event.rates, event.inner.noise_multiplier
+            if isinstance(event, PoissonSampled):
+                # Bu et al.: q·√(T·(e^{1/σ²} − 1)), the formula's own float operations
+                def poisson(steps: np.ndarray) -> np.ndarray:
+                    t = steps.astype(np.float64)
+                    return np.asarray(poisson_gaussian_mu_clt(q, sigma, t), dtype=np.float64)
+
+                return _Mu(poisson, frozenset({int(q.size)}))
+
+            # PriFedSync Theorem 2 with B/n = γ (n = 1) and K·R = T steps
+            def wor(steps: np.ndarray) -> np.ndarray:
+                t = steps.astype(np.float64)
+                return np.asarray(prifedsync_mu(sigma, q, 1.0, t, 1), dtype=np.float64)
+
+            return _Mu(wor, frozenset({int(q.size)}))
+        what = outline(event) if is_mechanism(event) else type(event).__name__
+        raise UnsupportedEventError(
+            f"GdpCltAccountant cannot interpret {what}: supported are GaussianMechanism, "
+            "PoissonSampled / SampledWithoutReplacement around a GaussianMechanism, Composed "
+            "and Sequence of those"
+        )
+
+    def supports(self, event: Mechanism) -> bool:
+        """True if ``event`` compiles: Gaussian, Poisson / without-replacement sampled
+        Gaussians, compositions, sequences."""
+        try:
+            self._compile(event)
+        except UnsupportedEventError:
+            return False
+        return True
 
     def mu(self, event: Mechanism, counts: ArrayLike = 1) -> np.ndarray:
         """CLT μ per row of ``counts[i]`` repetitions of ``event`` (0 repetitions: 0)."""
-        if not self.supports(event):
-            raise UnsupportedEventError(
-                f"GdpCltAccountant cannot interpret {outline(event)}: supported are "
-                "GaussianMechanism, PoissonSampled / SampledWithoutReplacement around a "
-                "GaussianMechanism, Composed and Sequence of those"
+        program = self._compile(event)
+        sizes = set(program.rows) - {1}
+        if len(sizes) > 1:
+            raise ValueError(
+                f"events: per-record rate arrays of different lengths {sorted(sizes)} "
+                "cannot be composed"
             )
-        n = _rows(event)
+        n = sizes.pop() if sizes else 1
         k = check_counts(counts, n)
-        return np.broadcast_to(self._mu(event, k), (n,)).astype(np.float64)
-
-    def _mu(self, event: Mechanism, steps: np.ndarray) -> np.ndarray:
-        if isinstance(event, Composed):
-            return self._mu(event.inner, steps * event.count)
-        if isinstance(event, Sequence):
-            parts = np.broadcast_arrays(*[self._mu(e, steps) for e in event.events])
-            return np.sqrt(np.sum(np.square(parts), axis=0))
-        t = steps.astype(np.float64)
-        if isinstance(event, GaussianMechanism):
-            return np.sqrt(t) / event.noise_multiplier
-        assert isinstance(event, PoissonSampled | SampledWithoutReplacement)
-        assert isinstance(event.inner, GaussianMechanism)
-        sigma = event.inner.noise_multiplier
-        if isinstance(event, PoissonSampled):
-            # Bu et al.: q·√(T·(e^{1/σ²} − 1)), the formula's own float operations
-            return np.asarray(poisson_gaussian_mu_clt(event.rates, sigma, t), dtype=np.float64)
-        # PriFedSync Theorem 2 with B/n = γ (n = 1) and K·R = T steps
-        return np.asarray(prifedsync_mu(sigma, event.rates, 1.0, t, 1), dtype=np.float64)
+        return np.broadcast_to(program.mu(k), (n,)).astype(np.float64)
 
     def epsilon(self, event: Mechanism, delta: float) -> tuple[np.ndarray, np.ndarray]:
         """ε per row at ``delta`` (μ-GDP conversion of the CLT μ) and μ."""
@@ -108,23 +142,6 @@ class GdpCltAccountant:
         if finite.any():
             eps[finite] = np.asarray(gdp_epsilon(mu[finite], float(delta)), dtype=np.float64)
         return eps, mu
-
-
-def _rows(event: Mechanism) -> int:
-    """Number of rows (per-record rates) of ``event`` (1 without rates)."""
-    if isinstance(event, PoissonSampled | SampledWithoutReplacement):
-        return int(event.rates.size)
-    if isinstance(event, Composed):
-        return _rows(event.inner)
-    if isinstance(event, Sequence):
-        sizes = {_rows(e) for e in event.events} - {1}
-        if len(sizes) > 1:
-            raise ValueError(
-                f"events: per-record rate arrays of different lengths {sorted(sizes)} "
-                "cannot be composed"
-            )
-        return sizes.pop() if sizes else 1
-    return 1
 
 
 def _factory(**options: object) -> GdpCltAccountant:

@@ -4,6 +4,9 @@ A training run is a small tree of frozen dataclasses that states every privacy p
 explicitly (σ, q, τ, λ, T, k); an accountant (:mod:`pdpfl.privacy.registry`) interprets it.
 
 * :class:`GaussianMechanism` — sensitivity-1 Gaussian noise, noise multiplier σ.
+* :class:`DistributedDiscreteGaussian` — an integer vector plus the sum of ``shares`` i.i.d.
+  discrete Gaussian shares (Kairouz, Liu & Steinke 2021; one share: the discrete Gaussian of
+  Canonne, Kamath & Steinke 2020), in integer units (:mod:`pdpfl.privacy.discrete`).
 * :class:`PoissonSampled` — each record enters independently with its own probability q
   (a scalar, or one rate per record: rPDP-FL Lemma 4); add/remove neighbours.
 * :class:`SampledWithoutReplacement` — a uniformly random batch of exactly B of the n records,
@@ -37,6 +40,7 @@ from pdpfl.privacy.rdp import check_noise_multiplier, check_rates
 __all__ = [
     "GROUP_CONVERSIONS",
     "Composed",
+    "DistributedDiscreteGaussian",
     "GaussianMechanism",
     "GroupConversion",
     "GroupPrivacy",
@@ -70,6 +74,58 @@ class GaussianMechanism:
             raise ValueError("noise_multiplier: expected a number > 0, got a bool")
         sigma = check_noise_multiplier(self.noise_multiplier, "noise_multiplier")
         object.__setattr__(self, "noise_multiplier", sigma)
+
+
+@dataclass(frozen=True)
+class DistributedDiscreteGaussian:
+    """x + Σ of ``shares`` i.i.d. N_Z(0, σ_s²)^d shares, x an integer vector (integer units).
+
+    Neighbouring inputs differ by an integer vector k with ‖k‖₂² ≤ ``l2_sensitivity_sq`` (N, a
+    real number ≥ 0) and, if given, ‖k‖₁ ≤ ``l1_sensitivity``. ``shares`` is the fewest shares
+    any released sum holds (the survivor threshold t: a sum of more survivors is
+    post-processing of the sum of t). ``share_variance`` is σ_s² (a value below the sampler's
+    σ²_used is conservative). With one share this is the discrete Gaussian mechanism. RDP:
+    :func:`pdpfl.privacy.discrete.distributed_discrete_gaussian_rdp` (``rdp`` accountant only).
+    """
+
+    share_variance: float
+    shares: int
+    l2_sensitivity_sq: float
+    dimension: int
+    l1_sensitivity: int | None = None
+
+    def __post_init__(self) -> None:
+        for name, allow_zero in (("share_variance", False), ("l2_sensitivity_sq", True)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, numbers.Real):
+                raise ValueError(f"{name}: expected a number, got {v!r}")
+            f = float(v)
+            if not (math.isfinite(f) and (f > 0 or (allow_zero and f == 0))):
+                bound = ">= 0" if allow_zero else "> 0"
+                raise ValueError(f"{name}: must be a finite number {bound}, got {v!r}")
+            object.__setattr__(self, name, f)
+        for name, minimum in (("shares", 1), ("dimension", 1)):
+            object.__setattr__(self, name, _integer_field(getattr(self, name), name, minimum))
+        if self.l1_sensitivity is not None:
+            l1 = _integer_field(self.l1_sensitivity, "l1_sensitivity", 0)
+            object.__setattr__(self, "l1_sensitivity", l1)
+
+    @property
+    def noise_multiplier(self) -> float:
+        """√(t·σ_s²/N): the continuous-Gaussian noise multiplier of the main term."""
+        if self.l2_sensitivity_sq == 0:
+            return math.inf
+        return math.sqrt(self.shares * self.share_variance / self.l2_sensitivity_sq)
+
+
+def _integer_field(value: object, name: str, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral | float):
+        raise ValueError(f"{name}: must be an integer >= {minimum}, got {value!r}")
+    if isinstance(value, float) and not (math.isfinite(value) and value.is_integer()):
+        raise ValueError(f"{name}: must be an integer >= {minimum}, got {value!r}")
+    if int(value) < minimum:
+        raise ValueError(f"{name}: must be an integer >= {minimum}, got {value!r}")
+    return int(value)
 
 
 @dataclass(frozen=True, eq=False)
@@ -234,6 +290,7 @@ class GroupPrivacy:
 
 Mechanism = Union[  # noqa: UP007
     GaussianMechanism,
+    DistributedDiscreteGaussian,
     PoissonSampled,
     SampledWithoutReplacement,
     Composed,
@@ -243,6 +300,7 @@ Mechanism = Union[  # noqa: UP007
 ]
 _MECHANISM_TYPES = (
     GaussianMechanism,
+    DistributedDiscreteGaussian,
     PoissonSampled,
     SampledWithoutReplacement,
     Composed,
@@ -260,7 +318,7 @@ def is_mechanism(value: object) -> bool:
 def outline(event: Mechanism, depth: int = 2) -> str:
     """Short structural name, e.g. ``PoissonSampled(Composed(...))`` (for error messages)."""
     name = type(event).__name__
-    if isinstance(event, GaussianMechanism):
+    if isinstance(event, GaussianMechanism | DistributedDiscreteGaussian):
         return name
     if depth == 0:
         return f"{name}(...)"

@@ -48,7 +48,8 @@ from __future__ import annotations
 import math
 import threading
 from collections import OrderedDict
-from typing import Any, ClassVar
+from dataclasses import dataclass
+from typing import Any, ClassVar, Union
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -61,10 +62,16 @@ from pdpfl.privacy.mechanisms import (
     PoissonSampled,
     Sequence,
     TwoStageRound,
+    is_mechanism,
     outline,
 )
 from pdpfl.privacy.orders import DEFAULT_ORDERS
-from pdpfl.privacy.registry import Accountant, check_counts, register_accountant
+from pdpfl.privacy.registry import (
+    Accountant,
+    UnsupportedEventError,
+    check_counts,
+    register_accountant,
+)
 
 __all__ = ["PldAccountant", "rate_grid_up"]
 
@@ -177,52 +184,40 @@ class PldAccountant:
         )
 
     # -------------------------------------------------------------------------- structure
-    def supports(self, event: Mechanism) -> bool:
-        """Gaussian, Poisson-sampled Gaussian, their compositions and two-stage rounds."""
+    def _compile(self, event: Mechanism) -> tuple[_Node, np.ndarray | None]:
+        """The one traversal of ``event``: its structure (:data:`_Node`, which holds only what
+        this accountant interprets) and the rates of its one Poisson-sampled leaf (None: a
+        plain Gaussian); UnsupportedEventError naming what it cannot interpret."""
         if isinstance(event, GaussianMechanism):
-            return True
-        if isinstance(event, PoissonSampled):
-            return isinstance(event.inner, GaussianMechanism)
+            return _Leaf(event.noise_multiplier, False), None
+        if isinstance(event, PoissonSampled) and isinstance(event.inner, GaussianMechanism):
+            return _Leaf(event.inner.noise_multiplier, True), event.rates
         if isinstance(event, Composed):
-            return self.supports(event.inner)
+            node, rates = self._compile(event.inner)
+            return _Rep(node, event.count), rates
         if isinstance(event, TwoStageRound):
-            return self.supports(event.local)
-        return False
-
-    def _rates(self, event: Mechanism) -> np.ndarray | None:
-        """The per-row rates of the (single) PoissonSampled leaf, or None (no rates)."""
-        if isinstance(event, PoissonSampled):
-            return event.rates
-        if isinstance(event, GaussianMechanism):
-            return None
-        if isinstance(event, Composed):
-            return self._rates(event.inner)
-        if isinstance(event, TwoStageRound):
-            return self._rates(event.local)
-        raise self._unsupported(event)
-
-    def _unsupported(self, event: Mechanism) -> ValueError:
-        return self._unsupported_static(event)
-
-    @staticmethod
-    def _unsupported_static(event: Mechanism) -> ValueError:
-        kind = "Sequence" if isinstance(event, Sequence) else outline(event, 1)
-        return ValueError(
+            node, rates = self._compile(event.local)
+            return _Mix(event.client_rate, node), rates
+        kind = (
+            "Sequence"
+            if isinstance(event, Sequence)
+            else outline(event, 1)
+            if is_mechanism(event)
+            else type(event).__name__
+        )
+        raise UnsupportedEventError(
             f"PldAccountant cannot interpret {kind}: supported are GaussianMechanism, "
             "PoissonSampled(q, GaussianMechanism), Composed and TwoStageRound of those"
         )
 
-    @staticmethod
-    def _signature(event: Mechanism) -> tuple[Any, ...]:
-        if isinstance(event, GaussianMechanism):
-            return ("G", event.noise_multiplier)
-        if isinstance(event, PoissonSampled):
-            return ("P", PldAccountant._signature(event.inner))
-        if isinstance(event, Composed):
-            return ("C", event.count, PldAccountant._signature(event.inner))
-        if isinstance(event, TwoStageRound):
-            return ("T", event.client_rate, PldAccountant._signature(event.local))
-        raise PldAccountant._unsupported_static(event)
+    def supports(self, event: Mechanism) -> bool:
+        """True if ``event`` compiles: Gaussian, Poisson-sampled Gaussian, their compositions
+        and two-stage rounds."""
+        try:
+            self._compile(event)
+        except UnsupportedEventError:
+            return False
+        return True
 
     # -------------------------------------------------------------------------- ε
     def epsilon(self, event: Mechanism, delta: float) -> tuple[np.ndarray, np.ndarray]:
@@ -234,16 +229,14 @@ class PldAccountant:
         self, event: Mechanism, counts: ArrayLike, delta: float
     ) -> tuple[np.ndarray, np.ndarray]:
         """ε of ``counts[i]`` repetitions of row i of ``event`` (see :meth:`epsilon`)."""
-        if not self.supports(event):
-            raise self._unsupported(event)
+        node, rates = self._compile(event)
         d = float(delta)
         if not (0.0 < d < 1.0):
             raise ValueError(f"delta: must be in (0, 1), got {delta!r}")
-        rates = self._rates(event)
         n = 1 if rates is None else rates.size
         k = check_counts(counts, n)
         eps_rdp, order = self.rdp.composed_epsilon(event, k, d)
-        eps_pld = self.pld_epsilon(event, k, d)[0]
+        eps_pld = self._pld_epsilon(node, rates, k, d)[0]
         take = eps_pld < eps_rdp
         return np.where(take, eps_pld, eps_rdp), np.where(take, np.nan, order)
 
@@ -254,9 +247,12 @@ class PldAccountant:
 
         Rates are first rounded up to the rate grid (module docstring).
         """
-        if not self.supports(event):
-            raise self._unsupported(event)
-        rates = self._rates(event)
+        node, rates = self._compile(event)
+        return self._pld_epsilon(node, rates, counts, delta)
+
+    def _pld_epsilon(
+        self, node: _Node, rates: np.ndarray | None, counts: ArrayLike, delta: float
+    ) -> tuple[np.ndarray, np.ndarray]:
         n = 1 if rates is None else rates.size
         k = check_counts(counts, n)
         q_up = (
@@ -264,7 +260,6 @@ class PldAccountant:
             if rates is None
             else rate_grid_up(rates, self.rate_grid_rel_step, self.rate_grid_min)
         )
-        sig = self._signature(event)
         eps = np.zeros(n)
         interval = np.full(n, np.nan)
         pairs: dict[tuple[float, int], list[int]] = {}
@@ -273,23 +268,20 @@ class PldAccountant:
                 continue
             pairs.setdefault((float(q_up[i]), int(k[i])), []).append(i)
         for (qv, kv), idx in pairs.items():
-            e, h = self._one(event, sig, qv, kv, float(delta), rates is not None)
+            e, h = self._one(node, qv, kv, float(delta))
             eps[idx] = e
             interval[idx] = h
         return eps, interval
 
-    def _one(
-        self, event: Mechanism, sig: tuple, q: float, count: int, delta: float, has_rates: bool
-    ) -> tuple[float, float]:
-        key = (sig, q, count, delta)
+    def _one(self, node: _Node, q: float, count: int, delta: float) -> tuple[float, float]:
+        key = (node, q, count, delta)
         with self._lock:
             hit = self._cache.get(key)
             if hit is not None:
                 self._cache.move_to_end(key)
                 return hit
-        scalar = _with_rate(event, q) if has_rates else event
-        used = self.interval_for(scalar, count, delta)
-        best = self._epsilon_at(scalar, count, delta, used)
+        used = self._interval(node, q, count, delta)
+        best = self._epsilon_at(node, q, count, delta, used)
         with self._lock:
             self._cache[key] = (best, used)
             if len(self._cache) > self._cache_size:
@@ -305,46 +297,78 @@ class PldAccountant:
         bound itself is always the pessimistic PLD). Deterministic in (event, count, δ), so the
         calibration and the ledger compute identical PLDs.
         """
-        mu = math.sqrt(count * _mu2(event))
+        node, rates = self._compile(event)
+        return self._interval(node, 1.0 if rates is None else float(rates[0]), count, delta)
+
+    def _interval(self, node: _Node, q: float, count: int, delta: float) -> float:
+        mu = math.sqrt(count * _mu2(node, q))
         est = _gdp_epsilon(mu, delta)
         return float(min(max(est / self.interval_ratio, self.min_interval), self.max_interval))
 
-    def _epsilon_at(self, event: Mechanism, count: int, delta: float, interval: float) -> float:
-        pld, eta = self._build(_flatten(Composed(event, count)), interval)
+    def _epsilon_at(
+        self, node: _Node, q: float, count: int, delta: float, interval: float
+    ) -> float:
+        pld, eta = _build(_flatten(_Rep(node, count)), q, interval)
         self.computed += 1
         d_eff = delta - eta
         if d_eff <= 0:
             return math.inf
         return float(pld.get_epsilon_for_delta(d_eff))
 
-    def _build(self, event: Mechanism, interval: float) -> tuple[Any, float]:
-        """(PLD, η): the PLD of a scalar-rate event and its accumulated FFT-error bound."""
-        pldlib = _dp_accounting()
-        if isinstance(event, GaussianMechanism):
+
+@dataclass(frozen=True)
+class _Leaf:
+    """A Gaussian of multiplier σ, Poisson-sampled at the row's rate (``sampled``) or not."""
+
+    sigma: float
+    sampled: bool
+
+
+@dataclass(frozen=True)
+class _Rep:
+    """``count`` compositions of ``inner``."""
+
+    inner: _Node
+    count: int
+
+
+@dataclass(frozen=True)
+class _Mix:
+    """A two-stage round: ``inner`` with probability λ, nothing otherwise (rPDP-FL Lemma 6)."""
+
+    client_rate: float
+    inner: _Node
+
+
+#: What the PLD accountant interprets (an event compiled by ``PldAccountant._compile``; hashable:
+#: the cache key of its PLDs together with the rate and the count).
+_Node = Union[_Leaf, _Rep, _Mix]  # noqa: UP007
+
+
+def _build(node: _Node, q: float, interval: float) -> tuple[Any, float]:
+    """(PLD, η): the PLD of ``node`` at the scalar rate ``q`` and its accumulated FFT-error
+    bound."""
+    pldlib = _dp_accounting()
+    if isinstance(node, _Leaf):
+        if not node.sampled:
             return pldlib.from_gaussian_mechanism(
-                event.noise_multiplier, value_discretization_interval=interval
+                node.sigma, value_discretization_interval=interval
             ), 0.0
-        if isinstance(event, PoissonSampled):
-            q = float(event.rate)  # a scalar-rate event here
-            if q == 0.0:
-                return pldlib.identity(interval), 0.0
-            assert isinstance(event.inner, GaussianMechanism)
-            return pldlib.from_gaussian_mechanism(
-                event.inner.noise_multiplier,
-                value_discretization_interval=interval,
-                sampling_prob=q,
-            ), 0.0
-        if isinstance(event, Composed):
-            inner, eta = self._build(event.inner, interval)
-            if event.count == 0:
-                return pldlib.identity(interval), 0.0
-            return _compose(inner, event.count, eta)
-        assert isinstance(event, TwoStageRound)
-        local, eta = self._build(event.local, interval)
-        lam = event.client_rate
-        if lam == 1.0:
-            return local, eta
-        return local.compute_mixture(pldlib.identity(interval), lam), lam * eta
+        if q == 0.0:
+            return pldlib.identity(interval), 0.0
+        return pldlib.from_gaussian_mechanism(
+            node.sigma, value_discretization_interval=interval, sampling_prob=q
+        ), 0.0
+    if isinstance(node, _Rep):
+        inner, eta = _build(node.inner, q, interval)
+        if node.count == 0:
+            return pldlib.identity(interval), 0.0
+        return _compose(inner, node.count, eta)
+    local, eta = _build(node.inner, q, interval)
+    lam = node.client_rate
+    if lam == 1.0:
+        return local, eta
+    return local.compute_mixture(pldlib.identity(interval), lam), lam * eta
 
 
 def _compose(pld: Any, count: int, eta: float) -> tuple[Any, float]:
@@ -357,46 +381,30 @@ def _compose(pld: Any, count: int, eta: float) -> tuple[Any, float]:
     return out, count * eta + 2.0 * fft
 
 
-def _with_rate(event: Mechanism, q: float) -> Mechanism:
-    """``event`` with its PoissonSampled leaf's rates replaced by the scalar ``q``."""
-    if isinstance(event, PoissonSampled):
-        return PoissonSampled(q, event.inner)
-    if isinstance(event, Composed):
-        return Composed(_with_rate(event.inner, q), event.count)
-    if isinstance(event, TwoStageRound):
-        return TwoStageRound(event.client_rate, _with_rate(event.local, q))
-    return event
-
-
-def _flatten(event: Mechanism) -> Mechanism:
+def _flatten(node: _Node) -> _Node:
     """Fold nested compositions and drop λ = 1 rounds (one FFT composition instead of two:
     λ = 1 then equals dp-accounting's PLD of the flat composition)."""
-    if isinstance(event, Composed):
-        inner = _flatten(event.inner)
-        if isinstance(inner, Composed):
-            return Composed(inner.inner, event.count * inner.count)
-        return Composed(inner, event.count)
-    if isinstance(event, TwoStageRound):
-        local = _flatten(event.local)
-        return local if event.client_rate == 1.0 else TwoStageRound(event.client_rate, local)
-    return event
+    if isinstance(node, _Rep):
+        inner = _flatten(node.inner)
+        if isinstance(inner, _Rep):
+            return _Rep(inner.inner, node.count * inner.count)
+        return _Rep(inner, node.count)
+    if isinstance(node, _Mix):
+        inner = _flatten(node.inner)
+        return inner if node.client_rate == 1.0 else _Mix(node.client_rate, inner)
+    return node
 
 
-def _mu2(event: Mechanism) -> float:
-    """μ² of the central-limit Gaussian-DP approximation of a scalar-rate event."""
-    if isinstance(event, GaussianMechanism):
-        return 1.0 / event.noise_multiplier**2
-    if isinstance(event, PoissonSampled):
-        assert isinstance(event.inner, GaussianMechanism)
-        q, sigma = float(event.rate), event.inner.noise_multiplier
-        if q == 1.0:
+def _mu2(node: _Node, q: float) -> float:
+    """μ² of the central-limit Gaussian-DP approximation of ``node`` at the scalar rate q."""
+    if isinstance(node, _Leaf):
+        sigma = node.sigma
+        if not node.sampled or q == 1.0:
             return 1.0 / sigma**2
         return q * q * math.expm1(min(1.0 / sigma**2, 700.0))
-    if isinstance(event, Composed):
-        return event.count * _mu2(event.inner)
-    if isinstance(event, TwoStageRound):
-        return event.client_rate * _mu2(event.local)
-    raise ValueError(f"event: unsupported {type(event).__name__}")  # pragma: no cover
+    if isinstance(node, _Rep):
+        return node.count * _mu2(node.inner, q)
+    return node.client_rate * _mu2(node.inner, q)
 
 
 def _gdp_epsilon(mu: float, delta: float) -> float:

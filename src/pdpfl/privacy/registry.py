@@ -11,6 +11,13 @@ registers itself when its module is imported (``rdp`` in :mod:`pdpfl.privacy.acc
 ``pld`` in :mod:`pdpfl.privacy.pld`, ``gdp-clt`` in :mod:`pdpfl.privacy.gdp_clt`); the package
 ``pdpfl.privacy`` imports all three, so they are registered as soon as any part of it is
 imported. Imports point one way only: implementations → registry, never back.
+
+The registry is open: an accountant registered with :func:`register_accountant` can be chosen
+from an experiment config (``privacy.accountant``, validated against
+:func:`accountant_names` ``(rigorous=True)``: a budget is enforced only with upper bounds), and
+every algorithm refuses one that cannot interpret the events it charges. The built-in
+accountants derive ``supports`` from the same traversal of the event as their ε (each compiles
+the event once; "supported" is "compiles"), as dp-accounting does.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ __all__ = [
     "check_counts",
     "make_accountant",
     "register_accountant",
+    "unregister_accountant",
 ]
 
 
@@ -84,9 +92,21 @@ def register_accountant(name: str, factory: Callable[..., Accountant]) -> None:
     _REGISTRY[key] = factory
 
 
-def accountant_names() -> tuple[str, ...]:
-    """Names of the registered accountants (``rdp``, ``pld``, ``gdp-clt``, ...)."""
-    return tuple(_REGISTRY)
+def unregister_accountant(name: str) -> None:
+    """Remove the accountant ``name`` (and its shared instances); KeyError if unknown."""
+    key = str(name).strip().lower()
+    with _LOCK:
+        del _REGISTRY[key]
+        for k in [k for k in _INSTANCES if k[0] == key]:
+            del _INSTANCES[k]
+
+
+def accountant_names(rigorous: bool = False) -> tuple[str, ...]:
+    """Names of the registered accountants (``rdp``, ``pld``, ``gdp-clt``, ...); with
+    ``rigorous`` only those whose every ε is an upper bound (``approximate`` False)."""
+    if not rigorous:
+        return tuple(_REGISTRY)
+    return tuple(n for n in _REGISTRY if not make_accountant(n).approximate)
 
 
 def as_accountant_name(name: str) -> str:
@@ -109,8 +129,10 @@ def make_accountant(name: str | Accountant = "rdp", **options: Any) -> Accountan
     key = as_accountant_name(name)
     norm = tuple(sorted((k, _freeze(v)) for k, v in options.items()))
     with _LOCK:
-        inst = _INSTANCES.get((key, norm))
-        if inst is None:
+        inst = _INSTANCES.pop((key, norm), None)
+        if inst is not None:  # least recently used first: a hit moves to the end
+            _INSTANCES[(key, norm)] = inst
+        else:
             inst = _REGISTRY[key](**options)
             if len(_INSTANCES) >= _MAX_INSTANCES:
                 _INSTANCES.pop(next(iter(_INSTANCES)))

@@ -202,6 +202,7 @@ def plan_epsilon(
     refine = orders is None if refine is None else bool(refine)
     if accountant == "rdp":
         options = {"orders": a, "refine": refine, **options}
-    else:
+    elif accountant == "pld":
         options = {"rdp_orders": a, "rdp_refine": refine, **options}
+    # (any other registered accountant is built with its own defaults and the given options)
     return mechanism_epsilon(plan, q, adv, k, accountant=accountant, **options)

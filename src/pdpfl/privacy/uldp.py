@@ -212,10 +212,20 @@ class UserLevelPlan:
         )
 
     def planned_epsilon(
-        self, rates: ArrayLike, observer: str, orders: ArrayLike = ORDERS
+        self, rates: ArrayLike, observer: str, orders: ArrayLike = ORDERS, accountant: str = "rdp"
     ) -> np.ndarray:
-        """ε of T charged rounds per rate against ``observer`` (the ledger's conversion)."""
-        eps, _ = mechanism_epsilon(self, rates, observer, self.rounds, orders=orders)
+        """ε of T charged rounds per rate against ``observer`` under ``accountant`` (the
+        ledger's conversion; ``orders`` are the RDP grid, PLD's RDP fallback included)."""
+        options = (
+            {"orders": orders}
+            if accountant == "rdp"
+            else {"rdp_orders": orders}
+            if accountant == "pld"
+            else {}
+        )
+        eps, _ = mechanism_epsilon(
+            self, rates, observer, self.rounds, accountant=accountant, **options
+        )
         return eps
 
 

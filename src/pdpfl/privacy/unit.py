@@ -19,8 +19,11 @@ same description feeds
 :class:`~pdpfl.privacy.plan.TrainingPlan` is the record-level rPDP-FL description;
 :class:`SampledGaussianPlan` describes one Poisson-subsampled Gaussian per round (client-level
 IDP-FedAvg, user-level ULDP-FL with sub-sampling; q = 1 without sub-sampling);
-:class:`LocalStepsPlan` is PriFedSync's record-level mechanism (K noisy local steps on batches
-drawn without replacement, or Poisson, per participation); :class:`GroupPlan` is ULDP-FL's
+:class:`~pdpfl.privacy.discrete_plan.SampledDiscreteGaussianPlan` is the same round with
+distributed *discrete* Gaussian noise shares summed in integers (Kairouz, Liu & Steinke 2021;
+what silos release under secure summation with exact discrete noise); :class:`LocalStepsPlan`
+is PriFedSync's record-level mechanism (K noisy local steps on batches drawn without
+replacement, or Poisson, per participation); :class:`GroupPlan` is ULDP-FL's
 GROUP-k (record-level DP-SGD seen by users with at most k records).
 
 Every description has ``with_noise(σ)``: the ledger calls it once per distinct σ when units are

@@ -49,6 +49,7 @@ from pdpfl.checkpoint import (
 from pdpfl.errors import TrainingDiverged
 from pdpfl.fl.aggregation import SumProtocol, check_compatible, protocol_from_config
 from pdpfl.fl.api import Params, ServerAlgorithm
+from pdpfl.fl.lifetime import open_lifetime, run_holders
 from pdpfl.fl.rounds import (
     Transport,
     aggregate_round,
@@ -248,14 +249,20 @@ def run_rounds(
             seconds_before = float(ckpt["seconds"])
             metrics = [m for m in read_metrics(out) if int(m["round"]) < start]
     last_round = rounds if stop_after is None else min(rounds, int(stop_after))
-    # the privacy summary of this view; each round replaces it (no round: computed now)
-    privacy = (
-        collect_privacy(transport.privacy_summaries(), server, unit)
-        if start >= last_round
-        else None
-    )
-
-    bar = _ProgressBar(rounds, start, enabled=progress)
+    # Every budget store of the parties held here is locked and charged from now on, before
+    # any release; a run that would overspend and cannot stop its units is refused here.
+    lifetime = open_lifetime(run_holders(server, transport), run_id, rounds - start)
+    try:
+        # the privacy summary of this view; each round replaces it (no round: computed now)
+        privacy = (
+            collect_privacy(transport.privacy_summaries(), server, unit)
+            if start >= last_round
+            else None
+        )
+        bar = _ProgressBar(rounds, start, enabled=progress)
+    except BaseException:
+        lifetime.close()
+        raise
     t0 = time.perf_counter()
     try:
         # A transport that can announce the next round's training request early (Flower:
@@ -331,6 +338,7 @@ def run_rounds(
                 on_round(t, line)
     finally:
         bar.close()
+        lifetime.close()
     record: dict[str, Any] = {
         "params": params,
         "metrics": metrics,
@@ -342,6 +350,7 @@ def run_rounds(
         "completed": diverged is None and last_round == rounds,
         "fingerprint": settings.fingerprint,
         "run_id": run_id,
+        "lifetime": lifetime.report(),
     }
     if diverged is not None:
         record["diverged"] = diverged.to_dict()

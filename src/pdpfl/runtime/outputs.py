@@ -96,6 +96,31 @@ def output_write_error(err: OSError, out_dir: Path, rounds: int) -> OutputWriteE
     )
 
 
+def check_resumable(
+    out_dir: str | os.PathLike[str], option: str = "out_dir", force_flag: str = "overwrite=True"
+) -> None:
+    """``--resume`` never starts a run: ``out_dir`` must be a folder holding a run checkpoint
+    (else :class:`OutputDirError` naming the folder), in every runtime."""
+    out = Path(out_dir)
+    if not out.exists():
+        raise OutputDirError(
+            f"{option}: nothing to resume: {out} does not exist (is the folder name right? "
+            "without --resume a new run starts there)"
+        )
+    if not out.is_dir():
+        raise OutputDirError(f"{option}: {out} exists and is not a folder")
+    if not has_checkpoint(out):
+        entries = sorted(p.name for p in out.iterdir() if p.name != LOCK_NAME)
+        held = (
+            "it is empty" if not entries else "it holds " + ", ".join(entries[:4])
+            + (", ..." if len(entries) > 4 else "")
+        )  # fmt: skip
+        raise OutputDirError(
+            f"{option}: nothing to resume in {out} (no {CHECKPOINT_NAME}; {held}); pass "
+            f"{force_flag} to start a new run there, or choose another folder"
+        )
+
+
 def prepare_output_dir(
     out_dir: str | os.PathLike[str],
     *,
@@ -109,14 +134,17 @@ def prepare_output_dir(
 
     The rule (CLI, :func:`~pdpfl.runtime.simulation.run_simulation` and ``pdpfl compare``): a
     folder that holds anything is refused unless ``overwrite`` (pdpfl's own outputs in it are
-    removed, other files are left alone) or ``resume`` (the folder must hold a run checkpoint).
-    A missing folder is created. Problems raise :class:`OutputDirError` naming ``option`` and
-    the remedy (``flags`` are the overwrite/resume spellings to suggest).
+    removed, other files are left alone) or ``resume`` (the folder must exist and hold a run
+    checkpoint: :func:`check_resumable`). A missing folder is created. Problems raise
+    :class:`OutputDirError` naming ``option`` and the remedy (``flags`` are the
+    overwrite/resume spellings to suggest).
     """
     out = Path(out_dir)
     force_flag, resume_flag = flags
     if out.exists() and not out.is_dir():
         raise OutputDirError(f"{option}: {out} exists and is not a folder")
+    if resume:
+        check_resumable(out, option, force_flag)
     try:
         out.mkdir(parents=True, exist_ok=True)
         fd, probe = tempfile.mkstemp(prefix=".pdpfl-write-test-", dir=out)
@@ -134,12 +162,7 @@ def prepare_output_dir(
         return out
     shown = ", ".join(entries[:4]) + (", ..." if len(entries) > 4 else "")
     if resume:
-        if has_checkpoint(out):
-            return out
-        raise OutputDirError(
-            f"{option}: nothing to resume in {out} (no {CHECKPOINT_NAME}; it holds {shown}); "
-            f"pass {force_flag} to start a new run there, or choose another folder"
-        )
+        return out  # checked above: it holds a checkpoint
     if overwrite:
         for name in outputs:
             target = out / name
@@ -193,12 +216,15 @@ def per_group(privacy: PrivacySummary) -> dict[str, dict[str, Any]]:
             "budget_min": g.budget_min,
             "excluded": g.excluded,
             "stopped": g.stopped,
+            "floor": g.floor,
         }
         for obs in ("third-party", "server"):
             spent = g.spent_max.get(obs) if privacy.private else float("inf")
             row[f"max_spent_{_tag(obs)}"] = spent
             row[f"mean_utilization_{_tag(obs)}"] = g.mean_utilization(obs)
             row[f"over_budget_{_tag(obs)}"] = int(g.over_budget.get(obs, 0))
+            if privacy.lifetime:
+                row[f"lifetime_max_{_tag(obs)}"] = g.lifetime_max.get(obs)
         row.update(g.info)
         out[g.label] = row
     return out
@@ -231,7 +257,52 @@ def privacy_warnings(config: ExperimentConfig, privacy: PrivacySummary) -> list[
             "the smallest achievable ε with privacy.allow_exclusion on, or below the baseline's "
             "uniform ε)"
         )
+    for g in privacy.groups:
+        if g.floor:
+            out.append(
+                f"{g.floor} {unit}(s) contribute almost nothing at ε = {g.label} for this plan: "
+                f"their sampling rate is the δ-only floor (ε = 0 after the planned rounds, δ "
+                "alone covers them); more noise σ or fewer rounds/steps give them usable rates"
+            )
+    out += lifetime_warnings(config, privacy)
     return out
+
+
+def lifetime_warnings(config: ExperimentConfig, privacy: PrivacySummary) -> list[str]:
+    """Units over their budget for life although the store was enforced (earlier runs that
+    re-spent, or a non-private run, took them there). With ``lifetime.allow_respend`` the
+    headline and ``summary["lifetime"]`` say that budgets were not enforced (the user's
+    explicit choice), without a warning per run."""
+    if privacy.lifetime != "enforced" or not privacy.private:
+        return []
+    over = max(
+        (privacy.lifetime_over(o) for o in observers_of(config.privacy.adversary)), default=0
+    )
+    if not over:
+        return []
+    return [
+        f"{over} {privacy.unit}(s) are over their budget for life: earlier runs on this data "
+        "(with lifetime.allow_respend, or without DP) spent it; they sat out this run (see "
+        "pdpfl privacy --store)"
+    ]
+
+
+def lifetime_fields(
+    config: ExperimentConfig, privacy: PrivacySummary | None, store: dict[str, Any] | None
+) -> dict[str, Any] | None:
+    """``summary["lifetime"]``: each unit's budget for life in this view (None: no budget store
+    was charged here), from the typed summary and the round loop's store report."""
+    if privacy is None or not privacy.lifetime:
+        return None if store is None else {**store, "epsilon": None}
+    adv = config.privacy.adversary
+    return {
+        "enforced": privacy.lifetime == "enforced",
+        "epsilon": privacy.lifetime_headline(adv),
+        "eps_max": {_tag(o): privacy.lifetime_max(o) for o in ("third-party", "server")},
+        "over_budget": max((privacy.lifetime_over(o) for o in observers_of(adv)), default=0),
+        "prior_units": privacy.prior,
+        **({k: v for k, v in store.items() if k != "enforced"} if store else {}),
+    }
 
 
 def privacy_fields(
@@ -253,6 +324,8 @@ def privacy_fields(
             "eps_spent_max": {"third_party": None, "server": None},
             "epsilon": None,
             "per_group": {},
+            "units_floor": None,
+            "lifetime": None,
             "warnings": [],
         }
     enforced = observers_of(config.privacy.adversary)
@@ -263,6 +336,8 @@ def privacy_fields(
         "units_stopped": privacy.stopped,
         "units_excluded": privacy.excluded,
         "units_capped": privacy.capped,
+        "units_floor": privacy.floor,
+        "lifetime": lifetime_fields(config, privacy, None),
         "over_budget": max(privacy.over_budget(o) for o in enforced),
         "over_budget_third_party": privacy.over_budget("third-party"),
         "over_budget_server": privacy.over_budget("server"),
@@ -379,7 +454,13 @@ def build_summary(
     if result.get("silos") is not None:
         summary["silos"] = result["silos"]
     summary.update(privacy_fields(config, result.get("privacy"), view))
-    summary["warnings"] = list(summary["warnings"]) + list(server_state.get("warnings") or [])
+    store = result.get("lifetime")
+    summary["lifetime"] = lifetime_fields(config, result.get("privacy"), store)
+    summary["warnings"] = (
+        list(summary["warnings"])
+        + list(server_state.get("warnings") or [])
+        + list((store or {}).get("warnings") or [])
+    )
     return summary
 
 

@@ -21,14 +21,26 @@ from typing import Any
 
 from pdpfl.config import ExperimentConfig
 from pdpfl.errors import TrainingDiverged
-from pdpfl.fl.api import ClientAlgorithm, Contribution, Params, Scalars
+from pdpfl.fl.api import (
+    ClientAlgorithm,
+    Contribution,
+    Params,
+    Scalars,
+    check_contribution,
+    check_evaluation,
+)
 from pdpfl.ledger import PrivacySummary
 
 log = logging.getLogger(__name__)
 
 
 class InProcessTransport:
-    """A :class:`~pdpfl.runtime.loop.Transport` that calls client objects directly."""
+    """A :class:`~pdpfl.runtime.loop.Transport` that calls client objects directly.
+
+    What a silo hands over passes its gate (:mod:`pdpfl.fl.messages`) first, as in a Flower
+    ClientApp: training replies and test metrics here, protocol stages in
+    :func:`~pdpfl.fl.aggregation.handle_silo_stage`.
+    """
 
     def __init__(self, clients: dict[int, ClientAlgorithm]) -> None:
         self.clients = dict(sorted(clients.items()))
@@ -72,25 +84,38 @@ class InProcessTransport:
         self, selected: list[int], params: Params, round_index: int, config: Scalars
     ) -> list[Contribution]:
         """Each selected silo's contribution; silos of a :class:`~pdpfl.fl.template.BatchedSilo`
-        algorithm are charged one by one, then trained together in one batch."""
+        algorithm are charged one by one, then trained together in one batch. Each passes the
+        silo's gate (:func:`~pdpfl.fl.api.check_contribution`) before it is handed over."""
         from pdpfl.fl.template import BatchedSilo
 
         out: dict[int, Contribution] = {}
         for group in self._batches(list(selected)):
             silos = [self.clients[c] for c in group]
             if len(group) == 1 or not isinstance(silos[0], BatchedSilo):
-                out[group[0]] = silos[0].fit(params, round_index, config)
+                contribution = silos[0].fit(params, round_index, config)
+                out[group[0]] = self._released(group[0], contribution, params, round_index)
                 continue
             batched = [s for s in silos if isinstance(s, BatchedSilo)]
             jobs = [s.prepare(params, s.begin_round(round_index, config)) for s in batched]
             results = type(batched[0]).train_batch(jobs)
             for c, s, job, res in zip(group, batched, jobs, results, strict=True):
-                out[c] = s.release(s.finish(job, res))
+                contribution = s.release(s.finish(job, res), params)
+                out[c] = self._released(c, contribution, params, round_index)
         return [out[c] for c in selected]
+
+    def _released(
+        self, silo: int, contribution: Contribution, params: Params, round_index: int
+    ) -> Contribution:
+        """The gate at silo ``silo``: the training reply it is about to hand over."""
+        public = frozenset(getattr(self.clients[silo], "public_metrics", frozenset()))
+        return check_contribution(
+            contribution, public, params=params, silo=silo, round_index=int(round_index)
+        )
 
     def evaluate(
         self, client_ids: list[int], params: Params, round_index: int, config: Scalars
     ) -> dict[int, Scalars]:
+        """Each silo's test metrics, through the silo's gate (``loss``, ``accuracy``, ``n``)."""
         from pdpfl.fl.template import BatchedSilo
 
         out: dict[int, Scalars] = {}
@@ -104,6 +129,8 @@ class InProcessTransport:
                 s.catch_up(int(round_index) + 1)
             for c, metrics in zip(group, type(batched[0]).test_batch(batched, params), strict=True):
                 out[c] = metrics
+        for c, metrics in out.items():
+            check_evaluation(metrics, silo=c, round_index=int(round_index))
         return out
 
     def privacy_summaries(self) -> dict[int, PrivacySummary | None]:
@@ -245,11 +272,13 @@ def run_simulation(
     (pdpfl's previous outputs there are replaced) or ``resume=True`` (continue its checkpoint).
     """
     from pdpfl.runtime.lock import FolderLocked, folder_lock
-    from pdpfl.runtime.outputs import OutputDirError, prepare_output_dir
+    from pdpfl.runtime.outputs import OutputDirError, check_resumable, prepare_output_dir
 
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise OutputDirError(f"out_dir: {out} exists and is not a folder")
+    if resume:  # before the lock creates the folder: --resume never starts a run
+        check_resumable(out)
     lock = folder_lock(out, option="out_dir")
     try:
         lock.__enter__()

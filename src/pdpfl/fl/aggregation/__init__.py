@@ -31,7 +31,10 @@ protocol's silo-side handler registered with :func:`register_silo_handler`, toge
 :class:`SiloContext` (the silo's algorithm and a private ``memory`` dict that survives between
 stages and rounds at that silo and is never sent). Payload values are NumPy arrays, ``bytes``,
 ``str``, ``int``, ``float`` or ``bool``. The in-process transport calls the handler directly; the
-Flower transport carries the payloads in messages.
+Flower transport carries the payloads in messages. A protocol declares the reply of every stage
+(``register_silo_handler(..., schemas=...)``, :mod:`pdpfl.fl.messages`): each field's type,
+size rule and classification; :func:`handle_silo_stage` refuses an undeclared stage and passes
+every reply through the gate before it leaves the silo.
 
 A protocol registered with ``secret_memory=True`` keeps secrets in that memory (keys, seeds, its
 unreleased contribution): a runtime keeps it in the silo's process only -- never on disk, so it
@@ -50,7 +53,7 @@ t = :func:`share_threshold` ``(config, n)``; the multi-stage protocols also hand
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -71,9 +74,19 @@ from pdpfl.fl.api import (
     ClientAlgorithm,
     Contribution,
     Params,
+    PrivacyBoundaryError,
     Scalars,
     ServerAlgorithm,
     check_contribution,
+)
+from pdpfl.fl.messages import (
+    MessageSchema,
+    Outgoing,
+    check_outgoing,
+    declared,
+    register_schema,
+    render_table,
+    schema_of,
 )
 
 __all__ = [
@@ -88,12 +101,14 @@ __all__ = [
     "get_protocol",
     "handle_silo_stage",
     "holds_secrets",
+    "message_table",
     "protocol_from_config",
     "public_memory",
     "register_protocol",
     "register_silo_handler",
     "share_std",
     "share_threshold",
+    "silo_protocols",
     "sum_contributions",
     "summary_fields",
     "survivor_threshold",
@@ -203,8 +218,8 @@ class PlainSum:
         if shares and len(contributions) < t:
             return empty_aggregate(params)  # the survivors' noise shares fall short
         public: frozenset[str] = getattr(server, "public_metrics", frozenset())
-        for c in contributions:
-            check_contribution(c, public, len(params))
+        for c in contributions:  # defence in depth: each silo's gate checked it before
+            check_contribution(c, public, params=params)
         return sum_contributions(
             contributions,
             params,
@@ -310,6 +325,7 @@ class SiloContext:
 SiloStageHandler = Callable[[str, Payload, int, SiloContext], Payload]
 
 _SILO_HANDLERS: dict[str, SiloStageHandler] = {}
+_SILO_STAGES: dict[str, frozenset[str]] = {}
 _SECRET_MEMORY: set[str] = set()
 
 #: Key of :attr:`SiloContext.memory` holding each protocol's non-secret, persisted facts.
@@ -317,9 +333,18 @@ PUBLIC_MEMORY = "public"
 
 
 def register_silo_handler(
-    protocol: str, handler: SiloStageHandler, *, secret_memory: bool = False
+    protocol: str,
+    handler: SiloStageHandler,
+    *,
+    schemas: Sequence[MessageSchema],
+    secret_memory: bool = False,
 ) -> None:
     """Register the silo side of the multi-stage protocol named ``protocol``.
+
+    ``schemas``: one :class:`~pdpfl.fl.messages.MessageSchema` per stage, with message id
+    ``(protocol, stage)``: the reply of each stage the handler answers, declared field by field
+    (:mod:`pdpfl.fl.messages`). A stage without a schema is refused before the handler runs,
+    and every reply passes the gate before it leaves (:func:`handle_silo_stage`).
 
     ``secret_memory``: the handler keeps secrets in ``memory[protocol]``; runtimes must never
     write that entry to disk (see :func:`holds_secrets`).
@@ -328,9 +353,35 @@ def register_silo_handler(
         raise ValueError(f"silo handler for protocol {protocol!r} is already registered")
     if protocol == PUBLIC_MEMORY:
         raise ValueError(f"{PUBLIC_MEMORY!r} is reserved for the protocols' public memory")
+    stages = [s.message[1] for s in schemas]
+    if (
+        not stages
+        or any(s.message[0] != protocol for s in schemas)
+        or len(set(stages)) < len(stages)
+    ):
+        raise ValueError(
+            f"protocol {protocol!r}: schemas must declare each stage's reply once, with message "
+            f"ids ({protocol!r}, stage)"
+        )
+    owner = getattr(handler, "__module__", "") or ""
+    for schema in schemas:
+        register_schema(schema, owner=owner)
     _SILO_HANDLERS[protocol] = handler
+    _SILO_STAGES[protocol] = frozenset(stages)
     if secret_memory:
         _SECRET_MEMORY.add(protocol)
+
+
+def silo_protocols() -> dict[str, frozenset[str]]:
+    """Every protocol with a silo handler (pdpfl's own loaded) and its declared stages."""
+    _load_builtin_protocols()
+    return dict(_SILO_STAGES)
+
+
+def message_table() -> str:
+    """The Markdown table of every message a pdpfl silo can send (the docs' threat model)."""
+    _load_builtin_protocols()
+    return render_table(declared("pdpfl."))
 
 
 def holds_secrets(protocol: str) -> bool:
@@ -349,11 +400,33 @@ def public_memory(context: SiloContext, protocol: str) -> dict[str, Any]:
 def handle_silo_stage(
     protocol: str, stage: str, payload: Payload, round_index: int, context: SiloContext
 ) -> Payload:
-    """Run one protocol stage at a silo (called by every runtime's silo side)."""
+    """Run one protocol stage at a silo (every runtime's silo side calls this).
+
+    The stage must be declared (else :class:`~pdpfl.fl.api.PrivacyBoundaryError` before the
+    handler runs) and its reply passes the gate (:func:`~pdpfl.fl.messages.check_outgoing`,
+    sized by the request and the protocol's public state) before it is returned.
+    """
     handler = _SILO_HANDLERS.get(protocol)
     if handler is None:
         _load_builtin_protocols()  # importing a protocol module registers its silo handler
         handler = _SILO_HANDLERS.get(protocol)
     if handler is None:
         raise ValueError(f"aggregation: protocol {protocol!r} has no silo-side handler")
-    return handler(stage, payload, int(round_index), context)
+    message = (str(protocol), str(stage))
+    if schema_of(message) is None:
+        raise PrivacyBoundaryError(
+            f"silo {context.silo_id}: protocol {protocol!r} declares no stage {stage!r}; "
+            "nothing was computed or sent"
+        )
+    reply = handler(stage, payload, int(round_index), context)
+    check_outgoing(
+        message,
+        reply,
+        Outgoing(
+            round_index=int(round_index),
+            silo_id=context.silo_id,
+            request=payload,
+            state=context.memory.get(protocol),
+        ),
+    )
+    return reply

@@ -127,6 +127,7 @@ from pdpfl.fl.aggregation.private_weighting_core import (
     noise_plaintext,
     plain_weighted_sum,
 )
+from pdpfl.fl.aggregation.private_weighting_messages import SCHEMAS
 from pdpfl.fl.aggregation.private_weighting_silo import silo_handler
 from pdpfl.fl.aggregation.threshold import (
     DEFAULT_MIN_SURVIVORS,
@@ -597,4 +598,4 @@ def _pub(reply: Payload, silo: int) -> bytes:
 
 
 register_protocol(PROTOCOL, PrivateWeightedSum)
-register_silo_handler(PROTOCOL, silo_handler, secret_memory=True)
+register_silo_handler(PROTOCOL, silo_handler, schemas=SCHEMAS, secret_memory=True)

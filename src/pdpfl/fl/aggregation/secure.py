@@ -72,6 +72,7 @@ from pdpfl.fl.aggregation.secure_common import (
     pair_mask,
     self_mask,
 )
+from pdpfl.fl.aggregation.secure_messages import SCHEMAS
 from pdpfl.fl.aggregation.secure_silo import silo_handler
 from pdpfl.fl.aggregation.threshold import (
     DEFAULT_MIN_SURVIVORS,
@@ -364,4 +365,4 @@ def _vector(reply: Payload, length: int, silo: int) -> bool:
 
 
 register_protocol(PROTOCOL, SecureSum)
-register_silo_handler(PROTOCOL, silo_handler, secret_memory=True)
+register_silo_handler(PROTOCOL, silo_handler, schemas=SCHEMAS, secret_memory=True)

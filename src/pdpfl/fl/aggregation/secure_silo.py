@@ -184,14 +184,13 @@ def _contribution(
         if not coin(t):
             return np.zeros(size, dtype=np.float64), weight
     contribution = client.fit(params, t, config)
-    check_contribution(contribution, frozenset(names), len(shapes))
+    # The contribution is the training reply's message before it is masked: the same gate
+    # (float32 arrays of the model's shapes, declared metrics) checks it here.
+    check_contribution(
+        contribution, frozenset(names), params=params, silo=ctx.silo_id, round_index=t
+    )
     assert isinstance(contribution, Contribution)
-    parts = []
-    for i, (u, shape) in enumerate(zip(contribution.update, shapes, strict=True)):
-        arr = np.asarray(u, dtype=np.float64)
-        if arr.shape != shape:
-            raise ValueError(f"silo {ctx.silo_id}: update[{i}] has shape {arr.shape}, not {shape}")
-        parts.append(arr.reshape(-1))
+    parts = [np.asarray(u, dtype=np.float64).reshape(-1) for u in contribution.update]
     parts.append(np.array([float(contribution.metrics.get(n, 0.0)) for n in names]))
     return np.concatenate(parts), float(contribution.weight) if weight is None else weight
 

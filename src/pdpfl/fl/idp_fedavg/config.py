@@ -22,9 +22,9 @@ from pydantic import Field
 from pdpfl.config import METHODS, ExperimentConfig, MethodSpec, PrivacyUnitName
 from pdpfl.fl.algorithm import Algorithm, PublicSetup, register_algorithm
 from pdpfl.fl.api import FederationInfo
-from pdpfl.fl.common import initial_params, silo_model, training_device
+from pdpfl.fl.common import accountant_problems, initial_params, silo_model, training_device
 from pdpfl.fl.idp_fedavg.budgets import assign_client_budgets, client_budget
-from pdpfl.fl.idp_fedavg.mechanism import IdpSetup, publish
+from pdpfl.fl.idp_fedavg.mechanism import IdpSetup, client_events, publish
 from pdpfl.fl.idp_fedavg.server import CentralIdpServer, DistributedIdpServer, IdpFedAvgServer
 from pdpfl.fl.idp_fedavg.silo import CentralIdpSilo, DistributedIdpSilo, IdpSilo
 
@@ -173,6 +173,10 @@ class IdpFedAvgConfig(Algorithm):
             and self.budget_file is None
         ):
             problems.append(f"algorithm.method: {self.method} needs at least one finite budget")
+        if self.method != "no-dp":  # SAMPLE's calibration and every client ledger use it
+            problems += accountant_problems(
+                config, client_events(config, self.variant), "IDP-FedAvg (a client)"
+            )
         return problems
 
     # -- building the algorithm ---------------------------------------------------------------

@@ -11,7 +11,15 @@
   the public denominator (the expected number of sampled clients).
 
 The result is the frozen :class:`IdpSetup`; silos rebuild it with :meth:`IdpSetup.from_dict`.
-Each client's accounting event is :func:`client_mechanism` at its group's rate and σ.
+
+The noise, described once (:mod:`pdpfl.privacy.noise`): :meth:`IdpSetup.value_noise` (the
+clipped-update sum of group p: multiplier σ_v·C/C_p over the group's clip C_t·C_p/C, std σ_v·C_t --
+one noise for every group; t shares in the distributed variant), :meth:`IdpSetup.count_noise`
+(the adaptive-clipping count, multiplier 2σ_b over sensitivity ½) and
+:meth:`IdpSetup.release_noise` (both, one Gaussian event). The server and the clients draw from
+these descriptions (:func:`pdpfl.dp.noise.add_noise`), and each client's accounting event,
+:func:`client_mechanism`, is built from its group's :meth:`~IdpSetup.release_noise`: the σ a
+ledger charges (``IdpSetup.noise_multipliers``) is computed from the noise that is added.
 """
 
 from __future__ import annotations
@@ -30,6 +38,8 @@ from pdpfl.fl.algorithm import PublicSetup
 from pdpfl.fl.idp_fedavg.budgets import GroupAssignment, assign_client_budgets
 from pdpfl.fl.idp_fedavg.sample import noise_for_rate, sample_group_rates
 from pdpfl.fl.idp_fedavg.training import LocalTraining
+from pdpfl.privacy.mechanisms import Mechanism
+from pdpfl.privacy.noise import GaussianNoise, JointGaussian
 from pdpfl.privacy.unit import PrivacyUnit, SampledGaussianPlan, UnitMechanism
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -41,6 +51,7 @@ __all__ = [
     "IdpSetup",
     "clip_update",
     "client_mechanism",
+    "client_events",
     "publish",
     "scale_noise",
     "split_noise",
@@ -115,8 +126,7 @@ class IdpSetup(PublicSetup):
     ``budgets`` are the privacy groups' own budgets (ascending; ``inf`` = non-private),
     ``sizes`` the group sizes SAMPLE used, ``assigned`` what each group is accounted against
     under ``method`` (ε_min for strict, ...; ``None`` = no DP), ``rates`` the sampling rates,
-    ``noise_multipliers`` the effective σ each group's accountant uses (``None``: not
-    accounted), ``clip_factors`` C_p/C (SCALE), ``noise_multiplier`` the run's σ (σ_SAMPLE; the
+    ``clip_factors`` C_p/C (SCALE), ``noise_multiplier`` the run's σ (σ_SAMPLE; the
     uniform σ of strict/relaxed; σ̄ of SCALE), ``value_noise_multiplier`` σ_v of the update sum,
     ``count_noise_std`` σ_b, ``denominator`` the public divisor of the sum (the expected number
     of sampled clients), ``asked_per_round`` the clients asked per round in the distributed
@@ -124,7 +134,9 @@ class IdpSetup(PublicSetup):
     contributions any released sum holds, each client's noise shares sized σ_v²C_t²/t and
     σ_b²/t so that any admissible set of survivors carries at least the accounted noise
     (:func:`pdpfl.fl.aggregation.share_threshold`; issue #22), ``observers`` who each client's
-    ε is stated against.
+    ε is stated against, ``accountant`` the accountant of SAMPLE's calibration and of every
+    client's ledger. What each group is charged, :attr:`noise_multipliers`, is derived from the
+    noise descriptions (:meth:`release_noise`), never published separately.
     """
 
     method: str
@@ -137,7 +149,6 @@ class IdpSetup(PublicSetup):
     sizes: tuple[float, ...]
     assigned: tuple[float | None, ...]
     rates: tuple[float, ...]
-    noise_multipliers: tuple[float | None, ...]
     clip_factors: tuple[float, ...]
     noise_multiplier: float | None
     value_noise_multiplier: float | None
@@ -153,6 +164,7 @@ class IdpSetup(PublicSetup):
     local: LocalTraining
     rate_fractions: str
     observers: tuple[str, ...]
+    accountant: str = "rdp"
 
     def __post_init__(self) -> None:
         n, t = self.asked_per_round, self.survivors
@@ -180,9 +192,6 @@ class IdpSetup(PublicSetup):
         d = dict(data)
         d["budgets"] = tuple(math.inf if v is None else float(v) for v in d["budgets"])
         d["assigned"] = tuple(None if v is None else float(v) for v in d["assigned"])
-        d["noise_multipliers"] = tuple(
-            None if v is None else float(v) for v in d["noise_multipliers"]
-        )
         for key in ("sizes", "rates", "clip_factors"):
             d[key] = tuple(float(v) for v in d[key])
         d["observers"] = tuple(str(o) for o in d["observers"])
@@ -210,18 +219,91 @@ class IdpSetup(PublicSetup):
     def adaptive(self) -> bool:
         return self.private and self.clipping == "adaptive"
 
+    # ------------------------------------------------------------------ the noise (described)
+    @property
+    def shares(self) -> int:
+        """t: the noise shares of one release (1: central noise)."""
+        return self.survivors if self.variant == "distributed" else 1
 
-def client_mechanism(setup: IdpSetup) -> UnitMechanism:
+    def accounted(self, group: int) -> bool:
+        """Whether group ``group``'s clients are accounted (DP and a finite assigned ε)."""
+        return self.assigned[group] is not None and self.value_noise_multiplier is not None
+
+    def value_noise(self, group: int, clip: float) -> GaussianNoise:
+        """The noise of the clipped-update sum as group ``group`` is charged for it in a round
+        clipped at C_t = ``clip``: multiplier σ_v·C/C_p over the group's bound C_t·C_p/C (std
+        σ_v·C_t; SCALE: one noise, per-group bounds), in :attr:`shares` shares."""
+        sigma = self.value_noise_multiplier
+        if sigma is None:
+            raise ValueError(f"method {self.method!r} adds no noise")
+        f = float(self.clip_factors[group])
+        return GaussianNoise(sigma / f, float(clip) * f, self.shares)
+
+    def count_noise(self) -> GaussianNoise | None:
+        """Adaptive clipping's count noise N(0, σ_b²) (a query of sensitivity ½, multiplier
+        2σ_b), in :attr:`shares` shares; None with fixed clipping."""
+        if not self.adaptive or self.count_noise_std is None:
+            return None
+        return GaussianNoise(2.0 * float(self.count_noise_std), 0.5, self.shares)
+
+    def release_noise(self, group: int) -> GaussianNoise | JointGaussian:
+        """Everything a client of ``group`` is charged for per round it enters: its value noise
+        and (adaptive clipping) the count noise, one Gaussian event (the multiplier does not
+        depend on C_t)."""
+        value = self.value_noise(group, self.initial_clip)
+        count = self.count_noise()
+        return value if count is None else JointGaussian((value, count))
+
+    @property
+    def noise_multipliers(self) -> tuple[float | None, ...]:
+        """The σ each group's ledger charges (``None``: not accounted), from
+        :meth:`release_noise`."""
+        return tuple(
+            self.release_noise(g).noise_multiplier if self.accounted(g) else None
+            for g in range(len(self.budgets))
+        )
+
+    def aggregation_noise(self, clip: float) -> GaussianNoise:
+        """The central server's one value noise for a round clipped at ``clip``: the accounted
+        groups' :meth:`value_noise` with the largest std (they agree up to rounding, so no group
+        gets less than it is charged for)."""
+        groups = [g for g in range(len(self.budgets)) if self.accounted(g)]
+        if not groups:
+            raise ValueError("no accounted group: nothing to add noise for")
+        return max((self.value_noise(g, clip) for g in groups), key=lambda n: n.std())
+
+
+def client_mechanism(setup: IdpSetup, group: int | None = None) -> UnitMechanism:
     """The client-level event every client is charged per round (spec B.4): one
-    Poisson-subsampled Gaussian at the run's σ, against the published observers; each client's
-    ledger charges it at its group's rate and effective σ (SCALE: per group)."""
-    sigma = setup.noise_multiplier
+    Poisson-subsampled Gaussian, against the published observers, at the σ of ``group``'s
+    :meth:`~IdpSetup.release_noise` (``None``: the run's σ, for a ledger whose units give their
+    own σ)."""
+    if group is not None:
+        sigma: float | None = setup.release_noise(group).noise_multiplier
+    else:
+        sigma = setup.noise_multiplier
     if sigma is None:
         raise ValueError(f"method {setup.method!r} adds no noise: nothing to account")
     plan = SampledGaussianPlan(
         PrivacyUnit.CLIENT, sigma, setup.delta, setup.rounds, setup.observers
     )
     return cast(UnitMechanism, plan)  # a frozen dataclass: read-only attributes
+
+
+def client_events(config: ExperimentConfig, variant: str) -> list[Mechanism]:
+    """The round events a client's ledger charges under this config, and those SAMPLE's
+    calibration evaluates (the equivalent plan's), at a nominal σ and rate."""
+    plan = SampledGaussianPlan(
+        PrivacyUnit.CLIENT,
+        1.0,
+        float(config.privacy.delta),
+        int(config.training.rounds),
+        _observers(config, variant),
+    )
+    q = np.array([0.5])
+    return [plan.round_event(q, obs) for obs in plan.observers] + [
+        plan.as_training_plan().round_event(q, "third-party")
+    ]
 
 
 # --------------------------------------------------------------------------------- publish
@@ -279,7 +361,6 @@ def _group_sizes(algo: IdpOptions, per_client: np.ndarray, n: int) -> tuple[np.n
 @dataclass(frozen=True)
 class _Noise:
     rates: list[float]
-    sigmas: list[float | None]
     assigned: list[float | None]
     clip_factors: list[float]
     sigma: float | None
@@ -295,11 +376,13 @@ def _noise(
     delta: float,
     rounds: int,
     count_std: float | None,
+    accountant: str = "rdp",
 ) -> _Noise:
-    """σ, rates and accounting per group for ``algo.method`` (see the module docstring)."""
+    """σ, rates and accounting per group for ``algo.method`` (see the module docstring), every
+    ε computed by ``accountant``."""
     P = len(levels)
     if algo.method == "no-dp":
-        return _Noise([q] * P, [None] * P, [None] * P, [1.0] * P, None, None, None)
+        return _Noise([q] * P, [None] * P, [1.0] * P, None, None, None)
     if algo.method == "individual":
         res = sample_group_rates(
             levels,
@@ -309,6 +392,7 @@ def _noise(
             rounds=rounds,
             nonprivate_rate=algo.nonprivate_rate,
             rate_tol=algo.sample_tolerance,
+            accountant=accountant,
         )
         sigma = res.noise_multiplier
         value = (
@@ -318,7 +402,6 @@ def _noise(
         )
         return _Noise(
             list(res.rates),
-            [sigma if math.isfinite(b) else None for b in levels],
             [float(b) if math.isfinite(b) else None for b in levels],
             [1.0] * P,
             sigma,
@@ -330,28 +413,26 @@ def _noise(
         raise ValueError(f"algorithm.method: {algo.method} needs at least one finite budget")
     if algo.method in ("strict", "relaxed"):
         eps = float(finite.min() if algo.method == "strict" else finite.max())
-        sigma = noise_for_rate(eps, q, delta, rounds)
+        sigma = noise_for_rate(eps, q, delta, rounds, accountant)
         value = split_noise(sigma, count_std) if count_std is not None else sigma
-        return _Noise([q] * P, [sigma] * P, [eps] * P, [1.0] * P, sigma, value, count_std)
+        return _Noise([q] * P, [eps] * P, [1.0] * P, sigma, value, count_std)
     # SCALE: σ_p at the uniform rate, one noise σ̄·C, per-group clip C·σ̄/σ_p
     priv = np.isfinite(levels)
-    sig_p = np.array([noise_for_rate(float(b), q, delta, rounds) for b in levels[priv]])
-    bar, bar_v, factors, eff = scale_noise(sig_p, sizes[priv], count_std)
-    it = iter(zip(factors, eff, strict=True))
-    sigmas: list[float | None] = []
+    sig_p = np.array([noise_for_rate(float(b), q, delta, rounds, accountant) for b in levels[priv]])
+    # (the effective σ of each group, scale_noise's last value, is IdpSetup.noise_multipliers:
+    # derived from the noise descriptions built on σ̄_v and the clip factors)
+    bar, bar_v, factors, _ = scale_noise(sig_p, sizes[priv], count_std)
+    it = iter(factors)
     assigned: list[float | None] = []
     clip_factors = [1.0] * P
-    for b in levels:
+    for g, b in enumerate(levels):
         if math.isfinite(b):
-            f, e = next(it)
-            clip_factors[len(sigmas)] = float(f)
-            sigmas.append(float(e))
+            clip_factors[g] = float(next(it))
             assigned.append(float(b))
         else:  # non-private clients: bounded like the least private group, unaccounted
-            clip_factors[len(sigmas)] = float(max(factors))
-            sigmas.append(None)
+            clip_factors[g] = float(max(factors))
             assigned.append(None)
-    return _Noise([q] * P, sigmas, assigned, clip_factors, bar, bar_v, count_std)
+    return _Noise([q] * P, assigned, clip_factors, bar, bar_v, count_std)
 
 
 def _observers(config: ExperimentConfig, variant: str) -> tuple[str, ...]:
@@ -378,7 +459,8 @@ def publish(algo: IdpOptions, config: ExperimentConfig, info: FederationInfo) ->
     delta = float(config.privacy.delta)
     levels, sizes = _group_sizes(algo, assign_client_budgets(algo, config.seed, n), n)
     count_std = algo.count_noise_ratio * c if algo.clipping == "adaptive" else None
-    noise = _noise(algo, levels, sizes, c / n, delta, rounds, count_std)
+    accountant = str(config.privacy.accountant)
+    noise = _noise(algo, levels, sizes, c / n, delta, rounds, count_std, accountant)
     # The public denominator: the expected number of sampled clients (c up to SAMPLE's
     # tolerance; more when non-private clients are sampled at q = 1).
     weights = sizes / sizes.sum() * n
@@ -394,7 +476,6 @@ def publish(algo: IdpOptions, config: ExperimentConfig, info: FederationInfo) ->
         sizes=tuple(float(s) for s in sizes),
         assigned=tuple(noise.assigned),
         rates=tuple(float(r) for r in noise.rates),
-        noise_multipliers=tuple(None if s is None else float(s) for s in noise.sigmas),
         clip_factors=tuple(noise.clip_factors),
         noise_multiplier=None if noise.sigma is None else float(noise.sigma),
         value_noise_multiplier=None if noise.value_sigma is None else float(noise.value_sigma),
@@ -418,4 +499,5 @@ def publish(algo: IdpOptions, config: ExperimentConfig, info: FederationInfo) ->
         ),
         rate_fractions=algo.rate_fractions,
         observers=_observers(config, algo.variant),
+        accountant=accountant,
     )

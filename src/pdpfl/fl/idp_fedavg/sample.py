@@ -62,25 +62,34 @@ def client_plan(sigma: float, delta: float, rounds: int) -> TrainingPlan:
     return plan.as_training_plan()
 
 
-def _exact_eps(rates: np.ndarray, sigma: float, delta: float, rounds: int) -> np.ndarray:
+def _exact_eps(
+    rates: np.ndarray, sigma: float, delta: float, rounds: int, accountant: str = "rdp"
+) -> np.ndarray:
     from pdpfl.calibration._accounting import exact_epsilon
 
     q = np.asarray(rates, dtype=np.float64)
     out = np.zeros(q.shape)
     pos = q > 0
     if pos.any():
-        out[pos] = exact_epsilon(q[pos], client_plan(sigma, delta, rounds), "third-party")
+        out[pos] = exact_epsilon(
+            q[pos], client_plan(sigma, delta, rounds), "third-party", accountant=accountant
+        )
     return out
 
 
 @lru_cache(maxsize=64)
-def noise_for_rate(epsilon: float, rate: float, delta: float, rounds: int) -> float:
+def noise_for_rate(
+    epsilon: float, rate: float, delta: float, rounds: int, accountant: str = "rdp"
+) -> float:
     """getNoise(ε, δ, q, I): the smallest σ (to the search's tolerance) with ε(q, σ) ≤ ε for I
-    Poisson(q)-subsampled Gaussian rounds (memoized: a pure function of public values)."""
+    Poisson(q)-subsampled Gaussian rounds under ``accountant`` (memoized: a pure function of
+    public values)."""
     from pdpfl.calibration.noise import noise_for_uniform_rate
 
     return float(
-        noise_for_uniform_rate(float(epsilon), float(rate), client_plan(1.0, delta, rounds))
+        noise_for_uniform_rate(
+            float(epsilon), float(rate), client_plan(1.0, delta, rounds), accountant=accountant
+        )
     )
 
 
@@ -94,6 +103,7 @@ def sample_group_rates(
     nonprivate_rate: float = 1.0,
     rate_tol: float = 1e-3,
     q_tol: float = 1e-6,
+    accountant: str = "rdp",
 ) -> GroupRates:
     """Algorithm 1 (GetGroupSamplingRates) with the verification flidp lacks.
 
@@ -106,7 +116,10 @@ def sample_group_rates(
     :func:`pdpfl.calibration.noise.group_sampling_rates`. Then every rate is recomputed at the
     returned σ with the exact accountant (never a value kept from an earlier σ), each group's ε at
     (σ, q_p) is evaluated and must be ≤ its budget, and the mean rate must lie within
-    ``rate_tol`` (relative) below the target. Any failure raises ``RuntimeError``.
+    ``rate_tol`` (relative) below the target (at least twice the relative step of a rate grid
+    the accountant rounds rates up to: 2 % with ``pld``). Any failure raises ``RuntimeError``.
+    Every ε is computed by ``accountant`` (``rdp``, ``pld``, ...: the clients' ledgers use the
+    same).
     """
     eps = np.asarray(budgets, dtype=np.float64).reshape(-1)
     size = np.asarray(sizes, dtype=np.float64).reshape(-1)
@@ -121,6 +134,7 @@ def sample_group_rates(
         float(nonprivate_rate),
         float(rate_tol),
         float(q_tol),
+        str(accountant),
     )
 
 
@@ -145,6 +159,7 @@ def _sample_cached(
     nonprivate_rate: float,
     rate_tol: float,
     q_tol: float,
+    accountant: str = "rdp",
 ) -> GroupRates:
     from pdpfl.calibration import noise as calibration
     from pdpfl.calibration.binary_search import bisect_rates
@@ -152,6 +167,7 @@ def _sample_cached(
     eps = np.asarray(budgets, dtype=np.float64).reshape(-1)
     size = np.asarray(sizes, dtype=np.float64).reshape(-1)
     _check(eps, size, target_rate, nonprivate_rate)
+    rate_tol = max(rate_tol, _rate_resolution(accountant))
     order = np.argsort(eps, kind="stable")
     eps, size = eps[order], size[order]
     private = np.isfinite(eps)
@@ -174,7 +190,7 @@ def _sample_cached(
     weights = p_size / p_size.sum()
     # Feasibility: a budget so large that q = 1 fits it even at σ = 0.01 keeps its group at
     # q = 1 for every usable σ; if such groups alone exceed c/N the search could never end.
-    huge = p_eps >= float(_exact_eps(np.array([1.0]), _SIGMA_FLOOR, delta, rounds)[0])
+    huge = p_eps >= float(_exact_eps(np.array([1.0]), _SIGMA_FLOOR, delta, rounds, accountant)[0])
     if huge.any() and float(weights[huge].sum()) >= target_rate:
         raise ValueError(
             f"budgets: the groups with ε = {sorted(set(p_eps[huge].tolist()))} are sampled with "
@@ -183,11 +199,16 @@ def _sample_cached(
         )
     single = np.unique(p_eps).size == 1
     if single:  # one private group: the standard getNoise(ε, c/N), and q = c/N itself
-        sigma = noise_for_rate(float(p_eps[0]), target_rate, delta, rounds)
+        sigma = noise_for_rate(float(p_eps[0]), target_rate, delta, rounds, accountant)
         proposed = np.where(eps[private] == p_eps[0], target_rate, np.nan)
     else:
         found_sigma, found = calibration.group_sampling_rates(
-            p_eps, p_size, target_rate, client_plan(1.0, delta, rounds), rate_tol=rate_tol
+            p_eps,
+            p_size,
+            target_rate,
+            client_plan(1.0, delta, rounds),
+            rate_tol=rate_tol,
+            accountant=accountant,
         )
         sigma = float(found_sigma)
         lookup = dict(
@@ -200,7 +221,7 @@ def _sample_cached(
     # computed at this σ; otherwise (stale, missing, over budget) it is recomputed with the
     # calibration's bisection (pdpfl.calibration.binary_search.bisect_rates).
     def eps_of(q: np.ndarray) -> np.ndarray:
-        return _exact_eps(q, sigma, delta, rounds)
+        return _exact_eps(q, sigma, delta, rounds, accountant)
 
     fresh = proposed.copy()
     ok = np.isfinite(proposed) & (proposed >= 0) & (proposed <= 1)
@@ -238,6 +259,16 @@ def _sample_cached(
         float(delta),
         int(rounds),
     )
+
+
+def _rate_resolution(accountant: str) -> float:
+    """How closely rates can match a target under ``accountant``: the PLD accountant rounds
+    rates up to a geometric grid (relative step r), so a group's largest feasible rate moves in
+    steps of r and the mean rate is matched to within 2r; 0 for accountants of exact rates."""
+    from pdpfl.privacy.registry import make_accountant
+
+    step = getattr(make_accountant(accountant), "rate_grid_rel_step", 0.0)
+    return 2.0 * float(step)
 
 
 def _floats(values: np.ndarray) -> tuple[float, ...]:

@@ -5,9 +5,11 @@ Every round (spec B.3, made exact):
 1. sampling -- central: one independent Bernoulli(q_{g(i)}) per client from the server's own
    randomness, no redraw of an empty round; distributed: every client is asked and flips its
    own coin;
-2. the clipped updates are summed, N(0, σ_v²C_t²) is added (central: by the server;
-   distributed: the clients' shares) and the sum is divided by the public denominator (the
-   expected number of sampled clients, never the realized count, spec I6); θ ← θ + η_s·mean;
+2. the clipped updates are summed, N(0, σ_v²C_t²) is added (central: by the server, from the
+   setup's noise description :meth:`~pdpfl.fl.idp_fedavg.mechanism.IdpSetup.aggregation_noise`
+   through :func:`pdpfl.dp.noise.add_noise`; distributed: the clients' shares) and the sum is
+   divided by the public denominator (the expected number of sampled clients, never the
+   realized count, spec I6); θ ← θ + η_s·mean;
 3. adaptive clipping (Andrew et al. 2021, geometric): the noisy fraction of unclipped updates
    b̃_t (count noise σ_b) moves C_{t+1} = C_t·exp(−η_C(b̃_t − γ)) (:func:`clip_update`). C_t is
    public: it is sent with every round's configuration (``clip_norm``).
@@ -159,6 +161,7 @@ class CentralIdpServer(IdpFedAvgServer):
         public denominator; update C_t with the noisy unclipped fraction."""
         import torch
 
+        from pdpfl.dp.noise import add_noise
         from pdpfl.dp.steps import noisy_normalised_sum
 
         t = int(round_index)
@@ -176,7 +179,7 @@ class CentralIdpServer(IdpFedAvgServer):
             stacked = [torch.zeros((0, *s), dtype=torch.float64) for s in shapes]
         if not setup.private:
             sums = [s.sum(0) for s in stacked]
-            mean = noisy_normalised_sum(sums, 0.0, setup.denominator, None)
+            mean = noisy_normalised_sum(sums, None, setup.denominator, None)
             self._adapt(0.0)
             return self._step(global_params, [m.numpy() for m in mean])
         sums, below = self._clipped_sum(stacked, shapes, self._clip_factors(t, len(contributions)))
@@ -186,15 +189,20 @@ class CentralIdpServer(IdpFedAvgServer):
                 sums, self.randomness.stream("audit-canary-clients", t), self.clip_norm
             )
             below -= 0.5 * (int(self.extra_rows.counts.sum()) - before)  # all above C_t
-        # (no private client at all -- every group ε = ∞ -- needs no noise)
-        std = float(setup.value_noise_multiplier or 0.0) * self.clip_norm
+        # (no accounted client at all -- every group ε = ∞ -- needs no noise)
+        accounted = any(setup.accounted(g) for g in range(len(setup.budgets)))
         mean = noisy_normalised_sum(
-            sums, std, setup.denominator, self.randomness.stream("aggregation-noise", t)
+            sums,
+            setup.aggregation_noise(self.clip_norm) if accounted else None,
+            setup.denominator,
+            self.randomness.stream("aggregation-noise", t),
         )
         unclipped = 0.0
-        if setup.adaptive:
-            z = float(self.randomness.stream("count-noise", t).normal((1,))[0])
-            unclipped = (below + float(setup.count_noise_std or 0.0) * z) / setup.denominator + 0.5
+        count = setup.count_noise()
+        if count is not None:
+            value = torch.tensor([below], dtype=torch.float64)
+            add_noise(value, count, self.randomness.stream("count-noise", t))
+            unclipped = float(value[0]) / setup.denominator + 0.5
         new = self._step(global_params, [m.numpy() for m in mean])
         self._adapt(unclipped)
         return new

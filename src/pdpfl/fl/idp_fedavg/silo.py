@@ -1,9 +1,11 @@
 """An IDP-FedAvg client on the silo template (Algorithm 2, the client's part).
 
 Each client holds its data, its own ε and one :class:`~pdpfl.ledger.PrivacyLedger` of one unit
--- itself: id = its name from the data, budget = its ε, rate = its group's q_{g(i)}, noise
-multiplier = its group's σ (SCALE: per group), mechanism
-``SampledGaussianPlan("client", σ, δ, I, observers)`` (spec B.4). The template
+-- itself: id = its name from the data, budget = its ε, rate = its group's q_{g(i)}, mechanism
+``SampledGaussianPlan("client", σ_g, δ, I, observers)`` (spec B.4) with σ_g the multiplier of
+its group's noise description (:meth:`~pdpfl.fl.idp_fedavg.mechanism.IdpSetup.release_noise`:
+the update sum's noise and the count noise, one Gaussian event; SCALE: per group), under
+``privacy.accountant``. The template
 (:class:`pdpfl.fl.template.Silo`) does the round duties: catch-up of rounds it was not asked
 in, the pre-check that stops the client before it would exceed the ε it is accounted against
 (its own; ε_min/ε_max for strict/relaxed), and the charge *before* the step. A stopped client
@@ -18,7 +20,9 @@ Variants are subclasses:
   (:meth:`~DistributedIdpSilo.participates`), clips Δ_i to the public C_t (a zero vector when not
   sampled) and adds its share N(0, σ_v²C_t²/t) of the noise and a share σ_b²/t of the count
   noise, t = ``setup.survivors``: the fewest clients any released sum holds (issue #22, item 2:
-  a dropout never leaves less noise than the ledgers charge).
+  a dropout never leaves less noise than the ledgers charge). Both are drawn by
+  :func:`pdpfl.dp.noise.add_noise` from the descriptions its ledger's σ_g was built from,
+  checked against the ledger before every draw.
 
 Audit canaries (:mod:`pdpfl.audit.client_canaries`; None in an ordinary run): a distributed
 client's :attr:`~DistributedIdpSilo.extra_rows` are canary clients riding on it, each with its
@@ -42,6 +46,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from pdpfl.fl.api import Contribution, Params, Scalars
+from pdpfl.fl.common import checked_noise
 from pdpfl.fl.idp_fedavg.budgets import label_of
 from pdpfl.fl.idp_fedavg.mechanism import IdpSetup, client_mechanism
 from pdpfl.fl.idp_fedavg.training import evaluate_clients, repeated_epochs, train_clients
@@ -69,6 +74,8 @@ class IdpJob:
     round_index: int
     #: C_t of the round times the client's group clip factor (SCALE).
     clip: float
+    #: C_t of the round (public).
+    clip_norm: float
     #: The client's data entered the round (sampled and not stopped).
     sampled: bool
     #: Its E shuffled epochs when it trains (``sampled``), else None.
@@ -128,7 +135,6 @@ class IdpSilo(BatchedSilo[IdpJob, Delta]):
         self._model: torch.nn.Module | None = None
         self.model_key = str(model_key)
         assigned = setup.assigned[self.group]
-        sigma = setup.noise_multipliers[self.group]
         ledger = None
         #: The ε the pre-check enforces (its own; ε_min/ε_max for strict/relaxed).
         self.enforced: np.ndarray | None = None
@@ -136,14 +142,15 @@ class IdpSilo(BatchedSilo[IdpJob, Delta]):
             setup.private
             and math.isfinite(self.budget)
             and assigned is not None
-            and sigma is not None
+            and setup.accounted(self.group)
         ):
+            # the ledger's σ is that of the group's noise description (checked at every draw)
             ledger = PrivacyLedger(
                 np.array([self.budget]),
                 np.array([self.rate]),
-                client_mechanism(setup),
+                client_mechanism(setup, self.group),
                 ids=np.array([self.name]),
-                noise_multipliers=np.array([float(sigma)]),
+                accountant=setup.accountant,
             )
             self.enforced = np.array([float(assigned)])
         super().__init__(client_id, ledger, adversary="both")
@@ -177,7 +184,8 @@ class IdpSilo(BatchedSilo[IdpJob, Delta]):
         active = bool(plan.active[0]) if self.ledger is not None else True
         sampled = active and plan.participates
         t = plan.round_index
-        clip = float(plan.config.get("clip_norm", self.setup.initial_clip)) * self.clip_factor
+        clip_norm = float(plan.config.get("clip_norm", self.setup.initial_clip))
+        clip = clip_norm * self.clip_factor
         data = None
         if sampled:
             data = repeated_epochs(
@@ -194,6 +202,7 @@ class IdpSilo(BatchedSilo[IdpJob, Delta]):
             global_params,
             t,
             clip,
+            clip_norm,
             sampled,
             data,
             None if announced is None else int(announced),
@@ -340,14 +349,16 @@ class DistributedIdpSilo(IdpSilo):
         not sampled); t: the setup's survivors, or a smaller t the protocol announced."""
         import torch
 
+        from pdpfl.dp.noise import add_noise
         from pdpfl.dp.steps import clip_vectors, vector_norms
-        from pdpfl.fl.aggregation.threshold import share_std
 
         setup, clip, t = self.setup, job.clip, job.round_index
         vecs = [torch.as_tensor(d, dtype=torch.float64).unsqueeze(0) for d in delta]
         metrics: dict[str, float] = {}
         if not setup.private:
             return [v[0].numpy().astype(np.float32) for v in vecs], metrics
+        if self.ledger is not None:  # the noise below is what the ledger charges
+            checked_noise(setup.release_noise(self.group), self.ledger, f"client {self.name}")
         norm = float(vector_norms(vecs)[0])
         vecs, _ = clip_vectors(vecs, clip)
         canaries = 0
@@ -356,14 +367,24 @@ class DistributedIdpSilo(IdpSilo):
             stream = self.randomness.stream("audit-canary-clients", t, self.client_id)
             self.extra_rows.add_sampled([v[0] for v in vecs], stream, clip)
             canaries = int(self.extra_rows.counts.sum()) - before
-        sv = float(setup.value_noise_multiplier or 0.0)
-        std = share_std(sv * clip / self.clip_factor, setup.survivors, job.announced)
-        stream = self.randomness.stream("noise-share", t, self.client_id)
-        out = [v[0] + std * stream.normal(tuple(v.shape[1:])) if std > 0 else v[0] for v in vecs]
-        if setup.adaptive:
+        out = [v[0].clone() for v in vecs]
+        if setup.value_noise_multiplier is not None:
+            add_noise(
+                out,
+                setup.value_noise(self.group, job.clip_norm),
+                self.randomness.stream("noise-share", t, self.client_id),
+                announced_survivors=job.announced,
+            )
+        count = setup.count_noise()
+        if count is not None:
             below = (1.0 if norm <= clip else 0.0) - 0.5 if job.sampled else 0.0
             below -= 0.5 * canaries  # a canary's update is above C_t
-            share = share_std(float(setup.count_noise_std or 0.0), setup.survivors, job.announced)
-            z = float(self.randomness.stream("count-share", t, self.client_id).normal((1,))[0])
-            metrics["clip_count"] = below + share * z
+            value = torch.tensor([below], dtype=torch.float64)
+            add_noise(
+                value,
+                count,
+                self.randomness.stream("count-share", t, self.client_id),
+                announced_survivors=job.announced,
+            )
+            metrics["clip_count"] = float(value[0])
         return [v.numpy().astype(np.float32) for v in out], metrics

@@ -18,11 +18,12 @@ from pydantic import Field, field_validator
 from pdpfl.config import ExperimentConfig, PrivacyUnitName
 from pdpfl.fl.algorithm import Algorithm, PublicSetup, register_algorithm
 from pdpfl.fl.api import FederationInfo
-from pdpfl.fl.common import initial_params, silo_model
+from pdpfl.fl.common import accountant_problems, initial_params, silo_model
 from pdpfl.fl.prifedsync.mechanism import (
     Accounting,
     PriFedSyncSetup,
     Sampler,
+    client_events,
     client_target,
     neighbouring,
     public_setup,
@@ -159,6 +160,10 @@ class PriFedSyncConfig(Algorithm):
                 problems.append(
                     f"algorithm.{field}: {len(value)} values for {n} clients (data.num_clients)"
                 )
+        # the rigorous accountant of every client's ledger (and calibration, unless clt)
+        problems += accountant_problems(
+            config, client_events(config), f"prifedsync with sampler: {self.sampler} (a record)"
+        )
         return problems
 
     # -- building the algorithm --------------------------------------------------------------

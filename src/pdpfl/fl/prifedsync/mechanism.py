@@ -11,8 +11,9 @@ about it leaves the silo):
   implies at δ, or ``privacy.epsilon_max``) calibrates its σ_j
   (:func:`pdpfl.calibration.noise_for_epsilon`) or its K_j
   (:func:`pdpfl.calibration.steps_for_epsilon`) so that ``planned_rounds`` participations spend
-  at most the target, under the rigorous RDP bound (``rdp``: Wang et al. 2019 Theorem 9 for WOR
-  batches) or the paper's Theorem 2 CLT (``gdp-clt``, ``budget_accounting: clt``);
+  at most the target, under the rigorous accountant ``privacy.accountant`` (``rdp``: Wang et al.
+  2019 Theorem 9 for WOR batches; ``pld`` for Poisson batches) or the paper's Theorem 2 CLT
+  (``gdp-clt``, ``budget_accounting: clt``);
 * the same description is charged by the client's :class:`~pdpfl.ledger.PrivacyLedger`, so a
   client charged ``planned_rounds`` participations has exactly the ε its calibration certified.
 
@@ -30,6 +31,8 @@ import numpy as np
 
 from pdpfl.fl.algorithm import PublicSetup
 from pdpfl.privacy.accountant import mechanism_epsilon
+from pdpfl.privacy.mechanisms import Mechanism
+from pdpfl.privacy.noise import GaussianNoise
 from pdpfl.privacy.unit import LocalStepsPlan
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -43,6 +46,7 @@ __all__ = [
     "Sampler",
     "client_plan",
     "client_target",
+    "client_events",
     "clt_mu",
     "epsilon",
     "neighbouring",
@@ -55,7 +59,8 @@ __all__ = [
 Sampler = Literal["wor", "poisson"]
 Accounting = Literal["rigorous", "clt"]
 
-#: ``budget_accounting`` → the accountant that calibrates and enforces a target.
+#: ``budget_accounting`` → the accountant that calibrates and enforces a target (``rigorous``:
+#: the default; a setup uses its ``rigorous_accountant``, i.e. ``privacy.accountant``).
 ACCOUNTANTS: dict[str, str] = {"rigorous": "rdp", "clt": "gdp-clt"}
 
 #: The σ search of a client's noise calibration: never widened (Algorithm 2's σ_j in it).
@@ -85,6 +90,9 @@ class PriFedSyncSetup(PublicSetup):
     calibrate, budget_accounting, evaluate
         What a client with a target adjusts (``noise``/``steps``), how a target is enforced
         (``rigorous``/``clt``), and what an evaluation reply measures (``local``/``global``).
+    rigorous_accountant
+        ``privacy.accountant``: every ledger's, and the calibration's unless
+        ``budget_accounting: clt``.
     """
 
     sampler: str
@@ -102,11 +110,19 @@ class PriFedSyncSetup(PublicSetup):
     calibrate: str = "noise"
     budget_accounting: str = "rigorous"
     evaluate: str = "local"
+    rigorous_accountant: str = "rdp"
 
     @property
     def accountant(self) -> str:
-        """The accountant that calibrates and enforces targets (``rdp`` or ``gdp-clt``)."""
+        """The accountant that calibrates and enforces targets (the rigorous one, or
+        ``gdp-clt``)."""
+        if self.budget_accounting == "rigorous":
+            return self.rigorous_accountant
         return ACCOUNTANTS[self.budget_accounting]
+
+    def noise(self, plan: LocalStepsPlan) -> GaussianNoise:
+        """What each of a client's steps adds under its (calibrated) ``plan``: N(0, σ_j²C²)."""
+        return GaussianNoise(plan.noise_multiplier, self.max_grad_norm)
 
 
 def public_setup(config: ExperimentConfig, info: FederationInfo) -> PriFedSyncSetup:
@@ -129,7 +145,21 @@ def public_setup(config: ExperimentConfig, info: FederationInfo) -> PriFedSyncSe
         calibrate=str(algo.calibrate),
         budget_accounting=str(algo.budget_accounting),
         evaluate=str(algo.evaluate),
+        rigorous_accountant=str(pv.accountant),
     )
+
+
+def client_events(config: ExperimentConfig) -> list[Mechanism]:
+    """The event a client's records are charged per participation (nominal σ and ratio)."""
+    algo: Any = config.algorithm
+    plan = LocalStepsPlan(
+        _sampler(str(algo.sampler)),
+        1.0,
+        int(config.training.local_steps),
+        float(config.privacy.delta),
+        int(config.training.rounds),
+    )
+    return [plan.round_event(np.array([0.5]), obs) for obs in plan.observers]
 
 
 def neighbouring(sampler: str) -> str:
@@ -192,13 +222,19 @@ def _ratio(batch_size: float, n_records: int) -> float:
 
 
 def epsilon(
-    plan: LocalStepsPlan, rate: float, participations: int, accounting: str = "rigorous"
+    plan: LocalStepsPlan,
+    rate: float,
+    participations: int,
+    accounting: str = "rigorous",
+    rigorous: str = "rdp",
 ) -> float:
-    """ε at δ of one client's records after ``participations`` (the ledger's path)."""
+    """ε at δ of one client's records after ``participations`` (the ledger's path): under the
+    ``rigorous`` accountant, or Theorem 2's CLT (``accounting="clt"``)."""
     count = int(participations)
     if count == 0 or plan.local_steps == 0:
         return 0.0
-    eps, _ = mechanism_epsilon(plan, [rate], "server", count, accountant=ACCOUNTANTS[accounting])
+    acc = rigorous if accounting == "rigorous" else ACCOUNTANTS[accounting]
+    eps, _ = mechanism_epsilon(plan, [rate], "server", count, accountant=acc)
     return float(eps[0])
 
 
@@ -213,10 +249,15 @@ def clt_mu(plan: LocalStepsPlan, rate: float, participations: int) -> float:
 
 
 def strong_epsilon(
-    plan: LocalStepsPlan, rate: float, participations: int, num_clients: int
+    plan: LocalStepsPlan,
+    rate: float,
+    participations: int,
+    num_clients: int,
+    rigorous: str = "rdp",
 ) -> float:
     """Rigorous ε of the paper's strong notion: the (m − 1)-fold composition (Theorem 1)."""
-    return epsilon(plan, rate, int(participations) * max(int(num_clients) - 1, 0))
+    count = int(participations) * max(int(num_clients) - 1, 0)
+    return epsilon(plan, rate, count, rigorous=rigorous)
 
 
 def client_plan(
@@ -299,8 +340,8 @@ def client_plan(
     return plan.with_steps(k), rate
 
 
-def planned_epsilon(plan: LocalStepsPlan, rate: float, rounds: int) -> float:
+def planned_epsilon(plan: LocalStepsPlan, rate: float, rounds: int, rigorous: str = "rdp") -> float:
     """The rigorous ε of ``rounds`` participations: the budget of a client without a target
     (what its configured σ and K promise over every round of the run)."""
-    eps = epsilon(plan, rate, rounds)
+    eps = epsilon(plan, rate, rounds, rigorous=rigorous)
     return eps if eps > 0 else float(np.finfo(np.float64).tiny)

@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from pdpfl.fl.api import Contribution, Params, Scalars
+from pdpfl.fl.common import checked_noise
 from pdpfl.fl.prifedsync.mechanism import (
     PriFedSyncSetup,
     client_plan,
@@ -127,16 +128,20 @@ class PriFedSyncSilo(Silo):
         self.batch_size = check_normalizer(batch_size, "training.batch_size")
         if self.sampler == "wor" and float(self.batch_size) != int(self.batch_size):
             raise ValueError(f"training.batch_size: must be a whole number, got {batch_size}")
-        #: The client's mechanism (σ_j, K_j after calibration) and its ratio γ = B/n.
-        self.mechanism, self.rate = client_plan(
+        plan, self.rate = client_plan(
             setup, n, self.batch_size, target_epsilon, client_id=client_id
         )
+        #: What each local step adds (σ_j after calibration, C): the description the ledger's
+        #: mechanism is built from and every step draws from.
+        self.noise = setup.noise(plan)
+        #: The client's mechanism (σ_j, K_j after calibration) and its ratio γ = B/n.
+        self.mechanism = plan.with_noise(self.noise.noise_multiplier)
         #: The client's target ε at δ (None: none; the records' budget is then the planned ε).
         self.target_epsilon = None if target_epsilon is None else float(target_epsilon)
         budget = (
             self.target_epsilon
             if self.target_epsilon is not None
-            else planned_epsilon(self.mechanism, self.rate, setup.rounds)
+            else planned_epsilon(self.mechanism, self.rate, setup.rounds, setup.rigorous_accountant)
         )
         # orders=None: the accountant's own grid for the event (without-replacement events
         # have their integer grid, Theorem 9); the calibration above used the same
@@ -146,6 +151,7 @@ class PriFedSyncSilo(Silo):
             self.mechanism,
             ids=getattr(data, "record_ids", None),
             orders=None,
+            accountant=setup.rigorous_accountant,
         )
         super().__init__(client_id, ledger, adversary="both")
         self.ledger: PrivacyLedger = ledger
@@ -199,7 +205,7 @@ class PriFedSyncSilo(Silo):
     def spent(self, accounting: str = "rigorous", participations: int | None = None) -> float:
         """ε at δ of the client's records (``rigorous``: the headline; ``clt``: Theorem 2)."""
         count = self.participations_charged if participations is None else int(participations)
-        return epsilon(self.mechanism, self.rate, count, accounting)
+        return epsilon(self.mechanism, self.rate, count, accounting, self.setup.rigorous_accountant)
 
     def clt_mu(self, participations: int | None = None) -> float:
         """Theorem 2's CLT μ_j after the charged participations (an approximation)."""
@@ -209,7 +215,11 @@ class PriFedSyncSilo(Silo):
     def strong_epsilon(self) -> float:
         """Rigorous ε of the paper's strong notion (the (m − 1)-fold composition)."""
         return strong_epsilon(
-            self.mechanism, self.rate, self.participations_charged, self.num_clients
+            self.mechanism,
+            self.rate,
+            self.participations_charged,
+            self.num_clients,
+            self.setup.rigorous_accountant,
         )
 
     def privacy_summary(self) -> PrivacySummary:
@@ -267,7 +277,7 @@ class PriFedSyncSilo(Silo):
         set_params(self.model, self.local)
         stream = self.randomness.stream("local-training", int(round_index), self.client_id)
         k = int(self.mechanism.local_steps)
-        sigma = float(self.mechanism.noise_multiplier)
+        noise = checked_noise(self.noise, self.ledger, f"client {self.client_id}")
         n = int(self.y_train.shape[0])
         self.last_batches = []
         self.model.train()
@@ -278,8 +288,7 @@ class PriFedSyncSilo(Silo):
                 self.y_train,
                 rates=torch.full((n,), self.rate, dtype=torch.float64),
                 steps=k,
-                noise_multiplier=sigma,
-                max_grad_norm=self.max_grad_norm,
+                noise=noise,
                 optimizer=self.optimizer,
                 stream=stream,
                 normalizer=self.batch_size,
@@ -291,8 +300,7 @@ class PriFedSyncSilo(Silo):
             engine = PersonalizedDPSGD(
                 self.model,
                 self.optimizer,
-                noise_multiplier=sigma,
-                max_grad_norm=self.max_grad_norm,
+                noise=noise,
                 physical_batch_size=self.physical_batch_size,
             )
             b = int(self.batch_size)

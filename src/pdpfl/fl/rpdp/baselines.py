@@ -36,6 +36,7 @@ from pdpfl.data.federation import Federation
 from pdpfl.fl.algorithm import PublicSetup, register_algorithm
 from pdpfl.fl.api import Contribution, FederationInfo, Params, Scalars
 from pdpfl.fl.common import (
+    accountant_problems,
     client_budgets,
     public_budget_statistics,
     silo_model,
@@ -53,6 +54,7 @@ from pdpfl.fl.template import RoundPlan, Silo
 from pdpfl.ledger import GroupSummary, PrivacySummary
 from pdpfl.ledger.groups import budget_groups, over_budget
 from pdpfl.ledger.summary import OBSERVERS
+from pdpfl.privacy.noise import GaussianNoise, check_charged
 
 if TYPE_CHECKING:  # pragma: no cover
     from pdpfl.data.federation import ClientData
@@ -121,6 +123,7 @@ class _UniformBase(DpFedAvgConfig):
                     self.sampling_rate,
                     mechanism_plan(config, 1.0),
                     adversary=config.privacy.adversary,
+                    accountant=config.privacy.accountant,
                 )
             )
             return DpFedAvgSetup(
@@ -242,6 +245,10 @@ class FilterSetup(PublicSetup):
     adversary: str = "both"
     order: float | None = None
 
+    def noise(self) -> GaussianNoise:
+        """What every filtered GD step adds: N(0, σ²C²) per coordinate."""
+        return GaussianNoise(self.noise_multiplier, self.max_grad_norm)
+
 
 class FilterSilo(Silo):
     """The pooled data's owner running private GD with the individual filter.
@@ -301,7 +308,11 @@ class FilterSilo(Silo):
                 "filter_order unset (each record its best order), or set "
                 "privacy.allow_exclusion: true to train without them"
             )
-        scale = 2 * setup.noise_multiplier**2 * setup.max_grad_norm**2
+        #: What every step adds: N(0, σ²C²) per coordinate; the filter's budgets (and every
+        #: ε reported) are stated in its σ and C.
+        self.noise = setup.noise()
+        self._charged = self.noise.noise_multiplier
+        scale = 2 * self.noise.noise_multiplier**2 * self.noise.sensitivity**2
         self.state = FilterState.start(np.maximum(rho, 0.0) * scale / self.alphas)
 
     def spent_epsilon(self) -> np.ndarray:
@@ -311,8 +322,8 @@ class FilterSilo(Silo):
         eps = filter_epsilons(
             self.state.spent,
             delta=self.setup.delta,
-            noise_multiplier=self.setup.noise_multiplier,
-            max_grad_norm=self.setup.max_grad_norm,
+            noise_multiplier=self._charged,
+            max_grad_norm=self.noise.sensitivity,
             alphas=self.alphas,
         )
         return np.where(self.state.spent > 0, eps, 0.0)
@@ -337,8 +348,7 @@ class FilterSilo(Silo):
             self.y_train,
             self.state,
             steps=self.setup.local_steps,
-            noise_multiplier=self.setup.noise_multiplier,
-            max_grad_norm=self.setup.max_grad_norm,
+            noise=self._noise(),
             optimizer=opt,
             stream=self.randomness.stream("local-training", plan.round_index, self.client_id),
             normalizer=self.normalizer,
@@ -351,6 +361,11 @@ class FilterSilo(Silo):
                 for a, b in zip(new, global_params, strict=True)
             ]
         )
+
+    def _noise(self) -> GaussianNoise:
+        """The noise of this round's steps, checked against the σ the filter accounts."""
+        check_charged(self.noise, self._charged, what=f"silo {self.client_id}")
+        return self.noise
 
     def test(self, params: Params) -> Scalars:
         from pdpfl.dp.engine import evaluate
@@ -433,6 +448,10 @@ class CentralizedFilterConfig(CentralizedConfig):
     )
     summary: ClassVar[str] = "Filter: private GD with an individual Rényi filter (pooled data)"
     setup_type: ClassVar[type[PublicSetup]] = FilterSetup
+
+    def accountant_problems(self, config: ExperimentConfig) -> list[str]:
+        """The Rényi filter has no event: only ``rdp`` accounts it."""
+        return accountant_problems(config, None, self.name)
 
     def setup(self, config: ExperimentConfig, info: FederationInfo) -> FilterSetup:  # type: ignore[override]
         """σ = ``privacy.noise_multiplier``, or the σ at which a record of budget ε_max

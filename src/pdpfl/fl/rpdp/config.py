@@ -15,9 +15,15 @@ from pydantic import Field
 from pdpfl.config import ExperimentConfig
 from pdpfl.fl.algorithm import Algorithm, PublicSetup, register_algorithm
 from pdpfl.fl.api import FederationInfo
-from pdpfl.fl.common import client_budgets, initial_params, noise_source_problems, silo_model
+from pdpfl.fl.common import (
+    accountant_problems,
+    client_budgets,
+    initial_params,
+    noise_source_problems,
+    silo_model,
+)
 from pdpfl.fl.rpdp.checks import check_budget_mix
-from pdpfl.fl.rpdp.mechanism import DpFedAvgSetup, personalized_setup
+from pdpfl.fl.rpdp.mechanism import DpFedAvgSetup, personalized_setup, round_events
 from pdpfl.fl.rpdp.server import FedAvgServer
 from pdpfl.fl.rpdp.silo import DpFedAvgSilo
 
@@ -55,7 +61,13 @@ class DpFedAvgConfig(Algorithm):
                     "that divides each step's noisy sum (e.g. 32; one value or one per silo)"
                 )
             problems += noise_source_problems(config, "σ such that q = 1 spends ε_max")
+            problems += self.accountant_problems(config)
         return problems
+
+    def accountant_problems(self, config: ExperimentConfig) -> list[str]:
+        """``privacy.accountant`` must interpret the two-stage round every record is charged
+        (calibration, σ from ε_max and the silos' ledgers all use it)."""
+        return accountant_problems(config, round_events(config), f"{self.name} (a record)")
 
     def algorithm_checks(self, config: ExperimentConfig, federation: Federation) -> list[str]:
         """Each silo can keep the configured budget mix (after the shared checks)."""

@@ -20,6 +20,8 @@ from pdpfl.fl.common import (
     noise_for_max_budget_cached,
     public_budget_statistics,
 )
+from pdpfl.privacy.mechanisms import Mechanism
+from pdpfl.privacy.noise import GaussianNoise
 from pdpfl.privacy.plan import TrainingPlan
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -34,6 +36,7 @@ __all__ = [
     "mechanism_plan",
     "noise_multiplier",
     "personalized_setup",
+    "round_events",
     "setup_fields",
 ]
 
@@ -72,7 +75,7 @@ class DpFedAvgSetup(PublicSetup):
     rounds: int
     client_rate: float
     max_grad_norm: float
-    adversary: str = "third-party"
+    adversary: str = "both"
     calibration: str = "certified"
     accountant: str = "rdp"
     estimator: dict[str, Any] | None = None
@@ -84,10 +87,19 @@ class DpFedAvgSetup(PublicSetup):
     def private(self) -> bool:
         return self.mode != "non-private"
 
-    def plan(self) -> TrainingPlan:
-        """The :class:`~pdpfl.privacy.plan.TrainingPlan` (σ, δ, τ, T, λ) of this mechanism."""
+    def noise(self) -> GaussianNoise:
+        """What every local DP-SGD step adds: N(0, σ²C²) per coordinate (the description the
+        silo draws from and its ledger's plan is built from)."""
+        if not self.private:
+            raise ValueError("the non-private mode adds no noise")
+        return GaussianNoise(self.noise_multiplier, self.max_grad_norm)
+
+    def plan(self, noise: GaussianNoise | None = None) -> TrainingPlan:
+        """The :class:`~pdpfl.privacy.plan.TrainingPlan` (σ, δ, τ, T, λ) of this mechanism, σ
+        from ``noise`` (default :meth:`noise`)."""
+        noise = self.noise() if noise is None else noise
         return TrainingPlan(
-            noise_multiplier=self.noise_multiplier,
+            noise_multiplier=noise.noise_multiplier,
             delta=self.delta,
             steps=self.local_steps,
             rounds=self.rounds,
@@ -132,7 +144,8 @@ def mechanism_plan(config: ExperimentConfig, sigma: float) -> TrainingPlan:
 
 
 def noise_multiplier(config: ExperimentConfig) -> float:
-    """σ: ``privacy.noise_multiplier``, or the σ at which q = 1 spends exactly ε_max."""
+    """σ: ``privacy.noise_multiplier``, or the σ at which q = 1 spends exactly ε_max (under
+    ``privacy.accountant``, the accountant of the estimator and the ledgers)."""
     pv, tr = config.privacy, config.training
     if pv.noise_multiplier is not None:
         return float(pv.noise_multiplier)
@@ -145,6 +158,7 @@ def noise_multiplier(config: ExperimentConfig) -> float:
         tr.rounds,
         tr.client_rate,
         config.privacy.adversary,
+        config.privacy.accountant,
     )
 
 
@@ -158,6 +172,13 @@ def fit_published_estimator(config: ExperimentConfig, sigma: float) -> RateEstim
         adversary=config.privacy.adversary,
         accountant=config.privacy.accountant,
     )
+
+
+def round_events(config: ExperimentConfig) -> list[Mechanism]:
+    """The events a record's ledger charges per round under this config (both observers: the
+    ledger accounts both whatever ``privacy.adversary`` enforces), at a nominal σ and rate."""
+    plan = mechanism_plan(config, 1.0)
+    return [plan.round_event(np.array([0.5]), obs) for obs in plan.observers]
 
 
 def setup_fields(config: ExperimentConfig) -> dict[str, Any]:

@@ -25,9 +25,11 @@ import numpy as np
 import torch
 
 from pdpfl.fl.api import Contribution, Params, Scalars
+from pdpfl.fl.common import checked_noise
 from pdpfl.fl.rpdp.mechanism import DpFedAvgSetup
 from pdpfl.fl.template import RoundPlan, Silo
 from pdpfl.ledger import PrivacyLedger, PrivacySummary, nonprivate_summary
+from pdpfl.privacy.noise import GaussianNoise
 from pdpfl.randomness import Randomness
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -113,6 +115,8 @@ class DpFedAvgSilo(Silo):
             raise ValueError(f"silo {client_id}: {self.budgets.shape[0]} budgets for {n} records")
         ids = getattr(data, "record_ids", None)
         ledger = None
+        #: What every local step adds (None without DP); the ledger's plan is built from it.
+        self.noise: GaussianNoise | None = None
         #: Records trained at q = 1 with a budget above ε_max (they spend less than allowed).
         self.capped = np.zeros(n, dtype=bool)
         if setup.private:
@@ -123,10 +127,11 @@ class DpFedAvgSilo(Silo):
             if setup.mode == "personalized":
                 self._refuse_unreachable(client_id, allow_exclusion)
                 self.capped = self._capped(client_id, epsilon_cap, cap_at_epsilon_max)
+            self.noise = setup.noise()
             ledger = PrivacyLedger(
                 self.budgets,
                 self.rates,
-                setup.plan(),
+                setup.plan(self.noise),
                 ids=ids,
                 accountant=setup.accountant,
             )
@@ -226,8 +231,7 @@ class DpFedAvgSilo(Silo):
             self.y_train,
             rates=torch.as_tensor(rates, dtype=torch.float64),
             steps=self.setup.local_steps,
-            noise_multiplier=self.setup.noise_multiplier,
-            max_grad_norm=self.setup.max_grad_norm,
+            noise=self._noise(),
             optimizer=opt,
             stream=self.randomness.stream("local-training", plan.round_index, self.client_id),
             normalizer=self.normalizer,
@@ -245,6 +249,12 @@ class DpFedAvgSilo(Silo):
             for a, b in zip(new, global_params, strict=True)
         ]
         return Contribution(update=delta, weight=self.weight)
+
+    def _noise(self) -> GaussianNoise | None:
+        """The noise of this round's steps, checked against what the ledger charges."""
+        if self.noise is None:
+            return None
+        return checked_noise(self.noise, self.ledger, f"silo {self.client_id}")
 
     def test(self, params: Params) -> Scalars:
         from pdpfl.dp.engine import evaluate

@@ -11,7 +11,6 @@ refer to ``docs/uldp_spec.md`` (Part A).
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, TypeVar
 
 import numpy as np
@@ -21,7 +20,12 @@ from pdpfl.config import ExperimentConfig, PrivacyUnitName
 from pdpfl.fl.aggregation.threshold import share_threshold
 from pdpfl.fl.algorithm import Algorithm, PublicSetup, register_algorithm
 from pdpfl.fl.api import FederationInfo
-from pdpfl.fl.common import initial_params, noise_source_problems, silo_model
+from pdpfl.fl.common import (
+    accountant_problems,
+    initial_params,
+    noise_source_problems,
+    silo_model,
+)
 from pdpfl.fl.uldp.mechanism import (
     GroupSetup,
     UldpSetup,
@@ -53,7 +57,10 @@ from pdpfl.fl.uldp.weights import (
     resolve_group_k,
     split_group_quotas,
 )
+from pdpfl.privacy.mechanisms import Mechanism
+from pdpfl.privacy.noise import GaussianNoise
 from pdpfl.privacy.uldp import UserLevelPlan, user_epsilon
+from pdpfl.privacy.unit import GroupPlan
 
 if TYPE_CHECKING:  # pragma: no cover
     from pdpfl.data.federation import ClientData
@@ -190,7 +197,18 @@ class UldpConfig(Algorithm):
         if not self.private:
             return problems
         problems += noise_source_problems(config, "σ such that the planned user-level ε is ε_max")
+        problems += accountant_problems(config, self.round_events(config), f"{self.name} (a user)")
         return problems + self.variant_problems(config)
+
+    def round_events(self, config: ExperimentConfig) -> list[Mechanism]:
+        """The events the users' ledger charges per round (nominal σ and rate): the
+        user-level Poisson-subsampled Gaussian, per observer; and the third party's round as
+        the calibrations evaluate it (σ from ε_max, personal rates: the equivalent plan)."""
+        plan = UserLevelPlan(1.0, 1.0, config.privacy.delta, config.training.rounds)
+        q = np.array([0.5])
+        return [plan.round_event(q, obs) for obs in plan.observers] + [
+            plan.as_training_plan().round_event(q, "third-party")
+        ]
 
     def histogram_need(self) -> str | None:
         """What of this variant's configuration needs the disclosed histograms (None: nothing)."""
@@ -210,13 +228,29 @@ class UldpConfig(Algorithm):
         """η_g: ``server_lr``, else the paper's per-method value (spec A.5.4)."""
         return float(self.server_lr) if self.server_lr is not None else self.default_server_lr
 
-    def observer_noise(
-        self, sigma: float, num_silos: int, survivors: int = 0
-    ) -> tuple[float, float]:
+    # -- the noise, described once (pdpfl.privacy.noise) -----------------------------------
+    def noise_for(
+        self, sigma: float, max_grad_norm: float, num_silos: int, survivors: int = 0
+    ) -> GaussianNoise | None:
+        """What the silos add for the configured σ (None: no DP); ``survivors`` is the t each
+        silo's share is sized for (0: |S|)."""
+        return None
+
+    def noise(self, setup: UldpSetup) -> GaussianNoise | None:
+        """The published setup's noise: what every silo draws from
+        (:func:`pdpfl.dp.noise.add_noise`) and what the server's user-level plan is built from
+        (:meth:`observer_noise`)."""
+        return self.noise_for(
+            setup.noise_multiplier,
+            setup.max_grad_norm,
+            setup.num_silos,
+            int(getattr(setup, "survivors", 0)),
+        )
+
+    def observer_noise(self, noise: GaussianNoise) -> tuple[float, float]:
         """(σ_tp, σ_sv): the noise multipliers a third party and the server see per round under
-        plain aggregation (the sum's σ for both unless the variant says otherwise); ``survivors``
-        is the t each silo's noise share is sized for (0: |S|)."""
-        return sigma, sigma
+        plain aggregation (the sum's σ for both unless the variant says otherwise)."""
+        return noise.noise_multiplier, noise.noise_multiplier
 
     def warnings(self, config: ExperimentConfig, setup: UldpSetup) -> list[str]:
         """What every run summary of this configuration must say."""
@@ -249,11 +283,13 @@ class UldpConfig(Algorithm):
         )
 
     def _ledger_plan(self, config: ExperimentConfig, setup: UldpSetup) -> UserLevelPlan:
-        """The server's :class:`UserLevelPlan`; under secure summation the server sees only
-        the sum, like a third party."""
-        tp, sv = self.observer_noise(
-            setup.noise_multiplier, setup.num_silos, int(getattr(setup, "survivors", 0))
-        )
+        """The server's :class:`UserLevelPlan`, built from the silos' noise description
+        (:meth:`noise`); under secure summation the server sees only the sum, like a third
+        party."""
+        noise = self.noise(setup)
+        if noise is None:
+            raise ValueError(f"{self.name}: adds no noise, nothing to account")
+        tp, sv = self.observer_noise(noise)
         if config.aggregation == "secure":
             sv = tp
         return user_plan(setup, tp, sv)
@@ -275,6 +311,7 @@ class UldpConfig(Algorithm):
             data,
             setup,
             randomness=randomness,
+            noise=self.noise(setup),
             batch_size=tr.batch_size_for(client_id),
             lr=tr.lr,
             momentum=tr.momentum,
@@ -321,11 +358,14 @@ class UldpNaiveConfig(UldpConfig):
     def kappa(self) -> float:
         return 2.0 if self.sensitivity == "rigorous" else 1.0
 
-    def observer_noise(
-        self, sigma: float, num_silos: int, survivors: int = 0
-    ) -> tuple[float, float]:
-        eff = sigma * self.kappa / 2.0  # noise σκ|S|C over the rigorous sensitivity 2|S|C
-        return eff, eff
+    def noise_for(
+        self, sigma: float, max_grad_norm: float, num_silos: int, survivors: int = 0
+    ) -> GaussianNoise:
+        """Each of the |S| silos adds σκC√|S| (Alg. 1 l. 14): in all, σκ|S|C over the
+        rigorous user-level sensitivity 2|S|C of the sum, multiplier σκ/2 (spec D29), in |S|
+        shares (any m silos: σκC√(|S|m) over 2mC, never less than σκ/2)."""
+        s = int(num_silos)
+        return GaussianNoise(sigma * self.kappa / 2.0, 2.0 * s * float(max_grad_norm), s)
 
     def warnings(self, config: ExperimentConfig, setup: UldpSetup) -> list[str]:
         out = super().warnings(config, setup)
@@ -342,8 +382,8 @@ class UldpNaiveConfig(UldpConfig):
 
     def setup(self, config: ExperimentConfig, info: FederationInfo) -> UldpSetup:
         sigma = noise_multiplier(config)
-        std = sigma * self.kappa * config.training.max_grad_norm * math.sqrt(info.num_clients)
-        return UldpSetup(**setup_fields(config, info, num_users(config), sigma, std))
+        noise = self.noise_for(sigma, config.training.max_grad_norm, info.num_clients)
+        return UldpSetup(**setup_fields(config, info, num_users(config), sigma, noise.std()))
 
     def server(
         self,
@@ -358,9 +398,10 @@ class UldpNaiveConfig(UldpConfig):
         return NaiveServer(
             **self._server_kwargs(config, info, s, randomness),
             plan=plan,
-            budgets=planned_budgets(plan, rates),
+            budgets=planned_budgets(plan, rates, config.privacy.accountant),
             rates=rates,
             adversary=config.privacy.adversary,
+            accountant=config.privacy.accountant,
         )
 
     def client(
@@ -389,6 +430,20 @@ class UldpGroupConfig(UldpConfig):
         "algorithm.record_rate=0.2",
     )
     setup_type: ClassVar[type[PublicSetup]] = GroupSetup
+
+    def round_events(self, config: ExperimentConfig) -> list[Mechanism]:
+        """GROUP-k's event: the group conversion of the silos' record-level DP-SGD."""
+        plan = GroupPlan(
+            1.0, config.training.local_steps, config.privacy.delta, config.training.rounds, 2
+        )
+        return [plan.round_event(np.array([0.5]), obs) for obs in plan.observers]
+
+    def noise_for(
+        self, sigma: float, max_grad_norm: float, num_silos: int, survivors: int = 0
+    ) -> GaussianNoise:
+        """σC per DP-SGD step on the clipped sum (record level; the group conversion is
+        accounting only)."""
+        return GaussianNoise(sigma, max_grad_norm)
 
     def histogram_need(self) -> str | None:
         if self.group_flags == "fair" or self.group_k in ("max", "median"):
@@ -420,7 +475,7 @@ class UldpGroupConfig(UldpConfig):
             quota = fair_group_quotas(need_histogram(hist, "algorithm.group_flags: fair flags"), k)
         else:
             quota = split_group_quotas(info.num_clients, users, k)
-        std = sigma * config.training.max_grad_norm  # per DP-SGD step, on the clipped sum
+        std = self.noise_for(sigma, config.training.max_grad_norm, info.num_clients).std()
         return GroupSetup(
             **setup_fields(config, info, users, sigma, std),
             group_k=k,
@@ -436,8 +491,13 @@ class UldpGroupConfig(UldpConfig):
         randomness: Randomness,
     ) -> GroupServer:
         s = self._setup(setup, GroupSetup)
+        noise = self.noise(s)
+        assert noise is not None
         return GroupServer(
-            **self._server_kwargs(config, info, s, randomness), conversion=self.group_conversion
+            **self._server_kwargs(config, info, s, randomness),
+            conversion=self.group_conversion,
+            noise=noise,
+            accountant=config.privacy.accountant,
         )
 
     def client(
@@ -486,16 +546,21 @@ class UserLevelConfig(UldpConfig):
             return private_subsampling_problems(self)
         return []
 
-    def observer_noise(
-        self, sigma: float, num_silos: int, survivors: int = 0
-    ) -> tuple[float, float]:
+    def noise_for(
+        self, sigma: float, max_grad_norm: float, num_silos: int, survivors: int = 0
+    ) -> GaussianNoise:
+        """Alg. 3 l. 17 with each silo's share sized for the t survivors, not |S| (issue #22,
+        item 2): σC in t shares of σC/√t."""
+        return GaussianNoise(sigma, max_grad_norm, survivors or num_silos)
+
+    def observer_noise(self, noise: GaussianNoise) -> tuple[float, float]:
         # Enhanced weights under plain aggregation: the server sees silo s's update, where one
-        # user can weigh w_{s,u} = 1 (joint over the silos: ‖w_{·,u}‖₂ ≤ 1) against noise σC/√t
-        # per silo. Uniform weights (‖w_{·,u}‖₂ ≤ 1/√|S|: multiplier σ√(|S|/t) ≥ σ), or private
+        # user can weigh w_{s,u} = 1 (joint over the silos: ‖w_{·,u}‖₂ ≤ 1) against one share
+        # σC/√t. Uniform weights (‖w_{·,u}‖₂ ≤ 1/√|S|: multiplier σ√(|S|/t) ≥ σ), or private
         # weights (the protocol sums the silos' updates before the server sees them), leave it
         # at least the sum's σ.
-        t = survivors or num_silos
-        return sigma, sigma / math.sqrt(t) if self.weights == "enhanced" else sigma
+        sigma = noise.noise_multiplier
+        return sigma, noise.share().noise_multiplier if self.weights == "enhanced" else sigma
 
     @property
     def samples_users(self) -> bool:
@@ -507,7 +572,9 @@ class UserLevelConfig(UldpConfig):
         sigma = noise_multiplier(config, rate)
         # Alg. 3 l. 17 with the share sized for t survivors, not |S| (issue #22, item 2).
         survivors = share_threshold(config, info.num_clients)
-        std = sigma * config.training.max_grad_norm / math.sqrt(survivors)
+        std = self.noise_for(
+            sigma, config.training.max_grad_norm, info.num_clients, survivors
+        ).std()
         totals = None
         if self.weights == "enhanced":
             hist = need_histogram(
@@ -534,12 +601,15 @@ class UserLevelConfig(UldpConfig):
     ) -> UldpServer:
         s = self._setup(setup, UserLevelSetup)
         plan = self._ledger_plan(config, s)
+        acc = config.privacy.accountant
         if self.personal_budgets:
             budgets = user_budgets(config)
-            rates = user_rates(budgets, plan, allow_exclusion=config.privacy.allow_exclusion)
+            rates = user_rates(
+                budgets, plan, allow_exclusion=config.privacy.allow_exclusion, accountant=acc
+            )
         else:
             rates = np.full(s.num_users, 1.0 if self.user_rate is None else self.user_rate)
-            budgets = planned_budgets(plan, rates)
+            budgets = planned_budgets(plan, rates, acc)
         return self.server_class(
             **self._server_kwargs(config, info, s, randomness),
             plan=plan,
@@ -547,6 +617,7 @@ class UserLevelConfig(UldpConfig):
             rates=rates,
             adversary=config.privacy.adversary,
             personal=self.personal_budgets,
+            accountant=acc,
         )
 
     def client(

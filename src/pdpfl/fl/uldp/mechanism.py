@@ -191,7 +191,8 @@ def num_users(config: ExperimentConfig) -> int:
 def noise_multiplier(config: ExperimentConfig, user_rate: float = 1.0) -> float:
     """σ: ``privacy.noise_multiplier``, or the σ whose planned third-party ε (T rounds at the
     user rate q: 1 without sub-sampling or with personal budgets) equals
-    ``privacy.epsilon_max`` (:func:`pdpfl.calibration.noise.noise_for_uniform_rate`)."""
+    ``privacy.epsilon_max`` under ``privacy.accountant``
+    (:func:`pdpfl.calibration.noise.noise_for_uniform_rate`)."""
     pv = config.privacy
     if pv.noise_multiplier is not None:
         return float(pv.noise_multiplier)
@@ -201,7 +202,12 @@ def noise_multiplier(config: ExperimentConfig, user_rate: float = 1.0) -> float:
 
     template = UserLevelPlan(1.0, 1.0, pv.delta, config.training.rounds)
     return float(
-        noise_for_uniform_rate(float(pv.epsilon_max), float(user_rate), template.as_training_plan())
+        noise_for_uniform_rate(
+            float(pv.epsilon_max),
+            float(user_rate),
+            template.as_training_plan(),
+            accountant=pv.accountant,
+        )
     )
 
 
@@ -263,16 +269,19 @@ def user_plan(setup: UldpSetup, third_party: float, server: float) -> UserLevelP
     )
 
 
-def user_rates(budgets: np.ndarray, plan: UserLevelPlan, *, allow_exclusion: bool) -> np.ndarray:
+def user_rates(
+    budgets: np.ndarray, plan: UserLevelPlan, *, allow_exclusion: bool, accountant: str = "rdp"
+) -> np.ndarray:
     """q_u = F(ε_u) from the certified calibrator at the user level (T rounds of
-    SGM(q_u, σ_tp) against third parties): no user's planned ε exceeds ε_u.
+    SGM(q_u, σ_tp) against third parties, under ``accountant``): no user's planned ε exceeds
+    ε_u.
 
     Users whose budget is below the smallest achievable ε get q = 0 (with
     ``allow_exclusion``; otherwise a ValueError naming ``budgets``).
     """
     from pdpfl.calibration.certified import CertifiedEstimator
 
-    est = CertifiedEstimator.fit(plan.as_training_plan(), "third-party")
+    est = CertifiedEstimator.fit(plan.as_training_plan(), "third-party", accountant=accountant)
     rates = np.clip(np.asarray(est.rates(budgets), dtype=np.float64), 0.0, 1.0)
     excluded = rates <= 0
     if excluded.any() and not allow_exclusion:
@@ -286,12 +295,15 @@ def user_rates(budgets: np.ndarray, plan: UserLevelPlan, *, allow_exclusion: boo
     return rates
 
 
-def planned_budgets(plan: UserLevelPlan, rates: np.ndarray) -> np.ndarray:
-    """Without personal budgets every user has one budget: the planned ε of T rounds, the
-    larger over the observers (reported, never a reason to stop)."""
+def planned_budgets(plan: UserLevelPlan, rates: np.ndarray, accountant: str = "rdp") -> np.ndarray:
+    """Without personal budgets every user has one budget: the planned ε of T rounds under
+    ``accountant``, the larger over the observers (reported, never a reason to stop)."""
     from pdpfl.privacy.uldp import ORDERS
 
-    return np.max([plan.planned_epsilon(rates, o, ORDERS) for o in plan.observers], axis=0)
+    return np.max(
+        [plan.planned_epsilon(rates, o, ORDERS, accountant=accountant) for o in plan.observers],
+        axis=0,
+    )
 
 
 # ------------------------------------------------------------------------ per-round config

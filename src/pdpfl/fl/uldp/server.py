@@ -35,6 +35,7 @@ from pdpfl.ledger import (
     PrivacySummary,
     nonprivate_summary,
 )
+from pdpfl.privacy.noise import GaussianNoise
 from pdpfl.privacy.uldp import ORDERS, UserLevelPlan, group_epsilon, record_rdp, user_epsilon
 from pdpfl.privacy.unit import GroupPlan
 from pdpfl.randomness import Randomness
@@ -183,14 +184,25 @@ class GroupServer(UldpServer):
     ledger: PrivacyLedger
 
     def __init__(
-        self, initial_params: Params, setup: GroupSetup, *, conversion: str, **kwargs: Any
+        self,
+        initial_params: Params,
+        setup: GroupSetup,
+        *,
+        conversion: str,
+        noise: GaussianNoise | None = None,
+        accountant: str = "rdp",
+        **kwargs: Any,
     ) -> None:
         super().__init__(initial_params, setup, **kwargs)
         self.group_setup = setup
         self.conversion = conversion
         self._cache: dict[int, dict[str, float]] = {}
+        #: The silos' per-step noise (σ, C): the ledger's plan is built from it.
+        if noise is None:
+            noise = GaussianNoise(setup.noise_multiplier, setup.max_grad_norm)
+        self.noise = noise
         plan: Any = GroupPlan(
-            setup.noise_multiplier,
+            self.noise.noise_multiplier,
             setup.local_steps,
             setup.delta,
             setup.rounds,
@@ -205,6 +217,7 @@ class GroupServer(UldpServer):
             plan,
             ids=np.arange(users, dtype=np.int64),
             orders=None,  # the group event's own grid
+            accountant=accountant,
         )
 
     @property
@@ -276,6 +289,7 @@ class LedgerServer(UldpServer):
         budgets: np.ndarray,
         rates: np.ndarray,
         adversary: str = "both",
+        accountant: str = "rdp",
         **kwargs: Any,
     ) -> None:
         super().__init__(initial_params, setup, **kwargs)
@@ -294,6 +308,7 @@ class LedgerServer(UldpServer):
             mechanism,
             ids=np.arange(self.num_users, dtype=np.int64),
             orders=ORDERS,
+            accountant=accountant,
         )
         #: The round whose users are decided (and charged): (t, active, taking).
         self._pending: tuple[int, np.ndarray, np.ndarray] | None = None

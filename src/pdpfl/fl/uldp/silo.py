@@ -13,6 +13,11 @@ one already done, catch-up, checking the release -- and each variant overrides o
   on the records its fixed flags keep (Algorithm 2 lines 8-10);
 * ULDP-AVG/SGD (Algorithm 3) are in :mod:`pdpfl.fl.uldp.users`.
 
+Every silo's noise is one description (:class:`~pdpfl.privacy.noise.GaussianNoise`, from the
+algorithm's ``noise(setup)``), the one the server's user-level plan is built from; the silo draws
+it with :func:`pdpfl.dp.noise.add_noise` (through :func:`pdpfl.dp.steps.noisy_normalised_sum` or
+the DP-SGD engine), after checking it is unchanged since the silo was built.
+
 Spec references: ``docs/uldp_spec.md``, Part A.
 """
 
@@ -26,6 +31,7 @@ import torch
 from pdpfl.fl.api import Contribution, Params, Scalars
 from pdpfl.fl.template import RoundPlan, Silo
 from pdpfl.fl.uldp.mechanism import GroupSetup, UldpSetup
+from pdpfl.privacy.noise import GaussianNoise, check_charged
 from pdpfl.randomness import Randomness
 
 __all__ = ["DefaultSilo", "GroupSilo", "NaiveSilo", "SiloLevelSilo", "UldpSilo"]
@@ -47,6 +53,9 @@ class UldpSilo(Silo):
         What the server published.
     randomness
         The silo's own mechanism randomness (training shuffles and noise).
+    noise
+        What the silo adds (the algorithm's ``noise(setup)``: the description the server's
+        ledger is built from); None: no DP.
     batch_size
         B: minibatch size of local SGD (DEFAULT/NAIVE/AVG) or DP-SGD's public normaliser
         (GROUP).
@@ -66,6 +75,7 @@ class UldpSilo(Silo):
         setup: UldpSetup,
         *,
         randomness: Randomness,
+        noise: GaussianNoise | None = None,
         batch_size: float | None,
         lr: float,
         momentum: float = 0.0,
@@ -77,6 +87,9 @@ class UldpSilo(Silo):
         self.model = model
         self.setup = setup
         self.randomness = randomness
+        #: What this silo adds (None: no DP) and the multiplier the server charges for it.
+        self.noise = noise
+        self._charged = None if noise is None else noise.noise_multiplier
         self.batch_size = None if batch_size is None else max(1, int(round(float(batch_size))))
         self.lr, self.momentum, self.weight_decay = float(lr), float(momentum), float(weight_decay)
         self.optimizer = optimizer
@@ -128,23 +141,37 @@ class UldpSilo(Silo):
         )
 
     # -- noise ---------------------------------------------------------------------------
+    def checked_noise(self) -> GaussianNoise:
+        """The silo's noise description, checked unchanged since the silo was built (the server
+        charges its multiplier)."""
+        if self.noise is None or self._charged is None:
+            raise ValueError(f"silo {self.client_id}: {type(self).__name__} has no noise to add")
+        check_charged(self.noise, self._charged, what=f"silo {self.client_id}")
+        return self.noise
+
     def privatize(
-        self, sums: list[torch.Tensor], round_index: int, std: float | None = None
+        self, sums: list[torch.Tensor], round_index: int, config: Scalars | None = None
     ) -> list[np.ndarray]:
-        """Add this silo's Gaussian noise N(0, std²) (default ``noise_std``) in float64 (its own
-        stream)."""
-        return [o.to(torch.float32).numpy() for o in self.noisy(sums, round_index, std)]
+        """Add this silo's noise in float64 (its own stream) and round once to float32."""
+        return [o.to(torch.float32).numpy() for o in self.noisy(sums, round_index, config)]
 
     def noisy(
-        self, sums: list[torch.Tensor], round_index: int, std: float | None = None
+        self, sums: list[torch.Tensor], round_index: int, config: Scalars | None = None
     ) -> list[torch.Tensor]:
-        """``sums`` + N(0, std²) per coordinate (default ``noise_std``) in float64 from the
-        silo's own stream."""
+        """``sums`` + this silo's noise per coordinate (std σC, or its share σC/√t for the t
+        of the setup or the smaller t a protocol announced in the round ``config``), in float64
+        from the silo's own stream."""
         from pdpfl.dp.steps import noisy_normalised_sum
+        from pdpfl.fl.aggregation.threshold import SURVIVORS_KEY
 
-        std = float(self.setup.noise_std if std is None else std)
-        stream = self.randomness.stream("noise", round_index, self.client_id) if std > 0 else None
-        return noisy_normalised_sum([s.to(torch.float64) for s in sums], std, 1.0, stream)
+        announced = None if config is None else config.get(SURVIVORS_KEY)
+        return noisy_normalised_sum(
+            [s.to(torch.float64) for s in sums],
+            self.checked_noise(),
+            1.0,
+            self.randomness.stream("noise", round_index, self.client_id),
+            announced_survivors=None if announced is None else int(announced),
+        )
 
     # -- the template's test step ----------------------------------------------------------
     def test(self, params: Params) -> Scalars:
@@ -241,8 +268,7 @@ class GroupSilo(UldpSilo):
             self.y_train[idx],
             rates=torch.full((len(idx),), self.group_setup.record_rate, dtype=torch.float64),
             steps=int(self.setup.local_steps),
-            noise_multiplier=float(self.setup.noise_multiplier),
-            max_grad_norm=float(self.setup.max_grad_norm),
+            noise=self.checked_noise(),
             optimizer=opt,
             stream=self.randomness.stream("local-training", plan.round_index, self.client_id),
             normalizer=float(self.batch_size or 0) or None,

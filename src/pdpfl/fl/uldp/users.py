@@ -10,8 +10,10 @@ Per round a silo computes its release in separable steps:
 3. :meth:`UserLevelSilo.weighted_user_sum` -- Σ_u w_{s,u}·Clip(Δ_{s,u}, C) (line 16), the one
    step that needs the weights w_{s,u} (uniform 1/|S| or enhanced n_{s,u}/N_u, Eq. 4);
 4. :meth:`~pdpfl.fl.uldp.silo.UldpSilo.privatize` -- this silo's noise share N(0, σ²C²/t) per
-   coordinate (line 17 has σ²C²/|S|; t ≤ |S| is the fewest silos any released sum holds,
-   :meth:`UserLevelSilo.share_std`, so a dropout never leaves less than σ²C² in it).
+   coordinate (line 17 has σ²C²/|S|; t ≤ |S| is the fewest silos any released sum holds, or
+   the smaller t a protocol announces: :meth:`UserLevelSilo.share_std`, so a dropout never
+   leaves less than σ²C² in it), drawn from the silo's noise description
+   ``GaussianNoise(σ, C, shares=t)``.
 
 The round's users come from the server's mask in the round configuration (Algorithm 4);
 a silo none of whose users was sampled still releases noise of the same shape.
@@ -88,11 +90,10 @@ class UserLevelSilo(UldpSilo):
     def share_std(self, config: Scalars) -> float:
         """σC/√t: the std of this silo's noise share, sized for the t survivors of the setup or
         the smaller t a summation protocol announced for the round (``SURVIVORS_KEY``)."""
-        from pdpfl.fl.aggregation.threshold import SURVIVORS_KEY, share_std
+        from pdpfl.fl.aggregation.threshold import SURVIVORS_KEY
 
-        s = self.user_setup
-        total = float(s.noise_std) * math.sqrt(s.survivors)  # σC
-        return share_std(total, s.survivors, config.get(SURVIVORS_KEY))
+        announced = config.get(SURVIVORS_KEY)
+        return self.checked_noise().std(None if announced is None else int(announced))
 
     # -- the round's users -------------------------------------------------------------------
     def selected_users(self, config: Scalars) -> np.ndarray:
@@ -182,9 +183,7 @@ class UserLevelSilo(UldpSilo):
         if self.extra_rows is not None and self.extra_coins is not None:  # audit canary users
             bound = self.extra_weight * float(self.setup.max_grad_norm)  # w·Clip(Δ, C), Dirac
             self.extra_rows.add_sampled(sums, self.extra_coins(plan.round_index), bound)
-        return Contribution(
-            update=self.privatize(sums, plan.round_index, self.share_std(plan.config))
-        )
+        return Contribution(update=self.privatize(sums, plan.round_index, plan.config))
 
     # -- ULDP-FL private weighting (Protocol 1): what the silo supplies, never sent itself ---
     def user_histogram(self) -> np.ndarray:
@@ -219,10 +218,7 @@ class UserLevelSilo(UldpSilo):
             deltas = np.zeros((0, d))
         zeros = [torch.zeros(s, dtype=torch.float64) for s in shapes]
         noise = np.concatenate(
-            [
-                np.asarray(z, dtype=np.float64).ravel()
-                for z in self.noisy(zeros, t, self.share_std(plan.config))
-            ]
+            [np.asarray(z, dtype=np.float64).ravel() for z in self.noisy(zeros, t, plan.config)]
         )
         return UserUpdates(users=self.users[positions].astype(np.int64), deltas=deltas, noise=noise)
 

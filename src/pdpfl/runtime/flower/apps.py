@@ -18,7 +18,9 @@ Node config keys (``flower-supernode --node-config``): ``partition-id`` (the sil
 silo keeps its records' ledger and counters) and ``hooks`` (a non-default hooks spec the silo
 agrees to load).
 
-Messages (``message_type``) and what a silo replies -- nothing else:
+Messages (``message_type``) and what a silo replies -- nothing else; each reply passes the
+silo's gate (:func:`pdpfl.fl.messages.check_outgoing`, one declared schema per message) before it
+is encoded:
 
 =================  ============================================================================
 ``query.hello``    ``hello`` (partition id, number of partitions, whether it holds state for the
@@ -55,7 +57,13 @@ from flwr.serverapp import Grid, ServerApp
 
 from pdpfl.checkpoint import finite
 from pdpfl.errors import TrainingDiverged
-from pdpfl.fl.api import Contribution, PrivacyBoundaryError, check_evaluation
+from pdpfl.fl.api import (
+    Contribution,
+    PrivacyBoundaryError,
+    check_contribution,
+    check_evaluation,
+)
+from pdpfl.fl.messages import DIVERGED_REPLY, HELLO_REPLY, Outgoing, check_outgoing, public_cause
 from pdpfl.io import write_json, write_text
 from pdpfl.runtime.flower.codec import (
     config_to_scalars,
@@ -131,9 +139,13 @@ def _diverged(
     (public: the run stops for everyone), and the evaluation it was asked for with it. Its
     charges are on its disk first."""
     silo.save(action, round_index, compute_s, age)
-    records: dict[str, Any] = {
-        DIVERGED: ConfigRecord({"round": int(err.round_index), "cause": str(err.cause)})
+    # What leaves: the round and a declared cause (the silo's own text stays in its log).
+    reply: dict[str, Any] = {
+        "round": int(err.round_index),
+        "cause": public_cause(str(err.cause)),
     }
+    check_outgoing(DIVERGED_REPLY, reply, Outgoing(round_index=round_index, silo_id=silo.silo))
+    records: dict[str, Any] = {DIVERGED: ConfigRecord(reply)}
     if evaluation is not None:
         records["metrics"] = evaluation
     return _reply(msg, records)
@@ -151,19 +163,15 @@ def _silo(msg: Message, context: Context) -> tuple[Any, int, str]:
 def _hello(msg: Message, context: Context) -> Message:
     silo, _, _ = _silo(msg, context)
     info = silo.hooks.silo_info(silo.config, silo.silo, silo.node_config)
-    return _reply(
-        msg,
-        {
-            "hello": ConfigRecord(
-                {
-                    "partition-id": silo.silo,
-                    "num-partitions": int(silo.node_config.get(NUM_PARTITIONS, -1)),
-                    "has-state": silo.has_state(),
-                }
-            ),
-            "info": scalars_to_config(info),
-        },
-    )
+    hello = {
+        "partition-id": silo.silo,
+        "num-partitions": int(silo.node_config.get(NUM_PARTITIONS, -1)),
+        "has-state": silo.has_state(),
+    }
+    facts = Outgoing(silo_id=silo.silo, config=silo.config)
+    check_outgoing(HELLO_REPLY, hello, facts)
+    check_outgoing(silo.hooks.silo_info_message, info, facts)
+    return _reply(msg, {"hello": ConfigRecord(hello), "info": scalars_to_config(info)})
 
 
 def _evaluation(
@@ -179,7 +187,8 @@ def _evaluation(
     """Evaluate ``params`` on the silo's test split: ``loss``, ``accuracy``, ``n`` only."""
     t0 = time.perf_counter()
     with silo.threads():
-        result = check_evaluation(client.evaluate(params, round_index, config))
+        result = client.evaluate(params, round_index, config)
+    check_evaluation(result, silo=silo.silo, round_index=round_index)  # the silo's gate
     compute_s = time.perf_counter() - t0
     # Evaluation also catches up the silo's Type II accounting for the round: persisted here,
     # or (inside a training request) by the training's save before the reply leaves.
@@ -191,6 +200,20 @@ def _evaluation(
             "n": int(result["n"]),
         }
     )
+
+
+def _gate_training(
+    silo: Any, contribution: Contribution, params: Any, round_index: int, age: Any, spent: float
+) -> None:
+    """The silo's gate for its training reply; a refusal keeps the round's charge on disk."""
+    public = frozenset(getattr(silo.client, "public_metrics", frozenset()))
+    try:
+        check_contribution(
+            contribution, public, params=params, silo=silo.silo, round_index=round_index
+        )
+    except PrivacyBoundaryError:
+        silo.save("fit-refused", round_index, spent, age)
+        raise
 
 
 @client_app.train()
@@ -235,11 +258,10 @@ def _train(msg: Message, context: Context) -> Message:
                 age,
                 evaluation,
             )
-        if type(contribution) is not Contribution:
-            raise PrivacyBoundaryError(
-                f"the silo's algorithm returned a {type(contribution).__name__}, not a Contribution"
-            )
+        _gate_training(silo, contribution, params, round_index, age, time.perf_counter() - t0)
         silo.remember_release(key, contribution)
+    else:
+        _gate_training(silo, contribution, params, round_index, age, 0.0)
     compute_s = time.perf_counter() - t0
     records = contribution_to_records(contribution)
     if evaluation is not None:
@@ -294,12 +316,11 @@ def _stage(msg: Message, context: Context) -> Message:
             time.perf_counter() - t0,
             age,
         )
+    except PrivacyBoundaryError:  # the gate refused the reply: keep any charge, send nothing
+        silo.save(f"stage:{protocol}/{name}-refused", round_index, time.perf_counter() - t0, age)
+        raise
     compute_s = time.perf_counter() - t0
-    if not isinstance(out, dict):
-        raise TypeError(
-            f"protocol {protocol!r} stage {name!r}: the silo handler must return a dict"
-        )
-    records = payload_to_records(out)
+    records = payload_to_records(out)  # exactly the payload that passed the gate
     # A stage may release the silo's contribution: its charge is on disk first.
     silo.save(f"stage:{protocol}/{name}", round_index, compute_s, age)
     return _reply(msg, records)
@@ -324,6 +345,12 @@ def _run_key(flower_dir: Path, resume: bool) -> tuple[str, bool]:
     path = flower_dir / RUN_KEY_FILE
     if resume and path.exists() and (flower_dir.parent / CHECKPOINT_NAME).exists():
         return path.read_text().strip(), True
+    if resume and not (flower_dir.parent / CHECKPOINT_NAME).exists():
+        # --resume never starts a run (its silos would charge everyone again)
+        raise ValueError(
+            f"--resume: nothing to resume in {flower_dir.parent} (no {CHECKPOINT_NAME} of a "
+            "Flower run there); start a new run without --resume, or name the run's folder"
+        )
     key = secrets.token_hex(8)
     write_text(path, key + "\n")
     return key, False

@@ -18,6 +18,13 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
 
 from pdpfl.fl.api import Contribution, Params, PrivacyBoundaryError, Scalars
+from pdpfl.fl.messages import (
+    DIVERGED_REPLY,
+    EVALUATE_REPLY,
+    HELLO_REPLY,
+    SILO_INFO,
+    TRAIN_REPLY,
+)
 
 #: ConfigRecord key holding the values a ConfigRecord cannot store natively (None, nested).
 _JSON_KEY = "pdpfl.json"
@@ -43,7 +50,9 @@ _METRIC_PREFIX = "metric."
 
 
 def contribution_to_records(contribution: Contribution) -> dict[str, Any]:
-    """Encode exactly the fields of a :class:`Contribution` (no other field can travel)."""
+    """Encode exactly the fields of a :class:`Contribution` (no other field can travel): the
+    training reply's ``update.{i}`` as one ArrayRecord, ``weight`` and ``metric.{k}`` as one
+    MetricRecord (:func:`reply_messages` decodes them back)."""
     values: dict[str, int | float | list[int] | list[float]] = {_WEIGHT: float(contribution.weight)}
     for key, value in contribution.metrics.items():
         values[_METRIC_PREFIX + str(key)] = float(value)
@@ -187,6 +196,51 @@ def records_to_payload(names: set[str] | frozenset[str], record_dict: Any) -> di
             if key in out:
                 raise PrivacyBoundaryError(f"payload key {key!r} appears twice")
             out[key] = value
+    return out
+
+
+# ------------------------------------------------------- a reply as the messages it carries
+
+#: Record names of a silo's replies besides a training reply's and a stage's payload.
+HELLO_RECORDS = frozenset({"hello", "info"})
+DIVERGED_RECORD = "diverged"
+
+
+def reply_messages(
+    record_dict: Any, stage: tuple[str, str] | None = None, info: tuple[str, str] = SILO_INFO
+) -> list[tuple[tuple[str, str], dict[str, Any]]]:
+    """The declared messages (:mod:`pdpfl.fl.messages`) a silo's Flower reply carries, decoded
+    as the silo's gate saw them: ``[(message id, payload), ...]``.
+
+    ``stage``: the ``(protocol, stage)`` a protocol-stage reply answers; ``info``: the message
+    id of the hooks' silo facts. A record of any other name is a :class:`PrivacyBoundaryError`.
+    Check each with ``check_outgoing(message, payload, None)`` (the context-free gate).
+    """
+    names = set(record_dict.keys())
+    out: list[tuple[tuple[str, str], dict[str, Any]]] = []
+    if names & CONTRIBUTION_RECORDS:
+        payload: dict[str, Any] = {
+            f"update.{i}": a for i, a in enumerate(record_to_params(record_dict["update"]))
+        }
+        for key, value in record_dict.metric_records["contribution"].items():
+            payload[key] = value
+        out.append((TRAIN_REPLY, payload))
+    if "metrics" in names:
+        out.append((EVALUATE_REPLY, dict(record_dict.metric_records["metrics"].items())))
+    if "hello" in names:
+        out.append((HELLO_REPLY, dict(record_dict.config_records["hello"].items())))
+    if "info" in names:
+        out.append((info, config_to_scalars(record_dict.config_records["info"])))
+    if DIVERGED_RECORD in names:
+        out.append((DIVERGED_REPLY, dict(record_dict.config_records[DIVERGED_RECORD].items())))
+    if names & PAYLOAD_RECORDS:
+        if stage is None:
+            raise PrivacyBoundaryError("a protocol-stage reply needs the stage it answers")
+        out.append((stage, records_to_payload(names & PAYLOAD_RECORDS, record_dict)))
+    known = CONTRIBUTION_RECORDS | EVALUATION_RECORDS | HELLO_RECORDS | PAYLOAD_RECORDS
+    extra = names - known - {DIVERGED_RECORD}
+    if extra:
+        raise PrivacyBoundaryError(f"a silo's reply carries undeclared records {sorted(extra)}")
     return out
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from pdpfl.fl.api import ClientAlgorithm, Scalars, ServerAlgorithm
+from pdpfl.fl.messages import SILO_INFO, MessageId
 
 #: Set (to "1") in a warm worker process: silos stay in memory between messages.
 WARM_ENV = "PDPFL_WARM_WORKER"
@@ -29,6 +30,24 @@ STATE_DIR = "state-dir"
 HOOKS_KEY = "hooks"
 #: Node-config key pinning the experiment a silo agrees to run (:func:`config_digest`).
 CONFIG_HASH_KEY = "config-hash"
+#: Node-config key: where the silo keeps its budget stores (default ``<state-dir>/budgets``).
+BUDGET_STORE = "budget-store"
+#: Node-config key: the silo lets a run re-spend its data (``lifetime.allow_respend`` of the
+#: run is honoured only then; a silo's budgets are never re-spent on the server's word alone).
+ALLOW_RESPEND = "allow-respend"
+
+
+def silo_store_root(node_config: Mapping[str, Any]) -> Path | None:
+    """The silo's budget store folder: ``budget-store``, else ``<state-dir>/budgets``."""
+    if node_config.get(BUDGET_STORE):
+        return Path(str(node_config[BUDGET_STORE])).expanduser()
+    if node_config.get(STATE_DIR):
+        return Path(str(node_config[STATE_DIR])).expanduser() / "budgets"
+    return None
+
+
+def _truthy(value: Any) -> bool:
+    return value is True or str(value).strip().lower() in ("1", "true", "yes")
 
 
 def config_digest(config_dict: dict[str, Any]) -> str:
@@ -78,6 +97,10 @@ class AppHooks:
         before ``finish``: public facts of the run, such as ``parameter_names`` (the model's
         ``state_dict`` names, so that every runtime writes the same named model file) and
         ``data`` (the federation as the silos described it: names, shapes; no sizes).
+    silo_info_message
+        The declared message (:mod:`pdpfl.fl.messages`) that ``silo_info``'s facts must be:
+        pdpfl's :data:`~pdpfl.fl.messages.SILO_INFO` by default; hooks that send other facts
+        register their own schema and name it here.
     """
 
     config_from_dict: Callable[[dict[str, Any]], Any]
@@ -89,6 +112,7 @@ class AppHooks:
     run: Callable[..., dict[str, Any]]
     finish: Callable[[Any, dict[str, Any], Path], dict[str, Any]]
     run_facts: Callable[[Any, dict[int, Scalars]], dict[str, Any]] | None = None
+    silo_info_message: MessageId = SILO_INFO
 
 
 def load_hooks(spec: str) -> AppHooks:
@@ -189,7 +213,24 @@ def _build_server(
     algorithm = as_algorithm(config.algorithm)
     setup = algorithm.setup(config, info)
     server = algorithm.server(config, info, setup, party_randomness(config, "server"))
+    _server_target(config, server)
     return server, {"info": info.to_dict(), "setup": setup.to_dict()}
+
+
+def _server_target(config: Any, server: Any) -> None:
+    """The coordinator's own budget store (ULDP-FL's users), as in the simulator."""
+    import numpy as np
+
+    from pdpfl.fl.lifetime import TARGET_ATTR, server_target
+    from pdpfl.ledger import PrivacyLedger
+
+    ledger = getattr(server, "ledger", None)
+    private = bool(getattr(type(config.algorithm), "private", True))
+    units = (
+        ledger.n if isinstance(ledger, PrivacyLedger) else np.size(getattr(server, "budgets", []))
+    )
+    if isinstance(ledger, PrivacyLedger) or (not private and units):
+        setattr(server, TARGET_ATTR, server_target(config, int(units)))
 
 
 def _silo_data(config: Any, silo: int, node_config: Mapping[str, Any]) -> Any:
@@ -238,18 +279,27 @@ def _build_client(
     from pdpfl.fl.algorithm import as_algorithm
     from pdpfl.fl.api import FederationInfo
     from pdpfl.fl.common import party_randomness
+    from pdpfl.fl.lifetime import TARGET_ATTR, silo_target
+    from pdpfl.ledger import PrivacyLedger
 
     algorithm = as_algorithm(config.algorithm)
     info = FederationInfo.from_dict(public["info"])
     setup = algorithm.setup_type.from_dict(public["setup"])
-    return algorithm.client(
-        config,
-        silo,
-        _silo_data(config, silo, node_config),
-        info,
-        setup,
-        party_randomness(config, f"silo-{silo}"),
+    data = _silo_data(config, silo, node_config)
+    client = algorithm.client(
+        config, silo, data, info, setup, party_randomness(config, f"silo-{silo}")
     )
+    if isinstance(getattr(client, "ledger", None), PrivacyLedger) or not algorithm.private:
+        # the silo's own budget store, in its SuperNode's state folder
+        target = silo_target(
+            config,
+            silo,
+            data,
+            root=silo_store_root(node_config),
+            allow_respend=config.lifetime.allow_respend and _truthy(node_config.get(ALLOW_RESPEND)),
+        )
+        setattr(client, TARGET_ATTR, target)
+    return client
 
 
 def _run(

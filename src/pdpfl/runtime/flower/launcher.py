@@ -35,6 +35,8 @@ from pdpfl.runtime.flower.apps import RESULT_FILE, STATUS_FILE
 from pdpfl.runtime.flower.codec import encode_config
 from pdpfl.runtime.flower.coordinator import CoordinatorProgress, silo_summaries
 from pdpfl.runtime.flower.hooks import (
+    ALLOW_RESPEND,
+    BUDGET_STORE,
     DATA_DIR,
     DEFAULT_HOOKS,
     HOOKS_KEY,
@@ -84,9 +86,24 @@ def silo_node_configs(
     *,
     data_dirs: Mapping[int, str] | None = None,
     hooks: str = DEFAULT_HOOKS,
+    config: Any = None,
 ) -> list[dict[str, Any]]:
     """One node config per local silo: its index, the number of silos, its state folder
-    ``<flower_dir>/silo-<i>``, and its data folder and hooks spec when given."""
+    ``<flower_dir>/silo-<i>``, and its data folder and hooks spec when given.
+
+    With ``config`` (one operator owns every local silo), the silos keep their budget stores
+    where the simulator keeps them (``lifetime.store``, ``$PDPFL_BUDGET_DIR``, ...; never
+    inside the run's folder, which ``--force`` replaces) and honour ``lifetime.allow_respend``
+    as the operator's own choice."""
+    lifetime: dict[str, Any] = {}
+    if config is not None and hasattr(config, "lifetime"):
+        from pdpfl.fl.lifetime import lifetime_options
+
+        options = lifetime_options(config)
+        lifetime = {
+            BUDGET_STORE: str(options.root.resolve()),
+            ALLOW_RESPEND: bool(options.allow_respend),
+        }
     node_configs = []
     for i in range(num_silos):
         node_config: dict[str, Any] = {
@@ -98,6 +115,7 @@ def silo_node_configs(
             node_config[DATA_DIR] = str(Path(data_dirs[i]).resolve())
         if hooks != DEFAULT_HOOKS:
             node_config[HOOKS_KEY] = hooks
+        node_config.update(lifetime)
         node_configs.append(node_config)
     return node_configs
 
@@ -210,7 +228,9 @@ def run_flower(
         prefetch=prefetch,
     )
     app_dir = write_app(flower_dir / "app", run_config)
-    node_configs = silo_node_configs(flower_dir, num_silos, data_dirs=data_dirs, hooks=hooks)
+    node_configs = silo_node_configs(
+        flower_dir, num_silos, data_dirs=data_dirs, hooks=hooks, config=config
+    )
     display = CoordinatorProgress(out, rounds, num_silos, enabled=progress)
     try:
         with (
@@ -293,13 +313,16 @@ def raise_if_diverged(result: Mapping[str, Any], summary: dict[str, Any]) -> Non
 
 
 def check_resume(config: Any, out: Path, resume: bool) -> None:
-    """Before any process starts: a resume must keep the T its mechanism was calibrated for
+    """Before any process starts: a resume needs a checkpoint in ``out`` (``--resume`` never
+    starts a run), and must keep the T its mechanism was calibrated for
     (:func:`pdpfl.runtime.loop.check_planned_rounds`; the Flower runtimes rebuild every silo
     at the configured T, so extending a finished run is the simulator's)."""
     if not resume:
         return
     from pdpfl.runtime.loop import check_planned_rounds, load_checkpoint
+    from pdpfl.runtime.outputs import check_resumable
 
+    check_resumable(out)
     ckpt = load_checkpoint(out)
     rounds = getattr(getattr(config, "training", None), "rounds", None)
     if ckpt is not None and rounds is not None:

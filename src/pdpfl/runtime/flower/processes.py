@@ -30,6 +30,7 @@ from typing import Any, TextIO
 from pdpfl.runtime.flower.hooks import (
     STATE_DIR,
 )
+from pdpfl.runtime.flower.loopback import check_insecure
 from pdpfl.runtime.flower.ports import free_port
 from pdpfl.runtime.flower.transport import FlowerRunError
 
@@ -337,6 +338,8 @@ class LocalFederation:
         self.port = free_port()
         write_connection(self.flwr_home, self.address, root_certificates=self.root_certificates)
         tls = self.superlink_args or ["--insecure"]
+        if "--insecure" in tls:
+            check_insecure([("--superlink", self.address)])  # loopback only
         self.superlink = self._spawn(
             [
                 flower_binary("flower-superlink"),

@@ -43,6 +43,16 @@ or files of different generations mixed together are refused with an error namin
 The silo's high-water mark (:func:`pdpfl.integrity.record_progress`) holds the last generation
 written: a state folder rolled back to an older copy (or deleted) is refused too, so a
 resumed silo never forgets a charge.
+
+A person's budget is for life
+-----------------------------
+The silo's ledger also charges the silo's **budget store** (:mod:`pdpfl.ledger.lifetime`):
+``<state-dir>/budgets`` (or the ``budget-store`` node config), one store per dataset the silo
+trains on, kept across runs. The silo opens and locks it when it builds its algorithm for a
+run (after restoring its state), every charge is written there before the reply leaves, and
+units whose lifetime budget is spent by earlier runs sit out. A run's
+``lifetime.allow_respend`` is honoured only when the SuperNode was started with
+``allow-respend=true`` (``pdpfl flower supernode --allow-respend``).
 """
 
 from __future__ import annotations
@@ -171,6 +181,8 @@ class Silo:
     build_s: float = 0.0
     #: How many times this silo's state was written (sealed into every state file).
     generation: int = 0
+    #: The budget store this silo holds open (locked) for the run (:mod:`pdpfl.fl.lifetime`).
+    lifetime: Any = None
 
     @property
     def state_path(self) -> Path:
@@ -304,6 +316,33 @@ class Silo:
                 f"silo {self.silo}: a state file in {self.folder} does not decode ({err})"
             ) from None
 
+    def _open_lifetime(self, client: ClientAlgorithm) -> None:
+        """Open and lock the silo's budget store for this run, after its state is restored
+        and before anything is released (a per-message process waits for the previous one)."""
+        from dataclasses import replace
+
+        from pdpfl.fl.lifetime import TARGET_ATTR, open_lifetime
+
+        target = getattr(client, TARGET_ATTR, None)
+        if target is None:
+            return
+        if not is_warm():
+            wait = max(target.options.wait_s, PER_MESSAGE_LOCK_WAIT_S)
+            target = replace(target, options=replace(target.options, wait_s=wait))
+            setattr(client, TARGET_ATTR, target)
+        rounds = int(getattr(getattr(self.config, "training", None), "rounds", 1))
+        done = int(getattr(client, "next_round", 0))
+        self.lifetime = open_lifetime([client], f"flower-{self.run_key}", rounds - done)
+        for warning in self.lifetime.warnings:
+            with (self.folder / f"lifetime-silo-{self.silo}.log").open("a") as fh:
+                fh.write(warning + "\n")
+
+    def close(self) -> None:
+        """Release the silo's budget store (its files stay)."""
+        if self.lifetime is not None:
+            self.lifetime.close()
+            self.lifetime = None
+
     def threads(self) -> Any:
         """Torch's thread count while this silo computes (``config.threads``)."""
         threads = getattr(self.config, "threads", None)
@@ -326,6 +365,7 @@ class Silo:
         public = json.loads(public_json)
         client = self.hooks.build_client(self.config, self.silo, self.node_config, public)
         self._load_state(client)
+        self._open_lifetime(client)
         self.client, self.public_json = client, public_json
         self.build_s = time.perf_counter() - t0
         return client
@@ -477,14 +517,21 @@ class SiloHost:
                 )
         folder.mkdir(parents=True, exist_ok=True)
         self._lock(folder, index)
+        for (_, other_index, other_run), other in self._silos.items():
+            if other_index == index and other_run != run_key:
+                # a new run of this silo: the earlier run's budget store lock is released (a
+                # charge that run still attempted would fail: never on a stale copy)
+                other.close()
         silo = Silo(hooks, config, index, node_config, run_key, folder)
         self._silos[key] = silo
         while len(self._silos) > MAX_SILOS:
-            self._silos.popitem(last=False)
+            self._silos.popitem(last=False)[1].close()
         self._release_unused()
         return silo
 
     def clear(self) -> None:
+        for silo in self._silos.values():
+            silo.close()
         self._silos.clear()
         self._release_unused()
 

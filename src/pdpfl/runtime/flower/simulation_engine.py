@@ -403,7 +403,9 @@ def run_flower_simulation(
         min_silos=min_silos,
         prefetch=prefetch,
     )
-    node_configs = silo_node_configs(flower_dir, num_silos, data_dirs=data_dirs, hooks=hooks)
+    node_configs = silo_node_configs(
+        flower_dir, num_silos, data_dirs=data_dirs, hooks=hooks, config=config
+    )
     plan_path = flower_dir / PLAN_FILE
     write_json(plan_path, {"run_config": run_config, "node_configs": node_configs})
     rounds = int(getattr(getattr(config, "training", None), "rounds", 1))
