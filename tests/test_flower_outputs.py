@@ -48,6 +48,19 @@ def _config(*extra: str) -> Any:
     )
 
 
+def _grid(config: Any, out: Path, monkeypatch: Any) -> FakeGrid:
+    """Three silos over the in-memory grid; their operator allows what the config asks of their
+    budget stores (``lifetime.allow_respend``), as the loopback launcher does."""
+    from pdpfl.runtime.flower.hooks import ALLOW_RESPEND
+
+    grid = FakeGrid(
+        _run_config(config, out), out / "flower", 3, hooks=None, monkeypatch=monkeypatch
+    )
+    for node_config in grid.node_configs.values():
+        node_config[ALLOW_RESPEND] = True
+    return grid
+
+
 def _run_config(config: Any, out: Path, **extra: Any) -> dict[str, Any]:
     from pdpfl.config import config_to_dict
     from pdpfl.runtime.flower.codec import encode_config
@@ -78,9 +91,7 @@ def test_both_runtimes_write_the_same_model_file(tmp_path: Path, monkeypatch: An
     config = _config()
     run_simulation(config, tmp_path / "sim", progress=False)
     out = tmp_path / "flower"
-    grid = FakeGrid(
-        _run_config(config, out), out / "flower", 3, hooks=None, monkeypatch=monkeypatch
-    )
+    grid = _grid(config, out, monkeypatch)
     assert serve(grid, out)["status"] == "ok"
     # the loopback launcher's last step: the silos' own summaries, collected by their operator
     collect_result(config, out, 3, missing="-")
@@ -114,9 +125,7 @@ def test_a_lost_silo_is_named_in_the_summary_and_the_headline(
 
     config = _config("rounds=3")
     out = tmp_path / "flower"
-    grid = FakeGrid(
-        _run_config(config, out), out / "flower", 3, hooks=None, monkeypatch=monkeypatch
-    )
+    grid = _grid(config, out, monkeypatch)
     failing = grid.node_of(2)
     original_push = grid.push_messages
 

@@ -26,7 +26,14 @@ import numpy as np
 import pytest
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "digits_demo.yaml"
-PDPFL = [sys.executable, "-c", "from pdpfl.cli import main; main()"]
+# As started from a terminal: a shell's background job (CI runners, ``cmd &``) inherits SIGINT
+# ignored, and pdpfl keeps an ignored signal ignored (as ``nohup`` users expect of SIGHUP).
+PDPFL = [
+    sys.executable,
+    "-c",
+    "import signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "from pdpfl.cli import main; main()",
+]
 TOY = [
     "--set",
     "data.num_clients=3",
@@ -239,7 +246,7 @@ def test_superlink_and_supernode_stop_with_their_children(tmp_path: Path) -> Non
         assert supernode.returncode == 143, output
         assert _alive(children) == set()
         # the port is free again: another SuperNode may start there
-        from pdpfl.runtime.flower.processes import port_problem
+        from pdpfl.runtime.flower.ports import port_problem
 
         assert port_problem("127.0.0.1", api_port) is None
         superlink.send_signal(signal.SIGTERM)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +27,18 @@ SIGNALS = [signal.SIGINT, signal.SIGTERM, signal.SIGHUP]
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "digits_demo.yaml"
 
 
+@pytest.fixture
+def sigint_as_from_a_terminal() -> Iterator[None]:
+    """SIGINT handled as Python does in a terminal, also where the test runner inherited it
+    ignored (a shell's background job); pdpfl keeps an ignored signal ignored."""
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
+@pytest.mark.usefixtures("sigint_as_from_a_terminal")
 @pytest.mark.parametrize("sig", SIGNALS, ids=lambda s: signal.Signals(s).name)
 def test_each_stop_signal_raises_interrupted_with_its_exit_code(sig: int) -> None:
     with pytest.raises(Interrupted) as caught, stop_signals_interrupt():
