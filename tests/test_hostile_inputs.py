@@ -548,3 +548,31 @@ def test_the_python_api_names_the_argument_before_training(folder: Path, case: s
     assert message in str(caught.value), str(caught.value)
     assert str(caught.value).split(":")[0] in ("model", "out")
     assert _listing(folder) == before
+
+
+AUDIT_SETTINGS = {
+    # was: accepted; run_audit then tried to allocate 1.6 TB for the canary block
+    "canaries 1e11": ({"canaries": 10**11}, "canaries: must be an integer in [2, 1,000,000]"),
+    "canaries 1": ({"canaries": 1}, "canaries: "),
+    "canaries a float": ({"canaries": 100.5}, "canaries: "),
+    "an unknown observer": ({"observers": ("god",)}, "observers: each must be one of"),
+    "no observer": ({"observers": ()}, "observers: "),
+    "space unknown": ({"space": "disk"}, "space: must be auto, model or block"),
+    "delta 1": ({"delta": 1.0}, "delta: must be in (0, 1)"),
+    "confidence 0": ({"confidence": 0.0}, "confidence: must be in (0, 1)"),
+}
+
+
+@pytest.mark.parametrize("case", list(AUDIT_SETTINGS))
+def test_the_python_audit_settings_are_checked_when_made(case: str) -> None:
+    """The Python API refuses what ``pdpfl audit`` refuses, naming the field, before any
+    training or allocation (issue #36 item 4: "in the CLI and the Python API alike")."""
+    from pdpfl.audit import AuditSettings
+    from pdpfl.audit.session import MAX_CANARIES
+    from pdpfl.cli.audit import MAX_CANARIES as CLI_MAX
+
+    assert CLI_MAX == MAX_CANARIES
+    kwargs, message = AUDIT_SETTINGS[case]
+    with pytest.raises(ValueError) as caught:
+        AuditSettings(**kwargs)
+    assert message in str(caught.value), str(caught.value)

@@ -22,9 +22,8 @@ __all__ = ["audit_command", "register"]
 
 #: Exit status of an audit that found ε̂ above the accountant's ε.
 EXIT_VIOLATION = 1
-#: Most canaries per group: each is a coordinate of the audited model or of an audit-only block
-#: of (groups + 1) × M parameters that every silo holds and trains (10⁶ per group: tens of MB;
-#: 10¹¹ would ask for terabytes). The bound's precision barely improves beyond 10⁴.
+#: Most canaries per group: :data:`pdpfl.audit.session.MAX_CANARIES` (repeated here so that the
+#: CLI starts without importing the audit; a test checks that the two agree).
 MAX_CANARIES = 1_000_000
 
 _OBSERVERS = {
