@@ -24,6 +24,7 @@ from pdpfl.cli import (
     privacy,
     reproduce,
     run,
+    tune,
 )
 
 
@@ -130,7 +131,19 @@ def _root(
         raise typer.Exit(code=2)
 
 
-for _module in (account, calibrate, data, run, compare, privacy, export, audit, reproduce, flower):
+for _module in (
+    account,
+    calibrate,
+    data,
+    run,
+    compare,
+    tune,
+    privacy,
+    export,
+    audit,
+    reproduce,
+    flower,
+):
     _module.register(app)
 
 

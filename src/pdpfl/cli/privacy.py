@@ -3,7 +3,9 @@
 ``RUN_DIR``: reads the ledgers a run wrote (``RUN_DIR/ledgers/*.npz``; a Flower silo's state
 folder holds its own ``ledger-silo-<i>.npz``), prints the per-budget-group table in the run's
 unit and writes ``privacy.csv`` (one row per unit: id, unit, budget, ε spent per observer,
-rounds charged, stopped, excluded). ``--id X`` answers for one person.
+rounds charged, stopped, excluded), and prints each group's attack-risk card (the largest TPR
+any membership attack reaches at FPR 0.1 / 1 / 10 %: :mod:`pdpfl.ledger.risk`). ``--id X``
+answers for one person, their own card included.
 
 ``--store STORE``: a person's budget for life -- every run that ever charged the budget stores
 under ``STORE`` (:mod:`pdpfl.ledger.lifetime`): the runs, and per budget group the lifetime ε
@@ -95,7 +97,8 @@ def privacy_command(
     except ValueError as err:
         fail(f"RUN_DIR: {err}")
     stems = table["holder"].copy()
-    table = with_silo_names(table, holder_names(run_dir if run_dir.is_dir() else run_dir.parent))
+    names = holder_names(run_dir if run_dir.is_dir() else run_dir.parent)
+    table = with_silo_names(table, names)
     if unit_id is not None:
         chosen = select_id(table, unit_id)
         if not len(chosen["id"]) and summary.unit == "client":
@@ -107,11 +110,15 @@ def privacy_command(
                 f"--id: no {summary.unit} with id {unit_id!r} in {run_dir} "
                 f"({len(table['id'])} {summary.unit}s; ids are in privacy.csv)"
             )
+        ledger_of = {name: stem for stem, name in names.items()}  # the silo's name → its file
+        cards = _unit_risk(run_dir, rows, ledger_of)
         if as_json:
-            print_json({"id": unit_id, "rows": rows})
+            print_json({"id": unit_id, "rows": rows, "risk": cards})
             return
-        for row in rows:
+        for row, card in zip(rows, cards, strict=True):
             typer.echo(_describe(row, summary.observers))
+            for obs, sentence in card.items():
+                typer.echo(f"  attack risk ({obs}): {sentence['sentence']}")
         return
     target = (
         out
@@ -122,19 +129,47 @@ def privacy_command(
         write_text(target, _csv_text(table))
     except OSError as err:
         fail(f"--out: cannot write {target} ({err.strerror or err})")
+    from pdpfl.ledger.risk import risk_section
+    from pdpfl.ledger.table import load_ledgers
+
+    risk = risk_section(list(load_ledgers(run_dir).values()), summary.unit)
     if as_json:
-        print_json({"summary": summary.to_dict(), "csv": str(target)})
+        print_json({"summary": summary.to_dict(), "csv": str(target), "risk": risk})
         return
     from rich.console import Console
 
-    from pdpfl.cli.report import group_table, plural
+    from pdpfl.cli.report import group_table, plural, risk_table
 
-    Console().print(
+    console = Console()
+    console.print(
         group_table(
             summary, f"ε spent vs budget, per budget group ({summary.units} {plural(summary.unit)})"
         )
     )
+    console.print(risk_table(risk, f"attack risk, per budget group ({plural(summary.unit)})"))
     typer.echo(f"per-{summary.unit} table written to {target}")
+
+
+def _unit_risk(
+    run_dir: Path, rows: list[dict[str, object]], ledger_of: dict[str, str]
+) -> list[dict[str, dict[str, object]]]:
+    """Each row's own attack-risk card per observer, from its holder's ledger (``ledger_of``:
+    a holder shown by the silo's name → its ledger file's stem)."""
+    from pdpfl.ledger.risk import unit_risk
+    from pdpfl.ledger.table import load_ledgers
+
+    ledgers = load_ledgers(run_dir)
+    out = []
+    for row in rows:
+        holder = str(row["holder"])
+        cards = unit_risk(ledgers[ledger_of.get(holder, holder)], str(row["id"]))
+        out.append(
+            {
+                obs: {**card.to_dict(), "sentence": card.sentence(str(row["unit"]))}
+                for obs, card in cards.items()
+            }
+        )
+    return out
 
 
 def _describe(row: dict[str, object], observers: tuple[str, ...]) -> str:

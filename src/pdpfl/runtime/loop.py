@@ -58,6 +58,7 @@ from pdpfl.fl.rounds import (
     evaluate_round,
     pooled_evaluation,
 )
+from pdpfl.fl.server_optimizer import ServerOptimizerSpec
 
 __all__ = [
     "CHECKPOINT_NAME",
@@ -119,6 +120,8 @@ class LoopSettings:
     #: The fingerprinted part of the configuration (public), kept in the checkpoint so that a
     #: resume refused for another configuration names the fields that changed.
     config_fields: dict[str, Any] | None = None
+    #: The server optimizer post-processing each round's model (None: the algorithm's step).
+    server_optimizer: ServerOptimizerSpec | None = None
 
     @classmethod
     def of(cls, config: Any) -> LoopSettings:
@@ -129,6 +132,9 @@ class LoopSettings:
             unit=str(getattr(getattr(config, "algorithm", None), "unit", "record")),
             reproducible=getattr(config, "randomness", None) == "reproducible",
             config_fields=_fingerprint_fields(config),
+            server_optimizer=ServerOptimizerSpec.from_config(
+                getattr(config, "server_optimizer", None)
+            ),
         )
 
 
@@ -220,6 +226,7 @@ def run_rounds(
             stacklevel=2,
         )
     rounds, unit = settings.rounds, settings.unit
+    optimizer = settings.server_optimizer.build() if settings.server_optimizer else None
     params: Params = [np.asarray(p).copy() for p in server.initial_params()]
     start, seconds_before = 0, 0.0
     run_id = secrets.token_hex(16)  # this run's identity (its checkpoints and ledgers)
@@ -245,6 +252,12 @@ def run_rounds(
             run_id = str(ckpt["run_id"])
             params = ckpt["params"]
             server.load_state_dict(ckpt["server_state"])
+            if optimizer is not None:
+                if "server_optimizer" not in ckpt:
+                    raise ValueError(
+                        f"cannot resume: the checkpoint in {out} holds no server_optimizer state"
+                    )
+                optimizer.load_state_dict(ckpt["server_optimizer"])
             transport.load_client_states(ckpt["client_states"])
             seconds_before = float(ckpt["seconds"])
             metrics = [m for m in read_metrics(out) if int(m["round"]) < start]
@@ -284,7 +297,7 @@ def run_rounds(
             planned = None
             try:
                 aggregate, params = aggregate_round(
-                    server, transport, protocol, params, t, selected, round_config
+                    server, transport, protocol, params, t, selected, round_config, optimizer
                 )
                 if prefetch is not None and t + 1 < last_round:
                     planned = (
@@ -307,21 +320,20 @@ def run_rounds(
             metrics.append(line)
             if save_model is not None and diverged is None:
                 save_model(t, params)
-            save_round(
-                out,
-                metrics,
-                {
-                    "next_round": int(line["round"]) + 1,
-                    "params": params,
-                    "server_state": server.state_dict(),
-                    "client_states": transport.client_states(),
-                    "seconds": line["seconds"],
-                    "config_hash": settings.fingerprint,
-                    "run_id": run_id,
-                    "planned_rounds": settings.planned_rounds or rounds,
-                    "config_fields": settings.config_fields,
-                },
-            )
+            state: dict[str, Any] = {
+                "next_round": int(line["round"]) + 1,
+                "params": params,
+                "server_state": server.state_dict(),
+                "client_states": transport.client_states(),
+                "seconds": line["seconds"],
+                "config_hash": settings.fingerprint,
+                "run_id": run_id,
+                "planned_rounds": settings.planned_rounds or rounds,
+                "config_fields": settings.config_fields,
+            }
+            if optimizer is not None:
+                state["server_optimizer"] = optimizer.state_dict()
+            save_round(out, metrics, state)
             if diverged is not None:
                 break
             log.info(

@@ -4,7 +4,8 @@
 holds the global model's trainable parameters under their torch names (``lin.weight``, ...), so
 any tool that reads safetensors can load it. The header's metadata says what produced it: the
 format, the pdpfl version, the config hash, the algorithm, the privacy unit, the round, the
-headline ε and the typed privacy summary (JSON). No pickle: safetensors stores raw arrays.
+headline ε, the typed privacy summary and the attack-risk card per budget group (JSON). No
+pickle: safetensors stores raw arrays.
 """
 
 from __future__ import annotations
@@ -42,6 +43,9 @@ def model_metadata(summary: dict[str, Any], round_index: int | None = None) -> d
     }
     if privacy is not None and round_index is None:
         meta["privacy"] = json.dumps(privacy, allow_nan=False)
+    risk = finite(summary.get("risk"))
+    if risk is not None and round_index is None:  # attack risk per budget group (ledger.risk)
+        meta["risk"] = json.dumps(risk, allow_nan=False)
     return meta
 
 

@@ -28,6 +28,7 @@ from pdpfl.config import ExperimentConfig
 from pdpfl.fl.aggregation import summary_fields
 from pdpfl.io import save_npz, stale_temporaries, write_json
 from pdpfl.ledger import PrivacyLedger, PrivacySummary, observers_of, save_ledger
+from pdpfl.ledger.risk import run_risk
 from pdpfl.runtime.lock import LOCK_NAME
 from pdpfl.runtime.model_file import MODEL_NAME, model_metadata, write_model
 
@@ -499,6 +500,7 @@ def write_outputs(
         summary["warnings"] = [*warnings, *summary.get("warnings", [])]
     if data is not None:
         summary["data"] = data
+    summary["risk"] = run_risk([*(clients or {}).values(), server], summary["privacy_unit"])
     if plots:  # the plots and the model's header read ε = ∞ (no DP) as such
         write_plots(result["metrics"], summary, out)
     write_model(out / MODEL_NAME, result["params"], parameter_names, model_metadata(summary))

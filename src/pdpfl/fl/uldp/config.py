@@ -195,7 +195,7 @@ class UldpConfig(Algorithm):
                 f"algorithm.subsampling: private is for uldp-avg / uldp-sgd, not {self.name!r}"
             )
         if not self.private:
-            return problems
+            return problems + self.variant_problems(config)
         problems += noise_source_problems(config, "σ such that the planned user-level ε is ε_max")
         problems += accountant_problems(config, self.round_events(config), f"{self.name} (a user)")
         return problems + self.variant_problems(config)
