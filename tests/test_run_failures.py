@@ -94,7 +94,10 @@ def test_a_resume_refused_for_a_changed_config_names_the_fields(tmp_path: Path) 
     res = _run(out, "--resume", "--set", "rounds=1", "--set", "training.lr=0.1", "--set", "seed=7")
     assert res.exit_code == 2, res.output
     line = next(x for x in res.output.splitlines() if x.startswith("error: "))
-    assert "changed: seed (42 → 7), training.lr (0.5 → 0.1)" in line
+    from pdpfl.config import load_config
+
+    lr = load_config(EXAMPLE).training.lr  # the example's own step size
+    assert f"changed: seed (42 → 7), training.lr ({lr:g} → 0.1)" in line
     assert "training.local_steps" not in line  # only what changed
 
 
