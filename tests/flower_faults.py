@@ -75,6 +75,13 @@ class FaultDrill:
             return workers[silo]
         return self.federation.supernodes[silo]
 
+    @staticmethod
+    def _signal_tree(pid: int, sig: int) -> None:
+        """``sig`` to ``pid`` and what it started, by PID: the federation's children share the
+        launcher's process group (a group signal would reach the test itself)."""
+        for each in [pid, *descendants([pid])]:
+            _signal(each, sig, group=False)
+
     def _fire(self, fault: str, silo: int) -> None:
         assert self.federation is not None
         self.pids.update(self.federation.all_processes())
@@ -82,7 +89,7 @@ class FaultDrill:
             self.federation.kill_supernode(silo)
         else:
             sig = signal.SIGSTOP if fault.startswith("stop") else signal.SIGCONT
-            _signal(self._proc(fault, silo).pid, sig, group=True)
+            self._signal_tree(self._proc(fault, silo).pid, sig)
         self.fired.append((fault, silo, time.monotonic()))
 
     def _watch(self) -> None:
@@ -112,7 +119,7 @@ class FaultDrill:
             if fault.startswith("stop"):
                 kind = fault.split("-", 1)[1]
                 if not any(f == f"cont-{kind}" and s == silo for f, s, _ in self.fired):
-                    _signal(self._proc(fault, silo).pid, signal.SIGCONT, group=True)
+                    self._signal_tree(self._proc(fault, silo).pid, signal.SIGCONT)
 
     def alive(self) -> list[int]:
         """Every process of the federation (and their descendants) still running."""

@@ -185,7 +185,15 @@ def test_ctrl_c_stops_every_process_and_resume_finishes_the_run(tmp_path: Path) 
     for item in overrides:
         cmd += ["--set", item]
     env = {**os.environ, **_env(), "COLUMNS": "200"}
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        cmd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        # as from a terminal: a runner started as a shell's background job passes SIGINT on
+        # ignored, and pdpfl (like Python) keeps an inherited ignored signal ignored
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     seen: set[int] = set()
     try:
         deadline = time.monotonic() + 240

@@ -345,6 +345,9 @@ def test_ctrl_c_stops_the_engine_and_prints_the_resume_command(tmp_path: Path) -
         stderr=subprocess.STDOUT,
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+        # as from a terminal: a runner started as a shell's background job passes SIGINT on
+        # ignored, and pdpfl (like Python) keeps an inherited ignored signal ignored
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         deadline = time.monotonic() + 120

@@ -86,7 +86,8 @@ def test_every_round_models_and_export_formats(run, tmp_path) -> None:
     res = runner.invoke(app, ["export", str(out), "--out", str(tmp_path / "m.safetensors")])
     assert res.exit_code == 0 and (tmp_path / "m.safetensors").is_file()
     res = runner.invoke(app, ["export", str(out), "--round", "9"])
-    assert res.exit_code == 2 and "every-round" in res.output
+    assert res.exit_code == 2 and "error: --round: the run has 2 round(s)" in res.output
+    assert "rounds 1 to 2; got 9" in res.output
 
 
 def test_run_log_and_verbosity_on_every_command(run) -> None:

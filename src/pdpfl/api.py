@@ -66,7 +66,10 @@ def register_module(module: nn.Module | Callable[..., nn.Module]) -> str:
 
     A module is registered under ``user-<Class>-<hash of its architecture>``: its current
     weights are the public starting point x⁰ of training, and every silo starts from a copy.
-    Registering a module of the same architecture again replaces the weights used.
+    Registering a module of the same architecture again replaces the weights used. A module
+    without trainable parameters, or a function that cannot be called as a builder (e.g. a
+    ``lambda x: ...`` meant as the model itself), is refused with a ``ValueError`` naming
+    ``model``.
     """
     import copy
 
@@ -75,6 +78,12 @@ def register_module(module: nn.Module | Callable[..., nn.Module]) -> str:
     from pdpfl.models import MODELS
 
     if isinstance(module, torch.nn.Module):
+        if not any(p.requires_grad for p in module.parameters()):
+            raise ValueError(
+                f"model: the {type(module).__name__} module has no trainable parameters; DP "
+                "training releases parameters, so the module needs at least one "
+                "(requires_grad=True)"
+            )
         arch = repr(module) + repr([tuple(p.shape) for p in module.parameters()])
         name = f"user-{type(module).__name__}-{hashlib.sha256(arch.encode()).hexdigest()[:10]}"
         template = copy.deepcopy(module).cpu()
@@ -85,6 +94,7 @@ def register_module(module: nn.Module | Callable[..., nn.Module]) -> str:
         MODELS[name] = build
         return name
     if callable(module):
+        _check_builder(module)
         qual = f"{getattr(module, '__module__', '')}.{getattr(module, '__qualname__', '')}"
         name = (
             f"user-{getattr(module, '__name__', 'builder')}-"
@@ -98,6 +108,27 @@ def register_module(module: nn.Module | Callable[..., nn.Module]) -> str:
     )
 
 
+def _check_builder(builder: Callable[..., Any]) -> None:
+    """A function given as ``model`` is a builder ``f(input_shape, num_classes)``: refuse one
+    whose signature cannot take those two arguments (most often the model's forward pass, such
+    as ``lambda x: x @ w``, given instead of a module)."""
+    import inspect
+
+    try:
+        signature = inspect.signature(builder)
+    except (TypeError, ValueError):  # a builtin or C callable: its call will tell
+        return
+    try:
+        signature.bind((1,), 2)
+    except TypeError:
+        shown = getattr(builder, "__name__", type(builder).__name__)
+        raise ValueError(
+            f"model: {shown}{signature} cannot be called as a builder "
+            "f(input_shape, num_classes) -> torch.nn.Module; pass a torch.nn.Module (e.g. "
+            "torch.nn.Sequential(...)), a builder of that signature, or a registered model name"
+        ) from None
+
+
 def _model_name(model: Any) -> str:
     if isinstance(model, str):
         return model
@@ -105,15 +136,19 @@ def _model_name(model: Any) -> str:
 
 
 def _check_module(model: Any, federation: Federation) -> None:
-    """Run one record through the module: a clear message instead of a shape error later."""
+    """Run two records through the module: a clear message (naming ``model``) instead of a
+    shape or type error after training started."""
     import torch
+
+    from pdpfl.runtime.preflight import check_module_output
 
     if not isinstance(model, torch.nn.Module):
         return
     first = next((c for c in federation.clients if len(c.x_train)), None)
     if first is None:
         return
-    x = torch.as_tensor(np.asarray(first.x_train[:1], dtype=np.float32))
+    batch = min(2, len(first.x_train))
+    x = torch.as_tensor(np.asarray(first.x_train[:batch], dtype=np.float32))
     try:
         with torch.no_grad():
             was = model.training
@@ -122,17 +157,12 @@ def _check_module(model: Any, federation: Federation) -> None:
             model.train(was)
     except Exception as err:  # noqa: BLE001 - reported as the user's model problem
         raise ValueError(
-            f"model: the module fails on one record of shape {tuple(x.shape)} "
+            f"model: the module fails on a batch of shape {tuple(x.shape)} "
             f"(features {federation.input_shape}): {type(err).__name__}: {err}"
         ) from None
-    k = federation.num_classes
-    allowed = (1, 2) if k == 2 else (k,)
-    if y.ndim != 2 or y.shape[1] not in allowed:
-        raise ValueError(
-            f"model: the module returns shape {tuple(y.shape)} for one record; the federation "
-            f"has {k} classes, so it must return (batch, {' or '.join(map(str, allowed))}) "
-            "logits (one logit for binary labels uses a logistic loss)"
-        )
+    check_module_output(
+        y, federation.num_classes, batch=batch, what=f"the {type(model).__name__} module"
+    )
 
 
 def _raw_config(config: Any) -> dict[str, Any]:
@@ -285,6 +315,8 @@ def train(
         table = budget_table(budgets)
     name = settings.get("name") or (_raw_config(config).get("name") if config else None)
     out_dir = Path(out) if out is not None else Path("runs") / str(name or federation.name)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ValueError(f"out: {out_dir} is a file, not a folder (the run's outputs go there)")
     if table is not None:
         budgets_file = str(out_dir / "budgets.csv")
     cfg = make_config(federation, model, config=config, budgets_file=budgets_file, **settings)
@@ -293,7 +325,7 @@ def train(
     else:
         check_budget_file(cfg, federation)
     fresh = not out_dir.exists() or not any(out_dir.iterdir())
-    prepare_output_dir(out_dir, resume=resume, overwrite=overwrite)
+    prepare_output_dir(out_dir, resume=resume, overwrite=overwrite, option="out")
     try:
         if table is not None:  # the budgets as given (the run reports ids it ignored)
             lines = [",".join(BUDGET_TABLE_COLUMNS)]
@@ -329,7 +361,8 @@ def train(
 def privacy_table(run_dir: str | Path, *, unit_id: object = None, as_frame: bool = True) -> Any:
     """Each person's ε by id, from a run's ledgers (what ``pdpfl privacy RUN_DIR`` writes).
 
-    One row per unit (record, client or user): ``id``, ``unit``, ``holder`` (which ledger),
+    One row per unit (record, client or user): ``id``, ``unit``, ``holder`` (which ledger: the
+    silo's name in the data, or ``server``),
     ``budget``, ``group``, ``rate``, ``noise_multiplier``, ``rounds_<observer>`` and
     ``epsilon_<observer>`` for the third party and the server, ``stopped``, ``excluded``. A
     pandas DataFrame when pandas is installed and ``as_frame`` (else a dict of numpy columns);
@@ -344,8 +377,12 @@ def privacy_table(run_dir: str | Path, *, unit_id: object = None, as_frame: bool
     """
     from pdpfl.ledger.table import privacy_table as table_of
     from pdpfl.ledger.table import select_id
+    from pdpfl.runtime.outputs import holder_names, with_silo_names
 
-    table = table_of(run_dir)
+    folder = Path(run_dir)
+    table = with_silo_names(
+        table_of(run_dir), holder_names(folder if folder.is_dir() else folder.parent)
+    )
     if unit_id is not None:
         table = select_id(table, str(unit_id))
     if as_frame:

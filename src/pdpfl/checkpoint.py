@@ -18,10 +18,11 @@ from typing import Any
 import numpy as np
 
 from pdpfl.integrity import IntegrityError, check_progress, record_progress, seal, unseal
-from pdpfl.io import decode_state, encode_state, write_bytes, write_text
+from pdpfl.io import decode_state, encode_state, signals_deferred, write_bytes, write_text
 
 __all__ = [
     "CHECKPOINT_NAME",
+    "config_changes",
     "LEGACY_CHECKPOINT_NAME",
     "METRICS_NAME",
     "finite",
@@ -62,12 +63,17 @@ def read_metrics(out_dir: str | Path) -> list[dict[str, Any]]:
 
 def save_round(out_dir: Path, metrics: list[dict[str, Any]], state: dict[str, Any]) -> None:
     """After a round: every metrics line so far to ``metrics.jsonl``, then the checkpoint
-    (both atomic: a crash leaves the previous round's files, never half-written ones)."""
-    write_text(
-        out_dir / METRICS_NAME,
-        "".join(json.dumps(finite(m), allow_nan=False) + "\n" for m in metrics),
-    )
-    save_checkpoint(out_dir, state)
+    (both atomic: a crash leaves the previous round's files, never half-written ones).
+
+    A stop signal (Ctrl-C, SIGTERM, SIGHUP) that arrives meanwhile is delivered once both
+    files and the run's high-water mark are written (:func:`pdpfl.io.signals_deferred`): an
+    interrupted run keeps every round it finished."""
+    with signals_deferred():
+        write_text(
+            out_dir / METRICS_NAME,
+            "".join(json.dumps(finite(m), allow_nan=False) + "\n" for m in metrics),
+        )
+        save_checkpoint(out_dir, state)
 
 
 def save_checkpoint(out_dir: Path, state: dict[str, Any]) -> None:
@@ -155,6 +161,34 @@ def run_identity(out_dir: str | Path) -> tuple[str, int] | None:
     except IntegrityError as exc:
         raise IntegrityError(f"{path}: {exc}".replace("; refusing to resume", "")) from None
     return run_id, next_round
+
+
+def _flat(obj: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(obj, dict) and obj:
+        out: dict[str, Any] = {}
+        for k, v in obj.items():
+            out.update(_flat(v, f"{prefix}{k}."))
+        return out
+    return {prefix[:-1]: obj}
+
+
+def config_changes(before: Any, now: Any, limit: int = 6) -> list[str]:
+    """``field (old → new)`` for every dotted field whose value differs between two config
+    dictionaries (a field only one of them has counts as changed); at most ``limit`` entries,
+    then ``...``."""
+    if not isinstance(before, dict) or not isinstance(now, dict):
+        return []
+    a, b = _flat(before), _flat(now)
+    out = []
+    for key in sorted(set(a) | set(b)):
+        if a.get(key, "<unset>") != b.get(key, "<unset>"):
+            old, new = (json.dumps(x.get(key, "<unset>")) for x in (a, b))
+            out.append(f"{key} ({_short(old)} → {_short(new)})")
+    return out[:limit] + (["..."] if len(out) > limit else [])
+
+
+def _short(text: str, width: int = 40) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def has_checkpoint(out_dir: str | Path) -> bool:

@@ -1,6 +1,10 @@
 """Atomic file output: write to a temporary file in the same folder, then rename.
 
-A crash or a validation error never leaves a half-written file behind.
+A crash or a validation error never leaves a half-written file behind, and neither does a stop
+signal: while a file is written, SIGINT, SIGTERM and SIGHUP are held and delivered once it is
+in place or removed (:func:`signals_deferred`; a scheduler's SIGTERM would otherwise kill the
+process between the temporary file and its rename). SIGKILL cannot be held: a temporary file
+``.<name>.<random>.tmp`` it leaves is never read (:func:`stale_temporaries` finds them).
 """
 
 from __future__ import annotations
@@ -9,7 +13,9 @@ import io
 import json
 import math
 import os
+import signal
 import tempfile
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -17,21 +23,80 @@ from typing import Any
 
 import numpy as np
 
+#: The signals that stop a command (Ctrl-C, a scheduler's stop, a closed terminal).
+STOP_SIGNALS: tuple[int, ...] = tuple(
+    getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name)
+)
+
+_deferring = threading.local()
+
+
+@contextmanager
+def signals_deferred() -> Iterator[None]:
+    """Hold :data:`STOP_SIGNALS` during the block, then deliver the first one that arrived.
+
+    The signal reaches whatever handler was installed before the block (``KeyboardInterrupt``
+    for SIGINT, :func:`pdpfl.runtime.signals.stop_signals_interrupt`'s, Flower's graceful exit,
+    or the default action) right after the block, so a write is never cut in the middle.
+    Nested blocks hold until the outermost ends. Only the main thread can install handlers;
+    in other threads the block changes nothing.
+    """
+    if threading.current_thread() is not threading.main_thread() or getattr(
+        _deferring, "active", False
+    ):
+        yield
+        return
+    arrived: list[int] = []
+
+    def hold(signum: int, frame: object) -> None:
+        arrived.append(signum)
+
+    previous: dict[int, object] = {}
+    _deferring.active = True
+    try:
+        for sig in STOP_SIGNALS:
+            current = signal.getsignal(sig)
+            if current is signal.SIG_IGN or current is None:  # ignored, or not set from Python
+                continue
+            previous[sig] = current
+            signal.signal(sig, hold)
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)  # type: ignore[arg-type]
+        _deferring.active = False
+        if arrived:
+            signal.raise_signal(arrived[0])
+
 
 @contextmanager
 def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
-    """Yield a temporary path next to ``path``; on success it is renamed onto ``path``."""
+    """Yield a temporary path next to ``path``; on success it is renamed onto ``path``.
+
+    Stop signals are held until the file is in place or its temporary file is removed
+    (:func:`signals_deferred`).
+    """
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    os.close(fd)
-    tmp_path = Path(tmp)
-    try:
-        yield tmp_path
-        os.replace(tmp_path, target)
-    finally:
-        if tmp_path.exists():
-            tmp_path.unlink()
+    with signals_deferred():
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+        os.close(fd)
+        tmp_path = Path(tmp)
+        try:
+            yield tmp_path
+            os.replace(tmp_path, target)
+        finally:
+            if tmp_path.exists():
+                tmp_path.unlink()
+
+
+def stale_temporaries(folder: str | os.PathLike[str], names: tuple[str, ...]) -> list[Path]:
+    """Temporary files :func:`atomic_path` left in ``folder`` for the files ``names`` (only a
+    process killed with SIGKILL, or a machine that lost power, leaves them)."""
+    base = Path(folder)
+    if not base.is_dir():
+        return []
+    return sorted(p for name in names for p in base.glob(f".{name}.*.tmp") if p.is_file())
 
 
 def write_bytes(path: str | os.PathLike[str], data: bytes) -> None:

@@ -84,9 +84,20 @@ def default_delta(config_delta: float, per_group: int) -> float:
     return float(min(config_delta, 1.0 / (100.0 * per_group)))
 
 
+#: Most canaries per group: each is a coordinate of the audited model or of an audit-only block
+#: of (groups + 1) × M parameters that every silo holds and trains (10⁶ per group: tens of MB;
+#: 10¹¹ would ask for terabytes). The bound's precision barely improves beyond 10⁴.
+MAX_CANARIES = 1_000_000
+
+
 @dataclass(frozen=True)
 class AuditSettings:
-    """The auditor's choices: canaries per group, observers, space, coins, confidence, δ."""
+    """The auditor's choices: canaries per group, observers, space, coins, confidence, δ.
+
+    Checked when made (``ValueError`` naming the field and its allowed range), before any
+    training or allocation: ``canaries`` in [2, :data:`MAX_CANARIES`], ``observers`` among
+    ``third-party`` and ``server``, ``space`` auto/model/block, ``confidence`` and ``delta``
+    in (0, 1)."""
 
     canaries: int = 1000
     observers: tuple[str, ...] = OBSERVERS
@@ -94,6 +105,22 @@ class AuditSettings:
     seed: int | None = None
     confidence: float = 0.95
     delta: float | None = None
+
+    def __post_init__(self) -> None:
+        m = self.canaries
+        if isinstance(m, bool) or not isinstance(m, int | np.integer) or not 2 <= m <= MAX_CANARIES:
+            raise ValueError(f"canaries: must be an integer in [2, {MAX_CANARIES:,}], got {m!r}")
+        if not self.observers or any(o not in OBSERVERS for o in self.observers):
+            raise ValueError(
+                f"observers: each must be one of {', '.join(OBSERVERS)}, got {self.observers!r}"
+            )
+        if self.space not in ("auto", "model", "block"):
+            raise ValueError(f"space: must be auto, model or block, got {self.space!r}")
+        for name, value in (("confidence", self.confidence), ("delta", self.delta)):
+            if value is None and name == "delta":
+                continue
+            if not isinstance(value, int | float) or not 0 < float(value) < 1:
+                raise ValueError(f"{name}: must be in (0, 1), got {value!r}")
 
     def randomness(self) -> Randomness:
         return SecureRandomness() if self.seed is None else SeededRandomness(int(self.seed))

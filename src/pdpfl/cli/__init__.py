@@ -64,14 +64,23 @@ def missing_extra_line(err: ImportError, command: str | None) -> str | None:
 
 class _Commands(TyperGroup):
     """The root command: click's usage errors in pdpfl's one-line format (exit 2); a feature
-    whose optional extra is not installed names the extra (exit 2, no traceback)."""
+    whose optional extra is not installed names the extra (exit 2, no traceback); SIGTERM and
+    SIGHUP stop a command exactly as Ctrl-C does (:mod:`pdpfl.runtime.signals`), and a command
+    stopped by one of them exits with 128 + the signal's number (130, 143, 129), without a
+    traceback, whether or not it has its own clean-up."""
 
     def invoke(self, ctx: click.Context) -> Any:
+        from pdpfl.runtime.signals import exit_code, signal_name, signal_of, stop_signals_interrupt
+
         try:
-            return super().invoke(ctx)
+            with stop_signals_interrupt():
+                return super().invoke(ctx)
         except click.UsageError as err:
             click.echo(usage_error_line(err), err=True)
             raise click.exceptions.Exit(2) from None
+        except KeyboardInterrupt as err:  # a command without clean-up of its own
+            click.echo(f"\ninterrupted ({signal_name(signal_of(err))})", err=True)
+            raise click.exceptions.Exit(exit_code(err)) from None
         except ImportError as err:
             line = missing_extra_line(err, ctx.invoked_subcommand)
             if line is None:

@@ -173,3 +173,15 @@ def check_writable(path: Any, option: str) -> None:
         fail(f"{option}: cannot write {p} ({probe} is not a folder)")
     if not os.access(probe, os.W_OK):
         fail(f"{option}: cannot write {p} ({probe} is not writable)")
+
+
+def check_key_dir(party: str = "operator") -> None:
+    """Exit 2 naming ``PDPFL_KEY_DIR`` before any work when this machine's sealing keys cannot
+    be kept there (a file where the folder should be, no write permission): a run seals its
+    first checkpoint after its first round."""
+    from pdpfl.runtime.preflight import check_key_dir as check
+
+    try:
+        check(party)
+    except ValueError as err:
+        fail(str(err))

@@ -18,12 +18,15 @@ from typing import Any
 
 import typer
 
-from pdpfl.cli._common import fail, print_json
+from pdpfl.cli._common import check_key_dir, fail, print_json
 
 __all__ = ["audit_command", "register"]
 
 #: Exit status of an audit that found ε̂ above the accountant's ε.
 EXIT_VIOLATION = 1
+#: Most canaries per group: :data:`pdpfl.audit.session.MAX_CANARIES` (repeated here so that the
+#: CLI starts without importing the audit; a test checks that the two agree).
+MAX_CANARIES = 1_000_000
 
 #: Exit status of an audit whose test saturated where it could not have failed (no power).
 EXIT_INCONCLUSIVE = 4
@@ -97,7 +100,11 @@ def _table(record: dict[str, Any], obs: str) -> Any:
 def audit_command(
     config_path: Path = typer.Argument(..., help="Experiment YAML (see examples/)."),
     canaries: int = typer.Option(
-        1000, "--canaries", min=2, help="Canaries per budget group (and in the control group)."
+        1000,
+        "--canaries",
+        min=2,
+        max=MAX_CANARIES,
+        help="Canaries per budget group (and in the control group), 2 to 1,000,000.",
     ),
     observer: str = typer.Option(
         "both", "--observer", help="third-party (final model), server (every release) or both."
@@ -145,6 +152,7 @@ def audit_command(
     if delta is not None and not 0 < delta < 1:
         fail(f"--delta: must be in (0, 1), got {delta}")
     config = _load(config_path, list(overrides or []), data_dir)
+    check_key_dir()
     settings = AuditSettings(
         canaries=canaries,
         observers=_OBSERVERS[observer],
@@ -167,9 +175,19 @@ def audit_command(
         fail(str(err))
     try:
         result = session.execute(progress=not (quiet or as_json))
-    except BaseException:
+    except BaseException as err:
         if created and out_dir.is_dir() and not any(out_dir.iterdir()):
             shutil.rmtree(out_dir, ignore_errors=True)
+        if isinstance(err, KeyboardInterrupt):  # Ctrl-C, SIGTERM or SIGHUP
+            from pdpfl.runtime.signals import exit_code, signal_name, signal_of
+
+            typer.echo(
+                f"\ninterrupted ({signal_name(signal_of(err))}): the audit's one training run "
+                f"did not finish, so there is nothing to bound; nothing was written to {out_dir} "
+                "(run the audit again)",
+                err=True,
+            )
+            raise typer.Exit(code=exit_code(err)) from None
         raise
     record = result.to_dict()
     write_audit(record, out_dir)

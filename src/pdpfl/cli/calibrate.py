@@ -13,7 +13,7 @@ Example::
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -35,12 +35,64 @@ def register(app: typer.Typer) -> None:
     app.command("calibrate")(calibrate_command)
 
 
+def _read_budgets(path: Path, column: str | None) -> Any:
+    """The budgets of ``--budgets``: a ``record_id,epsilon`` table is read as ``pdpfl run``
+    reads ``budgets.file`` (ids checked: unique integers; rates in the file's row order),
+    anything else by :func:`pdpfl.budgets.load_budgets`. Problems exit 2 naming ``--budgets``
+    (or ``--column``)."""
+    import csv
+
+    import numpy as np
+
+    from pdpfl.budgets import load_budgets
+    from pdpfl.data.budget_table import is_budget_table, read_table
+
+    if path.is_dir():
+        fail(f"--budgets: {path} is a folder; give a .npy or .csv budgets file")
+    if not path.exists():
+        fail(f"--budgets: {path} does not exist")
+    if column is None and is_budget_table(path):
+        try:
+            return np.asarray(read_table(path).values, dtype=np.float64)
+        except ValueError as err:
+            fail(f"--budgets: {str(err).removeprefix('budgets.file: ')}")
+    if column is None and path.suffix.lower() == ".csv":
+        try:
+            with path.open(newline="", encoding="utf-8-sig") as fh:
+                header = next(csv.reader(fh), [])
+        except (OSError, UnicodeDecodeError, csv.Error):
+            header = []
+        named = [h.strip() for h in header if h.strip()]
+        if len(header) > 1 and not all(_is_number(h) for h in named):
+            fail(
+                f"--budgets: {path.name} has {len(header)} columns ({', '.join(named)}); name "
+                "the one that holds ε with --column NAME, or give a record_id,epsilon table"
+            )
+    try:
+        return load_budgets(path, column=column)
+    except (ValueError, FileNotFoundError) as err:
+        text = str(err)
+        if text.startswith("column:"):
+            fail(f"--column:{text.removeprefix('column:')}")
+        fail(f"--budgets: {text}")
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
 def calibrate_command(
     delta: Annotated[float, typer.Option("--delta", help="Target δ, in (0, 1).")],
     budgets: Annotated[
         Path | None,
         typer.Option(
-            "--budgets", help="Budget file: .npy (1-D) or .csv (one column, or see --column)."
+            "--budgets",
+            help="Budget file: .npy (1-D), or .csv: one column, a record_id,epsilon table "
+            "(as for pdpfl run's budgets.file), or any table with --column.",
         ),
     ] = None,
     column: Annotated[
@@ -103,7 +155,7 @@ def calibrate_command(
     """Map personal privacy budgets to Poisson sampling rates and report utilization."""
     import numpy as np
 
-    from pdpfl.budgets import assign_budgets, load_budgets, make_scenario
+    from pdpfl.budgets import assign_budgets, make_scenario
     from pdpfl.calibration import calibrate, noise_for_max_budget
     from pdpfl.io import save_npy
     from pdpfl.seeding import numpy_generator
@@ -161,7 +213,7 @@ def calibrate_command(
 
     try:
         if budgets is not None:
-            eps = load_budgets(budgets, column=column)
+            eps = _read_budgets(budgets, column)
         else:
             if n is None or n < 1:
                 fail("--n: number of records (>= 1) is required with --scenario")

@@ -20,10 +20,9 @@ from typing import Any
 import numpy as np
 import typer
 
-from pdpfl.cli._common import fail, import_plugins, print_json
+from pdpfl.cli._common import check_key_dir, fail, import_plugins, print_json
 from pdpfl.cli.report import compare_table, fmt_acc, mechanism_table, typed_privacy
 from pdpfl.cli.run import (
-    EXIT_INTERRUPTED,
     _load,
     _load_federation,
     _prepare_out,
@@ -230,6 +229,7 @@ def compare_command(
         data_dir,
     )
     check_device(base)
+    check_key_dir()
     seeds = seeds or [base.seed]
     configs = {}
     for method in methods:
@@ -292,14 +292,16 @@ def compare_command(
                         f"({row['seconds']:.1f}s)",
                         err=True,
                     )
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as err:
+            from pdpfl.runtime.signals import exit_code, signal_name, signal_of
+
             where = ", ".join(str(s.path) for s in sinks)
             typer.echo(
-                f"\ninterrupted: {len(rows)} of {len(configs)} runs finished"
-                + (f" (their rows are in {where})" if where else ""),
+                f"\ninterrupted ({signal_name(signal_of(err))}): {len(rows)} of {len(configs)} "
+                "runs finished" + (f" (their rows are in {where})" if where else ""),
                 err=True,
             )
-            raise typer.Exit(code=EXIT_INTERRUPTED) from None
+            raise typer.Exit(code=exit_code(err)) from None
         finally:
             if not keep:
                 shutil.rmtree(root, ignore_errors=True)
@@ -372,6 +374,13 @@ def _accuracy_curve(run_dir: Path) -> list[float]:
 
 def _write_compare_plot(path: Path, name: str, curves: dict[str, list[list[float]]]) -> None:
     """``compare.png``: mean pooled test accuracy per round (over seeds), one line per method."""
+    from pdpfl.runtime.plots import missing_glyphs_quiet
+
+    with missing_glyphs_quiet():
+        _draw_compare_plot(path, name, curves)
+
+
+def _draw_compare_plot(path: Path, name: str, curves: dict[str, list[list[float]]]) -> None:
     from matplotlib.ticker import MaxNLocator
 
     from pdpfl.runtime.plots import _figure, _nothing_to_draw, _save_fig

@@ -22,6 +22,50 @@ from pdpfl.cli._common import fail
 __all__ = ["export_command", "register"]
 
 
+def _round_files(run_dir: Path) -> list[int]:
+    """The rounds whose model a run kept (``models/round-NNNN.safetensors``), sorted."""
+    import re
+
+    folder = run_dir / "models"
+    if not folder.is_dir():
+        return []
+    found = (re.fullmatch(r"round-(\d+)\.safetensors", p.name) for p in folder.iterdir())
+    return sorted(int(m.group(1)) for m in found if m)
+
+
+def _rounds_of(run_dir: Path) -> int | None:
+    """Rounds the run completed (``summary.json``, else ``metrics.jsonl``); None if unknown."""
+    import json
+
+    try:
+        return int(json.loads((run_dir / "summary.json").read_text())["rounds_completed"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    from pdpfl.checkpoint import read_metrics
+
+    try:
+        return len(read_metrics(run_dir)) or None
+    except (OSError, ValueError):
+        return None
+
+
+def _check_round(run_dir: Path, round_: int) -> None:
+    """Exit 2 naming ``--round`` when the run kept no model for that round."""
+    kept = _round_files(run_dir)
+    if round_ in kept:
+        return
+    done = _rounds_of(run_dir)
+    ran = f"the run has {done} round(s)" if done is not None else "the run's round count is unknown"
+    if not kept:
+        fail(
+            f"--round: {run_dir} kept no per-round models ({ran}; only the final model, "
+            "model.safetensors, without --round): per-round models need save_models: "
+            "every-round in the config"
+        )
+    span = f"{kept[0]}" if len(kept) == 1 else f"{kept[0]} to {kept[-1]}"
+    fail(f"--round: {ran}, with models for rounds {span}; got {round_}")
+
+
 def export_command(
     run_dir: Path = typer.Argument(..., help="A run's output folder."),
     fmt: str = typer.Option("safetensors", "--format", help="safetensors or torch."),
@@ -29,24 +73,45 @@ def export_command(
     round_: int | None = typer.Option(
         None, "--round", min=1, help="A round's model (runs with save_models: every-round)."
     ),
+    force: bool = typer.Option(False, "--force", help="Overwrite an existing output file."),
 ) -> None:
     """Export a run's global model (named state_dict) as safetensors or torch."""
+    from pdpfl.cli._common import check_writable
     from pdpfl.io import write_bytes
     from pdpfl.runtime.model_file import MODEL_NAME, write_model
 
     if fmt not in ("safetensors", "torch"):
         fail(f"--format: expected safetensors or torch, got {fmt!r}")
+    if not run_dir.is_dir():
+        what = "is not a folder" if run_dir.exists() else "does not exist"
+        fail(f"RUN_DIR: {run_dir} {what} (give a run's output folder)")
+    if round_ is not None:
+        _check_round(run_dir, round_)
     name = MODEL_NAME if round_ is None else f"models/round-{round_:04d}.safetensors"
     source = run_dir / name
     if not source.is_file():
         fail(
             f"RUN_DIR: no {name} in {run_dir}"
-            + (" (was the run made with save_models: every-round?)" if round_ else "")
+            + (
+                " (was the run made with save_models: every-round?)"
+                if round_
+                else " (a finished pdpfl run writes it)"
+            )
         )
-    tensors, metadata, note = _verified(run_dir, source, final=round_ is None)
     suffix = ".safetensors" if fmt == "safetensors" else ".pt"
     stem = "model" if round_ is None else f"model-round-{round_:04d}"
     target = out if out is not None else run_dir / f"{stem}-export{suffix}"
+    option = "--out" if out is not None else "RUN_DIR"
+    if target.exists() and not target.is_dir():
+        if (
+            target.resolve() == source.resolve()
+            or target.resolve().parent == (run_dir / "models").resolve()
+        ):
+            fail(f"{option}: {target} is the run's own model file; give another file")
+        if not force:
+            fail(f"{option}: {target} already exists; pass --force to overwrite it")
+    check_writable(target, "--out")
+    tensors, metadata, note = _verified(run_dir, source, final=round_ is None)
     try:
         if fmt == "safetensors":
             write_model(target, list(tensors.values()), list(tensors), metadata)

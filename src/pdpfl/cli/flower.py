@@ -6,13 +6,18 @@ dependency installation); ``keygen`` and ``register`` set up Flower's SuperNode 
 ``app`` writes the Flower app folder for a config; ``submit`` sends it to a SuperLink with
 ``flwr run``. For a whole federation on one machine use ``pdpfl run CONFIG --runtime flower``.
 Every command that starts something accepts ``--dry-run`` to print the underlying commands.
+
+Before anything starts, the ports a command would listen on are checked (``--port``: exit 2
+when taken) and a SuperNode waits at most ``--connect-timeout`` seconds for its SuperLink
+(exit 2 naming ``--superlink``). ``pdpfl flower supernode`` keeps its SuperNode and silo worker
+in its own process group and stops both on Ctrl-C, SIGTERM or SIGHUP (exit 128 + the signal);
+see the kill matrix in ``docs/flower.md``.
 """
 
 from __future__ import annotations
 
 import os
 import shlex
-import signal
 import subprocess
 import tempfile
 from pathlib import Path
@@ -20,7 +25,7 @@ from typing import Any
 
 import typer
 
-from pdpfl.cli._common import fail
+from pdpfl.cli._common import check_key_dir, fail
 
 flower_app = typer.Typer(
     help="Run pdpfl as a Flower federation across hosts (SuperLink, SuperNodes, app).",
@@ -81,9 +86,38 @@ def _loopback_only(insecure: bool, option: str, address: str) -> None:
 
 
 def _address(value: str, option: str = "--superlink") -> str:
-    if ":" not in value or not value.rsplit(":", 1)[1].isdigit():
-        fail(f"{option}: expected host:port, got {value!r}")
+    host, _, port = value.rpartition(":")
+    if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        fail(f"{option}: expected host:port with a port in [1, 65535], got {value!r}")
     return value
+
+
+def _check_port(host: str, port: int, option: str = "--port") -> None:
+    """Exit 2 naming ``option`` when nothing could listen on ``host:port`` right now."""
+    from pdpfl.runtime.flower.ports import port_problem
+
+    problem = port_problem(host, port)
+    if problem is None:
+        return
+    if "not an address" in problem or "resolve" in problem:
+        fail(f"--host: {problem}; give one of this machine's addresses (0.0.0.0: all)")
+    fail(f"{option}: {problem}; choose another with {option}")
+
+
+def _wait_for_superlink(address: str, timeout_s: float) -> None:
+    """Exit 2 naming ``--superlink`` unless the SuperLink accepts connections within
+    ``timeout_s`` seconds (a SuperNode alone would retry forever)."""
+    from pdpfl.runtime.flower.ports import wait_for_listener
+
+    host, _, port = address.rpartition(":")
+    typer.echo(f"waiting for the SuperLink at {address} (up to {timeout_s:g} s)", err=True)
+    problem = wait_for_listener(host.strip("[]"), int(port), timeout_s)
+    if problem is not None:
+        fail(
+            f"--superlink: no SuperLink at {address}: {problem}; is it started (pdpfl flower "
+            "superlink), and are the host, the port and the firewall right? "
+            "(--connect-timeout sets the wait)"
+        )
 
 
 def _exec(cmd: list[str], dry_run: bool, env: dict[str, str] | None = None) -> None:
@@ -127,6 +161,8 @@ def superlink(
         fail("--enable-supernode-auth: SuperNode authentication needs TLS (drop --insecure)")
     _loopback_only(insecure, "--host", host)
     cmd = [_binary("flower-superlink"), *_tls_args(insecure, certfile, keyfile, ca_certfile)]
+    if not dry_run:
+        _check_port(host, port)
     cmd += ["--host", host, "--port", str(port), "--disable-runtime-dependency-installation"]
     if supernode_auth:
         cmd += ["--enable-supernode-auth"]
@@ -264,11 +300,20 @@ def supernode(
         help="The silos' public keys (a folder of silo-<i>.pub files from pdpfl flower "
         "identity, or one JSON list), given out of band: needed for aggregation: secure.",
     ),
+    connect_timeout: float = typer.Option(
+        120.0,
+        "--connect-timeout",
+        min=1.0,
+        help="Seconds to wait for the SuperLink before starting, and the longest the SuperNode "
+        "keeps retrying once it lost it (then it stops).",
+    ),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the commands only."),
 ) -> None:
     """Start one institution's SuperNode and its silo worker (the silo's data stays here).
 
-    Runs in the foreground until Ctrl-C / SIGTERM, which stops both processes.
+    Runs in the foreground until Ctrl-C, SIGTERM or SIGHUP, which stops both processes (exit
+    128 + the signal; the silo's state folder keeps every charge: start it again with the same
+    --state-dir to continue a run).
     """
     from pdpfl.runtime.flower.hooks import (
         ALLOW_RESPEND,
@@ -334,53 +379,68 @@ def supernode(
     if auth_key is not None:
         cmd += ["--auth-supernode-private-key", str(auth_key.resolve())]
     cmd += ["--superlink", superlink_address, "--host", "127.0.0.1", "--port", str(port)]
+    cmd += ["--max-wait-time", f"{connect_timeout:g}"]
     cmd += ["--node-config", node_config_arg(node_config)]
     secret = state / SECRET_NAME
     worker = None
     if mode == "warm":
         cmd += ["--isolation", "process", "--superexec-auth-secret-file", str(secret)]
-        worker = worker_command([f"127.0.0.1:{port}"], [str(secret)])
+        worker = worker_command([f"127.0.0.1:{port}"], [str(secret)], os.getpid())
     if dry_run:
         typer.echo(shlex.join(cmd))
         if worker is not None:
             typer.echo(shlex.join(worker))
         raise typer.Exit()
+    _check_port("127.0.0.1", port)
+    check_key_dir(f"silo-{silo}")
+    _wait_for_superlink(superlink_address, connect_timeout)
     if worker is not None:
         from pdpfl.runtime.flower.worker import write_secret
 
         write_secret(secret)  # fresh per start; only this user can read it
-    raise typer.Exit(_run_services([cmd] + ([worker] if worker else [])))
+    names = ["SuperNode"] + (["silo worker"] if worker else [])
+    raise typer.Exit(
+        _run_services(
+            [cmd] + ([worker] if worker else []),
+            names,
+            ended_hint=f"if it lost the SuperLink at {superlink_address} for more than "
+            f"--connect-timeout {connect_timeout:g} s, start it again once the SuperLink is up",
+        )
+    )
 
 
-def _run_services(commands: list[list[str]]) -> int:
-    """Start ``commands`` (each in its own process group) and wait; stop all when one ends or on
-    Ctrl-C/SIGTERM. Returns the first exit code (130 on interruption)."""
+def _run_services(commands: list[list[str]], names: list[str], *, ended_hint: str = "") -> int:
+    """Start ``commands`` in this process's group and wait; stop all (and what they started)
+    when one ends, or on Ctrl-C, SIGTERM or SIGHUP. Returns the exit code: 128 + the signal on
+    interruption, else 1 (a service ended by itself)."""
     import time
 
     from pdpfl.runtime.flower.processes import stop_processes
+    from pdpfl.runtime.signals import exit_code, signal_name, signal_of
 
     env = _environment()
     procs: list[subprocess.Popen[Any]] = []
-
-    def on_term(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, on_term)
     code = 0
     try:
         for cmd in commands:
-            procs.append(subprocess.Popen(cmd, env=env, start_new_session=True))
+            procs.append(subprocess.Popen(cmd, env=env))
         while True:
-            ended = [p for p in procs if p.poll() is not None]
+            ended = [(n, p) for n, p in zip(names, procs, strict=True) if p.poll() is not None]
             if ended:
-                code = int(ended[0].returncode)
+                name, proc = ended[0]
+                code = 1  # a service is meant to run until it is stopped
+                typer.echo(
+                    f"the {name} stopped (exit code {proc.returncode}); stopping the others"
+                    + (f"; {ended_hint}" if ended_hint else ""),
+                    err=True,
+                )
                 break
             time.sleep(0.2)
-    except KeyboardInterrupt:
-        code = 130
+    except KeyboardInterrupt as err:  # Ctrl-C, SIGTERM or SIGHUP (pdpfl.runtime.signals)
+        code = exit_code(err)
+        typer.echo(f"\n{signal_name(signal_of(err))}: stopping the SuperNode", err=True)
     finally:
         stop_processes(procs, grace_s=2.0)
-        signal.signal(signal.SIGTERM, previous)
     return code
 
 

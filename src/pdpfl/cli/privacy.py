@@ -96,6 +96,7 @@ def privacy_command(
     life (--store)."""
     from pdpfl.io import write_text
     from pdpfl.ledger.table import select_id
+    from pdpfl.runtime.outputs import holder_names, with_silo_names
 
     if store is not None:
         if run_dir is not None:
@@ -114,14 +115,22 @@ def privacy_command(
             fail("--receipt: name the person with --id X (a receipt is for one person)")
         _write_receipt(run_dir, check, unit_id, receipt, as_json, key_file)
         return
+    stems = table["holder"].copy()
+    names = holder_names(run_dir if run_dir.is_dir() else run_dir.parent)  # display names only
+    table = with_silo_names(table, names)
     if unit_id is not None:
-        rows = _rows(select_id(table, unit_id))
+        chosen = select_id(table, unit_id)
+        if not len(chosen["id"]) and summary.unit == "client":
+            # a client is a silo: its ledger file's name (client_<i>) also answers
+            chosen = {c: v[stems == str(unit_id)] for c, v in table.items()}
+        rows = _rows(chosen)
         if not rows:
             fail(
                 f"--id: no {summary.unit} with id {unit_id!r} in {run_dir} "
                 f"({len(table['id'])} {summary.unit}s; ids are in privacy.csv)"
             )
-        cards = _unit_risk(check.ledgers, rows)
+        ledger_of = {name: stem for stem, name in names.items()}  # the silo's name → its file
+        cards = _unit_risk(check.ledgers, rows, ledger_of)
         if as_json:
             print_json(
                 {"id": unit_id, "rows": rows, "risk": cards, "verification": check.to_dict()}
@@ -129,7 +138,7 @@ def privacy_command(
             return
         typer.echo(check.note)
         for row, card in zip(rows, cards, strict=True):
-            typer.echo(_describe(row))
+            typer.echo(_describe(row, summary.observers))
             for obs, sentence in card.items():
                 typer.echo(f"  attack risk ({obs}): {sentence['sentence']}")
         return
@@ -219,14 +228,16 @@ def _write_receipt(
 
 
 def _unit_risk(
-    ledgers: dict[str, Any], rows: list[dict[str, object]]
+    ledgers: dict[str, Any], rows: list[dict[str, object]], ledger_of: dict[str, str]
 ) -> list[dict[str, dict[str, object]]]:
-    """Each row's own attack-risk card per observer, from its holder's (verified) ledger."""
+    """Each row's own attack-risk card per observer, from its holder's (verified) ledger
+    (``ledger_of``: a holder shown by the silo's name → its ledger file's stem)."""
     from pdpfl.ledger.risk import unit_risk
 
     out = []
     for row in rows:
-        cards = unit_risk(ledgers[str(row["holder"])], str(row["id"]))
+        holder = str(row["holder"])
+        cards = unit_risk(ledgers[ledger_of.get(holder, holder)], str(row["id"]))
         out.append(
             {
                 obs: {**card.to_dict(), "sentence": card.sentence(str(row["unit"]))}
@@ -236,18 +247,25 @@ def _unit_risk(
     return out
 
 
-def _describe(row: dict[str, object]) -> str:
+def _describe(row: dict[str, object], observers: tuple[str, ...]) -> str:
+    """One unit's answer: budget, rate, σ, and ε spent against each observer its ledger
+    accounts for (a client-level ledger accounts for third parties only)."""
+
     def num(x: object) -> str:
         return "-" if x is None else f"{float(x):.4g}"  # type: ignore[arg-type]
 
+    holder = "" if row["holder"] == row["id"] else f" (held by {row['holder']})"
     lines = [
-        f"{row['unit']} {row['id']} ({row['holder']}): budget ε = {num(row['budget'])}, "
-        f"sampling rate {num(row['rate'])}, noise multiplier {num(row['noise_multiplier'])}",
-        f"  third party: ε spent {num(row['epsilon_third_party'])} over "
-        f"{row['rounds_third_party']} charged round(s)",
-        f"  server:      ε spent {num(row['epsilon_server'])} over "
-        f"{row['rounds_server']} charged round(s)",
+        f"{row['unit']} {row['id']}{holder}: budget ε = {num(row['budget'])}, "
+        f"sampling rate {num(row['rate'])}, noise multiplier {num(row['noise_multiplier'])}"
     ]
+    for obs, label in (("third-party", "third party:"), ("server", "server:     ")):
+        if obs in observers:
+            tag = obs.replace("-", "_")
+            lines.append(
+                f"  {label} ε spent {num(row[f'epsilon_{tag}'])} over "
+                f"{row[f'rounds_{tag}']} charged round(s)"
+            )
     if row["excluded"]:
         lines.append("  excluded: never sampled (budget below the smallest achievable ε)")
     elif row["stopped"]:

@@ -106,9 +106,60 @@ def group_table(privacy: PrivacySummary, title: str) -> Any:
         )
     notes.append(f"mean use = mean of ε spent / budget over the group's {plural(privacy.unit)}")
     for key, value in privacy.approximate.items():
-        notes.append(f"approximate (not a guarantee): {key} = {fmt(value)}")
+        notes.append(f"approximate (not a guarantee): {approximate_label(key)} = {fmt(value)}")
     t.caption = "\n".join(notes)
     return t
+
+
+#: How the approximate figures of a privacy summary are named on the terminal.
+_APPROXIMATE = {
+    "clt_mu": "μ-GDP by the CLT (largest over clients)",
+    "clt_mu_strong": "μ-GDP by the CLT, strong notion √(m−1)·μ",
+}
+_OBSERVER_WORDS = {"third-party": "third parties", "server": "the server"}
+
+
+def approximate_label(key: str) -> str:
+    """A reader's name for an approximate figure (``gdp-clt_epsilon_max_server`` → ``largest ε
+    against the server, gdp-clt accountant``); an unknown key is shown as it is."""
+    if key in _APPROXIMATE:
+        return _APPROXIMATE[key]
+    accountant, sep, observer = key.partition("_epsilon_max_")
+    if sep and observer.replace("_", "-") in _OBSERVER_WORDS:
+        who = _OBSERVER_WORDS[observer.replace("_", "-")]
+        return f"largest ε against {who} ({accountant} accountant)"
+    return key
+
+
+def observers_text(observers: Any) -> str:
+    """``the server and third parties`` for the observers a number accounts for."""
+    words = [_OBSERVER_WORDS.get(str(o), str(o)) for o in observers]
+    return " and ".join(words) if words else "nobody"
+
+
+def lost_silos_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
+    """Headline rows for the silos a deployment lost: who, when, why, and which rounds
+    aggregated how many silos (none when no silo was lost)."""
+    silos = summary.get("silos") or {}
+    lost = list(silos.get("lost") or [])
+    if not lost:
+        return []
+    total = silos.get("total")
+    who = "; ".join(
+        f"{x['silo']} ({x['reason']})"
+        if str(x["reason"]).startswith("round ")
+        else f"{x['silo']} (round {x['round']}: {x['reason']})"
+        for x in lost
+    )
+    spans = []
+    for run in silos.get("aggregated") or []:
+        first, last = run["rounds"]
+        rounds = f"round {first}" if first == last else f"rounds {first}–{last}"
+        spans.append(f"{rounds}: {run['silos']} of {total}")
+    rows = [(f"lost silos ({len(lost)} of {total})", who)]
+    if spans:
+        rows.append(("silos aggregated", "; ".join(spans)))
+    return rows
 
 
 def risk_table(risk: dict[str, Any], title: str) -> Any:
@@ -158,10 +209,13 @@ def run_tables(summary: dict[str, Any]) -> list[Any]:
     elif not privacy.private:
         head.add_row(f"{plural(privacy.unit)} over budget", f"all {privacy.units} (no DP: ε = ∞)")
     else:
+        from pdpfl.ledger import observers_of
+
         u = plural(privacy.unit)
+        against = [o for o in observers_of(summary["adversary"]) if o in privacy.observers]
         head.add_row(
             f"{u} over budget",
-            f"{summary['over_budget']} of {privacy.units} (adversary: {summary['adversary']})",
+            f"{summary['over_budget']} of {privacy.units} (against {observers_text(against)})",
         )
         for obs in privacy.observers:
             life = privacy.lifetime_max(obs)
@@ -187,6 +241,8 @@ def run_tables(summary: dict[str, Any]) -> list[Any]:
         f"{summary['rounds_completed']}"
         + ("" if summary.get("completed", True) else " (interrupted)"),
     )
+    for label, value in lost_silos_rows(summary):
+        head.add_row(label, value, style="yellow")
     head.add_row("training seconds", f"{summary['seconds']:.1f}")
     out = [head]
     if privacy is not None and privacy.private and privacy.groups:

@@ -14,12 +14,9 @@ from typing import Annotated
 
 import typer
 
-from pdpfl.cli._common import fail, multi_value_command, print_json
+from pdpfl.cli._common import check_key_dir, fail, multi_value_command, print_json
 
 __all__ = ["register", "reproduce_command"]
-
-#: Exit status of a run stopped with Ctrl-C (as ``pdpfl run``).
-EXIT_INTERRUPTED = 130
 
 
 def reproduce_command(
@@ -65,6 +62,7 @@ def reproduce_command(
         fail(f"--seeds: seeds must be >= 0, got {seeds}")
     if data_dir is not None and not Path(data_dir).is_dir():
         fail(f"--data-dir: {data_dir} is not a folder")
+    check_key_dir()
     tier = "smoke" if smoke else "quick" if quick else "full"
     target = out if out is not None else Path("runs") / "reproduce" / paper
     minutes = expected_seconds(paper, tier) / 60
@@ -85,9 +83,15 @@ def reproduce_command(
         )
     except OutputDirError as err:
         fail(str(err))
-    except KeyboardInterrupt:
-        typer.echo(f"\ninterrupted: the runs finished so far are under {target / 'runs'}", err=True)
-        raise typer.Exit(code=EXIT_INTERRUPTED) from None
+    except KeyboardInterrupt as err:  # Ctrl-C, SIGTERM or SIGHUP (pdpfl.runtime.signals)
+        from pdpfl.runtime.signals import exit_code, signal_name, signal_of
+
+        typer.echo(
+            f"\ninterrupted ({signal_name(signal_of(err))}): the runs finished so far are "
+            f"under {target / 'runs'}",
+            err=True,
+        )
+        raise typer.Exit(code=exit_code(err)) from None
     if as_json:
         print_json(result)
         return

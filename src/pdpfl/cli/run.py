@@ -5,8 +5,9 @@ used) prints ``error: ...`` naming the field or option and exits 2 before any tr
 
 The output rule, shared with :func:`pdpfl.runtime.simulation.run_simulation`: a folder that
 already holds files is refused unless ``--force`` (pdpfl's previous outputs there are replaced)
-or ``--resume`` (continue the run checkpointed there). Ctrl-C stops after saving the last
-finished round and prints the command that continues the run (exit 130).
+or ``--resume`` (continue the run checkpointed there). Ctrl-C, SIGTERM and SIGHUP stop the run
+keeping every finished round, and print the command that continues it (exit 128 + the signal:
+130, 143, 129; :mod:`pdpfl.runtime.signals`).
 """
 
 from __future__ import annotations
@@ -21,13 +22,17 @@ from typing import Any
 
 import typer
 
-from pdpfl.cli._common import fail, import_plugins, print_json
+from pdpfl.cli._common import check_key_dir, fail, import_plugins, print_json
 from pdpfl.cli._process import collector_paused
 
-#: Exit code after Ctrl-C (128 + SIGINT), as shells report it.
+#: Exit code after Ctrl-C (128 + SIGINT), as shells report it; SIGTERM gives 143, SIGHUP 129
+#: (:func:`pdpfl.runtime.signals.exit_code`).
 EXIT_INTERRUPTED = 130
 #: Exit code of a run whose training diverged (non-finite model, update or loss).
 EXIT_DIVERGED = 3
+#: Exit code of a run that stopped because a file could not be written (disk full, quota):
+#: not bad input (2), the finished rounds are kept and a resume continues.
+EXIT_WRITE_FAILED = 1
 #: Runtimes that run the pdpfl Flower apps.
 FLOWER_RUNTIMES = ("flower", "flower-simulation")
 
@@ -168,19 +173,28 @@ def _resume_hint(
     return shlex.join(parts)
 
 
-def _interrupted(out_dir: Path, rounds: int, hint: str) -> None:
-    from pdpfl.runtime.loop import has_checkpoint, read_metrics
+def _interrupted(out_dir: Path, rounds: int, hint: str, err: BaseException) -> None:
+    from pdpfl.runtime.loop import has_checkpoint, load_checkpoint
+    from pdpfl.runtime.signals import exit_code, signal_name, signal_of
 
-    done = len(read_metrics(out_dir)) if out_dir.is_dir() else 0
-    if has_checkpoint(out_dir) and done:
+    why = signal_name(signal_of(err))
+    try:
+        ckpt = load_checkpoint(out_dir) if has_checkpoint(out_dir) else None
+    except ValueError:
+        ckpt = None
+    done = int(ckpt["next_round"]) if ckpt is not None else 0
+    if done:
         typer.echo(
-            f"\ninterrupted: {done} of {rounds} rounds are saved in {out_dir}; continue with\n"
-            f"  {hint}",
+            f"\ninterrupted ({why}): {done} of {rounds} rounds are saved in {out_dir}; "
+            f"continue with\n  {hint}",
             err=True,
         )
     else:
-        typer.echo("\ninterrupted before the first round finished: nothing was saved", err=True)
-    raise typer.Exit(code=EXIT_INTERRUPTED)
+        typer.echo(
+            f"\ninterrupted ({why}) before the first round finished: nothing was saved",
+            err=True,
+        )
+    raise typer.Exit(code=exit_code(err))
 
 
 def run_command(
@@ -241,6 +255,7 @@ def run_command(
 
             import_matplotlib()
     check_device(config)
+    check_key_dir()  # the first checkpoint is sealed after the first round: check it now
     out_dir = Path(out) if out is not None else Path(config.output_dir)
     if config.runtime in FLOWER_RUNTIMES:
         if config.algorithm.simulation_only:
@@ -276,8 +291,18 @@ def run_command(
                     created=not existed,
                     allow_over_budget=allow_over_budget,
                 )
-        except KeyboardInterrupt:
-            _interrupted(out_dir, config.training.rounds, hint)
+        except KeyboardInterrupt as err:
+            _interrupted(out_dir, config.training.rounds, hint, err)
+        except OSError as err:  # a full disk, a quota: the finished rounds are kept; exit 1
+            from pdpfl.runtime.outputs import OutputWriteError
+
+            text = str(err) if isinstance(err, OutputWriteError) else f"out_dir: {err}"
+            typer.echo(
+                f"error: --out{text.removeprefix('out_dir')}\n  once fixed, continue with\n"
+                f"  {hint}",
+                err=True,
+            )
+            raise typer.Exit(code=EXIT_WRITE_FAILED) from None
     for warning in summary.get("warnings", []):
         typer.echo(f"warning: {warning}", err=True)
     if as_json:
@@ -344,12 +369,14 @@ def _flower(
         )
         raise typer.Exit(code=1) from err
     except FlowerInterrupted as stop:  # every Flower process is already stopped
+        from pdpfl.runtime.signals import exit_code, signal_name, signal_of
+
         typer.echo(
-            f"\ninterrupted after {stop.rounds_done} round(s); every Flower process was "
-            f"stopped. Resume with:\n  {hint}",
+            f"\ninterrupted ({signal_name(signal_of(stop))}) after {stop.rounds_done} "
+            f"round(s); every Flower process was stopped. Resume with:\n  {hint}",
             err=True,
         )
-        raise typer.Exit(code=EXIT_INTERRUPTED) from None
+        raise typer.Exit(code=exit_code(stop)) from None
 
 
 def _simulate(

@@ -13,6 +13,7 @@ from pydantic import (
     ConfigDict,
     Field,
     create_model,
+    field_validator,
     model_validator,
 )
 
@@ -210,6 +211,27 @@ class ExperimentConfig(_Section):
         description="post-processing of each round's released aggregate (FedAvgM, FedAdam, "
         "FedYogi; Reddi et al. 2021); none by default",
     )
+
+    @field_validator("name")
+    @classmethod
+    def _printable_name(cls, value: str) -> str:
+        """A run's name reaches terminals, logs and plot titles: no control characters (an
+        escape sequence could rewrite the terminal; a newline would forge log lines)."""
+        import unicodedata
+
+        for i, ch in enumerate(value):
+            if (
+                unicodedata.category(ch) in ("Cc", "Zl", "Zp")
+                or "\u202a" <= ch <= "\u202e"
+                or ("\u2066" <= ch <= "\u2069")
+            ):
+                raise ValueError(
+                    f"contains the control character U+{ord(ch):04X} at position {i}; a run "
+                    "name is shown on terminals, in logs and in plots: use printable characters"
+                )
+        if not value.strip():
+            raise ValueError("must not be empty or blank")
+        return value
 
     @model_validator(mode="after")
     def _cross_checks(self) -> ExperimentConfig:

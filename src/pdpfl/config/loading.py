@@ -226,7 +226,14 @@ def run_fingerprint(config: ExperimentConfig) -> str:
     """What a checkpoint must match to be resumed: :func:`config_hash` of the config with its
     file paths resolved (``--data-dir data`` and ``--data-dir /abs/data`` are the same run),
     the output folder, the number of rounds T (a finished run may be extended), the
-    per-round model option and the budget store's settings left out."""
+    per-round model option and the budget store's settings left out (:func:`fingerprint_fields`)."""
+    text = json.dumps(fingerprint_fields(config), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def fingerprint_fields(config: ExperimentConfig) -> dict[str, Any]:
+    """The part of the config :func:`run_fingerprint` hashes (a checkpoint keeps it, so that a
+    resume refused for a changed config can name the fields that changed)."""
     data = _drop_defaults(config_to_dict(config))
     data.pop("output_dir", None)
     data.pop("save_models", None)
@@ -238,8 +245,7 @@ def run_fingerprint(config: ExperimentConfig) -> str:
         value = data.get(section, {}).get(key)
         if value:
             data[section][key] = str(Path(value).expanduser().resolve())
-    text = json.dumps(data, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    return data
 
 
 def with_updates(config: ExperimentConfig, overrides: list[str]) -> ExperimentConfig:

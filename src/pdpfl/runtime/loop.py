@@ -39,6 +39,7 @@ from pdpfl.checkpoint import (
     CHECKPOINT_NAME,
     LEGACY_CHECKPOINT_NAME,
     METRICS_NAME,
+    config_changes,
     has_checkpoint,
     load_checkpoint,
     read_metrics,
@@ -117,6 +118,9 @@ class LoopSettings:
     #: T the algorithm's mechanism was published for (less than ``rounds`` when a finished
     #: run is extended; the ledgers charge every extra round).
     planned_rounds: int | None = None
+    #: The fingerprinted part of the configuration (public), kept in the checkpoint so that a
+    #: resume refused for another configuration names the fields that changed.
+    config_fields: dict[str, Any] | None = None
     #: The server optimizer post-processing each round's model (None: the algorithm's step).
     server_optimizer: ServerOptimizerSpec | None = None
     #: The user's explicit opt-in to extend a run past its plan although units that cannot sit
@@ -133,6 +137,7 @@ class LoopSettings:
             fingerprint=_fingerprint(config),
             unit=str(getattr(getattr(config, "algorithm", None), "unit", "record")),
             reproducible=getattr(config, "randomness", None) == "reproducible",
+            config_fields=_fingerprint_fields(config),
             server_optimizer=ServerOptimizerSpec.from_config(
                 getattr(config, "server_optimizer", None)
             ),
@@ -240,8 +245,12 @@ def run_rounds(
         ckpt = load_checkpoint(out)
         if ckpt is not None:
             if ckpt.get("config_hash") != settings.fingerprint:
+                changed = config_changes(ckpt.get("config_fields"), settings.config_fields)
                 raise ValueError(
                     f"cannot resume: the checkpoint in {out} was written by a different config"
+                    + (f"; changed: {', '.join(changed)}" if changed else "")
+                    + " (resume with the run's own config and --set values; only "
+                    "training.rounds may grow)"
                 )
             check_planned_rounds(ckpt, settings.planned_rounds or rounds, out)
             start = int(ckpt["next_round"])
@@ -348,6 +357,7 @@ def run_rounds(
                 "config_hash": settings.fingerprint,
                 "run_id": run_id,
                 "planned_rounds": settings.planned_rounds or rounds,
+                "config_fields": settings.config_fields,
             }
             if optimizer is not None:
                 state["server_optimizer"] = optimizer.state_dict()
@@ -364,7 +374,7 @@ def run_rounds(
                 _short(line.get("accuracy")),
                 "-" if privacy is None else _short(privacy.headline_epsilon("both")),
             )
-            bar.advance(line)
+            bar.advance(line, privacy)
             if on_round is not None:
                 on_round(t, line)
     finally:
@@ -396,6 +406,15 @@ def _short(x: Any) -> str:
     return "-" if x is None else f"{float(x):.4g}"
 
 
+def _fingerprint_fields(config: Any) -> dict[str, Any] | None:
+    try:
+        from pdpfl.config.loading import fingerprint_fields
+
+        return fingerprint_fields(config)
+    except Exception:  # pragma: no cover - non-pdpfl configs (tests with stubs)
+        return None
+
+
 def _fingerprint(config: Any) -> str | None:
     try:
         from pdpfl.config import run_fingerprint
@@ -406,11 +425,18 @@ def _fingerprint(config: Any) -> str | None:
 
 
 class _ProgressBar:
-    """A rich progress bar over rounds (no-op when disabled)."""
+    """A rich progress bar over rounds on a terminal, plain lines without one
+    (:mod:`pdpfl.runtime.progress`); a no-op when disabled."""
 
     def __init__(self, total: int, completed: int, *, enabled: bool) -> None:
+        from pdpfl.runtime.progress import ProgressLines, interactive
+
         self._progress = None
+        self._lines: ProgressLines | None = None
         if not enabled:
+            return
+        if not interactive():
+            self._lines = ProgressLines(total, completed)
             return
         from rich.console import Console
         from rich.progress import (
@@ -433,10 +459,13 @@ class _ProgressBar:
         self._progress.start()
         self._task = self._progress.add_task("rounds", total=total, completed=completed, info="")
 
-    def advance(self, line: dict[str, Any]) -> None:
+    def advance(self, line: dict[str, Any], privacy: Any = None) -> None:
+        acc = line.get("accuracy")
+        if self._lines is not None:
+            self._lines.round_done(int(line["round"]) + 1, acc, privacy)
+            return
         if self._progress is None:
             return
-        acc = line.get("accuracy")
         info = f"acc {acc:.3f}" if isinstance(acc, float) and np.isfinite(acc) else ""
         self._progress.update(self._task, advance=1, info=info)
 

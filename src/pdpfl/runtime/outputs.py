@@ -26,7 +26,7 @@ from pdpfl.checkpoint import (
 )
 from pdpfl.config import ExperimentConfig
 from pdpfl.fl.aggregation import summary_fields
-from pdpfl.io import save_npz, write_json
+from pdpfl.io import save_npz, stale_temporaries, write_json
 from pdpfl.ledger import PrivacyLedger, PrivacySummary, observers_of, save_ledger
 from pdpfl.ledger.risk import run_risk
 from pdpfl.ledger.runfolder import seal_ledgers
@@ -54,6 +54,49 @@ RUN_OUTPUTS = (
 
 class OutputDirError(ValueError):
     """The output folder cannot be used (not a folder, not writable, or holds other files)."""
+
+
+class OutputWriteError(OSError):
+    """A run's file could not be written (a full disk, a quota, a folder made read-only): the
+    run stopped; every round its checkpoint holds is kept and a resume continues from there."""
+
+    def __init__(
+        self, message: str, *, out_dir: Path, file: str, reason: str, rounds_saved: int
+    ) -> None:
+        super().__init__(message)
+        self.out_dir, self.file, self.reason = out_dir, file, reason
+        self.rounds_saved = rounds_saved
+
+
+def output_write_error(err: OSError, out_dir: Path, rounds: int) -> OutputWriteError:
+    """:class:`OutputWriteError` for ``err`` raised while writing into ``out_dir``: names the
+    file (not its temporary name), the reason and how many of ``rounds`` are saved."""
+    import re
+
+    from pdpfl.checkpoint import load_checkpoint
+
+    name = Path(str(err.filename or "")).name
+    match = re.fullmatch(r"\.(.+)\.[^.]+\.tmp", name)
+    file = match.group(1) if match else (name or "an output file")
+    reason = err.strerror or str(err)
+    try:
+        ckpt = load_checkpoint(out_dir) if has_checkpoint(out_dir) else None
+        saved = int(ckpt["next_round"]) if ckpt is not None else 0
+    except (OSError, ValueError):
+        saved = 0
+    kept = (
+        f"{saved} of {rounds} rounds are saved in {out_dir} and a resume continues from there"
+        if saved
+        else "no round was saved yet"
+    )
+    return OutputWriteError(
+        f"out_dir: cannot write {file} in {out_dir} ({reason}); the run stopped cleanly: {kept} "
+        "(free space or fix the folder, then resume the run: --resume, resume=True)",
+        out_dir=out_dir,
+        file=file,
+        reason=reason,
+        rounds_saved=saved,
+    )
 
 
 def check_resumable(
@@ -114,6 +157,9 @@ def prepare_output_dir(
         raise OutputDirError(
             f"{option}: cannot write to {out} ({err.strerror or err}); choose another folder"
         ) from None
+    if resume or overwrite:  # what a process killed mid-write (SIGKILL) left: never read
+        for stale in stale_temporaries(out, outputs):
+            stale.unlink(missing_ok=True)
     entries = sorted(p.name for p in out.iterdir() if p.name != LOCK_NAME)
     if not entries:
         return out
@@ -310,6 +356,63 @@ def privacy_fields(
     }
 
 
+def silo_report(
+    names: dict[int, str], lost: list[dict[str, Any]], result: dict[str, Any]
+) -> dict[str, Any]:
+    """``summary["silos"]``: how many silos the run had, the ones it lost (by the data's name,
+    with the round and the reason) and which rounds aggregated how many silos' contributions
+    (consecutive rounds with the same count in one entry, 1-based)."""
+    return {
+        "total": len(names),
+        "names": [names[s] for s in sorted(names)],
+        "lost": lost,
+        "aggregated": aggregated_runs(list(result.get("metrics") or [])),
+    }
+
+
+def aggregated_runs(metrics: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``[{"rounds": [first, last], "silos": n}, ...]`` from the metrics lines' contributions."""
+    runs: list[dict[str, Any]] = []
+    for line in metrics:
+        r, n = int(line.get("round", 0)) + 1, line.get("contributions")
+        if runs and runs[-1]["silos"] == n and runs[-1]["rounds"][1] == r - 1:
+            runs[-1]["rounds"][1] = r
+        else:
+            runs.append({"rounds": [r, r], "silos": n})
+    return runs
+
+
+def holder_names(run_dir: str | os.PathLike[str]) -> dict[str, str]:
+    """Ledger holder (file stem ``client_<i>``) → the silo's name in the data, read from the
+    run's ``summary.json`` (``data.silo_names`` or ``silos.names``); empty when unknown.
+
+    Ledger files keep their index names (``ledgers/client_<i>.npz``), so run folders written
+    before the names were shown still read the same."""
+    import json
+
+    try:
+        summary = json.loads((Path(run_dir) / "summary.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(summary, dict):
+        return {}
+    names = (summary.get("data") or {}).get("silo_names") or (summary.get("silos") or {}).get(
+        "names"
+    )
+    if not isinstance(names, list):
+        return {}
+    return {f"client_{i}": str(name) for i, name in enumerate(names)}
+
+
+def with_silo_names(table: dict[str, np.ndarray], names: dict[str, str]) -> dict[str, np.ndarray]:
+    """``table`` with each holder shown by the silo's name in the data (``client_2`` → ``s2``);
+    holders without a known name (``server``, a silo state folder) are kept."""
+    if not names:
+        return table
+    holders = np.array([names.get(str(h), str(h)) for h in table["holder"]], dtype=object)
+    return {**table, "holder": holders.astype(str) if len(holders) else table["holder"]}
+
+
 def build_summary(
     config: ExperimentConfig, result: dict[str, Any], view: str = "operator"
 ) -> dict[str, Any]:
@@ -353,6 +456,8 @@ def build_summary(
         # the run's identity: its checkpoint, ledgers and model are sealed under it
         "run_id": result.get("run_id"),
     }
+    if result.get("silos") is not None:
+        summary["silos"] = result["silos"]
     summary.update(privacy_fields(config, result.get("privacy"), view))
     store = result.get("lifetime")
     summary["lifetime"] = lifetime_fields(config, result.get("privacy"), store)
@@ -391,6 +496,12 @@ def write_outputs(
     from pdpfl.runtime.plots import write_plots
 
     out = Path(out_dir)
+    if result.get("silos") is None and clients is not None:  # in-process: no silo is lost
+        names = (data or {}).get("silo_names") or [str(c) for c in sorted(clients)]
+        result = {
+            **result,
+            "silos": silo_report(dict(zip(sorted(clients), names, strict=False)), [], result),
+        }
     summary = build_summary(config, result, view=view)
     if warnings:
         summary["warnings"] = [*warnings, *summary.get("warnings", [])]

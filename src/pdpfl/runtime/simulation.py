@@ -420,11 +420,14 @@ def _simulate(
 
     from pdpfl.fl.algorithm import as_algorithm
     from pdpfl.runtime.loop import LoopSettings, run_rounds
-    from pdpfl.runtime.outputs import write_outputs
+    from pdpfl.runtime.outputs import output_write_error, write_outputs
+    from pdpfl.runtime.preflight import check_key_dir, check_model
 
     started = time.perf_counter()
     if federation is None:
         federation = load_federation_for(config)
+    check_key_dir()  # before training: the first checkpoint is sealed with this machine's key
+    check_model(config, federation)
     data = describe_data(config, federation)
     config = config_for_federation(config, federation)
     if str(config.output_dir) != str(out_dir):  # the summary records where outputs really are
@@ -490,18 +493,23 @@ def _simulate(
             if err.result is None:
                 raise
             diverged, result = err, err.result
+        except OSError as err:  # a round's files could not be written: stop, keep what is saved
+            raise output_write_error(err, Path(out_dir), config.training.rounds) from None
     result["setup_seconds"] = time.perf_counter() - started - result["seconds"]
-    summary = write_outputs(
-        config,
-        result,
-        out_dir,
-        clients=run.clients,
-        server=run.server,
-        view="operator",
-        warnings=run.warnings,
-        data=data,
-        parameter_names=run.parameter_names,
-    )
+    try:
+        summary = write_outputs(
+            config,
+            result,
+            out_dir,
+            clients=run.clients,
+            server=run.server,
+            view="operator",
+            warnings=run.warnings,
+            data=data,
+            parameter_names=run.parameter_names,
+        )
+    except OSError as err:
+        raise output_write_error(err, Path(out_dir), config.training.rounds) from None
     if diverged is not None:  # the outputs (completed: false) are written; now say it loudly
         raise diverged
     return summary

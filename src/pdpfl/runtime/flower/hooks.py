@@ -97,6 +97,11 @@ class AppHooks:
         (``on_round(round_index, metrics_line)`` is called after every round).
     finish
         At the server, ``(config, result, out_dir) -> summary``: writes the run's outputs.
+    run_facts
+        Optional, at the server, ``(config, silo_infos) -> dict`` added to the run's result
+        before ``finish``: public facts of the run, such as ``parameter_names`` (the model's
+        ``state_dict`` names, so that every runtime writes the same named model file) and
+        ``data`` (the federation as the silos described it: names, shapes; no sizes).
     silo_info_message
         The declared message (:mod:`pdpfl.fl.messages`) that ``silo_info``'s facts must be:
         pdpfl's :data:`~pdpfl.fl.messages.SILO_INFO` by default; hooks that send other facts
@@ -111,6 +116,7 @@ class AppHooks:
     build_client: Callable[[Any, int, Mapping[str, Any], dict[str, Any]], ClientAlgorithm]
     run: Callable[..., dict[str, Any]]
     finish: Callable[[Any, dict[str, Any], Path], dict[str, Any]]
+    run_facts: Callable[[Any, dict[int, Scalars]], dict[str, Any]] | None = None
     silo_info_message: MessageId = SILO_INFO
 
 
@@ -334,13 +340,49 @@ def _run(
     return result
 
 
+def _run_facts(config: Any, silo_infos: dict[int, Scalars]) -> dict[str, Any]:
+    """The model's parameter names (built from the public initial model x⁰, as the simulator
+    does) and the federation's public description (the silos' names and shapes; sizes stay at
+    the silos unless the config declares them public)."""
+    import json
+
+    from pdpfl.models import initial_model, trainable_parameters
+
+    first = silo_infos[min(silo_infos)]
+    shape = tuple(int(v) for v in json.loads(str(first["input_shape"])))
+    classes = int(first["num_classes"])
+    x0 = initial_model(
+        config.model.name, shape, classes, dict(config.model.options), seed=config.seed
+    )
+    ids = sorted(silo_infos)
+    data: dict[str, Any] = {
+        "source": "config.data (described by the silos)",
+        "dataset": str(config.data.dataset),
+        "clients": len(ids),
+        "silo_names": [str(silo_infos[s].get("name", s)) for s in ids],
+        "input_shape": list(shape),
+        "num_classes": classes,
+    }
+    if config.data.public_silo_sizes:
+        data["train_records"] = int(sum(int(silo_infos[s]["num_examples"]) for s in ids))
+    return {"parameter_names": [n for n, _ in trainable_parameters(x0)], "data": data}
+
+
 def _finish(config: Any, result: dict[str, Any], out_dir: Path) -> dict[str, Any]:
-    """``summary.json``, ``model.npz`` and plots by the simulator's writer, coordinator view
-    (the silos' privacy summaries stay at the silos)."""
+    """``summary.json``, the named ``model.safetensors`` (and ``model.npz``) and plots by the
+    simulator's writer, coordinator view (the silos' privacy summaries stay at the silos)."""
     from pdpfl.runtime.outputs import write_outputs
 
     server = result.pop("server", None)
-    return write_outputs(config, result, out_dir, view="coordinator", server=server)
+    return write_outputs(
+        config,
+        result,
+        out_dir,
+        view="coordinator",
+        server=server,
+        data=result.pop("data", None),
+        parameter_names=result.pop("parameter_names", None),
+    )
 
 
 PDPFL_HOOKS = AppHooks(
@@ -352,4 +394,5 @@ PDPFL_HOOKS = AppHooks(
     build_client=_build_client,
     run=_run,
     finish=_finish,
+    run_facts=_run_facts,
 )

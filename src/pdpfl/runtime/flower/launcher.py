@@ -26,7 +26,6 @@ are starting at once; the next ones start when their Runtime API listens.
 
 from __future__ import annotations
 
-import contextlib
 import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -34,6 +33,7 @@ from typing import Any
 
 from pdpfl.runtime.flower.apps import RESULT_FILE, STATUS_FILE
 from pdpfl.runtime.flower.codec import encode_config
+from pdpfl.runtime.flower.coordinator import CoordinatorProgress, silo_summaries
 from pdpfl.runtime.flower.hooks import (
     ALLOW_RESPEND,
     BUDGET_STORE,
@@ -49,116 +49,10 @@ from pdpfl.runtime.flower.hooks import (
 from pdpfl.runtime.flower.processes import (
     FlowerInterrupted,
     LocalFederation,
-    _sigterm_as_interrupt,
     write_app,
 )
 from pdpfl.runtime.flower.transport import FlowerRunError
-
-# ------------------------------------------------------------------------------ progress
-
-
-class CoordinatorProgress:
-    """The coordinator's progress on stderr, read from the ServerApp's files (rich).
-
-    Discovery: silos ready / connected. Rounds: the round bar with the sampled silos, the pooled
-    accuracy and -- on loopback, where one operator owns every silo -- the ε headline collected
-    from the local silos' own summaries (``eps≤`` third party / server).
-    """
-
-    def __init__(self, out: Path, rounds: int, num_silos: int, *, enabled: bool) -> None:
-        self.out, self.rounds, self.num_silos = out, rounds, num_silos
-        self.enabled = enabled
-        self._progress: Any = None
-        self._task: Any = None
-        self._seen = 0
-        self._status_mtime = 0.0
-        self._run_key: str | None = None
-
-    def _start(self, completed: int) -> None:
-        from rich.console import Console
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeElapsedColumn,
-        )
-
-        self._progress = Progress(
-            TextColumn("{task.description}"),
-            MofNCompleteColumn(),
-            BarColumn(),
-            TextColumn("{task.fields[info]}"),
-            TimeElapsedColumn(),
-            console=Console(stderr=True),
-            transient=False,
-        )
-        self._progress.start()
-        self._task = self._progress.add_task(
-            "silos", total=self.num_silos, completed=0, info="starting the federation"
-        )
-        self._seen = completed
-
-    def _epsilon(self) -> str:
-        if self._run_key is None:
-            path = self.out / "flower" / "run_key"
-            if path.exists():
-                self._run_key = path.read_text().strip()
-        if not self._run_key:
-            return ""
-        merged = _silo_summaries(self.out / "flower", self._run_key, self.num_silos)
-        if merged is None:
-            return ""
-        tp, sv = merged.spent_max("third-party"), merged.spent_max("server")
-        if tp is None and sv is None:
-            return ""
-        fmt = lambda x: "-" if x is None else f"{x:.3g}"  # noqa: E731
-        return f" | ε max {fmt(tp)} (3rd) / {fmt(sv)} (server)"
-
-    def tick(self) -> None:
-        if not self.enabled:
-            return
-        if self._progress is None:
-            self._start(0)
-        status_path = self.out / "flower" / STATUS_FILE
-        with contextlib.suppress(OSError, ValueError):
-            mtime = status_path.stat().st_mtime
-            if mtime != self._status_mtime:
-                self._status_mtime = mtime
-                status = json.loads(status_path.read_text())
-                if status.get("phase") == "discovery":
-                    missing = status.get("missing", [])
-                    info = f"{status.get('connected', 0)} connected"
-                    if missing:
-                        more = " …" if len(missing) > 8 else ""
-                        shown = ", ".join(map(str, missing[:8])) + more
-                        info += f"; waiting for silo(s) {shown}"
-                    self._progress.update(
-                        self._task, completed=len(status.get("ready", [])), info=info
-                    )
-        from pdpfl.runtime.loop import read_metrics
-
-        with contextlib.suppress(OSError, ValueError):
-            lines = read_metrics(self.out)
-            if lines and self._progress.tasks[0].description != "round":
-                self._progress.update(
-                    self._task, description="round", total=self.rounds, completed=0
-                )
-            if len(lines) > self._seen or (lines and self._seen == 0):
-                last = lines[-1]
-                acc = last.get("accuracy")
-                info = f"sampled {last.get('selected')}"
-                if isinstance(acc, float):
-                    info += f" | acc {acc:.3f}"
-                info += self._epsilon()
-                self._progress.update(self._task, completed=len(lines), info=info)
-                self._seen = len(lines)
-
-    def close(self) -> None:
-        if self._progress is not None:
-            self._progress.stop()
-            self._progress = None
-
+from pdpfl.runtime.signals import stop_signals_interrupt
 
 # ------------------------------------------------------------------------------ run_flower
 
@@ -299,7 +193,8 @@ def run_flower(
     Raises
     ------
     FlowerInterrupted
-        On Ctrl-C/SIGTERM, after every process was stopped; resume with ``resume=True``.
+        On Ctrl-C, SIGTERM or SIGHUP, after every process was stopped; resume with
+        ``resume=True``.
     """
     algorithm = getattr(config, "algorithm", None)
     if algorithm is not None and hooks == DEFAULT_HOOKS and algorithm.simulation_only:
@@ -308,6 +203,9 @@ def run_flower(
             "use runtime: simulation"
         )
     check_mode(config, mode)
+    from pdpfl.runtime.preflight import check_key_dir
+
+    check_key_dir()  # the coordinator seals its checkpoints, the silos their state: check now
     spec = load_hooks(hooks)
     num_silos = spec.num_silos(config)
     if startup_timeout_s is None:
@@ -344,7 +242,7 @@ def run_flower(
     display = CoordinatorProgress(out, rounds, num_silos, enabled=progress)
     try:
         with (
-            _sigterm_as_interrupt(),
+            stop_signals_interrupt(),
             LocalFederation(
                 flower_dir,
                 node_configs,
@@ -357,11 +255,11 @@ def run_flower(
             if on_started is not None:
                 on_started(federation)
             code = federation.run_app(app_dir, run_timeout_s, on_tick=display.tick)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as err:  # Ctrl-C, SIGTERM, SIGHUP: every process is stopped
         display.close()
-        from pdpfl.runtime.loop import read_metrics
+        from pdpfl.runtime.signals import signal_of
 
-        raise FlowerInterrupted(out, len(read_metrics(out))) from None
+        raise FlowerInterrupted(out, rounds_saved(out), signal_of(err)) from None
     finally:
         display.close()
     return collect_result(
@@ -370,6 +268,17 @@ def run_flower(
         num_silos,
         missing=f"flwr run exit code {code}; see {flower_dir}/flwr-run.log and superlink.log",
     )
+
+
+def rounds_saved(out: Path) -> int:
+    """Rounds the run's checkpoint in ``out`` holds (what a resume continues from)."""
+    from pdpfl.runtime.loop import has_checkpoint, load_checkpoint
+
+    try:
+        ckpt = load_checkpoint(out) if has_checkpoint(out) else None
+    except ValueError:
+        return 0
+    return int(ckpt["next_round"]) if ckpt is not None else 0
 
 
 def collect_result(config: Any, out: Path, num_silos: int, *, missing: str) -> dict[str, Any]:
@@ -446,25 +355,13 @@ def check_mode(config: Any, mode: str) -> None:
         )
 
 
-def _silo_summaries(flower_dir: Path, run_key: str, n: int) -> Any:
-    """The typed merge of the local silos' own privacy summaries (None if none is written)."""
-    from pdpfl.ledger import PrivacySummary
-
-    parts = []
-    for i in range(n):
-        path = flower_dir / f"silo-{i}" / f"run-{run_key}" / f"privacy-summary-silo-{i}.json"
-        with contextlib.suppress(OSError, ValueError):
-            parts.append(PrivacySummary.from_dict(json.loads(path.read_text())))
-    return PrivacySummary.merge(parts) if parts else None
-
-
 def _operator_summary(
     config: Any, summary: dict[str, Any], flower_dir: Path, out: Path, run_key: str, n: int
 ) -> dict[str, Any]:
     """On loopback one operator owns every silo: merge the silos' own privacy summaries (read
     from their state folders after the run) with the coordinator's (e.g. a server-side user
     ledger) into the summary, labelled as such."""
-    silos = _silo_summaries(flower_dir, run_key, n)
+    silos = silo_summaries(flower_dir, run_key, n)
     if silos is None or not hasattr(config, "privacy"):
         return summary
     from pdpfl.checkpoint import finite as _finite
@@ -480,7 +377,21 @@ def _operator_summary(
     merged["warnings"] = warnings + [w for w in merged["warnings"] if w not in warnings]
     merged = _finite(merged)
     write_json(out / "summary.json", merged)
+    _restamp_model(out, merged)
     return merged
+
+
+def _restamp_model(out: Path, summary: dict[str, Any]) -> None:
+    """The model file's header with the operator's privacy summary (the coordinator wrote it
+    without one): the same header the simulator writes; the tensors are unchanged."""
+    from pdpfl.runtime.model_file import MODEL_NAME, model_metadata, read_model, write_model
+
+    path = out / MODEL_NAME
+    try:
+        tensors, _ = read_model(path)
+    except ValueError:  # no model file (a run stopped before writing one): nothing to stamp
+        return
+    write_model(path, list(tensors.values()), list(tensors), model_metadata(summary))
 
 
 def _collect_ledgers(flower_dir: Path, out: Path, run_key: str, num_silos: int) -> None:

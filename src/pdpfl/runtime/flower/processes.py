@@ -2,6 +2,12 @@
 silo workers, started as child processes on 127.0.0.1 (free ports, logs in ``<out>/flower/``),
 and stopped -- with every process they started -- by PID (:class:`LocalFederation`).
 
+Every child stays in its parent's process group (no new session): a signal to the group -- a
+terminal's Ctrl-C, ``kill -- -PGID``, systemd or SLURM stopping a job -- reaches all of them,
+and the parent stops them (with what they started) when it stops. Only Flower's own SuperExec
+and app processes run in sessions of their own; each of them exits when its parent does
+(Flower's parent monitor), and :func:`stop_processes` also signals them by PID.
+
 The federation's run itself (the app, the coordinator's progress, its outputs) is
 :mod:`pdpfl.runtime.flower.launcher`.
 """
@@ -17,7 +23,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -25,7 +31,17 @@ from pdpfl.runtime.flower.hooks import (
     STATE_DIR,
 )
 from pdpfl.runtime.flower.loopback import check_insecure
+from pdpfl.runtime.flower.ports import free_port
 from pdpfl.runtime.flower.transport import FlowerRunError
+
+__all__ = [
+    "FlowerInterrupted",
+    "LocalFederation",
+    "descendants",
+    "flower_binary",
+    "free_port",
+    "stop_processes",
+]
 
 FLOWER_ENV = {
     "FLWR_TELEMETRY_ENABLED": "0",
@@ -40,12 +56,14 @@ SECRET_NAME = "superexec.secret"
 
 
 class FlowerInterrupted(KeyboardInterrupt):
-    """A Flower run stopped by Ctrl-C/SIGTERM; its checkpoint (if any) can be resumed."""
+    """A Flower run stopped by Ctrl-C, SIGTERM or SIGHUP (``signum``); its checkpoint (if any)
+    can be resumed."""
 
-    def __init__(self, out_dir: Path, rounds_done: int) -> None:
+    def __init__(self, out_dir: Path, rounds_done: int, signum: int = signal.SIGINT) -> None:
         super().__init__(f"interrupted after {rounds_done} round(s); outputs in {out_dir}")
         self.out_dir = out_dir
         self.rounds_done = rounds_done
+        self.signum = int(signum)
 
 
 def flower_binary(name: str) -> str:
@@ -59,13 +77,6 @@ def flower_binary(name: str) -> str:
             f"{name} not found: install the Flower extra (pip install pdpfl[flower])"
         )
     return found
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def node_config_arg(values: Mapping[str, Any]) -> str:
@@ -197,30 +208,38 @@ def _signal(pid: int, sig: int, *, group: bool) -> None:
             os.kill(pid, sig)
 
 
-def stop_processes(procs: list[subprocess.Popen[bytes]], grace_s: float = 2.0) -> None:
-    """SIGTERM ``procs`` (each the leader of its own process group) and everything they started,
-    then SIGKILL whatever is still alive after ``grace_s``; reap the children.
+def _own_group(pid: int) -> bool:
+    """True if ``pid`` leads a process group other than this process's (signal the group)."""
+    try:
+        return os.getpgid(pid) == pid and pid != os.getpgrp()
+    except (ProcessLookupError, PermissionError):
+        return False
 
-    Flower's SuperLink starts its SuperExec (and so the ``flwr-serverapp``) in a new session, so
-    a process group is not enough: the descendants are found through /proc *before* signalling.
+
+def stop_processes(procs: list[subprocess.Popen[bytes]], grace_s: float = 2.0) -> None:
+    """SIGTERM ``procs`` and everything they started, then SIGKILL whatever is still alive
+    after ``grace_s``; reap the children.
+
+    The children share this process's group, so each is signalled by PID (a child that leads
+    a group of its own gets the group signal). Flower's SuperLink and SuperNodes start their
+    SuperExec (and so the ``flwr-serverapp``) in new sessions: the descendants are found
+    through /proc *before* signalling, and signalled by PID too.
     """
-    leaders = [p.pid for p in procs if p.poll() is None]
-    extra = descendants([p.pid for p in procs])
-    for pid in leaders:
-        _signal(pid, signal.SIGTERM, group=True)
+    children = [p.pid for p in procs if p.poll() is None]
+    extra = [pid for pid in descendants([p.pid for p in procs]) if pid not in children]
+    everyone = children + extra
+    for pid in children:
+        _signal(pid, signal.SIGTERM, group=_own_group(pid))
     for pid in extra:
         _signal(pid, signal.SIGTERM, group=False)
     deadline = time.monotonic() + grace_s
-    everyone = leaders + extra
     while time.monotonic() < deadline and any(_alive(pid) for pid in everyone):
         for proc in procs:
             proc.poll()
         time.sleep(0.05)
-    for pid in leaders:
-        _signal(pid, signal.SIGKILL, group=True)
-    for pid in extra:
+    for pid in everyone:
         if _alive(pid):
-            _signal(pid, signal.SIGKILL, group=False)
+            _signal(pid, signal.SIGKILL, group=pid in children and _own_group(pid))
     for proc in procs:
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=1.0)
@@ -302,7 +321,8 @@ class LocalFederation:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             env=self.env,
-            start_new_session=True,  # own process group: stopped (with its children) by PID
+            # this process's group: a signal to the group reaches every child too; stop()
+            # ends each child (and what it started) by PID
         )
 
     def _secret_file(self, i: int) -> Path:
@@ -446,12 +466,13 @@ class LocalFederation:
             return int(proc.returncode)
         finally:
             if proc.poll() is None:  # interrupted or timed out: stop() collects it
-                _signal(proc.pid, signal.SIGTERM, group=True)
+                _signal(proc.pid, signal.SIGTERM, group=_own_group(proc.pid))
 
     def kill_supernode(self, index: int, sig: int = signal.SIGKILL) -> None:
         """Kill one silo's SuperNode (and what it started): failure drills."""
         proc = self.supernodes[index]
-        _signal(proc.pid, sig, group=True)
+        for pid in [proc.pid, *descendants([proc.pid])]:
+            _signal(pid, sig, group=False)
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=10)
 
@@ -483,22 +504,3 @@ class LocalFederation:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-@contextlib.contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """Treat SIGTERM like Ctrl-C while the federation runs (so children are stopped)."""
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)

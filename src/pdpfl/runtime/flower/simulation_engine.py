@@ -272,24 +272,33 @@ def _flower_log(path: Path) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _stop_on_signals(interrupted: threading.Event) -> Iterator[None]:
-    """Ctrl-C / SIGTERM while the engine runs: stop the ServerApp at its next grid call (its
-    finished rounds are checkpointed) and let Flower stop its actors in order -- raising
+def _stop_on_signals(interrupted: threading.Event, received: list[int]) -> Iterator[None]:
+    """Ctrl-C, SIGTERM or SIGHUP while the engine runs: stop the ServerApp at its next grid call
+    (its finished rounds are checkpointed) and let Flower stop its actors in order -- raising
     KeyboardInterrupt in the engine's loop instead leaves Flower's threads waiting on actors Ray
-    already shut down. A second signal raises KeyboardInterrupt at once."""
+    already shut down. A second signal raises KeyboardInterrupt at once. The signals received
+    are appended to ``received``."""
     import signal
+
+    from pdpfl.io import STOP_SIGNALS
+    from pdpfl.runtime.signals import Interrupted
 
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def handler(signum: int, frame: Any) -> None:
+        received.append(signum)
         if interrupted.is_set():
-            raise KeyboardInterrupt(f"signal {signum}")
+            raise Interrupted(signum)
         interrupted.set()
         ENGINE_STOPPED.set()
 
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous = {
+        sig: signal.signal(sig, handler)
+        for sig in STOP_SIGNALS
+        if signal.getsignal(sig) is not signal.SIG_IGN
+    }
     try:
         yield
     finally:
@@ -343,8 +352,8 @@ def run_flower_simulation(
     ValueError
         A configuration the Simulation Engine cannot run (see :func:`check_simulation`).
     """
+    from pdpfl.runtime.flower.coordinator import CoordinatorProgress
     from pdpfl.runtime.flower.launcher import (
-        CoordinatorProgress,
         app_run_config,
         check_resume,
         collect_result,
@@ -355,6 +364,9 @@ def run_flower_simulation(
     if not ray_available():
         raise FlowerRunError(f"flower-simulation needs the simulation extra: {EXTRA_HINT}")
     check_simulation(config, hooks)
+    from pdpfl.runtime.preflight import check_key_dir
+
+    check_key_dir()  # checkpoints and silo state are sealed: check the key folder now
     spec = load_hooks(hooks)
     num_silos = spec.num_silos(config)
     if startup_timeout_s is None:
@@ -407,8 +419,13 @@ def run_flower_simulation(
         "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0",
     }
     failure: BaseException | None = None
+    received: list[int] = []
     try:
-        with _environment(env), _flower_log(flower_dir / LOG_FILE), _stop_on_signals(interrupted):
+        with (
+            _environment(env),
+            _flower_log(flower_dir / LOG_FILE),
+            _stop_on_signals(interrupted, received),
+        ):
             from flwr.simulation import run_simulation
 
             ticker = _ticker(display.tick, stop) if progress else None
@@ -430,15 +447,16 @@ def run_flower_simulation(
                 if ticker is not None:
                     ticker.join(timeout=2.0)
                     display.tick()
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as err:
         interrupted.set()
+        received.append(int(getattr(err, "signum", 2)))
     finally:
         display.close()
     if interrupted.is_set():
+        from pdpfl.runtime.flower.launcher import rounds_saved
         from pdpfl.runtime.flower.processes import FlowerInterrupted
-        from pdpfl.runtime.loop import read_metrics
 
-        raise FlowerInterrupted(out, len(read_metrics(out)))
+        raise FlowerInterrupted(out, rounds_saved(out), received[0] if received else 2)
     if failure is not None:
         _wait_for(flower_dir / RESULT_FILE, 10.0)  # the stopped ServerApp writes its error
         result = (

@@ -192,6 +192,8 @@ class FlowerTransport:
         self.min_silos = int(min_silos)
         self.log_path = Path(log_path) if log_path is not None else None
         self.lost: dict[int, str] = {}
+        #: The round (0-based) in which each lost silo was lost.
+        self.lost_round: dict[int, int] = {}
         self._message_log = os.environ.get(MESSAGE_LOG_ENV)
         self._prefetch: _Prefetch | None = None
         if not prefetch:  # the round loop then never announces rounds ahead
@@ -246,8 +248,9 @@ class FlowerTransport:
                     continue
                 if reply.has_error():
                     self.lost[silo] = (
-                        f"round {pending.round} {pending.action}: error {reply.error.reason}"
+                        f"round {pending.round + 1} {pending.action}: error {reply.error.reason}"
                     )
+                    self.lost_round.setdefault(silo, pending.round)
                 elif (
                     DIVERGED in reply.content.config_records
                     and pending.action != ACTION_FIT_EVALUATE
@@ -266,9 +269,10 @@ class FlowerTransport:
         for silo in pending.targets:
             if silo not in received and silo not in self.lost:
                 self.lost[silo] = (
-                    f"round {pending.round} {pending.action}: no reply within "
+                    f"round {pending.round + 1} {pending.action}: no reply within "
                     f"{self.round_timeout_s:g} s"
                 )
+                self.lost_round.setdefault(silo, pending.round)
         self._log(
             {
                 "round": pending.round,
@@ -503,6 +507,20 @@ class FlowerTransport:
             ttl=self.round_timeout_s,
         )
         return {silo: records_to_payload(set(rd.keys()), rd) for silo, rd in replies.items()}
+
+    def lost_report(self, names: dict[int, str] | None = None) -> list[dict[str, Any]]:
+        """The lost silos for ``summary.json``: the data's name, the index, the (1-based) round
+        in which the silo was lost and why."""
+        names = names or {}
+        return [
+            {
+                "silo": str(names.get(s, s)),
+                "index": int(s),
+                "round": int(self.lost_round.get(s, 0)) + 1,
+                "reason": why,
+            }
+            for s, why in sorted(self.lost.items())
+        ]
 
     def privacy_summaries(self) -> dict[int, PrivacySummary | None]:
         """Nothing: in a deployment each silo's privacy summary stays at the silo."""
