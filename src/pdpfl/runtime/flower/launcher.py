@@ -383,15 +383,32 @@ def _operator_summary(
 
 def _restamp_model(out: Path, summary: dict[str, Any]) -> None:
     """The model file's header with the operator's privacy summary (the coordinator wrote it
-    without one): the same header the simulator writes; the tensors are unchanged."""
-    from pdpfl.runtime.model_file import MODEL_NAME, model_metadata, read_model, write_model
+    without one): the same header the simulator writes; the tensors are unchanged. The file is
+    verified with its run first and sealed again at the same run id and round (the operator
+    holds the key that sealed it), so a replaced model is refused, never re-stamped."""
+    from pdpfl.runtime.model_file import (
+        MODEL_NAME,
+        model_metadata,
+        read_model,
+        verified_model,
+        write_model,
+    )
 
     path = out / MODEL_NAME
     try:
-        tensors, _ = read_model(path)
+        read_model(path)
     except ValueError:  # no model file (a run stopped before writing one): nothing to stamp
         return
-    write_model(path, list(tensors.values()), list(tensors), model_metadata(summary))
+    tensors, old, _ = verified_model(path, final=True)
+    run_id, at = old.get("run_id"), old.get("sealed_round")
+    write_model(
+        path,
+        list(tensors.values()),
+        list(tensors),
+        model_metadata(summary),
+        run_id=run_id,
+        round_count=None if at is None else int(at),
+    )
 
 
 def _collect_ledgers(flower_dir: Path, out: Path, run_key: str, num_silos: int) -> None:
