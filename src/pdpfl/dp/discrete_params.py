@@ -70,6 +70,7 @@ from typing import Any
 from pdpfl.discrete_noise import DiscreteGaussianSpec, discrete_gaussian_spec
 from pdpfl.privacy.discrete import sum_log_ratio_bound
 from pdpfl.privacy.discrete_plan import SampledDiscreteGaussianPlan
+from pdpfl.privacy.noise import DiscreteGaussianNoise
 from pdpfl.privacy.unit import PrivacyUnit
 
 __all__ = ["DiscreteShareParams", "discrete_share_params", "rounding_bound_sq"]
@@ -200,6 +201,14 @@ class DiscreteShareParams:
             delta,
             rounds,
             observers,
+        )
+
+    def noise(self) -> DiscreteGaussianNoise:
+        """The noise description one share is drawn from (:func:`pdpfl.dp.noise.add_noise`):
+        the variance the share's spec was built for (σ²·N/t), sized for t survivors,
+        multiplier σ (what :meth:`plan` charges)."""
+        return DiscreteGaussianNoise(
+            Fraction(self.share.requested), self.noise_multiplier, self.survivors
         )
 
     def summary(self) -> dict[str, Any]:
