@@ -184,6 +184,22 @@ class DiscreteShareParams:
             return self.l2_sensitivity_sq
         return rounding_bound_sq(w * self.unit_bound, self.padded_dimension, self.beta)
 
+    def parts_view_sq(self, uniform: bool) -> int:
+        """N_sv ≥ Σ_p N_p: the squared sensitivity of a unit's ``parts`` seen one by one (the
+        server under plain summation sees each silo's share on its own; one-share RDP adds with
+        the squared part norms). ``uniform``: every part has weight 1/P, so N_sv = P·N_p(1/P);
+        otherwise (weights summing to ≤ 1) Σ_p Δ̃(c_p)² ≤ Σ_p q(c_p) with q the convex branch of
+        Δ̃², maximal at a vertex of the simplex: q(γC) + (P − 1)·q(0)."""
+        p = self.parts
+        if uniform:
+            return p * self.part_bound_sq(1.0 / p)
+        d, b = self.padded_dimension, math.sqrt(2.0 * math.log(1.0 / self.beta))
+
+        def q(c: float) -> float:
+            return c * c + d / 4.0 + b * (c + math.sqrt(d) / 2.0)
+
+        return math.ceil((q(self.unit_bound) + (p - 1) * q(0.0)) * (1.0 + _SLACK)) + 1
+
     def plan(
         self,
         unit: PrivacyUnit | str,

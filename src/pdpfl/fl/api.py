@@ -278,7 +278,9 @@ def check_contribution(
         raise PrivacyBoundaryError(
             f"{at}contribution.update: expected {expected} arrays, got {len(contribution.update)}"
         )
-    undeclared = set(contribution.metrics) - (set() if encoding is not None else set(public_metrics))
+    undeclared = set(contribution.metrics) - (
+        set() if encoding is not None else set(public_metrics)
+    )
     if undeclared:
         raise PrivacyBoundaryError(
             f"{at}contribution.metrics: {sorted(undeclared)} are not declared public by the "

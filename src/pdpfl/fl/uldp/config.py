@@ -17,6 +17,7 @@ import numpy as np
 from pydantic import Field
 
 from pdpfl.config import ExperimentConfig, PrivacyUnitName
+from pdpfl.fl.aggregation.discrete_shares import ShareEncoding
 from pdpfl.fl.aggregation.threshold import share_threshold
 from pdpfl.fl.algorithm import Algorithm, PublicSetup, register_algorithm
 from pdpfl.fl.api import FederationInfo
@@ -26,6 +27,7 @@ from pdpfl.fl.common import (
     noise_source_problems,
     silo_model,
 )
+from pdpfl.fl.uldp import discrete
 from pdpfl.fl.uldp.mechanism import (
     GroupSetup,
     UldpSetup,
@@ -536,7 +538,27 @@ class UserLevelConfig(UldpConfig):
             else None
         )
 
+    def discrete_shares(self, config: ExperimentConfig) -> bool:
+        """The silos add discrete noise shares (``privacy.noise_shares: discrete``, the default;
+        private weighting keeps its own encoding)."""
+        return (
+            self.private and config.privacy.noise_shares == "discrete" and self.weights != "private"
+        )
+
     def variant_problems(self, config: ExperimentConfig) -> list[str]:
+        if self.discrete_shares(config):
+            if self.personal_budgets:
+                return [
+                    "privacy.noise_shares: personal budgets calibrate per-user rates against "
+                    "the continuous plan; with algorithm.personal_budgets set "
+                    "privacy.noise_shares: continuous"
+                ]
+            if config.privacy.accountant != "rdp":
+                return [
+                    f"privacy.accountant: {config.privacy.accountant} cannot interpret the "
+                    "distributed discrete Gaussian that discrete noise shares are charged as; "
+                    "set privacy.accountant: rdp or privacy.noise_shares: continuous"
+                ]
         if self.personal_budgets and self.user_rate is not None:
             return [
                 "algorithm.user_rate: with personal_budgets each user's rate q_u comes from its "
@@ -569,9 +591,21 @@ class UserLevelConfig(UldpConfig):
     def setup(self, config: ExperimentConfig, info: FederationInfo) -> UserLevelSetup:
         users = num_users(config)
         rate = 1.0 if self.personal_budgets or self.user_rate is None else float(self.user_rate)
-        sigma = noise_multiplier(config, rate)
         # Alg. 3 l. 17 with the share sized for t survivors, not |S| (issue #22, item 2).
         survivors = share_threshold(config, info.num_clients)
+        if self.discrete_shares(config) and config.privacy.noise_multiplier is None:
+            # σ planned at ε_max against the plan the ledger charges (the discrete one)
+            sigma = discrete.calibrated_sigma(
+                config,
+                epsilon=float(config.privacy.epsilon_max or 0.0),
+                rate=rate,
+                silos=info.num_clients,
+                survivors=survivors,
+                users=users,
+                size=discrete.model_size(config, info),
+            )
+        else:
+            sigma = noise_multiplier(config, rate)
         std = self.noise_for(
             sigma, config.training.max_grad_norm, info.num_clients, survivors
         ).std()
@@ -583,7 +617,7 @@ class UserLevelConfig(UldpConfig):
             enhanced_weights(hist)  # validates Σ_s w_(s,u) ≤ 1
             totals = tuple(int(v) for v in hist.sum(axis=0))
         private = self.subsampling == "private"
-        return UserLevelSetup(
+        setup = UserLevelSetup(
             **setup_fields(config, info, users, sigma, std),
             weights=self.weights,
             user_totals=totals,
@@ -591,6 +625,17 @@ class UserLevelConfig(UldpConfig):
             survivors=survivors,
             ot_items=self.ot_items if private else 0,
         )
+        if self.discrete_shares(config):  # refused up front when the bit width cannot work
+            discrete.encoding(config, setup, discrete.model_size(config, info))
+        return setup
+
+    def share_encoding(
+        self, config: ExperimentConfig, info: FederationInfo, setup: UserLevelSetup
+    ) -> ShareEncoding | None:
+        """The silos' discrete share encoding (None: continuous shares)."""
+        if not self.discrete_shares(config):
+            return None
+        return discrete.encoding(config, setup, discrete.model_size(config, info))
 
     def server(
         self,
@@ -600,7 +645,16 @@ class UserLevelConfig(UldpConfig):
         randomness: Randomness,
     ) -> UldpServer:
         s = self._setup(setup, UserLevelSetup)
-        plan = self._ledger_plan(config, s)
+        encoding = self.share_encoding(config, info, s)
+        plan: Any = self._ledger_plan(config, s)
+        if encoding is not None:  # the ledger charges the discrete mechanism that is released
+            plan = discrete.discrete_plan(
+                encoding.params,
+                s.delta,
+                s.rounds,
+                plain=config.aggregation == "plain",
+                uniform=self.weights == "uniform",
+            )
         acc = config.privacy.accountant
         if self.personal_budgets:
             budgets = user_budgets(config)
@@ -610,7 +664,7 @@ class UserLevelConfig(UldpConfig):
         else:
             rates = np.full(s.num_users, 1.0 if self.user_rate is None else self.user_rate)
             budgets = planned_budgets(plan, rates, acc)
-        return self.server_class(
+        server = self.server_class(
             **self._server_kwargs(config, info, s, randomness),
             plan=plan,
             budgets=budgets,
@@ -619,6 +673,8 @@ class UserLevelConfig(UldpConfig):
             personal=self.personal_budgets,
             accountant=acc,
         )
+        server.share_encoding = encoding
+        return server
 
     def client(
         self,
@@ -630,7 +686,9 @@ class UserLevelConfig(UldpConfig):
         randomness: Randomness,
     ) -> UserLevelSilo:
         s = self._setup(setup, UserLevelSetup)
-        return self._silo(self.silo_class, config, client_id, data, info, s, randomness)
+        silo = self._silo(self.silo_class, config, client_id, data, info, s, randomness)
+        silo.share_encoding = self.share_encoding(config, info, s)
+        return silo
 
 
 @register_algorithm
