@@ -48,7 +48,17 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "pdpfl"
 ADDER = {"dp/noise.py", "randomness.py"}
 #: Normals that are not DP noise: simulated users' budget choices (data, not a mechanism).
 ALLOWED = {("budgets/scenarios.py", "normal")}
-DRAWS = {"normal", "normals", "normal_", "randn", "randn_like", "standard_normal", "gauss"}
+DRAWS = {
+    "normal",
+    "normals",
+    "normal_",
+    "randn",
+    "randn_like",
+    "standard_normal",
+    "gauss",
+    "sample_discrete_gaussian",
+    "sample_discrete_gaussian_exact",
+}
 
 
 def draw_sites(source: str) -> list[tuple[int, str]]:

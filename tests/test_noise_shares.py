@@ -43,6 +43,7 @@ from pdpfl.fl.algorithm import build_federation_algorithms
 from pdpfl.fl.idp_fedavg import DistributedIdpSilo
 from pdpfl.fl.uldp import UserLevelSilo
 from pdpfl.privacy.uldp import user_epsilon
+from pdpfl.privacy.uldp_discrete import DiscreteUserLevelPlan
 from pdpfl.runtime.loop import run_federation
 from pdpfl.runtime.simulation import InProcessTransport, load_federation_for
 
@@ -61,6 +62,10 @@ ULDP = {
     "privacy": {"noise_multiplier": SIGMA, "delta": DELTA},
     "training": {"rounds": 3, "local_steps": 1, "lr": 0.3, "batch_size": 8, "max_grad_norm": CLIP},
 }
+
+#: The continuous option's arithmetic (σ²C²/t float shares); discrete shares, the default, are
+#: sized by their integer encoding (tests/test_discrete_shares.py) and run the fault tests below.
+ULDP_CONTINUOUS = {**ULDP, "privacy": {**ULDP["privacy"], "noise_shares": "continuous"}}
 
 IDP = {
     "name": "idp-shares",
@@ -167,7 +172,7 @@ def test_plain_summation_refuses_fewer_shares_than_they_were_sized_for(n: int) -
 
 def test_every_admissible_set_of_uldp_survivors_carries_the_accounted_noise() -> None:
     """|S| = 4, t = 3: any 3 or 4 shares sum to ≥ σ²C²; the old σ²C²/|S| shares did not."""
-    config, server, clients = _build(ULDP)
+    config, server, clients = _build(ULDP_CONTINUOUS)
     n, t = len(clients), server.setup.survivors
     assert t == share_threshold(config, n) == 3
     variance = {c: s.share_std({}) ** 2 for c, s in clients.items()}
@@ -185,7 +190,9 @@ def test_every_admissible_set_of_uldp_survivors_carries_the_accounted_noise() ->
     # σ of the issue's measurement: |S| = 4, σ = 5, one silo lost → 4.33 (4.27 measured)
     assert 5 * math.sqrt(3 / 4) == pytest.approx(4.33, abs=0.01)
     # the server observer: public enhanced weights leave it σ/√t, not σ/√|S|
-    _, enhanced, _ = _build(ULDP, "algorithm.weights=enhanced", "data.public_user_histograms=true")
+    _, enhanced, _ = _build(
+        ULDP_CONTINUOUS, "algorithm.weights=enhanced", "data.public_user_histograms=true"
+    )
     assert enhanced.observer_noise["server"] == pytest.approx(SIGMA / math.sqrt(t))
 
 
@@ -282,7 +289,7 @@ def test_the_ledgers_charge_the_noise_floor_never_less_than_a_dropout_round_rele
     """Three rounds, one silo of four lost in each: the user ledger's ε is that of σ (the
     floor any released sum holds); the noise really released (3 shares of σ²C²/3) has ε no
     larger. With the published σ²C²/|S| shares the release had σ√(3/4): ε above the ledger's."""
-    config, server, clients = _build(ULDP)
+    config, server, clients = _build(ULDP_CONTINUOUS)
     transport = Losing(clients, {0: {3}, 1: {0}, 2: {2}})
     result = run_federation(config, server, transport, tmp_path, progress=False)
     assert [m["contributions"] for m in result["metrics"]] == [3, 3, 3]
@@ -347,15 +354,19 @@ def _watch_aggregates(server) -> list[tuple[int, int, list, list]]:
     return seen
 
 
+@pytest.mark.parametrize("shares", ["continuous", "discrete"])
 @pytest.mark.parametrize("aggregation", ["plain", "secure"])
 def test_a_uldp_silo_dying_mid_round_leaves_t_shares_or_no_aggregate(
-    aggregation: str, tmp_path: Path, monkeypatch
+    aggregation: str, shares: str, tmp_path: Path, monkeypatch
 ) -> None:
     """Four silos (t = 3). Round 1: silo 3 dies after its charge -- 3 shares are released, at
     full noise. Round 2: silos 2 and 3 die -- fewer than t: no aggregate, the model is kept.
-    Under secure summation the dying silos never upload (the protocol's own dropout path)."""
+    Under secure summation the dying silos never upload (the protocol's own dropout path).
+    Both kinds of shares: float Gaussian, and exact discrete Gaussian in Z_{2^b}."""
     _crash_in({1: {3}, 2: {2, 3}}, UserLevelSilo, "step", monkeypatch)
-    config, server, clients = _build(ULDP, f"aggregation={aggregation}")
+    config, server, clients = _build(
+        ULDP, f"aggregation={aggregation}", f"privacy.noise_shares={shares}"
+    )
     transport = Losing(clients)
     if aggregation == "secure":
         crash = {1: {3}, 2: {2, 3}}
@@ -383,9 +394,15 @@ def test_a_uldp_silo_dying_mid_round_leaves_t_shares_or_no_aggregate(
             for a, b in zip(before, after, strict=True):
                 np.testing.assert_array_equal(a, b)
     # the server's ledger charged all three rounds (write-ahead), at the noise floor σ
-    assert result["privacy"].spent_max("third-party") == pytest.approx(
-        user_epsilon(SIGMA, DELTA, 3), rel=1e-9
-    )
+    spent = result["privacy"].spent_max("third-party")
+    if shares == "continuous":
+        assert spent == pytest.approx(user_epsilon(SIGMA, DELTA, 3), rel=1e-9)
+    else:  # the distributed discrete Gaussian of t shares, never less than σ of noise
+        assert isinstance(server.plan, DiscreteUserLevelPlan)
+        assert server.plan.noise_multiplier >= SIGMA * (1 - 1e-12)
+        planned = server.plan.planned_epsilon(np.array([1.0]), "third-party")[0]
+        assert spent == pytest.approx(planned, rel=1e-9)
+        assert spent >= user_epsilon(SIGMA, DELTA, 3) * (1 - 1e-9)
 
 
 def test_an_idp_client_dying_mid_round_leaves_t_shares_or_no_aggregate(

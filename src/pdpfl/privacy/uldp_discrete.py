@@ -35,8 +35,8 @@ from pdpfl.privacy.accountant import mechanism_epsilon
 from pdpfl.privacy.adversary import as_adversary
 from pdpfl.privacy.discrete_plan import SampledDiscreteGaussianPlan
 from pdpfl.privacy.mechanisms import Composed, Mechanism, PoissonSampled
-from pdpfl.privacy.orders import DEFAULT_ORDERS
 from pdpfl.privacy.rdp import check_rates
+from pdpfl.privacy.uldp import ORDERS
 from pdpfl.privacy.unit import Charge, PrivacyUnit
 
 __all__ = ["DiscreteUserLevelPlan"]
@@ -155,7 +155,7 @@ class DiscreteUserLevelPlan:
         self,
         rates: ArrayLike,
         observer: str,
-        orders: ArrayLike = DEFAULT_ORDERS,
+        orders: ArrayLike = ORDERS,
         accountant: str = "rdp",
     ) -> np.ndarray:
         """ε of T charged rounds per rate against ``observer`` (rdp only)."""

@@ -199,7 +199,10 @@ class UldpConfig(Algorithm):
         if not self.private:
             return problems
         problems += noise_source_problems(config, "σ such that the planned user-level ε is ε_max")
-        problems += accountant_problems(config, self.round_events(config), f"{self.name} (a user)")
+        what = f"{self.name} (a user)"
+        if isinstance(self, UserLevelConfig) and self.discrete_shares(config):
+            what += " with discrete noise shares (or set privacy.noise_shares: continuous)"
+        problems += accountant_problems(config, self.round_events(config), what)
         return problems + self.variant_problems(config)
 
     def round_events(self, config: ExperimentConfig) -> list[Mechanism]:
@@ -553,12 +556,6 @@ class UserLevelConfig(UldpConfig):
                     "the continuous plan; with algorithm.personal_budgets set "
                     "privacy.noise_shares: continuous"
                 ]
-            if config.privacy.accountant != "rdp":
-                return [
-                    f"privacy.accountant: {config.privacy.accountant} cannot interpret the "
-                    "distributed discrete Gaussian that discrete noise shares are charged as; "
-                    "set privacy.accountant: rdp or privacy.noise_shares: continuous"
-                ]
         if self.personal_budgets and self.user_rate is not None:
             return [
                 "algorithm.user_rate: with personal_budgets each user's rate q_u comes from its "
@@ -567,6 +564,20 @@ class UserLevelConfig(UldpConfig):
         if self.subsampling == "private":
             return private_subsampling_problems(self)
         return []
+
+    def round_events(self, config: ExperimentConfig) -> list[Mechanism]:
+        """With discrete noise shares: the distributed discrete Gaussian the users' ledger
+        charges (nominal shares), per observer; else the continuous events."""
+        if not self.discrete_shares(config):
+            return super().round_events(config)
+        from pdpfl.privacy.discrete_plan import SampledDiscreteGaussianPlan
+
+        plan = SampledDiscreteGaussianPlan.for_multiplier(
+            "user", 1.0, 2, 1e6, 16, config.privacy.delta, config.training.rounds
+        )
+        view = discrete.DiscreteUserLevelPlan(plan, plan)
+        q = np.array([0.5])
+        return [view.round_event(q, obs) for obs in view.observers]
 
     def noise_for(
         self, sigma: float, max_grad_norm: float, num_silos: int, survivors: int = 0
