@@ -45,7 +45,8 @@ from pdpfl.testing import _build, toy_config
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "pdpfl"
 #: The one module that draws DP noise, and the module that turns key streams into normals.
-ADDER = {"dp/noise.py", "randomness.py"}
+#: (discrete_noise.py: the exact discrete Gaussian sampler itself, called only by the adder)
+ADDER = {"dp/noise.py", "randomness.py", "discrete_noise.py"}
 #: Normals that are not DP noise: simulated users' budget choices (data, not a mechanism).
 ALLOWED = {("budgets/scenarios.py", "normal")}
 DRAWS = {
