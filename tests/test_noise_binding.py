@@ -300,7 +300,9 @@ def test_idp_fedavg_value_and_count_noise_compose_to_the_charged_sigma(
 def test_uldp_silos_add_what_the_user_ledger_charges(
     draws: list[tuple[Any, float]], name: str
 ) -> None:
-    server, clients, config = _round(name)
+    # float shares (discrete shares: tests/test_discrete_shares.py)
+    extra = ["privacy.noise_shares=continuous"] if name == "uldp-avg" else None
+    server, clients, config = _round(name, extra)
     c = config.training.max_grad_norm
     silo = clients[0]
     plan = server.ledger.mechanism
