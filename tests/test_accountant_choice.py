@@ -102,11 +102,12 @@ ACCEPTS: dict[tuple[str, tuple[str, ...]], set[str]] = {
     ("centralized", ()): {"rdp", "pld", "toy"},
     ("centralized-filter", ()): {"rdp"},  # a Rényi filter: no event
     ("idp-fedavg", ()): {"rdp", "pld", "toy"},  # a Poisson-sampled Gaussian per round
-    ("idp-fedavg", ("algorithm.variant=distributed", "aggregation=secure")): {
-        "rdp",
-        "pld",
-        "toy",
-    },
+    # discrete noise shares (the default): the distributed discrete Gaussian, rdp only
+    ("idp-fedavg", ("algorithm.variant=distributed", "aggregation=secure")): {"rdp"},
+    (
+        "idp-fedavg",
+        ("algorithm.variant=distributed", "aggregation=secure", "privacy.noise_shares=continuous"),
+    ): {"rdp", "pld", "toy"},
     ("uldp-naive", ()): {"rdp", "pld", "toy"},
     # discrete noise shares (the default): the distributed discrete Gaussian, rdp only
     ("uldp-avg", ()): {"rdp"},

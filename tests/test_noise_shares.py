@@ -90,6 +90,9 @@ IDP = {
 }
 
 
+IDP_CONTINUOUS = {**IDP, "privacy": {**IDP["privacy"], "noise_shares": "continuous"}}
+
+
 def _build(base: dict, *overrides: str) -> tuple[Any, Any, dict[int, Any]]:
     config = config_from_dict(base, list(overrides))
     with warnings.catch_warnings():
@@ -262,7 +265,7 @@ def test_an_idp_round_that_lost_clients_releases_at_least_the_accounted_noise(
     the old σ_v²C²/N shares gave 4/6 of it."""
     monkeypatch.setattr(DistributedIdpSilo, "coin", lambda self, round_index: False)
     rounds = 4
-    config, server, clients = _build(IDP, f"rounds={rounds}", "algorithm.clipping=fixed")
+    config, server, clients = _build(IDP_CONTINUOUS, f"rounds={rounds}", "algorithm.clipping=fixed")
     transport = Losing(clients, {r: {r % 6, (r + 3) % 6} for r in range(rounds)})
     params = server.initial_params()
     sums = []
@@ -306,7 +309,7 @@ def test_the_ledgers_charge_the_noise_floor_never_less_than_a_dropout_round_rele
 def test_each_idp_client_ledger_charges_the_noise_floor(tmp_path: Path) -> None:
     """The clients' own ledgers charge σ (their group's multiplier); a round with 4 of 6
     clients released value noise σ_v·C·√(4/t) ≥ σ_v·C and count noise ≥ σ_b."""
-    config, server, clients = _build(IDP)
+    config, server, clients = _build(IDP_CONTINUOUS)
     transport = Losing(clients, {0: {0, 1}, 1: {2, 3}, 2: {4, 5}})
     result = run_federation(config, server, transport, tmp_path, progress=False)
     assert [m["contributions"] for m in result["metrics"]] == [4, 4, 4]
@@ -405,13 +408,15 @@ def test_a_uldp_silo_dying_mid_round_leaves_t_shares_or_no_aggregate(
         assert spent >= user_epsilon(SIGMA, DELTA, 3) * (1 - 1e-9)
 
 
+@pytest.mark.parametrize("shares", ["continuous", "discrete"])
 def test_an_idp_client_dying_mid_round_leaves_t_shares_or_no_aggregate(
-    tmp_path: Path, monkeypatch
+    shares: str, tmp_path: Path, monkeypatch
 ) -> None:
     """Six clients (t = 4). Round 1: two die (4 released); round 2: three die (3 < t: no
     aggregate -- the model and the clip norm C_t are kept)."""
     _crash_in({1: {0, 5}, 2: {1, 2, 3}}, DistributedIdpSilo, "release_update", monkeypatch)
-    config, server, clients = _build(IDP)
+    config, server, clients = _build(IDP, f"privacy.noise_shares={shares}")
+    assert (server.share_encoding is not None) == (shares == "discrete")
     seen = _watch_aggregates(server)
     result = run_federation(config, server, Losing(clients), tmp_path, progress=False)
     assert [m["contributions"] for m in result["metrics"]] == [6, 4, 0]
