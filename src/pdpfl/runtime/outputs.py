@@ -348,6 +348,8 @@ def build_summary(
         # the run's fingerprint (pdpfl.config.run_fingerprint), which its checkpoints carry
         "config_hash": result.get("fingerprint"),
     }
+    if server_state.get("noise_shares"):  # the discrete shares' encoding (bits, scale, wrap)
+        summary["aggregation"]["discrete_shares"] = server_state["noise_shares"]
     summary.update(privacy_fields(config, result.get("privacy"), view))
     store = result.get("lifetime")
     summary["lifetime"] = lifetime_fields(config, result.get("privacy"), store)
