@@ -33,6 +33,10 @@ from pdpfl.fl.algorithm import build_federation_algorithms
 from pdpfl.fl.api import Contribution
 from pdpfl.runtime.loop import run_federation
 from pdpfl.runtime.simulation import InProcessTransport, load_federation_for
+from pdpfl.dp.discrete_encoding import encode_share
+from pdpfl.dp.discrete_params import discrete_share_params
+from pdpfl.fl.aggregation.discrete_shares import ShareEncoding, rotation_seed
+from pdpfl.randomness import SecureRandomness
 from secagg_attacks import RecordingDropTransport, attempt_difference, legacy_abort_and_retry
 
 pytestmark = pytest.mark.filterwarnings("ignore::pdpfl.randomness.ReproducibleRandomnessWarning")
@@ -59,7 +63,8 @@ TINY = {
 
 
 class ScriptedClient:
-    """A silo whose round-t update is a fixed pseudo-random vector (and a scripted λ-coin)."""
+    """A silo whose round-t update is a fixed pseudo-random vector (and a scripted λ-coin);
+    with a ``share_encoding`` it releases that vector as a discrete share (tiny noise)."""
 
     def __init__(
         self,
@@ -67,11 +72,13 @@ class ScriptedClient:
         shapes: list[tuple[int, ...]],
         coins: dict[int, bool] | None = None,
         scale: float = 1.0,
+        share_encoding: ShareEncoding | None = None,
     ) -> None:
         self.client_id = cid
         self.shapes = shapes
         self.coins = coins or {}
         self.scale = scale
+        self.share_encoding = share_encoding
         self.fits: list[int] = []
         self.configs: list[dict[str, Any]] = []
 
@@ -85,7 +92,13 @@ class ScriptedClient:
     def fit(self, params, round_index, config):
         self.fits.append(int(round_index))
         self.configs.append(dict(config))
-        return Contribution(update=self.update(int(round_index)), weight=1.0)
+        t = int(round_index)
+        enc = self.share_encoding
+        if enc is not None:  # rotate, scale, round, + an exact discrete Gaussian share, mod 2^b
+            stream = SecureRandomness().stream("noise-share", t, self.client_id)
+            share = encode_share(self.flat(t), enc.params, stream, rotation_seed(t))
+            return Contribution(update=[share], weight=1.0)
+        return Contribution(update=self.update(t), weight=1.0)
 
     def participation_coin(self, round_index: int) -> bool:
         return self.coins.get(int(round_index), True)
@@ -110,13 +123,29 @@ class Server:
     public_metrics: frozenset[str] = frozenset()
     needs_individual_updates = False
 
+    def __init__(self, share_encoding: ShareEncoding | None = None) -> None:
+        self.share_encoding = share_encoding
+
 
 SHAPES = [(3, 4), (5,)]
 PARAMS = [np.zeros(s, dtype=np.float32) for s in SHAPES]
+#: The fault matrix runs with float updates and with discrete shares (issue #33).
+SHARES = pytest.mark.parametrize("shares", ["continuous", "discrete"])
 
 
-def _clients(n: int, **kw: Any) -> dict[int, ScriptedClient]:
-    return {c: ScriptedClient(c, SHAPES, **kw) for c in range(n)}
+def _encoding(shares: str) -> ShareEncoding | None:
+    """Discrete shares of the scripted updates (norm < 10), noise σ = 10^-6 (t ≥ 2 silos)."""
+    if shares == "continuous":
+        return None
+    params = discrete_share_params(
+        clip=10.0, noise_multiplier=1e-6, silos=5, survivors=2, dimension=17, bits=32
+    )
+    return ShareEncoding(params, 17)
+
+
+def _clients(n: int, shares: str = "continuous", **kw: Any) -> dict[int, ScriptedClient]:
+    enc = _encoding(shares)
+    return {c: ScriptedClient(c, SHAPES, share_encoding=enc, **kw) for c in range(n)}
 
 
 def _plain_total(clients, ids, t) -> list[np.ndarray]:
@@ -126,7 +155,7 @@ def _plain_total(clients, ids, t) -> list[np.ndarray]:
     ]
 
 
-def _close(agg, clients, ids, t, tol=1e-5) -> bool:
+def _close(agg, clients, ids, t, tol=1e-4) -> bool:
     return all(
         np.all(np.abs(a - b) <= tol)
         for a, b in zip(agg.total, _plain_total(clients, ids, t), strict=True)
@@ -223,12 +252,18 @@ def test_heart_example_secure_equals_plain(tmp_path: Path, shared_data_dir: Path
 # --------------------------------------------------------------------------- dropouts
 
 
-@pytest.mark.parametrize("stage", ["advertise", "share", "upload"])
-def test_a_silo_lost_at_any_stage_is_left_out_without_a_retry(stage: str) -> None:
-    clients = _clients(4)
+@SHARES
+@pytest.mark.parametrize("stage", ["advertise", "share", "upload", "unmask"])
+def test_a_silo_lost_at_any_stage_is_left_out_without_a_retry(stage: str, shares: str) -> None:
+    clients = _clients(4, shares)
     transport = RecordingDropTransport(clients, victims=(2,), stage=stage)
     proto = SecureSum()
-    agg = proto.collect(transport, [0, 1, 2, 3], PARAMS, 0, {}, Server())
+    agg = proto.collect(transport, [0, 1, 2, 3], PARAMS, 0, {}, Server(_encoding(shares)))
+    if stage == "unmask":  # its upload was summed; t = 3 others hold the shares to unmask it
+        assert agg.count == 4 and _close(agg, clients, [0, 1, 2, 3], 0)
+        assert proto.last_round["u4"] == [0, 1, 3] and proto.last_round["u3"] == [0, 1, 2, 3]
+        assert transport.stages() == ["advertise", "share", "upload", "unmask"]
+        return
     assert agg.count == 3 and _close(agg, clients, [0, 1, 3], 0)
     assert proto.last_round["outcome"] == "released" and proto.last_round["u3"] == [0, 1, 3]
     assert transport.stages() == ["advertise", "share", "upload", "unmask"]  # one pass, no retry
@@ -238,24 +273,26 @@ def test_a_silo_lost_at_any_stage_is_left_out_without_a_retry(stage: str) -> Non
         assert proto.last_round["dropped"] == [2] and 2 in transport.late
 
 
-def test_a_round_that_cannot_keep_t_silos_has_no_aggregate_and_never_unmasks() -> None:
-    clients = _clients(3)  # t(3) = 2
+@SHARES
+def test_a_round_that_cannot_keep_t_silos_has_no_aggregate_and_never_unmasks(shares: str) -> None:
+    clients = _clients(3, shares)  # t(3) = 2
     transport = RecordingDropTransport(clients, victims=(0, 1), stage="upload")
     proto = SecureSum()
-    agg = proto.collect(transport, [0, 1, 2], PARAMS, 0, {}, Server())
+    agg = proto.collect(transport, [0, 1, 2], PARAMS, 0, {}, Server(_encoding(shares)))
     assert agg.empty and proto.last_round["outcome"].startswith("no aggregate: 1 masked upload")
     assert "unmask" not in transport.stages()
     # What the ledgers were charged: every silo that reached the upload computed its update.
     assert [c.fits for c in clients.values()] == [[0], [0], [0]]
 
 
-def test_a_lone_silo_is_never_summed() -> None:
+@SHARES
+def test_a_lone_silo_is_never_summed(shares: str) -> None:
     """With one silo asked (rPDP-FL's λ-sampling can select one) the old protocol sent its update
     unmasked (no pair, no mask); now the round is refused before any message: t ≥ 2."""
-    clients = _clients(3)
+    clients = _clients(3, shares)
     transport = RecordingDropTransport(clients)
     proto = SecureSum()
-    agg = proto.collect(transport, [1], PARAMS, 0, {}, Server())
+    agg = proto.collect(transport, [1], PARAMS, 0, {}, Server(_encoding(shares)))
     assert agg.empty and transport.requests == [] and clients[1].fits == []
     assert proto.last_round["outcome"] == "refused: 1 silo(s) asked < t = 2"
     # and a silo refuses any round whose t would allow a lone or a minority unmasking
@@ -278,11 +315,15 @@ def test_a_lone_silo_is_never_summed() -> None:
 # ------------------------------------------------------------------- attack: attempt difference
 
 
-def test_attempt_difference_with_a_late_reply_broke_the_old_protocol_and_fails_now() -> None:
+@SHARES
+def test_attempt_difference_with_a_late_reply_broke_the_old_protocol_and_fails_now(
+    shares: str,
+) -> None:
     """Issue #22: silo 2 misses the timeout; its late upload still arrives. Old protocol:
     Σ attempt 0 − Σ attempt 1 = its update (max error ~1e-10). New protocol: one pass, the late
     upload stays masked by PRG(b_2), which the server never reconstructs; no second session."""
-    clients = _clients(4)
+    clients = _clients(4, shares)
+    server = Server(_encoding(shares))
     victim = 2
     ring = FixedPointRing()
     truth = clients[victim].flat(0)
@@ -292,7 +333,7 @@ def test_attempt_difference_with_a_late_reply_broke_the_old_protocol_and_fails_n
 
     transport = RecordingDropTransport(clients, victims=(victim,), stage="upload")
     proto = SecureSum()
-    agg = proto.collect(transport, [0, 1, 2, 3], PARAMS, 0, {}, Server())
+    agg = proto.collect(transport, [0, 1, 2, 3], PARAMS, 0, {}, server)
     assert agg.count == 3 and _close(agg, clients, [0, 1, 3], 0)
     # The attacker's best use of the late upload: remove its pairwise masks with the victim's
     # mask seed, which the server legitimately reconstructed from the unmask replies.
@@ -306,15 +347,19 @@ def test_attempt_difference_with_a_late_reply_broke_the_old_protocol_and_fails_n
     for other in [0, 1, 3]:
         mask = pair_mask(mask_key(seed, session, 0), victim, keys[other], other, session, 0, y.size)
         y = y - mask if victim < other else y + mask
-    # What is left is x_2 + PRG(b_2): uniform in Z_2^64, never the update.
-    with pytest.raises(IntegrityError, match="did not cancel"):
-        proto.ring.decode(y, 1)
+    # What is left is x_2 + PRG(b_2): uniform in Z_2^64 (discrete: Z_2^b), never the update.
+    if server.share_encoding is None:
+        with pytest.raises(IntegrityError, match="did not cancel"):
+            proto.ring.decode(y, 1)
+    else:  # the zero check words still carry the self mask
+        enc = server.share_encoding
+        assert np.any((y.astype(np.uint64) & enc.mask())[enc.length :])
     # A second attempt at the same round: refused by the server object, and a fresh session
     # (a restarted server) finds every silo that masked the round declining it.
     with pytest.raises(ValueError, match="already summed"):
-        proto.collect(transport, [0, 1, 3], PARAMS, 0, {}, Server())
+        proto.collect(transport, [0, 1, 3], PARAMS, 0, {}, server)
     again = SecureSum()
-    assert again.collect(transport, [0, 1, 3], PARAMS, 0, {}, Server()).empty
+    assert again.collect(transport, [0, 1, 3], PARAMS, 0, {}, server).empty
     assert again.last_round["declined"] == [0, 1, 3]
     assert all(c.fits == [0] for c in clients.values())  # no contribution was masked twice
 
@@ -322,9 +367,9 @@ def test_attempt_difference_with_a_late_reply_broke_the_old_protocol_and_fails_n
 # --------------------------------------------------------- attack: both seeds of one silo
 
 
-def _to_upload(n: int, victims: tuple[int, ...] = ()):
+def _to_upload(n: int, victims: tuple[int, ...] = (), shares: str = "continuous"):
     """Run advertise → upload by hand; return (transport, proto state) at the unmask step."""
-    clients = _clients(n)
+    clients = _clients(n, shares)
     transport = RecordingDropTransport(clients, victims=victims, stage="upload")
     proto = SecureSum()
 
@@ -340,14 +385,15 @@ def _to_upload(n: int, victims: tuple[int, ...] = ()):
 
     transport.exchange = exchange  # type: ignore[method-assign]
     with pytest.raises(Halt):
-        proto.collect(transport, list(range(n)), PARAMS, 0, {}, Server())
+        proto.collect(transport, list(range(n)), PARAMS, 0, {}, Server(_encoding(shares)))
     transport.exchange = original  # type: ignore[method-assign]
     session = transport.requests[0][2]["session"]
     return clients, transport, proto, session
 
 
-def test_a_silo_never_reveals_both_seeds_of_one_silo() -> None:
-    clients, transport, proto, session = _to_upload(5)  # t(5) = 4
+@SHARES
+def test_a_silo_never_reveals_both_seeds_of_one_silo(shares: str) -> None:
+    clients, transport, proto, session = _to_upload(5, shares=shares)  # t(5) = 4
     everyone = np.arange(5)
     both = {"session": session, "survivors": everyone, "dropped": np.array([3])}
     with pytest.raises(IntegrityError, match="both as a survivor and as dropped"):
@@ -368,8 +414,11 @@ def test_a_silo_never_reveals_both_seeds_of_one_silo() -> None:
         shamir.combine({c: r["mask_shares"] for c, r in replies.items()}, 4, list(range(5)))
 
 
-def test_a_dropped_silo_is_not_asked_to_unmask_and_late_or_replayed_messages_are_refused() -> None:
-    clients, transport, proto, session = _to_upload(4, victims=(1,))
+@SHARES
+def test_a_dropped_silo_is_not_asked_to_unmask_and_late_or_replayed_messages_are_refused(
+    shares: str,
+) -> None:
+    clients, transport, proto, session = _to_upload(4, victims=(1,), shares=shares)
     ctx = SiloContext(clients[1], 1, transport._silo_memory[1])
     # The late silo 1 wakes up: a replayed upload request is refused (stage already passed).
     upload = next(r for s, c, r in transport.requests if s == "upload" and c == 1)
@@ -420,6 +469,41 @@ def test_a_tampered_upload_or_a_forged_key_list_fails_loudly() -> None:
 
     with pytest.raises(IntegrityError, match="does not hold this silo's keys"):
         SecureSum().collect(Forge(_clients(3)), [0, 1, 2], PARAMS, 0, {}, Server())
+
+
+def test_discrete_uploads_live_in_z_2b_and_masks_that_do_not_cancel_fail_loudly() -> None:
+    """Discrete shares: each masked upload is uint32 below 2^b (masks reduced modulo 2^b: the
+    server learns the sum modulo 2^b only), and the zero check words catch an unmask that did
+    not cancel (here: a tampered check word). A tampered *share* coordinate is a valid residue
+    -- active attacks are outside the semi-honest model, and change utility, not privacy."""
+    params = discrete_share_params(
+        clip=10.0, noise_multiplier=1e-3, silos=3, survivors=2, dimension=17, bits=24
+    )
+    enc = ShareEncoding(params, 17)
+    clients = {c: ScriptedClient(c, SHAPES, share_encoding=enc) for c in range(3)}
+    transport = RecordingDropTransport(clients)
+    agg = SecureSum().collect(transport, [0, 1, 2], PARAMS, 0, {}, Server(enc))
+    assert agg.count == 3 and _close(agg, clients, [0, 1, 2], 0, tol=0.1)
+    for r in transport.replies_at("upload").values():
+        assert r["masked"].dtype == np.uint32 and int(r["masked"].max()) < 2**24
+        assert r["masked"].shape == (enc.upload_length,)
+
+    class Tamper(InProcessTransport):
+        def exchange(self, protocol, stage, requests, round_index):
+            replies = super().exchange(protocol, stage, requests, round_index)
+            if stage == "upload":
+                masked = replies[1]["masked"].copy()
+                masked[-1] ^= np.uint32(1)
+                replies[1] = {**replies[1], "masked": masked}
+            return replies
+
+    clients = {c: ScriptedClient(c, SHAPES, share_encoding=enc) for c in range(3)}
+    with pytest.raises(IntegrityError, match="did not cancel"):
+        SecureSum().collect(Tamper(clients), [0, 1, 2], PARAMS, 0, {}, Server(enc))
+    # a server that announces another size or ring is refused by the silo
+    clients = {c: ScriptedClient(c, SHAPES, share_encoding=enc) for c in range(3)}
+    with pytest.raises(IntegrityError, match="announces shares"):
+        SecureSum().collect(InProcessTransport(clients), [0, 1, 2], PARAMS, 0, {}, Server())
 
 
 def test_overflow_of_the_fixed_point_ring_is_a_clear_error() -> None:
