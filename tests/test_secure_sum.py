@@ -18,6 +18,8 @@ from hypothesis import strategies as st
 from pdpfl.config import ConfigError, config_from_dict
 from pdpfl.crypto import IntegrityError, RingOverflowError, shamir
 from pdpfl.crypto.fixedpoint import FixedPointRing
+from pdpfl.dp.discrete_encoding import encode_share
+from pdpfl.dp.discrete_params import discrete_share_params
 from pdpfl.fl.aggregation import (
     SURVIVORS_KEY,
     PlainSum,
@@ -27,16 +29,14 @@ from pdpfl.fl.aggregation import (
     summary_fields,
     survivor_threshold,
 )
+from pdpfl.fl.aggregation.discrete_shares import ShareEncoding, rotation_seed
 from pdpfl.fl.aggregation.secure import SecureSum, silo_handler
 from pdpfl.fl.aggregation.secure_common import mask_key, pair_mask
 from pdpfl.fl.algorithm import build_federation_algorithms
 from pdpfl.fl.api import Contribution
+from pdpfl.randomness import SecureRandomness
 from pdpfl.runtime.loop import run_federation
 from pdpfl.runtime.simulation import InProcessTransport, load_federation_for
-from pdpfl.dp.discrete_encoding import encode_share
-from pdpfl.dp.discrete_params import discrete_share_params
-from pdpfl.fl.aggregation.discrete_shares import ShareEncoding, rotation_seed
-from pdpfl.randomness import SecureRandomness
 from secagg_attacks import RecordingDropTransport, attempt_difference, legacy_abort_and_retry
 
 pytestmark = pytest.mark.filterwarnings("ignore::pdpfl.randomness.ReproducibleRandomnessWarning")

@@ -26,14 +26,15 @@ Everything is derived from the published :class:`~pdpfl.fl.idp_fedavg.mechanism.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import Any
 
 from pdpfl.dp.discrete_params import discrete_share_params
 from pdpfl.fl.aggregation.discrete_shares import ShareEncoding
 from pdpfl.privacy.discrete_plan import SampledDiscreteGaussianPlan
 
-if TYPE_CHECKING:  # pragma: no cover
-    from pdpfl.fl.idp_fedavg.mechanism import IdpSetup
+#: An :class:`~pdpfl.fl.idp_fedavg.mechanism.IdpSetup` (not imported: the mechanism module
+#: builds its ledgers' plans from this one).
+IdpSetup = Any
 
 __all__ = ["count_factor", "encoding", "group_bound_sq", "group_norm", "group_plan"]
 
