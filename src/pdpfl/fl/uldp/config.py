@@ -542,20 +542,17 @@ class UserLevelConfig(UldpConfig):
         )
 
     def discrete_shares(self, config: ExperimentConfig) -> bool:
-        """The silos add discrete noise shares (``privacy.noise_shares: discrete``, the default;
-        private weighting keeps its own encoding)."""
+        """The silos add discrete noise shares (``privacy.noise_shares: discrete``, the default).
+        Private weighting keeps its own encoding, and personal budgets keep float shares (their
+        per-user rates are calibrated against the continuous plan): both run continuous."""
         return (
-            self.private and config.privacy.noise_shares == "discrete" and self.weights != "private"
+            self.private
+            and config.privacy.noise_shares == "discrete"
+            and self.weights != "private"
+            and not self.personal_budgets
         )
 
     def variant_problems(self, config: ExperimentConfig) -> list[str]:
-        if self.discrete_shares(config):
-            if self.personal_budgets:
-                return [
-                    "privacy.noise_shares: personal budgets calibrate per-user rates against "
-                    "the continuous plan; with algorithm.personal_budgets set "
-                    "privacy.noise_shares: continuous"
-                ]
         if self.personal_budgets and self.user_rate is not None:
             return [
                 "algorithm.user_rate: with personal_budgets each user's rate q_u comes from its "
