@@ -349,7 +349,7 @@ class SecureConfig(_Section):
         description="discrete noise shares (privacy.noise_shares: discrete): the sum is taken "
         "modulo 2^bits (uint32 on the wire when bits <= 32); the scale is the largest power "
         "of two whose wrap probability stays below max_wrap, refused when none keeps the "
-        "rounding's sensitivity inflation within 5 %",
+        "rounding's sensitivity inflation within max_inflation",
     )
     rotation: Literal["auto", "on", "off"] = Field(
         "auto",
@@ -363,6 +363,14 @@ class SecureConfig(_Section):
         lt=1,
         description="discrete noise shares: the largest accepted bound on the probability "
         "that a coordinate of a round's sum wraps modulo 2^bits (utility, never privacy)",
+    )
+    max_inflation: float = Field(
+        0.05,
+        ge=0,
+        le=1,
+        description="discrete noise shares: the largest accepted relative growth of the "
+        "sensitivity by the integer rounding (sqrt(N)/(gamma C) - 1; accounted, so it costs "
+        "noise, not privacy)",
     )
 
     @field_validator("threshold")

@@ -71,6 +71,7 @@ def encoding(setup: IdpSetup) -> ShareEncoding | None:
         rotation=bool(setup.share_rotation),
         contributors=int(setup.asked_per_round),
         max_wrap=float(setup.share_max_wrap),
+        max_inflation=float(setup.share_max_inflation),
     )
     if lam is None:
         return ShareEncoding(params, size)

@@ -171,6 +171,7 @@ class IdpSetup(PublicSetup):
     share_bits: int = 32
     share_rotation: bool = True
     share_max_wrap: float = 1e-6
+    share_max_inflation: float = 0.05
     #: d: the model's coordinates (sizes the integer shares).
     model_size: int = 0
 
@@ -528,5 +529,6 @@ def _share_fields(config: ExperimentConfig, info: FederationInfo, shared: bool) 
         "share_bits": int(sec.bits),
         "share_rotation": sec.rotation != "off",
         "share_max_wrap": float(sec.max_wrap),
+        "share_max_inflation": float(sec.max_inflation),
         "model_size": int(sum(np.asarray(p).size for p in initial_params(config, info))),
     }

@@ -58,6 +58,7 @@ def share_params(
         contributors=max(1, int(users)),
         parts=int(silos),
         max_wrap=float(sec.max_wrap),
+        max_inflation=float(sec.max_inflation),
     )
 
 
