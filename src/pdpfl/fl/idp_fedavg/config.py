@@ -190,12 +190,13 @@ class IdpFedAvgConfig(Algorithm):
     # -- building the algorithm ---------------------------------------------------------------
     def setup(self, config: ExperimentConfig, info: FederationInfo) -> IdpSetup:
         """Algorithm 2, lines 1-3 (public; the configuration and the number of clients only).
-        Discrete shares that cannot work (bit width, wrap, inflation) are refused here."""
-        from pdpfl.fl.idp_fedavg.discrete import encoding
+        Discrete shares that cannot work (bit width, wrap, inflation) are refused here, and
+        SAMPLE's rates are re-fitted to the discrete plan (:func:`~pdpfl.fl.idp_fedavg.
+        discrete.refit_rates`)."""
+        from pdpfl.fl.idp_fedavg.discrete import refit_rates
 
-        pub = publish(self, config, info)
-        encoding(pub)
-        return pub
+        # discrete shares: refused here when they cannot work; rates fitted to their plan
+        return refit_rates(publish(self, config, info))
 
     def server(
         self,

@@ -95,3 +95,52 @@ def group_plan(setup: IdpSetup, group: int) -> SampledDiscreteGaussianPlan:
     if n_g >= plan.l2_sensitivity_sq:
         return plan
     return plan.with_noise(math.sqrt(plan.shares * plan.share_variance / n_g))
+
+
+def refit_rates(setup: IdpSetup) -> IdpSetup:
+    """SAMPLE's sampling rates re-fitted to the discrete plan: SAMPLE calibrates q_g against
+    the continuous Gaussian, whose ε the distributed discrete bound exceeds by up to a few per
+    cent under sub-sampling (``docs/discrete_noise.md``), so a client would be stopped by its
+    pre-check before the last rounds. Each accounted group's rate is lowered to the largest q
+    (bisection, 40 steps) whose planned ε of T rounds under the group's discrete plan is at most
+    its assigned ε, against every observer; the public denominator follows the rates."""
+    import dataclasses
+
+    import numpy as np
+
+    from pdpfl.privacy import mechanism_epsilon
+
+    if encoding(setup) is None:
+        return setup
+    rates = [float(r) for r in setup.rates]
+    for g, assigned in enumerate(setup.assigned):
+        if assigned is None or not setup.accounted(g) or rates[g] <= 0.0:
+            continue
+        plan = group_plan(setup, g)
+        target = float(assigned) * (1.0 - 1e-9)
+
+        def eps(q: float, plan: SampledDiscreteGaussianPlan = plan) -> float:
+            return max(
+                float(
+                    mechanism_epsilon(
+                        plan, np.array([q]), obs, plan.rounds, accountant=setup.accountant
+                    )[0][0]
+                )
+                for obs in plan.observers
+            )
+
+        if eps(rates[g]) <= target:
+            continue
+        lo, hi = 0.0, rates[g]
+        for _ in range(40):
+            mid = 0.5 * (lo + hi)
+            if eps(mid) <= target:
+                lo = mid
+            else:
+                hi = mid
+        rates[g] = lo
+    sizes = np.asarray(setup.sizes, dtype=np.float64)
+    weights = sizes / sizes.sum() * setup.num_clients
+    return dataclasses.replace(
+        setup, rates=tuple(rates), denominator=float(np.dot(weights, np.asarray(rates)))
+    )
