@@ -38,6 +38,7 @@ from pdpfl.dp import noise as noise_module
 from pdpfl.fl.algorithm import build_federation_algorithms
 from pdpfl.fl.api import Contribution, PrivacyBoundaryError, check_contribution
 from pdpfl.fl.uldp import UserLevelSilo
+from pdpfl.privacy import mechanism_epsilon
 from pdpfl.privacy.discrete_plan import SampledDiscreteGaussianPlan
 from pdpfl.privacy.mechanisms import DistributedDiscreteGaussian
 from pdpfl.privacy.uldp_discrete import DiscreteUserLevelPlan
@@ -216,6 +217,11 @@ def test_idp_clients_charge_the_discrete_shares_they_add() -> None:
             assert isinstance(plan, SampledDiscreteGaussianPlan)
             assert plan.shares == enc.params.survivors
             assert plan.share_variance <= float(enc.params.share.variance)
+            # SAMPLE's rate re-fitted: T rounds of the discrete plan stay within the budget
+            assigned = server.setup.assigned[silo.group]
+            for obs in plan.observers:
+                eps, _ = mechanism_epsilon(plan, np.array([silo.rate]), obs, plan.rounds)
+                assert eps[0] <= assigned
     params = server.initial_params()
     out = clients[0].fit(params, 0, server.round_config(0))
     assert len(out.update) == 1 and out.update[0].dtype == np.uint32
