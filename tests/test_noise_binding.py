@@ -259,8 +259,8 @@ def test_idp_fedavg_value_and_count_noise_compose_to_the_charged_sigma(
     draws: list[tuple[Any, float]], variant: str
 ) -> None:
     extra = ["algorithm.method=strict", f"algorithm.variant={variant}"]
-    if variant == "distributed":
-        extra.append("aggregation=secure")
+    if variant == "distributed":  # float shares (discrete: tests/test_discrete_shares.py)
+        extra += ["aggregation=secure", "privacy.noise_shares=continuous"]
     server, clients, _ = _round("idp-fedavg", extra)
     setup = server.setup
     t = setup.shares
