@@ -97,3 +97,19 @@ class RecordingDropTransport(InProcessTransport):
             if not out or out[-1] != s:
                 out.append(s)
         return out
+
+
+def legacy_unmask(memory: dict[str, Any], silo: int, survivors: list[int], dropped: list[int]):
+    """The unmask rule of a silo *before* issue #34 (semi-honest server): it checked only its own
+    request -- survivors and dropped silos partition the silos it masked with, at least t
+    survivors, no silo in both lists, one answer per round -- and revealed its shares of b_j for
+    each survivor and of s_j for each dropped j. Kept so that the tests can show the
+    equivocation attack succeeding on it; returns ``(self_shares, mask_shares)`` by silo."""
+    mem = memory["secure"]
+    if set(survivors) & set(dropped) or sorted(survivors + dropped) != mem["u2"]:
+        raise ValueError("refused")
+    if silo not in survivors or len(survivors) < mem["threshold"] or mem["stage"] != "uploaded":
+        raise ValueError("refused")
+    mem["stage"] = "unmasked"
+    held = mem["held"]
+    return {c: held[c][0] for c in survivors}, {c: held[c][1] for c in dropped}

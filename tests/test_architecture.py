@@ -42,6 +42,7 @@ LAYERS: dict[str, int] = {
     "api": 7,
     "audit": 7,
     "reproduce": 7,
+    "tune": 7,
     "testing": 7,
     "cli": 8,
     "__init__": 9,
@@ -140,9 +141,9 @@ def test_no_import_cycles() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("algorithm", ["rpdp", "idp_fedavg", "uldp", "prifedsync"])
+@pytest.mark.parametrize("algorithm", ["rpdp", "idp_fedavg", "uldp", "prifedsync", "idp_sgd"])
 def test_algorithm_packages_do_not_import_each_other(algorithm: str) -> None:
-    others = {"rpdp", "idp_fedavg", "uldp", "prifedsync"} - {algorithm}
+    others = {"rpdp", "idp_fedavg", "uldp", "prifedsync", "idp_sgd"} - {algorithm}
     prefix = f"pdpfl.fl.{algorithm}"
     bad = sorted(
         f"{a} -> {b}"
@@ -152,3 +153,56 @@ def test_algorithm_packages_do_not_import_each_other(algorithm: str) -> None:
         if any(b == f"pdpfl.fl.{o}" or b.startswith(f"pdpfl.fl.{o}.") for o in others)
     )
     assert not bad, "\n".join(bad)
+
+
+#: Private names imported across packages today, in files other branches are editing (each
+#: to be replaced by a public name there): ``pdpfl.calibration.exact_epsilon`` is public now.
+PRIVATE_IMPORTS_ALLOWED = {
+    "pdpfl.api -> pdpfl.config.loading._leaf_index",
+    "pdpfl.cli.audit -> pdpfl.audit.report._OBSERVER_TITLE",
+    "pdpfl.cli.audit -> pdpfl.audit.report._fmt",
+    "pdpfl.cli.compare -> pdpfl.runtime.plots._figure",
+    "pdpfl.cli.compare -> pdpfl.runtime.plots._nothing_to_draw",
+    "pdpfl.cli.compare -> pdpfl.runtime.plots._save_fig",
+    "pdpfl.fl.idp_fedavg.sample -> pdpfl.calibration._accounting.exact_epsilon",
+}
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _private_imports() -> set[str]:
+    """``module -> target`` for every private name (``_x``) or name from a private module
+    (``pkg._mod``) that a module imports from another package (its own package's are fine;
+    ``pdpfl._version`` is the generated version file)."""
+    files = {_module_name(p): p for p in SRC.joinpath("pdpfl").rglob("*.py")}
+    packages = {m for m, p in files.items() if p.name == "__init__.py"}
+
+    def package(module: str) -> str:
+        return module if module in packages else module.rpartition(".")[0]
+
+    found = set()
+    for mod, path in files.items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            pairs: list[tuple[str, str]] = []
+            if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                for alias in node.names:
+                    full = f"{node.module}.{alias.name}"
+                    pairs.append((full if full in files else node.module, alias.name))
+            elif isinstance(node, ast.Import):
+                pairs = [(a.name, "") for a in node.names]
+            for target, name in pairs:
+                if not target.startswith("pdpfl") or target == "pdpfl._version":
+                    continue
+                hidden = _private(name) or any(_private(p) for p in target.split(".")[1:])
+                if hidden and package(target) != package(mod):
+                    found.add(
+                        f"{mod} -> {target if target.endswith(name) else target + '.' + name}"
+                    )
+    return found
+
+
+def test_no_private_name_is_imported_across_packages() -> None:
+    new = sorted(_private_imports() - PRIVATE_IMPORTS_ALLOWED)
+    assert not new, "import a public name instead (or make it public):\n" + "\n".join(new)

@@ -201,6 +201,32 @@ def test_uldp_broken_noise_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     _caught(record, "server")
 
 
+@pytest.mark.slow
+def test_uldp_half_the_noise_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Half the claimed noise (not a tenth): the f-DP test rejects the accountant's own curve
+    with 2000 canaries, where the correct mechanism is consistent."""
+
+    config = toy_config(
+        "uldp-avg",
+        [
+            "privacy.epsilon_max=3.0",
+            "training.rounds=5",
+            "randomness=reproducible",
+            "lifetime.allow_respend=true",  # two audits of the same synthetic data
+        ],
+    )
+    settings = AuditSettings(canaries=2000, seed=3, space="block", observers=("server",))
+    fine = AuditSession.create(config, settings).execute().to_dict()
+    assert fine["verdict"] == "consistent"
+    session = AuditSession.create(config, settings)
+    weaken_noise(monkeypatch, 2.0)  # every silo's sampler draws half the std it is asked for
+    record = session.execute().to_dict()
+    group = record["observers"]["server"][0]
+    assert record["verdict"] == "violation" and group["rejects_claim"]
+    assert group["statistic"] == "f-dp" and group["epsilon_lower"] >= group["spent_at_audit_delta"]
+    assert record["observers"]["server"][-1]["epsilon_lower"] == 0.0  # the control
+
+
 def test_uldp_refuses_variants_without_user_vectors() -> None:
     with pytest.raises(AuditUnsupported, match="no canary hook.*uldp-avg, uldp-sgd"):
         AuditSession.create(toy_config("uldp-naive", ULDP), AuditSettings(canaries=10))

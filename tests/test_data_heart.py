@@ -103,3 +103,24 @@ def test_heart_users_within_fixed_silos(heart, shared_data_dir) -> None:
     assert len(users) == 486 and set(users.tolist()) == set(range(60))
     for a, b in zip(heart.clients, fed.clients, strict=True):
         np.testing.assert_array_equal(a.record_ids, b.record_ids)
+
+
+def test_flamby_split_is_flambys_and_the_same_for_every_seed(shared_data_dir) -> None:
+    """``split: flamby`` is FLamby's per-centre split (its published train sizes 199/172/30/85
+    and test sizes 104/89/16/45), independent of the experiment seed; the default split moves
+    with the seed."""
+    a, b = (
+        load_federation("heart-disease", data_dir=shared_data_dir, seed=s, split="flamby")
+        for s in (1, 2)
+    )
+    assert [c.num_train for c in a.clients] == [199, 172, 30, 85]
+    assert [c.num_test for c in a.clients] == [104, 89, 16, 45]
+    for x, y in zip(a.clients, b.clients, strict=True):
+        np.testing.assert_array_equal(x.test_record_ids, y.test_record_ids)
+    c, d = (load_federation("heart-disease", data_dir=shared_data_dir, seed=s) for s in (1, 2))
+    assert any(
+        not np.array_equal(x.test_record_ids, y.test_record_ids)
+        for x, y in zip(c.clients, d.clients, strict=True)
+    )
+    with pytest.raises(ValueError, match="split"):
+        load_federation("heart-disease", data_dir=shared_data_dir, split="random")

@@ -53,12 +53,14 @@ ULDP = {
     "seed": 5,
     "threads": 1,
     "randomness": "reproducible",
-    "data": {"dataset": "digits", "num_clients": 4, "options": {"num_users": 8}},
+    "data": {"dataset": "digits", "num_clients": 5, "options": {"num_users": 8}},
     "model": {"name": "logreg"},
     "algorithm": {"name": "uldp-avg"},
     "privacy": {"noise_multiplier": 1.0, "delta": 1e-5},
     "aggregation": "secure",
-    "secure": {"bits": 16},  # a small ring: shares of σ_s ≈ 1200, an enumerable exact pmf
+    # a small ring: shares of σ_s ≈ 2400, an enumerable exact pmf; n = 5, t = 3 and the
+    # consistency quorum q = ⌈(n + t)/2⌉ = 4: the fewest survivors a secure sum releases
+    "secure": {"bits": 17, "threshold": 0.51},
     "training": {"rounds": 3, "local_steps": 1, "lr": 0.1, "batch_size": 8, "max_grad_norm": 1.0},
 }
 
@@ -91,9 +93,12 @@ class LoseAtUpload(InProcessTransport):
 def test_the_released_sum_at_t_survivors_has_the_accounted_law_end_to_end(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Four ULDP-AVG silos, t = 3, one lost at the upload every round; the users' updates are
-    zero, so the decoded sum × γ is the noise alone: χ² against the exact pmf of a sum of 3
-    i.i.d. N_Z(0, σ_s²) (the accounted law), and the server saw only integers below 2^16."""
+    """Five ULDP-AVG silos (shares sized for t = 3), one lost at the upload every round: the
+    round is released with the fewest survivors the secure sum allows (its consistency quorum,
+    4); the users' updates are zero, so the decoded sum × γ is the noise alone: χ² against the
+    exact pmf of a sum of 4 i.i.d. N_Z(0, σ_s²) (t of them are the accounted law, the rest
+    post-processing), and the server saw only integers below 2^17. Plain summation at exactly
+    t shares: ``tests/test_noise_shares.py``."""
 
     def zeros(self, global_params, positions, round_index):
         return [
@@ -103,44 +108,48 @@ def test_the_released_sum_at_t_survivors_has_the_accounted_law_end_to_end(
     monkeypatch.setattr(UserLevelSilo, "clipped_vectors", zeros)
     config, server, clients = _build(ULDP)
     enc = server.share_encoding
-    assert enc is not None and enc.bits == 16 and enc.dtype == np.uint32
+    assert enc is not None and enc.bits == 17 and enc.dtype == np.uint32
     assert all(c.share_encoding == enc for c in clients.values())
     t = server.setup.survivors
     assert t == 3 and enc.params.survivors == t
+    m = 4  # survivors released: the quorum
     released: list[np.ndarray] = []
     original = server.aggregate
 
     def aggregate(r, params, agg):
         released.append(np.concatenate([np.asarray(a, np.float64).ravel() for a in agg.total]))
-        assert agg.count == t
+        assert agg.count == m
         return original(r, params, agg)
 
     server.aggregate = aggregate
-    transport = LoseAtUpload(clients, victim=3)
+    transport = LoseAtUpload(clients, victim=4)
     result = run_federation(config, server, transport, tmp_path, progress=False)
-    assert [m["contributions"] for m in result["metrics"]] == [3, 3, 3]
-    # integers only: every masked upload is uint32 below 2^16 (+ its zero check words)
+    assert [r["contributions"] for r in result["metrics"]] == [m, m, m]
+    # integers only: every masked upload is uint32 below 2^17 (+ its zero check words)
     uploads = [r for s, r in transport.received if s == "upload"]
-    assert len(uploads) == 9
+    assert len(uploads) == 3 * m
     for r in uploads:
         assert set(r) == {"masked", "weight"}
         assert r["masked"].dtype == np.uint32 and r["masked"].shape == (enc.upload_length,)
-        assert int(r["masked"].max()) < 2**16
+        assert int(r["masked"].max()) < 2**17
     # the released noise: integers (the decoded sum × γ), the exact law of 3 shares
     noise = np.concatenate(released) * enc.params.scale
     assert np.array_equal(noise, np.rint(noise))
     spec = enc.params.share
     half = int(14 * math.sqrt(float(spec.variance)))
     one = discrete_gaussian_pmf(np.arange(-half, half + 1), spec)
-    law = np.clip(signal.fftconvolve(signal.fftconvolve(one, one), one), 0.0, None)
-    support = np.arange(-3 * half, 3 * half + 1)
+    law = one
+    for _ in range(m - 1):
+        law = signal.fftconvolve(law, one)
+    law = np.clip(law, 0.0, None)
+    support = np.arange(-m * half, m * half + 1)
     cdf = np.cumsum(law) / law.sum()
     edges = [support[np.searchsorted(cdf, q)] for q in np.linspace(0, 1, 17)[1:-1]]
     bins = np.digitize(noise, edges, right=True)
     observed = np.bincount(bins, minlength=16)
     expected = np.diff(np.concatenate([[0.0], cdf[np.searchsorted(support, edges)], [1.0]]))
     assert stats.chisquare(observed, expected * noise.size).pvalue > 1e-4
-    assert noise.var() == pytest.approx(t * float(spec.variance), rel=0.15)
+    assert noise.var() == pytest.approx(m * float(spec.variance), rel=0.15)
     # the user ledger charged the distributed discrete Gaussian of t shares, every round
     plan = server.ledger.mechanism
     assert isinstance(plan, DiscreteUserLevelPlan)
@@ -149,7 +158,7 @@ def test_the_released_sum_at_t_survivors_has_the_accounted_law_end_to_end(
     assert event.share_variance <= float(spec.variance)
     assert event.l2_sensitivity_sq == enc.params.l2_sensitivity_sq
     summary = result["server_state"]["noise_shares"]
-    assert summary["bits"] == 16 and summary["bits_per_coordinate"] == 32
+    assert summary["bits"] == 17 and summary["bits_per_coordinate"] == 32
 
 
 @pytest.mark.slow
@@ -179,7 +188,7 @@ def test_the_noise_drawn_is_the_description_the_plan_charges(monkeypatch) -> Non
     # plain summation: the server sees each share, charged as their composition (one share,
     # Σ_s N_p of the user's parts): with uniform weights σ√(|S|/t), as for float shares
     assert plan.server_view.shares == 1
-    assert plan.server_noise_multiplier == pytest.approx(math.sqrt(4 / 3), rel=0.05)
+    assert plan.server_noise_multiplier == pytest.approx(math.sqrt(5 / 3), rel=0.05)
     from pdpfl.fl.aggregation import SURVIVORS_KEY
     from pdpfl.privacy.noise import NoiseBindingError
 
@@ -238,8 +247,8 @@ def test_the_gate_refuses_floats_or_out_of_ring_values_where_a_share_is_declared
     with pytest.raises(PrivacyBoundaryError):
         check_contribution(floats, frozenset(), params=params, encoding=enc)
     big = good.update[0].copy()
-    big[0] = 2**16  # outside Z_{2^16}
-    with pytest.raises(PrivacyBoundaryError, match="2\\^16"):
+    big[0] = 2**17  # outside Z_{2^17}
+    with pytest.raises(PrivacyBoundaryError, match="2\\^17"):
         check_contribution(Contribution(update=[big]), frozenset(), params=params, encoding=enc)
     longer = np.append(good.update[0], np.uint32(0))
     with pytest.raises(PrivacyBoundaryError, match="shape"):

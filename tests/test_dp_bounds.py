@@ -413,3 +413,32 @@ def test_large_or_float64_linear_layers_take_the_general_path():
     small = nn.Sequential(nn.Linear(5, 3)).double()
     x64, y3 = torch.randn(4, 5, dtype=torch.float64), torch.randint(0, 3, (4,))
     assert _hook_chunk(small, x64, y3, loss_fn, materialise=False).linear is None
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    b=st.integers(1, 30),
+    n=st.integers(1, 120),
+    block=st.sampled_from([1, 7, 2**10, 2**26]),
+    seed=st.integers(0, 2**16),
+)
+def test_the_float64_weighted_sum_is_within_its_bound_for_any_block(b, n, block, seed):
+    """Σ_b c_b G_b of float32 rows accumulated in float64 block by block (the CPU's
+    cache-sized blocks, an accelerator's large ones) stays within the γ_{B+2} rounding bound of
+    the exact (rational) sum, whatever the blocking."""
+    from fractions import Fraction
+
+    g = torch.Generator().manual_seed(seed)
+    rows = torch.randn(b, n, generator=g) * torch.logspace(-3, 3, b)[:, None]
+    c = torch.rand(b, generator=g, dtype=torch.float64)
+    out = torch.zeros(n, dtype=torch.float64)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(bookkeeping, "_SUM_BLOCK", block)
+        mp.setattr(bookkeeping, "_SUM_BLOCK_DEVICE", block)
+        bookkeeping._rows_dot_into(out, c, rows)
+    cs, rs = c.tolist(), rows.double().tolist()
+    bound = gamma(b + 2, 2.0**-53)
+    for j in range(n):
+        terms = [Fraction(cs[i]) * Fraction(rs[i][j]) for i in range(b)]
+        err = abs(Fraction(float(out[j])) - sum(terms))
+        assert err <= Fraction(bound) * sum(abs(t) for t in terms)

@@ -44,6 +44,15 @@ def _flower_algorithms() -> list[str]:
     return [name for name in ALGORITHMS.names() if not ALGORITHMS.get(name).simulation_only]
 
 
+def public_data_grid(run_config: dict[str, Any], state_root: Path, monkeypatch: Any) -> Any:
+    """Three SuperNodes started with ``--allow-respend``: the digits are public, so a run may
+    re-spend them (the config says ``lifetime.allow_respend: true`` too)."""
+    grid = FakeGrid(run_config, state_root, 3, hooks=None, monkeypatch=monkeypatch)
+    for node_config in grid.node_configs.values():
+        node_config["allow-respend"] = True
+    return grid
+
+
 def toy_digits(name: str, *extra: str):
     from pdpfl.config import ALGORITHMS, load_config
 
@@ -112,7 +121,7 @@ def run_like_the_simulator(
         "pdpfl-startup-timeout": 30.0,
         "pdpfl-min-silos": 3,
     }
-    result = serve(FakeGrid(run_config, out / "silos", 3, hooks=None, monkeypatch=monkeypatch), out)
+    result = serve(public_data_grid(run_config, out / "silos", monkeypatch), out)
     assert result["status"] == "ok", result.get("error")
     a, b = np.load(tmp_path / "sim" / "model.npz"), np.load(out / "model.npz")
     assert a.files == b.files
@@ -275,7 +284,7 @@ def test_private_subsampling_runs_on_flower(tmp_path: Path, monkeypatch: Any) ->
         "pdpfl-startup-timeout": 30.0,
         "pdpfl-min-silos": 3,
     }
-    result = serve(FakeGrid(run_config, out / "silos", 3, hooks=None, monkeypatch=monkeypatch), out)
+    result = serve(public_data_grid(run_config, out / "silos", monkeypatch), out)
     assert result["status"] == "ok", result.get("error")
     assert result["summary"]["rounds_completed"] == 2
     text = log.read_text()

@@ -78,15 +78,15 @@ def _replayed_model(config, events) -> list[np.ndarray]:
     return result["params"]
 
 
-def test_a_killed_and_a_stalled_silo_leave_the_exact_sum_of_the_survivors(
+def test_a_killed_silo_leaves_the_exact_sum_and_a_stalled_one_below_the_quorum_nothing(
     tmp_path: Path,
 ) -> None:
-    """Five silos, t = 3 (``secure.threshold: 0.6``: two dropouts tolerated). Round 0: silo 4's
-    SuperNode is SIGKILLed once
-    the seeds are shared (its pairwise masks are removed with its reconstructed mask seed).
-    Round 1: silo 3's worker is SIGSTOPped at the same point and SIGCONTed after the server gave
-    up on it, so it answers late. Both rounds release the exact sum of their survivors; the late
-    reply is never read."""
+    """Five silos, t = 3 (``secure.threshold: 0.6``), consistency quorum q = 4: one dropout
+    tolerated before the consistency round. Round 0: silo 4's SuperNode is SIGKILLed once the
+    seeds are shared (its pairwise masks are removed with its reconstructed mask seed): the
+    exact sum of the 4 survivors is released. Round 1: silo 3's worker is SIGSTOPped at the same
+    point and SIGCONTed after the server gave up on it, so it answers late: 3 survivors < q, the
+    round has no aggregate (nothing is unmasked), and the late reply is never read."""
     from pdpfl.runtime.flower import run_flower
 
     config = _config(5, 2, "secure.threshold=0.6")
@@ -116,9 +116,9 @@ def test_a_killed_and_a_stalled_silo_leave_the_exact_sum_of_the_survivors(
     uploads = {e["round"]: e["replied"] for e in events if e["action"] == "stage:secure/upload"}
     assert uploads == {0: [0, 1, 2, 3], 1: [0, 1, 2]}
     unmasked = {e["round"]: e["sent"] for e in events if e["action"] == "stage:secure/unmask"}
-    assert unmasked == uploads  # every round unmasked exactly its survivors
+    assert unmasked == {0: uploads[0]}  # round 0 unmasked exactly its survivors; round 1: < q
     metrics = _lines(out / "metrics.jsonl")
-    assert [m["contributions"] for m in metrics] == [4, 3]
+    assert [m["contributions"] for m in metrics] == [4, 0]
     # The exact sum of the survivors: the simulator replaying the same stage answers gives the
     # same model bit for bit (every survivor's update with its full noise, nothing else).
     model = np.load(out / "model.npz")
@@ -142,7 +142,9 @@ def test_dropping_below_t_releases_nothing_and_resume_continues(tmp_path: Path) 
     Fewer than t silos (and fewer than ``min_silos``) remain: the round is never unmasked and
     the run stops at the checkpoint of round 0. ``resume`` restarts every silo (new keys): a
     silo that masked round 1 before declines it, so round 1 is summed only over silos that had
-    not, if they reach t; round 2 has every silo."""
+    not, if they reach the consistency quorum q = 3 (they do not: no aggregate); round 2 has
+    every silo."""
+    from pdpfl.fl.aggregation.secure_identity import consistency_quorum
     from pdpfl.integrity import unseal
     from pdpfl.io import decode_state
     from pdpfl.runtime.flower import run_flower
@@ -177,7 +179,12 @@ def test_dropping_below_t_releases_nothing_and_resume_continues(tmp_path: Path) 
     assert summary["rounds_completed"] == 3
     metrics = _lines(out / "metrics.jsonl")
     assert [m["round"] for m in metrics] == [0, 1, 2]
-    assert metrics[1]["contributions"] == (len(fresh) if len(fresh) >= 2 else 0)
+    # asked: all three silos (t = 2, consistency quorum q = 3); silo 0 declines round 1
+    q = consistency_quorum(3, 2)
+    assert metrics[1]["contributions"] == (len(fresh) if len(fresh) >= q else 0)
     assert metrics[2]["contributions"] == 3
-    assert all(1 in masked(s) or s not in fresh for s in range(3))
+    if len(fresh) >= q:
+        assert all(1 in masked(s) for s in fresh)
+    else:  # the round stopped once the keys were in: no fresh silo masked (or computed) it
+        assert not any(1 in masked(s) for s in fresh)
     assert not resumed.alive()

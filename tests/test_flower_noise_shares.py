@@ -122,22 +122,30 @@ def test_uldp_silos_killed_mid_run_leave_t_shares_or_no_aggregate(tmp_path: Path
 def test_an_idp_client_killed_after_the_seeds_are_shared_leaves_t_shares(
     tmp_path: Path,
 ) -> None:
-    """IDP-FedAvg distributed, 4 clients, t = 3, secure summation, discrete shares (the
-    default: uint32 shares masked modulo 2^b): client 3's SuperNode is
-    killed in round 0 once the mask seeds are shared. Round 0 is unmasked over the 3
-    survivors (each noise share σ_v²C²/3: σ_v²C² in full), round 1 likewise."""
+    """IDP-FedAvg distributed, 5 clients, t = 3 (``secure.threshold: 0.6``), consistency quorum
+    q = 4, secure summation, discrete shares (the default: uint32 shares masked modulo 2^b):
+    client 4's SuperNode is killed in round 0 once the mask seeds are
+    shared. Round 0 is unmasked over the 4 survivors (each noise share σ_v²C²/3: at least
+    σ_v²C² from any t of them), round 1 likewise."""
     from pdpfl.runtime.flower import run_flower
 
-    config = _config("idp-fedavg", 4, 2, "algorithm.variant=distributed", "aggregation=secure")
+    config = _config(
+        "idp-fedavg",
+        5,
+        2,
+        "algorithm.variant=distributed",
+        "aggregation=secure",
+        "secure.threshold=0.6",
+    )
     out = tmp_path / "run"
-    drill = FaultDrill(out).at(stage_event(0, "stage:secure/share"), "kill", 3)
+    drill = FaultDrill(out).at(stage_event(0, "stage:secure/share"), "kill", 4)
     summary = run_flower(config, out, round_timeout_s=TIMEOUT_S, on_started=drill)
-    assert not drill.errors and [f[:2] for f in drill.fired] == [("kill", 3)]
+    assert not drill.errors and [f[:2] for f in drill.fired] == [("kill", 4)]
     assert summary["rounds_completed"] == 2
     events = read_events(out / "flower" / "transport.jsonl")
     uploads = {e["round"]: e["replied"] for e in events if e["action"] == "stage:secure/upload"}
-    assert uploads == {0: [0, 1, 2], 1: [0, 1, 2]}
-    assert [m["contributions"] for m in _lines(out / "metrics.jsonl")] == [3, 3]
+    assert uploads == {0: [0, 1, 2, 3], 1: [0, 1, 2, 3]}
+    assert [m["contributions"] for m in _lines(out / "metrics.jsonl")] == [4, 4]
     replay = _replayed(config, events)
     _same_model(out, replay["params"])
     assert not drill.alive()

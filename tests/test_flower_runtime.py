@@ -61,7 +61,9 @@ def test_ten_silos_match_the_simulation_and_only_contributions_leave(tmp_path: P
     from pdpfl.runtime.simulation import load_federation_for, run_simulation
     from test_flower_algorithms import check_message_log
 
-    config = load_config(EXAMPLES / "digits_demo.yaml", ["rounds=2", *DIGITS])
+    config = load_config(
+        EXAMPLES / "digits_demo.yaml", ["rounds=2", "data.num_clients=10", *DIGITS]
+    )
     assert config.data.num_clients == 10
     sim = run_simulation(config, tmp_path / "sim", progress=False)
     log = tmp_path / "messages.jsonl"

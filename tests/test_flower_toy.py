@@ -457,11 +457,18 @@ class FakeGrid:
         self.run_config = run_config
         self.mode = mode
         self.monkeypatch = monkeypatch
+        from pdpfl.runtime.identities import provision_silos
+
+        # each silo's long-term identity in its state folder, the public keys given out of band
+        provision_silos(
+            {i: state_root / f"silo-{i}" for i in range(num_silos)}, state_root / "keys"
+        )
         self.node_configs = {
             1000 + 7 * i: {
                 "partition-id": i,
                 "num-partitions": num_silos,
                 "state-dir": str(state_root / f"silo-{i}"),
+                "peer-keys": str(state_root / "keys"),
                 **({"hooks": hooks} if hooks else {}),
             }
             for i in range(num_silos)

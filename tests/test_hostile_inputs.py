@@ -23,7 +23,7 @@ EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "digits_demo.yaml"
 runner = CliRunner()
 
 CSV_CONFIG = EXAMPLE.read_text().replace(
-    "  dataset: digits\n  num_clients: 10\n  partition: iid\n",
+    "  dataset: digits\n  num_clients: 3\n  partition: iid\n",
     "  dataset: csv\n  options: {path: @PATH@, label_column: label, silo_column: silo}\n",
 )
 

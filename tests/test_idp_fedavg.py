@@ -425,11 +425,13 @@ def test_transport_batch_equals_each_silo_alone_and_the_loop(optimizer, variant,
             local=local,
             num_clients=5,
             variant=variant,
-            rates=[0.6, 0.6, 1.0],
+            rates=[1.0, 1.0, 1.0],  # every client is sampled: the batch has all five
+            budgets=(10.0, 20.0, math.inf),  # a round's ε (σ_v = 1.3, q = 1) fits every budget
+            assigned=(10.0, 20.0, None),
             asked_per_round=5 if variant == "distributed" else 0,
         )
 
-    budgets = [1.0, 2.0, math.inf, 2.0, math.inf]
+    budgets = [10.0, 20.0, math.inf, 20.0, math.inf]
 
     def silos(strategy):
         return {
@@ -475,7 +477,7 @@ def test_transport_batch_equals_each_silo_alone_and_the_loop(optimizer, variant,
         assert evals[c]["loss"] == pytest.approx(ey["loss"], rel=1e-5)
 
 
-def test_auto_strategy_uses_the_loop_for_conv_nets_on_cpu():
+def test_auto_strategy_uses_the_loop_for_conv_nets():
     from pdpfl.models import create_model
 
     assert idp.choose_strategy("auto", create_model("idp-cnn", (1, 28, 28), 10)) == "loop"

@@ -350,7 +350,7 @@ def test_an_undeclared_stage_is_refused_before_its_handler_runs(monkeypatch: Any
 def test_pdpfls_protocols_declare_every_stage_they_answer() -> None:
     protocols = aggregation.silo_protocols()
     assert {"secure", "private-weighting"} <= set(protocols)
-    assert protocols["secure"] == {"advertise", "share", "upload", "unmask"}
+    assert protocols["secure"] == {"advertise", "share", "upload", "consistency", "unmask"}
     assert protocols["private-weighting"] == {
         "setup-keys",
         "setup-seed",

@@ -48,7 +48,11 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "pdpfl"
 #: (discrete_noise.py: the exact discrete Gaussian sampler itself, called only by the adder)
 ADDER = {"dp/noise.py", "randomness.py", "discrete_noise.py"}
 #: Normals that are not DP noise: simulated users' budget choices (data, not a mechanism).
-ALLOWED = {("budgets/scenarios.py", "normal")}
+ALLOWED = {
+    ("budgets/scenarios.py", "normal"),
+    # an ideal audit's simulated observations (the ceiling of a canary audit), not DP noise
+    ("audit/ceiling.py", "standard_normal"),
+}
 DRAWS = {
     "normal",
     "normals",

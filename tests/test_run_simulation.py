@@ -165,7 +165,8 @@ def test_outputs(tmp_path: Path) -> None:
         "checkpoint.npz",
     ):
         assert (tmp_path / name).is_file(), name
-    assert len(list((tmp_path / "ledgers").iterdir())) == 3
+    assert len(list((tmp_path / "ledgers").glob("*.npz"))) == 3
+    assert (tmp_path / "ledgers" / "manifest.sealed").is_file()  # the run's sealed list of them
     lines = read_metrics(tmp_path)
     assert [m["round"] for m in lines] == [0, 1, 2]
     assert set(lines[0]["clients"]) == {"0", "1", "2"}

@@ -32,6 +32,7 @@ from pdpfl.fl.aggregation import (
 from pdpfl.fl.aggregation.discrete_shares import ShareEncoding, rotation_seed
 from pdpfl.fl.aggregation.secure import SecureSum, silo_handler
 from pdpfl.fl.aggregation.secure_common import mask_key, pair_mask
+from pdpfl.fl.aggregation.secure_identity import ephemeral_security
 from pdpfl.fl.algorithm import build_federation_algorithms
 from pdpfl.fl.api import Contribution
 from pdpfl.randomness import SecureRandomness
@@ -138,7 +139,7 @@ def _encoding(shares: str) -> ShareEncoding | None:
     if shares == "continuous":
         return None
     params = discrete_share_params(
-        clip=10.0, noise_multiplier=1e-6, silos=5, survivors=2, dimension=17, bits=32
+        clip=10.0, noise_multiplier=1e-6, silos=8, survivors=2, dimension=17, bits=32
     )
     return ShareEncoding(params, 17)
 
@@ -252,25 +253,42 @@ def test_heart_example_secure_equals_plain(tmp_path: Path, shared_data_dir: Path
 # --------------------------------------------------------------------------- dropouts
 
 
+STAGES = ["advertise", "share", "upload", "consistency", "unmask"]
+
+
 @SHARES
-@pytest.mark.parametrize("stage", ["advertise", "share", "upload", "unmask"])
+@pytest.mark.parametrize("stage", ["advertise", "share", "upload"])
 def test_a_silo_lost_at_any_stage_is_left_out_without_a_retry(stage: str, shares: str) -> None:
-    clients = _clients(4, shares)
+    """Seven silos: t = 5 and the consistency quorum q = ⌈(7 + 5)/2⌉ = 6, so one may be lost."""
+    clients = _clients(7, shares)
     transport = RecordingDropTransport(clients, victims=(2,), stage=stage)
     proto = SecureSum()
-    agg = proto.collect(transport, [0, 1, 2, 3], PARAMS, 0, {}, Server(_encoding(shares)))
-    if stage == "unmask":  # its upload was summed; t = 3 others hold the shares to unmask it
-        assert agg.count == 4 and _close(agg, clients, [0, 1, 2, 3], 0)
-        assert proto.last_round["u4"] == [0, 1, 3] and proto.last_round["u3"] == [0, 1, 2, 3]
-        assert transport.stages() == ["advertise", "share", "upload", "unmask"]
-        return
-    assert agg.count == 3 and _close(agg, clients, [0, 1, 3], 0)
-    assert proto.last_round["outcome"] == "released" and proto.last_round["u3"] == [0, 1, 3]
-    assert transport.stages() == ["advertise", "share", "upload", "unmask"]  # one pass, no retry
+    agg = proto.collect(transport, list(range(7)), PARAMS, 0, {}, Server(_encoding(shares)))
+    rest = [0, 1, 3, 4, 5, 6]
+    assert agg.count == 6 and _close(agg, clients, rest, 0)
+    assert proto.last_round["outcome"] == "released" and proto.last_round["u3"] == rest
+    assert proto.last_round["quorum"] == 6 and proto.last_round["u4"] == rest
+    assert transport.stages() == STAGES  # one pass, no retry
     # Every silo computed its contribution at most once; the victim only if it reached upload.
-    assert [c.fits for c in clients.values()] == [[0], [0], [0] if stage == "upload" else [], [0]]
+    fits = [[0]] * 7
+    fits[2] = [0] if stage == "upload" else []
+    assert [c.fits for c in clients.values()] == fits
     if stage == "upload":
         assert proto.last_round["dropped"] == [2] and 2 in transport.late
+
+
+@SHARES
+def test_a_round_below_the_consistency_quorum_stops_before_anything_is_computed(
+    shares: str,
+) -> None:
+    """Four silos: t = 3, q = 4. One lost at advertise: the server stops, and no silo computes
+    (or is charged for) an update that could never be unmasked."""
+    clients = _clients(4, shares)
+    transport = RecordingDropTransport(clients, victims=(2,), stage="advertise")
+    proto = SecureSum()
+    agg = proto.collect(transport, [0, 1, 2, 3], PARAMS, 0, {}, Server(_encoding(shares)))
+    assert agg.empty and proto.last_round["outcome"] == "no aggregate: 3 silo(s) sent keys < q = 4"
+    assert transport.stages() == ["advertise"] and all(c.fits == [] for c in clients.values())
 
 
 @SHARES
@@ -296,17 +314,25 @@ def test_a_lone_silo_is_never_summed(shares: str) -> None:
     assert agg.empty and transport.requests == [] and clients[1].fits == []
     assert proto.last_round["outcome"] == "refused: 1 silo(s) asked < t = 2"
     # and a silo refuses any round whose t would allow a lone or a minority unmasking
-    with pytest.raises(IntegrityError, match="threshold t = 1"):
+    sec = ephemeral_security([0, 1, 2, 3])
+    for participants, asked, own in ((np.array([0, 1]), 1, 2), (np.arange(4), 2, 3)):
+        with pytest.raises(IntegrityError, match=f"threshold t = {asked} .* gives t = {own}"):
+            silo_handler(
+                "advertise",
+                {
+                    "session": b"s" * 16,
+                    "participants": participants,
+                    "threshold": asked,
+                    "hidden": False,
+                },  # fmt: skip
+                0,
+                SiloContext(clients[0], 0, {}, sec[0]),
+            )
+    # and without an identity and peer keys of its own, a silo does not take part at all
+    with pytest.raises(IntegrityError, match="no identity, peer keys and settings"):
         silo_handler(
             "advertise",
-            {"session": b"s" * 16, "participants": np.array([0, 1]), "threshold": 1},
-            0,
-            SiloContext(clients[0], 0, {}),
-        )
-    with pytest.raises(IntegrityError, match="t > n/2"):
-        silo_handler(
-            "advertise",
-            {"session": b"s" * 16, "participants": np.arange(4), "threshold": 2},
+            {"session": b"s" * 16, "participants": np.arange(4), "threshold": 3, "hidden": False},
             0,
             SiloContext(clients[0], 0, {}),
         )
@@ -315,15 +341,11 @@ def test_a_lone_silo_is_never_summed(shares: str) -> None:
 # ------------------------------------------------------------------- attack: attempt difference
 
 
-@SHARES
-def test_attempt_difference_with_a_late_reply_broke_the_old_protocol_and_fails_now(
-    shares: str,
-) -> None:
+def test_attempt_difference_with_a_late_reply_broke_the_old_protocol_and_fails_now() -> None:
     """Issue #22: silo 2 misses the timeout; its late upload still arrives. Old protocol:
     Σ attempt 0 − Σ attempt 1 = its update (max error ~1e-10). New protocol: one pass, the late
     upload stays masked by PRG(b_2), which the server never reconstructs; no second session."""
-    clients = _clients(4, shares)
-    server = Server(_encoding(shares))
+    clients = _clients(7)  # t = 5, q = 6: one silo may be lost
     victim = 2
     ring = FixedPointRing()
     truth = clients[victim].flat(0)
@@ -333,8 +355,9 @@ def test_attempt_difference_with_a_late_reply_broke_the_old_protocol_and_fails_n
 
     transport = RecordingDropTransport(clients, victims=(victim,), stage="upload")
     proto = SecureSum()
-    agg = proto.collect(transport, [0, 1, 2, 3], PARAMS, 0, {}, server)
-    assert agg.count == 3 and _close(agg, clients, [0, 1, 3], 0)
+    rest = [0, 1, 3, 4, 5, 6]
+    agg = proto.collect(transport, list(range(7)), PARAMS, 0, {}, Server())
+    assert agg.count == 6 and _close(agg, clients, rest, 0)
     # The attacker's best use of the late upload: remove its pairwise masks with the victim's
     # mask seed, which the server legitimately reconstructed from the unmask replies.
     late = transport.late[victim]["masked"]
@@ -344,32 +367,28 @@ def test_attempt_difference_with_a_late_reply_broke_the_old_protocol_and_fails_n
     keys = {c: r["mask_key"] for c, r in transport.replies_at("advertise").items()}
     session = transport.requests[0][2]["session"]
     y = late.copy()
-    for other in [0, 1, 3]:
+    for other in rest:
         mask = pair_mask(mask_key(seed, session, 0), victim, keys[other], other, session, 0, y.size)
         y = y - mask if victim < other else y + mask
-    # What is left is x_2 + PRG(b_2): uniform in Z_2^64 (discrete: Z_2^b), never the update.
-    if server.share_encoding is None:
-        with pytest.raises(IntegrityError, match="did not cancel"):
-            proto.ring.decode(y, 1)
-    else:  # the zero check words still carry the self mask
-        enc = server.share_encoding
-        assert np.any((y.astype(np.uint64) & enc.mask())[enc.length :])
+    # What is left is x_2 + PRG(b_2): uniform in Z_2^64, never the update.
+    with pytest.raises(IntegrityError, match="did not cancel"):
+        proto.ring.decode(y, 1)
     # A second attempt at the same round: refused by the server object, and a fresh session
     # (a restarted server) finds every silo that masked the round declining it.
     with pytest.raises(ValueError, match="already summed"):
-        proto.collect(transport, [0, 1, 3], PARAMS, 0, {}, server)
+        proto.collect(transport, rest, PARAMS, 0, {}, Server())
     again = SecureSum()
-    assert again.collect(transport, [0, 1, 3], PARAMS, 0, {}, server).empty
-    assert again.last_round["declined"] == [0, 1, 3]
+    assert again.collect(transport, rest, PARAMS, 0, {}, Server()).empty
+    assert again.last_round["declined"] == rest
     assert all(c.fits == [0] for c in clients.values())  # no contribution was masked twice
 
 
 # --------------------------------------------------------- attack: both seeds of one silo
 
 
-def _to_upload(n: int, victims: tuple[int, ...] = (), shares: str = "continuous"):
-    """Run advertise → upload by hand; return (transport, proto state) at the unmask step."""
-    clients = _clients(n, shares)
+def _to_upload(n: int, victims: tuple[int, ...] = ()):
+    """Run advertise → upload by hand; return (transport, proto state) at the consistency step."""
+    clients = _clients(n)
     transport = RecordingDropTransport(clients, victims=victims, stage="upload")
     proto = SecureSum()
 
@@ -379,47 +398,45 @@ def _to_upload(n: int, victims: tuple[int, ...] = (), shares: str = "continuous"
     original = transport.exchange
 
     def exchange(protocol, stage, requests, round_index):
-        if stage == "unmask":
+        if stage == "consistency":
             raise Halt
         return original(protocol, stage, requests, round_index)
 
     transport.exchange = exchange  # type: ignore[method-assign]
     with pytest.raises(Halt):
-        proto.collect(transport, list(range(n)), PARAMS, 0, {}, Server(_encoding(shares)))
+        proto.collect(transport, list(range(n)), PARAMS, 0, {}, Server())
     transport.exchange = original  # type: ignore[method-assign]
     session = transport.requests[0][2]["session"]
     return clients, transport, proto, session
 
 
-@SHARES
-def test_a_silo_never_reveals_both_seeds_of_one_silo(shares: str) -> None:
-    clients, transport, proto, session = _to_upload(5, shares=shares)  # t(5) = 4
+def test_a_silo_never_reveals_both_seeds_of_one_silo() -> None:
+    clients, transport, proto, session = _to_upload(5)  # t(5) = 4, q = 5
     everyone = np.arange(5)
     both = {"session": session, "survivors": everyone, "dropped": np.array([3])}
     with pytest.raises(IntegrityError, match="both as a survivor and as dropped"):
-        transport.exchange("secure", "unmask", {0: both}, 0)
-    # An honest request is answered once; asking again (e.g. now claiming silo 3 dropped) is not.
+        transport.exchange("secure", "consistency", {0: both}, 0)
+    # One survivor set per round: silo 0 confirms the honest one, then refuses any other, and
+    # unmasks only the set it confirmed, once q silos confirmed it (the equivocation attack
+    # itself: tests/test_secure_active.py).
     honest = {"session": session, "survivors": everyone, "dropped": np.array([], np.int64)}
-    transport.exchange("secure", "unmask", {0: honest}, 0)
+    transport.exchange("secure", "consistency", {0: honest}, 0)
     liar = {"session": session, "survivors": np.array([0, 1, 2, 4]), "dropped": np.array([3])}
-    with pytest.raises(IntegrityError, match="stage 'unmasked'"):
-        transport.exchange("secure", "unmask", {0: liar}, 0)
-    # Equivocation: the others are told that silo 3 dropped. The server now holds 1 share of
-    # b_3 (from silo 0) and at most 4 of s_3 (from 1, 2, 4 and the victim itself would need to
-    # answer) -- t = 4 of both is impossible since t > n/2 and each silo answers once.
-    replies = transport.exchange("secure", "unmask", {c: liar for c in (1, 2, 4)}, 0)
-    assert sorted(replies) == [1, 2, 4]
-    assert 1 + len(replies) < 2 * proto.last_round["t"]
-    with pytest.raises(ValueError, match="threshold is 4"):
-        shamir.combine({c: r["mask_shares"] for c, r in replies.items()}, 4, list(range(5)))
+    with pytest.raises(IntegrityError, match="stage 'confirmed'"):
+        transport.exchange("secure", "consistency", {0: liar}, 0)
+    alone = {"signers": np.array([0]), "confirmations": b""}
+    with pytest.raises(IntegrityError, match="not the one this silo confirmed"):
+        transport.exchange("secure", "unmask", {0: {**liar, **alone}}, 0)
+    with pytest.raises(IntegrityError, match=r"1 silo\(s\) confirmed the survivor set < q = 5"):
+        transport.exchange("secure", "unmask", {0: {**honest, **alone}}, 0)
+    forged = {"signers": everyone, "confirmations": bytes(16 * 4)}
+    with pytest.raises(IntegrityError, match="confirmation of the survivor set does not verify"):
+        transport.exchange("secure", "unmask", {0: {**honest, **forged}}, 0)
 
 
-@SHARES
-def test_a_dropped_silo_is_not_asked_to_unmask_and_late_or_replayed_messages_are_refused(
-    shares: str,
-) -> None:
-    clients, transport, proto, session = _to_upload(4, victims=(1,), shares=shares)
-    ctx = SiloContext(clients[1], 1, transport._silo_memory[1])
+def test_a_dropped_silo_is_not_asked_to_unmask_and_late_or_replayed_messages_are_refused() -> None:
+    clients, transport, proto, session = _to_upload(7, victims=(1,))  # t = 5, q = 6
+    ctx = SiloContext(clients[1], 1, transport._silo_memory[1], transport.security[1])
     # The late silo 1 wakes up: a replayed upload request is refused (stage already passed).
     upload = next(r for s, c, r in transport.requests if s == "upload" and c == 1)
     with pytest.raises(IntegrityError, match="stage 'uploaded'"):
@@ -433,15 +450,21 @@ def test_a_dropped_silo_is_not_asked_to_unmask_and_late_or_replayed_messages_are
     advertise = next(r for s, c, r in transport.requests if s == "advertise" and c == 0)
     with pytest.raises(IntegrityError, match="already begun"):
         silo_handler(
-            "advertise", advertise, 0, SiloContext(clients[0], 0, transport._silo_memory[0])
+            "advertise",
+            advertise,
+            0,
+            SiloContext(clients[0], 0, transport._silo_memory[0], transport.security[0]),
         )
     share = next(r for s, c, r in transport.requests if s == "share" and c == 0)
     with pytest.raises(IntegrityError, match="stage 'uploaded'"):
         transport.exchange("secure", "share", {0: share}, 0)
-    # Unmasking needs t survivors at the silo too.
-    few = {"session": session, "survivors": np.array([0, 2]), "dropped": np.array([1, 3])}
-    with pytest.raises(IntegrityError, match="2 survivors < t = 3"):
-        transport.exchange("secure", "unmask", {0: few}, 0)
+    # A survivor set needs t survivors, and q to be confirmed, at the silo too.
+    few = {"session": session, "survivors": np.array([0, 2]), "dropped": np.array([1, 3, 4, 5, 6])}
+    with pytest.raises(IntegrityError, match="2 survivors < t = 5"):
+        transport.exchange("secure", "consistency", {0: few}, 0)
+    short = {**few, "survivors": np.array([0, 2, 3, 4, 5]), "dropped": np.array([1, 6])}
+    with pytest.raises(IntegrityError, match="5 survivors < q = 6"):
+        transport.exchange("secure", "consistency", {0: short}, 0)
 
 
 # --------------------------------------------------------------------------- integrity
@@ -566,6 +589,7 @@ def test_hidden_view_of_the_server_does_not_depend_on_who_took_part() -> None:
     for coins in ({0: True, 1: False, 2: False}, {0: False, 1: True, 2: True}):
         clients = {c: ScriptedClient(c, SHAPES, coins={0: coins[c]}) for c in range(3)}
         transport = RecordingDropTransport(clients)
+        transport.security = ephemeral_security([0, 1, 2], participation="hidden")
         proto = SecureSum(participation="hidden", client_rate=0.5)
         assert proto.silo_side_sampling
         agg = proto.collect(transport, [0, 1, 2], PARAMS, 0, {"round": 0}, Server())
@@ -621,7 +645,10 @@ def test_hidden_participation_needs_secure_summation_and_a_supporting_algorithm(
 
     with pytest.raises(ValueError, match="draw their own participation coin"):
         SecureSum(participation="hidden").collect(
-            InProcessTransport({0: NoCoin(0, SHAPES), 1: NoCoin(1, SHAPES)}),
+            InProcessTransport(
+                {0: NoCoin(0, SHAPES), 1: NoCoin(1, SHAPES)},
+                ephemeral_security([0, 1], participation="hidden"),
+            ),
             [0, 1],
             PARAMS,
             0,
@@ -659,8 +686,18 @@ def test_the_threshold_is_validated_and_reported() -> None:
     proto = protocol_from_config(cfg)
     assert isinstance(proto, SecureSum) and proto.survivors_needed(4) == 3
     fields = summary_fields(cfg)
-    assert fields["all_silos"] == {"n": 4, "t": 3, "dropout_tolerance": 1, "collusion_bound": 2}
-    assert fields["threshold"] == 0.75 and "t - 1 silos" in fields["collusion"]
+    assert fields["all_silos"] == {
+        "n": 4,
+        "t": 3,
+        "quorum": 4,
+        "dropout_tolerance": 0,
+        "collusion_bound": {"semi_honest": 2, "active": 2},
+    }
+    assert fields["threshold"] == 0.75
+    assert "t - 1 silos" in fields["collusion"]["semi_honest"]
+    assert (
+        "t - 1" in fields["collusion"]["active"] and "consistency" in fields["collusion"]["active"]
+    )
     assert "participation revealed" in fields["server_observer"]
     hidden = summary_fields(config_from_dict(TINY, ["aggregation=secure", "participation=hidden"]))
     assert "timing" in hidden["server_observer"]

@@ -21,6 +21,7 @@ _API = (
     "privacy_table",
     "register_module",
     "train",
+    "verify_run",
 )
 
 __all__ = ["__version__", *_API]

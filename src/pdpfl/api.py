@@ -53,6 +53,7 @@ __all__ = [
     "privacy_table",
     "register_module",
     "train",
+    "verify_run",
 ]
 
 #: Keywords of :func:`train` that are not config leaf names.
@@ -219,6 +220,7 @@ def train(
     overwrite: bool = False,
     resume: bool = False,
     progress: bool = False,
+    allow_over_budget: bool = False,
     **settings: Any,
 ) -> dict[str, Any]:
     """Train ``model`` on ``federation`` with per-record privacy budgets; return the summary.
@@ -244,6 +246,10 @@ def train(
         ``overwrite=True`` or ``resume=True``.
     config
         Optional base: an :class:`~pdpfl.config.ExperimentConfig`, a dict or a YAML path.
+    allow_over_budget
+        With ``resume=True`` and more ``rounds`` than the run was planned for: extend it even
+        though an algorithm whose units cannot sit out takes some over their budget (refused
+        otherwise, :mod:`pdpfl.fl.extension`; the summary then says budgets are exceeded).
     **settings
         Config fields by leaf name: ``rounds`` (T), ``local_steps`` (τ), ``batch_size`` (the
         public expected batch size B, required under DP), ``epsilon_max`` or
@@ -295,7 +301,14 @@ def train(
                 f"{int(i)},{float(v)!r}" for i, v in zip(table.ids, table.values, strict=True)
             )
             write_text(out_dir / "budgets.csv", "\n".join(lines) + "\n")
-        summary = simulate_into(cfg, out_dir, resume, progress=progress, federation=federation)
+        summary = simulate_into(
+            cfg,
+            out_dir,
+            resume,
+            progress=progress,
+            federation=federation,
+            allow_over_budget=allow_over_budget,
+        )
     except ValueError:  # refused while building (e.g. budgets above ε_max): leave nothing
         if fresh and not (out_dir / "metrics.jsonl").exists():
             import shutil
@@ -322,6 +335,12 @@ def privacy_table(run_dir: str | Path, *, unit_id: object = None, as_frame: bool
     pandas DataFrame when pandas is installed and ``as_frame`` (else a dict of numpy columns);
     ``unit_id`` keeps the rows of one person. Works on a run folder (``ledgers/``) and on a Flower
     silo's state folder.
+
+    Every ledger is verified first (:func:`pdpfl.ledger.runfolder.open_run`): a run folder whose
+    ledgers are unsealed, of another run or older than its checkpoint raises
+    :class:`~pdpfl.ledger.runfolder.RunFolderError` (a ``ValueError``) naming the file; a folder
+    that names no run is read with an :class:`~pdpfl.ledger.runfolder.UnverifiedRunWarning`.
+    :func:`verify_run` says what was verified.
     """
     from pdpfl.ledger.table import privacy_table as table_of
     from pdpfl.ledger.table import select_id
@@ -336,6 +355,17 @@ def privacy_table(run_dir: str | Path, *, unit_id: object = None, as_frame: bool
             return table
         return pd.DataFrame(table)
     return table
+
+
+def verify_run(run_dir: str | Path) -> dict[str, Any]:
+    """What pdpfl verifies of a run folder before it reports from it: ``verified`` (False for a
+    folder that names no run), ``kind``, ``run_id``, ``round`` (what the checkpoint records),
+    ``ledgers`` and ``note`` (the sentence the reports print). Raises
+    :class:`~pdpfl.ledger.runfolder.RunFolderError` naming a ledger that does not verify
+    (unsealed, of another run, stale, edited, missing or added)."""
+    from pdpfl.ledger.runfolder import open_run
+
+    return open_run(run_dir).to_dict()
 
 
 def lifetime_budgets(
@@ -386,16 +416,24 @@ def load_model(
     ``models/round-NNNN.safetensors`` of a run with ``save_models: every-round``) or a model
     file. With a ``module``, every trainable parameter is loaded by name; a missing, extra or
     mis-shaped name is a ``ValueError`` naming it (buffers are not part of the release).
+
+    The model is verified with its run (:func:`pdpfl.runtime.model_file.verified_model`): in a
+    run folder, a model whose tensors or header were edited, of another run, or older than the
+    run's checkpoint raises :class:`~pdpfl.integrity.IntegrityError` (a ``ValueError``); a file
+    that cannot be checked loads with an :class:`~pdpfl.ledger.runfolder.UnverifiedRunWarning`.
     """
-    from pdpfl.runtime.model_file import MODEL_NAME, read_model
+    from pdpfl.runtime.model_file import MODEL_NAME, verified_model
 
     path = Path(run)
+    final = round is None
     if path.is_dir():
         name = MODEL_NAME if round is None else f"models/round-{int(round):04d}.safetensors"
         path = path / name
+    elif path.parent.name == "models":
+        final = False
     if not path.is_file():
         raise ValueError(f"model: no model file at {path}")
-    tensors, _ = read_model(path)
+    tensors, _, _ = verified_model(path, final=final)
     if module is None:
         return tensors
     import torch

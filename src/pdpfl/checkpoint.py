@@ -28,6 +28,7 @@ __all__ = [
     "has_checkpoint",
     "load_checkpoint",
     "read_metrics",
+    "run_identity",
     "save_checkpoint",
     "save_round",
 ]
@@ -111,6 +112,49 @@ def load_checkpoint(out_dir: str | Path) -> dict[str, Any] | None:
         raise IntegrityError(f"cannot resume: {exc}") from None
     except ValueError as exc:
         raise ValueError(f"cannot resume: {path} is not a valid pdpfl checkpoint ({exc})") from None
+
+
+def _top_level(payload: bytes, keys: tuple[str, ...]) -> dict[str, Any]:
+    """The scalar top-level fields ``keys`` of an encoded state, reading only its JSON skeleton
+    (no array is decoded)."""
+    import io
+
+    with np.load(io.BytesIO(payload), allow_pickle=False) as z:
+        skeleton = json.loads(z["__skeleton__"].tobytes().decode("utf-8"))
+    items = skeleton.get("__dict__") if isinstance(skeleton, dict) else None
+    if not isinstance(items, list):
+        raise ValueError("not a state dictionary")
+    found = {k: v for k, v in items if k in keys}
+    missing = [k for k in keys if k not in found]
+    if missing:
+        raise ValueError(f"missing fields {missing}")
+    return found
+
+
+def run_identity(out_dir: str | Path) -> tuple[str, int] | None:
+    """``(run id, next round)`` that the run folder's checkpoint records, verified: its seal
+    (the operator's key, the run id), its fields and the run's high-water mark (a checkpoint put
+    back from an earlier round is refused). None when the folder holds no checkpoint.
+
+    Raises :class:`~pdpfl.integrity.IntegrityError` naming the file otherwise. What a reader of
+    a finished run trusts (``pdpfl privacy``, ``pdpfl export``, the Python API).
+    """
+    path = Path(out_dir) / CHECKPOINT_NAME
+    if not path.is_file():
+        return None
+    payload, run_id = unseal(path.read_bytes(), purpose="checkpoint", what=str(path))
+    try:
+        fields = _top_level(payload, ("run_id", "next_round"))
+        next_round = int(fields["next_round"])
+    except (ValueError, KeyError, TypeError, OSError) as exc:
+        raise IntegrityError(f"{path}: not a valid pdpfl checkpoint ({exc})") from None
+    if fields["run_id"] != run_id:
+        raise IntegrityError(f"{path}: its run id does not match its seal")
+    try:
+        check_progress(run_id, next_round)
+    except IntegrityError as exc:
+        raise IntegrityError(f"{path}: {exc}".replace("; refusing to resume", "")) from None
+    return run_id, next_round
 
 
 def has_checkpoint(out_dir: str | Path) -> bool:

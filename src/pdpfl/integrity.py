@@ -32,11 +32,14 @@ from pathlib import Path
 __all__ = [
     "IntegrityError",
     "check_progress",
+    "check_tag",
     "is_sealed",
     "key_dir",
+    "mark_id",
     "party_key",
     "record_progress",
     "seal",
+    "tag",
     "unseal",
 ]
 
@@ -77,6 +80,35 @@ def party_key(party: str = "operator") -> bytes:
 def _tag(key: bytes, purpose: str, identity: str, payload: bytes) -> bytes:
     header = json.dumps([purpose, identity]).encode()
     return hmac.new(key, header + hashlib.sha256(payload).digest(), hashlib.sha256).digest()
+
+
+def tag(payload: bytes, *, purpose: str, identity: str, party: str = "operator") -> bytes:
+    """The 32-byte integrity tag of ``payload`` alone (for a file that must keep its own format,
+    e.g. a safetensors model, which carries it in its header)."""
+    return _tag(party_key(party), purpose, identity, payload)
+
+
+def check_tag(
+    payload: bytes,
+    found: bytes,
+    *,
+    purpose: str,
+    identity: str,
+    party: str = "operator",
+    what: str = "file",
+) -> None:
+    """Raise :class:`IntegrityError` naming ``what`` unless ``found`` is :func:`tag` of it."""
+    if not hmac.compare_digest(bytes(found), tag(payload, purpose=purpose, identity=identity,
+                                                 party=party)):  # fmt: skip
+        raise IntegrityError(
+            f"{what}: its integrity tag does not verify -- it was edited, is corrupted, or was "
+            f"sealed with another key than this machine's ({key_dir()})"
+        )
+
+
+def mark_id(identity: str) -> str:
+    """The high-water mark name of a state that is not a plain run id (e.g. a Flower silo's)."""
+    return hashlib.sha256(identity.encode()).hexdigest()[:32]
 
 
 def seal(payload: bytes, *, purpose: str, identity: str, party: str = "operator") -> bytes:

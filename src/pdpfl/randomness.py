@@ -58,10 +58,12 @@ import struct
 import threading
 import warnings
 from collections.abc import Sequence
-from typing import Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch  # imported where it is used: parsing a config never needs it
 
 __all__ = [
     "RandomStream",
@@ -103,6 +105,8 @@ _SCRATCH = threading.local()
 def _scratch(n: int) -> tuple[torch.Tensor, torch.Tensor]:
     """This thread's reused ``n``-element int64 and float64 buffers (grown on demand, at most
     :data:`_SCRATCH_WORDS` elements). Callers return fresh tensors, never views of them."""
+    import torch
+
     words = getattr(_SCRATCH, "words", None)
     if words is None or words.numel() < n:
         size = max(n, 2 * words.numel() if words is not None else 0)
@@ -195,6 +199,8 @@ class _ChaChaStream:
     @staticmethod
     def _to_uniform(k: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """Float64 uniforms ``(k + 1/2)·2⁻⁵³`` in the open interval (0, 1) (into ``out``)."""
+        import torch
+
         u = k.to(torch.float64) if out is None else out.copy_(k)
         return u.add_(0.5).mul_(_INV_2_53)
 
@@ -204,6 +210,8 @@ class _ChaChaStream:
         """``n`` float64 uniforms on ``device``; on the CPU (``scratch``), up to
         :data:`_SCRATCH_WORDS` of them in this thread's scratch buffer (valid until the next
         call in the thread)."""
+        import torch
+
         cpu = device is None or device.type == "cpu"
         if scratch and cpu and n <= _SCRATCH_WORDS:
             words, floats = _scratch(n)
@@ -246,6 +254,8 @@ class _ChaChaStream:
         √2·R·sin(θ + π/4); normal k sums those of pairs k and n + k and halves, i.e.
         √E_k·sin φ_k + √E_{n+k}·sin φ_{n+k} with φ = θ + π/4 (one sine, no cosine).
         """
+        import torch
+
         pairs = 2 * n
         if n <= _NUMPY_NORMALS and (device is None or device.type == "cpu"):
             return torch.from_numpy(self._standard_normals_np(n))
@@ -281,6 +291,8 @@ class _ChaChaStream:
     def normal(
         self, shape: tuple[int, ...] | torch.Size, *, device: torch.device | str | None = None
     ) -> torch.Tensor:
+        import torch
+
         shape = tuple(int(s) for s in shape)
         dev = None if device is None else torch.device(device)
         n = math.prod(shape)
@@ -352,6 +364,8 @@ class _TorchStream:
         self._gen = generator
 
     def uniform(self, n: int) -> np.ndarray:
+        import torch
+
         n = int(n)
         if n < 0:
             raise ValueError(f"n: must be >= 0, got {n}")
@@ -362,6 +376,8 @@ class _TorchStream:
     def words(self, n: int) -> np.ndarray:
         """``n`` uniform 64-bit words (uint64): two uniform 32-bit halves from the generator
         (``torch.randint(0, 2**32)``), high half first; reproducible from the seed."""
+        import torch
+
         n = int(n)
         if n < 0:
             raise ValueError(f"n: must be >= 0, got {n}")
@@ -373,6 +389,8 @@ class _TorchStream:
         self, shape: tuple[int, ...] | torch.Size, *, device: torch.device | str | None = None
     ) -> torch.Tensor:
         # drawn on the CPU whatever ``device`` is: the same numbers on every machine
+        import torch
+
         z = torch.randn(tuple(int(s) for s in shape), generator=self._gen, dtype=torch.float64)
         return z if device is None else z.to(device)
 
@@ -383,6 +401,8 @@ class _TorchStream:
         device: torch.device | str | None = None,
     ) -> torch.Tensor:
         """The concatenation of ``normal(shape).flatten()`` for each shape, in order."""
+        import torch
+
         parts = [self.normal(tuple(s)).reshape(-1) for s in shapes]
         z = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.float64)
         return z if device is None else z.to(device)
@@ -399,6 +419,8 @@ def draw_normals(
     normals on ``device``; the seeded stream draws on the CPU, in tensor order) and falls back to
     one ``normal`` call per shape for other :class:`RandomStream` implementations.
     """
+    import torch
+
     fn = getattr(stream, "normals", None)
     if callable(fn):
         return fn(shapes, device=device)
@@ -409,6 +431,8 @@ def draw_normals(
 
 def stream_from_generator(generator: torch.Generator) -> RandomStream:
     """Wrap a seeded ``torch.Generator`` as a stream (reproducible research use only)."""
+    import torch
+
     if not isinstance(generator, torch.Generator):
         raise TypeError(f"generator: expected a torch.Generator, got {type(generator).__name__}")
     return _TorchStream(generator)

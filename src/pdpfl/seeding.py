@@ -9,9 +9,12 @@ Cryptographic material (keys, masks) never comes from here: use :mod:`secrets`.
 from __future__ import annotations
 
 import hashlib
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
 
 
 def _purpose_key(purpose: str) -> int:
@@ -36,6 +39,8 @@ def numpy_generator(seed: int, purpose: str, *indices: int) -> np.random.Generat
 def torch_generator(
     seed: int, purpose: str, *indices: int, device: str | torch.device = "cpu"
 ) -> torch.Generator:
+    import torch  # here: the numpy streams (budgets, partitions) never import torch
+
     gen = torch.Generator(device=device)
     gen.manual_seed(derive_seed(seed, purpose, *indices))
     return gen

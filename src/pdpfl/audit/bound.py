@@ -26,7 +26,9 @@ with Brent's method; between grid points it relies on the continuity of the p-va
 Choosing how many to guess (:func:`audit_scores`): the auditor guesses the k highest scores "in"
 and the k lowest "out" for every k of a fixed candidate set (:func:`candidate_ks`) and reports
 the largest ε̂, each computed at level a / |candidates| (Bonferroni): the reported number is a
-lower bound at confidence 1 − a for the chosen k too.
+lower bound at confidence 1 − a for the chosen k too. ``pdpfl audit`` itself tests a ladder of
+k and a second statistic (the f-DP audit) with one Bonferroni correction over both
+(:mod:`pdpfl.audit.evidence`); :func:`audit_scores` is this statistic alone.
 """
 
 from __future__ import annotations

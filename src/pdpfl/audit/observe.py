@@ -29,7 +29,14 @@ import numpy as np
 from pdpfl.audit.canaries import EVERYWHERE
 from pdpfl.fl.api import Contribution, Params, Scalars
 
-__all__ = ["FlatIndex", "ReleaseLog", "ReleaseTap", "observer_scores"]
+__all__ = [
+    "FlatIndex",
+    "ReleaseLog",
+    "ReleaseTap",
+    "observer_rounds",
+    "observer_scores",
+    "standardized_scores",
+]
 
 
 class FlatIndex:
@@ -58,16 +65,22 @@ class FlatIndex:
 
 @dataclass
 class ReleaseLog:
-    """Every release of every silo at the canaries' coordinates, by (round, silo)."""
+    """Every release of every silo at the canaries' coordinates, by (round, silo), and every
+    round's global model there (what third parties see)."""
 
     index: FlatIndex
     values: dict[tuple[int, int], np.ndarray] = field(default_factory=dict)
     weights: dict[tuple[int, int], float] = field(default_factory=dict)
+    models: dict[int, np.ndarray] = field(default_factory=dict)
 
     def record(self, round_index: int, silo: int, contribution: Contribution) -> None:
         key = (int(round_index), int(silo))
         self.values[key] = self.index.read(contribution.update)
         self.weights[key] = float(contribution.weight)
+
+    def record_model(self, round_index: int, params: Params) -> None:
+        """The global model after round ``round_index`` (the loop's ``save_model`` hook)."""
+        self.models[int(round_index)] = self.index.read(params)
 
     def released(self, silo: int, rounds: int) -> np.ndarray:
         """Per round: whether ``silo`` released an update (took part)."""
@@ -121,3 +134,79 @@ def observer_scores(
         mine = (hosts == key[1]) | (hosts == EVERYWHERE)
         total[mine] += values[mine] / (weight if weight > 0 else 1.0)
     return -release_sign * total
+
+
+def observer_rounds(
+    observer: str,
+    *,
+    hosts: np.ndarray,
+    log: ReleaseLog,
+    initial: Params,
+    rounds: int,
+    hides_individual_updates: bool,
+    release_sign: float = 1.0,
+) -> np.ndarray:
+    """``(rounds, n)``: what ``observer`` sees of each canary round by round, signed so that a
+    canary's contribution is positive -- the terms whose sum is :func:`observer_scores`.
+
+    third party: −(x_{t+1} − x_t)[j] from every round's global model (the sequence of global
+    models it sees); server: −Δ_{h,t}[j] / w_{h,t} of the canary's host (every silo for
+    :data:`EVERYWHERE`; each round's sum under a protocol that hides individual updates), 0 in
+    rounds the host did not release."""
+    n = log.index.size
+    out = np.zeros((rounds, n), dtype=np.float64)
+    if observer == "third-party":
+        previous = log.index.read(initial)
+        for t in range(rounds):
+            current = log.models.get(t)
+            if current is None:  # a round without a model (it diverged): nothing seen
+                continue
+            out[t] = -(current - previous)
+            previous = current
+        return out
+    if observer != "server":
+        raise ValueError(f"observer: expected third-party or server, got {observer!r}")
+    hosts = np.asarray(hosts, dtype=np.int64)
+    for (t, silo), values in log.values.items():
+        if t >= rounds:
+            continue
+        if hides_individual_updates:
+            out[t] += values
+            continue
+        weight = log.weights[(t, silo)]
+        mine = (hosts == silo) | (hosts == EVERYWHERE)
+        out[t, mine] += values[mine] / (weight if weight > 0 else 1.0)
+    return -release_sign * out
+
+
+#: Fewer control canaries of one host than this: that round's scale uses every control canary.
+MIN_CONTROLS = 20
+
+
+def standardized_scores(
+    per_round: np.ndarray, hosts: np.ndarray, control: np.ndarray
+) -> np.ndarray:
+    """Σ_t z_{t,i}: each round's values divided by that round's noise scale, estimated as the
+    standard deviation of the never-trained control canaries' values (of the same host, when it
+    has at least :data:`MIN_CONTROLS` of them). A canary contributes the same multiple of its
+    round's noise whatever the round's clip bound or learning rate (IDP-FedAvg's adaptive
+    clipping), so every round gets the weight the Gaussian likelihood ratio gives it; rounds
+    without noise (a host that did not release) add nothing. The control group's coins and
+    values are independent of every audited group's, so the scale is not tuned on the data a
+    group is tested on."""
+    values = np.asarray(per_round, dtype=np.float64)
+    hosts = np.asarray(hosts, dtype=np.int64)
+    control = np.asarray(control, dtype=bool)
+    rounds, n = values.shape
+    scale = np.zeros((rounds, n), dtype=np.float64)
+    everywhere = values[:, control]
+    overall = everywhere.std(axis=1, ddof=1) if everywhere.shape[1] > 1 else np.zeros(rounds)
+    scale[:] = overall[:, None]
+    for h in np.unique(hosts):
+        mine = hosts == h
+        ref = mine & control
+        if ref.sum() >= MIN_CONTROLS:
+            scale[:, mine] = values[:, ref].std(axis=1, ddof=1)[:, None]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        z = np.where(scale > 0, values / scale, 0.0)
+    return z.sum(axis=0)

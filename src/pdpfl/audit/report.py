@@ -105,7 +105,13 @@ def audit_figure(record: dict[str, Any]) -> Any:
         ax.set_title(_OBSERVER_TITLE.get(obs, obs), fontsize=10)
     axes[0][0].set_ylabel("ε")
     axes[0][-1].legend(fontsize=7, loc="upper left")
-    verdict = "consistent" if not record["violations"] else "VIOLATION"
+    verdict = (
+        "VIOLATION"
+        if record["violations"]
+        else "inconclusive (saturated)"
+        if record.get("inconclusive")
+        else "consistent"
+    )
     fig.suptitle(
         f"{record['name']} ({record['algorithm']}): one-run audit, "
         f"{record['canaries_per_group']} canaries per group — {verdict}",
@@ -118,18 +124,63 @@ def audit_figure(record: dict[str, Any]) -> Any:
 def _table(rows: list[dict[str, Any]], record: dict[str, Any]) -> list[str]:
     lines = [
         f"| group | budget ε | canary q | accountant ε (δ = {record['delta']:.0e}) | "
-        f"accountant ε (δ = {record['audit_delta']:.0e}) | audited ε̂ (δ = "
-        f"{record['audit_delta']:.0e}) | guesses | correct |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        f"accountant ε (δ = {record['audit_delta']:.0e}) | audited ε̂ | ε̂ Steinke | ε̂ f-DP | "
+        "right / guesses | status | one-shot ε (estimate) |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |",
     ]
     for g in rows:
         flag = " **> accountant**" if g["violated"] else ""
         lines.append(
             f"| {g['label']} | {_fmt(g['budget'])} | {_fmt(g['canary_rate'])} | "
             f"{_fmt(g['spent'], 4)} | {_fmt(g['spent_at_audit_delta'], 4)} | "
-            f"{_fmt(g['epsilon_lower'], 3)}{flag} | {g['guesses']} | {g['correct']} |"
+            f"{_fmt(g['epsilon_lower'], 3)}{flag} | {_fmt(g['epsilon_lower_steinke'], 3)} | "
+            f"{_fmt(g['epsilon_lower_fdp'], 3)} | {g['correct']} / {g['guesses']} | "
+            f"{g['status']} | {_fmt(g.get('one_shot_epsilon'), 3)} |"
         )
     return lines
+
+
+def _risk_table(rows: list[dict[str, Any]]) -> list[str]:
+    """The accountant's risk card beside the attack rates the audit measured."""
+    cards = [g for g in rows if g.get("risk")]
+    if not cards:
+        return []
+    fprs = cards[0]["risk"]["fpr"]
+    head = " | ".join(f"TPR at FPR {a:g}: bound / measured" for a in fprs)
+    lines = [f"| group | {head} |", "| --- |" + " ---: |" * len(fprs)]
+    for g in cards:
+        cells = []
+        for a, t in zip(fprs, g["risk"]["tpr_max"], strict=True):
+            measured = g["measured_tpr"].get(f"{a:g}")
+            cells.append(f"{_fmt(t)} / {_fmt(measured)}")
+        lines.append(f"| {g['label']} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _verdict(record: dict[str, Any]) -> list[str]:
+    if record["violations"]:
+        return [
+            "**Verdict: VIOLATION** -- an audited lower bound exceeds the accountant's ε "
+            "(a privacy bug, or, with probability at most "
+            f"{1 - record['confidence']:.0%}, chance):",
+            "",
+            *(f"- {v}" for v in record["violations"]),
+            "",
+        ]
+    if record["inconclusive"]:
+        return [
+            "**Verdict: INCONCLUSIVE (saturated)** -- every audited ε̂ is at most the "
+            "accountant's ε, but in these groups every guess was right and no test with this "
+            "many canaries could have certified the accountant's ε: the audit had no power "
+            "there.",
+            "",
+            *(f"- {v}" for v in record["inconclusive"]),
+            "",
+        ]
+    return [
+        "**Verdict: consistent** -- every audited lower bound is at most the accountant's ε.",
+        "",
+    ]
 
 
 def audit_markdown(record: dict[str, Any]) -> str:
@@ -143,45 +194,58 @@ def audit_markdown(record: dict[str, Any]) -> str:
     lines = [
         f"# Privacy audit: {record['name']} ({record['algorithm']})",
         "",
-        f"One-run audit (Steinke, Nasr & Jagielski, NeurIPS 2023; federated form: Andrew et "
-        f"al., ICLR 2024): {m} white-box Dirac canaries per budget group ({record['unit']}-level "
-        f"units with the group's budget), each included with probability ½ and trained once "
-        f"through the real mechanism ({record['rounds']} rounds, {record['silos']} silo(s), "
-        f"randomness: {record['randomness']}); coordinates in {space}; a control group of {m} "
-        "canaries is never trained.",
+        f"One-run audit (Steinke, Nasr & Jagielski, NeurIPS 2023; f-DP in one run: Mahloujifar, "
+        f"Melis & Chaudhuri, ICML 2025; federated form: Andrew et al., ICLR 2024): {m} "
+        f"white-box Dirac canaries per budget group ({record['unit']}-level units with the "
+        f"group's budget), each included with probability ½ and trained once through the real "
+        f"mechanism ({record['rounds']} rounds, {record['silos']} silo(s), randomness: "
+        f"{record['randomness']}); coordinates in {space}; a control group of {m} canaries is "
+        "never trained.",
+        "",
+        *_verdict(record),
+        "![audit](audit.png)",
         "",
     ]
-    if record["violations"]:
-        lines += [
-            "**Verdict: VIOLATION** -- an audited lower bound exceeds the accountant's ε "
-            "(a privacy bug, or, with probability at most "
-            f"{1 - record['confidence']:.0%}, chance):",
-            "",
-        ]
-        lines += [f"- {v}" for v in record["violations"]] + [""]
-    else:
-        lines += [
-            "**Verdict: consistent** -- every audited lower bound is at most the accountant's ε.",
-            "",
-        ]
-    lines += ["![audit](audit.png)", ""]
     for obs, rows in record["observers"].items():
         lines += [f"## {_OBSERVER_TITLE.get(obs, obs)}", "", *_table(rows, record), ""]
+        risk = _risk_table(rows)
+        if risk:
+            lines += [
+                "Attack risk of the group's strongest unit: the accountant's bound on any "
+                "membership attack's true-positive rate (TPR) at each false-positive rate (FPR), "
+                "beside the rate the canaries' scores reached:",
+                "",
+                *risk,
+                "",
+            ]
     lines += [
         "## What the numbers mean",
         "",
         f"- ε̂ is a **lower bound**, not a guarantee: with probability at least "
-        f"{record['confidence']:.0%}, *all* the ε̂ above (every group, every observer, "
-        f"every number of guesses tried) are below their groups' true ε at δ = "
-        f"{record['audit_delta']:.0e} (Bonferroni over {record['tests']} tests). It says the "
-        "mechanism leaks *at least* this much; the accountant's ε says it leaks *at most* that "
-        "much.",
-        "- A one-run audit with m canaries cannot certify more than about "
-        "log(m)-sized ε, and the δ-term caps it further when m·δ is not small; ε̂ far below "
-        "the accountant's ε is expected and does not mean the accountant is loose.",
+        f"{record['confidence']:.0%}, *all* the ε̂ above (every group, every observer, both "
+        f"statistics, every number of guesses on the ladder {record['ladder']}) hold "
+        f"simultaneously (Bonferroni over {record['tests']} tests, each at level "
+        f"{record['level_per_test']:.2g}). It says the mechanism leaks *at least* this much; "
+        "the accountant's ε says it leaks *at most* that much.",
+        "- ε̂ Steinke holds for any mechanism (Steinke, Nasr & Jagielski 2023). ε̂ f-DP "
+        "(Mahloujifar et al. 2025) is the accountant's ε for the least noise the guesses rule "
+        "out in the group's own mechanism: a correct implementation exceeds the accountant's ε "
+        "there with probability at most the level; it is a lower bound on the true ε when the "
+        "implementation behaves like the accounted mechanism at some noise level. The audited "
+        "ε̂ is the larger.",
+        "- The one-shot ε (Andrew et al., ICLR 2024) fits a Gaussian to the included and the "
+        "excluded canaries' scores and reads off the Gaussian mechanism's ε: an *estimate* of "
+        "what this attack achieves, with no confidence -- never a bound.",
+        "- A one-run audit with m canaries cannot certify much more than log(m)-sized ε "
+        "(Steinke) and needs many canaries to approach a strong mechanism's ε (f-DP); a group "
+        "whose every guess was right while no test could reach the accountant's ε is "
+        "reported *inconclusive (saturated)*, with the number of canaries that would give it "
+        "power.",
         "- The control group's canaries were never trained: its ε̂ must be 0 "
         "(the auditor is at chance there).",
-        f"- Audit time: {record['seconds']:.1f} s of training; details in `audit.json`.",
+        f"- Audit time: {record['seconds']:.1f} s of training, "
+        f"{record.get('seconds_statistics', 0.0):.1f} s of statistics; details in "
+        "`audit.json`.",
         "",
     ]
     return "\n".join(lines)

@@ -17,10 +17,19 @@ what an observer of the federation sees):
    canaries' ledgers round by round like their hosts' units, scores every canary for every
    observer (:mod:`pdpfl.audit.observe`) and bounds each group (:mod:`pdpfl.audit.bound`).
 
-Confidence is **simultaneous**: every reported ε̂ (all groups, the control group, both
-observers, every candidate k) is computed at level (1 − confidence) / (number of tests), so with
-probability ≥ confidence *all* of them are below their groups' true ε at the audit's δ. A group
-whose ε̂ exceeds the accountant's ε is a **violation** (:attr:`AuditResult.violations`).
+Each observer's view of every canary, round by round (:func:`~pdpfl.audit.observe.observer_rounds`),
+is standardized by the control canaries' spread and summed into one score per canary; each
+group's scores become two lower bounds, Steinke et al.'s and the f-DP audit's against the
+group's own mechanism family (:mod:`pdpfl.audit.fdp`), over a ladder of guess counts, with a
+verdict, the one-shot estimate and the measured attack rates (:mod:`pdpfl.audit.evidence`),
+beside the accountant's risk card (:mod:`pdpfl.privacy.risk`).
+
+Confidence is **simultaneous**: every reported test (both statistics, every rung of the ladder,
+all groups, the control group, every observer) runs at level (1 − confidence) / (number of
+tests), so with probability ≥ confidence *all* ε̂ are below their groups' true ε at the audit's
+δ. A group whose ε̂ exceeds the accountant's ε is a **violation**
+(:attr:`AuditResult.violations`); one whose test saturated where it could not have failed is
+**inconclusive** (:attr:`AuditResult.inconclusive`).
 """
 
 from __future__ import annotations
@@ -28,18 +37,34 @@ from __future__ import annotations
 import tempfile
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from pdpfl.audit.bound import AuditBound, audit_scores, candidate_ks
 from pdpfl.audit.canaries import CONTROL_LABEL, CanaryPlan, GroupSpec, plan_canaries
+from pdpfl.audit.evidence import (
+    CONSISTENT,
+    INCONCLUSIVE,
+    VIOLATION,
+    Evidence,
+    evidence,
+    guess_ladder,
+)
+from pdpfl.audit.fdp import MechanismFamily, ledger_epsilon
 from pdpfl.audit.hooks import AuditUnsupported, CanaryHook, canary_hook
-from pdpfl.audit.observe import FlatIndex, ReleaseLog, ReleaseTap, observer_scores
+from pdpfl.audit.observe import (
+    FlatIndex,
+    ReleaseLog,
+    ReleaseTap,
+    observer_rounds,
+    standardized_scores,
+)
 from pdpfl.audit.space import Space, block_config, choose_space
 from pdpfl.fl.algorithm import Assembly, as_algorithm
-from pdpfl.ledger import OBSERVERS, GroupSummary, PrivacySummary
+from pdpfl.ledger import OBSERVERS, GroupSummary, PrivacyLedger, PrivacySummary
+from pdpfl.privacy.risk import RiskCard, privacy_curve, risk_card
 from pdpfl.randomness import (
     Randomness,
     ReproducibleRandomnessWarning,
@@ -49,8 +74,8 @@ from pdpfl.randomness import (
 
 __all__ = ["AuditResult", "AuditSession", "AuditSettings", "GroupAudit", "default_delta"]
 
-#: Relative slack when comparing ε̂ with the accountant's ε (floating-point noise only).
-TOLERANCE = 1e-9
+#: The statistics of every rung (Steinke et al.; the f-DP audit): the Bonferroni factor.
+STATISTICS = ("steinke", "f-dp")
 
 
 def default_delta(config_delta: float, per_group: int) -> float:
@@ -76,7 +101,8 @@ class AuditSettings:
 
 @dataclass(frozen=True)
 class GroupAudit:
-    """One group for one observer: the budget, the accountant's ε and the audited ε̂."""
+    """One group for one observer: the budget, the accountant's ε, the audit's evidence and
+    the accountant's risk card for the group's strongest unit."""
 
     label: str
     budget: float | None
@@ -84,14 +110,21 @@ class GroupAudit:
     units: int
     spent: float | None
     spent_audit: float | None
-    bound: AuditBound
+    evidence: Evidence
     control: bool = False
+    risk: RiskCard | None = None
+
+    @property
+    def epsilon(self) -> float:
+        return self.evidence.epsilon
 
     @property
     def violated(self) -> bool:
-        if self.spent_audit is None:
-            return False
-        return self.bound.epsilon > self.spent_audit * (1 + TOLERANCE) + TOLERANCE
+        return self.evidence.violated
+
+    @property
+    def status(self) -> str:
+        return self.evidence.status
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -102,8 +135,8 @@ class GroupAudit:
             "units": self.units,
             "spent": self.spent,
             "spent_at_audit_delta": self.spent_audit,
-            **self.bound.to_dict(),
-            "violated": self.violated,
+            **self.evidence.to_dict(),
+            "risk": None if self.risk is None else self.risk.to_dict(),
         }
 
 
@@ -117,21 +150,57 @@ class AuditResult:
 
     @property
     def violations(self) -> list[str]:
-        return [
-            f"{obs}: group {g.label}: audited ε̂ = {g.bound.epsilon:.4g} > the accountant's "
-            f"ε = {g.spent_audit:.4g} at δ = {self.meta['audit_delta']:.3g}"
-            for obs, rows in self.groups.items()
-            for g in rows
-            if g.violated
-        ]
+        out = []
+        for obs, rows in self.groups.items():
+            for g in rows:
+                if not g.violated:
+                    continue
+                above = g.spent_audit is None or g.epsilon > g.spent_audit
+                why = "" if above else " (the f-DP test rejects the accountant's privacy curve)"
+                out.append(
+                    f"{obs}: group {g.label}: audited ε̂ = {g.epsilon:.4g} "
+                    f"{'>' if above else '≥'} the accountant's ε = {g.spent_audit:.4g} at "
+                    f"δ = {self.meta['audit_delta']:.3g}{why}"
+                )
+        return out
+
+    @property
+    def inconclusive(self) -> list[str]:
+        """Groups whose test saturated: every guess right, yet no test could have failed."""
+        out = []
+        for obs, rows in self.groups.items():
+            for g in rows:
+                if g.status != INCONCLUSIVE:
+                    continue
+                need = g.evidence.canaries_for_power
+                more = (
+                    f"about {need} canaries per group would give it power"
+                    if need is not None
+                    else "no canary count gives it power at this δ (lower --delta)"
+                )
+                out.append(
+                    f"{obs}: group {g.label}: every guess right, but no test with "
+                    f"{g.evidence.m} canaries can certify the accountant's ε = "
+                    f"{g.spent_audit:.4g}: {more}"
+                )
+        return out
+
+    @property
+    def verdict(self) -> str:
+        if self.violations:
+            return VIOLATION
+        if self.inconclusive:
+            return INCONCLUSIVE
+        return CONSISTENT
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "schema": "pdpfl.audit/1",
+            "schema": "pdpfl.audit/2",
             **self.meta,
             "observers": {obs: [g.to_dict() for g in rows] for obs, rows in self.groups.items()},
             "violations": self.violations,
-            "verdict": "violation" if self.violations else "consistent",
+            "inconclusive": self.inconclusive,
+            "verdict": self.verdict,
             "warnings": list(self.warnings),
         }
 
@@ -175,6 +244,8 @@ class AuditSession:
         self.settings = settings
         self.meta = meta
         self._summary_groups = summary_groups
+        #: What the statistics could not do (reported with the run's warnings).
+        self.notes: list[str] = []
 
     # ------------------------------------------------------------------ planning
     @classmethod
@@ -264,6 +335,8 @@ class AuditSession:
         log = ReleaseLog(FlatIndex([np.shape(p) for p in initial], plan.coords))
         taps: dict[int, Any] = {c: ReleaseTap(s, c, log) for c, s in run.clients.items()}
         settings = LoopSettings.of(run.config)
+        transport = InProcessTransport(taps)
+        transport.configure_security(run.config)  # each silo's own secure-summation settings
         started = time.perf_counter()
         with (
             tempfile.TemporaryDirectory(prefix="pdpfl-audit-") as tmp,
@@ -273,45 +346,84 @@ class AuditSession:
             # the reproducible-mode banner: audit.json records the randomness instead
             warnings.simplefilter("ignore", ReproducibleRandomnessWarning)
             record = run_rounds(
-                run.server, InProcessTransport(taps), tmp, settings, run.protocol, progress=progress
+                run.server,
+                transport,
+                tmp,
+                settings,
+                run.protocol,
+                progress=progress,
+                # the sequence of global models third parties see (the run id is not needed)
+                save_model=lambda t, params, _run_id: log.record_model(t, params),
             )
         seconds = time.perf_counter() - started
-        spent = self._spent(log, settings.rounds)
+        spent, ledgers = self._spent(log, settings.rounds)
         observers = list(self.meta["observers_audited"])
-        # simultaneous confidence: Bonferroni over observers × groups here, over k in the bound
-        per_group = 1.0 - (1.0 - self.settings.confidence) / (len(observers) * len(plan.groups))
-        ks = candidate_ks(int(self.meta["canaries_per_group"]))
-        tests = len(observers) * len(plan.groups) * len(ks)
+        m = int(self.meta["canaries_per_group"])
+        groups = len(plan.groups)
+        tail = 1.0 - self.settings.confidence
+
+        def level_for(size: int) -> float:
+            """Bonferroni: statistics × rungs × groups (the control included) × observers."""
+            return tail / (len(STATISTICS) * len(guess_ladder(size)) * groups * len(observers))
+
         out: dict[str, list[GroupAudit]] = {}
         for obs in observers:
-            scores = observer_scores(
+            per_round = observer_rounds(
                 obs,
                 hosts=plan.host,
                 log=log,
                 initial=initial,
-                final=record["params"],
+                rounds=settings.rounds,
                 hides_individual_updates=bool(run.protocol.hides_individual_updates),
                 release_sign=float(self.hook.release_sign(run)),
             )
+            control = np.array([s.control for s in plan.groups], dtype=bool)[plan.group]
+            scores = standardized_scores(per_round, plan.host, control)
+            families = {g: self._family(g, obs, ledgers) for g in range(groups)}
+            top = max(
+                (g for g in range(groups) if families[g] is not None),
+                key=lambda g: plan.groups[g].budget,
+                default=None,
+            )
             out[obs] = [
-                self._group(g, obs, scores, spent, per_group) for g in range(len(plan.groups))
+                self._group(
+                    g,
+                    obs,
+                    scores,
+                    spent,
+                    level_for,
+                    # the control group is tested against the largest group's family
+                    families[top] if plan.groups[g].control and top is not None else families[g],
+                )
+                for g in range(groups)
             ]
         metrics = record["metrics"]
+        tests = len(STATISTICS) * len(guess_ladder(m)) * groups * len(observers)
         meta = {
             **self.meta,
             "seconds": seconds,
+            "seconds_statistics": time.perf_counter() - started - seconds,
             "final_accuracy": metrics[-1]["accuracy"] if metrics else None,
+            "statistics": list(STATISTICS),
+            "ladder": guess_ladder(m),
             "tests": tests,
-            "level_per_test": (1 - self.settings.confidence) / tests,
-            "k_selection": "Bonferroni over the candidate k (and over groups and observers)",
+            "level_per_test": level_for(m),
+            "k_selection": (
+                "a ladder fixed by m before the scores are seen (k = m/2, m/4, ... while 2k >= "
+                "16, at most 8 rungs); Bonferroni over statistics, rungs, groups and observers"
+            ),
         }
-        return AuditResult(meta, out, warnings=list(run.warnings))
+        return AuditResult(meta, out, warnings=[*run.warnings, *self.notes])
 
-    def _spent(self, log: ReleaseLog, rounds: int) -> dict[tuple[str, str], np.ndarray]:
-        """ε of every canary per (observer, δ label): its host's charges, replayed."""
+    def _spent(
+        self, log: ReleaseLog, rounds: int
+    ) -> tuple[dict[tuple[str, str], np.ndarray], dict[int, tuple[np.ndarray, PrivacyLedger]]]:
+        """ε of every canary per (observer, δ label): its host's charges, replayed; and per
+        host its canaries and their ledger at the audit's δ."""
         plan, run = self.plan, self.run
         trained_groups = np.array([not s.control for s in plan.groups])[plan.group]
         out: dict[tuple[str, str], np.ndarray] = {}
+        ledgers: dict[int, tuple[np.ndarray, PrivacyLedger]] = {}
         for host in sorted(set(plan.host[trained_groups].tolist())):
             mine = np.flatnonzero((plan.host == host) & trained_groups)
             budgets = np.array([plan.groups[g].budget for g in plan.group[mine]])
@@ -326,7 +438,50 @@ class AuditSession:
                     out.setdefault((obs, tag), np.zeros(plan.size))[mine] = ledger.spent_epsilon(
                         obs
                     )
-        return out
+                if tag == "audit":
+                    ledgers[host] = (mine, ledger)
+        return out, ledgers
+
+    def _family(
+        self, g: int, obs: str, ledgers: dict[int, tuple[np.ndarray, PrivacyLedger]]
+    ) -> MechanismFamily | None:
+        """The f-DP hypothesis family of group ``g`` against ``obs``: the mechanism its canaries'
+        ledgers charge, at their largest rate and count and smallest σ (a member less private
+        than every canary's own); None when the hosts' mechanisms differ or none applies."""
+        plan = self.plan
+        if plan.groups[g].control:
+            return None
+        mechanisms, rates, counts, sigmas = [], [], [], []
+        base: PrivacyLedger | None = None
+        for mine, ledger in ledgers.values():
+            rows = np.flatnonzero(plan.group[mine] == g)
+            if rows.size == 0 or obs not in ledger.observers:
+                continue
+            base = ledger
+            mechanisms.append(ledger.mechanism)
+            rates.append(float(ledger.rates[rows].max()))
+            counts.append(int(ledger.counts[obs][rows].max()))
+            sigmas.append(float(ledger.noise_multipliers[rows].min()))
+        if base is None:
+            return None
+        if any(mech != mechanisms[0] for mech in mechanisms):
+            self.notes.append(
+                f"no f-DP test for group {plan.groups[g].label} ({obs}): its canaries' hosts "
+                "charge different mechanisms (one family cannot describe them all)"
+            )
+            return None
+        rate, count, sigma = max(rates), max(counts), min(sigmas)
+        if rate <= 0.0 or count <= 0:
+            return None
+        family = MechanismFamily(
+            mechanisms[0], obs, rate, count, sigma, ledger_epsilon(base, obs, rate, count, sigma)
+        )
+        try:
+            family.member(0)  # the claim itself: an accountant must interpret the mechanism
+        except ValueError as err:
+            self.notes.append(f"no f-DP test for group {plan.groups[g].label} ({obs}): {err}")
+            return None
+        return family
 
     def _group(
         self,
@@ -334,28 +489,42 @@ class AuditSession:
         obs: str,
         scores: np.ndarray,
         spent: dict[tuple[str, str], np.ndarray],
-        confidence: float,
+        level_for: Callable[[int], float],
+        family: MechanismFamily | None,
     ) -> GroupAudit:
         plan = self.plan
         spec = plan.groups[g]
         idx = plan.members(g)
-        bound = audit_scores(
+        accounted = (obs, "audit") in spent
+        claimed = (
+            0.0 if spec.control else float(spent[(obs, "audit")][idx].max()) if accounted else None
+        )
+        found = evidence(
             scores[idx],
             plan.included[idx],
             self.meta["audit_delta"],
-            confidence=confidence,
+            level_for(idx.size),
+            claimed=claimed,
+            family=family,
             order=np.argsort(plan.order[idx]),
+            level_for=level_for,
         )
-        summary = self._summary_groups.get(spec.label)
         if spec.control:
-            return GroupAudit(spec.label, None, 0.0, 0, 0.0, 0.0, bound, control=True)
-        accounted = (obs, "audit") in spent
+            return GroupAudit(spec.label, None, 0.0, 0, 0.0, 0.0, found, control=True)
+        summary = self._summary_groups.get(spec.label)
+        risk = None
+        if family is not None:
+            curve = privacy_curve(
+                family.mechanism, family.rate, obs, family.count, noise_multiplier=family.noise
+            )
+            risk = risk_card(curve, obs)
         return GroupAudit(
             label=spec.label,
             budget=spec.budget,
             rate=float(plan.rates[idx].max()),
             units=int(getattr(summary, "units", 0)),
             spent=float(spent[(obs, "config")][idx].max()) if accounted else None,
-            spent_audit=float(spent[(obs, "audit")][idx].max()) if accounted else None,
-            bound=bound,
+            spent_audit=claimed,
+            evidence=found,
+            risk=risk,
         )

@@ -50,6 +50,13 @@ class AuditBlock(nn.Module):
         with torch.no_grad():
             self.block.weight.zero_()
 
+    @property
+    def inert_inner(self) -> nn.Module:
+        """The model the block extends: no input moves the block (its input is 0), so local
+        training of many copies (:func:`pdpfl.dp.batched.train_copies`) trains this one and
+        gives the block zero deltas."""
+        return self.inner
+
     def forward(self, x: Tensor) -> Tensor:
         out = self.inner(x)
         zeros = out.new_zeros(out.shape[0], self.size)

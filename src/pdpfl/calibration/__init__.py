@@ -11,6 +11,7 @@ The public API (re-exported here, as ``dp_accounting/__init__.py`` does; import 
   :class:`CalibrationResult`, :class:`CalibrationReport`, :class:`InfeasibleBudgetError`;
 * parameters → ε: :func:`calibrate_parameter` (one entry point, continuous σ or integer
   steps), :func:`noise_for_epsilon`, :func:`steps_for_epsilon`, :class:`InfeasibleTargetError`;
+* ε of a plan per sampling rate: :func:`exact_epsilon` (what every calibrator certifies);
 * choosing σ for personal budgets: :func:`noise_for_max_budget` (rPDP-FL: q = 1 spends
   ε_max), :func:`noise_for_uniform_rate`, :func:`group_sampling_rates` (IDP-FedAvg
   Algorithm 1).
@@ -19,6 +20,7 @@ Modules: :mod:`.rates` (the façade), :mod:`.estimator` (the protocol), :mod:`.c
 :mod:`.scf`, :mod:`.binary_search`, :mod:`.noise`, :mod:`.parameter`.
 """
 
+from pdpfl.calibration._accounting import exact_epsilon
 from pdpfl.calibration.binary_search import BinarySearchEstimator
 from pdpfl.calibration.certified import CertifiedEstimator
 from pdpfl.calibration.estimator import EstimatorDetails, RateEstimator
@@ -59,6 +61,7 @@ __all__ = [
     "calibrate",
     "calibrate_parameter",
     "estimator_from_dict",
+    "exact_epsilon",
     "fit_estimator",
     "group_sampling_rates",
     "noise_for_epsilon",

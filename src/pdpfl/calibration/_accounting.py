@@ -16,7 +16,9 @@ from numpy.typing import ArrayLike
 
 from pdpfl.privacy.adversary import (
     Adversary,
-    as_adversary,  # re-exported for the calibrators
+)
+from pdpfl.privacy.adversary import (
+    as_adversary as as_adversary,  # re-exported for the calibrators
 )
 from pdpfl.privacy.plan import TrainingPlan
 from pdpfl.privacy.registry import as_accountant_name

@@ -10,6 +10,7 @@ per-budget search, batched.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,7 +30,7 @@ from pdpfl.privacy.registry import as_accountant_name
 
 def bisect_rates(
     targets: np.ndarray,
-    epsilon_of_rates,
+    epsilon_of_rates: Callable[[np.ndarray], np.ndarray],
     *,
     q_tol: float = 1e-6,
     eps_tol: float = 0.0,

@@ -45,7 +45,7 @@ from pdpfl.privacy.plan import TrainingPlan
 from pdpfl.privacy.registry import as_accountant_name
 
 _CACHE_SIZE = 16
-_CACHE: dict[tuple, CertifiedEstimator] = {}
+_CACHE: dict[tuple[Any, ...], CertifiedEstimator] = {}
 
 
 def rate_grid(q_min: float = 1e-6, rel_step: float = 0.01, abs_step: float = 1e-3) -> np.ndarray:

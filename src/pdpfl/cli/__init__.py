@@ -22,8 +22,10 @@ from pdpfl.cli import (
     export,
     flower,
     privacy,
+    receipts,
     reproduce,
     run,
+    tune,
 )
 
 
@@ -121,7 +123,20 @@ def _root(
         raise typer.Exit(code=2)
 
 
-for _module in (account, calibrate, data, run, compare, privacy, export, audit, reproduce, flower):
+for _module in (
+    account,
+    calibrate,
+    data,
+    run,
+    compare,
+    tune,
+    privacy,
+    receipts,
+    export,
+    audit,
+    reproduce,
+    flower,
+):
     _module.register(app)
 
 

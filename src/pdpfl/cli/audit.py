@@ -3,9 +3,11 @@
 Plants m white-box canaries per budget group (each included with probability ½), trains the
 configured federation once in-process through the real mechanism, and bounds each group's ε
 from what each observer sees (:mod:`pdpfl.audit`). Writes ``audit.json``, ``audit.png`` and
-``AUDIT.md`` to ``--out`` (default ``<output_dir>/audit``). Exit status: 0 when every ε̂ is at
-most the accountant's ε, 1 when one is above it (a found privacy bug: the outputs say which),
-2 for bad input (nothing written).
+``AUDIT.md`` to ``--out`` (default ``<output_dir>/audit``). Exit status: 0 consistent (every ε̂
+at most the accountant's ε, and every group's test could have failed or did not saturate), 1
+violation (an ε̂ above the accountant's ε: a found privacy bug; the outputs say which), 4
+inconclusive (saturated: every guess right in a group whose test could not have failed; the
+outputs say how many canaries would give it power), 2 bad input (nothing written).
 """
 
 from __future__ import annotations
@@ -22,6 +24,9 @@ __all__ = ["audit_command", "register"]
 
 #: Exit status of an audit that found ε̂ above the accountant's ε.
 EXIT_VIOLATION = 1
+
+#: Exit status of an audit whose test saturated where it could not have failed (no power).
+EXIT_INCONCLUSIVE = 4
 
 _OBSERVERS = {
     "third-party": ("third-party",),
@@ -53,31 +58,38 @@ def _table(record: dict[str, Any], obs: str) -> Any:
     from pdpfl.audit.report import _OBSERVER_TITLE, _fmt
 
     t = Table(title=f"audit: {_OBSERVER_TITLE[obs]}", box=box.SIMPLE_HEAD, title_justify="left")
-    d0, d1 = f"{record['delta']:.0e}", f"{record['audit_delta']:.0e}"
+    d1 = f"{record['audit_delta']:.0e}"
     for col in (
         "group",
-        "budget",
         "q",
-        f"ε acct\nδ={d0}",
         f"ε acct\nδ={d1}",
         f"ε̂\nδ={d1}",
+        "ε̂\nSteinke",
+        "ε̂\nf-DP",
         "right /\nguesses",
+        "TPR≤ at\nFPR 1%",
+        "status",
     ):
         t.add_column(col, justify="right", no_wrap=True, min_width=len(col.split()[0]))
     for g in record["observers"][obs]:
+        risk = g.get("risk")
+        tpr = None if not risk else risk["tpr_max"][risk["fpr"].index(0.01)]
         t.add_row(
             g["label"],
-            _fmt(g["budget"]),
             _fmt(g["canary_rate"]),
-            _fmt(g["spent"], 4),
             _fmt(g["spent_at_audit_delta"], 4),
             _fmt(g["epsilon_lower"]),
+            _fmt(g["epsilon_lower_steinke"]),
+            _fmt(g["epsilon_lower_fdp"]),
             f"{g['correct']} / {g['guesses']}",
-            style="red" if g["violated"] else None,
+            _fmt(tpr),
+            g["status"].replace(" (saturated)", "*"),
+            style="red" if g["violated"] else "yellow" if g["saturated"] else None,
         )
     t.caption = (
         f"ε̂: lower bound, simultaneous {record['confidence']:.0%} confidence over all "
-        f"{record['tests']} tests; control = canaries never trained (ε̂ must be 0)"
+        f"{record['tests']} tests; control = canaries never trained (ε̂ must be 0); "
+        "inconclusive* = saturated (no power); TPR≤: the accountant's bound on any attack"
     )
     return t
 
@@ -181,6 +193,15 @@ def audit_command(
         for line in result.violations:
             typer.echo(f"  {line}", err=True)
         raise typer.Exit(code=EXIT_VIOLATION)
+    if result.inconclusive:
+        typer.echo(
+            "inconclusive (saturated): the test could not have failed in these groups "
+            "(exit status 4):",
+            err=True,
+        )
+        for line in result.inconclusive:
+            typer.echo(f"  {line}", err=True)
+        raise typer.Exit(code=EXIT_INCONCLUSIVE)
 
 
 def register(app: typer.Typer) -> None:

@@ -1,7 +1,8 @@
 """`pdpfl compare`: several methods over several seeds (the rPDP-FL paper's Figure 8).
 
 Each (method, seed) run goes through the same simulator as ``pdpfl run``; the table reads each
-run's typed privacy summary (ε and over-budget counts in the run's own unit).
+run's typed privacy summary (ε and over-budget counts in the run's own unit), and each run's
+folder is verified (its sealed checkpoint and ledgers) before its curve is read from it.
 """
 
 from __future__ import annotations
@@ -353,8 +354,19 @@ def _previous_runs(root: Path) -> list[str]:
 
 
 def _accuracy_curve(run_dir: Path) -> list[float]:
+    """The run's accuracy per round, read from its folder once the folder verifies (its sealed
+    checkpoint and ledgers, :func:`pdpfl.ledger.runfolder.open_run`; exit 2 naming a file that
+    does not)."""
+    from pdpfl.checkpoint import run_identity
+    from pdpfl.ledger.runfolder import open_run
     from pdpfl.runtime.loop import read_metrics
 
+    try:
+        run_identity(run_dir)
+        if (run_dir / "ledgers").is_dir():
+            open_run(run_dir)
+    except ValueError as err:
+        fail(f"--out: {err}")
     return [_nan(m.get("accuracy")) for m in read_metrics(run_dir)]
 
 

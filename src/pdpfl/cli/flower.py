@@ -258,6 +258,12 @@ def supernode(
         help="warm: a pdpfl worker keeps the silo in memory; per-message: Flower starts one "
         "ClientApp process per message.",
     ),
+    peer_keys: Path | None = typer.Option(
+        None,
+        "--peer-keys",
+        help="The silos' public keys (a folder of silo-<i>.pub files from pdpfl flower "
+        "identity, or one JSON list), given out of band: needed for aggregation: secure.",
+    ),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the commands only."),
 ) -> None:
     """Start one institution's SuperNode and its silo worker (the silo's data stays here).
@@ -307,6 +313,12 @@ def supernode(
         node_config[BUDGET_STORE] = str(budget_store.expanduser().resolve())
     if allow_respend:
         node_config[ALLOW_RESPEND] = True
+    if peer_keys is not None:
+        from pdpfl.runtime.flower.hooks import PEER_KEYS
+
+        if not peer_keys.expanduser().exists():
+            fail(f"--peer-keys: {peer_keys} does not exist (the silos' public keys)")
+        node_config[PEER_KEYS] = str(peer_keys.expanduser().resolve())
     if expect_config is not None:
         from pdpfl.config import ConfigError, config_hash, load_config
         from pdpfl.runtime.flower.hooks import CONFIG_HASH_KEY

@@ -3,7 +3,12 @@
 ``RUN_DIR``: reads the ledgers a run wrote (``RUN_DIR/ledgers/*.npz``; a Flower silo's state
 folder holds its own ``ledger-silo-<i>.npz``), prints the per-budget-group table in the run's
 unit and writes ``privacy.csv`` (one row per unit: id, unit, budget, ε spent per observer,
-rounds charged, stopped, excluded). ``--id X`` answers for one person.
+rounds charged, stopped, excluded), and prints each group's attack-risk card (the largest TPR
+any membership attack reaches at FPR 0.1 / 1 / 10 %: :mod:`pdpfl.ledger.risk`). ``--id X``
+answers for one person, their own card included; ``--receipt FILE`` writes that person a signed
+privacy receipt (:mod:`pdpfl.ledger.receipts`). Every ledger is verified against the run first
+(:func:`pdpfl.ledger.runfolder.open_run`: an unsealed, foreign or stale ledger is refused, exit
+2, naming the file) and every report says what was verified.
 
 ``--store STORE``: a person's budget for life -- every run that ever charged the budget stores
 under ``STORE`` (:mod:`pdpfl.ledger.lifetime`): the runs, and per budget group the lifetime ε
@@ -16,6 +21,7 @@ from __future__ import annotations
 import csv
 import io
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import typer
@@ -73,26 +79,41 @@ def privacy_command(
         None, "--out", help="Where to write the per-unit table (default RUN_DIR/privacy.csv)."
     ),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
+    receipt: Path | None = typer.Option(
+        None,
+        "--receipt",
+        help="With --id X: write X's signed privacy receipt to this file (check it offline with "
+        "pdpfl verify-receipt).",
+    ),
+    key_file: Path | None = typer.Option(
+        None,
+        "--key",
+        help="With --receipt: the signing party's private identity file (default: the one this "
+        "machine keeps for it in $PDPFL_KEY_DIR/identity).",
+    ),
 ) -> None:
     """Each person's ε spent (per observer) against their budget: in one run (RUN_DIR) or for
     life (--store)."""
     from pdpfl.io import write_text
-    from pdpfl.ledger.table import merged_summary, privacy_table, select_id
+    from pdpfl.ledger.table import select_id
 
     if store is not None:
         if run_dir is not None:
             fail("--store: give either RUN_DIR or --store STORE, not both")
+        if receipt is not None:
+            fail("--receipt: receipts are issued for a run (RUN_DIR), not for a budget store")
         _store_command(store, unit_id, out, as_json)
         return
     if run_dir is None:
         fail("RUN_DIR: give a run's output folder, or --store STORE for lifetime budgets")
     if not run_dir.exists():
         fail(f"RUN_DIR: {run_dir} does not exist")
-    try:
-        table = privacy_table(run_dir)
-        summary = merged_summary(run_dir)
-    except ValueError as err:
-        fail(f"RUN_DIR: {err}")
+    check, table, summary = _verified(run_dir)
+    if receipt is not None:
+        if unit_id is None:
+            fail("--receipt: name the person with --id X (a receipt is for one person)")
+        _write_receipt(run_dir, check, unit_id, receipt, as_json, key_file)
+        return
     if unit_id is not None:
         rows = _rows(select_id(table, unit_id))
         if not rows:
@@ -100,11 +121,17 @@ def privacy_command(
                 f"--id: no {summary.unit} with id {unit_id!r} in {run_dir} "
                 f"({len(table['id'])} {summary.unit}s; ids are in privacy.csv)"
             )
+        cards = _unit_risk(check.ledgers, rows)
         if as_json:
-            print_json({"id": unit_id, "rows": rows})
+            print_json(
+                {"id": unit_id, "rows": rows, "risk": cards, "verification": check.to_dict()}
+            )
             return
-        for row in rows:
+        typer.echo(check.note)
+        for row, card in zip(rows, cards, strict=True):
             typer.echo(_describe(row))
+            for obs, sentence in card.items():
+                typer.echo(f"  attack risk ({obs}): {sentence['sentence']}")
         return
     target = (
         out
@@ -115,19 +142,98 @@ def privacy_command(
         write_text(target, _csv_text(table))
     except OSError as err:
         fail(f"--out: cannot write {target} ({err.strerror or err})")
+    from pdpfl.ledger.risk import risk_section
+
+    risk = risk_section(list(check.ledgers.values()), summary.unit)
     if as_json:
-        print_json({"summary": summary.to_dict(), "csv": str(target)})
+        print_json(
+            {
+                "summary": summary.to_dict(),
+                "csv": str(target),
+                "risk": risk,
+                "verification": check.to_dict(),
+            }
+        )
         return
     from rich.console import Console
 
-    from pdpfl.cli.report import group_table, plural
+    from pdpfl.cli.report import group_table, plural, risk_table
 
-    Console().print(
+    console = Console()
+    console.print(
         group_table(
             summary, f"ε spent vs budget, per budget group ({summary.units} {plural(summary.unit)})"
         )
     )
+    console.print(risk_table(risk, f"attack risk, per budget group ({plural(summary.unit)})"))
+    typer.echo(check.note)
     typer.echo(f"per-{summary.unit} table written to {target}")
+
+
+def _verified(run_dir: Path) -> tuple[Any, dict[str, np.ndarray], Any]:
+    """The run's ledgers verified (:func:`~pdpfl.ledger.runfolder.open_run`), its table and its
+    summary; a folder that fails is refused (exit 2, the file named)."""
+    import warnings
+
+    from pdpfl.ledger.runfolder import UnverifiedRunWarning, open_run
+    from pdpfl.ledger.table import summary_of, table_of
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UnverifiedRunWarning)  # the report prints the note
+            check = open_run(run_dir)
+        return check, table_of(check), summary_of(check)
+    except ValueError as err:
+        fail(f"RUN_DIR: {err}")
+
+
+def _write_receipt(
+    run_dir: Path, check: Any, unit_id: str, target: Path, as_json: bool, key_file: Path | None
+) -> None:
+    """``--receipt FILE``: the signed receipt of one person (:mod:`pdpfl.ledger.receipts`)."""
+    from pdpfl.ledger.receipts import ReceiptError, issue_run_receipts
+
+    try:
+        receipts = issue_run_receipts(run_dir, check, unit_id, identity_file=key_file)
+    except ReceiptError as err:
+        fail(f"--id: {err}")
+    except ValueError as err:
+        fail(f"--receipt: {err}")
+    from pdpfl.io import write_text
+
+    if len(receipts) == 1:
+        text = receipts[0].to_json()
+    else:  # one person with units in several ledgers (a record id in two silos): one each
+        text = "[\n" + ",\n".join(r.to_json().rstrip() for r in receipts) + "\n]\n"
+    try:
+        write_text(target, text)
+    except OSError as err:
+        fail(f"--receipt: cannot write {target} ({err.strerror or err})")
+    if as_json:
+        print_json({"receipt": str(target), "receipts": [r.statement for r in receipts]})
+        return
+    for r in receipts:
+        typer.echo(f"receipt for {r.statement['unit']} {unit_id} signed by {r.signer.party} "
+                   f"(key {r.signer.fingerprint}) written to {target}")  # fmt: skip
+    typer.echo(f"check it with: pdpfl verify-receipt {target}")
+
+
+def _unit_risk(
+    ledgers: dict[str, Any], rows: list[dict[str, object]]
+) -> list[dict[str, dict[str, object]]]:
+    """Each row's own attack-risk card per observer, from its holder's (verified) ledger."""
+    from pdpfl.ledger.risk import unit_risk
+
+    out = []
+    for row in rows:
+        cards = unit_risk(ledgers[str(row["holder"])], str(row["id"]))
+        out.append(
+            {
+                obs: {**card.to_dict(), "sentence": card.sentence(str(row["unit"]))}
+                for obs, card in cards.items()
+            }
+        )
+    return out
 
 
 def _describe(row: dict[str, object]) -> str:

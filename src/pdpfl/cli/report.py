@@ -20,6 +20,7 @@ __all__ = [
     "group_table",
     "mechanism_table",
     "plural",
+    "risk_table",
     "run_tables",
     "typed_privacy",
 ]
@@ -110,6 +111,28 @@ def group_table(privacy: PrivacySummary, title: str) -> Any:
     return t
 
 
+def risk_table(risk: dict[str, Any], title: str) -> Any:
+    """The attack-risk card per budget group and observer (``summary["risk"]``)."""
+    from rich import box
+    from rich.table import Table
+
+    fprs = list(risk.get("fpr") or [])
+    t = Table(title=title, box=box.SIMPLE_HEAD, title_justify="left")
+    for col in ("budget ε", "observer", *(f"TPR ≤\nat FPR {100 * a:g} %" for a in fprs)):
+        t.add_column(col, justify="right", no_wrap=True)
+    for label, per in (risk.get("groups") or {}).items():
+        for obs, card in per.items():
+            t.add_row(label, obs, *(fmt(float(v), 3) for v in card["tpr_max"]))
+    t.caption = (
+        "the largest true-positive rate any membership attack on one "
+        f"{risk.get('unit', 'unit')} of the group reaches at each false-positive rate "
+        "(an upper bound, from the accountant's privacy-loss distribution)"
+    )
+    if risk.get("headline"):
+        t.caption += f"\n{risk['headline']}"
+    return t
+
+
 def run_tables(summary: dict[str, Any]) -> list[Any]:
     """The run's headline and its per-budget-group table (rich renderables)."""
     from rich import box
@@ -153,6 +176,12 @@ def run_tables(summary: dict[str, Any]) -> list[Any]:
             head.add_row(f"{u} at the δ-only floor", f"{privacy.floor} (ε = 0: they add ~nothing)")
         if privacy.lifetime:
             head.add_row("lifetime budgets", _lifetime_cell(privacy, summary))
+    from pdpfl.ledger.risk import worst_card
+
+    worst = worst_card(summary.get("risk"))
+    if worst is not None:  # the accountant's bound on any membership attack (ledger.risk)
+        label, obs, tpr = worst
+        head.add_row("attack TPR at FPR 1 %", f"≤ {tpr:.3g} (group {label}, {obs})")
     head.add_row(
         "rounds",
         f"{summary['rounds_completed']}"

@@ -215,10 +215,19 @@ def run_command(
         help="Where silos train: auto, cpu, cuda, cuda:N or mps (overrides "
         "training.device; default cpu).",
     ),
+    allow_over_budget: bool = typer.Option(
+        False,
+        "--allow-over-budget",
+        help="With --resume --set rounds=N past the plan: extend even though an algorithm whose "
+        "units cannot sit out takes some over their budget (refused otherwise; the summary "
+        "then says budgets are exceeded).",
+    ),
 ) -> None:
     """Train one federation (rPDP-FL or a baseline) and write metrics, summary, ledgers, plots."""
     if resume and force:
         fail("--resume and --force: choose one (continue the run, or replace it)")
+    if allow_over_budget and not resume:
+        fail("--allow-over-budget: only meaningful with --resume (extending a finished run)")
     extra = [
         *(overrides or []),
         *([f"runtime={runtime}"] if runtime is not None else []),
@@ -260,7 +269,12 @@ def run_command(
                 )
             else:
                 summary = _simulate(
-                    config, out_dir, resume, progress=not (quiet or as_json), created=not existed
+                    config,
+                    out_dir,
+                    resume,
+                    progress=not (quiet or as_json),
+                    created=not existed,
+                    allow_over_budget=allow_over_budget,
                 )
         except KeyboardInterrupt:
             _interrupted(out_dir, config.training.rounds, hint)
@@ -346,6 +360,7 @@ def _simulate(
     progress: bool,
     federation: Any = None,
     created: bool = False,
+    allow_over_budget: bool = False,
 ) -> dict[str, Any]:
     """Run the simulator into an output folder already checked by :func:`_prepare_out`;
     configuration problems found while building exit 2, leaving nothing behind in a folder
@@ -359,7 +374,14 @@ def _simulate(
         with warnings.catch_warnings():
             # printed once from the summary at the end
             warnings.simplefilter("ignore", SetupWarning)
-            return simulate_into(config, out_dir, resume, progress=progress, federation=federation)
+            return simulate_into(
+                config,
+                out_dir,
+                resume,
+                progress=progress,
+                federation=federation,
+                allow_over_budget=allow_over_budget,
+            )
     except TrainingDiverged as err:  # outputs (completed: false) are written; exit 3
         typer.echo(
             f"error: {err}\n  every finished round and every ledger charge is kept in "

@@ -11,9 +11,9 @@ may be given alone (``rounds=5`` sets ``training.rounds``, T).
 
 The package: :mod:`~pdpfl.config.base` (the error, the section base),
 :mod:`~pdpfl.config.sections` (data, model, budgets, privacy, lifetime, training, secure,
-Flower), :mod:`~pdpfl.config.experiment` (the experiment, the algorithm section's base and the
-registries), :mod:`~pdpfl.config.loading` (YAML, overrides, validation messages, hash and
-fingerprint).
+Flower, server optimizer), :mod:`~pdpfl.config.experiment` (the experiment, the algorithm
+section's base and the registries), :mod:`~pdpfl.config.loading` (YAML, overrides, validation
+messages, hash and fingerprint).
 """
 
 from pdpfl.config.base import MAX_BATCH_SIZE, ConfigError
@@ -50,6 +50,7 @@ from pdpfl.config.sections import (
     ModelConfig,
     PrivacyConfig,
     SecureConfig,
+    ServerOptimizerConfig,
     TrainingConfig,
 )
 
@@ -72,6 +73,7 @@ __all__ = [
     "PrivacyConfig",
     "PrivacyUnitName",
     "SecureConfig",
+    "ServerOptimizerConfig",
     "TrainingConfig",
     "apply_overrides",
     "config_from_dict",

@@ -25,6 +25,7 @@ from pdpfl.config.sections import (
     ModelConfig,
     PrivacyConfig,
     SecureConfig,
+    ServerOptimizerConfig,
     TrainingConfig,
 )
 from pdpfl.registry import Registry
@@ -32,14 +33,22 @@ from pdpfl.registry import Registry
 #: What one budget protects: the unit the neighbouring relation adds or removes.
 PrivacyUnitName = Literal["record", "client", "user", "none"]
 
-#: Modules that register pdpfl's own algorithms and ``compare`` methods (imported on first use).
-BUILTIN_ALGORITHMS: tuple[str, ...] = (
-    "pdpfl.fl.rpdp",
-    "pdpfl.fl.rpdp.baselines",
-    "pdpfl.fl.idp_fedavg",
-    "pdpfl.fl.prifedsync",
-    "pdpfl.fl.uldp",
-)
+#: The built-in algorithms: name → the module that registers it. Parsing a config imports only
+#: the chosen algorithm's module (``Registry.get``); ``tests/test_config_imports.py`` checks the
+#: table against what each module registers, and that parsing imports neither torch nor flwr.
+BUILTIN_ALGORITHMS: dict[str, str] = {
+    "rpdp": "pdpfl.fl.rpdp",
+    **dict.fromkeys(
+        ("minimum", "dropout", "uniform", "privacy-free", "centralized", "centralized-filter"),
+        "pdpfl.fl.rpdp.baselines",
+    ),
+    "idp-fedavg": "pdpfl.fl.idp_fedavg",
+    "prifedsync": "pdpfl.fl.prifedsync",
+    **dict.fromkeys(
+        ("uldp-naive", "uldp-group", "uldp-avg", "uldp-sgd", "uldp-default"), "pdpfl.fl.uldp"
+    ),
+    "idp-sgd-scale": "pdpfl.fl.idp_sgd",
+}
 
 
 class AlgorithmConfig(_Section):
@@ -89,7 +98,9 @@ class MethodSpec:
 #: Every registered algorithm's config class, by ``algorithm.name``.
 ALGORITHMS: Registry[type[AlgorithmConfig]] = Registry("algorithm.name", BUILTIN_ALGORITHMS)
 #: ``pdpfl compare --methods``: an algorithm plus overrides (``uniform:0.5``, ``strict``, ...).
-METHODS: Registry[MethodSpec] = Registry("--methods", BUILTIN_ALGORITHMS)
+METHODS: Registry[MethodSpec] = Registry(
+    "--methods", tuple(dict.fromkeys(BUILTIN_ALGORITHMS.values()))
+)
 
 
 def _name_override(name: str) -> Callable[[str | None], list[str]]:
@@ -145,7 +156,7 @@ class ExperimentConfig(_Section):
     @classmethod
     def model_validate(cls, obj: Any, *args: Any, **kwargs: Any) -> ExperimentConfig:
         if cls is ExperimentConfig:
-            return experiment_model().model_validate(obj, *args, **kwargs)
+            return experiment_model(obj).model_validate(obj, *args, **kwargs)
         return super().model_validate(obj, *args, **kwargs)
 
     name: str = "experiment"
@@ -194,6 +205,11 @@ class ExperimentConfig(_Section):
     privacy: PrivacyConfig = Field(default_factory=lambda: PrivacyConfig.model_validate({}))
     lifetime: LifetimeConfig = Field(default_factory=lambda: LifetimeConfig.model_validate({}))
     training: TrainingConfig
+    server_optimizer: ServerOptimizerConfig = Field(
+        default_factory=lambda: ServerOptimizerConfig.model_validate({}),
+        description="post-processing of each round's released aggregate (FedAvgM, FedAdam, "
+        "FedYogi; Reddi et al. 2021); none by default",
+    )
 
     @model_validator(mode="after")
     def _cross_checks(self) -> ExperimentConfig:
@@ -227,9 +243,25 @@ def _default_algorithm() -> AlgorithmConfig:
 _MODEL_CACHE: dict[int, type[ExperimentConfig]] = {}
 
 
-def experiment_model() -> type[ExperimentConfig]:
-    """:class:`ExperimentConfig` whose ``algorithm`` is a discriminated union on ``name``."""
-    classes = tuple(ALGORITHMS.values())  # loads the built-in algorithms first
+def _algorithm_name(raw: object) -> str:
+    """The algorithm a raw config names (``rpdp`` by default)."""
+    section = raw.get("algorithm") if isinstance(raw, dict) else None
+    name = section.get("name") if isinstance(section, dict) else None
+    return name if isinstance(name, str) else "rpdp"
+
+
+def experiment_model(raw: object = None) -> type[ExperimentConfig]:
+    """:class:`ExperimentConfig` whose ``algorithm`` is a discriminated union on ``name``.
+
+    ``raw``: the dictionary about to be validated; only the algorithm it names (and the default,
+    rpdp) is loaded (:data:`BUILTIN_ALGORITHMS`), every built-in algorithm without it.
+    """
+    if raw is None:
+        ALGORITHMS.names()  # loads every built-in algorithm
+    else:
+        ALGORITHMS.load("rpdp")
+        ALGORITHMS.load(_algorithm_name(raw))  # an unknown name loads all, for the message
+    classes = tuple(ALGORITHMS.loaded())
     model = _MODEL_CACHE.get(ALGORITHMS.version)
     if model is None:
         union = classes[0] if len(classes) == 1 else Union[classes]  # noqa: UP007

@@ -87,7 +87,9 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
         raise ConfigError(
             [f"config: not plain data (mappings, lists, text, numbers): {err}"]
         ) from None
-    index = _leaf_index()
+    index: dict[str, list[str]] | None = (
+        None  # built on the first short key (loads every algorithm)
+    )
     problems = []
     for item in overrides:
         if "=" not in item:
@@ -102,6 +104,7 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
             )
             continue
         if "." not in key:
+            index = _leaf_index() if index is None else index
             paths = index.get(key, [])
             if len(paths) != 1:
                 hint = f" (one of {', '.join(paths)})" if paths else ""
@@ -158,7 +161,7 @@ def config_from_dict(raw: Any, overrides: list[str] | None = None) -> Experiment
     if problems:
         raise ConfigError(problems)
     try:
-        return experiment_model().model_validate(raw)
+        return experiment_model(raw).model_validate(raw)
     except ValidationError as err:
         raise ConfigError(_format_errors(err)) from None
 
@@ -203,9 +206,17 @@ def config_to_dict(config: ExperimentConfig) -> dict[str, Any]:
     return config.model_dump(mode="json")
 
 
+def _drop_defaults(data: dict[str, Any]) -> dict[str, Any]:
+    """Sections added after a release that hash like their absence at their default (a config
+    written before ``server_optimizer`` existed keeps its hash and its resumable checkpoints)."""
+    if data.get("server_optimizer", {}).get("name") == "none":
+        data.pop("server_optimizer", None)
+    return data
+
+
 def config_hash(config: ExperimentConfig) -> str:
     """SHA-256 (first 16 hex digits) of the canonical JSON of the config, output folder excluded."""
-    data = config_to_dict(config)
+    data = _drop_defaults(config_to_dict(config))
     data.pop("output_dir", None)
     text = json.dumps(data, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
@@ -216,7 +227,7 @@ def run_fingerprint(config: ExperimentConfig) -> str:
     file paths resolved (``--data-dir data`` and ``--data-dir /abs/data`` are the same run),
     the output folder, the number of rounds T (a finished run may be extended), the
     per-round model option and the budget store's settings left out."""
-    data = config_to_dict(config)
+    data = _drop_defaults(config_to_dict(config))
     data.pop("output_dir", None)
     data.pop("save_models", None)
     data["training"].pop("rounds", None)

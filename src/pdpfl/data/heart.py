@@ -7,7 +7,10 @@ Pipeline (every step is a test):
 2. drop the mostly-missing columns ``slope``, ``ca``, ``thal``; drop rows still missing
    → 303 / 261 / 46 / 130 = 740 records;
 3. label = ``num != 0`` (presence of heart disease);
-4. per centre, a 66 % / 34 % stratified split with a fixed seed → 486 train / 254 test;
+4. per centre, a 66 % / 34 % stratified split with a fixed seed → 486 train / 254 test
+   (``split="flamby"``: FLamby's own split -- scikit-learn's ``train_test_split`` with
+   ``random_state=43``, stratified where both labels have more than 2 records -- the same
+   test set for every experiment seed, as in the papers' runs);
 5. one-hot ``cp`` (1-4) and ``restecg`` (0-2), dropping the first level → 13 features;
 6. z-score each centre with the mean/std of its own *train* records only.
 
@@ -172,6 +175,33 @@ def zscore(train: np.ndarray, *others: np.ndarray) -> tuple[np.ndarray, ...]:
     return tuple((a - mean) / std for a in (train, *others))
 
 
+#: ``seeded``: pdpfl's stratified split, drawn from the experiment seed; ``flamby``: FLamby's.
+SPLITS: tuple[str, ...] = ("seeded", "flamby")
+#: FLamby's Fed-Heart-Disease train fraction and split seed (``HeartDiseaseRaw``).
+FLAMBY_TRAIN_FRACTION = 0.66
+FLAMBY_RANDOM_STATE = 43
+
+
+def flamby_split(y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """FLamby's split of one centre (sorted train and test positions): scikit-learn's
+    ``train_test_split(arange(n), train_size=0.66, test_size=1 - 0.66, random_state=43)``,
+    stratified by the binary label when both labels have more than 2 records."""
+    from sklearn.model_selection import train_test_split
+
+    y = np.asarray(y).reshape(-1)
+    levels, counts = np.unique(y, return_counts=True)
+    stratify = y if len(levels) > 1 and bool(np.all(counts > 2)) else None
+    tr, te = train_test_split(
+        np.arange(len(y)),
+        test_size=1.0 - FLAMBY_TRAIN_FRACTION,
+        train_size=FLAMBY_TRAIN_FRACTION,
+        random_state=FLAMBY_RANDOM_STATE,
+        shuffle=True,
+        stratify=stratify,
+    )
+    return np.sort(tr).astype(np.int64), np.sort(te).astype(np.int64)
+
+
 def load_heart_disease(
     *,
     seed: int = 42,
@@ -179,11 +209,17 @@ def load_heart_disease(
     test_fraction: float = DEFAULT_TEST_FRACTION,
     normalize: bool = True,
     download: bool = True,
+    split: str = "seeded",
 ) -> Federation:
     """The Fed-Heart-Disease federation (4 fixed silos; see the module docstring)."""
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {list(SPLITS)} for heart-disease, got {split!r}")
     clients = []
     for i, c in enumerate(load_centres(data_dir, download=download)):
-        tr, te = stratified_split(c.y, test_fraction, numpy_generator(seed, "heart-split", i))
+        if split == "flamby":
+            tr, te = flamby_split(c.y)
+        else:
+            tr, te = stratified_split(c.y, test_fraction, numpy_generator(seed, "heart-split", i))
         x_tr, x_te = c.x[tr], c.x[te]
         if normalize:
             x_tr, x_te = zscore(x_tr, x_te)

@@ -54,7 +54,7 @@ DATASETS: dict[str, DatasetInfo] = {
             "Fed-Heart-Disease: 4 fixed hospitals, 13 features, binary (UCI processed.*.data)",
             4,
             True,
-            ("normalize", "download"),
+            ("normalize", "download", "split"),
             True,
         ),
         DatasetInfo(
@@ -219,6 +219,13 @@ def _heart(
         raise ValueError(
             f"normalize must be one of ['zscore', 'none'] for heart-disease, got {normalize!r}"
         )
+    split = options.pop("split", "seeded")
+    if split not in ("seeded", "flamby"):
+        raise ValueError(
+            f"split must be one of ['seeded', 'flamby'] for heart-disease, got {split!r}"
+        )
+    if split == "flamby" and "test_fraction" in options:
+        raise ValueError("test_fraction cannot be set with split: flamby (FLamby's split is 66/34)")
     test_fraction = options.pop("test_fraction", DEFAULT_TEST_FRACTION)
     if (
         isinstance(test_fraction, bool)
@@ -232,6 +239,7 @@ def _heart(
         test_fraction=float(test_fraction),
         normalize=normalize in (True, "zscore"),
         download=bool(options.pop("download", True)),
+        split=str(split),
     )
     if users is not None:
         silos = np.concatenate([np.full(c.num_train, k) for k, c in enumerate(fed.clients)])
@@ -400,9 +408,10 @@ def load_federation(
     data_dir:
         folder holding the dataset files (see :mod:`pdpfl.data.sources`).
     **options:
-        ``test_fraction`` (0.34), ``normalize`` (``"none"``, ``"zscore"`` with each silo's
-        train statistics, or ``"standard"``: fixed published per-channel constants, images
-        only),
+        ``test_fraction`` (0.34), ``split`` (heart-disease: ``seeded`` by the seed, or
+        ``flamby``: FLamby's fixed split, the same for every seed), ``normalize``
+        (``"none"``, ``"zscore"`` with each silo's train statistics, or ``"standard"``: fixed
+        published per-channel constants, images only),
         ``num_users`` + ``user_distribution`` (``uniform``/``zipf``), ``alpha_user``,
         ``alpha_silo``, ``home_fraction`` (user ids for user-level DP), and per dataset:
         ``download`` (bool), ``pool`` (``train``/``test``/``all`` for mnist, cifar10),

@@ -23,6 +23,11 @@ Models with batch-coupled layers (BatchNorm) or buffers that change in training 
 (:func:`pdpfl.dp.validate.validate_model`); dropout draws differ between copies
 (``randomness="different"``).
 
+A module that is another module plus parameters no input ever moves (the audit's block on an
+all-zero input, :class:`pdpfl.audit.space.AuditBlock`) names the other one ``inert_inner``;
+only that one is trained (its deltas come first, as in ``parameters()``) and the rest get zero
+deltas -- the same result, without the extra parameters' cost or the loss of the fast path.
+
 ``device=`` (``"cpu"`` | ``"cuda"`` | ``"cuda:N"`` | ``"mps"`` | ``"auto"``; default: the model's
 device) runs the stacked copies there: data, parameters, optimizer state and the returned deltas
 stay on it (the model object itself is not moved). Shuffling coins are drawn on the CPU from
@@ -183,6 +188,23 @@ def train_copies(
     validate_model(model)
     K = len(datasets)
     dev = _device_of(model, device)
+    inner = getattr(model, "inert_inner", None)
+    if isinstance(inner, nn.Module):  # ``inner`` plus parameters no input moves: train inner
+        inner_deltas = train_copies(
+            inner,
+            datasets,
+            spec,
+            stream=stream,
+            loss=loss,
+            group_size=group_size,
+            physical_batch_size=physical_batch_size,
+            device=device,
+        )
+        rest = [p for p in model.parameters() if p.requires_grad][len(inner_deltas) :]
+        return [
+            *inner_deltas,
+            *(torch.zeros((K, *p.shape), dtype=p.dtype, device=dev) for p in rest),
+        ]
     names = [n for n, p in model.named_parameters() if p.requires_grad]
     base = {n: p.detach().to(dev) for n, p in model.named_parameters() if p.requires_grad}
     frozen = {n: p.detach().to(dev) for n, p in model.named_parameters() if not p.requires_grad}

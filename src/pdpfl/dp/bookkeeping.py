@@ -58,8 +58,13 @@ _F32 = torch.float32
 _MATERIALISE_LIMIT = 2**24
 #: Elements per block of im2col patches (formed in a reused buffer, consumed while in cache).
 _BLOCK_ELEMENTS = 2**20
-#: Elements per block when converting float32 per-sample gradients to float64 for the sum.
+#: Elements per block when converting float32 per-sample gradients to float64 for the sum: a
+#: cache-sized buffer on the CPU; on an accelerator a larger one (512 MiB of float64), since each
+#: block is one kernel launch (measured on an H200, ResNet-18-GN at B = 1024: one launch per
+#: record and parameter made the float64 sum 2/3 of the step, benchmarks/RESULTS.md "GPU").
+#: The rounding bound (γ_{B+2} per record, :func:`_share`) holds for any blocking.
 _SUM_BLOCK = 2**17
+_SUM_BLOCK_DEVICE = 2**26
 
 
 @dataclass
@@ -151,7 +156,8 @@ def _rows_dot_into(out: Tensor, c: Tensor, rows: Tensor) -> None:
         out.addmv_(rows.T, c)
         return
     b, n = rows.shape
-    step = max(1, min(b, _SUM_BLOCK // max(n, 1)))
+    block = _SUM_BLOCK if rows.device.type == "cpu" else _SUM_BLOCK_DEVICE
+    step = max(1, min(b, block // max(n, 1)))
     buf = torch.empty(step, n, dtype=_F64, device=rows.device)
     acc = out.view(1, n)
     for i in range(0, b, step):

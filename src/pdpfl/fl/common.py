@@ -23,14 +23,13 @@ from pdpfl.fl.api import FederationInfo, Params
 from pdpfl.privacy.mechanisms import Mechanism, outline
 from pdpfl.privacy.noise import GaussianNoise, JointGaussian, check_charged
 from pdpfl.privacy.registry import accountant_names, make_accountant
-from pdpfl.randomness import Randomness, make_randomness
-from pdpfl.seeding import numpy_generator
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
     from pdpfl.config import ExperimentConfig
     from pdpfl.ledger import PrivacyLedger
+    from pdpfl.randomness import Randomness
 
 N = TypeVar("N", bound=GaussianNoise | JointGaussian)
 
@@ -96,6 +95,7 @@ def client_budgets(config: ExperimentConfig, client_id: int, client_data: Any) -
     """
     from pdpfl import budgets as budgets_mod
     from pdpfl.data.user import is_budget_table, silo_budgets
+    from pdpfl.seeding import numpy_generator
 
     n = len(client_data.y_train)
     if n == 0:
@@ -195,6 +195,8 @@ def party_randomness(config: ExperimentConfig, party: str) -> Randomness:
     process. ``randomness: reproducible``: streams derived from ``config.seed`` (the stream
     names include the party's role and index, so parties still draw different numbers).
     """
+    from pdpfl.randomness import make_randomness  # torch: not needed to parse a config
+
     return make_randomness(config.randomness, config.seed)
 
 

@@ -6,8 +6,10 @@ runtime reaches its silos (a :class:`Transport`):
 
 1. :func:`aggregate_round` -- the summation protocol (:mod:`pdpfl.fl.aggregation`) collects the
    selected silos' :class:`~pdpfl.fl.api.Contribution` s -- the only thing a silo releases --
-   and hands the server their sum; the server computes the next global model, records the
-   round in its Type I view, and the model is checked finite (else nothing is published);
+   and hands the server their sum; the server computes the next global model (which an optional
+   server optimizer, :mod:`pdpfl.fl.server_optimizer`, post-processes from the pseudo-gradient),
+   records the round in its Type I view, and the model is checked finite (else nothing is
+   published);
 2. :func:`evaluate_round` -- every silo evaluates the new global model on its test split
    (aggregate metrics only) and catches up its own ledger for the round; the round's metrics
    line and the privacy summary of this view follow;
@@ -31,6 +33,7 @@ from pdpfl.fl.api import (
     ServerAlgorithm,
     check_evaluation,
 )
+from pdpfl.fl.server_optimizer import ServerOptimizer
 from pdpfl.ledger import PrivacySummary
 
 __all__ = [
@@ -100,14 +103,21 @@ def aggregate_round(
     t: int,
     selected: list[int],
     round_config: dict[str, Any],
+    optimizer: ServerOptimizer | None = None,
 ) -> tuple[Aggregate, Params]:
     """Step 1: the selected silos' sum through ``protocol``, the server's new global model
-    (checked finite: :class:`~pdpfl.errors.TrainingDiverged` otherwise) and the round recorded
-    in the server's view. Returns the aggregate and the new model."""
+    (post-processed by ``optimizer`` from the pseudo-gradient, if given; checked finite:
+    :class:`~pdpfl.errors.TrainingDiverged` otherwise) and the round recorded in the server's
+    view. Returns the aggregate and the new model."""
     aggregate = protocol.collect(transport, selected, params, t, round_config, server)
     new_params = server.aggregate(t, params, aggregate)
     server.record_round(t, selected)  # the round happened: the server's view counts it
+    state = None
+    if optimizer is not None:  # post-processing of the released x_t and x̂_{t+1} only
+        new_params, state = optimizer.step(params, new_params)
     check_model(new_params, t)
+    if optimizer is not None and state is not None:
+        optimizer.commit(state)  # only a published (finite) model moves the optimizer
     return aggregate, new_params
 
 

@@ -21,23 +21,21 @@ from pdpfl.ledger.core import PrivacyLedger, counter_key
 from pdpfl.ledger.describe import mechanism_from_dict, mechanism_to_dict
 from pdpfl.privacy.unit import UnitMechanism
 
-__all__ = ["FORMAT", "load_ledger", "mechanism_from_dict", "mechanism_to_dict", "save_ledger"]
+__all__ = [
+    "FORMAT",
+    "ledger_bytes",
+    "ledger_from_bytes",
+    "load_ledger",
+    "mechanism_from_dict",
+    "mechanism_to_dict",
+    "save_ledger",
+]
 
 FORMAT = "pdpfl-ledger-v2"
 
 
-def save_ledger(
-    ledger: PrivacyLedger,
-    path: str | Path,
-    *,
-    identity: str | None = None,
-    party: str = "operator",
-) -> None:
-    """Write ``ledger`` atomically as ``.npz`` (every row and the mechanism).
-
-    With ``identity`` (a run id) the file is sealed with ``party``'s key
-    (:mod:`pdpfl.integrity`): an edited copy no longer loads.
-    """
+def ledger_bytes(ledger: PrivacyLedger) -> bytes:
+    """The ``.npz`` bytes of ``ledger`` (every row and the mechanism), unsealed."""
     meta = {
         "format": FORMAT,
         "unit": ledger.unit,
@@ -58,7 +56,23 @@ def save_ledger(
         arrays[counter_key(obs)] = counts
     buf = io.BytesIO()
     np.savez(buf, **arrays)  # type: ignore[arg-type]  # numpy stubs: **kwds
-    data = buf.getvalue()
+    return buf.getvalue()
+
+
+def save_ledger(
+    ledger: PrivacyLedger,
+    path: str | Path,
+    *,
+    identity: str | None = None,
+    party: str = "operator",
+) -> None:
+    """Write ``ledger`` atomically as ``.npz`` (every row and the mechanism).
+
+    With ``identity`` the file is sealed with ``party``'s key (:mod:`pdpfl.integrity`): an
+    edited copy no longer loads. A run's ledgers are written by
+    :func:`pdpfl.ledger.runfolder.seal_ledgers` (identity and manifest).
+    """
+    data = ledger_bytes(ledger)
     if identity is not None:
         data = seal(data, purpose="ledger", identity=identity, party=party)
     write_bytes(path, data)
@@ -66,11 +80,17 @@ def save_ledger(
 
 def load_ledger(path: str | Path, *, party: str = "operator") -> PrivacyLedger:
     """Rebuild a ledger written by :func:`save_ledger` (ValueError for anything else; a sealed
-    file must verify with ``party``'s key)."""
+    file must verify with ``party``'s key). One file on its own: a *run*'s ledgers are read
+    verified by :func:`pdpfl.ledger.runfolder.open_run`."""
     p = Path(path)
     data = p.read_bytes() if p.is_file() else b""
     if is_sealed(data):
         data, _ = unseal(data, purpose="ledger", party=party, what=str(p))
+    return ledger_from_bytes(data, str(p))
+
+
+def ledger_from_bytes(data: bytes, what: str) -> PrivacyLedger:
+    """Rebuild a ledger from :func:`ledger_bytes` (ValueError naming ``what`` otherwise)."""
     try:
         with np.load(io.BytesIO(data), allow_pickle=False) as z:
             meta = json.loads(str(z["meta"]))
@@ -90,10 +110,12 @@ def load_ledger(path: str | Path, *, party: str = "operator") -> PrivacyLedger:
                 accountant=str(meta.get("accountant", "rdp")),
             )
             state: dict[str, Any] = {k: z[k] for k in z.files if k.endswith("_rounds")}
-    except (OSError, KeyError, TypeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"{p}: not a readable pdpfl ledger file ({exc})") from None
+    except (OSError, KeyError, TypeError, json.JSONDecodeError, EOFError) as exc:
+        raise ValueError(f"{what}: not a readable pdpfl ledger file ({exc})") from None
     except ValueError as exc:
-        raise ValueError(f"{p}: {exc}") from None
+        raise ValueError(f"{what}: {exc}") from None
+    except Exception as exc:  # zipfile.BadZipFile and the like: a corrupted file
+        raise ValueError(f"{what}: not a readable pdpfl ledger file ({exc})") from None
     state["rounds_recorded"] = int(meta["rounds_recorded"])
     ledger.load_state_dict(state)
     return ledger

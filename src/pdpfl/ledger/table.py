@@ -5,6 +5,10 @@ silos' records or clients, ``ledgers/server.npz`` for ULDP-FL's users); a Flower
 own (``ledger-silo-<i>.npz`` in its state folder). :func:`privacy_table` reads every ledger file
 it finds and returns one row per unit: id, unit, holder (which ledger), budget, budget group,
 rate, noise multiplier, rounds charged and ε spent per observer, stopped, excluded.
+
+Every ledger is read through :func:`pdpfl.ledger.runfolder.open_run`: a run folder's ledgers
+are verified against the run's checkpoint (seal, run id, round, manifest) before anything is
+reported; a folder that names no run is reported as unverified.
 """
 
 from __future__ import annotations
@@ -14,10 +18,19 @@ from pathlib import Path
 import numpy as np
 
 from pdpfl.ledger.core import PrivacyLedger
-from pdpfl.ledger.store import load_ledger
+from pdpfl.ledger.runfolder import RunCheck, open_run
 from pdpfl.ledger.summary import PrivacySummary
 
-__all__ = ["COLUMNS", "find_ledgers", "load_ledgers", "privacy_table", "select_id"]
+__all__ = [
+    "COLUMNS",
+    "find_ledgers",
+    "load_ledgers",
+    "merged_summary",
+    "privacy_table",
+    "select_id",
+    "summary_of",
+    "table_of",
+]
 
 #: Columns of :func:`privacy_table` and of ``privacy.csv``, in order.
 COLUMNS = (
@@ -49,20 +62,16 @@ def find_ledgers(path: str | Path) -> list[Path]:
 
 
 def load_ledgers(path: str | Path) -> dict[str, PrivacyLedger]:
-    """Every ledger under ``path`` by holder name (file stem); ValueError when there is none."""
-    files = find_ledgers(path)
-    if not files:
-        raise ValueError(
-            f"{path}: no ledger files (a run folder holds ledgers/*.npz, a Flower silo's state "
-            "folder ledger-silo-<i>.npz; a run without differential privacy has none)"
-        )
-    return {f.stem: load_ledger(f) for f in files}
+    """Every ledger under ``path`` by holder name (file stem), verified (:func:`open_run`);
+    ValueError when there is none, :class:`~pdpfl.ledger.runfolder.RunFolderError` when a file
+    does not verify."""
+    return open_run(path).ledgers
 
 
-def privacy_table(path: str | Path) -> dict[str, np.ndarray]:
-    """One row per unit of every ledger under ``path`` (columns: :data:`COLUMNS`)."""
+def table_of(check: RunCheck) -> dict[str, np.ndarray]:
+    """One row per unit of the verified ledgers ``check`` (columns: :data:`COLUMNS`)."""
     parts = []
-    for holder, ledger in load_ledgers(path).items():
+    for holder, ledger in check.ledgers.items():
         cols = ledger.table()
         n = ledger.n
         cols["id"] = np.asarray(cols["id"]).astype(str)
@@ -72,9 +81,19 @@ def privacy_table(path: str | Path) -> dict[str, np.ndarray]:
     return {c: np.concatenate([p[c] for p in parts]) for c in COLUMNS}
 
 
+def summary_of(check: RunCheck) -> PrivacySummary:
+    """The per-group summary of the verified ledgers ``check`` (merged)."""
+    return PrivacySummary.merge(ledger.summary() for ledger in check.ledgers.values())
+
+
+def privacy_table(path: str | Path) -> dict[str, np.ndarray]:
+    """One row per unit of every ledger under ``path``, verified (columns: :data:`COLUMNS`)."""
+    return table_of(open_run(path))
+
+
 def merged_summary(path: str | Path) -> PrivacySummary:
-    """The per-group summary of every unit under ``path`` (ledgers merged)."""
-    return PrivacySummary.merge(ledger.summary() for ledger in load_ledgers(path).values())
+    """The per-group summary of every unit under ``path`` (ledgers verified, merged)."""
+    return summary_of(open_run(path))
 
 
 def select_id(table: dict[str, np.ndarray], unit_id: str) -> dict[str, np.ndarray]:

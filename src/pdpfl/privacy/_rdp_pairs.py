@@ -191,4 +191,5 @@ def _series_rows(q: np.ndarray, sigma: float, alpha: np.ndarray, n0: np.ndarray)
     out = out * (1.0 + 4.0 * unit)
     out[bad] = np.nan
     out[~np.isfinite(out)] = np.nan
-    return out
+    result: np.ndarray = out
+    return result

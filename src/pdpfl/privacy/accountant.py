@@ -417,7 +417,8 @@ def _sum_rows(parts: list[np.ndarray]) -> np.ndarray:
         raise ValueError(
             f"events: per-record rate arrays of different lengths {sorted(rows)} cannot be composed"
         )
-    return np.sum(np.broadcast_arrays(*parts), axis=0)
+    result: np.ndarray = np.sum(np.broadcast_arrays(*parts), axis=0)
+    return result
 
 
 def _wor_rows(ratios: np.ndarray, sigma: float, a: np.ndarray) -> np.ndarray:

@@ -76,7 +76,8 @@ _T_SLACK = 1e-12
 
 
 def _round_up(x: np.ndarray) -> np.ndarray:
-    return np.nextafter(np.nextafter(x, np.inf), np.inf)
+    result: np.ndarray = np.nextafter(np.nextafter(x, np.inf), np.inf)
+    return result
 
 
 def _check_positive_int(value: object, name: str, minimum: int = 1) -> int:

@@ -70,7 +70,8 @@ def gaussian_tradeoff(alpha: ArrayLike, mu: ArrayLike) -> np.ndarray:
     """
     a = _check_alpha(alpha)
     m = _check_mu(mu)
-    return special.ndtr(special.ndtri(1.0 - a) - m)
+    result: np.ndarray = special.ndtr(special.ndtri(1.0 - a) - m)
+    return result
 
 
 def gdp_delta(mu: ArrayLike, epsilon: ArrayLike) -> np.ndarray:
@@ -161,7 +162,8 @@ def poisson_gaussian_mu_clt(
     q = check_rates(rates)
     t = _check_steps(steps, "steps")
     with np.errstate(over="ignore"):  # tiny σ: μ = inf (no privacy), not a warning
-        return q * np.sqrt(t * np.expm1(1.0 / (sigma * sigma)))
+        result: np.ndarray = q * np.sqrt(t * np.expm1(1.0 / (sigma * sigma)))
+        return result
 
 
 def prifedsync_mu(
@@ -196,7 +198,8 @@ def prifedsync_mu(
     inv = 1.0 / sigma
     with np.errstate(over="ignore"):  # tiny σ: μ = inf (no privacy), not a warning
         inner = np.exp(inv * inv) * special.ndtr(1.5 * inv) + 3.0 * special.ndtr(-0.5 * inv) - 2.0
-    return math.sqrt(2.0) * c * np.sqrt(np.maximum(inner, 0.0))
+    result: np.ndarray = math.sqrt(2.0) * c * np.sqrt(np.maximum(inner, 0.0))
+    return result
 
 
 def federated_mu(client_mus: ArrayLike, notion: str = "weak") -> float:
@@ -351,7 +354,8 @@ def tradeoff_to_delta(alpha: ArrayLike, f_values: ArrayLike, epsilon: ArrayLike)
     with np.errstate(over="ignore"):
         inf = np.minimum(np.min(np.exp(e)[..., None] * lo_a + hi_f, axis=-1, initial=f[1]), f[1])
     out = np.clip(1.0 - inf, 0.0, 1.0)
-    return out if out.ndim else out[()]
+    result: np.ndarray = out if out.ndim else out[()]
+    return result
 
 
 def tradeoff_to_epsilon(

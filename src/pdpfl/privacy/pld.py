@@ -82,7 +82,7 @@ _FFT_ERROR_CONSTANT = 32.0
 _TAIL = 1e-15
 
 
-def _dp_accounting():
+def _dp_accounting() -> Any:
     try:
         from dp_accounting.pld import privacy_loss_distribution as pldlib
     except ImportError as exc:  # pragma: no cover - exercised only without the extra
@@ -171,7 +171,7 @@ class PldAccountant:
         self.rate_grid_rel_step = float(rate_grid_rel_step)
         self.rate_grid_min = float(rate_grid_min)
         self.rdp = RdpAccountant(rdp_orders, refine=rdp_refine)
-        self._cache: OrderedDict[tuple, tuple[float, float]] = OrderedDict()
+        self._cache: OrderedDict[tuple[Any, ...], tuple[float, float]] = OrderedDict()
         self._cache_size = int(cache_size)
         self._lock = threading.Lock()
         #: Number of PLDs actually computed (for benchmarks).
@@ -315,6 +315,34 @@ class PldAccountant:
             return math.inf
         return float(pld.get_epsilon_for_delta(d_eff))
 
+    def loss_distribution(
+        self,
+        event: Mechanism,
+        count: int = 1,
+        *,
+        interval: float | None = None,
+        pessimistic: bool = True,
+    ) -> tuple[Any, float, float]:
+        """``(pld, η, interval)``: dp-accounting's PLD of ``count`` repetitions of the
+        scalar-rate ``event`` (its one rate rounded up to the rate grid, as :meth:`pld_epsilon`),
+        the bound η on its FFT error (module docstring) and the discretization interval used
+        (default :meth:`interval_for` at δ = 1e-6). ``pessimistic=False`` rounds the other way:
+        every hockey-stick divergence of the result, plus η, is then a *lower* bound on the
+        exact one (used where a number must not overstate what a mechanism leaks, e.g. an
+        audit's ε̂)."""
+        node, rates = self._compile(event)
+        q = 1.0
+        if rates is not None:
+            if rates.size != 1:
+                raise ValueError("loss_distribution: expected an event with one sampling rate")
+            q = float(rate_grid_up(rates, self.rate_grid_rel_step, self.rate_grid_min)[0])
+        k = int(check_counts(count, 1)[0])
+        used = self._interval(node, q, k, 1e-6) if interval is None else float(interval)
+        if not (math.isfinite(used) and used > 0):
+            raise ValueError(f"interval: must be a finite number > 0, got {interval!r}")
+        pld, eta = _build(_flatten(_Rep(node, k)), q, used, pessimistic)
+        return pld, eta, used
+
 
 @dataclass(frozen=True)
 class _Leaf:
@@ -345,30 +373,35 @@ class _Mix:
 _Node = Union[_Leaf, _Rep, _Mix]  # noqa: UP007
 
 
-def _build(node: _Node, q: float, interval: float) -> tuple[Any, float]:
+def _build(node: _Node, q: float, interval: float, pessimistic: bool = True) -> tuple[Any, float]:
     """(PLD, η): the PLD of ``node`` at the scalar rate ``q`` and its accumulated FFT-error
-    bound."""
+    bound. ``pessimistic=False`` discretizes optimistically (every hockey-stick divergence of
+    the result, plus η, is then a lower bound on the exact one)."""
     pldlib = _dp_accounting()
+    p = pessimistic
     if isinstance(node, _Leaf):
         if not node.sampled:
             return pldlib.from_gaussian_mechanism(
-                node.sigma, value_discretization_interval=interval
+                node.sigma, value_discretization_interval=interval, pessimistic_estimate=p
             ), 0.0
         if q == 0.0:
-            return pldlib.identity(interval), 0.0
+            return pldlib.identity(interval, pessimistic_estimate=p), 0.0
         return pldlib.from_gaussian_mechanism(
-            node.sigma, value_discretization_interval=interval, sampling_prob=q
+            node.sigma,
+            value_discretization_interval=interval,
+            sampling_prob=q,
+            pessimistic_estimate=p,
         ), 0.0
     if isinstance(node, _Rep):
-        inner, eta = _build(node.inner, q, interval)
+        inner, eta = _build(node.inner, q, interval, p)
         if node.count == 0:
-            return pldlib.identity(interval), 0.0
+            return pldlib.identity(interval, pessimistic_estimate=p), 0.0
         return _compose(inner, node.count, eta)
-    local, eta = _build(node.inner, q, interval)
+    local, eta = _build(node.inner, q, interval, p)
     lam = node.client_rate
     if lam == 1.0:
         return local, eta
-    return local.compute_mixture(pldlib.identity(interval), lam), lam * eta
+    return local.compute_mixture(pldlib.identity(interval, pessimistic_estimate=p), lam), lam * eta
 
 
 def _compose(pld: Any, count: int, eta: float) -> tuple[Any, float]:

@@ -332,7 +332,8 @@ def _fractional_rho(
     g_series = series_log_a_upper_pairs(q, sigma, alpha, hi_k.astype(np.int64))
     g = np.minimum(g, np.where(np.isnan(g_series), np.inf, g_series))
     rho = g / (alpha - 1.0)
-    return np.clip(rho, rho_lo, rho_hi)
+    result: np.ndarray = np.clip(rho, rho_lo, rho_hi)
+    return result
 
 
 def _series_log_a_upper(q: np.ndarray, sigma: float, alpha: np.ndarray, n0: int) -> np.ndarray:
@@ -413,7 +414,8 @@ def _series_log_a_upper(q: np.ndarray, sigma: float, alpha: np.ndarray, n0: int)
     out = out * (1.0 + 4.0 * _U)
     out[bad] = np.nan
     out[~np.isfinite(out)] = np.nan
-    return out
+    result: np.ndarray = out
+    return result
 
 
 @functools.lru_cache(maxsize=64)

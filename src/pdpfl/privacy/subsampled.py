@@ -180,7 +180,8 @@ def _taylor_low(q: np.ndarray, alpha: np.ndarray, eps2: float) -> np.ndarray:
         )
     t = np.log(al * (al - 1.0) / 2.0) + (al - 2.0) * l1q + 2.0 * lq + log_e2
     t += _REL_MARGIN * (np.abs(t) + np.abs(l1q) + np.abs(lq) + 4.0)
-    return np.logaddexp(0.0, t) * (1.0 + 8.0 * 2.0**-52)
+    result: np.ndarray = np.logaddexp(0.0, t) * (1.0 + 8.0 * 2.0**-52)
+    return result
 
 
 def _integer_g(q: np.ndarray, eps: np.ndarray, alphas: np.ndarray, symmetric: bool) -> np.ndarray:

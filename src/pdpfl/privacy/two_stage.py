@@ -140,7 +140,8 @@ def plan_rdp(
     q = check_rates(rates)
     k = _charged_rounds(plan, adv, participations, q.size)
     rows = RdpAccountant(orders).rdp(plan.round_event(q, adv.value))
-    return k[:, None] * rows
+    result: np.ndarray = k[:, None] * rows
+    return result
 
 
 def plan_epsilon(

@@ -179,7 +179,8 @@ def wor_gaussian_rdp(
         # log(1 + Σ) = peak + log(e^{−peak} + Σe^{t−peak}); log1p keeps tiny sums exact.
         log_total = np.where(peak > 0, peak + np.log(np.exp(-peak) + rest), np.log1p(rest))
     out = log_total / (a - 1.0)
-    return np.minimum(out, full)
+    result: np.ndarray = np.minimum(out, full)
+    return result
 
 
 @lru_cache(maxsize=256)
@@ -245,8 +246,11 @@ def wor_gaussian_delta(
 
 # ---------------------------------------------------------------------------- lower bound
 
+#: A density, log-density or CDF of the loss variable x, vectorized over numpy arrays.
+_Fn = Callable[[np.ndarray], np.ndarray]
 
-def _pairs(gamma: float, sigma: float) -> list[tuple[Callable, Callable, Callable]]:
+
+def _pairs(gamma: float, sigma: float) -> list[tuple[_Fn, _Fn, _Fn]]:
     """The explicit neighbouring pairs, as (log p(x), log q(x), CDF of P) in units of Δ.
 
     * *point*: every other record's gradient equals the replacement's, so one dataset always
@@ -256,10 +260,10 @@ def _pairs(gamma: float, sigma: float) -> list[tuple[Callable, Callable, Callabl
     """
     l1g, lg = math.log1p(-gamma), math.log(gamma)
 
-    def normal_logpdf(shift: float) -> Callable:
+    def normal_logpdf(shift: float) -> _Fn:
         return lambda x: -0.5 * ((x - shift) / sigma) ** 2
 
-    def mixture(shift: float) -> tuple[Callable, Callable]:
+    def mixture(shift: float) -> tuple[_Fn, _Fn]:
         base, far = normal_logpdf(0.0), normal_logpdf(shift)
         return (
             lambda x: np.logaddexp(l1g + base(x), lg + far(x)),
@@ -276,7 +280,7 @@ def _pairs(gamma: float, sigma: float) -> list[tuple[Callable, Callable, Callabl
 
 
 def _loss_pmf(
-    log_p: Callable, log_q: Callable, cdf_p: Callable, sigma: float, bin_width: float, cells: int
+    log_p: _Fn, log_q: _Fn, cdf_p: _Fn, sigma: float, bin_width: float, cells: int
 ) -> tuple[np.ndarray, int]:
     """PMF (under P) of ⌊L/h⌋ with L = log p/q monotone in x; returns ``(pmf, offset)``."""
     half_width = 1.5 + 14.0 * sigma

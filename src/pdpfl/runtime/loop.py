@@ -48,6 +48,7 @@ from pdpfl.checkpoint import (
 from pdpfl.errors import TrainingDiverged
 from pdpfl.fl.aggregation import SumProtocol, check_compatible, protocol_from_config
 from pdpfl.fl.api import Params, ServerAlgorithm
+from pdpfl.fl.extension import check_extension
 from pdpfl.fl.lifetime import open_lifetime, run_holders
 from pdpfl.fl.rounds import (
     Transport,
@@ -57,6 +58,7 @@ from pdpfl.fl.rounds import (
     evaluate_round,
     pooled_evaluation,
 )
+from pdpfl.fl.server_optimizer import ServerOptimizerSpec
 
 __all__ = [
     "CHECKPOINT_NAME",
@@ -115,6 +117,13 @@ class LoopSettings:
     #: T the algorithm's mechanism was published for (less than ``rounds`` when a finished
     #: run is extended; the ledgers charge every extra round).
     planned_rounds: int | None = None
+    #: The server optimizer post-processing each round's model (None: the algorithm's step).
+    server_optimizer: ServerOptimizerSpec | None = None
+    #: The user's explicit opt-in to extend a run past its plan although units that cannot sit
+    #: out exceed their budget (:func:`pdpfl.fl.extension.check_extension`).
+    allow_over_budget: bool = False
+    #: The algorithm's name (the extension's sentences name it).
+    algorithm: str = "this algorithm"
 
     @classmethod
     def of(cls, config: Any) -> LoopSettings:
@@ -124,6 +133,10 @@ class LoopSettings:
             fingerprint=_fingerprint(config),
             unit=str(getattr(getattr(config, "algorithm", None), "unit", "record")),
             reproducible=getattr(config, "randomness", None) == "reproducible",
+            server_optimizer=ServerOptimizerSpec.from_config(
+                getattr(config, "server_optimizer", None)
+            ),
+            algorithm=str(getattr(getattr(config, "algorithm", None), "name", "this algorithm")),
         )
 
 
@@ -143,6 +156,9 @@ def run_federation(
     summation protocol, :func:`~pdpfl.fl.aggregation.protocol_from_config`)."""
     protocol = protocol if protocol is not None else protocol_from_config(config)
     check_compatible(server, protocol)
+    configure = getattr(transport, "configure_security", None)
+    if callable(configure):  # in-process silos take their protocol settings from the config
+        configure(config)
     return run_rounds(
         server,
         transport,
@@ -167,7 +183,7 @@ def run_rounds(
     progress: bool = True,
     on_round: RoundCallback | None = None,
     stop_after: int | None = None,
-    save_model: Callable[[int, Params], None] | None = None,
+    save_model: Callable[[int, Params, str], None] | None = None,
 ) -> dict[str, Any]:
     """Run ``settings.rounds`` rounds and return the run's record.
 
@@ -193,8 +209,8 @@ def run_rounds(
     stop_after
         Stop (as if interrupted) after this many rounds in total; for tests of ``resume``.
     save_model
-        Optional ``(round_index, params)`` called with each round's global model (before its
-        checkpoint is written).
+        Optional ``(round_index, params, run_id)`` called with each round's global model (before
+        its checkpoint is written).
 
     Returns
     -------
@@ -215,6 +231,7 @@ def run_rounds(
             stacklevel=2,
         )
     rounds, unit = settings.rounds, settings.unit
+    optimizer = settings.server_optimizer.build() if settings.server_optimizer else None
     params: Params = [np.asarray(p).copy() for p in server.initial_params()]
     start, seconds_before = 0, 0.0
     run_id = secrets.token_hex(16)  # this run's identity (its checkpoints and ledgers)
@@ -236,10 +253,34 @@ def run_rounds(
             run_id = str(ckpt["run_id"])
             params = ckpt["params"]
             server.load_state_dict(ckpt["server_state"])
+            if optimizer is not None:
+                if "server_optimizer" not in ckpt:
+                    raise ValueError(
+                        f"cannot resume: the checkpoint in {out} holds no server_optimizer state"
+                    )
+                optimizer.load_state_dict(ckpt["server_optimizer"])
             transport.load_client_states(ckpt["client_states"])
             seconds_before = float(ckpt["seconds"])
             metrics = [m for m in read_metrics(out) if int(m["round"]) < start]
+    planned_t = settings.planned_rounds
+    # Past the planned T: units sit out at their budget, or the extension is refused unless the
+    # user opted in (issue #34); before any store is opened and anything is charged.
+    extension = (
+        check_extension(
+            run_holders(server, transport),
+            planned=int(planned_t),
+            rounds=rounds,
+            start=start,
+            allow_over_budget=settings.allow_over_budget,
+            algorithm=settings.algorithm,
+        )
+        if planned_t is not None
+        else None
+    )
+    for sentence in (extension or {}).get("warnings", []):
+        log.warning("%s", sentence)
     last_round = rounds if stop_after is None else min(rounds, int(stop_after))
+    next_round = start  # the round the checkpoint records (what the run's outputs are sealed at)
     # Every budget store of the parties held here is locked and charged from now on, before
     # any release; a run that would overspend and cannot stop its units is refused here.
     lifetime = open_lifetime(run_holders(server, transport), run_id, rounds - start)
@@ -275,7 +316,7 @@ def run_rounds(
             planned = None
             try:
                 aggregate, params = aggregate_round(
-                    server, transport, protocol, params, t, selected, round_config
+                    server, transport, protocol, params, t, selected, round_config, optimizer
                 )
                 if prefetch is not None and t + 1 < last_round:
                     planned = (
@@ -297,21 +338,21 @@ def run_rounds(
             line["seconds"] = seconds_before + time.perf_counter() - t0
             metrics.append(line)
             if save_model is not None and diverged is None:
-                save_model(t, params)
-            save_round(
-                out,
-                metrics,
-                {
-                    "next_round": int(line["round"]) + 1,
-                    "params": params,
-                    "server_state": server.state_dict(),
-                    "client_states": transport.client_states(),
-                    "seconds": line["seconds"],
-                    "config_hash": settings.fingerprint,
-                    "run_id": run_id,
-                    "planned_rounds": settings.planned_rounds or rounds,
-                },
-            )
+                save_model(t, params, run_id)
+            state: dict[str, Any] = {
+                "next_round": int(line["round"]) + 1,
+                "params": params,
+                "server_state": server.state_dict(),
+                "client_states": transport.client_states(),
+                "seconds": line["seconds"],
+                "config_hash": settings.fingerprint,
+                "run_id": run_id,
+                "planned_rounds": settings.planned_rounds or rounds,
+            }
+            if optimizer is not None:
+                state["server_optimizer"] = optimizer.state_dict()
+            save_round(out, metrics, state)
+            next_round = int(line["round"]) + 1
             if diverged is not None:
                 break
             log.info(
@@ -340,7 +381,9 @@ def run_rounds(
         "completed": diverged is None and last_round == rounds,
         "fingerprint": settings.fingerprint,
         "run_id": run_id,
+        "next_round": next_round,
         "lifetime": lifetime.report(),
+        "extension": extension,
     }
     if diverged is not None:
         record["diverged"] = diverged.to_dict()

@@ -28,6 +28,8 @@ from pdpfl.config import ExperimentConfig
 from pdpfl.fl.aggregation import summary_fields
 from pdpfl.io import save_npz, write_json
 from pdpfl.ledger import PrivacyLedger, PrivacySummary, observers_of, save_ledger
+from pdpfl.ledger.risk import run_risk
+from pdpfl.ledger.runfolder import seal_ledgers
 from pdpfl.runtime.lock import LOCK_NAME
 from pdpfl.runtime.model_file import MODEL_NAME, model_metadata, write_model
 
@@ -46,6 +48,7 @@ RUN_OUTPUTS = (
     "ledgers",
     "flower",
     "budgets.csv",
+    "keys",
 )
 
 
@@ -347,16 +350,21 @@ def build_summary(
         "config": config.model_dump(mode="json"),
         # the run's fingerprint (pdpfl.config.run_fingerprint), which its checkpoints carry
         "config_hash": result.get("fingerprint"),
+        # the run's identity: its checkpoint, ledgers and model are sealed under it
+        "run_id": result.get("run_id"),
     }
     if server_state.get("noise_shares"):  # the discrete shares' encoding (bits, scale, wrap)
         summary["aggregation"]["discrete_shares"] = server_state["noise_shares"]
     summary.update(privacy_fields(config, result.get("privacy"), view))
     store = result.get("lifetime")
     summary["lifetime"] = lifetime_fields(config, result.get("privacy"), store)
+    extension = result.get("extension")
+    summary["extension"] = extension
     summary["warnings"] = (
         list(summary["warnings"])
         + list(server_state.get("warnings") or [])
         + list((store or {}).get("warnings") or [])
+        + list((extension or {}).get("warnings") or [])
     )
     return summary
 
@@ -390,16 +398,33 @@ def write_outputs(
         summary["warnings"] = [*warnings, *summary.get("warnings", [])]
     if data is not None:
         summary["data"] = data
+    summary["risk"] = run_risk([*(clients or {}).values(), server], summary["privacy_unit"])
     if plots:  # the plots and the model's header read ε = ∞ (no DP) as such
         write_plots(result["metrics"], summary, out)
-    write_model(out / MODEL_NAME, result["params"], parameter_names, model_metadata(summary))
+    run_id, next_round = result.get("run_id"), result.get("next_round")
+    if next_round is None:
+        next_round = len(result["metrics"])
+    write_model(
+        out / MODEL_NAME,
+        result["params"],
+        parameter_names,
+        model_metadata(summary),
+        run_id=run_id,
+        round_count=int(next_round),
+    )
     summary = finite(summary)  # what is returned is what is on disk: NaN/inf become None
     save_npz(out / "model.npz", **{f"p{i:03d}": p for i, p in enumerate(result["params"])})
     holders = [(f"client_{cid}", c) for cid, c in (clients or {}).items()]
     holders.append(("server", server))
-    for name, holder in holders:
-        ledger = getattr(holder, "ledger", None)
-        if isinstance(ledger, PrivacyLedger):
-            save_ledger(ledger, out / "ledgers" / f"{name}.npz", identity=result.get("run_id"))
+    ledgers = {
+        name: holder.ledger
+        for name, holder in holders
+        if isinstance(getattr(holder, "ledger", None), PrivacyLedger)
+    }
+    if ledgers and run_id is not None:
+        seal_ledgers(out / "ledgers", ledgers, str(run_id), int(next_round))
+    else:
+        for name, ledger in ledgers.items():  # a record without a run id (tests, stubs)
+            save_ledger(ledger, out / "ledgers" / f"{name}.npz")
     write_json(out / "summary.json", summary)
     return summary

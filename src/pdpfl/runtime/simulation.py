@@ -42,24 +42,52 @@ class InProcessTransport:
     :func:`~pdpfl.fl.aggregation.handle_silo_stage`.
     """
 
-    def __init__(self, clients: dict[int, ClientAlgorithm]) -> None:
+    def __init__(
+        self, clients: dict[int, ClientAlgorithm], security: dict[int, Any] | None = None
+    ) -> None:
         self.clients = dict(sorted(clients.items()))
         self.client_ids = list(self.clients)
         #: Each silo's private protocol memory (never read by the server side).
         self._silo_memory: dict[int, dict[str, Any]] = {c: {} for c in self.client_ids}
+        #: Each silo's own side of secure summation (identity, peer keys, its settings); built
+        #: on first use with fresh in-memory identities and default settings when not given
+        #: (:meth:`configure_security` sets it from an experiment config).
+        self.security = security
+
+    def configure_security(self, config: Any) -> None:
+        """Give every silo its side of secure summation under ``config`` (fresh identities
+        unless already configured with the run's keys)."""
+        from pdpfl.fl.aggregation.secure_identity import ephemeral_security
+
+        if self.security is not None:
+            return
+        secure = getattr(config, "secure", None)
+        participation = str(getattr(config, "participation", "visible"))
+        if secure is None:
+            self.security = ephemeral_security(self.client_ids, participation=participation)
+        else:
+            self.security = ephemeral_security(
+                self.client_ids,
+                participation=participation,
+                threshold=float(secure.threshold),
+                min_survivors=int(secure.min_survivors),
+            )
 
     def exchange(
         self, protocol: str, stage: str, requests: dict[int, dict[str, Any]], round_index: int
     ) -> dict[int, dict[str, Any]]:
         from pdpfl.fl.aggregation import SiloContext, handle_silo_stage
+        from pdpfl.fl.aggregation.secure_identity import ephemeral_security
 
+        if self.security is None:
+            self.security = ephemeral_security(self.client_ids)
         return {
             c: handle_silo_stage(
                 protocol,
                 stage,
                 payload,
                 round_index,
-                SiloContext(self.clients[c], c, self._silo_memory[c]),
+                SiloContext(self.clients[c], c, self._silo_memory[c], self.security.get(c)),
             )
             for c, payload in requests.items()
         }
@@ -264,6 +292,7 @@ def run_simulation(
     federation: Any | None = None,
     stop_after: int | None = None,
     overwrite: bool = False,
+    allow_over_budget: bool = False,
 ) -> dict[str, Any]:
     """Run ``config`` in-process and write every output to ``out_dir``; returns the summary.
 
@@ -275,6 +304,10 @@ def run_simulation(
 
     The output rule: a folder that already holds files is refused unless ``overwrite=True``
     (pdpfl's previous outputs there are replaced) or ``resume=True`` (continue its checkpoint).
+
+    ``allow_over_budget``: with ``resume=True`` and a ``training.rounds`` beyond the plan, extend
+    the run even though an algorithm that cannot make its units sit out takes some of them over
+    their budget (otherwise refused, :mod:`pdpfl.fl.extension`); the summary says so.
     """
     from pdpfl.runtime.lock import FolderLocked, folder_lock
     from pdpfl.runtime.outputs import OutputDirError, check_resumable, prepare_output_dir
@@ -296,7 +329,13 @@ def run_simulation(
     try:
         prepare_output_dir(out_dir, resume=resume, overwrite=overwrite)
         return simulate_into(
-            config, out_dir, resume, progress=progress, federation=federation, stop_after=stop_after
+            config,
+            out_dir,
+            resume,
+            progress=progress,
+            federation=federation,
+            stop_after=stop_after,
+            allow_over_budget=allow_over_budget,
         )
     finally:
         lock.__exit__(None, None, None)
@@ -304,13 +343,13 @@ def run_simulation(
 
 def round_model_writer(
     out_dir: Path, names: list[str], fingerprint: str | None, algorithm: str
-) -> Callable[[int, Params], None]:
+) -> Callable[[int, Params, str], None]:
     """``save_models: every-round``: the global model of each round as
-    ``models/round-NNNN.safetensors`` (1-based round numbers)."""
+    ``models/round-NNNN.safetensors`` (1-based round numbers), sealed by the run."""
     from pdpfl._version import __version__
     from pdpfl.runtime.model_file import FORMAT, write_model
 
-    def save(round_index: int, params: Params) -> None:
+    def save(round_index: int, params: Params, run_id: str) -> None:
         meta = {
             "format": FORMAT,
             "pdpfl_version": __version__,
@@ -319,7 +358,12 @@ def round_model_writer(
             "rounds": str(round_index + 1),
         }
         write_model(
-            out_dir / "models" / f"round-{round_index + 1:04d}.safetensors", params, names, meta
+            out_dir / "models" / f"round-{round_index + 1:04d}.safetensors",
+            params,
+            names,
+            meta,
+            run_id=run_id,
+            round_count=round_index + 1,
         )
 
     return save
@@ -343,6 +387,7 @@ def simulate_into(
     progress: bool = True,
     federation: Any | None = None,
     stop_after: int | None = None,
+    allow_over_budget: bool = False,
 ) -> dict[str, Any]:
     """:func:`run_simulation` into a folder its caller has already checked with
     :func:`~pdpfl.runtime.outputs.prepare_output_dir` (the output rule is not applied again).
@@ -355,7 +400,13 @@ def simulate_into(
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     with log_to_file(Path(out_dir) / "run.log"):
         return _simulate(
-            config, out_dir, resume, progress=progress, federation=federation, stop_after=stop_after
+            config,
+            out_dir,
+            resume,
+            progress=progress,
+            federation=federation,
+            stop_after=stop_after,
+            allow_over_budget=allow_over_budget,
         )
 
 
@@ -367,6 +418,7 @@ def _simulate(
     progress: bool,
     federation: Any | None,
     stop_after: int | None,
+    allow_over_budget: bool = False,
 ) -> dict[str, Any]:
     import time
     import warnings
@@ -402,14 +454,8 @@ def _simulate(
         LoopSettings.of(run.config),
         rounds=config.training.rounds,
         planned_rounds=run.config.training.rounds,
+        allow_over_budget=bool(allow_over_budget),
     )
-    if planned is not None and planned != config.training.rounds:
-        run.warnings.append(
-            f"training.rounds: the run was extended from T = {planned} to "
-            f"{config.training.rounds} rounds with the mechanism published for {planned} rounds; "
-            "every extra round is charged to the ledgers, and units whose budget would be "
-            "exceeded sit out"
-        )
     log.info(
         "algorithm %s (%s-level DP), %s summation, %d rounds",
         config.algorithm.name,
@@ -421,7 +467,12 @@ def _simulate(
         log.warning("%s", message)
         warnings.warn(message, SetupWarning, stacklevel=3)
     diverged: TrainingDiverged | None = None
-    transport = InProcessTransport(run.clients)
+    from pdpfl.runtime.identities import simulator_security
+
+    # every silo's long-term identity, published in keys/ (secure summation, receipts)
+    transport = InProcessTransport(
+        run.clients, simulator_security(config, Path(out_dir), list(run.clients))
+    )
     with torch_threads(config.threads):
         save_model = None
         if config.save_models == "every-round":

@@ -331,6 +331,11 @@ class SiloContext:
     client: ClientAlgorithm
     silo_id: int
     memory: dict[str, Any] = field(default_factory=dict)
+    #: What the silo brings from its own side (never from the server): its long-term identity,
+    #: its peers' public keys and its own protocol settings
+    #: (:class:`~pdpfl.fl.aggregation.secure_identity.SiloSecurity`); None where the runtime has
+    #: none (secure summation then refuses to run).
+    security: Any = None
 
 
 #: ``handler(stage, payload, round_index, context) -> reply payload``.

@@ -1,7 +1,8 @@
 """Dropout-robust secure summation (``aggregation: secure``): the server learns only the sum.
 
 Bonawitz et al., "Practical Secure Aggregation for Privacy-Preserving Machine Learning" (CCS
-2017), §4 and Fig. 4 for a semi-honest server, on the complete graph of a round's silos (the
+2017), §4 and Fig. 4, with the consistency round that §4 adds against an active server, on the
+complete graph of a round's silos (the
 neighbourhood graphs of SecAgg+, Bell et al. CCS 2020, only pay off for thousands of parties).
 Driven purely through ``transport.exchange`` and the silo handler of
 :mod:`pdpfl.fl.aggregation.secure_silo`, so the same code runs in-process and on Flower.
@@ -11,9 +12,13 @@ One round (``collect``) for the n silos P asked, with t = t(n) from
 whenever fewer than t silos remain:
 
 0. ``advertise`` -- each silo draws an X25519 channel key c_i and two 16-byte seeds: s_i (its
-   pairwise-mask key) and b_i (its self mask); it sends the public keys C_i, S_i. U1: who
-   answered. A silo that already masked this round in an earlier session declines.
-1. ``share`` -- the server relays U1's keys. Each silo Shamir-shares b_i and s_i with threshold t
+   pairwise-mask key) and b_i (its self mask); it sends the public keys C_i, S_i and, for each
+   other participant, a tag authenticating them with the session, round, participant list, t
+   and participation mode under its long-term key
+   (:mod:`pdpfl.fl.aggregation.secure_identity`). U1: who answered. A silo that already masked
+   this round in an earlier session declines.
+1. ``share`` -- the server relays U1's keys and their tags; a silo checks every tag first (a
+   substituted key fails). Each silo Shamir-shares b_i and s_i with threshold t
    among U1 (:mod:`pdpfl.crypto.shamir`), and seals the shares for each j with
    ChaCha20-Poly1305 under HKDF(X25519(c_i, C_j)) (only j can open them). U2: who answered.
 2. ``upload`` -- the server forwards to each silo the sealed shares addressed to it, with the
@@ -22,7 +27,11 @@ whenever fewer than t silos remain:
    update ‖ public metrics in Z_{2^64} (:class:`~pdpfl.crypto.fixedpoint.FixedPointRing`), and
    uploads y_i = x_i + PRG(b_i) + Σ_{j∈U2, i<j} PRG(s_ij) − Σ_{j∈U2, i>j} PRG(s_ij). U3: who
    answered.
-3. ``unmask`` -- the server tells U3 who survived; each silo returns its shares of b_j for every
+3. ``consistency`` -- the server tells U3 who survived; each silo confirms that set (once per
+   round, only if it has at least q = ⌈(n + t)/2⌉ silos) with a tag to every other survivor. U4:
+   who confirmed; fewer than q: no aggregate.
+4. ``unmask`` -- the server relays to each silo of U4 the others' confirmations; a silo that
+   finds q valid confirmations of the very set it confirmed returns its shares of b_j for every
    survivor j and of s_j for every dropped j ∈ U2 \\ U3 -- never both for one silo, and only
    once per round. With shares from t silos the server reconstructs those seeds, removes the
    self masks of the survivors and the dropped silos' pairwise masks, and decodes
@@ -38,10 +47,11 @@ their update, which is never released.
 
 What the server learns: the sum of the survivors' updates and metrics, the survivors, their
 public weights. Collusion: the server with up to t - 1 silos learns nothing more (semi-honest
-model, Bonawitz et al. Thm. 6.3). Active attacks (a server that forges keys or equivocates) are
-outside this model; the silos' checks (``secure_silo``) still refuse to reveal both seeds of one
-silo in one request or to answer ``unmask`` twice, and t > n/2 means two disjoint survivor sets
-can never both reach t.
+model, Bonawitz et al. Thm. 6.3) -- and so does a server that deviates (substitutes keys, tells
+different silos different survivor sets, changes t or the mode): two survivor sets confirmed by
+q silos each share ≥ 2q − n ≥ t confirmers, and an honest silo confirms one set per round, so
+obtaining both seeds of one silo needs t colluders (the quorum t alone would let 2t − n do it).
+Price: a round needs q silos alive until its consistency round (dropout tolerance n − q).
 
 **Hidden participation** (``participation: hidden``): every silo is asked every round and uses
 its own λ-coin; an unchosen silo uploads masked zeros. Message names, types and sizes do not
@@ -73,6 +83,7 @@ from pdpfl.fl.aggregation.secure_common import (
     pair_mask,
     self_mask,
 )
+from pdpfl.fl.aggregation.secure_identity import AUTH_BYTES, consistency_quorum, tag_for
 from pdpfl.fl.aggregation.secure_messages import SCHEMAS
 from pdpfl.fl.aggregation.secure_silo import silo_handler
 from pdpfl.fl.aggregation.threshold import (
@@ -180,29 +191,46 @@ class SecureSum:
             return self._stop("no silo asked", params)
         if len(asked) < t:
             return self._stop(f"refused: {len(asked)} silo(s) asked < t = {t}", params)
+        q = consistency_quorum(len(asked), t)
+        self.last_round["quorum"] = q
         # 0. advertise keys
-        request = {"session": session, "participants": np.asarray(asked, np.int64), "threshold": t}
+        request = {
+            "session": session,
+            "participants": np.asarray(asked, np.int64),
+            "threshold": t,
+            "hidden": self.silo_side_sampling,
+        }
         replies = transport.exchange(PROTOCOL, "advertise", {c: request for c in asked}, r)
         u1 = [c for c in asked if c in replies and replies[c].get("declined") is False]
         self.last_round["declined"] = [c for c in asked if replies.get(c, {}).get("declined")]
         self.last_round["u1"] = u1
-        if len(u1) < t:
-            return self._stop(f"no aggregate: {len(u1)} silo(s) sent keys < t = {t}", params)
+        if len(u1) < q:
+            return self._stop(f"no aggregate: {len(u1)} silo(s) sent keys < q = {q}", params)
         channel_keys = {c: _key(replies[c], "channel_key", c) for c in u1}
         mask_keys = {c: _key(replies[c], "mask_key", c) for c in u1}
-        # 1. share seeds
-        request = {
+        adverts = {c: replies[c] for c in u1}
+        for c in u1:
+            _sized(adverts[c], "auth", AUTH_BYTES * (len(asked) - 1), c)
+        # 1. share seeds (each silo gets the tags the others addressed to it)
+        base = {
             "session": session,
             "u1": np.asarray(u1, np.int64),
             "channel_keys": b"".join(channel_keys[c] for c in u1),
             "mask_keys": b"".join(mask_keys[c] for c in u1),
         }
-        replies = transport.exchange(PROTOCOL, "share", {c: request for c in u1}, r)
+        requests = {
+            j: {
+                **base,
+                "auth": b"".join(tag_for(adverts[c]["auth"], c, j, asked) for c in u1 if c != j),
+            }
+            for j in u1
+        }
+        replies = transport.exchange(PROTOCOL, "share", requests, r)
         size = SEALED_SHARE_BYTES * (len(u1) - 1)
         u2 = [c for c in u1 if c in replies and _sized(replies[c], "shares", size, c)]
         self.last_round["u2"] = u2
-        if len(u2) < t:
-            return self._stop(f"no aggregate: {len(u2)} silo(s) shared seeds < t = {t}", params)
+        if len(u2) < q:
+            return self._stop(f"no aggregate: {len(u2)} silo(s) shared seeds < q = {q}", params)
         # 2. masked upload
         sealed = {c: replies[c]["shares"] for c in u2}
         base = self._upload_request(session, u2, params, config, metric_names, encoding)
@@ -224,26 +252,47 @@ class SecureSum:
         u3 = [c for c in u2 if c in replies and _vector(replies[c], length, c, dtype)]
         dropped = [c for c in u2 if c not in u3]
         self.last_round.update(u3=u3, dropped=dropped)
-        if len(u3) < t:
-            return self._stop(f"no aggregate: {len(u3)} masked upload(s) < t = {t}", params)
         uploads = {c: replies[c] for c in u3}
-        # 3. unmask
-        request = {
+        if len(u3) < q:
+            return self._stop(f"no aggregate: {len(u3)} masked upload(s) < q = {q}", params)
+        # 3. consistency: every survivor confirms the survivor set it is shown
+        view = {
             "session": session,
             "survivors": np.asarray(u3, np.int64),
             "dropped": np.asarray(dropped, np.int64),
         }
-        replies = transport.exchange(PROTOCOL, "unmask", {c: request for c in u3}, r)
+        replies = transport.exchange(PROTOCOL, "consistency", {c: view for c in u3}, r)
         u4 = [
             c
             for c in u3
+            if c in replies and _sized(replies[c], "confirm", AUTH_BYTES * (len(u3) - 1), c)
+        ]
+        self.last_round["u4"] = u4
+        if len(u4) < q:
+            return self._stop(
+                f"no aggregate: {len(u4)} silo(s) confirmed the survivor set < q = {q}", params
+            )
+        confirms = {c: replies[c]["confirm"] for c in u4}
+        # 4. unmask: each confirmer gets the others' confirmations addressed to it
+        requests = {
+            j: {
+                **view,
+                "signers": np.asarray(u4, np.int64),
+                "confirmations": b"".join(tag_for(confirms[c], c, j, u3) for c in u4 if c != j),
+            }
+            for j in u4
+        }
+        replies = transport.exchange(PROTOCOL, "unmask", requests, r)
+        u5 = [
+            c
+            for c in u4
             if c in replies
             and _sized(replies[c], "self_shares", 16 * len(u3), c)
             and _sized(replies[c], "mask_shares", 16 * len(dropped), c)
         ]
-        self.last_round["u4"] = u4
-        if len(u4) < t:
-            return self._stop(f"no aggregate: {len(u4)} silo(s) sent shares < t = {t}", params)
+        self.last_round["u5"] = u5
+        if len(u5) < t:
+            return self._stop(f"no aggregate: {len(u5)} silo(s) sent shares < t = {t}", params)
         total = self._unmask(
             session,
             r,
@@ -254,7 +303,7 @@ class SecureSum:
             dropped,
             mask_keys,
             uploads,
-            {c: replies[c] for c in u4},
+            {c: replies[c] for c in u5},
             length,
             encoding,
         )

@@ -1,7 +1,7 @@
 """What each stage of ``aggregation: secure`` sends from a silo (stages ``advertise``,
-``share``, ``upload``, ``unmask``; protocol in :mod:`pdpfl.fl.aggregation.secure`, handler in
-:mod:`pdpfl.fl.aggregation.secure_silo`), declared for the gate of :mod:`pdpfl.fl.messages` and
-registered with the handler.
+``share``, ``upload``, ``consistency``, ``unmask``; protocol in
+:mod:`pdpfl.fl.aggregation.secure`, handler in :mod:`pdpfl.fl.aggregation.secure_silo`),
+declared for the gate of :mod:`pdpfl.fl.messages` and registered with the handler.
 
 Keys, sealed shares and the masked vector are cryptographic material; whether a silo declines
 (it already masked the round) and its weight are public. Every length is a rule of the request
@@ -15,6 +15,7 @@ import numpy as np
 from pdpfl.crypto.keys import PUBLIC_KEY_BYTES
 from pdpfl.fl.aggregation.discrete_shares import check_words
 from pdpfl.fl.aggregation.secure_common import PROTOCOL, SEALED_SHARE_BYTES
+from pdpfl.fl.aggregation.secure_identity import AUTH_BYTES
 from pdpfl.fl.messages import (
     PUBLIC_WEIGHT,
     Array,
@@ -65,6 +66,19 @@ SCHEMAS = (
             ),
             Field("channel_key", _KEY, "crypto", doc="X25519 public key C_i", presence=_ACCEPTED),
             Field("mask_key", _KEY, "crypto", doc="X25519 public key S_i", presence=_ACCEPTED),
+            Field(
+                "auth",
+                Bytes(
+                    Rule(
+                        f"{AUTH_BYTES} x (|participants| - 1)",
+                        lambda c: AUTH_BYTES * (_count(c, "participants") - 1),
+                    )
+                ),
+                "crypto",
+                doc="HMAC tags of (session, round, participants, t, mode, C_i, S_i) under the "
+                "pairwise keys of the silos' long-term identities",
+                presence=_ACCEPTED,
+            ),
         ),
         doc="round 0: the silo's public keys, or that it already masked this round",
     ),
@@ -113,6 +127,24 @@ SCHEMAS = (
         doc="round 2: the masked contribution",
     ),
     MessageSchema(
+        (PROTOCOL, "consistency"),
+        (
+            Field(
+                "confirm",
+                Bytes(
+                    Rule(
+                        f"{AUTH_BYTES} x (|survivors| - 1)",
+                        lambda c: AUTH_BYTES * (_count(c, "survivors") - 1),
+                    )
+                ),
+                "crypto",
+                doc="HMAC tags of the survivor set shown, one per other survivor (the "
+                "consistency round)",
+            ),
+        ),
+        doc="round 3: the silo confirms the survivor set it was shown",
+    ),
+    MessageSchema(
         (PROTOCOL, "unmask"),
         (
             Field(
@@ -128,6 +160,6 @@ SCHEMAS = (
                 doc="shares of s_j of each dropped j",
             ),
         ),
-        doc="round 3: the shares that remove the masks",
+        doc="round 4: the shares that remove the masks",
     ),
 )

@@ -1,5 +1,6 @@
 """The silo side of ``aggregation: secure`` (stages ``advertise``, ``share``, ``upload``,
-``unmask``; Bonawitz et al. 2017, Fig. 4, rounds 0-3 for a semi-honest server).
+``consistency``, ``unmask``; Bonawitz et al. 2017, Fig. 4 with §4's consistency round against
+an active server).
 
 Secrets (the channel key c_i, the seeds b_i and s_i, the shares received) live in
 ``ctx.memory["secure"]`` only -- a runtime never writes that entry to disk -- and are dropped as
@@ -9,10 +10,19 @@ server that restarts the round (a new session after a crash, or a retry) can nev
 of the same contributions over different silo sets. Such a silo *declines* the round instead.
 
 Checks a silo makes before each reply (an :class:`~pdpfl.crypto.IntegrityError` otherwise):
-it is a participant; every participant list is a subset of the previous one; t is the round's
-and 2 ≤ t ≤ n, 2t > n; at least t parties remain at every stage; the stage follows the previous
-one of the same session and round; it answers ``unmask`` once, with survivors and dropped silos
-that partition the silos it masked with, and never both shares of one silo.
+it is a participant; every participant list is a subset of the previous one; t is the one its
+own rule gives for the n participants (``ctx.security``: its configuration, never the
+server's), 2 ≤ t ≤ n, 2t > n; the participation mode of the request is its own; at least t
+parties remain at every stage; the stage follows the previous one of the same session and round.
+
+Against an active server (:mod:`pdpfl.fl.aggregation.secure_identity`): ``advertise`` returns,
+with the round keys, one authentication tag per other participant over (session, round,
+participants, t, mode, silo, keys); ``share`` verifies every U1 member's tag before sealing
+anything for it (a substituted key fails); ``consistency`` confirms the survivor set the silo is
+shown -- once per round, only if it partitions the silos it masked with and holds at least q =
+⌈(n + t)/2⌉ silos -- with a tag to every other survivor; ``unmask`` answers once, only for the
+very set it confirmed, and only with valid confirmations of that set from at least q − 1 other
+survivors: never both shares of one silo, whatever different silos were told.
 """
 
 from __future__ import annotations
@@ -26,12 +36,13 @@ from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption,
 
 from pdpfl.crypto import IntegrityError, shamir
 from pdpfl.crypto.fixedpoint import FixedPointRing
-from pdpfl.crypto.keys import agree, new_private_key, open_sealed, public_bytes, seal
+from pdpfl.crypto.keys import agree, context, new_private_key, open_sealed, public_bytes, seal
 from pdpfl.fl.aggregation import Payload, SiloContext, public_memory
 from pdpfl.fl.aggregation.discrete_shares import ShareEncoding, check_words, encoding_of
 from pdpfl.fl.aggregation.secure_common import (
     PROTOCOL,
     SEALED_SHARE_BYTES,
+    VERSION,
     channel_info,
     field_bytes,
     ids,
@@ -41,10 +52,15 @@ from pdpfl.fl.aggregation.secure_common import (
     self_mask,
     share_aad,
 )
+from pdpfl.fl.aggregation.secure_identity import (
+    AUTH_BYTES,
+    SiloSecurity,
+    consistency_quorum,
+)
 from pdpfl.fl.aggregation.threshold import SURVIVORS_KEY, check_round_threshold
 from pdpfl.fl.api import Contribution, check_contribution
 
-__all__ = ["silo_handler"]
+__all__ = ["advert_statement", "silo_handler", "view_statement"]
 
 
 def _raw(key: X25519PrivateKey) -> bytes:
@@ -67,22 +83,86 @@ def _state(ctx: SiloContext, payload: Payload, t: int, stage: str) -> dict[str, 
     return mem
 
 
-def _subset(ctx: SiloContext, new: list[int], old: list[int], t: int, what: str) -> None:
+def _subset(
+    ctx: SiloContext, new: list[int], old: list[int], t: int, what: str, name: str = "t"
+) -> None:
     if ctx.silo_id not in new:
         raise IntegrityError(f"secure summation: silo {ctx.silo_id} is not among the {what}")
     if not set(new) <= set(old):
         raise IntegrityError(f"secure summation: the {what} are not a subset of the last list")
     if len(new) < t:
         raise IntegrityError(
-            f"secure summation: {len(new)} {what} < t = {t}; this silo does not continue"
+            f"secure summation: {len(new)} {what} < {name} = {t}; this silo does not continue"
         )
 
 
+def _security(ctx: SiloContext) -> SiloSecurity:
+    sec = ctx.security
+    if not isinstance(sec, SiloSecurity) or sec.silo != ctx.silo_id:
+        raise IntegrityError(
+            f"secure summation: silo {ctx.silo_id} has no identity, peer keys and settings of "
+            "its own (SiloContext.security); it does not take part in secure summation without "
+            "them"
+        )
+    return sec
+
+
+def _check_mode(sec: SiloSecurity, payload: Payload, silo: int) -> bool:
+    """The participation mode of the request must be the silo's own (never the server's)."""
+    asked = payload.get("hidden")
+    if not isinstance(asked, bool | np.bool_) or bool(asked) != sec.hidden:
+        raise IntegrityError(
+            f"secure summation: silo {silo} takes part with participation: {sec.participation} "
+            f"(its own configuration); the request says hidden = {asked!r}; refused"
+        )
+    return sec.hidden
+
+
+def advert_statement(
+    session: bytes,
+    round_index: int,
+    participants: list[int],
+    threshold: int,
+    hidden: bool,
+    silo: int,
+    channel_key: bytes,
+    mask_key_: bytes,
+) -> bytes:
+    """What a silo authenticates at ``advertise``: its round keys bound to the session, the
+    round, the participants, t and the mode."""
+    return context(
+        VERSION, "advertise", session, round_index, *participants, "t", threshold, hidden,
+        "silo", silo, channel_key, mask_key_,
+    )  # fmt: skip
+
+
+def view_statement(
+    session: bytes, round_index: int, participants: list[int], survivors: list[int],
+    dropped: list[int],
+) -> bytes:  # fmt: skip
+    """What a silo confirms in the consistency round: the survivor set it was shown."""
+    return context(
+        VERSION, "consistency", session, round_index, "participants", *participants,
+        "survivors", *survivors, "dropped", *dropped,
+    )  # fmt: skip
+
+
 def _advertise(ctx: SiloContext, payload: Payload, t: int) -> Payload:
+    sec = _security(ctx)
     participants = ids(payload, "participants")
-    threshold = check_round_threshold(int(payload.get("threshold", 0)), len(participants))
     if ctx.silo_id not in participants:
         raise IntegrityError(f"secure summation: silo {ctx.silo_id} is not a participant")
+    hidden = _check_mode(sec, payload, ctx.silo_id)
+    own_t = sec.survivors_needed(len(participants))
+    asked_t = payload.get("threshold", 0)
+    if isinstance(asked_t, bool) or int(asked_t) != own_t:
+        raise IntegrityError(
+            f"secure summation: the request announces threshold t = {asked_t} for "
+            f"{len(participants)} participants; silo {ctx.silo_id}'s own rule gives t = {own_t}; "
+            "refused"
+        )
+    threshold = check_round_threshold(own_t, len(participants))
+    sec.check_peers(participants)
     session = field_bytes(payload, "session")
     old = ctx.memory.get(PROTOCOL)
     if isinstance(old, dict) and old.get("round") == t and old.get("session") == session:
@@ -93,20 +173,28 @@ def _advertise(ctx: SiloContext, payload: Payload, t: int) -> Payload:
         return {"declined": True}
     channel = new_private_key()
     mask_seed, self_seed = secrets.token_bytes(16), secrets.token_bytes(16)
+    channel_pub = public_bytes(channel)
+    mask_pub = public_bytes(mask_key(mask_seed, session, t))
     ctx.memory[PROTOCOL] = {
         "session": session,
         "round": t,
         "stage": "advertised",
         "threshold": threshold,
+        "quorum": consistency_quorum(len(participants), threshold),
+        "hidden": hidden,
         "participants": participants,
         "channel_key": _raw(channel),
         "mask_seed": mask_seed,
         "self_seed": self_seed,
     }
+    statement = advert_statement(
+        session, t, participants, threshold, hidden, ctx.silo_id, channel_pub, mask_pub
+    )
     return {
         "declined": False,
-        "channel_key": public_bytes(channel),
-        "mask_key": public_bytes(mask_key(mask_seed, session, t)),
+        "channel_key": channel_pub,
+        "mask_key": mask_pub,
+        "auth": sec.tags(statement, participants),
     }
 
 
@@ -114,9 +202,25 @@ def _share(ctx: SiloContext, payload: Payload, t: int) -> Payload:
     mem = _state(ctx, payload, t, "advertised")
     session, threshold = mem["session"], mem["threshold"]
     u1 = ids(payload, "u1")
-    _subset(ctx, u1, mem["participants"], threshold, "silos with keys")
+    # fewer than q silos left: the round cannot be unmasked; nothing more is computed
+    _subset(ctx, u1, mem["participants"], mem["quorum"], "silos with keys", "q")
     channels = key_table(field_bytes(payload, "channel_keys"), u1, "channel")
     masks = key_table(field_bytes(payload, "mask_keys"), u1, "mask")
+    # Every key must be its owner's: authenticated to this silo by the owner's long-term key
+    # over this session, round, participant list, t and mode (a relayed key is never trusted).
+    sec = _security(ctx)
+    others = [c for c in u1 if c != ctx.silo_id]
+    auth = field_bytes(payload, "auth", AUTH_BYTES * len(others))
+    for k, c in enumerate(others):
+        statement = advert_statement(
+            session, t, mem["participants"], threshold, mem["hidden"], c, channels[c], masks[c]
+        )
+        if not sec.check(c, statement, auth[k * AUTH_BYTES : (k + 1) * AUTH_BYTES]):
+            raise IntegrityError(
+                f"secure summation: the keys relayed for silo {c} are not authenticated by silo "
+                f"{c}'s long-term key for this session, round, participant list, t and mode; "
+                f"silo {ctx.silo_id} shares nothing"
+            )
     own = X25519PrivateKey.from_private_bytes(mem["channel_key"])
     if channels[ctx.silo_id] != public_bytes(own) or masks[ctx.silo_id] != public_bytes(
         mask_key(mem["mask_seed"], session, t)
@@ -210,10 +314,11 @@ def _contribution(
 
 
 def _upload(ctx: SiloContext, payload: Payload, t: int) -> Payload:
+    _check_mode(_security(ctx), payload, ctx.silo_id)
     mem = _state(ctx, payload, t, "shared")
     session, threshold = mem["session"], mem["threshold"]
     u2 = ids(payload, "u2")
-    _subset(ctx, u2, mem["u1"], threshold, "silos that shared their seeds")
+    _subset(ctx, u2, mem["u1"], mem["quorum"], "silos that shared their seeds", "q")
     _open_shares(ctx, mem, payload, u2, t)
     ring = FixedPointRing(int(payload["fractional_bits"]), int(payload["guard_bits"]))
     n_params = int(payload["num_params"])
@@ -266,9 +371,8 @@ def _encoding(ctx: SiloContext, payload: Payload, names: list[str]) -> ShareEnco
     return encoding
 
 
-def _unmask(ctx: SiloContext, payload: Payload, t: int) -> Payload:
-    mem = _state(ctx, payload, t, "uploaded")
-    threshold, u2 = mem["threshold"], mem["u2"]
+def _view(ctx: SiloContext, mem: dict[str, Any], payload: Payload) -> tuple[list[int], list[int]]:
+    """The survivor set of a request, checked against what this silo masked with."""
     survivors = ids(payload, "survivors")
     dropped = ids(payload, "dropped", nonempty=False)
     if set(survivors) & set(dropped):
@@ -276,12 +380,58 @@ def _unmask(ctx: SiloContext, payload: Payload, t: int) -> Payload:
             "secure summation: a silo listed both as a survivor and as dropped -- revealing both "
             "its self mask and its pairwise masks would reveal its update; refused"
         )
-    if sorted(survivors + dropped) != u2:
+    if sorted(survivors + dropped) != mem["u2"]:
         raise IntegrityError(
             "secure summation: survivors and dropped silos do not partition "
             "the silos this one masked with"
         )
-    _subset(ctx, survivors, u2, threshold, "survivors")
+    _subset(ctx, survivors, mem["u2"], mem["threshold"], "survivors")
+    return survivors, dropped
+
+
+def _consistency(ctx: SiloContext, payload: Payload, t: int) -> Payload:
+    """Confirm (once per round) the survivor set this silo is shown, to every other survivor."""
+    sec = _security(ctx)
+    mem = _state(ctx, payload, t, "uploaded")
+    survivors, dropped = _view(ctx, mem, payload)
+    if len(survivors) < mem["quorum"]:
+        raise IntegrityError(
+            f"secure summation: {len(survivors)} survivors < q = {mem['quorum']} (the "
+            "consistency quorum); this silo confirms nothing"
+        )
+    statement = view_statement(mem["session"], t, mem["participants"], survivors, dropped)
+    mem.update(stage="confirmed", view=(survivors, dropped))  # one set per round, ever
+    return {"confirm": sec.tags(statement, survivors)}
+
+
+def _unmask(ctx: SiloContext, payload: Payload, t: int) -> Payload:
+    sec = _security(ctx)
+    mem = _state(ctx, payload, t, "confirmed")
+    survivors, dropped = _view(ctx, mem, payload)
+    if (survivors, dropped) != tuple(mem["view"]):
+        raise IntegrityError(
+            "secure summation: the unmask request's survivor set is not the one this silo "
+            "confirmed; refused"
+        )
+    signers = ids(payload, "signers")
+    others = [c for c in signers if c != ctx.silo_id]
+    if not set(signers) <= set(survivors):
+        raise IntegrityError("secure summation: a confirmation from a silo that is no survivor")
+    blob = field_bytes(payload, "confirmations", AUTH_BYTES * len(others))
+    statement = view_statement(mem["session"], t, mem["participants"], survivors, dropped)
+    for k, c in enumerate(others):
+        if not sec.check(c, statement, blob[k * AUTH_BYTES : (k + 1) * AUTH_BYTES]):
+            raise IntegrityError(
+                f"secure summation: silo {c}'s confirmation of the survivor set does not verify "
+                f"(it confirmed another set, or the server forged it); silo {ctx.silo_id} "
+                "reveals nothing"
+            )
+    confirmed = len(others) + 1  # this silo confirmed the same set itself
+    if confirmed < mem["quorum"]:
+        raise IntegrityError(
+            f"secure summation: {confirmed} silo(s) confirmed the survivor set < q = "
+            f"{mem['quorum']}; silo {ctx.silo_id} reveals nothing"
+        )
     mem["stage"] = "unmasked"  # answered once: a second request (any lists) is refused
     held = mem.pop("held")
     reply = {
@@ -302,6 +452,8 @@ def silo_handler(stage: str, payload: Payload, round_index: int, ctx: SiloContex
         return _share(ctx, payload, t)
     if stage == "upload":
         return _upload(ctx, payload, t)
+    if stage == "consistency":
+        return _consistency(ctx, payload, t)
     if stage == "unmask":
         return _unmask(ctx, payload, t)
     raise ValueError(f"secure summation: unknown stage {stage!r}")

@@ -3,18 +3,24 @@
 One rule, used by every summation protocol and by every algorithm whose silos add only a share
 of the noise (ULDP-AVG/SGD, IDP-FedAvg ``variant: distributed``):
 
-    t(n) = max(secure.min_survivors, ⌈secure.threshold · n⌉)
+    t(n) = max(secure.min_survivors, ⌈r · n⌉, ⌊n/2⌋ + 1)
 
-where n is the number of silos *asked* in the round (before any dropout). A round's sum is
+where n is the number of silos *asked* in the round (before any dropout) and r is
+``secure.threshold`` as the exact rational of the decimal it is written as (0.55 is 11/20, the
+default 2/3 is 0.6666666666666666): integer arithmetic, no float rounding, and t > n/2 always
+(the last term), whatever the threshold. A round's sum is
 released only if at least t of them contributed; otherwise the round produces no aggregate (the
 round loop keeps the model). Consequences, stated in ``docs/secure_aggregation.md``:
 
 * **Dropout tolerance** n - t: up to that many silos may be lost at any stage of the round.
 * **Collusion bound** t - 1 (semi-honest server, Bonawitz et al. 2017 Thm. 6.3): the server
   together with up to t - 1 silos learns nothing about the other silos' inputs beyond their sum.
-  Because ``secure.threshold`` > 1/2, two disjoint survivor sets can never both reach t: the
-  server cannot obtain the self mask *and* the pairwise masks of one silo even if it tells
-  different silos different stories, as long as it colludes with fewer than 2t - n silos.
+  Against an **active** server -- one that tells different silos different survivor sets to
+  collect both the self mask and the pairwise-mask seed of one silo -- the threshold alone holds
+  only up to 2t - n - 1 colluders (with n = 3, t = 2: none); secure summation's consistency
+  round (:func:`~pdpfl.fl.aggregation.secure_identity.consistency_quorum`: q = ⌈(n + t)/2⌉
+  silos confirm one survivor set, authenticated, before any share is revealed) restores t - 1,
+  at the price of a dropout tolerance n - q.
 * **Noise shares** (item 2 of issue #22): a silo that adds only a share of the Gaussian noise
   sizes it σ²C²/t (variance), so that any released sum -- at least t shares -- carries variance
   ≥ σ²C², the noise the ledgers charge. With c colluding silos that subtract their own shares
@@ -34,6 +40,7 @@ less).
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 from typing import Any
 
 __all__ = [
@@ -46,6 +53,7 @@ __all__ = [
     "share_threshold",
     "summary_fields",
     "survivor_threshold",
+    "threshold_fraction",
     "threshold_of",
 ]
 
@@ -73,16 +81,22 @@ def check_threshold(threshold: float, min_survivors: int) -> None:
         )
 
 
+def threshold_fraction(threshold: float) -> Fraction:
+    """The threshold as an exact rational: the decimal its float is written as (the shortest
+    repr), so 0.55 is 11/20 and not the binary 0.55000000000000004440892098500626."""
+    return Fraction(repr(float(threshold)))
+
+
 def survivor_threshold(
     n: int, threshold: float = DEFAULT_THRESHOLD, min_survivors: int = DEFAULT_MIN_SURVIVORS
 ) -> int:
-    """t(n) = max(min_survivors, ⌈threshold · n⌉) (may exceed n: such a round is refused)."""
+    """t(n) = max(min_survivors, ⌈r·n⌉, ⌊n/2⌋ + 1), r = :func:`threshold_fraction`: exact
+    integer arithmetic, t > n/2 always (may exceed n: such a round is refused)."""
     check_threshold(threshold, min_survivors)
     n = int(n)
     if n < 0:
         raise ValueError(f"n: must be >= 0, got {n}")
-    # round() first: 2/3 · 3 must give 2, not ⌈2.0000000000000004⌉ = 3.
-    return max(int(min_survivors), math.ceil(round(float(threshold) * n, 9)))
+    return max(int(min_survivors), math.ceil(threshold_fraction(threshold) * n), n // 2 + 1)
 
 
 def threshold_of(config: Any, n: int) -> int:
@@ -183,17 +197,36 @@ def summary_fields(config: Any, num_silos: int | None = None) -> dict[str, Any]:
             "bound holds against third parties, who see only the models"
         ),
     }
-    if protocol != "plain":
-        out["collusion"] = (
-            "semi-honest server: the server and up to t - 1 silos learn nothing beyond the sum "
-            "of the other survivors' updates"
+    if protocol == "secure":
+        out["collusion"] = {
+            "semi_honest": "the server and up to t - 1 silos learn nothing beyond the sum of the "
+            "survivors' updates",
+            "active": "a server that deviates from the protocol (substitutes keys, tells silos "
+            "different survivor sets, changes t or the participation mode) and up to t - 1 "
+            "silos: the same -- each silo authenticates its keys and confirms the survivor set "
+            "it was shown to the others, and reveals shares only once q = ceil((n + t)/2) "
+            "silos confirmed that very set (the consistency round)",
+        }
+        out["consistency_rule"] = (
+            "a round's shares are revealed only after q = ceil((n + t)/2) of the n silos asked "
+            "confirmed one survivor set; a round that keeps fewer than q silos until then has "
+            "no aggregate"
         )
+    elif protocol != "plain":
+        out["collusion"] = {
+            "semi_honest": "no colluding silo: a silo that colludes with the server reveals "
+            "the users' record totals (Protocol 1 of ULDP-FL assumes none)",
+            "active": "not covered: this protocol assumes a semi-honest server",
+        }
     if isinstance(num_silos, int) and num_silos >= 1:
         t = survivor_threshold(num_silos, threshold, floor)
-        out["all_silos"] = {
-            "n": num_silos,
-            "t": t,
-            "dropout_tolerance": max(0, num_silos - t),
-            "collusion_bound": t - 1 if protocol != "plain" else 0,
-        }
+        row: dict[str, Any] = {"n": num_silos, "t": t}
+        if protocol == "secure" and t <= num_silos:
+            q = (num_silos + t + 1) // 2  # secure_identity.consistency_quorum
+            row.update(quorum=q, dropout_tolerance=num_silos - q)
+            row["collusion_bound"] = {"semi_honest": t - 1, "active": t - 1}
+        else:
+            row["dropout_tolerance"] = max(0, num_silos - t)
+            row["collusion_bound"] = {"semi_honest": 0, "active": 0}
+        out["all_silos"] = row
     return out

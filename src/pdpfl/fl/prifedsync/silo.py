@@ -33,7 +33,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from pdpfl.fl.api import Contribution, Params, Scalars
 from pdpfl.fl.common import checked_noise
@@ -47,10 +46,12 @@ from pdpfl.fl.prifedsync.mechanism import (
 )
 from pdpfl.fl.template import RoundPlan, Silo
 from pdpfl.ledger import PrivacyLedger, PrivacySummary
-from pdpfl.randomness import Randomness
 
 if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
     from pdpfl.dp.extra_rows import ExtraRows
+    from pdpfl.randomness import Randomness
 
 __all__ = ["NO_TARGET", "PriFedSyncClient", "PriFedSyncSilo"]
 
@@ -59,6 +60,8 @@ NO_TARGET = "no target"
 
 
 def _as_tensors(x: np.ndarray, y: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    import torch  # here: parsing a config never imports torch
+
     return (
         torch.as_tensor(np.asarray(x, dtype=np.float32)),
         torch.as_tensor(np.asarray(y, dtype=np.int64)),
@@ -270,6 +273,8 @@ class PriFedSyncSilo(Silo):
         return Contribution(update=[p.astype(np.float32) for p in self.local], weight=1.0)
 
     def _train(self, round_index: int) -> None:
+        import torch
+
         from pdpfl.dp.engine import PersonalizedDPSGD, train_steps
         from pdpfl.dp.steps import wor_sample
         from pdpfl.models import get_params, set_params
@@ -353,6 +358,8 @@ class PriFedSyncSilo(Silo):
 
     # -- resume ------------------------------------------------------------------------------
     def extra_state(self) -> dict[str, Any]:
+        import torch
+
         opt_state = {
             int(k): {
                 name: (v.detach().clone() if torch.is_tensor(v) else v) for name, v in entry.items()
@@ -366,6 +373,8 @@ class PriFedSyncSilo(Silo):
         }
 
     def load_extra_state(self, state: dict[str, Any]) -> None:
+        import torch
+
         if not state:
             raise ValueError(f"client {self.client_id}: state holds no local model")
         local = [np.asarray(p, dtype=np.float32).copy() for p in state["local"]]

@@ -28,7 +28,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
-import torch
 from pydantic import Field
 
 from pdpfl.config import METHODS, ExperimentConfig, MethodSpec, PrivacyUnitName, with_updates
@@ -57,6 +56,8 @@ from pdpfl.ledger.summary import OBSERVERS
 from pdpfl.privacy.noise import GaussianNoise, check_charged
 
 if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
     from pdpfl.data.federation import ClientData
     from pdpfl.randomness import Randomness
 
@@ -280,6 +281,8 @@ class FilterSilo(Silo):
         weight_decay: float = 0.0,
         physical_batch_size: int = 512,
     ) -> None:
+        import torch
+
         from pdpfl.dp.filter import FilterState, best_filter_orders
         from pdpfl.dp.steps import check_normalizer
 

@@ -8,12 +8,14 @@ w_i = n_i when the silo sizes are declared public (``data.public_silo_sizes``).
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
 from pdpfl.fl.api import Aggregate, Params, Scalars
-from pdpfl.randomness import Randomness
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pdpfl.randomness import Randomness
 
 __all__ = ["FedAvgServer"]
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from pdpfl.fl.api import Contribution, Params, Scalars
 from pdpfl.fl.common import checked_noise
@@ -30,15 +29,19 @@ from pdpfl.fl.rpdp.mechanism import DpFedAvgSetup
 from pdpfl.fl.template import RoundPlan, Silo
 from pdpfl.ledger import PrivacyLedger, PrivacySummary, nonprivate_summary
 from pdpfl.privacy.noise import GaussianNoise
-from pdpfl.randomness import Randomness
 
 if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
     from pdpfl.dp.extra_rows import ExtraRows
+    from pdpfl.randomness import Randomness
 
 __all__ = ["DpFedAvgClient", "DpFedAvgSilo"]
 
 
 def _as_tensors(x: np.ndarray, y: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    import torch  # here: parsing a config never imports torch
+
     return (
         torch.as_tensor(np.asarray(x, dtype=np.float32)),
         torch.as_tensor(np.asarray(y, dtype=np.int64)),
@@ -213,6 +216,8 @@ class DpFedAvgSilo(Silo):
     # -- the mechanism ---------------------------------------------------------------------
     def step(self, global_params: Params, plan: RoundPlan) -> Contribution:
         """τ DP-SGD steps at the active records' rates; release weight · Δx (line 16)."""
+        import torch
+
         from pdpfl.dp.engine import make_optimizer, train_steps
         from pdpfl.models import get_params, set_params
 

@@ -197,7 +197,7 @@ class UldpConfig(Algorithm):
                 f"algorithm.subsampling: private is for uldp-avg / uldp-sgd, not {self.name!r}"
             )
         if not self.private:
-            return problems
+            return problems + self.variant_problems(config)
         problems += noise_source_problems(config, "σ such that the planned user-level ε is ε_max")
         what = f"{self.name} (a user)"
         if isinstance(self, UserLevelConfig) and self.discrete_shares(config):

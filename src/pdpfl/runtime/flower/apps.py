@@ -311,7 +311,11 @@ def _stage(msg: Message, context: Context) -> Message:
     try:
         with silo.threads():
             out = handle_silo_stage(
-                protocol, name, payload, round_index, SiloContext(client, silo.silo, silo.memory)
+                protocol,
+                name,
+                payload,
+                round_index,
+                SiloContext(client, silo.silo, silo.memory, silo.security()),
             )
     except TrainingDiverged as err:  # a stage that trains: nothing was released
         return _diverged(

@@ -35,6 +35,11 @@ BUDGET_STORE = "budget-store"
 #: Node-config key: the silo lets a run re-spend its data (``lifetime.allow_respend`` of the
 #: run is honoured only then; a silo's budgets are never re-spent on the server's word alone).
 ALLOW_RESPEND = "allow-respend"
+#: Node-config key: the other silos' public keys (a folder of ``silo-<i>.pub`` files or one
+#: JSON list), given to the silo out of band; secure summation authenticates every key and
+#: survivor set with them (:mod:`pdpfl.fl.aggregation.secure_identity`). The silo's own private
+#: identity stays in its state folder (``<state-dir>/identity/silo-<i>.key``).
+PEER_KEYS = "peer-keys"
 
 
 def silo_store_root(node_config: Mapping[str, Any]) -> Path | None:

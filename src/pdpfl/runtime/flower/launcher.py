@@ -42,6 +42,7 @@ from pdpfl.runtime.flower.hooks import (
     HOOKS_KEY,
     NUM_PARTITIONS,
     PARTITION_ID,
+    PEER_KEYS,
     STATE_DIR,
     load_hooks,
 )
@@ -210,12 +211,19 @@ def silo_node_configs(
             BUDGET_STORE: str(options.root.resolve()),
             ALLOW_RESPEND: bool(options.allow_respend),
         }
+    # On loopback the operator sets up every silo's long-term identity in its state folder and
+    # hands each silo the others' public keys (out of band: a file, never through the server).
+    from pdpfl.runtime.identities import provision_silos
+
+    keys = flower_dir.parent / "keys"
+    provision_silos({i: flower_dir / f"silo-{i}" for i in range(num_silos)}, keys)
     node_configs = []
     for i in range(num_silos):
         node_config: dict[str, Any] = {
             PARTITION_ID: i,
             NUM_PARTITIONS: num_silos,
             STATE_DIR: str(flower_dir / f"silo-{i}"),
+            PEER_KEYS: str(keys),
         }
         if data_dirs and i in data_dirs:
             node_config[DATA_DIR] = str(Path(data_dirs[i]).resolve())
@@ -478,14 +486,17 @@ def _operator_summary(
 def _collect_ledgers(flower_dir: Path, out: Path, run_key: str, num_silos: int) -> None:
     """Copy each (local) silo's ledger to ``out/ledgers/client_i.npz`` like the simulator:
     verified with the silo's key (it is sealed by the silo), sealed again with the operator's
-    (on loopback one operator holds every silo's key)."""
-    from pdpfl.ledger import load_ledger, save_ledger
+    (on loopback one operator holds every silo's key) under the coordinator's run id and round,
+    and added to the run's ledger manifest (:func:`pdpfl.ledger.runfolder.seal_ledgers`)."""
+    from pdpfl.checkpoint import run_identity
+    from pdpfl.ledger import load_ledger
+    from pdpfl.ledger.runfolder import seal_ledgers
 
+    found = {}
     for i in range(num_silos):
         src = flower_dir / f"silo-{i}" / f"run-{run_key}" / f"ledger-silo-{i}.npz"
         if src.exists():
-            (out / "ledgers").mkdir(parents=True, exist_ok=True)
-            ledger = load_ledger(src, party=f"silo-{i}")
-            save_ledger(
-                ledger, out / "ledgers" / f"client_{i}.npz", identity=f"flower-run-{run_key}"
-            )
+            found[f"client_{i}"] = load_ledger(src, party=f"silo-{i}")
+    ident = run_identity(out)
+    if found and ident is not None:
+        seal_ledgers(out / "ledgers", found, ident[0], ident[1], add=True)

@@ -72,7 +72,14 @@ import numpy as np
 
 from pdpfl.fl.aggregation import PUBLIC_MEMORY, holds_secrets
 from pdpfl.fl.api import ClientAlgorithm, PrivacyBoundaryError
-from pdpfl.integrity import IntegrityError, check_progress, record_progress, seal, unseal
+from pdpfl.integrity import (
+    IntegrityError,
+    check_progress,
+    mark_id,
+    record_progress,
+    seal,
+    unseal,
+)
 from pdpfl.io import decode_state, encode_state, write_bytes, write_json
 from pdpfl.runtime.flower.codec import decode_config
 from pdpfl.runtime.flower.hooks import (
@@ -183,6 +190,8 @@ class Silo:
     generation: int = 0
     #: The budget store this silo holds open (locked) for the run (:mod:`pdpfl.fl.lifetime`).
     lifetime: Any = None
+    #: The silo's own side of secure summation (built on first use, :meth:`security`).
+    _security: Any = None
 
     @property
     def state_path(self) -> Path:
@@ -248,7 +257,7 @@ class Silo:
     @property
     def mark_id(self) -> str:
         """The silo's high-water mark name (alphanumeric, per run and silo)."""
-        return hashlib.sha256(self.identity.encode()).hexdigest()[:32]
+        return mark_id(self.identity)
 
     def _seal(self, payload: bytes, purpose: str) -> bytes:
         return seal(
@@ -336,6 +345,31 @@ class Silo:
         for warning in self.lifetime.warnings:
             with (self.folder / f"lifetime-silo-{self.silo}.log").open("a") as fh:
                 fh.write(warning + "\n")
+
+    def security(self) -> Any:
+        """The silo's side of secure summation: its long-term identity (in its state folder,
+        created on first use), the peers' public keys from the ``peer-keys`` file it was given
+        out of band, and its own configuration's settings; None without ``peer-keys`` (secure
+        summation then refuses to run at this silo)."""
+        if self._security is not None:
+            return self._security
+        from pdpfl.crypto.signing import load_identity, read_public_keys
+        from pdpfl.fl.aggregation.secure_identity import security_from_config, silo_party
+        from pdpfl.ledger.receipts import silo_identity_path
+        from pdpfl.runtime.flower.hooks import PEER_KEYS
+
+        source = self.node_config.get(PEER_KEYS)
+        if not source:
+            return None
+        root = Path(str(self.node_config.get(STATE_DIR) or self.folder.parent)).expanduser()
+        identity = load_identity(silo_party(self.silo), silo_identity_path(root, self.silo))
+        peers = {
+            int(name[len("silo-") :]): key
+            for name, key in read_public_keys(Path(str(source)).expanduser()).items()
+            if name.startswith("silo-") and name[len("silo-") :].isdigit()
+        }
+        self._security = security_from_config(self.config, self.silo, identity, peers)
+        return self._security
 
     def close(self) -> None:
         """Release the silo's budget store (its files stay)."""
