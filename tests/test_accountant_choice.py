@@ -102,14 +102,18 @@ ACCEPTS: dict[tuple[str, tuple[str, ...]], set[str]] = {
     ("centralized", ()): {"rdp", "pld", "toy"},
     ("centralized-filter", ()): {"rdp"},  # a Rényi filter: no event
     ("idp-fedavg", ()): {"rdp", "pld", "toy"},  # a Poisson-sampled Gaussian per round
-    ("idp-fedavg", ("algorithm.variant=distributed", "aggregation=secure")): {
-        "rdp",
-        "pld",
-        "toy",
-    },
+    # discrete noise shares (the default): the distributed discrete Gaussian, rdp only
+    ("idp-fedavg", ("algorithm.variant=distributed", "aggregation=secure")): {"rdp"},
+    (
+        "idp-fedavg",
+        ("algorithm.variant=distributed", "aggregation=secure", "privacy.noise_shares=continuous"),
+    ): {"rdp", "pld", "toy"},
     ("uldp-naive", ()): {"rdp", "pld", "toy"},
-    ("uldp-avg", ()): {"rdp", "pld", "toy"},
-    ("uldp-sgd", ()): {"rdp", "pld", "toy"},
+    # discrete noise shares (the default): the distributed discrete Gaussian, rdp only
+    ("uldp-avg", ()): {"rdp"},
+    ("uldp-sgd", ()): {"rdp"},
+    ("uldp-avg", ("privacy.noise_shares=continuous",)): {"rdp", "pld", "toy"},
+    ("uldp-sgd", ("privacy.noise_shares=continuous",)): {"rdp", "pld", "toy"},
     ("uldp-group", ()): {"rdp"},  # group privacy (Lemma 8/9)
     ("prifedsync", ()): {"rdp"},  # batches without replacement (Theorem 9)
     ("prifedsync", ("algorithm.sampler=poisson",)): {"rdp", "pld", "toy"},
@@ -191,7 +195,9 @@ def test_the_ledgers_and_calibrations_use_the_configured_accountant(toy: str) ->
     )
     assert ledger.spent_epsilon("third-party")[0] == pytest.approx(expected[0], rel=1e-12)
     # ULDP-AVG: the user ledger and the planned budgets under PLD
-    server, _, config = _build_quiet(_config("uldp-avg", "pld"))
+    server, _, config = _build_quiet(
+        _config("uldp-avg", "pld", ("privacy.noise_shares=continuous",))
+    )
     assert server.ledger.accountant == "pld"
     planned = server.plan.planned_epsilon(np.ones(1), "third-party", accountant="pld")
     assert server.ledger.budgets[0] == pytest.approx(planned[0], rel=1e-12)

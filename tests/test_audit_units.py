@@ -39,7 +39,8 @@ IDP_CLAIM = [
     "algorithm.clipping=fixed",
 ]
 #: ULDP at ε = 1 over 5 rounds (q = 1).
-ULDP = ["privacy.epsilon_max=1.0", "training.rounds=5"]
+#: (canary users ride on continuous noise shares; discrete shares are refused by the audit)
+ULDP = ["privacy.epsilon_max=1.0", "training.rounds=5", "privacy.noise_shares=continuous"]
 #: PriFedSync, every client at target ε = 1, 4 rounds of 20 steps on batches of 50.
 PRIFEDSYNC = [
     "algorithm.target_epsilon=[1.0,1.0,1.0]",
@@ -94,7 +95,13 @@ def _caught(record: dict[str, Any], observer: str) -> None:
     [
         (["randomness=reproducible"], ("third-party",)),
         (
-            ["randomness=secure", "algorithm.variant=distributed", "aggregation=secure"],
+            # canary clients ride on float shares (discrete shares refuse an audit)
+            [
+                "randomness=secure",
+                "algorithm.variant=distributed",
+                "aggregation=secure",
+                "privacy.noise_shares=continuous",
+            ],
             ("third-party", "server"),
         ),
     ],

@@ -82,9 +82,10 @@ def _same_model(out: Path, params) -> None:
 
 
 def test_uldp_silos_killed_mid_run_leave_t_shares_or_no_aggregate(tmp_path: Path) -> None:
-    """ULDP-AVG, 4 silos, t = 3, plain summation. Silo 3's SuperNode is killed once round 0 is
-    evaluated (round 1 then sums 3 shares: σ²C² in full); silo 2's once round 1 is (round 2
-    has 2 < t contributions: no aggregate, the model is kept)."""
+    """ULDP-AVG, 4 silos, t = 3, plain summation, discrete shares (the default). Silo 3's
+    SuperNode is killed once round 0 is evaluated (round 1 then sums 3 shares: σ²C² in full);
+    silo 2's once round 1 is (round 2 has 2 < t contributions: no aggregate, the model is
+    kept)."""
     from pdpfl.privacy.uldp import user_epsilon
     from pdpfl.runtime.flower import run_flower
 
@@ -108,9 +109,12 @@ def test_uldp_silos_killed_mid_run_leave_t_shares_or_no_aggregate(tmp_path: Path
     replay = _replayed(config, events)
     assert [m["contributions"] for m in replay["metrics"]] == [4, 3, 0]
     _same_model(out, replay["params"])
-    # every round charged (write-ahead) at the floor σ: the third party's ε of 3 full rounds
-    eps = json.loads((out / "summary.json").read_text())["eps_spent_max"]["third_party"]
-    assert eps == pytest.approx(user_epsilon(sigma, delta, 3), rel=1e-6)
+    # every round charged (write-ahead) at the floor σ: the third party's ε of 3 full rounds,
+    # of the distributed discrete Gaussian (discrete shares, the default: integers on the wire)
+    summary_json = json.loads((out / "summary.json").read_text())
+    assert summary_json["aggregation"]["discrete_shares"]["container"] == "uint32"
+    eps = summary_json["eps_spent_max"]["third_party"]
+    assert user_epsilon(sigma, delta, 3) * (1 - 1e-9) <= eps <= user_epsilon(sigma, delta, 3) * 1.01
     assert eps == pytest.approx(replay["privacy"].spent_max("third-party"), rel=1e-9)
     assert not drill.alive()
 
@@ -119,7 +123,8 @@ def test_an_idp_client_killed_after_the_seeds_are_shared_leaves_t_shares(
     tmp_path: Path,
 ) -> None:
     """IDP-FedAvg distributed, 5 clients, t = 3 (``secure.threshold: 0.6``), consistency quorum
-    q = 4, secure summation: client 4's SuperNode is killed in round 0 once the mask seeds are
+    q = 4, secure summation, discrete shares (the default: uint32 shares masked modulo 2^b):
+    client 4's SuperNode is killed in round 0 once the mask seeds are
     shared. Round 0 is unmasked over the 4 survivors (each noise share σ_v²C²/3: at least
     σ_v²C² from any t of them), round 1 likewise."""
     from pdpfl.runtime.flower import run_flower

@@ -45,10 +45,25 @@ from pdpfl.testing import _build, toy_config
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "pdpfl"
 #: The one module that draws DP noise, and the module that turns key streams into normals.
-ADDER = {"dp/noise.py", "randomness.py"}
+#: (discrete_noise.py: the exact discrete Gaussian sampler itself, called only by the adder)
+ADDER = {"dp/noise.py", "randomness.py", "discrete_noise.py"}
 #: Normals that are not DP noise: simulated users' budget choices (data, not a mechanism).
-ALLOWED = {("budgets/scenarios.py", "normal")}
-DRAWS = {"normal", "normals", "normal_", "randn", "randn_like", "standard_normal", "gauss"}
+ALLOWED = {
+    ("budgets/scenarios.py", "normal"),
+    # an ideal audit's simulated observations (the ceiling of a canary audit), not DP noise
+    ("audit/ceiling.py", "standard_normal"),
+}
+DRAWS = {
+    "normal",
+    "normals",
+    "normal_",
+    "randn",
+    "randn_like",
+    "standard_normal",
+    "gauss",
+    "sample_discrete_gaussian",
+    "sample_discrete_gaussian_exact",
+}
 
 
 def draw_sites(source: str) -> list[tuple[int, str]]:
@@ -248,8 +263,8 @@ def test_idp_fedavg_value_and_count_noise_compose_to_the_charged_sigma(
     draws: list[tuple[Any, float]], variant: str
 ) -> None:
     extra = ["algorithm.method=strict", f"algorithm.variant={variant}"]
-    if variant == "distributed":
-        extra.append("aggregation=secure")
+    if variant == "distributed":  # float shares (discrete: tests/test_discrete_shares.py)
+        extra += ["aggregation=secure", "privacy.noise_shares=continuous"]
     server, clients, _ = _round("idp-fedavg", extra)
     setup = server.setup
     t = setup.shares
@@ -289,7 +304,9 @@ def test_idp_fedavg_value_and_count_noise_compose_to_the_charged_sigma(
 def test_uldp_silos_add_what_the_user_ledger_charges(
     draws: list[tuple[Any, float]], name: str
 ) -> None:
-    server, clients, config = _round(name)
+    # float shares (discrete shares: tests/test_discrete_shares.py)
+    extra = ["privacy.noise_shares=continuous"] if name == "uldp-avg" else None
+    server, clients, config = _round(name, extra)
     c = config.training.max_grad_norm
     silo = clients[0]
     plan = server.ledger.mechanism

@@ -43,6 +43,7 @@ from pdpfl.fl.algorithm import build_federation_algorithms
 from pdpfl.fl.idp_fedavg import DistributedIdpSilo
 from pdpfl.fl.uldp import UserLevelSilo
 from pdpfl.privacy.uldp import user_epsilon
+from pdpfl.privacy.uldp_discrete import DiscreteUserLevelPlan
 from pdpfl.runtime.loop import run_federation
 from pdpfl.runtime.simulation import InProcessTransport, load_federation_for
 
@@ -61,6 +62,10 @@ ULDP = {
     "privacy": {"noise_multiplier": SIGMA, "delta": DELTA},
     "training": {"rounds": 3, "local_steps": 1, "lr": 0.3, "batch_size": 8, "max_grad_norm": CLIP},
 }
+
+#: The continuous option's arithmetic (σ²C²/t float shares); discrete shares, the default, are
+#: sized by their integer encoding (tests/test_discrete_shares.py) and run the fault tests below.
+ULDP_CONTINUOUS = {**ULDP, "privacy": {**ULDP["privacy"], "noise_shares": "continuous"}}
 
 IDP = {
     "name": "idp-shares",
@@ -83,6 +88,9 @@ IDP = {
     "privacy": {"delta": 1e-3},
     "training": {"rounds": 3, "local_steps": 1, "optimizer": "sgd", "lr": 0.5},
 }
+
+
+IDP_CONTINUOUS = {**IDP, "privacy": {**IDP["privacy"], "noise_shares": "continuous"}}
 
 
 def _build(base: dict, *overrides: str) -> tuple[Any, Any, dict[int, Any]]:
@@ -167,7 +175,7 @@ def test_plain_summation_refuses_fewer_shares_than_they_were_sized_for(n: int) -
 
 def test_every_admissible_set_of_uldp_survivors_carries_the_accounted_noise() -> None:
     """|S| = 4, t = 3: any 3 or 4 shares sum to ≥ σ²C²; the old σ²C²/|S| shares did not."""
-    config, server, clients = _build(ULDP)
+    config, server, clients = _build(ULDP_CONTINUOUS)
     n, t = len(clients), server.setup.survivors
     assert t == share_threshold(config, n) == 3
     variance = {c: s.share_std({}) ** 2 for c, s in clients.items()}
@@ -185,7 +193,9 @@ def test_every_admissible_set_of_uldp_survivors_carries_the_accounted_noise() ->
     # σ of the issue's measurement: |S| = 4, σ = 5, one silo lost → 4.33 (4.27 measured)
     assert 5 * math.sqrt(3 / 4) == pytest.approx(4.33, abs=0.01)
     # the server observer: public enhanced weights leave it σ/√t, not σ/√|S|
-    _, enhanced, _ = _build(ULDP, "algorithm.weights=enhanced", "data.public_user_histograms=true")
+    _, enhanced, _ = _build(
+        ULDP_CONTINUOUS, "algorithm.weights=enhanced", "data.public_user_histograms=true"
+    )
     assert enhanced.observer_noise["server"] == pytest.approx(SIGMA / math.sqrt(t))
 
 
@@ -255,7 +265,7 @@ def test_an_idp_round_that_lost_clients_releases_at_least_the_accounted_noise(
     the old σ_v²C²/N shares gave 4/6 of it."""
     monkeypatch.setattr(DistributedIdpSilo, "coin", lambda self, round_index: False)
     rounds = 4
-    config, server, clients = _build(IDP, f"rounds={rounds}", "algorithm.clipping=fixed")
+    config, server, clients = _build(IDP_CONTINUOUS, f"rounds={rounds}", "algorithm.clipping=fixed")
     transport = Losing(clients, {r: {r % 6, (r + 3) % 6} for r in range(rounds)})
     params = server.initial_params()
     sums = []
@@ -282,7 +292,7 @@ def test_the_ledgers_charge_the_noise_floor_never_less_than_a_dropout_round_rele
     """Three rounds, one silo of four lost in each: the user ledger's ε is that of σ (the
     floor any released sum holds); the noise really released (3 shares of σ²C²/3) has ε no
     larger. With the published σ²C²/|S| shares the release had σ√(3/4): ε above the ledger's."""
-    config, server, clients = _build(ULDP)
+    config, server, clients = _build(ULDP_CONTINUOUS)
     transport = Losing(clients, {0: {3}, 1: {0}, 2: {2}})
     result = run_federation(config, server, transport, tmp_path, progress=False)
     assert [m["contributions"] for m in result["metrics"]] == [3, 3, 3]
@@ -299,7 +309,7 @@ def test_the_ledgers_charge_the_noise_floor_never_less_than_a_dropout_round_rele
 def test_each_idp_client_ledger_charges_the_noise_floor(tmp_path: Path) -> None:
     """The clients' own ledgers charge σ (their group's multiplier); a round with 4 of 6
     clients released value noise σ_v·C·√(4/t) ≥ σ_v·C and count noise ≥ σ_b."""
-    config, server, clients = _build(IDP)
+    config, server, clients = _build(IDP_CONTINUOUS)
     transport = Losing(clients, {0: {0, 1}, 1: {2, 3}, 2: {4, 5}})
     result = run_federation(config, server, transport, tmp_path, progress=False)
     assert [m["contributions"] for m in result["metrics"]] == [4, 4, 4]
@@ -347,17 +357,21 @@ def _watch_aggregates(server) -> list[tuple[int, int, list, list]]:
     return seen
 
 
+@pytest.mark.parametrize("shares", ["continuous", "discrete"])
 @pytest.mark.parametrize("aggregation", ["plain", "secure"])
 def test_a_uldp_silo_dying_mid_round_leaves_t_shares_or_no_aggregate(
-    aggregation: str, tmp_path: Path, monkeypatch
+    aggregation: str, shares: str, tmp_path: Path, monkeypatch
 ) -> None:
     """Four silos (t = 3). Round 1: silo 3 dies after its charge -- 3 shares are released, at
     full noise (plain summation; secure summation's consistency round needs q = ⌈(4 + 3)/2⌉ = 4
     silos, so the round has no aggregate there). Round 2: silos 2 and 3 die -- fewer than t: no
     aggregate, the model is kept. Under secure summation the dying silos never upload (the
-    protocol's own dropout path)."""
+    protocol's own dropout path). Both kinds of shares: float Gaussian, and exact discrete Gaussian
+    in Z_{2^b}."""
     _crash_in({1: {3}, 2: {2, 3}}, UserLevelSilo, "step", monkeypatch)
-    config, server, clients = _build(ULDP, f"aggregation={aggregation}")
+    config, server, clients = _build(
+        ULDP, f"aggregation={aggregation}", f"privacy.noise_shares={shares}"
+    )
     transport = Losing(clients)
     if aggregation == "secure":
         crash = {1: {3}, 2: {2, 3}}
@@ -386,18 +400,26 @@ def test_a_uldp_silo_dying_mid_round_leaves_t_shares_or_no_aggregate(
             for a, b in zip(before, after, strict=True):
                 np.testing.assert_array_equal(a, b)
     # the server's ledger charged all three rounds (write-ahead), at the noise floor σ
-    assert result["privacy"].spent_max("third-party") == pytest.approx(
-        user_epsilon(SIGMA, DELTA, 3), rel=1e-9
-    )
+    spent = result["privacy"].spent_max("third-party")
+    if shares == "continuous":
+        assert spent == pytest.approx(user_epsilon(SIGMA, DELTA, 3), rel=1e-9)
+    else:  # the distributed discrete Gaussian of t shares, never less than σ of noise
+        assert isinstance(server.plan, DiscreteUserLevelPlan)
+        assert server.plan.noise_multiplier >= SIGMA * (1 - 1e-12)
+        planned = server.plan.planned_epsilon(np.array([1.0]), "third-party")[0]
+        assert spent == pytest.approx(planned, rel=1e-9)
+        assert spent >= user_epsilon(SIGMA, DELTA, 3) * (1 - 1e-9)
 
 
+@pytest.mark.parametrize("shares", ["continuous", "discrete"])
 def test_an_idp_client_dying_mid_round_leaves_t_shares_or_no_aggregate(
-    tmp_path: Path, monkeypatch
+    shares: str, tmp_path: Path, monkeypatch
 ) -> None:
     """Six clients (t = 4). Round 1: two die (4 released); round 2: three die (3 < t: no
     aggregate -- the model and the clip norm C_t are kept)."""
     _crash_in({1: {0, 5}, 2: {1, 2, 3}}, DistributedIdpSilo, "release_update", monkeypatch)
-    config, server, clients = _build(IDP)
+    config, server, clients = _build(IDP, f"privacy.noise_shares={shares}")
+    assert (server.share_encoding is not None) == (shares == "discrete")
     seen = _watch_aggregates(server)
     result = run_federation(config, server, Losing(clients), tmp_path, progress=False)
     assert [m["contributions"] for m in result["metrics"]] == [6, 4, 0]

@@ -46,7 +46,9 @@ BASE = {
         "subsampling": "private",
         "ot_items": 4,
     },
-    "privacy": {"noise_multiplier": 2.0, "delta": 1e-5},
+    # float shares: the private weighting protocol's own encoding, compared with the public
+    # enhanced weights in the clear (which would otherwise use discrete shares)
+    "privacy": {"noise_multiplier": 2.0, "delta": 1e-5, "noise_shares": "continuous"},
     "training": {"rounds": 3, "local_steps": 1, "lr": 0.3, "batch_size": 8, "max_grad_norm": 1.0},
 }
 

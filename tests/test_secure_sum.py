@@ -18,6 +18,8 @@ from hypothesis import strategies as st
 from pdpfl.config import ConfigError, config_from_dict
 from pdpfl.crypto import IntegrityError, RingOverflowError, shamir
 from pdpfl.crypto.fixedpoint import FixedPointRing
+from pdpfl.dp.discrete_encoding import encode_share
+from pdpfl.dp.discrete_params import discrete_share_params
 from pdpfl.fl.aggregation import (
     SURVIVORS_KEY,
     PlainSum,
@@ -27,11 +29,13 @@ from pdpfl.fl.aggregation import (
     summary_fields,
     survivor_threshold,
 )
+from pdpfl.fl.aggregation.discrete_shares import ShareEncoding, rotation_seed
 from pdpfl.fl.aggregation.secure import SecureSum, silo_handler
 from pdpfl.fl.aggregation.secure_common import mask_key, pair_mask
 from pdpfl.fl.aggregation.secure_identity import ephemeral_security
 from pdpfl.fl.algorithm import build_federation_algorithms
 from pdpfl.fl.api import Contribution
+from pdpfl.randomness import SecureRandomness
 from pdpfl.runtime.loop import run_federation
 from pdpfl.runtime.simulation import InProcessTransport, load_federation_for
 from secagg_attacks import RecordingDropTransport, attempt_difference, legacy_abort_and_retry
@@ -60,7 +64,8 @@ TINY = {
 
 
 class ScriptedClient:
-    """A silo whose round-t update is a fixed pseudo-random vector (and a scripted λ-coin)."""
+    """A silo whose round-t update is a fixed pseudo-random vector (and a scripted λ-coin);
+    with a ``share_encoding`` it releases that vector as a discrete share (tiny noise)."""
 
     def __init__(
         self,
@@ -68,11 +73,13 @@ class ScriptedClient:
         shapes: list[tuple[int, ...]],
         coins: dict[int, bool] | None = None,
         scale: float = 1.0,
+        share_encoding: ShareEncoding | None = None,
     ) -> None:
         self.client_id = cid
         self.shapes = shapes
         self.coins = coins or {}
         self.scale = scale
+        self.share_encoding = share_encoding
         self.fits: list[int] = []
         self.configs: list[dict[str, Any]] = []
 
@@ -86,7 +93,13 @@ class ScriptedClient:
     def fit(self, params, round_index, config):
         self.fits.append(int(round_index))
         self.configs.append(dict(config))
-        return Contribution(update=self.update(int(round_index)), weight=1.0)
+        t = int(round_index)
+        enc = self.share_encoding
+        if enc is not None:  # rotate, scale, round, + an exact discrete Gaussian share, mod 2^b
+            stream = SecureRandomness().stream("noise-share", t, self.client_id)
+            share = encode_share(self.flat(t), enc.params, stream, rotation_seed(t))
+            return Contribution(update=[share], weight=1.0)
+        return Contribution(update=self.update(t), weight=1.0)
 
     def participation_coin(self, round_index: int) -> bool:
         return self.coins.get(int(round_index), True)
@@ -111,13 +124,29 @@ class Server:
     public_metrics: frozenset[str] = frozenset()
     needs_individual_updates = False
 
+    def __init__(self, share_encoding: ShareEncoding | None = None) -> None:
+        self.share_encoding = share_encoding
+
 
 SHAPES = [(3, 4), (5,)]
 PARAMS = [np.zeros(s, dtype=np.float32) for s in SHAPES]
+#: The fault matrix runs with float updates and with discrete shares (issue #33).
+SHARES = pytest.mark.parametrize("shares", ["continuous", "discrete"])
 
 
-def _clients(n: int, **kw: Any) -> dict[int, ScriptedClient]:
-    return {c: ScriptedClient(c, SHAPES, **kw) for c in range(n)}
+def _encoding(shares: str) -> ShareEncoding | None:
+    """Discrete shares of the scripted updates (norm < 10), noise σ = 10^-6 (t ≥ 2 silos)."""
+    if shares == "continuous":
+        return None
+    params = discrete_share_params(
+        clip=10.0, noise_multiplier=1e-6, silos=8, survivors=2, dimension=17, bits=32
+    )
+    return ShareEncoding(params, 17)
+
+
+def _clients(n: int, shares: str = "continuous", **kw: Any) -> dict[int, ScriptedClient]:
+    enc = _encoding(shares)
+    return {c: ScriptedClient(c, SHAPES, share_encoding=enc, **kw) for c in range(n)}
 
 
 def _plain_total(clients, ids, t) -> list[np.ndarray]:
@@ -127,7 +156,7 @@ def _plain_total(clients, ids, t) -> list[np.ndarray]:
     ]
 
 
-def _close(agg, clients, ids, t, tol=1e-5) -> bool:
+def _close(agg, clients, ids, t, tol=1e-4) -> bool:
     return all(
         np.all(np.abs(a - b) <= tol)
         for a, b in zip(agg.total, _plain_total(clients, ids, t), strict=True)
@@ -227,13 +256,14 @@ def test_heart_example_secure_equals_plain(tmp_path: Path, shared_data_dir: Path
 STAGES = ["advertise", "share", "upload", "consistency", "unmask"]
 
 
+@SHARES
 @pytest.mark.parametrize("stage", ["advertise", "share", "upload"])
-def test_a_silo_lost_at_any_stage_is_left_out_without_a_retry(stage: str) -> None:
+def test_a_silo_lost_at_any_stage_is_left_out_without_a_retry(stage: str, shares: str) -> None:
     """Seven silos: t = 5 and the consistency quorum q = ⌈(7 + 5)/2⌉ = 6, so one may be lost."""
-    clients = _clients(7)
+    clients = _clients(7, shares)
     transport = RecordingDropTransport(clients, victims=(2,), stage=stage)
     proto = SecureSum()
-    agg = proto.collect(transport, list(range(7)), PARAMS, 0, {}, Server())
+    agg = proto.collect(transport, list(range(7)), PARAMS, 0, {}, Server(_encoding(shares)))
     rest = [0, 1, 3, 4, 5, 6]
     assert agg.count == 6 and _close(agg, clients, rest, 0)
     assert proto.last_round["outcome"] == "released" and proto.last_round["u3"] == rest
@@ -247,35 +277,40 @@ def test_a_silo_lost_at_any_stage_is_left_out_without_a_retry(stage: str) -> Non
         assert proto.last_round["dropped"] == [2] and 2 in transport.late
 
 
-def test_a_round_below_the_consistency_quorum_stops_before_anything_is_computed() -> None:
+@SHARES
+def test_a_round_below_the_consistency_quorum_stops_before_anything_is_computed(
+    shares: str,
+) -> None:
     """Four silos: t = 3, q = 4. One lost at advertise: the server stops, and no silo computes
     (or is charged for) an update that could never be unmasked."""
-    clients = _clients(4)
+    clients = _clients(4, shares)
     transport = RecordingDropTransport(clients, victims=(2,), stage="advertise")
     proto = SecureSum()
-    agg = proto.collect(transport, [0, 1, 2, 3], PARAMS, 0, {}, Server())
+    agg = proto.collect(transport, [0, 1, 2, 3], PARAMS, 0, {}, Server(_encoding(shares)))
     assert agg.empty and proto.last_round["outcome"] == "no aggregate: 3 silo(s) sent keys < q = 4"
     assert transport.stages() == ["advertise"] and all(c.fits == [] for c in clients.values())
 
 
-def test_a_round_that_cannot_keep_t_silos_has_no_aggregate_and_never_unmasks() -> None:
-    clients = _clients(3)  # t(3) = 2
+@SHARES
+def test_a_round_that_cannot_keep_t_silos_has_no_aggregate_and_never_unmasks(shares: str) -> None:
+    clients = _clients(3, shares)  # t(3) = 2
     transport = RecordingDropTransport(clients, victims=(0, 1), stage="upload")
     proto = SecureSum()
-    agg = proto.collect(transport, [0, 1, 2], PARAMS, 0, {}, Server())
+    agg = proto.collect(transport, [0, 1, 2], PARAMS, 0, {}, Server(_encoding(shares)))
     assert agg.empty and proto.last_round["outcome"].startswith("no aggregate: 1 masked upload")
     assert "unmask" not in transport.stages()
     # What the ledgers were charged: every silo that reached the upload computed its update.
     assert [c.fits for c in clients.values()] == [[0], [0], [0]]
 
 
-def test_a_lone_silo_is_never_summed() -> None:
+@SHARES
+def test_a_lone_silo_is_never_summed(shares: str) -> None:
     """With one silo asked (rPDP-FL's λ-sampling can select one) the old protocol sent its update
     unmasked (no pair, no mask); now the round is refused before any message: t ≥ 2."""
-    clients = _clients(3)
+    clients = _clients(3, shares)
     transport = RecordingDropTransport(clients)
     proto = SecureSum()
-    agg = proto.collect(transport, [1], PARAMS, 0, {}, Server())
+    agg = proto.collect(transport, [1], PARAMS, 0, {}, Server(_encoding(shares)))
     assert agg.empty and transport.requests == [] and clients[1].fits == []
     assert proto.last_round["outcome"] == "refused: 1 silo(s) asked < t = 2"
     # and a silo refuses any round whose t would allow a lone or a minority unmasking
@@ -457,6 +492,41 @@ def test_a_tampered_upload_or_a_forged_key_list_fails_loudly() -> None:
 
     with pytest.raises(IntegrityError, match="does not hold this silo's keys"):
         SecureSum().collect(Forge(_clients(3)), [0, 1, 2], PARAMS, 0, {}, Server())
+
+
+def test_discrete_uploads_live_in_z_2b_and_masks_that_do_not_cancel_fail_loudly() -> None:
+    """Discrete shares: each masked upload is uint32 below 2^b (masks reduced modulo 2^b: the
+    server learns the sum modulo 2^b only), and the zero check words catch an unmask that did
+    not cancel (here: a tampered check word). A tampered *share* coordinate is a valid residue
+    -- active attacks are outside the semi-honest model, and change utility, not privacy."""
+    params = discrete_share_params(
+        clip=10.0, noise_multiplier=1e-3, silos=3, survivors=2, dimension=17, bits=24
+    )
+    enc = ShareEncoding(params, 17)
+    clients = {c: ScriptedClient(c, SHAPES, share_encoding=enc) for c in range(3)}
+    transport = RecordingDropTransport(clients)
+    agg = SecureSum().collect(transport, [0, 1, 2], PARAMS, 0, {}, Server(enc))
+    assert agg.count == 3 and _close(agg, clients, [0, 1, 2], 0, tol=0.1)
+    for r in transport.replies_at("upload").values():
+        assert r["masked"].dtype == np.uint32 and int(r["masked"].max()) < 2**24
+        assert r["masked"].shape == (enc.upload_length,)
+
+    class Tamper(InProcessTransport):
+        def exchange(self, protocol, stage, requests, round_index):
+            replies = super().exchange(protocol, stage, requests, round_index)
+            if stage == "upload":
+                masked = replies[1]["masked"].copy()
+                masked[-1] ^= np.uint32(1)
+                replies[1] = {**replies[1], "masked": masked}
+            return replies
+
+    clients = {c: ScriptedClient(c, SHAPES, share_encoding=enc) for c in range(3)}
+    with pytest.raises(IntegrityError, match="did not cancel"):
+        SecureSum().collect(Tamper(clients), [0, 1, 2], PARAMS, 0, {}, Server(enc))
+    # a server that announces another size or ring is refused by the silo
+    clients = {c: ScriptedClient(c, SHAPES, share_encoding=enc) for c in range(3)}
+    with pytest.raises(IntegrityError, match="announces shares"):
+        SecureSum().collect(InProcessTransport(clients), [0, 1, 2], PARAMS, 0, {}, Server())
 
 
 def test_overflow_of_the_fixed_point_ring_is_a_clear_error() -> None:

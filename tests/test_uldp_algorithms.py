@@ -36,7 +36,8 @@ BASE = {
     "data": {"dataset": "digits", "num_clients": 3, "options": {"num_users": 15}},
     "model": {"name": "logreg"},
     "algorithm": {"name": "uldp-avg"},
-    "privacy": {"noise_multiplier": 2.0, "delta": 1e-5},
+    # the continuous option's arithmetic (discrete shares: tests/test_discrete_shares.py)
+    "privacy": {"noise_multiplier": 2.0, "delta": 1e-5, "noise_shares": "continuous"},
     "training": {"rounds": 2, "local_steps": 2, "lr": 0.3, "batch_size": 8, "max_grad_norm": 1.0},
 }
 

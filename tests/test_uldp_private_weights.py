@@ -30,7 +30,9 @@ BASE = {
     "data": {"dataset": "digits", "num_clients": 3, "options": {"num_users": 12}},
     "model": {"name": "logreg"},
     "algorithm": {"name": "uldp-avg", "weights": "private"},
-    "privacy": {"noise_multiplier": 2.0, "delta": 1e-5},
+    # float shares: the private weighting protocol's own encoding, compared with the public
+    # enhanced weights in the clear (which would otherwise use discrete shares)
+    "privacy": {"noise_multiplier": 2.0, "delta": 1e-5, "noise_shares": "continuous"},
     "training": {"rounds": 2, "local_steps": 2, "lr": 0.3, "batch_size": 8, "max_grad_norm": 1.0},
 }
 

@@ -87,15 +87,31 @@ def check_algorithm(name: str, extra: list[str] | None = None) -> None:
             _watch_charge(name, clients[c])
             out = clients[c].fit(params, 0, round_config)
             assert type(out) is Contribution, f"{name}: fit returned {type(out).__name__}"
-            check_contribution(out, public, len(params))
-            for u, p in zip(out.update, params, strict=True):
-                assert u.dtype == np.float32 and u.shape == np.shape(p), f"{name}: update shape"
+            encoding = getattr(clients[c], "share_encoding", None)
+            check_contribution(out, public, len(params), encoding=encoding)
+            if encoding is None:
+                for u, p in zip(out.update, params, strict=True):
+                    assert u.dtype == np.float32 and u.shape == np.shape(p), f"{name}: shape"
+            else:  # a discrete share: one integer vector in Z_{2^b}
+                assert encoding == getattr(server, "share_encoding", None), f"{name}: encoding"
             contributions.append(out)
-        agg = sum_contributions(
-            contributions,
-            params,
-            keep_individual=bool(getattr(server, "needs_individual_updates", False)),
-        )
+        encoding = getattr(server, "share_encoding", None)
+        if encoding is not None:
+            from pdpfl.fl.aggregation.discrete_shares import ring_sum
+
+            agg = encoding.decode(
+                ring_sum([c.update[0] for c in contributions], encoding),
+                params,
+                0,
+                weight=sum(c.weight for c in contributions),
+                count=len(contributions),
+            )
+        else:
+            agg = sum_contributions(
+                contributions,
+                params,
+                keep_individual=bool(getattr(server, "needs_individual_updates", False)),
+            )
         new = server.aggregate(0, params, agg)
         assert [np.shape(a) for a in new] == [np.shape(p) for p in params], f"{name}: shapes"
         server.record_round(0, selected)

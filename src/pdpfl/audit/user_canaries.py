@@ -42,7 +42,7 @@ from pdpfl.fl.uldp.mechanism import user_rates
 from pdpfl.fl.uldp.server import SamplingServer
 from pdpfl.fl.uldp.users import UserLevelSilo
 from pdpfl.ledger import PrivacyLedger
-from pdpfl.privacy.uldp import ORDERS
+from pdpfl.privacy.uldp import ORDERS, UserLevelPlan
 from pdpfl.randomness import RandomStream
 
 __all__ = ["CANARY_VECTOR_NORM", "UserCanaries"]
@@ -97,12 +97,13 @@ class UserCanaries(CanaryHookBase):
         server = _server(run)
         if server.personal:
             return user_rates(
-                np.asarray(budgets, dtype=np.float64), server.plan, allow_exclusion=True
+                np.asarray(budgets, dtype=np.float64), _plan(server), allow_exclusion=True
             )
         return np.full(len(budgets), float(np.max(server.rates)))
 
     def plant(self, run: Assembly, host: int, rows: ExtraRows) -> None:
         server = _server(run)
+        _plan(server)  # canary users ride on continuous noise shares
         silos = _silos(run)
         value = -server.sign * CANARY_VECTOR_NORM
         randomness = server.randomness
@@ -129,7 +130,7 @@ class UserCanaries(CanaryHookBase):
     ) -> PrivacyLedger:
         """The server's user-level ledger (UserLevelPlan, its orders) at δ."""
         server = _server(run)
-        mechanism: Any = dataclasses.replace(server.plan, delta=float(delta))
+        mechanism: Any = dataclasses.replace(_plan(server), delta=float(delta))
         return PrivacyLedger(
             np.asarray(budgets, dtype=np.float64),
             np.asarray(rates, dtype=np.float64),
@@ -150,3 +151,15 @@ class UserCanaries(CanaryHookBase):
 
 
 register_canary_hook(UserLevelConfig, UserCanaries())
+
+
+def _plan(server: Any) -> UserLevelPlan:
+    """The server's continuous user-level plan; canary users are planted into float shares, so
+    a run with discrete noise shares is refused (ValueError naming the field)."""
+    plan = server.plan
+    if not isinstance(plan, UserLevelPlan):
+        raise ValueError(
+            "privacy.noise_shares: a user-level audit plants its canary users into continuous "
+            "noise shares; set privacy.noise_shares: continuous"
+        )
+    return plan

@@ -196,6 +196,16 @@ class PrivacyConfig(_Section):
         description="give q = 0 to records whose budget is below the smallest achievable ε "
         "(counted in the headline) instead of refusing the run",
     )
+    noise_shares: Literal["discrete", "continuous"] = Field(
+        "discrete",
+        description="where silos add shares of the noise (ULDP-AVG/SGD, IDP-FedAvg "
+        "variant: distributed): discrete (default) -- each silo rounds its clipped "
+        "contribution to integers and adds an exact discrete Gaussian share; the integers are "
+        "summed modulo 2^b (secure.bits) and the ledgers charge the distributed discrete "
+        "Gaussian (Kairouz, Liu & Steinke 2021; accountant rdp) -- or continuous: float "
+        "Gaussian shares in the fixed-point ring (the released sum is then only close to the "
+        "accounted one). ULDP-FL's private weighting keeps its own encoding (continuous)",
+    )
 
     @field_validator("accountant")
     @classmethod
@@ -358,6 +368,36 @@ class SecureConfig(_Section):
     )
     min_survivors: int = Field(
         2, description="the smallest t of any round (>= 2: a lone upload is never unmasked)"
+    )
+    bits: int = Field(
+        32,
+        ge=2,
+        le=62,
+        description="discrete noise shares (privacy.noise_shares: discrete): the sum is taken "
+        "modulo 2^bits (uint32 on the wire when bits <= 32); the scale is the largest power "
+        "of two whose wrap probability stays below max_wrap, refused when none keeps the "
+        "rounding's sensitivity inflation within max_inflation",
+    )
+    rotation: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="discrete noise shares: randomized Walsh-Hadamard rotation before "
+        "rounding (flattens coordinates against wrapping; pads to a power of two); auto: on "
+        "for IDP-FedAvg, off for ULDP-FL's per-user rounding (its cost grows with the users)",
+    )
+    max_wrap: float = Field(
+        1e-6,
+        gt=0,
+        lt=1,
+        description="discrete noise shares: the largest accepted bound on the probability "
+        "that a coordinate of a round's sum wraps modulo 2^bits (utility, never privacy)",
+    )
+    max_inflation: float = Field(
+        0.05,
+        ge=0,
+        le=1,
+        description="discrete noise shares: the largest accepted relative growth of the "
+        "sensitivity by the integer rounding (sqrt(N)/(gamma C) - 1; accounted, so it costs "
+        "noise, not privacy)",
     )
 
     @field_validator("threshold")

@@ -47,8 +47,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from pdpfl.discrete_noise import sample_discrete_gaussian
 from pdpfl.dp.discrete_params import DiscreteShareParams
+from pdpfl.dp.noise import add_noise
 from pdpfl.randomness import RandomStream
 
 __all__ = [
@@ -305,8 +305,9 @@ def add_noise_share(
             f"rounded: expected an int64 vector of {params.padded_dimension} coordinates, "
             f"got {x.dtype} {x.shape}"
         )
-    noise = sample_discrete_gaussian(x.size, params.share, stream)
-    total = (x.view(np.uint64) + noise.view(np.uint64)) & _mask(params)  # two's complement
+    noisy = x.copy()
+    add_noise(noisy, params.noise(), stream)  # the one noise adder: N_Z(0, σ_s²) per coordinate
+    total = noisy.view(np.uint64) & _mask(params)  # two's complement
     return total.astype(np.uint32) if params.bits <= 32 else total
 
 

@@ -70,6 +70,7 @@ from typing import Any
 from pdpfl.discrete_noise import DiscreteGaussianSpec, discrete_gaussian_spec
 from pdpfl.privacy.discrete import sum_log_ratio_bound
 from pdpfl.privacy.discrete_plan import SampledDiscreteGaussianPlan
+from pdpfl.privacy.noise import DiscreteGaussianNoise
 from pdpfl.privacy.unit import PrivacyUnit
 
 __all__ = ["DiscreteShareParams", "discrete_share_params", "rounding_bound_sq"]
@@ -183,6 +184,22 @@ class DiscreteShareParams:
             return self.l2_sensitivity_sq
         return rounding_bound_sq(w * self.unit_bound, self.padded_dimension, self.beta)
 
+    def parts_view_sq(self, uniform: bool) -> int:
+        """N_sv ≥ Σ_p N_p: the squared sensitivity of a unit's ``parts`` seen one by one (the
+        server under plain summation sees each silo's share on its own; one-share RDP adds with
+        the squared part norms). ``uniform``: every part has weight 1/P, so N_sv = P·N_p(1/P);
+        otherwise (weights summing to ≤ 1) Σ_p Δ̃(c_p)² ≤ Σ_p q(c_p) with q the convex branch of
+        Δ̃², maximal at a vertex of the simplex: q(γC) + (P − 1)·q(0)."""
+        p = self.parts
+        if uniform:
+            return p * self.part_bound_sq(1.0 / p)
+        d, b = self.padded_dimension, math.sqrt(2.0 * math.log(1.0 / self.beta))
+
+        def q(c: float) -> float:
+            return c * c + d / 4.0 + b * (c + math.sqrt(d) / 2.0)
+
+        return math.ceil((q(self.unit_bound) + (p - 1) * q(0.0)) * (1.0 + _SLACK)) + 1
+
     def plan(
         self,
         unit: PrivacyUnit | str,
@@ -200,6 +217,14 @@ class DiscreteShareParams:
             delta,
             rounds,
             observers,
+        )
+
+    def noise(self) -> DiscreteGaussianNoise:
+        """The noise description one share is drawn from (:func:`pdpfl.dp.noise.add_noise`):
+        the variance the share's spec was built for (σ²·N/t), sized for t survivors,
+        multiplier σ (what :meth:`plan` charges)."""
+        return DiscreteGaussianNoise(
+            Fraction(self.share.requested), self.noise_multiplier, self.survivors
         )
 
     def summary(self) -> dict[str, Any]:

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from pdpfl.privacy.noise import GaussianNoise, NoiseSpec
+from pdpfl.privacy.noise import DiscreteGaussianNoise, GaussianNoise, NoiseSpec
 from pdpfl.randomness import RandomStream, draw_normals, stream_from_generator
 
 __all__ = ["PreparedNoise", "add_noise", "central_noise", "register_sampler", "samplers"]
@@ -81,7 +81,35 @@ def _gaussian_flat(flat: Tensor, std: float, stream: RandomStream, shapes: Seque
     flat.add_(z, alpha=std)
 
 
-_SAMPLERS: dict[str, Sampler] = {"gaussian": _gaussian}
+def _discrete_gaussian(
+    targets: list[Tensor],
+    noise: DiscreteGaussianNoise,
+    std: float,
+    stream: RandomStream,
+    shapes: Sequence[Any],
+) -> None:
+    """N_Z(0, σ_s²) per coordinate, exactly (:func:`pdpfl.discrete_noise.sample_discrete_gaussian`:
+    integer arithmetic from the stream's words), added to int64 values (a rounded integer
+    vector; the caller reduces modulo 2^b). ``shapes`` is not used: one draw of all coordinates
+    in order."""
+    from pdpfl.discrete_noise import sample_discrete_gaussian
+
+    if any(t.dtype is not torch.int64 for t in targets):
+        raise ValueError(
+            "values: discrete Gaussian noise is added to int64 integer vectors, got "
+            f"{sorted({str(t.dtype) for t in targets})}"
+        )
+    total = sum(t.numel() for t in targets)
+    z = torch.from_numpy(sample_discrete_gaussian(total, noise.variance, stream))
+    offset = 0
+    for t in targets:
+        n = t.numel()
+        # |x̃|² ≤ N < 2^62 and σ_s² ≤ 2^50 (the encoding's bounds): far from int64 overflow
+        t.add_(z[offset : offset + n].view(t.shape).to(t.device))
+        offset += n
+
+
+_SAMPLERS: dict[str, Sampler] = {"gaussian": _gaussian, "discrete-gaussian": _discrete_gaussian}
 
 
 def register_sampler(kind: str, sampler: Sampler) -> None:

@@ -228,7 +228,12 @@ class ServerAlgorithm(Protocol):
 def contribution_payload(contribution: Contribution) -> dict[str, Any]:
     """The :data:`~pdpfl.fl.messages.TRAIN_REPLY` message of a contribution: ``update.{i}``,
     ``weight`` and ``metric.{k}`` (what the Flower codec encodes, field for field)."""
-    out: dict[str, Any] = {f"update.{i}": u for i, u in enumerate(contribution.update)}
+    update = contribution.update
+    if len(update) == 1 and isinstance(update[0], np.ndarray) and update[0].dtype.kind in "iu":
+        # a discrete share (privacy.noise_shares: discrete): one integer vector in Z_{2^b}
+        out: dict[str, Any] = {"share": update[0]}
+    else:
+        out = {f"update.{i}": u for i, u in enumerate(update)}
     out["weight"] = contribution.weight
     out.update({f"metric.{k}": v for k, v in contribution.metrics.items()})
     return out
@@ -242,13 +247,17 @@ def check_contribution(
     params: Params | None = None,
     silo: int | None = None,
     round_index: int = 0,
+    encoding: Any = None,
 ) -> Contribution:
     """Validate what a silo is about to release; raise :class:`PrivacyBoundaryError` otherwise.
 
     A contribution must be a :class:`Contribution` (no extra attributes) whose message
     (:func:`contribution_payload`) passes the gate for :data:`~pdpfl.fl.messages.TRAIN_REPLY`:
     one finite float32 array per parameter (``num_params`` of them, of the shapes of ``params``
-    when given), a finite weight >= 0, and metric keys from ``public_metrics``.
+    when given), a finite weight >= 0, and metric keys from ``public_metrics``. With the
+    algorithm's discrete share ``encoding`` (``share_encoding``; None: float updates) the update
+    is instead one integer share of the encoding's size and values below 2^b, and no metric
+    travels beside it (metrics are coordinates of the share).
     """
     at = "" if silo is None else f"silo {silo}: "
     if type(contribution) is not Contribution:
@@ -263,11 +272,15 @@ def check_contribution(
     if not isinstance(contribution.metrics, dict):
         raise PrivacyBoundaryError(f"{at}contribution.metrics: expected a dict")
     expected = len(params) if params is not None else num_params
+    if encoding is not None:
+        expected = 1
     if expected is not None and len(contribution.update) != expected:
         raise PrivacyBoundaryError(
             f"{at}contribution.update: expected {expected} arrays, got {len(contribution.update)}"
         )
-    undeclared = set(contribution.metrics) - set(public_metrics)
+    undeclared = set(contribution.metrics) - (
+        set() if encoding is not None else set(public_metrics)
+    )
     if undeclared:
         raise PrivacyBoundaryError(
             f"{at}contribution.metrics: {sorted(undeclared)} are not declared public by the "
@@ -278,6 +291,7 @@ def check_contribution(
         silo_id=silo,
         params=params,
         public_metrics=frozenset(public_metrics),
+        encoding=encoding,
     )
     check_outgoing(TRAIN_REPLY, contribution_payload(contribution), context)
     return contribution

@@ -107,6 +107,9 @@ class Silo(ABC):
     #: Units that would exceed their budget sit out (the pre-check): a run on data whose
     #: lifetime budgets are partly spent goes ahead without them (:mod:`pdpfl.fl.lifetime`).
     enforces_budgets: ClassVar[bool] = True
+    #: The discrete share encoding of the silo's training reply
+    #: (:class:`~pdpfl.fl.aggregation.discrete_shares.ShareEncoding`; None: float updates).
+    share_encoding: Any = None
 
     def __init__(
         self, client_id: int, ledger: PrivacyLedger | None, *, adversary: str = "both"
@@ -204,6 +207,7 @@ class Silo(ABC):
             params=params,
             silo=self.client_id,
             round_index=self.next_round - 1,
+            encoding=self.share_encoding,
         )
 
     def fit(self, global_params: Params, round_index: int, config: Scalars) -> Contribution:

@@ -34,11 +34,13 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass, replace
+from fractions import Fraction
 from typing import ClassVar
 
 from pdpfl.privacy.mechanisms import GaussianMechanism
 
 __all__ = [
+    "DiscreteGaussianNoise",
     "GaussianNoise",
     "JointGaussian",
     "NoiseBindingError",
@@ -199,11 +201,67 @@ class JointGaussian:
         return GaussianMechanism(self.noise_multiplier)
 
 
-#: A noise description of any kind (one kind today; see the module docstring).
-NoiseSpec = GaussianNoise
+@dataclass(frozen=True)
+class DiscreteGaussianNoise:
+    """One exact discrete Gaussian share N_Z(0, σ_s²) per coordinate of an integer vector
+    (Canonne, Kamath & Steinke 2020; distributed: Kairouz, Liu & Steinke 2021).
+
+    The description of :meth:`pdpfl.dp.discrete_params.DiscreteShareParams.noise`: ``variance``
+    is σ_s² = σ²·N/t exactly (the sampler rounds it *up* to σ²_used and draws with integer
+    arithmetic only), ``noise_multiplier`` the σ of the released sum of ``shares`` = t shares
+    over the accounted integer sensitivity √N -- what the ledger's
+    :class:`~pdpfl.privacy.discrete_plan.SampledDiscreteGaussianPlan` charges (checked by
+    :func:`check_charged`). The shares are sized once, for t: a protocol that announces fewer
+    survivors is refused (:meth:`shares_for`), never met with smaller shares.
+    """
+
+    variance: Fraction
+    noise_multiplier: float
+    shares: int = 1
+
+    kind: ClassVar[str] = "discrete-gaussian"
+
+    def __post_init__(self) -> None:
+        v = Fraction(self.variance)
+        if v <= 0:
+            raise ValueError(f"variance: must be > 0, got {self.variance!r}")
+        sigma = _number(self.noise_multiplier, "noise_multiplier", "a finite number > 0")
+        if not (math.isfinite(sigma) and sigma > 0.0):
+            raise ValueError(f"noise_multiplier: must be a finite number > 0, got {sigma!r}")
+        object.__setattr__(self, "variance", v)
+        object.__setattr__(self, "noise_multiplier", sigma)
+        object.__setattr__(self, "shares", _shares(self.shares))
+
+    @property
+    def private(self) -> bool:
+        return True
+
+    def shares_for(self, announced_survivors: int | None = None) -> int:
+        """t: a protocol may announce at least the t the shares were sized for, never fewer
+        (the integer encoding's N and σ_s² are fixed at setup)."""
+        if announced_survivors is not None:
+            t = _shares(announced_survivors, "announced_survivors")
+            if t < self.shares:
+                raise NoiseBindingError(
+                    f"announced_survivors: the discrete shares are sized for t = {self.shares} "
+                    f"survivors; a protocol announced {t}, which they would leave short; nothing "
+                    "is released"
+                )
+        return self.shares
+
+    def std(self, announced_survivors: int | None = None) -> float:
+        """√σ_s²: the std of one share in integer units (before the sampler rounds it up)."""
+        self.shares_for(announced_survivors)
+        return math.sqrt(float(self.variance))
 
 
-def check_charged(noise: GaussianNoise | JointGaussian, charged: float, *, what: str) -> None:
+#: A noise description of any kind (see the module docstring).
+NoiseSpec = GaussianNoise | DiscreteGaussianNoise
+
+
+def check_charged(
+    noise: GaussianNoise | JointGaussian | DiscreteGaussianNoise, charged: float, *, what: str
+) -> None:
     """Refuse to draw unless ``noise`` is exactly the noise multiplier ``charged`` by the
     party's ledger (both come from one description; a difference means one was changed).
 

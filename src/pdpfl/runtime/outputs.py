@@ -458,6 +458,8 @@ def build_summary(
     }
     if result.get("silos") is not None:
         summary["silos"] = result["silos"]
+    if server_state.get("noise_shares"):  # the discrete shares' encoding (bits, scale, wrap)
+        summary["aggregation"]["discrete_shares"] = server_state["noise_shares"]
     summary.update(privacy_fields(config, result.get("privacy"), view))
     store = result.get("lifetime")
     summary["lifetime"] = lifetime_fields(config, result.get("privacy"), store)

@@ -137,7 +137,12 @@ class InProcessTransport:
         """The gate at silo ``silo``: the training reply it is about to hand over."""
         public = frozenset(getattr(self.clients[silo], "public_metrics", frozenset()))
         return check_contribution(
-            contribution, public, params=params, silo=silo, round_index=int(round_index)
+            contribution,
+            public,
+            params=params,
+            silo=silo,
+            round_index=int(round_index),
+            encoding=getattr(self.clients[silo], "share_encoding", None),
         )
 
     def evaluate(

@@ -218,8 +218,20 @@ class PlainSum:
         if shares and len(contributions) < t:
             return empty_aggregate(params)  # the survivors' noise shares fall short
         public: frozenset[str] = getattr(server, "public_metrics", frozenset())
+        encoding = getattr(server, "share_encoding", None)
         for c in contributions:  # defence in depth: each silo's gate checked it before
-            check_contribution(c, public, params=params)
+            check_contribution(c, public, params=params, encoding=encoding)
+        if encoding is not None:  # discrete shares: the integers are summed modulo 2^b
+            from pdpfl.fl.aggregation.discrete_shares import ring_sum
+
+            total = ring_sum([c.update[0] for c in contributions], encoding)
+            return encoding.decode(
+                total,
+                params,
+                round_index,
+                weight=sum(float(c.weight) for c in contributions),
+                count=len(contributions),
+            )
         return sum_contributions(
             contributions,
             params,

@@ -75,6 +75,7 @@ from pdpfl.fl.aggregation import (
     register_protocol,
     register_silo_handler,
 )
+from pdpfl.fl.aggregation.discrete_shares import ShareEncoding, encoding_of
 from pdpfl.fl.aggregation.secure_common import (
     PROTOCOL,
     SEALED_SHARE_BYTES,
@@ -179,6 +180,9 @@ class SecureSum:
             )
         if r in self.released:
             raise ValueError(f"secure summation: round {r} was already summed")
+        encoding = encoding_of(server)
+        if encoding is not None:  # discrete shares carry the metrics as coordinates
+            metric_names = []
         asked = sorted({int(c) for c in selected})
         t = self.survivors_needed(len(asked))
         session = secrets.token_bytes(16)
@@ -229,7 +233,7 @@ class SecureSum:
             return self._stop(f"no aggregate: {len(u2)} silo(s) shared seeds < q = {q}", params)
         # 2. masked upload
         sealed = {c: replies[c]["shares"] for c in u2}
-        base = self._upload_request(session, u2, params, config, metric_names)
+        base = self._upload_request(session, u2, params, config, metric_names, encoding)
         requests = {}
         for receiver in u2:
             blob = []
@@ -242,7 +246,10 @@ class SecureSum:
             requests[receiver] = {**base, "shares": b"".join(blob)}
         replies = transport.exchange(PROTOCOL, "upload", requests, r)
         length = sum(int(np.asarray(p).size) for p in params) + len(metric_names)
-        u3 = [c for c in u2 if c in replies and _vector(replies[c], length, c)]
+        dtype = np.dtype(np.uint64)
+        if encoding is not None:
+            length, dtype = encoding.upload_length, encoding.dtype
+        u3 = [c for c in u2 if c in replies and _vector(replies[c], length, c, dtype)]
         dropped = [c for c in u2 if c not in u3]
         self.last_round.update(u3=u3, dropped=dropped)
         uploads = {c: replies[c] for c in u3}
@@ -298,9 +305,14 @@ class SecureSum:
             uploads,
             {c: replies[c] for c in u5},
             length,
+            encoding,
         )
         self.released[r] = list(u3)
         self.last_round["outcome"] = "released"
+        if encoding is not None:
+            return encoding.decode(
+                total, params, r, weight=self._weight(uploads, u3), count=len(u3)
+            )
         return self._aggregate(total, uploads, u2, u3, params, metric_names)
 
     # -- helpers -------------------------------------------------------------------------------
@@ -311,6 +323,7 @@ class SecureSum:
         params: Params,
         config: Scalars,
         metric_names: list[str],
+        encoding: ShareEncoding | None = None,
     ) -> Payload:
         request: Payload = {
             "session": session,
@@ -320,6 +333,9 @@ class SecureSum:
             "hidden": self.silo_side_sampling,
             "fractional_bits": self.ring.fractional_bits,
             "guard_bits": self.ring.guard_bits,
+            # discrete shares (0: float updates in the fixed-point ring): public sizes
+            "share_bits": 0 if encoding is None else encoding.bits,
+            "share_length": 0 if encoding is None else encoding.length,
         }
         for i, p in enumerate(params):
             request[f"param.{i}"] = np.asarray(p)
@@ -340,10 +356,12 @@ class SecureSum:
         uploads: dict[int, Payload],
         shares: dict[int, Payload],
         length: int,
+        encoding: ShareEncoding | None = None,
     ) -> np.ndarray:
         total = np.zeros(length, dtype=np.uint64)
         for c in u3:
-            total += uploads[c]["masked"]  # ring addition (wraps modulo 2^64)
+            # ring addition (wraps modulo 2^64; discrete shares: 2^b divides 2^64)
+            total += np.asarray(uploads[c]["masked"]).astype(np.uint64)
 
         def table(field: str, owners: list[int]) -> list[dict[int, bytes]]:
             return [
@@ -363,6 +381,13 @@ class SecureSum:
                     total -= mask
                 else:
                     total += mask
+        if encoding is not None:
+            total &= encoding.mask()
+            if np.any(total[encoding.length :]):
+                raise IntegrityError(
+                    "secure summation: the masks did not cancel (a check word of the discrete "
+                    "shares is not 0 modulo 2^b); nothing is released"
+                )
         return total
 
     def _aggregate(
@@ -375,21 +400,26 @@ class SecureSum:
         metric_names: list[str],
     ) -> Aggregate:
         values = self.ring.decode(total, len(u3), encoded_for=len(u2))
-        weight = 0.0
-        for c in u3:
-            w = uploads[c].get("weight")
-            if isinstance(w, bool) or not isinstance(w, int | float) or not np.isfinite(w):
-                raise IntegrityError(f"secure summation: silo {c} sent a malformed weight")
-            weight += float(w)
+        weight = self._weight(uploads, u3)
         out, start = [], 0
         for p in params:
             arr = np.asarray(p)
             out.append(values[start : start + arr.size].reshape(arr.shape).astype(np.float32))
             start += arr.size
         metrics = {name: float(values[start + i]) for i, name in enumerate(metric_names)}
+        return Aggregate(total=out, weight=weight, metrics=metrics, count=len(u3))
+
+    def _weight(self, uploads: dict[int, Payload], u3: list[int]) -> float:
+        """Σ of the survivors' public weights (hidden participation: λ·Σ w_i)."""
+        weight = 0.0
+        for c in u3:
+            w = uploads[c].get("weight")
+            if isinstance(w, bool) or not isinstance(w, int | float) or not np.isfinite(w):
+                raise IntegrityError(f"secure summation: silo {c} sent a malformed weight")
+            weight += float(w)
         if self.silo_side_sampling:
             weight *= self.client_rate  # the public normaliser λ·Σ w_i (never a realised count)
-        return Aggregate(total=out, weight=weight, metrics=metrics, count=len(u3))
+        return weight
 
 
 def _key(reply: Payload, field: str, silo: int) -> bytes:
@@ -406,9 +436,9 @@ def _sized(reply: Payload, field: str, size: int, silo: int) -> bool:
     return True
 
 
-def _vector(reply: Payload, length: int, silo: int) -> bool:
+def _vector(reply: Payload, length: int, silo: int, dtype: np.dtype[Any]) -> bool:
     vec = np.asarray(reply.get("masked"))
-    if vec.dtype != np.uint64 or vec.shape != (length,):
+    if vec.dtype != dtype or vec.shape != (length,):
         raise IntegrityError(f"secure summation: silo {silo} sent a malformed masked vector")
     return True
 

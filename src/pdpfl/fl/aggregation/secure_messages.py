@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from pdpfl.crypto.keys import PUBLIC_KEY_BYTES
+from pdpfl.fl.aggregation.discrete_shares import check_words
 from pdpfl.fl.aggregation.secure_common import PROTOCOL, SEALED_SHARE_BYTES
 from pdpfl.fl.aggregation.secure_identity import AUTH_BYTES
 from pdpfl.fl.messages import (
@@ -35,10 +36,18 @@ def _count(c: Outgoing, key: str) -> int:
 
 
 def _upload_length(c: Outgoing) -> tuple[int]:
-    """d + m: the model's coordinates in the request and its declared metric names."""
+    """d + m: the model's coordinates in the request and its declared metric names; with
+    discrete shares d' + ⌈64/b⌉ (the share and its zero check words)."""
+    bits = int(c.request.get("share_bits", 0))
+    if bits:
+        return (int(c.request.get("share_length", 0)) + check_words(bits),)
     n = int(c.request.get("num_params", 0))
     d = sum(int(np.asarray(c.request[f"param.{i}"]).size) for i in range(n))
     return (d + len([m for m in str(c.request.get("metrics", "")).split(",") if m]),)
+
+
+def _upload_bits(c: Outgoing) -> int:
+    return int(c.request.get("share_bits", 0)) or 64
 
 
 _KEY = Bytes(PUBLIC_KEY_BYTES)
@@ -96,11 +105,17 @@ SCHEMAS = (
             Field(
                 "masked",
                 Array(
-                    ("uint64",),
-                    shape=Rule("(d + m,): model coordinates + declared metrics", _upload_length),
+                    ("uint64", "uint32"),
+                    shape=Rule(
+                        "(d + m,): model coordinates + declared metrics; discrete shares: "
+                        "(d' + ceil(64/b),)",
+                        _upload_length,
+                    ),
+                    bits=Rule("64, or b with discrete shares", _upload_bits),
                 ),
                 "crypto",
-                doc="y_i: update and metrics in Z_{2^64} (fixed point) + self and pairwise masks",
+                doc="y_i: update and metrics in Z_{2^64} (fixed point) + self and pairwise masks; "
+                "discrete shares: the integer share and zero check words + masks, in Z_{2^b}",
             ),
             Field(
                 "weight",

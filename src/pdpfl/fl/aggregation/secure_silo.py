@@ -38,6 +38,7 @@ from pdpfl.crypto import IntegrityError, shamir
 from pdpfl.crypto.fixedpoint import FixedPointRing
 from pdpfl.crypto.keys import agree, context, new_private_key, open_sealed, public_bytes, seal
 from pdpfl.fl.aggregation import Payload, SiloContext, public_memory
+from pdpfl.fl.aggregation.discrete_shares import ShareEncoding, check_words, encoding_of
 from pdpfl.fl.aggregation.secure_common import (
     PROTOCOL,
     SEALED_SHARE_BYTES,
@@ -270,11 +271,15 @@ def _contribution(
     shapes: list[tuple[int, ...]],
     names: list[str],
     config: dict[str, Any],
+    encoding: ShareEncoding | None = None,
 ) -> tuple[np.ndarray, float]:
-    """This silo's update ‖ metrics as float64 (zeros if its hidden coin said no), and weight."""
+    """This silo's update ‖ metrics as float64 (zeros if its hidden coin said no), and weight;
+    with discrete shares its integer share (uint64, values < 2^b; zeros if not chosen)."""
     client = ctx.client
     params = [np.asarray(payload[f"param.{i}"]) for i in range(len(shapes))]
     size = sum(int(np.prod(s)) for s in shapes) + len(names)
+    if encoding is not None:
+        size = encoding.length
     weight: float | None = None
     if bool(payload.get("hidden")):
         coin = getattr(client, "participation_coin", None)
@@ -286,14 +291,23 @@ def _contribution(
             )
         weight = float(weight_of())
         if not coin(t):
-            return np.zeros(size, dtype=np.float64), weight
+            zeros = np.zeros(size, dtype=np.uint64 if encoding is not None else np.float64)
+            return zeros, weight
     contribution = client.fit(params, t, config)
     # The contribution is the training reply's message before it is masked: the same gate
-    # (float32 arrays of the model's shapes, declared metrics) checks it here.
+    # (float32 arrays of the model's shapes, declared metrics; or the discrete share) checks it.
     check_contribution(
-        contribution, frozenset(names), params=params, silo=ctx.silo_id, round_index=t
+        contribution,
+        frozenset(names),
+        params=params,
+        silo=ctx.silo_id,
+        round_index=t,
+        encoding=encoding,
     )
     assert isinstance(contribution, Contribution)
+    if encoding is not None:
+        share = encoding.check_share(contribution.update[0], f"silo {ctx.silo_id}: share")
+        return share, float(contribution.weight) if weight is None else weight
     parts = [np.asarray(u, dtype=np.float64).reshape(-1) for u in contribution.update]
     parts.append(np.array([float(contribution.metrics.get(n, 0.0)) for n in names]))
     return np.concatenate(parts), float(contribution.weight) if weight is None else weight
@@ -312,12 +326,16 @@ def _upload(ctx: SiloContext, payload: Payload, t: int) -> Payload:
     names = [n for n in str(payload.get("metrics", "")).split(",") if n]
     config = {k[len("config.") :]: v for k, v in payload.items() if k.startswith("config.")}
     config[SURVIVORS_KEY] = threshold
+    encoding = _encoding(ctx, payload, names)
     # Write-ahead: the round is marked before anything derived from the contribution exists.
     masked_rounds = public_memory(ctx, PROTOCOL).setdefault("masked", [])
     masked_rounds.append(t)
     mem["stage"] = "uploaded"
-    vector, weight = _contribution(ctx, payload, t, shapes, names, config)
-    masked = ring.encode(vector, len(u2), what=f"silo {ctx.silo_id}: update of round {t}")
+    vector, weight = _contribution(ctx, payload, t, shapes, names, config, encoding)
+    if encoding is not None:  # the share ‖ zero check words, masked modulo 2^b
+        masked = np.concatenate([vector, np.zeros(check_words(encoding.bits), np.uint64)])
+    else:
+        masked = ring.encode(vector, len(u2), what=f"silo {ctx.silo_id}: update of round {t}")
     masked += self_mask(mem["self_seed"], session, t, ctx.silo_id, masked.size)
     own = mask_key(mem["mask_seed"], session, t)
     for other in u2:
@@ -330,7 +348,27 @@ def _upload(ctx: SiloContext, payload: Payload, t: int) -> Payload:
             masked -= mask
     del mem["self_seed"], mem["mask_seed"]  # the others hold shares of them
     mem["u2"] = u2
+    if encoding is not None:  # uniform on Z_{2^b}: the server learns the sum modulo 2^b only
+        return {"masked": encoding.reduce(masked), "weight": float(weight)}
     return {"masked": masked, "weight": float(weight)}
+
+
+def _encoding(ctx: SiloContext, payload: Payload, names: list[str]) -> ShareEncoding | None:
+    """The silo's own discrete share encoding, checked against what the request announces
+    (``share_bits``, ``share_length``; 0: float updates): a server cannot make a silo encode
+    at another size or ring."""
+    encoding = encoding_of(ctx.client)
+    bits = int(payload.get("share_bits", 0))
+    length = int(payload.get("share_length", 0))
+    mine = (0, 0) if encoding is None else (encoding.bits, encoding.length)
+    if (bits, length) != mine:
+        raise IntegrityError(
+            f"secure summation: the request announces shares of {bits} bits x {length} "
+            f"coordinates, silo {ctx.silo_id} encodes {mine[0]} x {mine[1]}; refused"
+        )
+    if encoding is not None and names:
+        raise IntegrityError("secure summation: discrete shares carry their metrics inside")
+    return encoding
 
 
 def _view(ctx: SiloContext, mem: dict[str, Any], payload: Payload) -> tuple[list[int], list[int]]:

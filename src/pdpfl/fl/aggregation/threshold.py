@@ -170,8 +170,19 @@ def summary_fields(config: Any, num_silos: int | None = None) -> dict[str, Any]:
         "survivors_rule": "a round's sum is released only if at least t = max(min_survivors, "
         "ceil(threshold * n)) of the n silos asked contributed; otherwise the round has no "
         "aggregate and the model is kept",
-        "noise_shares": "a silo that adds a share of the noise adds variance sigma^2 C^2 / t, so "
-        "every released sum carries at least the noise the ledgers charge",
+        "noise_shares": (
+            "a silo that adds a share of the noise adds variance sigma^2 C^2 / t, so "
+            "every released sum carries at least the noise the ledgers charge"
+            + (
+                "; discrete (privacy.noise_shares): each share is an exact discrete Gaussian "
+                "added to the silo's rounded integer vector, the integers are summed modulo "
+                "2^bits and the ledgers charge the distributed discrete Gaussian "
+                "(discrete_shares: the encoding, where the algorithm adds shares)"
+                if getattr(getattr(config, "privacy", None), "noise_shares", "") == "discrete"
+                else "; continuous (privacy.noise_shares): float Gaussian shares in the "
+                "fixed-point ring"
+            )
+        ),
         "participation": "hidden" if hidden else "visible",
         "server_observer": (
             "participation revealed: the server can tell who took part (it samples the silos"

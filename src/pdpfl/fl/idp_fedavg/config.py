@@ -174,15 +174,29 @@ class IdpFedAvgConfig(Algorithm):
         ):
             problems.append(f"algorithm.method: {self.method} needs at least one finite budget")
         if self.method != "no-dp":  # SAMPLE's calibration and every client ledger use it
-            problems += accountant_problems(
-                config, client_events(config, self.variant), "IDP-FedAvg (a client)"
-            )
+            events = client_events(config, self.variant)
+            what = "IDP-FedAvg (a client)"
+            if self.variant == "distributed" and config.privacy.noise_shares == "discrete":
+                from pdpfl.privacy.discrete_plan import SampledDiscreteGaussianPlan
+
+                plan = SampledDiscreteGaussianPlan.for_multiplier(
+                    "client", 1.0, 2, 1e6, 16, config.privacy.delta, config.training.rounds
+                )
+                events = [*events, plan.round_event(np.array([0.5]), "third-party")]
+                what += " with discrete noise shares (or set privacy.noise_shares: continuous)"
+            problems += accountant_problems(config, events, what)
         return problems
 
     # -- building the algorithm ---------------------------------------------------------------
     def setup(self, config: ExperimentConfig, info: FederationInfo) -> IdpSetup:
-        """Algorithm 2, lines 1-3 (public; the configuration and the number of clients only)."""
-        return publish(self, config, info)
+        """Algorithm 2, lines 1-3 (public; the configuration and the number of clients only).
+        Discrete shares that cannot work (bit width, wrap, inflation) are refused here, and
+        SAMPLE's rates are re-fitted to the discrete plan (:func:`~pdpfl.fl.idp_fedavg.
+        discrete.refit_rates`)."""
+        from pdpfl.fl.idp_fedavg.discrete import refit_rates
+
+        # discrete shares: refused here when they cannot work; rates fitted to their plan
+        return refit_rates(publish(self, config, info))
 
     def server(
         self,

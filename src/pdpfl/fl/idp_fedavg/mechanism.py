@@ -165,6 +165,15 @@ class IdpSetup(PublicSetup):
     rate_fractions: str
     observers: tuple[str, ...]
     accountant: str = "rdp"
+    #: Distributed variant: ``discrete`` (integer shares, :mod:`pdpfl.fl.idp_fedavg.discrete`)
+    #: or ``continuous`` float shares; and the public parameters of the integer encoding.
+    noise_shares: str = "continuous"
+    share_bits: int = 32
+    share_rotation: bool = True
+    share_max_wrap: float = 1e-6
+    share_max_inflation: float = 0.05
+    #: d: the model's coordinates (sizes the integer shares).
+    model_size: int = 0
 
     def __post_init__(self) -> None:
         n, t = self.asked_per_round, self.survivors
@@ -278,6 +287,10 @@ def client_mechanism(setup: IdpSetup, group: int | None = None) -> UnitMechanism
     Poisson-subsampled Gaussian, against the published observers, at the σ of ``group``'s
     :meth:`~IdpSetup.release_noise` (``None``: the run's σ, for a ledger whose units give their
     own σ)."""
+    if group is not None and setup.noise_shares == "discrete":
+        from pdpfl.fl.idp_fedavg.discrete import group_plan
+
+        return cast(UnitMechanism, group_plan(setup, group))  # the shares actually added
     if group is not None:
         sigma: float | None = setup.release_noise(group).noise_multiplier
     else:
@@ -500,4 +513,22 @@ def publish(algo: IdpOptions, config: ExperimentConfig, info: FederationInfo) ->
         rate_fractions=algo.rate_fractions,
         observers=_observers(config, algo.variant),
         accountant=accountant,
+        **_share_fields(config, info, distributed and algo.method != "no-dp"),
     )
+
+
+def _share_fields(config: ExperimentConfig, info: FederationInfo, shared: bool) -> dict[str, Any]:
+    """The published fields of discrete noise shares (distributed variant with DP only)."""
+    if not shared or config.privacy.noise_shares != "discrete":
+        return {}
+    from pdpfl.fl.common import initial_params
+
+    sec = config.secure
+    return {
+        "noise_shares": "discrete",
+        "share_bits": int(sec.bits),
+        "share_rotation": sec.rotation != "off",
+        "share_max_wrap": float(sec.max_wrap),
+        "share_max_inflation": float(sec.max_inflation),
+        "model_size": int(sum(np.asarray(p).size for p in initial_params(config, info))),
+    }

@@ -55,6 +55,8 @@ class IdpFedAvgServer(ABC):
     """
 
     public_metrics: ClassVar[frozenset[str]] = frozenset()
+    #: The clients' discrete share encoding (distributed variant; None: float updates).
+    share_encoding: Any = None
     needs_individual_updates: ClassVar[bool] = False
 
     def __init__(
@@ -259,12 +261,27 @@ class DistributedIdpServer(IdpFedAvgServer):
     #: Each client adds a share σ_v²C_t²/t of the noise (pdpfl.fl.aggregation.share_threshold).
     distributed_noise: ClassVar[bool] = True
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        from pdpfl.fl.idp_fedavg.discrete import encoding
+
+        super().__init__(*args, **kwargs)
+        #: The clients' discrete share encoding (None: continuous shares).
+        self.share_encoding = encoding(self.setup)
+
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()
+        if self.share_encoding is not None:  # for the run summary (ignored when loading)
+            state["noise_shares"] = self.share_encoding.summary()
+        return state
+
     def aggregate(self, round_index: int, global_params: Params, aggregate: Aggregate) -> Params:
         setup = self.setup
         if aggregate.empty:  # no aggregate (fewer than t shares): nothing to learn from
             self.clip_history.append(self.clip_norm)
             return [np.asarray(p).copy() for p in global_params]
-        mean = [np.asarray(t, dtype=np.float64) / setup.denominator for t in aggregate.total]
+        # discrete shares are decoded in units of C_t (pdpfl.fl.idp_fedavg.discrete)
+        unit = self.clip_norm if self.share_encoding is not None else 1.0
+        mean = [np.asarray(t, dtype=np.float64) * unit / setup.denominator for t in aggregate.total]
         unclipped = 0.0
         if setup.adaptive:
             unclipped = float(aggregate.metrics.get("clip_count", 0.0)) / setup.denominator + 0.5

@@ -134,6 +134,10 @@ class IdpSilo(BatchedSilo[IdpJob, Delta]):
         self._model_factory = model_factory
         self._model: torch.nn.Module | None = None
         self.model_key = str(model_key)
+        from pdpfl.fl.idp_fedavg.discrete import encoding
+
+        #: The discrete share encoding (distributed variant, discrete shares; else None).
+        self.share_encoding = encoding(setup) if setup.variant == "distributed" else None
         assigned = setup.assigned[self.group]
         ledger = None
         #: The ε the pre-check enforces (its own; ε_min/ε_max for strict/relaxed).
@@ -357,6 +361,8 @@ class DistributedIdpSilo(IdpSilo):
         metrics: dict[str, float] = {}
         if not setup.private:
             return [v[0].numpy().astype(np.float32) for v in vecs], metrics
+        if self.share_encoding is not None:
+            return self.release_discrete(job, vecs), metrics
         if self.ledger is not None:  # the noise below is what the ledger charges
             checked_noise(setup.release_noise(self.group), self.ledger, f"client {self.name}")
         norm = float(vector_norms(vecs)[0])
@@ -388,3 +394,55 @@ class DistributedIdpSilo(IdpSilo):
             )
             metrics["clip_count"] = float(value[0])
         return [v.numpy().astype(np.float32) for v in out], metrics
+
+    def release_discrete(self, job: IdpJob, vecs: list[torch.Tensor]) -> list[np.ndarray]:
+        """The discrete share (:mod:`pdpfl.fl.idp_fedavg.discrete`): [Clip(Δ, C_t·f_g)/C_t,
+        λ·(b − ½)] rounded at the group's bound N_g, + one exact discrete Gaussian share (the
+        one noise adder), modulo 2^b; zeros + the share when not sampled."""
+        import torch
+
+        from pdpfl.dp.discrete_encoding import add_noise_share, scale_and_round
+        from pdpfl.dp.steps import clip_vectors, vector_norms
+        from pdpfl.fl.aggregation.discrete_shares import rotation_seed
+        from pdpfl.fl.idp_fedavg.discrete import count_factor, group_bound_sq
+        from pdpfl.privacy.noise import NoiseBindingError
+
+        enc, setup, t = self.share_encoding, self.setup, job.round_index
+        assert enc is not None
+        params = enc.params
+        noise = params.noise()
+        noise.shares_for(job.announced)  # a protocol never gets fewer than t shares
+        bound = group_bound_sq(enc, setup, self.group)
+        if self.ledger is not None:  # the shares added are those the ledger charges
+            plan = self.ledger.mechanism
+            if not (
+                getattr(plan, "share_variance", None)
+                == params.plan("client", 0.5, 1).share_variance
+                and getattr(plan, "shares", None) == noise.shares
+                and float(getattr(plan, "l2_sensitivity_sq", 0.0)) >= bound
+            ):
+                raise NoiseBindingError(
+                    f"noise: client {self.name} would add discrete shares its ledger does not "
+                    "charge; nothing is released"
+                )
+        if self.extra_rows is not None:
+            raise ValueError(
+                "privacy.noise_shares: audit canary clients ride on continuous shares; set "
+                "privacy.noise_shares: continuous for a client-level audit"
+            )
+        norm = float(vector_norms(vecs)[0])
+        clipped, _ = clip_vectors(vecs, job.clip)
+        flat = torch.cat([v[0].reshape(-1) for v in clipped]).numpy() / job.clip_norm
+        lam = count_factor(setup)
+        if lam is not None:
+            below = (1.0 if norm <= job.clip else 0.0) - 0.5 if job.sampled else 0.0
+            flat = np.append(flat, lam * below)
+        rounded = scale_and_round(
+            flat,
+            params,
+            self.randomness.stream("rounding", t, self.client_id),
+            rotation_seed(t),
+            bound_sq=bound,
+        )
+        stream = self.randomness.stream("noise-share", t, self.client_id)
+        return [add_noise_share(rounded, params, stream)]

@@ -80,6 +80,8 @@ _CAUSE = (
 
 
 def _update_keys(c: Outgoing) -> range:
+    if c.encoding is not None:  # a discrete share replaces the float updates
+        return range(0)
     if c.params is not None:
         return range(len(c.params))
     return range(sum(1 for n in c.reply if n.startswith("update.")))
@@ -90,6 +92,14 @@ def _update_shape(c: Outgoing) -> tuple[int, ...] | None:
         return None
     p = c.params[int(c.key)]
     return tuple(p.shape) if isinstance(p, np.ndarray) else tuple(np.shape(p))
+
+
+def _share_shape(c: Outgoing) -> tuple[int, ...] | None:
+    return None if c.encoding is None else (int(c.encoding.length),)
+
+
+def _share_bits(c: Outgoing) -> int | None:
+    return None if c.encoding is None else int(c.encoding.bits)
 
 
 _SILO = Rule("the silo's index", lambda c: c.silo_id)
@@ -111,6 +121,18 @@ _CORE = (
                 doc="the DP mechanism's noisy update of parameter i",
                 keys=Rule("each model parameter i", _update_keys),
             ),
+            Field(
+                "share",
+                Array(
+                    ("uint32", "uint64"),
+                    shape=Rule("(d',): the discrete encoding's coordinates", _share_shape),
+                    bits=Rule("b (secure.bits)", _share_bits),
+                ),
+                "dp-output",
+                doc="`privacy.noise_shares: discrete`: the silo's clipped contribution scaled, "
+                "rounded and + one exact discrete Gaussian share, in Z_{2^b} (uint32 if b <= 32)",
+                presence=Rule("discrete shares", lambda c: c.encoding is not None),
+            ),
             Field("weight", Float(low=0.0), "public", public_by=PUBLIC_WEIGHT),
             Field(
                 "metric.{k}",
@@ -119,7 +141,9 @@ _CORE = (
                 doc="a Contribution metric the algorithm declares in `public_metrics` "
                 "(DP-protected, e.g. IDP-FedAvg's noisy `clip_count` share)",
                 keys=Rule(
-                    "k in the algorithm's public_metrics", lambda c: sorted(c.public_metrics)
+                    "k in the algorithm's public_metrics (none with discrete shares: they are "
+                    "coordinates of the share)",
+                    lambda c: [] if c.encoding is not None else sorted(c.public_metrics),
                 ),
                 presence="optional",
             ),

@@ -75,6 +75,10 @@ class Outgoing:
         The member of a field family being checked (set by the gate).
     reply
         The message under check (set by the gate).
+    encoding
+        The algorithm's discrete share encoding (``share_encoding``: public, derived from the
+        configuration and the model's size), or None: a training reply is then one integer
+        share (``length`` coordinates of dtype ``dtype``, values below 2^``bits``).
     """
 
     round_index: int = 0
@@ -86,6 +90,7 @@ class Outgoing:
     state: Any = None
     key: Any = None
     reply: Mapping[str, Any] = field(default_factory=dict)
+    encoding: Any = None
 
     def with_(self, **changes: Any) -> Outgoing:
         """A copy with ``changes`` (the gate sets ``key`` and ``reply``; cheaper than

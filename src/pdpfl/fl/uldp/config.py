@@ -17,6 +17,7 @@ import numpy as np
 from pydantic import Field
 
 from pdpfl.config import ExperimentConfig, PrivacyUnitName
+from pdpfl.fl.aggregation.discrete_shares import ShareEncoding
 from pdpfl.fl.aggregation.threshold import share_threshold
 from pdpfl.fl.algorithm import Algorithm, PublicSetup, register_algorithm
 from pdpfl.fl.api import FederationInfo
@@ -26,6 +27,7 @@ from pdpfl.fl.common import (
     noise_source_problems,
     silo_model,
 )
+from pdpfl.fl.uldp import discrete
 from pdpfl.fl.uldp.mechanism import (
     GroupSetup,
     UldpSetup,
@@ -197,7 +199,10 @@ class UldpConfig(Algorithm):
         if not self.private:
             return problems + self.variant_problems(config)
         problems += noise_source_problems(config, "σ such that the planned user-level ε is ε_max")
-        problems += accountant_problems(config, self.round_events(config), f"{self.name} (a user)")
+        what = f"{self.name} (a user)"
+        if isinstance(self, UserLevelConfig) and self.discrete_shares(config):
+            what += " with discrete noise shares (or set privacy.noise_shares: continuous)"
+        problems += accountant_problems(config, self.round_events(config), what)
         return problems + self.variant_problems(config)
 
     def round_events(self, config: ExperimentConfig) -> list[Mechanism]:
@@ -536,6 +541,17 @@ class UserLevelConfig(UldpConfig):
             else None
         )
 
+    def discrete_shares(self, config: ExperimentConfig) -> bool:
+        """The silos add discrete noise shares (``privacy.noise_shares: discrete``, the default).
+        Private weighting keeps its own encoding, and personal budgets keep float shares (their
+        per-user rates are calibrated against the continuous plan): both run continuous."""
+        return (
+            self.private
+            and config.privacy.noise_shares == "discrete"
+            and self.weights != "private"
+            and not self.personal_budgets
+        )
+
     def variant_problems(self, config: ExperimentConfig) -> list[str]:
         if self.personal_budgets and self.user_rate is not None:
             return [
@@ -545,6 +561,20 @@ class UserLevelConfig(UldpConfig):
         if self.subsampling == "private":
             return private_subsampling_problems(self)
         return []
+
+    def round_events(self, config: ExperimentConfig) -> list[Mechanism]:
+        """With discrete noise shares: the distributed discrete Gaussian the users' ledger
+        charges (nominal shares), per observer; else the continuous events."""
+        if not self.discrete_shares(config):
+            return super().round_events(config)
+        from pdpfl.privacy.discrete_plan import SampledDiscreteGaussianPlan
+
+        plan = SampledDiscreteGaussianPlan.for_multiplier(
+            "user", 1.0, 2, 1e6, 16, config.privacy.delta, config.training.rounds
+        )
+        view = discrete.DiscreteUserLevelPlan(plan, plan)
+        q = np.array([0.5])
+        return [view.round_event(q, obs) for obs in view.observers]
 
     def noise_for(
         self, sigma: float, max_grad_norm: float, num_silos: int, survivors: int = 0
@@ -569,9 +599,21 @@ class UserLevelConfig(UldpConfig):
     def setup(self, config: ExperimentConfig, info: FederationInfo) -> UserLevelSetup:
         users = num_users(config)
         rate = 1.0 if self.personal_budgets or self.user_rate is None else float(self.user_rate)
-        sigma = noise_multiplier(config, rate)
         # Alg. 3 l. 17 with the share sized for t survivors, not |S| (issue #22, item 2).
         survivors = share_threshold(config, info.num_clients)
+        if self.discrete_shares(config) and config.privacy.noise_multiplier is None:
+            # σ planned at ε_max against the plan the ledger charges (the discrete one)
+            sigma = discrete.calibrated_sigma(
+                config,
+                epsilon=float(config.privacy.epsilon_max or 0.0),
+                rate=rate,
+                silos=info.num_clients,
+                survivors=survivors,
+                users=users,
+                size=discrete.model_size(config, info),
+            )
+        else:
+            sigma = noise_multiplier(config, rate)
         std = self.noise_for(
             sigma, config.training.max_grad_norm, info.num_clients, survivors
         ).std()
@@ -583,7 +625,7 @@ class UserLevelConfig(UldpConfig):
             enhanced_weights(hist)  # validates Σ_s w_(s,u) ≤ 1
             totals = tuple(int(v) for v in hist.sum(axis=0))
         private = self.subsampling == "private"
-        return UserLevelSetup(
+        setup = UserLevelSetup(
             **setup_fields(config, info, users, sigma, std),
             weights=self.weights,
             user_totals=totals,
@@ -591,6 +633,17 @@ class UserLevelConfig(UldpConfig):
             survivors=survivors,
             ot_items=self.ot_items if private else 0,
         )
+        if self.discrete_shares(config):  # refused up front when the bit width cannot work
+            discrete.encoding(config, setup, discrete.model_size(config, info))
+        return setup
+
+    def share_encoding(
+        self, config: ExperimentConfig, info: FederationInfo, setup: UserLevelSetup
+    ) -> ShareEncoding | None:
+        """The silos' discrete share encoding (None: continuous shares)."""
+        if not self.discrete_shares(config):
+            return None
+        return discrete.encoding(config, setup, discrete.model_size(config, info))
 
     def server(
         self,
@@ -600,7 +653,16 @@ class UserLevelConfig(UldpConfig):
         randomness: Randomness,
     ) -> UldpServer:
         s = self._setup(setup, UserLevelSetup)
-        plan = self._ledger_plan(config, s)
+        encoding = self.share_encoding(config, info, s)
+        plan: Any = self._ledger_plan(config, s)
+        if encoding is not None:  # the ledger charges the discrete mechanism that is released
+            plan = discrete.discrete_plan(
+                encoding.params,
+                s.delta,
+                s.rounds,
+                plain=config.aggregation == "plain",
+                uniform=self.weights == "uniform",
+            )
         acc = config.privacy.accountant
         if self.personal_budgets:
             budgets = user_budgets(config)
@@ -610,7 +672,7 @@ class UserLevelConfig(UldpConfig):
         else:
             rates = np.full(s.num_users, 1.0 if self.user_rate is None else self.user_rate)
             budgets = planned_budgets(plan, rates, acc)
-        return self.server_class(
+        server = self.server_class(
             **self._server_kwargs(config, info, s, randomness),
             plan=plan,
             budgets=budgets,
@@ -619,6 +681,8 @@ class UserLevelConfig(UldpConfig):
             personal=self.personal_budgets,
             accountant=acc,
         )
+        server.share_encoding = encoding
+        return server
 
     def client(
         self,
@@ -630,7 +694,9 @@ class UserLevelConfig(UldpConfig):
         randomness: Randomness,
     ) -> UserLevelSilo:
         s = self._setup(setup, UserLevelSetup)
-        return self._silo(self.silo_class, config, client_id, data, info, s, randomness)
+        silo = self._silo(self.silo_class, config, client_id, data, info, s, randomness)
+        silo.share_encoding = self.share_encoding(config, info, s)
+        return silo
 
 
 @register_algorithm

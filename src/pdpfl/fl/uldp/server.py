@@ -37,6 +37,7 @@ from pdpfl.ledger import (
 )
 from pdpfl.privacy.noise import GaussianNoise
 from pdpfl.privacy.uldp import ORDERS, UserLevelPlan, group_epsilon, record_rdp, user_epsilon
+from pdpfl.privacy.uldp_discrete import DiscreteUserLevelPlan
 from pdpfl.privacy.unit import GroupPlan
 from pdpfl.randomness import Randomness
 
@@ -68,6 +69,10 @@ class UldpServer(ABC):
     warnings
         Lines the run summary must carry (disclosed histograms, the paper's sensitivity, ...).
     """
+
+    #: The silos' discrete share encoding (ULDP-AVG/SGD, ``privacy.noise_shares: discrete``):
+    #: the summation protocols sum and decode the integer shares with it (None: float updates).
+    share_encoding: Any = None
 
     public_metrics: ClassVar[frozenset[str]] = frozenset()
     needs_individual_updates: ClassVar[bool] = False
@@ -143,6 +148,7 @@ class UldpServer(ABC):
             **self.extra_state(),
             # For the run summary (ignored when loading):
             "warnings": list(self.warnings),
+            **_shares_summary(self),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -285,7 +291,7 @@ class LedgerServer(UldpServer):
         initial_params: Params,
         setup: UldpSetup,
         *,
-        plan: UserLevelPlan,
+        plan: UserLevelPlan | DiscreteUserLevelPlan,
         budgets: np.ndarray,
         rates: np.ndarray,
         adversary: str = "both",
@@ -454,3 +460,9 @@ class SgdServer(SamplingServer):
     """ULDP-SGD: x − η_g/(q|S||U|)·Σ (the silos release gradients; spec D1)."""
 
     sign: ClassVar[float] = -1.0
+
+
+def _shares_summary(server: Any) -> dict[str, Any]:
+    """``noise_shares``: the discrete share encoding for the run summary (none: {})."""
+    encoding = getattr(server, "share_encoding", None)
+    return {} if encoding is None else {"noise_shares": encoding.summary()}

@@ -174,6 +174,8 @@ class UserLevelSilo(UldpSilo):
     def step(self, global_params: Params, plan: RoundPlan) -> Contribution:
         """Steps 1-4 for this round's users (noise only when none of them is here)."""
         assert self.user_weights is not None
+        if self.share_encoding is not None:
+            return self.discrete_step(global_params, plan)
         positions = self.selected_users(plan.config)
         if len(positions):
             clipped = self.clipped_vectors(global_params, positions, plan.round_index)
@@ -184,6 +186,48 @@ class UserLevelSilo(UldpSilo):
             bound = self.extra_weight * float(self.setup.max_grad_norm)  # w·Clip(Δ, C), Dirac
             self.extra_rows.add_sampled(sums, self.extra_coins(plan.round_index), bound)
         return Contribution(update=self.privatize(sums, plan.round_index, plan.config))
+
+    def discrete_step(self, global_params: Params, plan: RoundPlan) -> Contribution:
+        """Steps 1-4 with a discrete share (``privacy.noise_shares: discrete``): each user's
+        w_{s,u}·Clip(Δ_{s,u}, C) scaled and rounded on its own (conditional randomized
+        rounding at its part bound, :func:`~pdpfl.dp.discrete_encoding.round_units`), summed,
+        + one exact discrete Gaussian share (the one noise adder), modulo 2^b."""
+        from pdpfl.dp.discrete_encoding import add_noise_share, round_units
+        from pdpfl.fl.aggregation.discrete_shares import rotation_seed
+        from pdpfl.fl.aggregation.threshold import SURVIVORS_KEY
+        from pdpfl.privacy.noise import check_charged
+
+        assert self.user_weights is not None and self.share_encoding is not None
+        params = self.share_encoding.params
+        noise = params.noise()
+        check_charged(noise, float(self._charged or 0.0), what=f"silo {self.client_id}")
+        announced = plan.config.get(SURVIVORS_KEY)
+        noise.shares_for(None if announced is None else int(announced))  # never fewer than t
+        if self.extra_rows is not None:
+            raise ValueError(
+                "audit: canary users ride on continuous shares; set privacy.noise_shares: "
+                "continuous for a user-level audit"
+            )
+        t = plan.round_index
+        positions = self.selected_users(plan.config)
+        d = params.dimension
+        rows = np.zeros((0, d))
+        if len(positions):
+            clipped = self.clipped_vectors(global_params, positions, t)
+            rows = torch.cat(
+                [c.to(torch.float64).reshape(len(positions), -1) for c in clipped], dim=1
+            ).numpy()
+        rounded = round_units(
+            rows,
+            self.user_weights[positions],
+            params,
+            self.randomness.stream("rounding", t, self.client_id),
+            rotation_seed(t),
+        )
+        share = add_noise_share(
+            rounded, params, self.randomness.stream("noise-share", t, self.client_id)
+        )
+        return Contribution(update=[share])
 
     # -- ULDP-FL private weighting (Protocol 1): what the silo supplies, never sent itself ---
     def user_histogram(self) -> np.ndarray:

@@ -209,7 +209,12 @@ def _gate_training(
     public = frozenset(getattr(silo.client, "public_metrics", frozenset()))
     try:
         check_contribution(
-            contribution, public, params=params, silo=silo.silo, round_index=round_index
+            contribution,
+            public,
+            params=params,
+            silo=silo.silo,
+            round_index=round_index,
+            encoding=getattr(silo.client, "share_encoding", None),
         )
     except PrivacyBoundaryError:
         silo.save("fit-refused", round_index, spent, age)

@@ -1,0 +1,117 @@
+"""Discrete vs continuous noise shares, end to end (issue #33, "Done when").
+
+Runs one example config with ``privacy.noise_shares: discrete`` and ``continuous`` for several
+seeds, interleaved (discrete, continuous, discrete, ...) so that machine load hits both alike,
+at the same planned ε (``privacy.epsilon_max``: σ is calibrated against each mode's own
+accountant), and reports per mode: the final accuracy (mean of the last 3 rounds' global test
+accuracy) with its standard error, the ε spent, the wall seconds per round (the run's seconds /
+rounds, calibration and setup included) and the bits per coordinate on the wire (uint32 shares
+vs the Z_2^64 fixed-point ring). Every run goes through ``pdpfl run`` (secure summation).
+
+Usage (the numbers of ``benchmarks/RESULTS.md``)::
+
+    nice -n 10 .venv/bin/python benchmarks/discrete_shares.py examples/uldp_heart.yaml \\
+        --seeds 5 --epsilon 5 --set rounds=10 --set algorithm.local_epochs=10
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(config: str, out: Path, seed: int, mode: str, eps: float, extra: list[str]) -> dict:
+    sets = [
+        f"seed={seed}",
+        "aggregation=secure",
+        "privacy.noise_multiplier=null",
+        f"privacy.epsilon_max={eps}",
+        f"privacy.noise_shares={mode}",
+        *extra,
+    ]
+    cmd = [str(Path(sys.executable).parent / "pdpfl"), "run", config, "--out", str(out)]
+    cmd += ["--force", "--quiet", "--data-dir", str(ROOT.parent / "shared" / "data")]
+    for s in sets:
+        cmd += ["--set", s]
+    subprocess.run(cmd, check=True, capture_output=True, text=True)
+    summary = json.loads((out / "summary.json").read_text())
+    shares = summary["aggregation"].get("discrete_shares")
+    return {
+        "accuracy": float(summary["last3_mean_accuracy"]),
+        "epsilon": float(summary["eps_spent_max"]["third_party"]),
+        "seconds_per_round": float(summary["seconds"]) / max(1, summary["rounds_completed"]),
+        "bits_per_coordinate": 64 if shares is None else int(shares["bits_per_coordinate"]),
+        "noise_multiplier": summary.get("noise_multiplier"),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("config")
+    ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--epsilon", type=float, default=5.0)
+    ap.add_argument("--set", action="append", default=[], dest="extra")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    runs: dict[str, list[dict]] = {"discrete": [], "continuous": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        for seed in range(1, args.seeds + 1):
+            for mode in runs:
+                out = Path(tmp) / f"{mode}-{seed}"
+                runs[mode].append(_run(args.config, out, seed, mode, args.epsilon, args.extra))
+    table = {}
+    for mode, rs in runs.items():
+        acc = np.array([r["accuracy"] for r in rs])
+        sec = np.array([r["seconds_per_round"] for r in rs])
+        table[mode] = {
+            "accuracy_mean": float(acc.mean()),
+            "accuracy_se": float(acc.std(ddof=1) / math.sqrt(len(acc))) if len(acc) > 1 else 0.0,
+            "epsilon_max": max(r["epsilon"] for r in rs),
+            "seconds_per_round_median": float(np.median(sec)),
+            "bits_per_coordinate": rs[0]["bits_per_coordinate"],
+            "noise_multiplier": rs[0]["noise_multiplier"],
+            "runs": rs,
+        }
+    d, c = table["discrete"], table["continuous"]
+    result = {
+        "config": args.config,
+        "overrides": args.extra,
+        "seeds": args.seeds,
+        "epsilon": args.epsilon,
+        "machine": f"{platform.processor() or platform.machine()}, {platform.system()}",
+        "modes": table,
+        "accuracy_difference": d["accuracy_mean"] - c["accuracy_mean"],
+        "within_one_se": abs(d["accuracy_mean"] - c["accuracy_mean"])
+        <= max(d["accuracy_se"], c["accuracy_se"]),
+        "time_ratio": d["seconds_per_round_median"] / c["seconds_per_round_median"],
+    }
+    if args.json:
+        print(json.dumps(result, indent=1))
+        return
+    print(f"{args.config} {' '.join(args.extra)}, {args.seeds} seeds, ε = {args.epsilon}")
+    print("| shares | accuracy (mean ± SE) | ε spent | σ | s / round | bits / coordinate |")
+    print("|---|---|---|---|---|---|")
+    for mode, row in table.items():
+        print(
+            f"| {mode} | {row['accuracy_mean']:.4f} ± {row['accuracy_se']:.4f} | "
+            f"{row['epsilon_max']:.4f} | {row['noise_multiplier']:.4f} | "
+            f"{row['seconds_per_round_median']:.2f} | {row['bits_per_coordinate']} |"
+        )
+    print(
+        f"difference {result['accuracy_difference']:+.4f} (within one SE: "
+        f"{result['within_one_se']}); time ratio {result['time_ratio']:.3f}"
+    )
+
+
+if __name__ == "__main__":
+    main()
