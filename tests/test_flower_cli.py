@@ -197,4 +197,7 @@ def test_register_and_submit_commands(tmp_path: Path) -> None:
     app_dir = Path(shlex.split(submit.output.strip())[2])
     flwr = tomllib.loads((app_dir / "pyproject.toml").read_text())["tool"]["flwr"]["app"]
     assert flwr["config"]["pdpfl-resume"] is True
-    assert flwr["config"]["pdpfl-startup-timeout"] == 60.0 + 10.0 * 10  # scales with the silos
+    from pdpfl.config import load_config
+
+    silos = load_config(EXAMPLES / "digits_demo.yaml").data.num_clients
+    assert flwr["config"]["pdpfl-startup-timeout"] == 60.0 + 10.0 * silos  # scales with them
