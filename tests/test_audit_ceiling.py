@@ -103,7 +103,13 @@ def test_session_ceilings_test_the_audits_own_claim() -> None:
     its claim the ε the real audit compares its ε̂ with (the canaries' ledger at δ_audit), and
     an observer the audit does not test is refused."""
     config = toy_config(
-        "uldp-avg", ["privacy.epsilon_max=1.0", "training.rounds=5", "randomness=reproducible"]
+        "uldp-avg",
+        [
+            "privacy.epsilon_max=1.0",
+            "training.rounds=5",
+            "randomness=reproducible",
+            "privacy.noise_shares=continuous",  # canary users are planted into float shares
+        ],
     )
     settings = AuditSettings(canaries=200, seed=3, space="block", observers=("server",))
     record = AuditSession.create(config, settings).execute().to_dict()

@@ -213,6 +213,7 @@ def test_uldp_half_the_noise_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
             "training.rounds=5",
             "randomness=reproducible",
             "lifetime.allow_respend=true",  # two audits of the same synthetic data
+            "privacy.noise_shares=continuous",  # canary users are planted into float shares
         ],
     )
     settings = AuditSettings(canaries=2000, seed=3, space="block", observers=("server",))
