@@ -365,11 +365,12 @@ def supernode(
             fail(f"--peer-keys: {peer_keys} does not exist (the silos' public keys)")
         node_config[PEER_KEYS] = str(peer_keys.expanduser().resolve())
     if expect_config is not None:
-        from pdpfl.config import ConfigError, config_hash, load_config
-        from pdpfl.runtime.flower.hooks import CONFIG_HASH_KEY
+        from pdpfl.config import ConfigError, config_to_dict, load_config
+        from pdpfl.runtime.flower.hooks import CONFIG_HASH_KEY, config_digest
 
-        try:
-            node_config[CONFIG_HASH_KEY] = config_hash(load_config(expect_config, overrides or []))
+        try:  # the digest the silo computes of the run it is asked to join (runtime/flower/silo)
+            agreed = load_config(expect_config, overrides or [])
+            node_config[CONFIG_HASH_KEY] = config_digest(config_to_dict(agreed))
         except ConfigError as err:
             fail("--expect-config: " + "; ".join(err.problems))
     elif overrides:

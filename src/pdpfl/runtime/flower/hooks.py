@@ -56,10 +56,9 @@ def _truthy(value: Any) -> bool:
 
 
 def config_digest(config_dict: dict[str, Any]) -> str:
-    """SHA-256 (16 hex digits) of a config's canonical JSON, ``output_dir`` excluded.
-
-    Equal to :func:`pdpfl.config.config_hash` for pdpfl configs.
-    """
+    """SHA-256 (16 hex digits) of a config's canonical JSON, ``output_dir`` excluded: what a
+    pinned silo (``--expect-config``) compares. Unlike :func:`pdpfl.config.config_hash` it keeps
+    sections at their defaults (both sides hash the same full dictionary)."""
     import hashlib
     import json
 
