@@ -1488,10 +1488,13 @@ def test_record_ids_key_the_ledgers_and_survive_resume_and_extension(tmp_path) -
         assert ledger.unit == "record" and isinstance(ledger.mechanism, LocalStepsPlan)
     table = pdpfl.privacy_table(out, as_frame=False)
     # every client joined every round its ledger allowed: targets stop after 2, no target never
-    rounds = {h: set(table["rounds_server"][table["holder"] == h]) for h in set(table["holder"])}
-    assert rounds == {"client_0": {2}, "client_1": {2}, "client_2": {3}}
-    assert np.all(table["stopped"][table["holder"] != "client_2"])
-    assert not np.any(table["stopped"][table["holder"] == "client_2"])
+    rounds = {
+        str(h): {int(r) for r in table["rounds_server"][table["holder"] == h]}
+        for h in set(table["holder"])
+    }  # holders are shown by the silos' names in the data
+    assert rounds == {"client-0": {2}, "client-1": {2}, "client-2": {3}}
+    assert np.all(table["stopped"][table["holder"] != "client-2"])
+    assert not np.any(table["stopped"][table["holder"] == "client-2"])
     first = str(federation.clients[1].record_ids[0])
     assert table["budget"][table["id"] == first].tolist() == [4.0]
     # extended by one round: same ids, client 2 (no target) stops at its planned ε
@@ -1499,6 +1502,6 @@ def test_record_ids_key_the_ledgers_and_survive_resume_and_extension(tmp_path) -
     after = pdpfl.privacy_table(out, as_frame=False)
     assert longer["rounds_completed"] == 4
     np.testing.assert_array_equal(after["id"], table["id"])
-    assert set(after["rounds_server"][after["holder"] == "client_2"]) == {3}
+    assert set(after["rounds_server"][after["holder"] == "client-2"]) == {3}
     assert np.all(after["epsilon_server"] <= after["budget"])
     assert longer["neighbouring"].startswith("replace one record")
