@@ -17,8 +17,12 @@ $(STAMP): $(BIN)/python pyproject.toml
 
 install: $(STAMP)
 
+# The whole suite: the single-process tests on every core (one file per worker, so module
+# fixtures are built once), then the multi-process Flower federations alone (their round
+# timeouts assume the cores are theirs).
 test: $(STAMP)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n auto --dist loadfile -m "not flower"
+	$(BIN)/python -m pytest -m flower
 
 # The developer's lane: everything but the multi-second end-to-end (slow) and multi-process
 # Flower (flower) tests; a few minutes on 2 cores. CI runs `make test` (the whole suite).

@@ -113,7 +113,7 @@ def test_a_signal_inside_save_round_keeps_the_round_whole(
     state = {
         "next_round": 1,
         "params": [np.ones(3, dtype=np.float32)],
-        "run_id": "abc123",
+        "run_id": os.urandom(16).hex(),  # the machine's high-water marks are kept per run id
         "seconds": 0.0,
     }
     with pytest.raises(Interrupted), stop_signals_interrupt():
