@@ -129,7 +129,8 @@ def test_supernode_starts_a_warm_worker_next_to_the_supernode(tmp_path: Path) ->
 
 
 def test_supernode_can_pin_its_experiment(tmp_path: Path) -> None:
-    from pdpfl.config import config_hash, load_config
+    from pdpfl.config import config_to_dict, load_config
+    from pdpfl.runtime.flower.hooks import config_digest
 
     config = EXAMPLES / "digits_demo.yaml"
     result = _run(
@@ -137,7 +138,7 @@ def test_supernode_can_pin_its_experiment(tmp_path: Path) -> None:
         "--expect-config", str(config), "--set", "rounds=2", "--dry-run",
     )  # fmt: skip
     assert result.exit_code == 0, result.output
-    expected = config_hash(load_config(config, ["rounds=2"]))
+    expected = config_digest(config_to_dict(load_config(config, ["rounds=2"])))  # as the silo
     assert f'config-hash="{expected}"' in result.output.splitlines()[0]
     bad = _run("supernode", "--silo", "0", "--num-silos", "2", "--superlink", "localhost:1",
                "--insecure", "--set", "rounds=2", "--dry-run")  # fmt: skip
