@@ -100,13 +100,16 @@ class Smoke:
 
     def pdpfl_cmd(self, *args: str) -> subprocess.CompletedProcess[str]:
         """Run ``pdpfl ARGS``; its CPU time (user + system) is added to :attr:`cpu_s`."""
+        # each command its own budget store: two runs at once on the same example would
+        # otherwise wait for each other's lock on the user's store (and charge it)
+        env = {**self.env, "PDPFL_BUDGET_DIR": tempfile.mkdtemp(prefix="budgets-", dir=self.work)}
         with tempfile.TemporaryFile("w+") as out:
             proc = subprocess.Popen(
                 [str(self.pdpfl), *args],
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 text=True,
-                env=self.env,
+                env=env,
                 cwd=self.work,
                 stdin=subprocess.DEVNULL,
             )
