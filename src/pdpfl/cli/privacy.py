@@ -130,7 +130,7 @@ def privacy_command(
                 f"({len(table['id'])} {summary.unit}s; ids are in privacy.csv)"
             )
         ledger_of = {name: stem for stem, name in names.items()}  # the silo's name → its file
-        cards = _unit_risk(check.ledgers, rows, ledger_of)
+        cards = _unit_risk(check.ledgers, rows, ledger_of) if _has_pld() else [{} for _ in rows]
         if as_json:
             print_json(
                 {"id": unit_id, "rows": rows, "risk": cards, "verification": check.to_dict()}
@@ -153,7 +153,8 @@ def privacy_command(
         fail(f"--out: cannot write {target} ({err.strerror or err})")
     from pdpfl.ledger.risk import risk_section
 
-    risk = risk_section(list(check.ledgers.values()), summary.unit)
+    # the risk cards read the accountant's PLD (the pld extra); a base install reports ε only
+    risk = risk_section(list(check.ledgers.values()), summary.unit) if _has_pld() else None
     if as_json:
         print_json(
             {
@@ -174,9 +175,16 @@ def privacy_command(
             summary, f"ε spent vs budget, per budget group ({summary.units} {plural(summary.unit)})"
         )
     )
-    console.print(risk_table(risk, f"attack risk, per budget group ({plural(summary.unit)})"))
+    if risk is not None:
+        console.print(risk_table(risk, f"attack risk, per budget group ({plural(summary.unit)})"))
     typer.echo(check.note)
     typer.echo(f"per-{summary.unit} table written to {target}")
+
+
+def _has_pld() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("dp_accounting") is not None
 
 
 def _verified(run_dir: Path) -> tuple[Any, dict[str, np.ndarray], Any]:
