@@ -182,9 +182,9 @@ def privacy_command(
 
 
 def _has_pld() -> bool:
-    import importlib.util
+    from pdpfl.ledger.risk import available
 
-    return importlib.util.find_spec("dp_accounting") is not None
+    return available()
 
 
 def _verified(run_dir: Path) -> tuple[Any, dict[str, np.ndarray], Any]:

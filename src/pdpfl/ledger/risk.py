@@ -106,15 +106,21 @@ def risk_section(
     }
 
 
+def available() -> bool:
+    """Whether the risk cards can be computed here: they read the accountant's privacy-loss
+    distribution through dp-accounting (the ``pld`` extra); a base install reports ε only."""
+    import importlib.util
+
+    return importlib.util.find_spec("dp_accounting") is not None
+
+
 def run_risk(holders: Iterable[Any], unit: str) -> dict[str, Any] | None:
     """``summary.json["risk"]`` of a run: :func:`risk_section` of the ledgers its parties hold
     (each holder's ``ledger`` attribute: the silos', the server's); None without any (no
     differential privacy, or a coordinator whose silos keep theirs, or a base install without
     the ``pld`` extra, whose privacy-loss distributions the cards are read from)."""
-    import importlib.util
-
     ledgers = [led for h in holders if isinstance(led := getattr(h, "ledger", None), PrivacyLedger)]
-    if not ledgers or importlib.util.find_spec("dp_accounting") is None:
+    if not ledgers or not available():
         return None
     return risk_section(ledgers, str(unit))
 
