@@ -78,6 +78,8 @@ class AlgorithmConfig(_Section):
     supports_hidden_participation: ClassVar[bool] = False
     #: True if the algorithm cannot run on a Flower deployment (e.g. centralized).
     simulation_only: ClassVar[bool] = False
+    #: Its central DP steps can add exact discrete noise (``privacy.central_noise: discrete``).
+    supports_central_discrete: ClassVar[bool] = False
     #: ``--set`` overrides turning :data:`pdpfl.testing.TOY_CONFIG` into a toy run of it.
     toy_overrides: ClassVar[tuple[str, ...]] = ()
 
@@ -236,6 +238,23 @@ class ExperimentConfig(_Section):
     @model_validator(mode="after")
     def _cross_checks(self) -> ExperimentConfig:
         problems = list(self.algorithm.check(self))
+        algorithm_type = type(self.algorithm)
+        if (
+            self.privacy.central_noise == "discrete"
+            and algorithm_type.private
+            and not algorithm_type.supports_central_discrete
+        ):
+            supported = sorted(
+                name
+                for name in ALGORITHMS.names()
+                if getattr(ALGORITHMS.get(name), "supports_central_discrete", False)
+                and getattr(ALGORITHMS.get(name), "private", True)
+            )
+            problems.append(
+                f"privacy.central_noise: discrete is not supported by algorithm "
+                f"{self.algorithm.name!r} (allowed: continuous; discrete central noise is "
+                f"built for {', '.join(supported)})"
+            )
         if self.participation == "hidden":
             if self.aggregation != "secure":
                 problems.append(

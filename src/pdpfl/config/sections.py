@@ -207,6 +207,17 @@ class PrivacyConfig(_Section):
         "accounted one). ULDP-FL's private weighting keeps its own encoding (continuous)",
     )
 
+    central_noise: Literal["continuous", "discrete"] = Field(
+        "continuous",
+        description="the noise of every central DP step (one party adds all of it): continuous "
+        "(default) -- the secure float Gaussian sampler -- or discrete: the clipped sum is "
+        "scaled by γ = 2^k, rounded to integers (sensitivity γC + √d, inflation ≤ 2^-10) and "
+        "an exact discrete Gaussian drawn with integer arithmetic is added (Canonne, Kamath & "
+        "Steinke 2020): no floating-point attack on the noise (Mironov 2012; Jin et al. 2022); "
+        "accountant rdp only. Supported by the rPDP-FL family (rpdp-fl, its uniform baselines, "
+        "centralized); other algorithms refuse it",
+    )
+
     @field_validator("accountant")
     @classmethod
     def _registered_accountant(cls, value: str) -> str:

@@ -54,7 +54,7 @@ from pdpfl.dp.bookkeeping import Workspace
 from pdpfl.dp.device import math_device, resolve_device
 from pdpfl.dp.extra_rows import ExtraRows
 from pdpfl.dp.grad_sample import ClippedSum, _clipped_grad_sum, hooked_modules, resolve_method
-from pdpfl.dp.noise import PreparedNoise, central_noise
+from pdpfl.dp.noise import CentralNoise, PreparedNoise, central_step_noise
 from pdpfl.dp.steps import _checked_rates, as_rates, check_normalizer, poisson_sample
 from pdpfl.dp.training import evaluate, make_optimizer, move_to_device
 from pdpfl.dp.validate import (
@@ -64,7 +64,6 @@ from pdpfl.dp.validate import (
     validate_model,
 )
 from pdpfl.models import loss_fn
-from pdpfl.privacy.noise import GaussianNoise
 from pdpfl.randomness import RandomStream, stream_from_generator
 
 __all__ = [
@@ -126,8 +125,10 @@ class PersonalizedDPSGD:
         C > 0: per-sample L2 clipping bound over all trainable parameters.
     noise
         Instead of ``noise_multiplier`` and ``max_grad_norm``: the noise description
-        (:class:`~pdpfl.privacy.noise.GaussianNoise` with σ and sensitivity C, one share) that
-        the caller's ledger charges; the engine then draws exactly that noise.
+        (:class:`~pdpfl.privacy.noise.GaussianNoise` with σ and sensitivity C, one share, or
+        :class:`~pdpfl.privacy.noise.CentralDiscreteGaussianNoise`: the exact discrete Gaussian
+        on a grid of the clipped sum, ``privacy.central_noise: discrete``) that the caller's
+        ledger charges; the engine then draws exactly that noise.
     private
         ``False`` → plain minibatch SGD on the Poisson batch (no clipping, no noise).
     physical_batch_size
@@ -154,10 +155,10 @@ class PersonalizedDPSGD:
         loss: LossFn = loss_fn,
         grad_sampler: str = "auto",
         device: str | torch.device | None = None,
-        noise: GaussianNoise | None = None,
+        noise: CentralNoise | None = None,
     ):
         if private:
-            noise = central_noise(noise, noise_multiplier, max_grad_norm)  # the σ, C check
+            noise = central_step_noise(noise, noise_multiplier, max_grad_norm)  # the σ, C check
             validate_model(model)
         else:
             noise = None
@@ -451,7 +452,7 @@ def train_steps(
     grad_sampler: str = "auto",
     device: str | torch.device | None = None,
     extra: ExtraRows | None = None,
-    noise: GaussianNoise | None = None,
+    noise: CentralNoise | None = None,
 ) -> LocalTrainingResult:
     """τ = ``steps`` steps of personalized DP-SGD on one silo's full local data.
 
@@ -466,7 +467,8 @@ def train_steps(
     its optimizer state and ``(x, y)`` there for the whole run. ``extra`` (audit canaries;
     :mod:`pdpfl.dp.extra_rows`) adds sampled, clipped rows to every step's clipped sum.
     ``noise`` replaces ``noise_multiplier`` and ``max_grad_norm`` with the noise description
-    the caller's ledger charges (:class:`~pdpfl.privacy.noise.GaussianNoise`).
+    the caller's ledger charges (:class:`~pdpfl.privacy.noise.GaussianNoise` or
+    :class:`~pdpfl.privacy.noise.CentralDiscreteGaussianNoise`).
     """
     if int(steps) < 0:
         raise ValueError(f"steps must be >= 0, got {steps}")

@@ -29,10 +29,23 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from pdpfl.privacy.noise import DiscreteGaussianNoise, GaussianNoise, NoiseSpec
+from pdpfl.privacy.noise import (
+    CentralDiscreteGaussianNoise,
+    DiscreteGaussianNoise,
+    GaussianNoise,
+    NoiseSpec,
+)
 from pdpfl.randomness import RandomStream, draw_normals, stream_from_generator
 
-__all__ = ["PreparedNoise", "add_noise", "central_noise", "register_sampler", "samplers"]
+__all__ = [
+    "CentralNoise",
+    "PreparedNoise",
+    "add_noise",
+    "central_noise",
+    "central_step_noise",
+    "register_sampler",
+    "samplers",
+]
 
 Values = Tensor | np.ndarray | Sequence[Tensor]
 #: ``sampler(targets, noise, std, stream, shapes)``: add noise of per-coordinate ``std`` in place
@@ -109,7 +122,55 @@ def _discrete_gaussian(
         offset += n
 
 
-_SAMPLERS: dict[str, Sampler] = {"gaussian": _gaussian, "discrete-gaussian": _discrete_gaussian}
+#: |γS| is clamped here before rounding (exact in float64, fits int64; 1-Lipschitz per coordinate,
+#: so the grid sensitivity γC + √d still holds).
+_GRID_CLAMP = float(2**52)
+
+
+def _central_discrete_gaussian(
+    targets: list[Tensor],
+    noise: CentralDiscreteGaussianNoise,
+    std: float,
+    stream: RandomStream,
+    shapes: Sequence[Any],
+) -> None:
+    """Exact central discrete Gaussian noise on float64 values (the clipped sum), in place:
+    S ← (round(clamp(γS)) + Z)/γ with Z ~ N_Z(0, σ²Δ'²)^d drawn with integer arithmetic only
+    (:class:`~pdpfl.privacy.noise.CentralDiscreteGaussianNoise`). The integer vector
+    round(γS) + Z is the mechanism; the division by γ = 2^k (and any float rounding of a huge
+    integer) is post-processing. ``shapes`` is not used: one draw of all coordinates in order."""
+    from pdpfl.discrete_noise import sample_discrete_gaussian
+
+    if any(t.dtype is not torch.float64 for t in targets):
+        raise ValueError(
+            "values: central discrete noise is added to the float64 clipped sum, got "
+            f"{sorted({str(t.dtype) for t in targets})}"
+        )
+    total = sum(t.numel() for t in targets)
+    if total != noise.dimension:
+        # the grid sensitivity γC + √d was derived for d coordinates: never add it to more
+        raise ValueError(
+            f"values: the central discrete noise was set up for dimension {noise.dimension} "
+            f"(its grid sensitivity depends on it), got {total} coordinates"
+        )
+    gamma = noise.scale
+    z = sample_discrete_gaussian(total, noise.variance, stream)
+    offset = 0
+    for t in targets:
+        n = t.numel()
+        flat = t.view(-1)
+        grid = torch.round(torch.clamp(flat * gamma, -_GRID_CLAMP, _GRID_CLAMP)).to(torch.int64)
+        grid += torch.from_numpy(z[offset : offset + n]).to(grid.device)
+        # post-processing of the released integer vector
+        flat.copy_(grid.to(torch.float64) / gamma)
+        offset += n
+
+
+_SAMPLERS: dict[str, Sampler] = {
+    "gaussian": _gaussian,
+    "discrete-gaussian": _discrete_gaussian,
+    "central-discrete-gaussian": _central_discrete_gaussian,
+}
 
 
 def register_sampler(kind: str, sampler: Sampler) -> None:
@@ -226,11 +287,16 @@ class PreparedNoise:
         return flat
 
 
+#: The description of a central DP step's noise: the secure float Gaussian or the exact
+#: discrete Gaussian on a grid (``privacy.central_noise``).
+CentralNoise = GaussianNoise | CentralDiscreteGaussianNoise
+
+
 def central_noise(
     noise: GaussianNoise | None, noise_multiplier: float | None, max_grad_norm: float | None
 ) -> GaussianNoise:
-    """The central noise of a DP step: ``noise`` (the caller's description, one share), or
-    ``GaussianNoise(noise_multiplier, max_grad_norm)`` -- given one way, not both."""
+    """The central Gaussian noise of a DP step: ``noise`` (the caller's description, one share),
+    or ``GaussianNoise(noise_multiplier, max_grad_norm)`` -- given one way, not both."""
     if noise is not None:
         if noise_multiplier is not None or max_grad_norm is not None:
             raise ValueError(
@@ -242,3 +308,17 @@ def central_noise(
     if noise_multiplier is None or max_grad_norm is None:
         raise ValueError("noise_multiplier and max_grad_norm: required under DP (or noise=)")
     return GaussianNoise(noise_multiplier, max_grad_norm)
+
+
+def central_step_noise(
+    noise: CentralNoise | None, noise_multiplier: float | None, max_grad_norm: float | None
+) -> CentralNoise:
+    """:func:`central_noise`, or a :class:`~pdpfl.privacy.noise.CentralDiscreteGaussianNoise`
+    given as ``noise`` (the DP-SGD step: ``privacy.central_noise: discrete``)."""
+    if isinstance(noise, CentralDiscreteGaussianNoise):
+        if noise_multiplier is not None or max_grad_norm is not None:
+            raise ValueError(
+                "noise: give either noise= or noise_multiplier and max_grad_norm, not both"
+            )
+        return noise
+    return central_noise(noise, noise_multiplier, max_grad_norm)

@@ -21,7 +21,12 @@ import numpy as np
 
 from pdpfl.fl.api import FederationInfo, Params
 from pdpfl.privacy.mechanisms import Mechanism, outline
-from pdpfl.privacy.noise import GaussianNoise, JointGaussian, check_charged
+from pdpfl.privacy.noise import (
+    CentralDiscreteGaussianNoise,
+    GaussianNoise,
+    JointGaussian,
+    check_charged,
+)
 from pdpfl.privacy.registry import accountant_names, make_accountant
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -31,7 +36,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from pdpfl.ledger import PrivacyLedger
     from pdpfl.randomness import Randomness
 
-N = TypeVar("N", bound=GaussianNoise | JointGaussian)
+N = TypeVar("N", bound=GaussianNoise | JointGaussian | CentralDiscreteGaussianNoise)
 
 __all__ = [
     "accountant_problems",
@@ -209,15 +214,21 @@ def noise_for_max_budget_cached(
     client_rate: float,
     adversary: str,
     accountant: str = "rdp",
+    central_noise: str = "continuous",
 ) -> float:
     """σ at which q = 1 spends exactly ε_max under ``accountant`` (a pure function of public
     parameters; memoized because ``pdpfl compare`` builds several methods with the same
-    mechanism)."""
+    mechanism); ``central_noise: discrete`` calibrates against the central discrete plan."""
     from pdpfl.calibration import noise_for_max_budget
     from pdpfl.privacy.plan import TrainingPlan
 
     template = TrainingPlan(
-        noise_multiplier=1.0, delta=delta, steps=steps, rounds=rounds, client_rate=client_rate
+        noise_multiplier=1.0,
+        delta=delta,
+        steps=steps,
+        rounds=rounds,
+        client_rate=client_rate,
+        noise="discrete" if central_noise == "discrete" else "continuous",
     )
     return float(
         noise_for_max_budget(epsilon_max, template, adversary=adversary, accountant=accountant)

@@ -37,14 +37,17 @@ from dataclasses import dataclass, replace
 from fractions import Fraction
 from typing import ClassVar
 
-from pdpfl.privacy.mechanisms import GaussianMechanism
+from pdpfl.privacy.mechanisms import DistributedDiscreteGaussian, GaussianMechanism
 
 __all__ = [
+    "CentralDiscreteGaussianNoise",
     "DiscreteGaussianNoise",
     "GaussianNoise",
     "JointGaussian",
     "NoiseBindingError",
     "NoiseSpec",
+    "central_event_variance",
+    "central_scale_log2",
     "check_charged",
 ]
 
@@ -255,12 +258,162 @@ class DiscreteGaussianNoise:
         return math.sqrt(float(self.variance))
 
 
+#: The inflation target of the central discrete grid: γ = 2^k is the smallest power of two with
+#: √d ≤ 2^-10·γC, so the rounding inflates the sensitivity by at most 2^-10 (≈ 0.1 %).
+CENTRAL_INFLATION_LOG2 = 10
+
+
+def central_scale_log2(sensitivity: float, dimension: int) -> int:
+    """k of the central discrete grid γ = 2^k (:class:`CentralDiscreteGaussianNoise`): the
+    smallest k with √d ≤ 2^-10·2^k·C, i.e. a sensitivity inflation (γC + √d)/(γC) − 1 ≤ 2^-10."""
+    c = _sensitivity(sensitivity)
+    d = _shares(dimension, "dimension")
+    # smallest k with 2^k ≥ 2^10·√d/C, checked exactly on squares: 2^(2k)·C² ≥ 2^20·d
+    k = math.floor(math.log2(math.sqrt(d) / c)) + CENTRAL_INFLATION_LOG2 - 2
+    while (
+        Fraction(2) ** (2 * k) * Fraction(c) ** 2 < Fraction(2) ** (2 * CENTRAL_INFLATION_LOG2) * d
+    ):
+        k += 1
+    return k
+
+
+def _up(x: float) -> float:
+    return math.nextafter(x, math.inf)
+
+
+@dataclass(frozen=True)
+class CentralDiscreteGaussianNoise:
+    """Exact *central* discrete Gaussian noise on a grid (issue #33 item 4;
+    ``privacy.central_noise: discrete``).
+
+    The mechanism: scale the clipped sum S ∈ R^d by γ = 2^k, round **deterministically** to the
+    nearest integer vector, add Z ~ N_Z(0, σ_Z²)^d drawn exactly from the party's stream
+    (:func:`pdpfl.discrete_noise.sample_discrete_gaussian`: integer arithmetic only), and divide
+    by γ (post-processing). The released integer vector is round(γS) + Z.
+
+    *Sensitivity on the grid.* For neighbours S − S' = g with ‖g‖₂ ≤ C (one record, user or
+    client added or removed), round(γS) − round(γS') = γg + (e' − e) with rounding errors e,
+    e' ∈ [−½, ½]^d, so ‖round(γS) − round(γS')‖₂ ≤ γC + √d =: Δ'. Both neighbours are rounded,
+    hence √d and not √d/2 (the bound of rounding *one* contribution on its own). Deterministic
+    rounding needs no randomness and no redraws, and its worst case is the accounted case;
+    conditional randomized rounding (Kairouz, Liu & Steinke 2021) rounds each contribution
+    separately, which the DP-SGD step cannot do without materializing every per-record
+    gradient. With γ chosen so that √d ≤ 2^-10·γC (:func:`central_scale_log2`), the inflation
+    Δ'/(γC) − 1 is at most 2^-10. A coordinate-wise clamp of γS to ±2^52 (so the rounding is exact
+    in float64 and fits int64) is 1-Lipschitz per coordinate: the bound still holds.
+
+    *Noise and accounting.* σ_Z² = σ²·Δ'² exactly (a :class:`~fractions.Fraction`; the sampler
+    rounds it up). The release is the discrete Gaussian mechanism of sensitivity Δ'
+    (Canonne, Kamath & Steinke, NeurIPS 2020, Prop. 5 / Thm. 4): D_α ≤ α‖k‖²/(2σ_Z²) ≤ α/(2σ²)
+    for every α > 1, with equality at integer orders -- the continuous Gaussian's curve at noise
+    multiplier σ. Its ledger event is ``DistributedDiscreteGaussian(σ², 1, 1, 1)``
+    (:meth:`event`): one share, sensitivity measured in units of Δ' (for t = 1 the curve depends
+    on σ_Z²/Δ'² only, so the event needs neither γ nor d), whose Poisson sub-sampling the ``rdp``
+    accountant bounds with the general sub-sampling bound (:mod:`pdpfl.privacy.subsampled`;
+    equal to the sub-sampled Gaussian's at integer orders). ``pld`` and ``gdp-clt`` refuse it.
+
+    Parameters
+    ----------
+    noise_multiplier
+        σ > 0, relative to the grid sensitivity Δ'.
+    sensitivity
+        C > 0, the clipping bound of one contribution (value units).
+    dimension
+        d ≥ 1: the coordinates the noise is added to (all of them, in one draw).
+    scale_log2
+        k (γ = 2^k); default :func:`central_scale_log2`.
+    """
+
+    noise_multiplier: float
+    sensitivity: float
+    dimension: int
+    scale_log2: int | None = None
+
+    kind: ClassVar[str] = "central-discrete-gaussian"
+    #: Central noise: one party adds all of it.
+    shares: ClassVar[int] = 1
+
+    def __post_init__(self) -> None:
+        sigma = _number(self.noise_multiplier, "noise_multiplier", "a finite number > 0")
+        if not (math.isfinite(sigma) and sigma > 0.0):
+            raise ValueError(f"noise_multiplier: must be a finite number > 0, got {sigma!r}")
+        object.__setattr__(self, "noise_multiplier", sigma)
+        object.__setattr__(self, "sensitivity", _sensitivity(self.sensitivity))
+        object.__setattr__(self, "dimension", _shares(self.dimension, "dimension"))
+        k = self.scale_log2
+        if k is None:
+            k = central_scale_log2(self.sensitivity, self.dimension)
+        if isinstance(k, bool) or not isinstance(k, numbers.Integral) or not -60 <= int(k) <= 60:
+            raise ValueError(f"scale_log2: must be an integer in [-60, 60], got {k!r}")
+        object.__setattr__(self, "scale_log2", int(k))
+
+    @property
+    def private(self) -> bool:
+        return True
+
+    @property
+    def scale(self) -> float:
+        """γ = 2^k (exact in float64)."""
+        return math.ldexp(1.0, int(self.scale_log2 or 0))
+
+    @property
+    def grid_sensitivity(self) -> float:
+        """Δ' ≥ γC + √d, rounded up (integer units)."""
+        return _up(self.scale * self.sensitivity + _up(math.sqrt(self.dimension)))
+
+    @property
+    def inflation(self) -> float:
+        """Δ'/(γC) − 1: how much the rounding inflates the sensitivity."""
+        return self.grid_sensitivity / (self.scale * self.sensitivity) - 1.0
+
+    @property
+    def variance(self) -> Fraction:
+        """σ_Z² = σ²·Δ'² exactly (integer units; the sampler rounds it up)."""
+        return Fraction(self.noise_multiplier) ** 2 * Fraction(self.grid_sensitivity) ** 2
+
+    def std(self, announced_survivors: int | None = None) -> float:
+        """σ·Δ'/γ: the std added per coordinate in value units (central: no shares)."""
+        return self.noise_multiplier * self.grid_sensitivity / self.scale
+
+    def event(self) -> DistributedDiscreteGaussian:
+        """``DistributedDiscreteGaussian(σ², 1, 1, 1)``: one release in units of Δ' (σ² rounded
+        down: accounting less noise than added is conservative)."""
+        return DistributedDiscreteGaussian(central_event_variance(self.noise_multiplier), 1, 1.0, 1)
+
+    def summary(self) -> dict[str, object]:
+        """The ``summary.json`` entry (``privacy.central_noise``)."""
+        return {
+            "kind": "discrete",
+            "rounding": "deterministic (nearest integer of the scaled clipped sum)",
+            "scale_log2": self.scale_log2,
+            "dimension": self.dimension,
+            "clip": self.sensitivity,
+            "grid_sensitivity": self.grid_sensitivity,
+            "sensitivity_inflation": self.inflation,
+            "noise_multiplier": self.noise_multiplier,
+            "variance": float(self.variance),
+        }
+
+
+def central_event_variance(noise_multiplier: float) -> float:
+    """σ² rounded down to a float: the share variance of the central discrete event in units of
+    the grid sensitivity (:meth:`CentralDiscreteGaussianNoise.event`)."""
+    exact = Fraction(float(noise_multiplier)) ** 2
+    f = float(exact)
+    if Fraction(f) > exact:
+        f = math.nextafter(f, 0.0)
+    return f
+
+
 #: A noise description of any kind (see the module docstring).
-NoiseSpec = GaussianNoise | DiscreteGaussianNoise
+NoiseSpec = GaussianNoise | DiscreteGaussianNoise | CentralDiscreteGaussianNoise
 
 
 def check_charged(
-    noise: GaussianNoise | JointGaussian | DiscreteGaussianNoise, charged: float, *, what: str
+    noise: GaussianNoise | JointGaussian | DiscreteGaussianNoise | CentralDiscreteGaussianNoise,
+    charged: float,
+    *,
+    what: str,
 ) -> None:
     """Refuse to draw unless ``noise`` is exactly the noise multiplier ``charged`` by the
     party's ledger (both come from one description; a difference means one was changed).

@@ -17,6 +17,7 @@ from numpy.typing import ArrayLike
 from pdpfl.privacy.adversary import Adversary, as_adversary
 from pdpfl.privacy.mechanisms import (
     Composed,
+    DistributedDiscreteGaussian,
     GaussianMechanism,
     Mechanism,
     PoissonSampled,
@@ -48,6 +49,12 @@ class TrainingPlan:
         T ≥ 1 federated rounds; None means centralized DP-SGD (``steps`` compositions).
     client_rate
         λ in (0, 1]: probability that a client takes part in a round.
+    noise
+        ``continuous`` (the Gaussian mechanism, default) or ``discrete``: every step adds exact
+        central discrete Gaussian noise on a grid (``privacy.central_noise: discrete``,
+        :class:`~pdpfl.privacy.noise.CentralDiscreteGaussianNoise`); the step's event is then
+        ``DistributedDiscreteGaussian(σ², 1, 1, 1)`` (σ relative to the grid sensitivity),
+        which only the ``rdp`` accountant interprets.
     """
 
     noise_multiplier: float
@@ -55,6 +62,7 @@ class TrainingPlan:
     steps: int
     rounds: int | None = None
     client_rate: float = 1.0
+    noise: Literal["continuous", "discrete"] = "continuous"
 
     #: The privacy unit of this description (a :class:`pdpfl.privacy.unit.UnitMechanism`).
     unit: ClassVar[str] = "record"
@@ -85,6 +93,11 @@ class TrainingPlan:
         object.__setattr__(self, "steps", steps)
         object.__setattr__(self, "rounds", rounds)
         object.__setattr__(self, "client_rate", lam)
+        if self.noise not in ("continuous", "discrete"):
+            raise ValueError(
+                f"noise: must be 'continuous' or 'discrete' (privacy.central_noise), got "
+                f"{self.noise!r}"
+            )
 
     @property
     def centralized(self) -> bool:
@@ -116,13 +129,23 @@ class TrainingPlan:
         if adv is Adversary.BOTH:
             raise ValueError("adversary: 'both' has no single event; account each observer")
         q = check_rates(rates)
-        step = PoissonSampled(
-            q if np.ndim(rates) else float(q[0]), GaussianMechanism(self.noise_multiplier)
-        )
+        step = PoissonSampled(q if np.ndim(rates) else float(q[0]), self.step_event())
         local = Composed(step, self.steps)
         if self.rounds is None or adv is Adversary.SERVER:
             return local
         return TwoStageRound(self.client_rate, local)
+
+    def step_event(self) -> GaussianMechanism | DistributedDiscreteGaussian:
+        """One step's base mechanism (before sampling): ``GaussianMechanism(σ)``, or with
+        ``noise = "discrete"`` the central discrete Gaussian in units of its grid sensitivity
+        (:meth:`pdpfl.privacy.noise.CentralDiscreteGaussianNoise.event`)."""
+        if self.noise == "discrete":
+            from pdpfl.privacy.noise import central_event_variance
+
+            return DistributedDiscreteGaussian(
+                central_event_variance(self.noise_multiplier), 1, 1.0, 1
+            )
+        return GaussianMechanism(self.noise_multiplier)
 
     def charged_on(self, observer: str) -> Literal["active", "participated"]:
         """Third parties are charged every active round; the server only rounds the silo trained."""

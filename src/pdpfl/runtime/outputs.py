@@ -460,6 +460,8 @@ def build_summary(
         summary["silos"] = result["silos"]
     if server_state.get("noise_shares"):  # the discrete shares' encoding (bits, scale, wrap)
         summary["aggregation"]["discrete_shares"] = server_state["noise_shares"]
+    if server_state.get("central_noise"):  # privacy.central_noise: discrete (grid, scale)
+        summary["central_noise"] = server_state["central_noise"]
     summary.update(privacy_fields(config, result.get("privacy"), view))
     store = result.get("lifetime")
     summary["lifetime"] = lifetime_fields(config, result.get("privacy"), store)

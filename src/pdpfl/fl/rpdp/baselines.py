@@ -450,6 +450,8 @@ class CentralizedFilterConfig(CentralizedConfig):
         "record the order that maximises its squared-norm budget)",
     )
     summary: ClassVar[str] = "Filter: private GD with an individual Rényi filter (pooled data)"
+    #: The filter's budgets are stated in the continuous Gaussian's σ and C.
+    supports_central_discrete: ClassVar[bool] = False
     setup_type: ClassVar[type[PublicSetup]] = FilterSetup
 
     def accountant_problems(self, config: ExperimentConfig) -> list[str]:

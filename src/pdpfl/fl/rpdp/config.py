@@ -46,6 +46,7 @@ class DpFedAvgConfig(Algorithm):
 
     setup_type: ClassVar[type[PublicSetup]] = DpFedAvgSetup
     supports_hidden_participation: ClassVar[bool] = True
+    supports_central_discrete: ClassVar[bool] = True
 
     def check(self, config: ExperimentConfig) -> list[str]:
         problems = []
@@ -82,11 +83,18 @@ class DpFedAvgConfig(Algorithm):
         setup: PublicSetup,
         randomness: Randomness,
     ) -> FedAvgServer:
+        central = None
+        if isinstance(setup, DpFedAvgSetup) and setup.private and setup.central_noise == "discrete":
+            model = silo_model(config, info)  # what the silos' steps add noise to
+            d = sum(p.numel() for p in model.parameters() if p.requires_grad)
+            noise = setup.noise(d)
+            central = noise.summary() if hasattr(noise, "summary") else None
         return FedAvgServer(
             initial_params(config, info),
             client_rate=config.training.client_rate,
             randomness=randomness,
             server_lr=self.server_lr,
+            central_noise=central,
         )
 
     def client(

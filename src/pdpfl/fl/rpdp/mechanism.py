@@ -21,12 +21,13 @@ from pdpfl.fl.common import (
     public_budget_statistics,
 )
 from pdpfl.privacy.mechanisms import Mechanism
-from pdpfl.privacy.noise import GaussianNoise
+from pdpfl.privacy.noise import CentralDiscreteGaussianNoise, GaussianNoise
 from pdpfl.privacy.plan import TrainingPlan
 
 if TYPE_CHECKING:  # pragma: no cover
     from pdpfl.calibration import RateEstimator
     from pdpfl.config import ExperimentConfig
+    from pdpfl.dp.noise import CentralNoise
 
 __all__ = [
     "DpFedAvgSetup",
@@ -66,6 +67,10 @@ class DpFedAvgSetup(PublicSetup):
         ``visible`` (the server samples the silos) or ``hidden`` (each silo draws its own λ-coin
         under secure summation). Either way the server is accounted with participation
         revealed (on a real network reply timing tells it who took part).
+    central_noise
+        ``continuous`` (the secure float Gaussian) or ``discrete`` (exact discrete Gaussian on
+        a grid of the clipped sum, :class:`~pdpfl.privacy.noise.CentralDiscreteGaussianNoise`;
+        the plan's steps are then the central discrete Gaussian).
     """
 
     mode: Mode
@@ -82,28 +87,41 @@ class DpFedAvgSetup(PublicSetup):
     uniform_epsilon: float | None = None
     uniform_rate: float | None = None
     participation: str = "visible"
+    central_noise: str = "continuous"
 
     @property
     def private(self) -> bool:
         return self.mode != "non-private"
 
-    def noise(self) -> GaussianNoise:
-        """What every local DP-SGD step adds: N(0, σ²C²) per coordinate (the description the
-        silo draws from and its ledger's plan is built from)."""
+    def noise(self, dimension: int | None = None) -> CentralNoise:
+        """What every local DP-SGD step adds (the description the silo draws from and its
+        ledger's plan is built from): N(0, σ²C²) per coordinate, or with ``central_noise:
+        discrete`` the exact discrete Gaussian on the grid of the ``dimension`` trainable
+        coordinates."""
         if not self.private:
             raise ValueError("the non-private mode adds no noise")
+        if self.central_noise == "discrete":
+            if dimension is None:
+                raise ValueError(
+                    "dimension: the central discrete noise needs the number of trainable "
+                    "coordinates (its grid sensitivity γC + √d depends on it)"
+                )
+            return CentralDiscreteGaussianNoise(
+                self.noise_multiplier, self.max_grad_norm, dimension
+            )
         return GaussianNoise(self.noise_multiplier, self.max_grad_norm)
 
-    def plan(self, noise: GaussianNoise | None = None) -> TrainingPlan:
-        """The :class:`~pdpfl.privacy.plan.TrainingPlan` (σ, δ, τ, T, λ) of this mechanism, σ
-        from ``noise`` (default :meth:`noise`)."""
-        noise = self.noise() if noise is None else noise
+    def plan(self, noise: CentralNoise | None = None) -> TrainingPlan:
+        """The :class:`~pdpfl.privacy.plan.TrainingPlan` (σ, δ, τ, T, λ, noise kind) of this
+        mechanism, σ from ``noise`` (default: the setup's σ)."""
+        sigma = self.noise_multiplier if noise is None else noise.noise_multiplier
         return TrainingPlan(
-            noise_multiplier=noise.noise_multiplier,
+            noise_multiplier=sigma,
             delta=self.delta,
             steps=self.local_steps,
             rounds=self.rounds,
             client_rate=self.client_rate,
+            noise="discrete" if self.central_noise == "discrete" else "continuous",
         )
 
     def estimator_object(self) -> RateEstimator:
@@ -140,6 +158,7 @@ def mechanism_plan(config: ExperimentConfig, sigma: float) -> TrainingPlan:
         steps=tr.local_steps,
         rounds=tr.rounds,
         client_rate=tr.client_rate,
+        noise=config.privacy.central_noise,
     )
 
 
@@ -159,6 +178,7 @@ def noise_multiplier(config: ExperimentConfig) -> float:
         tr.client_rate,
         config.privacy.adversary,
         config.privacy.accountant,
+        config.privacy.central_noise,
     )
 
 
@@ -194,6 +214,7 @@ def setup_fields(config: ExperimentConfig) -> dict[str, Any]:
         calibration=pv.calibration,
         accountant=pv.accountant,
         participation=config.participation,
+        central_noise=pv.central_noise,
     )
 
 

@@ -33,6 +33,9 @@ class FedAvgServer:
         The server's own randomness (client-sampling coins).
     server_lr
         η_s: x^{t+1} = x^t + η_s · Σ Δx_i / Σ w_i.
+    central_noise
+        The silos' central discrete noise (``privacy.central_noise: discrete``): its grid,
+        shown in ``summary.json`` (public, derived from the config and the model).
     """
 
     public_metrics: ClassVar[frozenset[str]] = frozenset()
@@ -45,6 +48,7 @@ class FedAvgServer:
         client_rate: float,
         randomness: Randomness,
         server_lr: float = 1.0,
+        central_noise: dict[str, Any] | None = None,
     ) -> None:
         if not 0 < client_rate <= 1:
             raise ValueError(f"client_rate: must be in (0, 1], got {client_rate}")
@@ -55,6 +59,7 @@ class FedAvgServer:
         self.participation: dict[int, int] = {}
         self.rounds_done = 0
         self.empty_rounds = 0
+        self.central_noise = central_noise
 
     def initial_params(self) -> Params:
         return [p.copy() for p in self._initial]
@@ -90,11 +95,14 @@ class FedAvgServer:
         self.empty_rounds += int(not selected)
 
     def state_dict(self) -> dict[str, Any]:
-        return {
+        state: dict[str, Any] = {
             "participation": {str(k): v for k, v in self.participation.items()},
             "rounds_done": self.rounds_done,
             "empty_rounds": self.empty_rounds,
         }
+        if self.central_noise is not None:  # derived from the config: not loaded back
+            state["central_noise"] = dict(self.central_noise)
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.participation = {int(k): int(v) for k, v in state["participation"].items()}

@@ -28,12 +28,12 @@ from pdpfl.fl.common import checked_noise
 from pdpfl.fl.rpdp.mechanism import DpFedAvgSetup
 from pdpfl.fl.template import RoundPlan, Silo
 from pdpfl.ledger import PrivacyLedger, PrivacySummary, nonprivate_summary
-from pdpfl.privacy.noise import GaussianNoise
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
     from pdpfl.dp.extra_rows import ExtraRows
+    from pdpfl.dp.noise import CentralNoise
     from pdpfl.randomness import Randomness
 
 __all__ = ["DpFedAvgClient", "DpFedAvgSilo"]
@@ -119,7 +119,7 @@ class DpFedAvgSilo(Silo):
         ids = getattr(data, "record_ids", None)
         ledger = None
         #: What every local step adds (None without DP); the ledger's plan is built from it.
-        self.noise: GaussianNoise | None = None
+        self.noise: CentralNoise | None = None
         #: Records trained at q = 1 with a budget above ε_max (they spend less than allowed).
         self.capped = np.zeros(n, dtype=bool)
         if setup.private:
@@ -130,7 +130,9 @@ class DpFedAvgSilo(Silo):
             if setup.mode == "personalized":
                 self._refuse_unreachable(client_id, allow_exclusion)
                 self.capped = self._capped(client_id, epsilon_cap, cap_at_epsilon_max)
-            self.noise = setup.noise()
+            # the trainable coordinates (the grid of privacy.central_noise: discrete)
+            dimension = sum(p.numel() for p in model.parameters() if p.requires_grad)
+            self.noise = setup.noise(dimension)
             ledger = PrivacyLedger(
                 self.budgets,
                 self.rates,
@@ -255,7 +257,7 @@ class DpFedAvgSilo(Silo):
         ]
         return Contribution(update=delta, weight=self.weight)
 
-    def _noise(self) -> GaussianNoise | None:
+    def _noise(self) -> CentralNoise | None:
         """The noise of this round's steps, checked against what the ledger charges."""
         if self.noise is None:
             return None
