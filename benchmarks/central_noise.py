@@ -40,7 +40,13 @@ CASES = [
 
 
 def _case(
-    label: str, model_name: str, shape: tuple[int, ...], classes: int, n: int, batch: int, steps: int
+    label: str,
+    model_name: str,
+    shape: tuple[int, ...],
+    classes: int,
+    n: int,
+    batch: int,
+    steps: int,
 ) -> dict[str, Any]:
     gen = torch.Generator().manual_seed(0)
     x = torch.randn((n, *shape), generator=gen)

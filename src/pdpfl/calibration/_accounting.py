@@ -60,6 +60,8 @@ def plan_to_dict(plan: TrainingPlan) -> dict[str, Any]:
     d = dataclasses.asdict(plan)
     if d.get("noise") == "continuous":
         del d["noise"]  # the default: estimators written before the field read the same
+    if d.get("discrete_step", 0) is None:
+        del d["discrete_step"]
     return {k: (v.item() if isinstance(v, np.generic) else v) for k, v in d.items()}
 
 

@@ -55,6 +55,11 @@ class TrainingPlan:
         :class:`~pdpfl.privacy.noise.CentralDiscreteGaussianNoise`); the step's event is then
         ``DistributedDiscreteGaussian(σ², 1, 1, 1)`` (σ relative to the grid sensitivity),
         which only the ``rdp`` accountant interprets.
+    discrete_step
+        With ``noise = "discrete"``: an explicit step mechanism instead of the central one --
+        e.g. the released sum of t discrete Gaussian shares of ULDP-FL's users
+        (:meth:`pdpfl.privacy.uldp_discrete.DiscreteUserLevelPlan.as_training_plan`), whose σ
+        must be ``noise_multiplier`` = √(t·σ_s²/N).
     """
 
     noise_multiplier: float
@@ -63,6 +68,7 @@ class TrainingPlan:
     rounds: int | None = None
     client_rate: float = 1.0
     noise: Literal["continuous", "discrete"] = "continuous"
+    discrete_step: DistributedDiscreteGaussian | None = None
 
     #: The privacy unit of this description (a :class:`pdpfl.privacy.unit.UnitMechanism`).
     unit: ClassVar[str] = "record"
@@ -98,6 +104,20 @@ class TrainingPlan:
                 f"noise: must be 'continuous' or 'discrete' (privacy.central_noise), got "
                 f"{self.noise!r}"
             )
+        step = self.discrete_step
+        if isinstance(step, dict):  # from plan_to_dict
+            step = DistributedDiscreteGaussian(**step)
+            object.__setattr__(self, "discrete_step", step)
+        if step is not None:
+            if self.noise != "discrete" or not isinstance(step, DistributedDiscreteGaussian):
+                raise ValueError(
+                    "discrete_step: a DistributedDiscreteGaussian, with noise = 'discrete'"
+                )
+            if not math.isclose(step.noise_multiplier, sigma, rel_tol=1e-12):
+                raise ValueError(
+                    f"noise_multiplier: {sigma!r} is not the discrete step's "
+                    f"√(t·σ_s²/N) = {step.noise_multiplier!r}"
+                )
 
     @property
     def centralized(self) -> bool:
@@ -105,8 +125,18 @@ class TrainingPlan:
         return self.rounds is None
 
     def with_noise(self, noise_multiplier: float) -> TrainingPlan:
-        """The same plan with another noise multiplier σ (e.g. one found by a σ search)."""
-        return replace(self, noise_multiplier=float(noise_multiplier))
+        """The same plan with another noise multiplier σ (e.g. one found by a σ search); an
+        explicit discrete step keeps its shares and rescales its sensitivity, N' = t·σ_s²/σ'²
+        (rounded up: as :meth:`~pdpfl.privacy.discrete_plan.SampledDiscreteGaussianPlan.
+        with_noise`)."""
+        sigma = float(noise_multiplier)
+        step = self.discrete_step
+        if step is None or sigma == self.noise_multiplier:
+            return replace(self, noise_multiplier=sigma)
+        n_sq = step.shares * step.share_variance / (sigma * sigma)
+        n_sq = math.nextafter(math.nextafter(n_sq * (1.0 + 4.0 * 2.0**-52), math.inf), math.inf)
+        new = replace(step, l2_sensitivity_sq=n_sq)
+        return replace(self, noise_multiplier=new.noise_multiplier, discrete_step=new)
 
     # -- the UnitMechanism description (pdpfl.privacy.unit) -----------------------------------
     @property
@@ -139,6 +169,8 @@ class TrainingPlan:
         """One step's base mechanism (before sampling): ``GaussianMechanism(σ)``, or with
         ``noise = "discrete"`` the central discrete Gaussian in units of its grid sensitivity
         (:meth:`pdpfl.privacy.noise.CentralDiscreteGaussianNoise.event`)."""
+        if self.discrete_step is not None:
+            return self.discrete_step
         if self.noise == "discrete":
             from pdpfl.privacy.noise import central_event_variance
 

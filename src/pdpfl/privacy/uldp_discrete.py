@@ -19,8 +19,9 @@ Gaussian share of variance σ_s² (Kairouz, Liu & Steinke, ICML 2021). Per obser
   :class:`~pdpfl.privacy.uldp.UserLevelPlan`).
 
 Only the ``rdp`` accountant interprets the distributed discrete Gaussian (``pld`` and
-``gdp-clt`` refuse it). Calibration of per-user rates (personal budgets) is not offered for this
-plan (:meth:`as_training_plan` refuses; use ``privacy.noise_shares: continuous``).
+``gdp-clt`` refuse it). Per-user rates (personal budgets) are calibrated against the released
+sum's event itself (:meth:`as_training_plan`: a
+:class:`~pdpfl.privacy.plan.TrainingPlan` whose step is that distributed discrete Gaussian).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from pdpfl.privacy.accountant import mechanism_epsilon
 from pdpfl.privacy.adversary import as_adversary
 from pdpfl.privacy.discrete_plan import SampledDiscreteGaussianPlan
 from pdpfl.privacy.mechanisms import Composed, Mechanism, PoissonSampled
+from pdpfl.privacy.plan import TrainingPlan
 from pdpfl.privacy.rdp import check_rates
 from pdpfl.privacy.uldp import ORDERS
 from pdpfl.privacy.unit import Charge, PrivacyUnit
@@ -145,10 +147,19 @@ class DiscreteUserLevelPlan:
             self.server_knows_sampling,
         )
 
-    def as_training_plan(self) -> None:
-        raise ValueError(
-            "privacy.noise_shares: personal budgets calibrate per-user rates against a "
-            "continuous plan; with discrete shares set privacy.noise_shares: continuous"
+    def as_training_plan(self) -> TrainingPlan:
+        """The third party's view as a :class:`~pdpfl.privacy.plan.TrainingPlan` for the
+        certified rate calibrator (personal budgets): T rounds of one Poisson-sampled step,
+        λ = 1, whose step is the released sum's ``DistributedDiscreteGaussian(σ_s², t, N, d)``
+        itself -- the calibration and the ledger charge one event."""
+        return TrainingPlan(
+            noise_multiplier=self.released.noise_multiplier,
+            delta=self.delta,
+            steps=1,
+            rounds=self.rounds,
+            client_rate=1.0,
+            noise="discrete",
+            discrete_step=self.released.base_event(),
         )
 
     def planned_epsilon(

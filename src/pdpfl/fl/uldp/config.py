@@ -542,14 +542,11 @@ class UserLevelConfig(UldpConfig):
         )
 
     def discrete_shares(self, config: ExperimentConfig) -> bool:
-        """The silos add discrete noise shares (``privacy.noise_shares: discrete``, the default).
-        Private weighting keeps its own encoding, and personal budgets keep float shares (their
-        per-user rates are calibrated against the continuous plan): both run continuous."""
+        """The silos add discrete noise shares (``privacy.noise_shares: discrete``, the default;
+        personal budgets included: their per-user rates are calibrated against the discrete
+        plan). Private weighting keeps its own encoding (continuous)."""
         return (
-            self.private
-            and config.privacy.noise_shares == "discrete"
-            and self.weights != "private"
-            and not self.personal_budgets
+            self.private and config.privacy.noise_shares == "discrete" and self.weights != "private"
         )
 
     def variant_problems(self, config: ExperimentConfig) -> list[str]:
