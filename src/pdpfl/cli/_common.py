@@ -72,11 +72,18 @@ _PLAN_OPTIONS = {
     "steps": "--steps",
     "rounds": "--rounds",
     "client_rate": "--client-rate",
+    "noise": "--central-noise",
 }
 
 
 def plan_from_options(
-    *, sigma: float, delta: float, steps: int, rounds: int | None, client_rate: float
+    *,
+    sigma: float,
+    delta: float,
+    steps: int,
+    rounds: int | None,
+    client_rate: float,
+    noise: str = "continuous",
 ) -> Any:
     """Build the :class:`~pdpfl.privacy.plan.TrainingPlan` from CLI options.
 
@@ -87,7 +94,12 @@ def plan_from_options(
 
     try:
         return TrainingPlan(
-            noise_multiplier=sigma, delta=delta, steps=steps, rounds=rounds, client_rate=client_rate
+            noise_multiplier=sigma,
+            delta=delta,
+            steps=steps,
+            rounds=rounds,
+            client_rate=client_rate,
+            noise=noise,  # type: ignore[arg-type]
         )
     except ValueError as exc:
         field, _, rest = str(exc).partition(":")

@@ -147,6 +147,14 @@ def calibrate_command(
             "--allow-exclusion", help="Give q = 0 to budgets below the smallest achievable ε."
         ),
     ] = False,
+    central_noise: Annotated[
+        str,
+        typer.Option(
+            "--central-noise",
+            help="continuous | discrete: the DP-SGD step's noise (privacy.central_noise; "
+            "discrete: the exact discrete Gaussian on a grid, accounted by rdp only).",
+        ),
+    ] = "continuous",
     out: Annotated[Path | None, typer.Option("--out", help="Write the rates here (.npy).")] = None,
     as_json: Annotated[
         bool, typer.Option("--json", help="Print the report as one JSON object.")
@@ -171,6 +179,19 @@ def calibrate_command(
     from pdpfl.privacy.unit import PrivacyUnit
 
     unit_, accountant = parse_unit_and_accountant(unit, accountant)
+    if central_noise not in ("continuous", "discrete"):
+        fail(f"--central-noise: expected continuous or discrete, got {central_noise!r}")
+    if central_noise == "discrete":
+        if unit_ is not PrivacyUnit.RECORD:
+            fail(
+                "--central-noise: discrete is the record-level DP-SGD step's noise (rPDP-FL); "
+                "use --unit record or continuous"
+            )
+        if accountant != "rdp":
+            fail(
+                f"--accountant: {accountant} cannot interpret the central discrete Gaussian "
+                "(--central-noise discrete); use rdp"
+            )
     # σ is searched when --epsilon-max is given: validate the rest of the plan with σ = 1.
     if unit_ is PrivacyUnit.RECORD:
         if steps is None:
@@ -181,6 +202,7 @@ def calibrate_command(
             steps=steps,
             rounds=rounds,
             client_rate=client_rate,
+            noise=central_noise,
         )
     else:
         name = unit_.value
