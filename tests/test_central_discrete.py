@@ -374,3 +374,29 @@ def test_central_discrete_release_resists_float_attacks() -> None:
     g0, gb, g1 = grids
     excess = max(_residue_tv(g0, g1, k) - _residue_tv(g0, gb, k) for k in range(1, 13))
     assert excess < 0.05
+
+
+@pytest.mark.slow
+def test_idp_sgd_scale_clips_each_group_within_its_discrete_charge() -> None:
+    """IDP-SGD's Scale on discrete central noise: group p clips at C_p = (σΔ'/σ_p − √d)/γ,
+    so the one noise charges every record at least its group's σ_p (its ledger multiplier);
+    the plan is the discrete one and the records' ledgers hold those multipliers."""
+    _, clients, _ = _build(toy_config("idp-sgd-scale", DISCRETE))
+    silo = clients[0]
+    noise = silo.noise
+    assert isinstance(noise, CentralDiscreteGaussianNoise)
+    assert silo.ledger.mechanism.noise == "discrete"
+    groups = silo.setup.groups_of(silo.budgets)
+    charged = np.asarray(silo.ledger.noise_multipliers)
+    for p, sigma_p in enumerate(silo.setup.group_noise):
+        mine = groups == p
+        if not mine.any():
+            continue
+        clip = float(silo.clips[mine][0])
+        assert 0 < clip <= silo.setup.max_grad_norm
+        # the grid sensitivity of a record clipped at C_p is charged at least σ_p
+        grid = noise.scale * clip + math.sqrt(noise.dimension)
+        assert noise.noise_multiplier * noise.grid_sensitivity / grid >= sigma_p
+        assert np.all(charged[mine] >= sigma_p)
+        # and the clip is the largest such (within 10^-9): nothing is given away
+        assert noise.multiplier_for(clip * (1 + 1e-9)) < sigma_p or clip == noise.sensitivity

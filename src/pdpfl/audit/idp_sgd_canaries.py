@@ -57,7 +57,7 @@ class ScaleCanaries(CanaryHookBase):
         budgets = self._budgets.pop((id(run), host), np.zeros(0))
         if budgets.size != rows.num_rows:
             raise AuditUnsupported(f"silo {host}: {rows.num_rows} canaries, {budgets.size} budgets")
-        clips = silo.setup.clip_norms(budgets)
+        clips = silo.setup.clip_norms(budgets, getattr(silo.noise, "dimension", None))
         norms = np.sqrt(np.sum(rows.values * rows.values, axis=1))
         scale = np.where(norms > clips, clips / np.maximum(norms, 1e-300), 1.0)
         silo.extra_rows = ExtraRows(rows.coords, rows.values * scale[:, None], rows.rates)
@@ -73,7 +73,9 @@ class ScaleCanaries(CanaryHookBase):
             np.asarray(budgets, dtype=np.float64),
             np.asarray(rates, dtype=np.float64),
             dataclasses.replace(silo.setup.plan(), delta=float(delta)),
-            noise_multipliers=silo.setup.record_noise(budgets),
+            noise_multipliers=silo.setup.record_noise(
+                budgets, getattr(silo.noise, "dimension", None)
+            ),
             accountant=own.accountant,
         )
 

@@ -214,8 +214,8 @@ class PrivacyConfig(_Section):
         "scaled by γ = 2^k, rounded to integers (sensitivity γC + √d, inflation ≤ 2^-10) and "
         "an exact discrete Gaussian drawn with integer arithmetic is added (Canonne, Kamath & "
         "Steinke 2020): no floating-point attack on the noise (Mironov 2012; Jin et al. 2022); "
-        "accountant rdp only. Supported by the rPDP-FL family (rpdp-fl, its uniform baselines, "
-        "centralized); other algorithms refuse it",
+        "accountant rdp only. Supported by the rPDP-FL family (rpdp, its uniform baselines, "
+        "centralized) and idp-sgd-scale; other algorithms refuse it",
     )
 
     @field_validator("accountant")

@@ -375,6 +375,29 @@ class CentralDiscreteGaussianNoise:
         """σ·Δ'/γ: the std added per coordinate in value units (central: no shares)."""
         return self.noise_multiplier * self.grid_sensitivity / self.scale
 
+    def multiplier_for(self, sensitivity: float) -> float:
+        """The multiplier of this noise for a contribution clipped at C' ≤ C: σ_Z/(γC' + √d)
+        (its grid sensitivity; rounded down: charging less noise than added is conservative).
+        IDP-SGD's per-record clip norms; ``multiplier_for(C)`` is σ up to rounding."""
+        c = _sensitivity(sensitivity)
+        grid = _up(self.scale * c + _up(math.sqrt(self.dimension)))
+        m = self.noise_multiplier * self.grid_sensitivity / grid
+        return math.nextafter(math.nextafter(m, 0.0), 0.0)
+
+    def clip_for(self, noise_multiplier: float) -> float:
+        """The largest clip norm C' (rounded down) whose grid sensitivity γC' + √d is charged
+        at least ``noise_multiplier`` by this noise (0 if none is): IDP-SGD's group clip norms,
+        C_p = (σΔ'/σ_p − √d)/γ, shrunk by 10^-12 so that :meth:`multiplier_for` ≥ σ_p."""
+        target = _number(noise_multiplier, "noise_multiplier", "a finite number > 0")
+        room = self.noise_multiplier * self.grid_sensitivity / target
+        c = (room - _up(math.sqrt(self.dimension))) / self.scale * (1.0 - 1e-12)
+        if not c > 0.0:
+            return 0.0
+        c = min(c, self.sensitivity)
+        while self.multiplier_for(c) < target:  # float rounding: shrink until charged enough
+            c *= 1.0 - 1e-12
+        return c
+
     def event(self) -> DistributedDiscreteGaussian:
         """``DistributedDiscreteGaussian(σ², 1, 1, 1)``: one release in units of Δ' (σ² rounded
         down: accounting less noise than added is conservative)."""

@@ -18,6 +18,7 @@ from pdpfl.fl.common import accountant_problems, client_budgets, initial_params,
 from pdpfl.fl.idp_sgd.mechanism import ScaleSetup, round_events, scale_setup
 from pdpfl.fl.idp_sgd.server import ScaleServer
 from pdpfl.fl.idp_sgd.silo import ScaleSilo
+from pdpfl.privacy.noise import CentralDiscreteGaussianNoise
 
 if TYPE_CHECKING:  # pragma: no cover
     from pdpfl.data.federation import ClientData
@@ -45,6 +46,7 @@ class ScaleConfig(Algorithm):
 
     summary: ClassVar[str] = "Scale (IDP-SGD): every budget group its own clip norm, one noise"
     setup_type: ClassVar[type[PublicSetup]] = ScaleSetup
+    supports_central_discrete: ClassVar[bool] = True
     toy_overrides: ClassVar[tuple[str, ...]] = ("algorithm.sampling_rate=0.2",)
 
     def check(self, config: ExperimentConfig) -> list[str]:
@@ -75,11 +77,17 @@ class ScaleConfig(Algorithm):
         setup: PublicSetup,
         randomness: Randomness,
     ) -> ScaleServer:
+        central = None
+        if isinstance(setup, ScaleSetup) and setup.central_noise == "discrete":
+            model = silo_model(config, info)  # what the silos' steps add noise to
+            noise = setup.noise(sum(p.numel() for p in model.parameters() if p.requires_grad))
+            central = noise.summary() if isinstance(noise, CentralDiscreteGaussianNoise) else None
         return ScaleServer(
             initial_params(config, info),
             client_rate=config.training.client_rate,
             randomness=randomness,
             server_lr=self.server_lr,
+            central_noise=central,
         )
 
     def client(

@@ -42,11 +42,12 @@ import numpy as np
 from pdpfl.fl.algorithm import PublicSetup
 from pdpfl.fl.common import public_budget_statistics
 from pdpfl.privacy.mechanisms import Mechanism
-from pdpfl.privacy.noise import GaussianNoise
+from pdpfl.privacy.noise import CentralDiscreteGaussianNoise, GaussianNoise
 from pdpfl.privacy.plan import TrainingPlan
 
 if TYPE_CHECKING:  # pragma: no cover
     from pdpfl.config import ExperimentConfig
+    from pdpfl.dp.noise import CentralNoise
 
 __all__ = ["ScaleSetup", "group_noise", "round_events", "scale_setup", "training_plan"]
 
@@ -84,9 +85,21 @@ class ScaleSetup(PublicSetup):
     adversary: str = "both"
     accountant: str = "rdp"
     participation: str = "visible"
+    central_noise: str = "continuous"
 
-    def noise(self) -> GaussianNoise:
-        """What every local step adds: N(0, σ²C²) per coordinate (one draw, every record)."""
+    def noise(self, dimension: int | None = None) -> CentralNoise:
+        """What every local step adds: N(0, σ²C²) per coordinate (one draw, every record), or
+        with ``central_noise: discrete`` the exact discrete Gaussian on the grid of the
+        ``dimension`` trainable coordinates (:class:`CentralDiscreteGaussianNoise`)."""
+        if self.central_noise == "discrete":
+            if dimension is None:
+                raise ValueError(
+                    "dimension: the central discrete noise needs the number of trainable "
+                    "coordinates (its grid sensitivity γC + √d depends on it)"
+                )
+            return CentralDiscreteGaussianNoise(
+                self.noise_multiplier, self.max_grad_norm, dimension
+            )
         return GaussianNoise(self.noise_multiplier, self.max_grad_norm)
 
     def plan(self) -> TrainingPlan:
@@ -97,6 +110,7 @@ class ScaleSetup(PublicSetup):
             steps=self.local_steps,
             rounds=self.rounds,
             client_rate=self.client_rate,
+            noise="discrete" if self.central_noise == "discrete" else "continuous",
         )
 
     def groups_of(self, budgets: np.ndarray) -> np.ndarray:
@@ -104,23 +118,28 @@ class ScaleSetup(PublicSetup):
         eps = np.asarray(budgets, dtype=np.float64) * (1 + _TOLERANCE)
         return np.searchsorted(np.asarray(self.group_budgets), eps, side="right") - 1
 
-    def clip_norms(self, budgets: np.ndarray) -> np.ndarray:
-        """C_i = σ·C/σ_p of each record's group (0 for a record below every group)."""
+    def clip_norms(self, budgets: np.ndarray, dimension: int | None = None) -> np.ndarray:
+        """C_i = σ·C/σ_p of each record's group (0 for a record below every group); with
+        discrete noise C_p = (σΔ'/σ_p − √d)/γ, the largest clip norm whose grid sensitivity
+        the one noise charges at least σ_p (:meth:`CentralDiscreteGaussianNoise.clip_for`)."""
         group = self.groups_of(budgets)
-        noise = self.noise()
-        per_group = np.array(
-            [noise.total_std / s for s in self.group_noise] or [0.0], dtype=np.float64
-        )
+        noise = self.noise(dimension)
+        if isinstance(noise, CentralDiscreteGaussianNoise):
+            clips = [noise.clip_for(s) for s in self.group_noise]
+        else:
+            clips = [noise.total_std / s for s in self.group_noise]
+        per_group = np.array(clips or [0.0], dtype=np.float64)
         return np.where(group >= 0, np.minimum(per_group[group], self.max_grad_norm), 0.0)
 
-    def record_noise(self, budgets: np.ndarray) -> np.ndarray:
-        """σ_i = σ·C/C_i (:meth:`GaussianNoise.for_sensitivity`): what each record is charged
-        (σ for a record below every group, which is never sampled)."""
-        noise = self.noise()
+    def record_noise(self, budgets: np.ndarray, dimension: int | None = None) -> np.ndarray:
+        """σ_i = σ·C/C_i (:meth:`GaussianNoise.for_sensitivity`; with discrete noise
+        σ_Z/(γC_i + √d), :meth:`CentralDiscreteGaussianNoise.multiplier_for`): what each record
+        is charged (σ for a record below every group, which is never sampled)."""
+        noise = self.noise(dimension)
         return np.array(
             [
-                noise.for_sensitivity(c).noise_multiplier if c > 0 else noise.noise_multiplier
-                for c in self.clip_norms(budgets)
+                record_multiplier(noise, float(c)) if c > 0 else noise.noise_multiplier
+                for c in self.clip_norms(budgets, dimension)
             ],
             dtype=np.float64,
         )
@@ -128,6 +147,13 @@ class ScaleSetup(PublicSetup):
     def record_rates(self, budgets: np.ndarray) -> np.ndarray:
         """q for every record in a group, 0 for a record below every group."""
         return np.where(self.groups_of(budgets) >= 0, self.sampling_rate, 0.0)
+
+
+def record_multiplier(noise: CentralNoise, clip: float) -> float:
+    """The multiplier the one noise charges a record clipped at ``clip``."""
+    if isinstance(noise, CentralDiscreteGaussianNoise):
+        return noise.multiplier_for(clip)
+    return noise.for_sensitivity(clip).noise_multiplier
 
 
 def training_plan(config: ExperimentConfig, sigma: float = 1.0) -> TrainingPlan:
@@ -139,6 +165,7 @@ def training_plan(config: ExperimentConfig, sigma: float = 1.0) -> TrainingPlan:
         steps=tr.local_steps,
         rounds=tr.rounds,
         client_rate=tr.client_rate,
+        noise=config.privacy.central_noise,
     )
 
 
@@ -158,13 +185,20 @@ def group_noise(
     client_rate: float,
     adversary: str,
     accountant: str,
+    central_noise: str = "continuous",
 ) -> float:
     """σ_p: the smallest multiplier at which rate q spends at most ε over the run (public
-    parameters only; memoized, since ``pdpfl compare`` builds the same setup again)."""
+    parameters only; memoized, since ``pdpfl compare`` builds the same setup again), against
+    the discrete plan with ``central_noise: discrete``."""
     from pdpfl.calibration import noise_for_uniform_rate
 
     template = TrainingPlan(
-        noise_multiplier=1.0, delta=delta, steps=steps, rounds=rounds, client_rate=client_rate
+        noise_multiplier=1.0,
+        delta=delta,
+        steps=steps,
+        rounds=rounds,
+        client_rate=client_rate,
+        noise="discrete" if central_noise == "discrete" else "continuous",
     )
     return float(noise_for_uniform_rate(epsilon, rate, template, adversary, accountant=accountant))
 
@@ -197,8 +231,8 @@ def scale_setup(
             "(the top group, which clips at training.max_grad_norm)"
         )
     args = (rate, pv.delta, tr.local_steps, tr.rounds, tr.client_rate, pv.adversary)
-    sigma = group_noise(top, *args, pv.accountant)
-    noise = [max(sigma, group_noise(e, *args, pv.accountant)) for e in budgets]
+    sigma = group_noise(top, *args, pv.accountant, pv.central_noise)
+    noise = [max(sigma, group_noise(e, *args, pv.accountant, pv.central_noise)) for e in budgets]
     return ScaleSetup(
         noise_multiplier=sigma,
         max_grad_norm=tr.max_grad_norm,
@@ -212,4 +246,5 @@ def scale_setup(
         adversary=pv.adversary,
         accountant=pv.accountant,
         participation=config.participation,
+        central_noise=pv.central_noise,
     )

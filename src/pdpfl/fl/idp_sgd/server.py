@@ -26,12 +26,20 @@ class ScaleServer:
     needs_individual_updates: ClassVar[bool] = False
 
     def __init__(
-        self, initial: Params, *, client_rate: float, randomness: Randomness, server_lr: float
+        self,
+        initial: Params,
+        *,
+        client_rate: float,
+        randomness: Randomness,
+        server_lr: float,
+        central_noise: dict[str, Any] | None = None,
     ) -> None:
         self._initial = [np.asarray(p, dtype=np.float32).copy() for p in initial]
         self.client_rate, self.server_lr = float(client_rate), float(server_lr)
         self.randomness = randomness
         self.rounds_done = 0
+        #: The silos' central discrete noise grid (summary.json; derived, not loaded back).
+        self.central_noise = central_noise
 
     def initial_params(self) -> Params:
         return [p.copy() for p in self._initial]
@@ -61,7 +69,10 @@ class ScaleServer:
         self.rounds_done += 1
 
     def state_dict(self) -> dict[str, Any]:
-        return {"rounds_done": self.rounds_done}
+        state: dict[str, Any] = {"rounds_done": self.rounds_done}
+        if self.central_noise is not None:
+            state["central_noise"] = dict(self.central_noise)
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.rounds_done = int(state["rounds_done"])

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from pdpfl.fl.api import Contribution, Params, Scalars
-from pdpfl.fl.idp_sgd.mechanism import ScaleSetup
+from pdpfl.fl.idp_sgd.mechanism import ScaleSetup, record_multiplier
 from pdpfl.fl.template import RoundPlan, Silo
 from pdpfl.ledger import PrivacyLedger, PrivacySummary
 from pdpfl.privacy.noise import GaussianNoise, check_charged
@@ -31,6 +31,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from pdpfl.data.federation import ClientData
     from pdpfl.dp.extra_rows import ExtraRows
+    from pdpfl.dp.noise import CentralNoise
     from pdpfl.randomness import Randomness
 
 __all__ = ["ScaleSilo"]
@@ -93,16 +94,18 @@ class ScaleSilo(Silo):
                 f"the smallest group ε = {setup.group_budgets[0]:g}; add a lower group to "
                 "algorithm.groups, or set privacy.allow_exclusion: true to exclude them"
             )
+        # the trainable coordinates (the grid of privacy.central_noise: discrete)
+        dimension = sum(p.numel() for p in model.parameters() if p.requires_grad)
         #: C_i: each record's own clipping bound (stays on the silo).
-        self.clips = setup.clip_norms(self.budgets)
+        self.clips = setup.clip_norms(self.budgets, dimension)
         #: The one noise every step adds; record i is charged it at sensitivity C_i.
-        self.noise: GaussianNoise = setup.noise()
+        self.noise: CentralNoise = setup.noise(dimension)
         ledger = PrivacyLedger(
             self.budgets,
             self.rates,
             setup.plan(),
             ids=data.record_ids,
-            noise_multipliers=setup.record_noise(self.budgets),
+            noise_multipliers=setup.record_noise(self.budgets, dimension),
             accountant=setup.accountant,
         )
         super().__init__(client_id, ledger, adversary=setup.adversary)
@@ -116,18 +119,19 @@ class ScaleSilo(Silo):
         assert self.ledger is not None
         return self.ledger.summary(capped=self.capped)
 
-    def _checked_noise(self) -> GaussianNoise:
+    def _checked_noise(self) -> CentralNoise:
         """The step's noise, after checking that every record's ledger multiplier is this noise
         seen at the record's own sensitivity C_i (nothing is drawn otherwise)."""
         assert self.ledger is not None
         charged = self.ledger.noise_multipliers
         for c in np.unique(self.clips[self.clips > 0]):
             first = int(np.flatnonzero(self.clips == c)[0])
-            check_charged(
-                self.noise.for_sensitivity(float(c)),
-                float(charged[first]),
-                what=f"silo {self.client_id}",
+            seen = (
+                self.noise.for_sensitivity(float(c))
+                if isinstance(self.noise, GaussianNoise)
+                else GaussianNoise(record_multiplier(self.noise, float(c)), float(c))
             )
+            check_charged(seen, float(charged[first]), what=f"silo {self.client_id}")
         return self.noise
 
     def step(self, global_params: Params, plan: RoundPlan) -> Contribution:
