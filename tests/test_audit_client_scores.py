@@ -6,6 +6,7 @@ caught in a real run (issue #39)."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,7 +15,7 @@ from hypothesis import strategies as st
 from scipy import stats
 
 from noise_faults import weaken_noise
-from pdpfl.audit import AuditSession, AuditSettings
+from pdpfl.audit import AuditSession, AuditSettings, write_audit
 from pdpfl.audit.ceiling import session_ceilings
 from pdpfl.audit.observe import sampled_gaussian_scores
 from pdpfl.testing import toy_config
@@ -91,7 +92,9 @@ def test_round_signal_is_the_value_noise() -> None:
 
 
 @pytest.mark.slow
-def test_idp_fedavg_half_the_noise_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_idp_fedavg_half_the_noise_is_caught(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     """The aggregator's sampler drawing half the std it is asked for (value and count noise):
     the f-DP test rejects the accountant's own curve with 1000 canaries, where the correct
     mechanism is consistent (third party, central IDP-FedAvg, likelihood-ratio scores)."""
@@ -100,6 +103,8 @@ def test_idp_fedavg_half_the_noise_is_caught(monkeypatch: pytest.MonkeyPatch) ->
     fine = AuditSession.create(config, audit).execute().to_dict()
     assert fine["verdict"] == "consistent"
     assert fine["scores"]["third-party"].startswith("likelihood ratio")
+    write_audit(fine, tmp_path)
+    assert "Canary scores (third-party): likelihood ratio" in (tmp_path / "AUDIT.md").read_text()
     session = AuditSession.create(config, audit)
     weaken_noise(monkeypatch, 2.0)
     record = session.execute().to_dict()
