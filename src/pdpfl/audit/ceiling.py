@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
@@ -157,13 +157,18 @@ def session_ceilings(
     observer: str,
     *,
     seed: int = 0,
-    noise_factor: float = 1.0,
+    noise_factor: float | Literal["seen"] = 1.0,
     m: int | None = None,
 ) -> dict[str, Ceiling]:
     """One ideal-audit draw per budget group of a planned audit (nothing is trained): each
     group's family as :meth:`AuditSession.execute` builds it, every round charged (every host
     taking part: the most exposed canary, as the family's count), the audit's δ and per-test
-    level, ``m`` canaries (default the session's). Groups without an f-DP family are left out."""
+    level, ``m`` canaries (default the session's). Groups without an f-DP family are left out.
+
+    ``noise_factor="seen"``: the canaries are generated at the noise the real ones meet, where
+    the hook states it (:meth:`~pdpfl.audit.hooks.CanaryHook.round_signal`: ν = 1/(μ·σ), e.g.
+    IDP-FedAvg's value noise σ_v against the charged σ_p under adaptive clipping), while the
+    claim ν = 1 is tested, as in the real audit; 1 where the hook states nothing."""
     from pdpfl.audit.evidence import guess_ladder
     from pdpfl.audit.session import STATISTICS
 
@@ -198,7 +203,11 @@ def session_ceilings(
     for g, spec in enumerate(plan.groups):
         family = None if spec.control else session._family(g, observer, ledgers)  # noqa: SLF001
         if family is not None:
+            factor = noise_factor
+            if factor == "seen":
+                signal = session.hook.round_signal(run, observer)
+                factor = 1.0 if signal is None else 1.0 / (signal * family.noise)
             out[spec.label] = ideal_audit(
-                family, size, delta, level, seed=seed, noise_factor=noise_factor
+                family, size, delta, level, seed=seed, noise_factor=float(factor)
             )
     return out

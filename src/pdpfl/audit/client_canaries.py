@@ -18,6 +18,19 @@ an extra *client* of one budget group (Andrew et al., ICLR 2024: canary clients)
 * its ledger is the clients' own: :func:`~pdpfl.fl.idp_fedavg.mechanism.client_mechanism` at
   the group's q_p and σ, charged every round (third parties: Poisson-subsampled Gaussian).
 
+**The score** (:meth:`ClientCanaries.round_signal`): each round a canary client is sampled by
+one coin and, when it is, adds its clipped update C_t to its coordinate under the value noise
+σ_v·C_t (the distributed variant: N noise shares each sized for t survivors, std
+σ_v·C_t·√(N/t)); in units of that noise it adds μ = 1/σ_v (√(t/N)/σ_v), whatever C_t, the
+server's learning rate or the denominator. The canaries are therefore scored by the exact
+likelihood ratio of that law, Σ_t log(1 − q_p + q_p·e^{μz_t − μ²/2})
+(:func:`~pdpfl.audit.observe.sampled_gaussian_scores`), as the ideal canaries of
+:mod:`~pdpfl.audit.ceiling` are. The adaptive-clipping count query is not in it: it is one
+number per round, shared by every client and every canary -- a canary's ±½ on it is buried
+under every other canary's (M·q_p/2 of them per round), so no per-canary score can use it,
+although each client's ledger is charged for it (σ_p: 1/σ_p² = 1/σ_v² + 1/(2σ_b)²). That is
+why a one-run audit of adaptive clipping sees σ_v > σ_p (``docs/audit.md``).
+
 Observers: those of the published setup -- third parties for the central variant (the trusted
 aggregator sees every update) and for the distributed one under plain summation; the server
 too under secure summation (it sees only each round's sum). The ``scale`` method (a clip bound
@@ -75,6 +88,16 @@ class ClientCanaries(CanaryHookBase):
 
     def observers(self, run: Assembly) -> tuple[str, ...]:
         return tuple(_setup(run).observers)
+
+    def round_signal(self, run: Assembly, observer: str) -> float | None:
+        """μ = 1/σ_v per round (distributed: √(t/N)/σ_v; module docstring)."""
+        setup = _setup(run)
+        sigma = setup.value_noise_multiplier
+        if sigma is None or sigma <= 0:
+            return None
+        if setup.variant == "distributed":
+            return math.sqrt(setup.survivors / setup.asked_per_round) / float(sigma)
+        return 1.0 / float(sigma)
 
     def hosts(self, run: Assembly) -> list[int]:
         if _setup(run).variant == "central":

@@ -37,7 +37,12 @@ algorithm's own privacy unit -- a record, a client or a user -- whose contributi
     when they release gradients (ULDP-SGD): the server observer's score is multiplied by it;
 ``observers(run)``
     the observers the algorithm states a guarantee against (the audit compares ε̂ with the
-    accountant's ε for these; default both).
+    accountant's ε for these; default both);
+``round_signal(run, observer)``
+    μ when the observer sees each canary once per round behind one sampling coin (an
+    IDP-FedAvg canary client: its clipped update over the round's value noise std), so that the
+    canaries are scored by that law's exact likelihood ratio; None (default) for rounds that
+    sum several steps' coins (scored by the standardized sum).
 
 :class:`CanaryHookBase` has the defaults. Built in: the DP-FedAvg family on the silo template
 (rPDP-FL, Minimum, Dropout, Uniform, centralized; record-level, :class:`RecordCanaries`);
@@ -106,6 +111,8 @@ class CanaryHook(Protocol):
 
     def null_canaries(self, run: Assembly) -> bool: ...
 
+    def round_signal(self, run: Assembly, observer: str) -> float | None: ...
+
 
 class CanaryHookBase:
     """The defaults of :class:`CanaryHook`'s optional parts (module docstring)."""
@@ -124,6 +131,14 @@ class CanaryHookBase:
 
     def null_canaries(self, run: Assembly) -> bool:
         return False
+
+    def round_signal(self, run: Assembly, observer: str) -> float | None:
+        """μ when ``observer`` sees each canary at most once per round, sampled by one coin of
+        its rate and adding μ (its clipped contribution over the round's noise std) to its
+        coordinate: the canaries are then scored by that law's exact likelihood ratio
+        (:func:`pdpfl.audit.observe.sampled_gaussian_scores`). None (the default): a round
+        sums several steps' coins, scored by the standardized sum."""
+        return None
 
     def participation(
         self, run: Assembly, host: int, log: ReleaseLog, rounds: int, count: int

@@ -20,6 +20,7 @@ silo; it forwards everything and keeps only the released values at the canaries'
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,6 +36,8 @@ __all__ = [
     "ReleaseTap",
     "observer_rounds",
     "observer_scores",
+    "sampled_gaussian_scores",
+    "standardized_rounds",
     "standardized_scores",
 ]
 
@@ -183,17 +186,16 @@ def observer_rounds(
 MIN_CONTROLS = 20
 
 
-def standardized_scores(
+def standardized_rounds(
     per_round: np.ndarray, hosts: np.ndarray, control: np.ndarray
 ) -> np.ndarray:
-    """Σ_t z_{t,i}: each round's values divided by that round's noise scale, estimated as the
-    standard deviation of the never-trained control canaries' values (of the same host, when it
-    has at least :data:`MIN_CONTROLS` of them). A canary contributes the same multiple of its
-    round's noise whatever the round's clip bound or learning rate (IDP-FedAvg's adaptive
-    clipping), so every round gets the weight the Gaussian likelihood ratio gives it; rounds
-    without noise (a host that did not release) add nothing. The control group's coins and
-    values are independent of every audited group's, so the scale is not tuned on the data a
-    group is tested on."""
+    """``(rounds, n)``: z_{t,i}, each round's values divided by that round's noise scale,
+    estimated as the standard deviation of the never-trained control canaries' values (of the
+    same host, when it has at least :data:`MIN_CONTROLS` of them). A canary contributes the
+    same multiple of its round's noise whatever the round's clip bound or learning rate
+    (IDP-FedAvg's adaptive clipping); rounds without noise (a host that did not release) are 0.
+    The control group's coins and values are independent of every audited group's, so the
+    scale is not tuned on the data a group is tested on."""
     values = np.asarray(per_round, dtype=np.float64)
     hosts = np.asarray(hosts, dtype=np.int64)
     control = np.asarray(control, dtype=bool)
@@ -208,5 +210,40 @@ def standardized_scores(
         if ref.sum() >= MIN_CONTROLS:
             scale[:, mine] = values[:, ref].std(axis=1, ddof=1)[:, None]
     with np.errstate(divide="ignore", invalid="ignore"):
-        z = np.where(scale > 0, values / scale, 0.0)
-    return z.sum(axis=0)
+        return np.where(scale > 0, values / scale, 0.0)
+
+
+def standardized_scores(
+    per_round: np.ndarray, hosts: np.ndarray, control: np.ndarray
+) -> np.ndarray:
+    """Σ_t z_{t,i} (:func:`standardized_rounds`): every round weighted as the Gaussian
+    likelihood ratio weighs it when the canary is in every round (without scale changes, the
+    plain sum)."""
+    return standardized_rounds(per_round, hosts, control).sum(axis=0)
+
+
+def sampled_gaussian_scores(z: np.ndarray, rates: np.ndarray, signal: float) -> np.ndarray:
+    """The exact log-likelihood ratio ("in" against "out") of a canary that each round is
+    sampled by its own coin of rate q_i and then adds ``signal`` = μ (its clipped contribution
+    in units of the round's noise) to its standardized value z_t ~ N(μ·coin, 1):
+
+        s_i = Σ_t log(1 − q_i + q_i·exp(μ z_{t,i} − μ²/2))
+
+    (Neyman–Pearson: no score of one canary's rounds ranks canaries better; the ideal
+    canaries of :mod:`pdpfl.audit.ceiling` are scored the same way). With q = 1 this is
+    μ·Σ_t z − Tμ²/2, the linear score's order; q = 0 scores 0. The rates are public (the
+    algorithm's own ε → q map), so the score is a function of the observations alone, as the
+    one-run theorem needs (any score gives a valid bound; this one the most power)."""
+    zz = np.asarray(z, dtype=np.float64)
+    q = np.asarray(rates, dtype=np.float64)
+    mu = float(signal)
+    if not (math.isfinite(mu) and mu > 0):
+        raise ValueError(f"signal: must be a finite number > 0, got {signal!r}")
+    if q.shape != zz.shape[1:] or np.any((q < 0) | (q > 1)):
+        raise ValueError("rates: one rate in [0, 1] per canary")
+    with np.errstate(divide="ignore"):
+        stay = np.log1p(-q)  # −inf at q = 1
+        take = np.log(q)  # −inf at q = 0
+    terms = np.logaddexp(stay[None, :], take[None, :] + mu * zz - 0.5 * mu * mu)
+    out: np.ndarray = np.where(q[None, :] > 0, terms, 0.0).sum(axis=0)
+    return out

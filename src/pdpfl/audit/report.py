@@ -233,6 +233,10 @@ def audit_markdown(record: dict[str, Any]) -> str:
         "there with probability at most the level; it is a lower bound on the true ε when the "
         "implementation behaves like the accounted mechanism at some noise level. The audited "
         "ε̂ is the larger.",
+        *(
+            f"- Canary scores ({obs}): {how}."
+            for obs, how in dict(record.get("scores") or {}).items()
+        ),
         "- The one-shot ε (Andrew et al., ICLR 2024) fits a Gaussian to the included and the "
         "excluded canaries' scores and reads off the Gaussian mechanism's ε: an *estimate* of "
         "what this attack achieves, with no confidence -- never a bound.",

@@ -59,7 +59,8 @@ from pdpfl.audit.observe import (
     ReleaseLog,
     ReleaseTap,
     observer_rounds,
-    standardized_scores,
+    sampled_gaussian_scores,
+    standardized_rounds,
 )
 from pdpfl.audit.space import Space, block_config, choose_space
 from pdpfl.fl.algorithm import Assembly, as_algorithm
@@ -405,7 +406,7 @@ class AuditSession:
                 release_sign=float(self.hook.release_sign(run)),
             )
             control = np.array([s.control for s in plan.groups], dtype=bool)[plan.group]
-            scores = standardized_scores(per_round, plan.host, control)
+            scores = self._scores(obs, standardized_rounds(per_round, plan.host, control), control)
             families = {g: self._family(g, obs, ledgers) for g in range(groups)}
             top = max(
                 (g for g in range(groups) if families[g] is not None),
@@ -441,6 +442,22 @@ class AuditSession:
             ),
         }
         return AuditResult(meta, out, warnings=[*run.warnings, *self.notes])
+
+    def _scores(self, obs: str, z: np.ndarray, control: np.ndarray) -> np.ndarray:
+        """Each canary's score from its standardized rounds ``z``: the exact likelihood ratio
+        of a once-per-round sampled Gaussian where the hook states that law
+        (:meth:`~pdpfl.audit.hooks.CanaryHook.round_signal`; the control canaries scored at the
+        largest rate, as if they were its group's), else the standardized sum."""
+        signal = self.hook.round_signal(self.run, obs)
+        if signal is None:
+            self.meta.setdefault("scores", {})[obs] = "standardized sum over rounds"
+            return z.sum(axis=0)
+        rates = self.plan.rates.copy()
+        rates[control] = float(rates[~control].max()) if (~control).any() else 0.0
+        self.meta.setdefault("scores", {})[obs] = (
+            f"likelihood ratio of a once-per-round sampled Gaussian, μ = {signal:.4g}"
+        )
+        return sampled_gaussian_scores(z, rates, signal)
 
     def _spent(
         self, log: ReleaseLog, rounds: int
