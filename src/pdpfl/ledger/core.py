@@ -252,7 +252,8 @@ class PrivacyLedger:
     @property
     def stopped(self) -> np.ndarray:
         """Units the pre-check made sit out at least one round (rate > 0)."""
-        return (self.sat_out_rounds > 0) & ~self.excluded
+        out: np.ndarray = (self.sat_out_rounds > 0) & ~self.excluded
+        return out
 
     # ------------------------------------------------------------------ accounting
 
