@@ -37,9 +37,8 @@ import torch
 from torch import Tensor, nn
 
 from pdpfl.dp.engine import LossFn, PersonalizedDPSGD, evaluate, make_optimizer
-from pdpfl.dp.steps import as_rates
+from pdpfl.dp.steps import as_rates, check_normalizer
 from pdpfl.dp.training import Evaluation
-from pdpfl.dp.steps import check_normalizer
 from pdpfl.models import loss_fn, predict
 from pdpfl.randomness import (
     REPRODUCIBLE_LABEL,
