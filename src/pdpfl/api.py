@@ -203,7 +203,7 @@ def make_config(
     ``rounds``, ``local_steps``, ``batch_size``, ``epsilon_max``, ``lr``; ``algorithm`` sets
     ``algorithm.name``, ``name`` the experiment name)."""
     from pdpfl.config import ConfigError, config_from_dict
-    from pdpfl.config.loading import _leaf_index
+    from pdpfl.config.loading import leaf_index
 
     raw = _raw_config(config)
     settings = dict(settings)
@@ -218,7 +218,7 @@ def make_config(
         model_section.pop("options", None)
     raw["model"] = model_section
     overrides = []
-    index = _leaf_index()
+    index = leaf_index()
     problems = []
     for key, value in settings.items():
         path = _SPECIAL.get(key)

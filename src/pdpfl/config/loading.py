@@ -53,7 +53,7 @@ def _format_errors(err: ValidationError) -> list[str]:
     return problems
 
 
-def _leaf_index() -> dict[str, list[str]]:
+def leaf_index() -> dict[str, list[str]]:
     """Leaf field name -> dotted paths (for short override keys such as ``rounds``)."""
     index: dict[str, list[str]] = {}
     for section, field in ExperimentConfig.model_fields.items():
@@ -104,7 +104,7 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
             )
             continue
         if "." not in key:
-            index = _leaf_index() if index is None else index
+            index = leaf_index() if index is None else index
             paths = index.get(key, [])
             if len(paths) != 1:
                 hint = f" (one of {', '.join(paths)})" if paths else ""
