@@ -142,7 +142,8 @@ def _table(rows: list[dict[str, Any]], record: dict[str, Any]) -> list[str]:
         lines.append(
             f"| {g['label']} | {format_number(g['budget'])} | {format_number(g['canary_rate'])} | "
             f"{format_number(g['spent'], 4)} | {format_number(g['spent_at_audit_delta'], 4)} | "
-            f"{format_number(g['epsilon_lower'], 3)}{flag} | {format_number(g['epsilon_lower_steinke'], 3)} | "
+            f"{format_number(g['epsilon_lower'], 3)}{flag} | "
+            f"{format_number(g['epsilon_lower_steinke'], 3)} | "
             f"{format_number(g['epsilon_lower_fdp'], 3)} | {g['correct']} / {g['guesses']} | "
             f"{g['status']} | {format_number(g.get('one_shot_epsilon'), 3)} |"
         )
