@@ -198,7 +198,7 @@ def _heart(
     partition: str,
     partition_params: dict[str, Any] | None,
     seed: int,
-    data_dir: Any,
+    data_dir: str | os.PathLike[str] | None,
     options: dict[str, Any],
 ) -> Federation:
     from pdpfl.data.heart import load_heart_disease
@@ -262,7 +262,7 @@ def _many_clients(
     partition: str,
     partition_params: dict[str, Any] | None,
     seed: int,
-    data_dir: Any,
+    data_dir: str | os.PathLike[str] | None,
     options: dict[str, Any],
 ) -> Federation:
     for key in ("test_fraction", *COMMON_OPTIONS[1:]):
@@ -314,7 +314,7 @@ def _creditcard(
     partition: str,
     partition_params: dict[str, Any] | None,
     seed: int,
-    data_dir: Any,
+    data_dir: str | os.PathLike[str] | None,
     options: dict[str, Any],
 ) -> Federation:
     from pdpfl.data.creditcard import load_creditcard
@@ -336,7 +336,9 @@ def _creditcard(
     )
 
 
-def _pool_for(name: str, data_dir: Any, options: dict[str, Any]) -> tuple[Pool, str]:
+def _pool_for(
+    name: str, data_dir: str | os.PathLike[str] | None, options: dict[str, Any]
+) -> tuple[Pool, str]:
     """The pool of ``name`` and its default normalization (pops the options it uses)."""
     if name == "digits":
         from pdpfl.data.embedded import digits_pool
