@@ -41,6 +41,7 @@ from pdpfl.fl.messages import (
     TRAIN_REPLY,
     Outgoing,
     PrivacyBoundaryError,
+    ShareLayout,
     check_outgoing,
 )
 from pdpfl.ledger import PrivacySummary
@@ -241,14 +242,14 @@ def contribution_payload(contribution: Contribution) -> dict[str, Any]:
 
 
 def check_contribution(
-    contribution: Any,
+    contribution: object,
     public_metrics: frozenset[str] | set[str],
     num_params: int | None = None,
     *,
     params: Params | None = None,
     silo: int | None = None,
     round_index: int = 0,
-    encoding: Any = None,
+    encoding: ShareLayout | None = None,
 ) -> Contribution:
     """Validate what a silo is about to release; raise :class:`PrivacyBoundaryError` otherwise.
 

@@ -55,7 +55,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -77,6 +77,7 @@ from pdpfl.fl.api import (
     PrivacyBoundaryError,
     Scalars,
     ServerAlgorithm,
+    Transport,
     check_contribution,
 )
 from pdpfl.fl.messages import (
@@ -88,6 +89,10 @@ from pdpfl.fl.messages import (
     render_table,
     schema_of,
 )
+
+if TYPE_CHECKING:
+    from pdpfl.config import ExperimentConfig
+    from pdpfl.fl.aggregation.secure_identity import SiloSecurity
 
 __all__ = [
     "PUBLIC_MEMORY",
@@ -126,7 +131,7 @@ class SumProtocol(Protocol):
 
     def collect(
         self,
-        transport: Any,
+        transport: Transport,
         selected: list[int],
         params: Params,
         round_index: int,
@@ -198,7 +203,7 @@ class PlainSum:
 
     def collect(
         self,
-        transport: Any,
+        transport: Transport,
         selected: list[int],
         params: Params,
         round_index: int,
@@ -283,7 +288,7 @@ def get_protocol(name: str, **options: Any) -> SumProtocol:
     return _PROTOCOLS[name](**options)
 
 
-def protocol_from_config(config: Any) -> SumProtocol:
+def protocol_from_config(config: ExperimentConfig) -> SumProtocol:
     """The summation protocol of an experiment config.
 
     ``algorithm.weights: private`` (ULDP-FL) -> Protocol 1 of ULDP-FL (``private-weighting``,
@@ -335,7 +340,7 @@ class SiloContext:
     #: its peers' public keys and its own protocol settings
     #: (:class:`~pdpfl.fl.aggregation.secure_identity.SiloSecurity`); None where the runtime has
     #: none (secure summation then refuses to run).
-    security: Any = None
+    security: SiloSecurity | None = None
 
 
 #: ``handler(stage, payload, round_index, context) -> reply payload``.
