@@ -228,7 +228,7 @@ class _Loader(
         self._aliases = 0
 
     def compose_node(self, parent: Node | None, index: Any) -> Node:
-        event = self.peek_event()
+        event = self.peek_event()  # type: ignore[no-untyped-call]  # PyYAML: unannotated
         where = f"line {event.start_mark.line + 1}, column {event.start_mark.column + 1}"
         if isinstance(event, AliasEvent):
             self._aliases += 1
@@ -313,7 +313,8 @@ def load_yaml_text(text: str, source: str = "YAML") -> YamlValue:
         if node is None:
             return None
         _expanded_size(node)
-        return loader.construct_document(node)
+        document: YamlValue = loader.construct_document(node)  # plain data only (_Constructor)
+        return document
     except YamlError as err:
         raise YamlError(f"{source}: {err}") from None
     except yaml.YAMLError as err:

@@ -82,7 +82,7 @@ _MAX_KEY_PARTS = 8
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """Apply ``key=value`` overrides (YAML-parsed values) to a raw config dictionary."""
     try:
-        data = json.loads(json.dumps(raw))  # deep copy of plain data
+        data: dict[str, Any] = json.loads(json.dumps(raw))  # deep copy of plain data
     except (TypeError, ValueError, RecursionError) as err:
         raise ConfigError(
             [f"config: not plain data (mappings, lists, text, numbers): {err}"]

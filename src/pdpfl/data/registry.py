@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -21,6 +21,9 @@ from pdpfl.data.federation import Federation
 from pdpfl.data.pool import Pool, federate
 from pdpfl.data.splits import DEFAULT_TEST_FRACTION
 from pdpfl.data.users import USER_DISTRIBUTIONS, assign_users
+
+if TYPE_CHECKING:
+    from pdpfl.data.sources import FileSpec
 
 #: Options accepted by every dataset (besides the keyword arguments of load_federation).
 COMMON_OPTIONS = (
@@ -484,7 +487,7 @@ def load_federation(
 LOADERS: dict[str, Callable[..., Federation]] = {n: load_federation for n in DATASETS}
 
 
-def file_specs(name: str) -> list:
+def file_specs(name: str) -> list[FileSpec]:
     """The canonical files (:class:`~pdpfl.data.sources.FileSpec`) a dataset needs."""
     if name == "heart-disease":
         from pdpfl.data.heart import file_specs as heart_specs

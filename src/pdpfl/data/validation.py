@@ -136,13 +136,16 @@ def missing_mask(values: np.ndarray) -> np.ndarray:
     """Boolean mask of the missing entries of a 1-D array (see :func:`is_missing`)."""
     arr = np.asarray(values)
     kind = arr.dtype.kind
+    mask: np.ndarray
     if kind in "biu":
-        return np.zeros(arr.shape, dtype=bool)
-    if kind in "fc":
-        return np.isnan(arr)
-    if kind in "mM":
-        return np.isnat(arr)
-    return np.frompyfunc(is_missing, 1, 1)(arr).astype(bool)
+        mask = np.zeros(arr.shape, dtype=bool)
+    elif kind in "fc":
+        mask = np.isnan(arr)
+    elif kind in "mM":
+        mask = np.isnat(arr)
+    else:
+        mask = np.frompyfunc(is_missing, 1, 1)(arr).astype(bool)
+    return mask
 
 
 # --------------------------------------------------------------------------------- shapes
@@ -523,7 +526,8 @@ def non_finite_records(x: np.ndarray) -> np.ndarray:
     x = np.asarray(x)
     if not x.size:
         return np.zeros(len(x), dtype=bool)
-    return ~np.isfinite(x.reshape(len(x), -1)).all(axis=1)
+    finite: np.ndarray = np.isfinite(x.reshape(len(x), -1)).all(axis=1)
+    return ~finite
 
 
 def record_ids_of(ids: object, mask: np.ndarray) -> str:

@@ -206,7 +206,8 @@ def reproduce(
         ctx = Context(tier, target, data_dir, tuple(seeds) if seeds else None, log=say)
         done[p] = _run_paper(p, ctx, command)
     if paper != "all":
-        return done[paper]
+        result: dict[str, Any] = done[paper]
+        return result
     wall = time.perf_counter() - started
     lines = [
         "# pdpfl reproduce: all papers",
