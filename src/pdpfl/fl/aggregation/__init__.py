@@ -92,6 +92,7 @@ from pdpfl.fl.messages import (
 
 if TYPE_CHECKING:
     from pdpfl.config import ExperimentConfig
+    from pdpfl.fl.aggregation.discrete_shares import ShareEncoding
     from pdpfl.fl.aggregation.secure_identity import SiloSecurity
 
 __all__ = [
@@ -223,7 +224,7 @@ class PlainSum:
         if shares and len(contributions) < t:
             return empty_aggregate(params)  # the survivors' noise shares fall short
         public: frozenset[str] = getattr(server, "public_metrics", frozenset())
-        encoding = getattr(server, "share_encoding", None)
+        encoding: ShareEncoding | None = getattr(server, "share_encoding", None)
         for c in contributions:  # defence in depth: each silo's gate checked it before
             check_contribution(c, public, params=params, encoding=encoding)
         if encoding is not None:  # discrete shares: the integers are summed modulo 2^b
@@ -254,7 +255,7 @@ def check_compatible(server: ServerAlgorithm, protocol: SumProtocol) -> None:
         )
 
 
-_PROTOCOLS: dict[str, Any] = {"plain": PlainSum}
+_PROTOCOLS: dict[str, Callable[..., SumProtocol]] = {"plain": PlainSum}
 
 #: Modules that register pdpfl's own protocols (imported on first use).
 BUILTIN_PROTOCOL_MODULES: tuple[str, ...] = (
@@ -270,7 +271,7 @@ def _load_builtin_protocols() -> None:
         importlib.import_module(module)
 
 
-def register_protocol(name: str, factory: Any) -> None:
+def register_protocol(name: str, factory: Callable[..., SumProtocol]) -> None:
     """Register a summation protocol ``factory(**options) -> SumProtocol`` under ``name``."""
     if name in _PROTOCOLS:
         raise ValueError(f"aggregation protocol {name!r} is already registered")
@@ -416,7 +417,8 @@ def holds_secrets(protocol: str) -> bool:
 def public_memory(context: SiloContext, protocol: str) -> dict[str, Any]:
     """``protocol``'s non-secret memory at a silo (plain data; persisted with the silo's state,
     so it survives a restart of the silo's process)."""
-    return context.memory.setdefault(PUBLIC_MEMORY, {}).setdefault(protocol, {})
+    memory: dict[str, Any] = context.memory.setdefault(PUBLIC_MEMORY, {}).setdefault(protocol, {})
+    return memory
 
 
 def handle_silo_stage(

@@ -227,7 +227,7 @@ class PrivateWeightedSum:
         self.__sk: PaillierPrivateKey | None = None
         self._inverse: list[mpz] = []
         self._epoch = -1
-        self._installed_for: tuple | None = None
+        self._installed_for: tuple[str] | tuple[str, int] | None = None
         self.timings: dict[str, float] = {}
         self.record_view = bool(record_view)
         self.view: list[tuple[str, int, Payload]] = []
