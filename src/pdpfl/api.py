@@ -183,7 +183,8 @@ def _raw_config(config: ConfigSpec) -> dict[str, Any]:
     if isinstance(config, ExperimentConfig):
         return config_to_dict(config)
     if isinstance(config, Mapping):
-        return json.loads(json.dumps(dict(config), default=_plain))
+        raw: dict[str, Any] = json.loads(json.dumps(dict(config), default=_plain))
+        return raw
     if isinstance(config, str | Path):
         return read_config_file(config)
     raise TypeError(
