@@ -155,17 +155,8 @@ def test_algorithm_packages_do_not_import_each_other(algorithm: str) -> None:
     assert not bad, "\n".join(bad)
 
 
-#: Private names imported across packages today, in files other branches are editing (each
-#: to be replaced by a public name there): ``pdpfl.calibration.exact_epsilon`` is public now.
-PRIVATE_IMPORTS_ALLOWED = {
-    "pdpfl.api -> pdpfl.config.loading._leaf_index",
-    "pdpfl.cli.audit -> pdpfl.audit.report._OBSERVER_TITLE",
-    "pdpfl.cli.audit -> pdpfl.audit.report._fmt",
-    "pdpfl.cli.compare -> pdpfl.runtime.plots._figure",
-    "pdpfl.cli.compare -> pdpfl.runtime.plots._nothing_to_draw",
-    "pdpfl.cli.compare -> pdpfl.runtime.plots._save_fig",
-    "pdpfl.fl.idp_fedavg.sample -> pdpfl.calibration._accounting.exact_epsilon",
-}
+#: Private names imported across packages: none (a name another package needs is public).
+PRIVATE_IMPORTS_ALLOWED: set[str] = set()
 
 
 def _private(name: str) -> bool:

@@ -23,7 +23,7 @@ import hashlib
 import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
 
@@ -39,6 +39,7 @@ from pdpfl.data.user import (
 from pdpfl.data.validation import check_federation_data
 
 if TYPE_CHECKING:  # pragma: no cover
+    import pandas as pd
     from torch import nn
 
     from pdpfl.config import ExperimentConfig
@@ -58,6 +59,15 @@ __all__ = [
 
 #: Keywords of :func:`train` that are not config leaf names.
 _SPECIAL = {"algorithm": "algorithm.name"}
+
+
+#: What ``model=`` accepts: a registered model name, a module, or a builder
+#: ``f(input_shape, num_classes) -> torch.nn.Module``.
+ModelSpec: TypeAlias = "str | nn.Module | Callable[..., nn.Module]"
+#: What ``config=`` accepts: a validated config, a raw mapping of sections, or a YAML path.
+ConfigSpec: TypeAlias = "ExperimentConfig | Mapping[str, object] | str | Path | None"
+#: A table of columns: a pandas DataFrame, or a dict of numpy columns without pandas.
+Table: TypeAlias = "pd.DataFrame | dict[str, np.ndarray]"
 
 
 def register_module(module: nn.Module | Callable[..., nn.Module]) -> str:
@@ -129,13 +139,13 @@ def _check_builder(builder: Callable[..., Any]) -> None:
         ) from None
 
 
-def _model_name(model: Any) -> str:
+def _model_name(model: ModelSpec) -> str:
     if isinstance(model, str):
         return model
     return register_module(model)
 
 
-def _check_module(model: Any, federation: Federation) -> None:
+def _check_module(model: ModelSpec, federation: Federation) -> None:
     """Run two records through the module: a clear message (naming ``model``) instead of a
     shape or type error after training started."""
     import torch
@@ -165,7 +175,7 @@ def _check_module(model: Any, federation: Federation) -> None:
     )
 
 
-def _raw_config(config: Any) -> dict[str, Any]:
+def _raw_config(config: ConfigSpec) -> dict[str, Any]:
     from pdpfl.config import ExperimentConfig, config_to_dict, read_config_file
 
     if config is None:
@@ -173,7 +183,8 @@ def _raw_config(config: Any) -> dict[str, Any]:
     if isinstance(config, ExperimentConfig):
         return config_to_dict(config)
     if isinstance(config, Mapping):
-        return json.loads(json.dumps(dict(config), default=_plain))
+        raw: dict[str, Any] = json.loads(json.dumps(dict(config), default=_plain))
+        return raw
     if isinstance(config, str | Path):
         return read_config_file(config)
     raise TypeError(
@@ -181,7 +192,7 @@ def _raw_config(config: Any) -> dict[str, Any]:
     )
 
 
-def _plain(value: Any) -> Any:
+def _plain(value: object) -> object:
     if isinstance(value, np.generic):
         return value.item()
     if isinstance(value, np.ndarray):
@@ -193,17 +204,17 @@ def _plain(value: Any) -> Any:
 
 def make_config(
     federation: Federation,
-    model: Any = "logreg",
+    model: ModelSpec = "logreg",
     *,
-    config: Any = None,
+    config: ConfigSpec = None,
     budgets_file: str | None = None,
-    **settings: Any,
+    **settings: object,
 ) -> ExperimentConfig:
     """The validated config :func:`train` runs (``settings`` are config leaf names such as
     ``rounds``, ``local_steps``, ``batch_size``, ``epsilon_max``, ``lr``; ``algorithm`` sets
     ``algorithm.name``, ``name`` the experiment name)."""
     from pdpfl.config import ConfigError, config_from_dict
-    from pdpfl.config.loading import _leaf_index
+    from pdpfl.config.loading import leaf_index
 
     raw = _raw_config(config)
     settings = dict(settings)
@@ -218,7 +229,7 @@ def make_config(
         model_section.pop("options", None)
     raw["model"] = model_section
     overrides = []
-    index = _leaf_index()
+    index = leaf_index()
     problems = []
     for key, value in settings.items():
         path = _SPECIAL.get(key)
@@ -242,16 +253,16 @@ def make_config(
 
 def train(
     federation: Federation,
-    model: Any = "logreg",
+    model: ModelSpec = "logreg",
     *,
-    budgets: Any = None,
+    budgets: object = None,
     out: str | Path | None = None,
-    config: Any = None,
+    config: ConfigSpec = None,
     overwrite: bool = False,
     resume: bool = False,
     progress: bool = False,
     allow_over_budget: bool = False,
-    **settings: Any,
+    **settings: object,
 ) -> dict[str, Any]:
     """Train ``model`` on ``federation`` with per-record privacy budgets; return the summary.
 
@@ -358,7 +369,7 @@ def train(
     return summary
 
 
-def privacy_table(run_dir: str | Path, *, unit_id: object = None, as_frame: bool = True) -> Any:
+def privacy_table(run_dir: str | Path, *, unit_id: object = None, as_frame: bool = True) -> Table:
     """Each person's ε by id, from a run's ledgers (what ``pdpfl privacy RUN_DIR`` writes).
 
     One row per unit (record, client or user): ``id``, ``unit``, ``holder`` (which ledger: the
@@ -411,7 +422,7 @@ def lifetime_budgets(
     unit_id: object = None,
     delta: float | None = None,
     as_frame: bool = True,
-) -> Any:
+) -> Table:
     """Each person's budget for life, from the budget stores every run charged (what
     ``pdpfl privacy --store STORE`` shows).
 
@@ -446,7 +457,7 @@ def load_model(
     module: nn.Module | None = None,
     *,
     round: int | None = None,
-) -> Any:
+) -> nn.Module | dict[str, np.ndarray]:
     """The trained global model of a run: into ``module`` (returned), or as name → array.
 
     ``run`` is a run folder (its ``model.safetensors``; ``round=N`` reads

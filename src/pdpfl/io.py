@@ -19,9 +19,12 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
+
+#: A JSON value of plain data (what :func:`json.loads` returns; what :func:`write_json` writes).
+JsonValue: TypeAlias = "None | bool | int | float | str | list[JsonValue] | dict[str, JsonValue]"
 
 #: The signals that stop a command (Ctrl-C, a scheduler's stop, a closed terminal).
 STOP_SIGNALS: tuple[int, ...] = tuple(
@@ -108,7 +111,7 @@ def write_text(path: str | os.PathLike[str], text: str) -> None:
     write_bytes(path, text.encode("utf-8"))
 
 
-def write_json(path: str | os.PathLike[str], obj: Any, indent: int | None = 2) -> None:
+def write_json(path: str | os.PathLike[str], obj: object, indent: int | None = 2) -> None:
     write_text(path, json.dumps(obj, indent=indent, allow_nan=False) + "\n")
 
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 import re
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NoReturn, TypeAlias
 
 import yaml
 from yaml.constructor import SafeConstructor
@@ -40,9 +40,16 @@ __all__ = [
     "MAX_NODES",
     "MAX_SCALAR_CHARS",
     "YamlError",
+    "YamlValue",
     "load_yaml_file",
     "load_yaml_text",
 ]
+
+#: A YAML document of plain data as read here: mappings (text or integer keys), lists, text,
+#: integers, floats, booleans and null.
+YamlValue: TypeAlias = (
+    "None | bool | int | float | str | list[YamlValue] | dict[str | int, YamlValue]"
+)
 
 #: Largest config file read (bytes): hand-written configs are a few kilobytes.
 MAX_BYTES = 256 * 1024
@@ -158,7 +165,7 @@ class _Constructor(SafeConstructor):
     def construct_core_bool(self, node: ScalarNode) -> bool:
         return self._text(node, "bool").lower() == "true"
 
-    def construct_refused(self, node: Node) -> Any:
+    def construct_refused(self, node: Node) -> NoReturn:
         raise YamlError(
             f"{_where(node)}: tag {_short(node.tag)!r} is not allowed; a config holds plain "
             "data only (mappings, lists, text, numbers, true/false, null) -- quote the value "
@@ -221,7 +228,7 @@ class _Loader(
         self._aliases = 0
 
     def compose_node(self, parent: Node | None, index: Any) -> Node:
-        event = self.peek_event()
+        event = self.peek_event()  # type: ignore[no-untyped-call]  # PyYAML: unannotated
         where = f"line {event.start_mark.line + 1}, column {event.start_mark.column + 1}"
         if isinstance(event, AliasEvent):
             self._aliases += 1
@@ -292,7 +299,7 @@ def _message(err: yaml.YAMLError) -> str:
     return " ".join(str(err).split())
 
 
-def load_yaml_text(text: str, source: str = "YAML") -> Any:
+def load_yaml_text(text: str, source: str = "YAML") -> YamlValue:
     """Parse one YAML document of plain data (see the module docstring); ``None`` if empty.
 
     ``source`` prefixes every error message (e.g. the file name or ``--set key``).
@@ -306,7 +313,8 @@ def load_yaml_text(text: str, source: str = "YAML") -> Any:
         if node is None:
             return None
         _expanded_size(node)
-        return loader.construct_document(node)
+        document: YamlValue = loader.construct_document(node)  # plain data only (_Constructor)
+        return document
     except YamlError as err:
         raise YamlError(f"{source}: {err}") from None
     except yaml.YAMLError as err:
@@ -318,7 +326,7 @@ def load_yaml_text(text: str, source: str = "YAML") -> Any:
             loader.dispose()
 
 
-def load_yaml_file(path: str | Path) -> Any:
+def load_yaml_file(path: str | Path) -> YamlValue:
     """Read and parse a YAML file with the limits above (``None`` for an empty file)."""
     p = Path(path)
     if not p.exists():

@@ -24,9 +24,14 @@ from __future__ import annotations
 
 import copy
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from pdpfl.config import ExperimentConfig
+    from pdpfl.fl.api import ClientAlgorithm, Contribution, Params, ServerAlgorithm
+    from pdpfl.fl.template import RoundPlan
 
 __all__ = ["TOY_CONFIG", "check_algorithm", "toy_config"]
 
@@ -47,7 +52,7 @@ TOY_CONFIG: dict[str, Any] = {
 }
 
 
-def toy_config(name: str, extra: list[str] | None = None) -> Any:
+def toy_config(name: str, extra: list[str] | None = None) -> ExperimentConfig:
     """The validated toy config of the registered algorithm ``name``."""
     from pdpfl.config import ALGORITHMS, config_from_dict
 
@@ -57,7 +62,9 @@ def toy_config(name: str, extra: list[str] | None = None) -> Any:
     )
 
 
-def _build(config: Any) -> tuple[Any, dict[int, Any], Any]:
+def _build(
+    config: ExperimentConfig,
+) -> tuple[ServerAlgorithm, dict[int, ClientAlgorithm], ExperimentConfig]:
     from pdpfl.fl.algorithm import as_algorithm
     from pdpfl.runtime.simulation import load_federation_for
 
@@ -152,7 +159,7 @@ def check_algorithm(name: str, extra: list[str] | None = None) -> None:
                 )
 
 
-def _watch_charge(name: str, client: Any) -> None:
+def _watch_charge(name: str, client: ClientAlgorithm) -> None:
     """Make a template silo's step assert that its round is already charged when it runs."""
     from pdpfl.fl.template import Silo
 
@@ -161,7 +168,7 @@ def _watch_charge(name: str, client: Any) -> None:
     step = client.step
     before = client.next_round
 
-    def checked(global_params: Any, plan: Any) -> Any:
+    def checked(global_params: Params, plan: RoundPlan) -> Contribution:
         assert client.next_round == plan.round_index + 1 > before, (
             f"{name}: the step of round {plan.round_index} ran before the round was charged"
         )
@@ -174,7 +181,7 @@ def _watch_charge(name: str, client: Any) -> None:
     client.step = checked  # type: ignore[method-assign]
 
 
-def _check_summary(name: str, summary: Any, unit: str) -> None:
+def _check_summary(name: str, summary: object, unit: str) -> None:
     from pdpfl.ledger import PrivacySummary
 
     if summary is None:  # nothing accounted at this silo

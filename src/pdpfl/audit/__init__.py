@@ -33,7 +33,7 @@ could not have failed is reported inconclusive.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pdpfl.audit import client_canaries as _client_canaries  # noqa: F401 (registers)
 from pdpfl.audit import idp_sgd_canaries as _idp_sgd_canaries  # noqa: F401 (registers)
@@ -50,6 +50,10 @@ from pdpfl.audit.hooks import (
 )
 from pdpfl.audit.report import AUDIT_OUTPUTS, write_audit
 from pdpfl.audit.session import AuditResult, AuditSession, AuditSettings
+
+if TYPE_CHECKING:
+    from pdpfl.config import ExperimentConfig
+    from pdpfl.data.federation import Federation
 
 __all__ = [
     "AUDIT_OUTPUTS",
@@ -73,11 +77,11 @@ __all__ = [
 
 
 def run_audit(
-    config: Any,
+    config: ExperimentConfig,
     settings: AuditSettings | None = None,
     out_dir: str | Path | None = None,
     *,
-    federation: Any | None = None,
+    federation: Federation | None = None,
     progress: bool = False,
 ) -> AuditResult:
     """Audit ``config`` once; write ``audit.json``/``audit.png``/``AUDIT.md`` to ``out_dir``

@@ -15,18 +15,27 @@ import numpy as np
 
 from pdpfl.io import write_bytes, write_json, write_text
 
-__all__ = ["AUDIT_OUTPUTS", "audit_figure", "audit_markdown", "write_audit"]
+__all__ = [
+    "AUDIT_OUTPUTS",
+    "OBSERVER_TITLES",
+    "audit_figure",
+    "audit_markdown",
+    "format_number",
+    "write_audit",
+]
 
 #: The files an audit writes (``--force`` replaces exactly these).
 AUDIT_OUTPUTS = ("audit.json", "audit.png", "AUDIT.md")
 
-_OBSERVER_TITLE = {
+#: Observer -> its heading in the report and the CLI table.
+OBSERVER_TITLES = {
     "third-party": "third party (final model)",
     "server": "server (every released update)",
 }
 
 
-def _fmt(x: Any, digits: int = 3) -> str:
+def format_number(x: float | None, digits: int = 3) -> str:
+    """``x`` for a table cell: ``digits`` significant digits, ``∞``, or ``–`` for none."""
     if x is None:
         return "–"
     x = float(x)
@@ -102,7 +111,7 @@ def audit_figure(record: dict[str, Any]) -> Any:
         ax.set_ylim(floor, top)
         ax.set_xticks(x, [g["label"] for g in rows])
         ax.set_xlabel("budget group")
-        ax.set_title(_OBSERVER_TITLE.get(obs, obs), fontsize=10)
+        ax.set_title(OBSERVER_TITLES.get(obs, obs), fontsize=10)
     axes[0][0].set_ylabel("ε")
     axes[0][-1].legend(fontsize=7, loc="upper left")
     verdict = (
@@ -131,11 +140,12 @@ def _table(rows: list[dict[str, Any]], record: dict[str, Any]) -> list[str]:
     for g in rows:
         flag = " **> accountant**" if g["violated"] else ""
         lines.append(
-            f"| {g['label']} | {_fmt(g['budget'])} | {_fmt(g['canary_rate'])} | "
-            f"{_fmt(g['spent'], 4)} | {_fmt(g['spent_at_audit_delta'], 4)} | "
-            f"{_fmt(g['epsilon_lower'], 3)}{flag} | {_fmt(g['epsilon_lower_steinke'], 3)} | "
-            f"{_fmt(g['epsilon_lower_fdp'], 3)} | {g['correct']} / {g['guesses']} | "
-            f"{g['status']} | {_fmt(g.get('one_shot_epsilon'), 3)} |"
+            f"| {g['label']} | {format_number(g['budget'])} | {format_number(g['canary_rate'])} | "
+            f"{format_number(g['spent'], 4)} | {format_number(g['spent_at_audit_delta'], 4)} | "
+            f"{format_number(g['epsilon_lower'], 3)}{flag} | "
+            f"{format_number(g['epsilon_lower_steinke'], 3)} | "
+            f"{format_number(g['epsilon_lower_fdp'], 3)} | {g['correct']} / {g['guesses']} | "
+            f"{g['status']} | {format_number(g.get('one_shot_epsilon'), 3)} |"
         )
     return lines
 
@@ -152,7 +162,7 @@ def _risk_table(rows: list[dict[str, Any]]) -> list[str]:
         cells = []
         for a, t in zip(fprs, g["risk"]["tpr_max"], strict=True):
             measured = g["measured_tpr"].get(f"{a:g}")
-            cells.append(f"{_fmt(t)} / {_fmt(measured)}")
+            cells.append(f"{format_number(t)} / {format_number(measured)}")
         lines.append(f"| {g['label']} | " + " | ".join(cells) + " |")
     return lines
 
@@ -207,7 +217,7 @@ def audit_markdown(record: dict[str, Any]) -> str:
         "",
     ]
     for obs, rows in record["observers"].items():
-        lines += [f"## {_OBSERVER_TITLE.get(obs, obs)}", "", *_table(rows, record), ""]
+        lines += [f"## {OBSERVER_TITLES.get(obs, obs)}", "", *_table(rows, record), ""]
         risk = _risk_table(rows)
         if risk:
             lines += [

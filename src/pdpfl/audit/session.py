@@ -39,7 +39,7 @@ import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -72,6 +72,10 @@ from pdpfl.randomness import (
     SecureRandomness,
     SeededRandomness,
 )
+
+if TYPE_CHECKING:
+    from pdpfl.config import ExperimentConfig
+    from pdpfl.data.federation import Federation
 
 __all__ = ["AuditResult", "AuditSession", "AuditSettings", "GroupAudit", "default_delta"]
 
@@ -255,8 +259,8 @@ class AuditSession:
 
     def __init__(
         self,
-        config: Any,
-        federation: Any,
+        config: ExperimentConfig,
+        federation: Federation,
         run: Assembly,
         hook: CanaryHook,
         plan: CanaryPlan,
@@ -278,7 +282,11 @@ class AuditSession:
     # ------------------------------------------------------------------ planning
     @classmethod
     def create(
-        cls, config: Any, settings: AuditSettings | None = None, *, federation: Any | None = None
+        cls,
+        config: ExperimentConfig,
+        settings: AuditSettings | None = None,
+        *,
+        federation: Federation | None = None,
     ) -> AuditSession:
         """Assemble the run, plan the canaries and plant them (nothing is trained yet)."""
         from pdpfl.runtime.simulation import load_federation_for

@@ -22,12 +22,15 @@ auditing needs many canaries (hundreds per budget group), more than a small mode
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from torch import Tensor, nn
 
 from pdpfl.models import MODELS, create_model
+
+if TYPE_CHECKING:
+    from pdpfl.config import ExperimentConfig
 
 __all__ = ["BLOCK_MODEL", "AuditBlock", "Space", "block_config", "choose_space"]
 
@@ -81,7 +84,7 @@ if BLOCK_MODEL not in MODELS:
     MODELS[BLOCK_MODEL] = _build
 
 
-def block_config(config: Any, size: int) -> Any:
+def block_config(config: ExperimentConfig, size: int) -> ExperimentConfig:
     """``config`` whose model is the configured one extended by an audit block of ``size``."""
     from pdpfl.config import ModelConfig
 

@@ -69,7 +69,7 @@ def plan_from_dict(d: dict[str, Any]) -> TrainingPlan:
     return TrainingPlan(**d)
 
 
-def as_training_plan(plan: Any, adversary: str) -> TrainingPlan:
+def as_training_plan(plan: object, adversary: str) -> TrainingPlan:
     """A :class:`TrainingPlan` for the calibrators: itself, or a client/user-level
     :class:`~pdpfl.privacy.unit.SampledGaussianPlan` as its equivalent plan (T rounds of one
     Poisson-sampled Gaussian step, λ = 1), after checking that it is accounted against

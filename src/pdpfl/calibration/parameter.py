@@ -75,7 +75,7 @@ def calibrate_parameter(
     slack: float = 0.0,
     delta: float | None = None,
     accountant: str | Accountant = "rdp",
-    **accountant_options: Any,
+    **accountant_options: object,
 ) -> float: ...
 
 
@@ -92,7 +92,7 @@ def calibrate_parameter(
     slack: float = 0.0,
     delta: float | None = None,
     accountant: str | Accountant = "rdp",
-    **accountant_options: Any,
+    **accountant_options: object,
 ) -> int: ...
 
 
@@ -108,7 +108,7 @@ def calibrate_parameter(
     slack: float = 0.0,
     delta: float | None = None,
     accountant: str | Accountant = "rdp",
-    **accountant_options: Any,
+    **accountant_options: object,
 ) -> float | int:
     """The parameter that spends at most ``target_epsilon`` (closest to the boundary).
 
@@ -209,8 +209,7 @@ def _as_epsilon_function(
                 raise ValueError("delta: an event factory needs the target δ (delta=...)")
             if not acc:
                 acc.append(make_accountant(accountant, **options))
-            event: Any = value
-            return float(np.max(acc[0].epsilon(event, float(delta))[0]))
+            return float(np.max(acc[0].epsilon(value, float(delta))[0]))
         return float(value)  # type: ignore[arg-type]
 
     return eps
@@ -260,7 +259,7 @@ def noise_for_epsilon(
     bracket: tuple[float, float] = NOISE_BRACKET,
     limits: tuple[float, float] | None = NOISE_LIMITS,
     tolerance: float = NOISE_TOLERANCE,
-    **options: Any,
+    **options: object,
 ) -> float:
     """Smallest σ (to ``tolerance``, rounded up) with ε ≤ ``epsilon`` for ``mechanism``.
 
@@ -296,7 +295,7 @@ def steps_for_epsilon(
     rate: float = 1.0,
     max_steps: int | None = None,
     slack: float = 0.0,
-    **options: Any,
+    **options: object,
 ) -> int:
     """Largest K in [1, ``max_steps``] (default the mechanism's K) with ε ≤ ``epsilon``.
 

@@ -93,10 +93,10 @@ def _method(name: str) -> Any:
 
 
 def fit_estimator(
-    plan: Any,
+    plan: object,
     method: str = "certified",
     adversary: str = "third-party",
-    **options: Any,
+    **options: object,
 ) -> RateEstimator:
     """Build the estimator F for ``plan`` (no data needed).
 
@@ -195,12 +195,12 @@ def _warnings(method: str, over: int, util: np.ndarray, n: int) -> list[str]:
 
 def calibrate(
     budgets: np.ndarray,
-    plan: Any,
+    plan: object,
     method: str = "certified",
     adversary: str = "third-party",
     allow_exclusion: bool = False,
     client_ids: np.ndarray | None = None,
-    **options: Any,
+    **options: object,
 ) -> CalibrationResult:
     """Sampling rate per record for ``budgets`` under ``plan``, plus a :class:`CalibrationReport`.
 

@@ -58,9 +58,9 @@ def _table(record: dict[str, Any], obs: str) -> Any:
     from rich import box
     from rich.table import Table
 
-    from pdpfl.audit.report import _OBSERVER_TITLE, _fmt
+    from pdpfl.audit.report import OBSERVER_TITLES, format_number
 
-    t = Table(title=f"audit: {_OBSERVER_TITLE[obs]}", box=box.SIMPLE_HEAD, title_justify="left")
+    t = Table(title=f"audit: {OBSERVER_TITLES[obs]}", box=box.SIMPLE_HEAD, title_justify="left")
     d1 = f"{record['audit_delta']:.0e}"
     for col in (
         "group",
@@ -79,13 +79,13 @@ def _table(record: dict[str, Any], obs: str) -> Any:
         tpr = None if not risk else risk["tpr_max"][risk["fpr"].index(0.01)]
         t.add_row(
             g["label"],
-            _fmt(g["canary_rate"]),
-            _fmt(g["spent_at_audit_delta"], 4),
-            _fmt(g["epsilon_lower"]),
-            _fmt(g["epsilon_lower_steinke"]),
-            _fmt(g["epsilon_lower_fdp"]),
+            format_number(g["canary_rate"]),
+            format_number(g["spent_at_audit_delta"], 4),
+            format_number(g["epsilon_lower"]),
+            format_number(g["epsilon_lower_steinke"]),
+            format_number(g["epsilon_lower_fdp"]),
             f"{g['correct']} / {g['guesses']}",
-            _fmt(tpr),
+            format_number(tpr),
             g["status"].replace(" (saturated)", "*"),
             style="red" if g["violated"] else "yellow" if g["saturated"] else None,
         )

@@ -383,9 +383,9 @@ def _write_compare_plot(path: Path, name: str, curves: dict[str, list[list[float
 def _draw_compare_plot(path: Path, name: str, curves: dict[str, list[list[float]]]) -> None:
     from matplotlib.ticker import MaxNLocator
 
-    from pdpfl.runtime.plots import _figure, _nothing_to_draw, _save_fig
+    from pdpfl.runtime.plots import new_figure, nothing_to_draw, save_figure
 
-    fig, ax = _figure(5.5, 3.4)
+    fig, ax = new_figure(5.5, 3.4)
     ax.set_title(f"{name}: test accuracy per round")
     drawn = False
     for method, runs in curves.items():
@@ -406,9 +406,9 @@ def _draw_compare_plot(path: Path, name: str, curves: dict[str, list[list[float]
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.legend(fontsize=7)
     else:
-        _nothing_to_draw(ax, "no test accuracy was measured")
+        nothing_to_draw(ax, "no test accuracy was measured")
     fig.tight_layout()
-    _save_fig(fig, path)
+    save_figure(fig, path)
 
 
 def register(app: typer.Typer) -> None:

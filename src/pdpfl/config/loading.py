@@ -18,7 +18,7 @@ from pydantic import (
 from pdpfl.config.base import _PROBLEM_SEPARATOR, ConfigError
 from pdpfl.config.experiment import ALGORITHMS, ExperimentConfig, experiment_model
 from pdpfl.config_checks import raw_value_problems
-from pdpfl.safe_yaml import YamlError, load_yaml_file, load_yaml_text
+from pdpfl.safe_yaml import YamlError, YamlValue, load_yaml_file, load_yaml_text
 
 
 def _format_errors(err: ValidationError) -> list[str]:
@@ -53,7 +53,7 @@ def _format_errors(err: ValidationError) -> list[str]:
     return problems
 
 
-def _leaf_index() -> dict[str, list[str]]:
+def leaf_index() -> dict[str, list[str]]:
     """Leaf field name -> dotted paths (for short override keys such as ``rounds``)."""
     index: dict[str, list[str]] = {}
     for section, field in ExperimentConfig.model_fields.items():
@@ -70,7 +70,7 @@ def _leaf_index() -> dict[str, list[str]]:
     return index
 
 
-def _parse_value(key: str, text: str) -> Any:
+def _parse_value(key: str, text: str) -> YamlValue:
     """The YAML value of ``--set key=text`` (hardened loader: plain data, limits)."""
     return load_yaml_text(text, source=f"--set {key}")
 
@@ -82,7 +82,7 @@ _MAX_KEY_PARTS = 8
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
     """Apply ``key=value`` overrides (YAML-parsed values) to a raw config dictionary."""
     try:
-        data = json.loads(json.dumps(raw))  # deep copy of plain data
+        data: dict[str, Any] = json.loads(json.dumps(raw))  # deep copy of plain data
     except (TypeError, ValueError, RecursionError) as err:
         raise ConfigError(
             [f"config: not plain data (mappings, lists, text, numbers): {err}"]
@@ -104,7 +104,7 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
             )
             continue
         if "." not in key:
-            index = _leaf_index() if index is None else index
+            index = leaf_index() if index is None else index
             paths = index.get(key, [])
             if len(paths) != 1:
                 hint = f" (one of {', '.join(paths)})" if paths else ""
@@ -143,13 +143,13 @@ def _section_fields(raw: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return fields
 
 
-def _algorithm_fields(name: Any) -> dict[str, Any]:
+def _algorithm_fields(name: object) -> dict[str, Any]:
     """The pydantic fields of the registered algorithm ``name`` (default rpdp; {} if unknown)."""
     key = name if isinstance(name, str) else "rpdp"
     return dict(ALGORITHMS.get(key).model_fields) if key in ALGORITHMS else {}
 
 
-def config_from_dict(raw: Any, overrides: list[str] | None = None) -> ExperimentConfig:
+def config_from_dict(raw: object, overrides: list[str] | None = None) -> ExperimentConfig:
     """Validate a raw dictionary (after ``overrides``); raises :class:`ConfigError`."""
     if not isinstance(raw, dict):
         raise ConfigError(["config: expected a mapping of sections (data, training, ...)"])
@@ -166,7 +166,7 @@ def config_from_dict(raw: Any, overrides: list[str] | None = None) -> Experiment
         raise ConfigError(_format_errors(err)) from None
 
 
-def read_config_file(path: str | Path) -> dict[str, Any]:
+def read_config_file(path: str | Path) -> dict[str, YamlValue]:
     """The raw mapping of a YAML config file, read with :mod:`pdpfl.safe_yaml`'s limits
     (plain data only, no duplicate keys); an empty file is ``{}``."""
     try:
@@ -182,10 +182,11 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
                 "sections (data, training, ...)"
             ]
         )
-    return raw
+    # section names as text, as the JSON copy in apply_overrides makes them anyway
+    return {str(k): v for k, v in raw.items()}
 
 
-def _kind(value: Any) -> str:
+def _kind(value: object) -> str:
     return {list: "list", str: "text value", int: "number", float: "number", bool: "boolean"}.get(
         type(value), type(value).__name__
     )

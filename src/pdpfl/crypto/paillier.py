@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 from dataclasses import dataclass, field
+from typing import NoReturn
 
 import gmpy2
 from gmpy2 import mpz
@@ -189,7 +190,7 @@ class PaillierPrivateKey:
         self.__q_inv_p = gmpy2.invert(q, p)
         self.__q2_inv_p2 = gmpy2.invert(self.__q2, self.__p2)
 
-    def __reduce__(self):  # never serialise the factorisation
+    def __reduce__(self) -> NoReturn:  # never serialise the factorisation
         raise TypeError("a Paillier private key cannot be pickled or copied")
 
     def __repr__(self) -> str:

@@ -21,11 +21,15 @@ import multiprocessing
 import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 
 __all__ = ["default_workers", "run_chunks", "split", "worth_parallel"]
 
+#: What a forked worker reads by inheritance (token -> the ``shared`` argument of a job).
 _SHARED: dict[int, Any] = {}
+S = TypeVar("S")
+C = TypeVar("C")
+R = TypeVar("R")
 _TOKENS = itertools.count()
 
 #: Estimated work (in modular multiplications) below which forking does not pay.
@@ -71,13 +75,14 @@ def _fork_available() -> bool:
     return "fork" in multiprocessing.get_all_start_methods()
 
 
-def _run(func: Callable[[Any, Any], Any], token: int, chunk: Any) -> Any:
-    return func(_SHARED[token], chunk)
+def _run(func: Callable[[S, C], R], token: int, chunk: C) -> R:
+    shared: S = _SHARED[token]  # what run_chunks stored under this token
+    return func(shared, chunk)
 
 
 def run_chunks(
-    func: Callable[[Any, Any], Any], shared: Any, chunks: Sequence[Any], workers: int | None
-) -> list[Any]:
+    func: Callable[[S, C], R], shared: S, chunks: Sequence[C], workers: int | None
+) -> list[R]:
     """``[func(shared, chunk) for chunk in chunks]`` on up to ``workers`` processes.
 
     ``func`` must be a module-level function; ``shared`` reaches forked workers by inheritance.

@@ -32,7 +32,6 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import (
@@ -128,7 +127,7 @@ class PartyPublicKey:
         }
 
     @classmethod
-    def from_dict(cls, data: Any, *, what: str = "public key") -> PartyPublicKey:
+    def from_dict(cls, data: object, *, what: str = "public key") -> PartyPublicKey:
         """Rebuild (and check the binding of) a :meth:`to_dict` record."""
         if not isinstance(data, dict) or data.get("format") != PUBLIC_FORMAT:
             raise IntegrityError(f"{what}: not a {PUBLIC_FORMAT} record")

@@ -20,16 +20,17 @@ run-level check of such a file against the whole federation.
 from __future__ import annotations
 
 import csv
+import os
 import string
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from pdpfl.budgets import below_minimum
-from pdpfl.data.federation import Federation
+from pdpfl.data.federation import ClientData, Federation
 from pdpfl.data.validation import (
     DataValidationError,
     Where,
@@ -41,6 +42,7 @@ __all__ = [
     "BUDGET_TABLE_COLUMNS",
     "ON_UNMATCHED",
     "BudgetTable",
+    "ConfigWithBudgets",
     "align_budgets",
     "budget_table",
     "check_budget_file",
@@ -76,7 +78,7 @@ class BudgetTable:
         return np.flatnonzero(~np.isin(self.ids, known))
 
 
-def _epsilons(values: Any, ids: np.ndarray, where: Where) -> np.ndarray:
+def _epsilons(values: object, ids: np.ndarray, where: Where) -> np.ndarray:
     """Finite ε > 0 per id, or an error naming the id, the position and what is wrong."""
     raw = (
         list(np.asarray(values, dtype=object).reshape(-1))
@@ -109,7 +111,7 @@ def _epsilons(values: Any, ids: np.ndarray, where: Where) -> np.ndarray:
     return out
 
 
-def budget_table(budgets: Any, *, source: str = "budgets") -> BudgetTable:
+def budget_table(budgets: object, *, source: str = "budgets") -> BudgetTable:
     """Validated budgets from a dict ``id -> ε``, a pandas Series indexed by id, a pair
     ``(ids, values)`` or a 1-D array indexed by id (``budgets[i]`` is the ε of record ``i``)."""
     if (
@@ -150,7 +152,7 @@ def budget_table(budgets: Any, *, source: str = "budgets") -> BudgetTable:
     return BudgetTable(ids, _epsilons(values, ids, where), where)
 
 
-def is_budget_table(path: Any) -> bool:
+def is_budget_table(path: str | os.PathLike[str]) -> bool:
     """True if ``path`` is a ``.csv`` whose header names ``record_id`` and ``epsilon``."""
     p = Path(path)
     if p.suffix.lower() != ".csv" or not p.is_file():
@@ -163,7 +165,7 @@ def is_budget_table(path: Any) -> bool:
     return set(BUDGET_TABLE_COLUMNS) <= {h.strip() for h in header}
 
 
-def read_table(path: Any) -> BudgetTable:
+def read_table(path: str | os.PathLike[str]) -> BudgetTable:
     """The validated ``record_id``/``epsilon`` table of a ``.csv`` (rows named by line)."""
     p = Path(path)
     try:
@@ -201,12 +203,12 @@ def read_table(path: Any) -> BudgetTable:
     return BudgetTable(ids, values, Where(f"budgets.file: {p}", lines, "row"))
 
 
-def read_budget_table(path: Any) -> dict[int, float]:
+def read_budget_table(path: str | os.PathLike[str]) -> dict[int, float]:
     """``record id -> ε`` from a ``.csv`` with the columns ``record_id`` and ``epsilon``."""
     return read_table(path).lookup()
 
 
-def _known_ids(clients: list[Any]) -> np.ndarray:
+def _known_ids(clients: list[ClientData]) -> np.ndarray:
     parts = [np.asarray(c.record_ids, dtype=np.int64) for c in clients]
     parts += [
         np.asarray(c.test_record_ids, dtype=np.int64)
@@ -240,7 +242,7 @@ def _check_on_unmatched(on_unmatched: str) -> bool:
     return on_unmatched == "ignore"
 
 
-def _train_values(table: BudgetTable, client: Any, k: int) -> np.ndarray:
+def _train_values(table: BudgetTable, client: ClientData, k: int) -> np.ndarray:
     lookup = table.lookup()
     values = np.array([lookup.get(int(i), np.nan) for i in client.record_ids], dtype=float)
     missing = np.asarray(client.record_ids)[np.isnan(values)]
@@ -254,7 +256,7 @@ def _train_values(table: BudgetTable, client: Any, k: int) -> np.ndarray:
 
 
 def align_budgets(
-    federation: Federation, budgets: Any, *, on_unmatched: str = "error"
+    federation: Federation, budgets: object, *, on_unmatched: str = "error"
 ) -> list[np.ndarray]:
     """Each silo's per-record budgets in its train order, matched by record id.
 
@@ -273,7 +275,7 @@ def align_budgets(
     return [_train_values(table, c, k) for k, c in enumerate(federation.clients)]
 
 
-def unmatched_budgets_warning(federation: Federation, budgets: Any) -> str | None:
+def unmatched_budgets_warning(federation: Federation, budgets: object) -> str | None:
     """The warning of budgets for ids not in ``federation`` (None when every id is known)."""
     table = budget_table(budgets)
     pos = table.unmatched(_known_ids(federation.clients))
@@ -281,7 +283,11 @@ def unmatched_budgets_warning(federation: Federation, budgets: Any) -> str | Non
 
 
 def silo_budgets(
-    path: Any, record_ids: np.ndarray, *, silo: Any = None, on_unmatched: str = "error"
+    path: str | os.PathLike[str],
+    record_ids: np.ndarray,
+    *,
+    silo: ClientData | None = None,
+    on_unmatched: str = "error",
 ) -> np.ndarray:
     """One silo's budgets from a table keyed by record id, in the order of ``record_ids``.
 
@@ -323,7 +329,15 @@ def file_placeholders(template: str) -> list[str]:
     return names
 
 
-def check_budget_file(config: Any, federation: Federation) -> list[str]:
+class ConfigWithBudgets(Protocol):
+    """What :func:`check_budget_file` reads of an experiment config (its ``budgets`` section,
+    whose ``file`` and ``on_unmatched`` it looks up); the config layer sits above data/."""
+
+    @property
+    def budgets(self) -> object: ...
+
+
+def check_budget_file(config: ConfigWithBudgets, federation: Federation) -> list[str]:
     """Run-level check of a ``budgets.file`` table against the whole federation.
 
     Returns the warnings to show (budgets for unknown ids ignored under
@@ -335,7 +349,7 @@ def check_budget_file(config: Any, federation: Federation) -> list[str]:
     if template is None:
         return []
     ignore = _check_on_unmatched(getattr(config.budgets, "on_unmatched", "error"))
-    users: dict[str, list[Any]] = {}
+    users: dict[str, list[ClientData]] = {}
     for k, c in enumerate(federation.clients):
         users.setdefault(template.format(client_id=k, client=c.name), []).append(c)
     warnings = []

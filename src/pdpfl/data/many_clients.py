@@ -16,6 +16,7 @@ by frequency rather than by label, which mislabels counts whenever the classes a
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -130,7 +131,7 @@ def load_cifar10_clients(
     partition: str = "label-mix",
     partition_params: dict[str, Any] | None = None,
     seed: int = 42,
-    data_dir: Any = None,
+    data_dir: str | os.PathLike[str] | None = None,
     download: bool = True,
 ) -> Federation:
     """CIFAR-10's 50k training images over ``num_clients`` clients, the 10k test images spread

@@ -55,7 +55,7 @@ LAYOUTS = ("auto", "60k", "10k")
 _NORMS = ("standard", "none")
 
 
-def _positive_int(value: Any, name: str, low: int = 1) -> int:
+def _positive_int(value: object, name: str, low: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, int | np.integer):
         if isinstance(value, float) and value.is_integer():
             value = int(value)
@@ -77,7 +77,7 @@ def _normalise(x: np.ndarray, pool: Pool, normalize: str) -> np.ndarray:
     return (x - mean) / std
 
 
-def _check_norm(normalize: Any) -> str:
+def _check_norm(normalize: object) -> str:
     if normalize not in _NORMS:
         raise ValueError(f"normalize must be one of {list(_NORMS)}, got {normalize!r}")
     return str(normalize)

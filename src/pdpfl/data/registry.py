@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -21,6 +21,9 @@ from pdpfl.data.federation import Federation
 from pdpfl.data.pool import Pool, federate
 from pdpfl.data.splits import DEFAULT_TEST_FRACTION
 from pdpfl.data.users import USER_DISTRIBUTIONS, assign_users
+
+if TYPE_CHECKING:
+    from pdpfl.data.sources import FileSpec
 
 #: Options accepted by every dataset (besides the keyword arguments of load_federation).
 COMMON_OPTIONS = (
@@ -198,7 +201,7 @@ def _heart(
     partition: str,
     partition_params: dict[str, Any] | None,
     seed: int,
-    data_dir: Any,
+    data_dir: str | os.PathLike[str] | None,
     options: dict[str, Any],
 ) -> Federation:
     from pdpfl.data.heart import load_heart_disease
@@ -262,7 +265,7 @@ def _many_clients(
     partition: str,
     partition_params: dict[str, Any] | None,
     seed: int,
-    data_dir: Any,
+    data_dir: str | os.PathLike[str] | None,
     options: dict[str, Any],
 ) -> Federation:
     for key in ("test_fraction", *COMMON_OPTIONS[1:]):
@@ -314,7 +317,7 @@ def _creditcard(
     partition: str,
     partition_params: dict[str, Any] | None,
     seed: int,
-    data_dir: Any,
+    data_dir: str | os.PathLike[str] | None,
     options: dict[str, Any],
 ) -> Federation:
     from pdpfl.data.creditcard import load_creditcard
@@ -336,7 +339,9 @@ def _creditcard(
     )
 
 
-def _pool_for(name: str, data_dir: Any, options: dict[str, Any]) -> tuple[Pool, str]:
+def _pool_for(
+    name: str, data_dir: str | os.PathLike[str] | None, options: dict[str, Any]
+) -> tuple[Pool, str]:
     """The pool of ``name`` and its default normalization (pops the options it uses)."""
     if name == "digits":
         from pdpfl.data.embedded import digits_pool
@@ -482,7 +487,7 @@ def load_federation(
 LOADERS: dict[str, Callable[..., Federation]] = {n: load_federation for n in DATASETS}
 
 
-def file_specs(name: str) -> list:
+def file_specs(name: str) -> list[FileSpec]:
     """The canonical files (:class:`~pdpfl.data.sources.FileSpec`) a dataset needs."""
     if name == "heart-disease":
         from pdpfl.data.heart import file_specs as heart_specs

@@ -19,7 +19,7 @@ torch, no pandas import (a DataFrame is read through its public methods).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -34,6 +34,10 @@ from pdpfl.data.budget_table import (
 from pdpfl.data.federation import ClientData, Federation
 from pdpfl.data.pool import _zscore
 from pdpfl.data.splits import DEFAULT_TEST_FRACTION, stratified_split
+
+if TYPE_CHECKING:  # read through its public methods: pandas is never imported here
+    import pandas as pd
+
 from pdpfl.data.validation import (
     DataValidationError,
     Where,
@@ -59,13 +63,13 @@ __all__ = [
 
 
 def _labels(
-    y: np.ndarray, num_classes: int | None, where: Where | str = "y"
+    y: object, num_classes: int | None, where: Where | str = "y"
 ) -> tuple[np.ndarray, int, list[str]]:
     """Class indices, number of classes and class names of the raw labels ``y``."""
     return check_labels(y, where=where, num_classes=num_classes)
 
 
-def _record_ids(record_ids: Any, n: int, what: str | Where = "record_ids") -> np.ndarray:
+def _record_ids(record_ids: object, n: int, what: str | Where = "record_ids") -> np.ndarray:
     if record_ids is None:
         return np.arange(n, dtype=np.int64)
     return check_record_ids(record_ids, n=n, where=what)
@@ -82,7 +86,7 @@ def _silo_keys(silos: np.ndarray) -> list[Any]:
     return [k.item() if hasattr(k, "item") else k for k in np.unique(silos)]
 
 
-def _test_mask(test: Any, n: int, where: Where | str = "test") -> np.ndarray:
+def _test_mask(test: object, n: int, where: Where | str = "test") -> np.ndarray:
     """One boolean per record (``True``: a test record); 0/1 numbers accepted, gaps refused."""
     w = where if isinstance(where, Where) else Where(where)
     arr = np.asarray(test)
@@ -115,12 +119,12 @@ def _check_split_options(normalize: str, test_fraction: float, own_split: bool) 
 
 
 def federation_from_arrays(
-    x: Any,
-    y: Any,
-    silos: Any,
+    x: object,
+    y: object,
+    silos: object,
     *,
-    record_ids: Any = None,
-    test: Any = None,
+    record_ids: object = None,
+    test: object = None,
     test_fraction: float = DEFAULT_TEST_FRACTION,
     seed: int = 0,
     normalize: str = "none",
@@ -178,12 +182,12 @@ def federation_from_arrays(
 
 
 def _from_arrays(
-    x: Any,
-    y: Any,
-    silos: Any,
+    x: object,
+    y: object,
+    silos: object,
     *,
-    record_ids: Any,
-    test: Any,
+    record_ids: object,
+    test: object,
     test_fraction: float,
     seed: int,
     normalize: str,
@@ -241,7 +245,7 @@ def _from_arrays(
 
 
 def federation_from_dataframe(
-    df: Any,
+    df: pd.DataFrame,
     *,
     label: str,
     silo: str,
@@ -336,7 +340,7 @@ def federation_from_dataframe(
     return fed
 
 
-def _numeric(column: Any) -> bool:
+def _numeric(column: object) -> bool:
     kind = getattr(getattr(column, "dtype", None), "kind", "O")
     return kind in "biuf"
 

@@ -55,8 +55,8 @@ class UserAllocation:
 
 
 def _zipf_probs(k: int, alpha: float) -> np.ndarray:
-    p = np.arange(1, k + 1, dtype=np.float64) ** (-float(alpha))
-    return p / p.sum()
+    p: np.ndarray = np.arange(1, k + 1, dtype=np.float64) ** (-float(alpha))
+    return p / float(p.sum())
 
 
 def _zipf_counts(total: int, k: int, alpha: float, rng: np.random.Generator) -> np.ndarray:

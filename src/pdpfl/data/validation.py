@@ -19,13 +19,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 __all__ = [
     "MISSING_TEXT",
     "DataValidationError",
+    "FederationArrays",
+    "SiloArrays",
     "Where",
     "check_features",
     "check_federation_data",
@@ -115,7 +117,7 @@ def _where(where: Where | str) -> Where:
 # -------------------------------------------------------------------------- missing cells
 
 
-def is_missing(value: Any) -> bool:
+def is_missing(value: object) -> bool:
     """True for None, NaN, pandas' NA/NaT and text such as ``''``, ``'nan'``, ``'NA'``."""
     if value is None:
         return True
@@ -134,13 +136,16 @@ def missing_mask(values: np.ndarray) -> np.ndarray:
     """Boolean mask of the missing entries of a 1-D array (see :func:`is_missing`)."""
     arr = np.asarray(values)
     kind = arr.dtype.kind
+    mask: np.ndarray
     if kind in "biu":
-        return np.zeros(arr.shape, dtype=bool)
-    if kind in "fc":
-        return np.isnan(arr)
-    if kind in "mM":
-        return np.isnat(arr)
-    return np.frompyfunc(is_missing, 1, 1)(arr).astype(bool)
+        mask = np.zeros(arr.shape, dtype=bool)
+    elif kind in "fc":
+        mask = np.isnan(arr)
+    elif kind in "mM":
+        mask = np.isnat(arr)
+    else:
+        mask = np.frompyfunc(is_missing, 1, 1)(arr).astype(bool)
+    return mask
 
 
 # --------------------------------------------------------------------------------- shapes
@@ -158,7 +163,7 @@ def check_lengths(**lengths: int) -> int:
     return values[0] if values else 0
 
 
-def _one_per_record(values: Any, where: Where, what: str) -> np.ndarray:
+def _one_per_record(values: object, where: Where, what: str) -> np.ndarray:
     try:
         arr = np.asarray(values)
     except ValueError as err:  # ragged nested lists
@@ -197,7 +202,7 @@ def _refuse_missing(arr: np.ndarray, where: Where, what: str, fix: str) -> None:
 
 
 def check_features(
-    x: Any, *, where: Where | str = "x", columns: Sequence[str] | None = None
+    x: object, *, where: Where | str = "x", columns: Sequence[str] | None = None
 ) -> np.ndarray:
     """Features as a float64 array of shape ``(n, ...)`` (a 1-D input is one feature).
 
@@ -285,7 +290,7 @@ def _cells(flat: np.ndarray, mask: np.ndarray, w: Where, columns: Sequence[str] 
 
 
 def check_labels(
-    y: Any,
+    y: object,
     *,
     where: Where | str = "y",
     num_classes: int | None = None,
@@ -327,7 +332,7 @@ def check_labels(
     return idx.astype(np.int64).reshape(-1), len(classes), [str(_plain(c)) for c in classes]
 
 
-def check_label_values(y: Any, *, where: Where | str = "y") -> np.ndarray:
+def check_label_values(y: object, *, where: Where | str = "y") -> np.ndarray:
     """Labels as one comparable 1-D array (text, integers or booleans), before mapping them
     to classes: the shape, missing-label and type checks of :func:`check_labels`."""
     w = _where(where)
@@ -338,7 +343,7 @@ def check_label_values(y: Any, *, where: Where | str = "y") -> np.ndarray:
     return _as_class_values(arr, w, "label")
 
 
-def _plain(value: Any) -> Any:
+def _plain(value: object) -> Any:
     return value.item() if isinstance(value, np.generic) else value
 
 
@@ -399,7 +404,7 @@ def _as_class_values(arr: np.ndarray, w: Where, what: str) -> np.ndarray:
 
 
 def check_silo_keys(
-    silos: Any, *, n: int | None = None, where: Where | str = "silos"
+    silos: object, *, n: int | None = None, where: Where | str = "silos"
 ) -> np.ndarray:
     """One silo label per record (text or integers); missing or mixed-type labels refused."""
     w = _where(where)
@@ -411,7 +416,7 @@ def check_silo_keys(
 
 
 def check_record_ids(
-    ids: Any, *, n: int | None = None, where: Where | str = "record_ids"
+    ids: object, *, n: int | None = None, where: Where | str = "record_ids"
 ) -> np.ndarray:
     """Unique int64 record ids, one per record (integral floats and digit strings accepted)."""
     w = _where(where)
@@ -466,7 +471,30 @@ def _as_int64(arr: np.ndarray, w: Where) -> np.ndarray:
     return out
 
 
-def check_federation_data(federation: Any) -> None:
+class SiloArrays(Protocol):
+    """What :func:`check_federation_data` reads of a silo (a
+    :class:`~pdpfl.data.federation.ClientData`, which imports this module)."""
+
+    name: str
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_test: np.ndarray
+    y_test: np.ndarray
+    record_ids: np.ndarray
+    test_record_ids: np.ndarray | None
+
+
+class FederationArrays(Protocol):
+    """What :func:`check_federation_data` reads of a :class:`~pdpfl.data.federation.Federation`."""
+
+    @property
+    def num_classes(self) -> int: ...
+
+    @property
+    def clients(self) -> Sequence[SiloArrays]: ...
+
+
+def check_federation_data(federation: FederationArrays) -> None:
     """Re-check a federation's arrays before training (they may have been changed after it
     was built): finite features and labels in ``[0, num_classes)``, naming the silo and the
     record ids."""
@@ -498,15 +526,16 @@ def non_finite_records(x: np.ndarray) -> np.ndarray:
     x = np.asarray(x)
     if not x.size:
         return np.zeros(len(x), dtype=bool)
-    return ~np.isfinite(x.reshape(len(x), -1)).all(axis=1)
+    finite: np.ndarray = np.isfinite(x.reshape(len(x), -1)).all(axis=1)
+    return ~finite
 
 
-def record_ids_of(ids: Any, mask: np.ndarray) -> str:
+def record_ids_of(ids: object, mask: np.ndarray) -> str:
     """``record ids e.g. [...]`` of the masked records (positions when ids do not match)."""
     return _ids(ids, mask)
 
 
-def _ids(ids: Any, mask: np.ndarray) -> str:
+def _ids(ids: object, mask: np.ndarray) -> str:
     arr = None if ids is None else np.asarray(ids).reshape(-1)
     if arr is not None and len(arr) == len(mask):
         return f"record ids e.g. {arr[mask][:5].tolist()}"

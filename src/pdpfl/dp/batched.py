@@ -113,6 +113,8 @@ def _batches_per_epoch(n: int, batch: int | None) -> int:
 
 
 Streams = RandomStream | Sequence[RandomStream] | None
+#: One training step's per-copy gradients: ``(params, x, y, weights) -> grads`` by name.
+GradFn = Callable[[dict[str, Tensor], Tensor, Tensor, Tensor], dict[str, Tensor]]
 
 
 def _stream_for(stream: Streams, k: int, count: int) -> RandomStream | None:
@@ -122,7 +124,8 @@ def _stream_for(stream: Streams, k: int, count: int) -> RandomStream | None:
         return stream  # type: ignore[return-value]  # any other stream-like object
     if len(stream) != count:
         raise ValueError(f"stream: expected one stream per copy ({count}), got {len(stream)}")
-    return stream[k]
+    picked: RandomStream = stream[k]
+    return picked
 
 
 def _schedules(
@@ -253,7 +256,7 @@ def train_copies(
 _ELEMENTWISE = {nn.ReLU: torch.relu, nn.Tanh: torch.tanh, nn.Sigmoid: torch.sigmoid}
 
 
-def _sequential_grad_fn(model: nn.Module, frozen: dict[str, Tensor]) -> Callable | None:
+def _sequential_grad_fn(model: nn.Module, frozen: dict[str, Tensor]) -> GradFn | None:
     """A faster per-copy gradient for ``nn.Sequential`` models of Flatten / Linear / ReLU / Tanh
     / Sigmoid / Dropout / GroupNorm layers (logreg, MLP, PrivateFraudNet): batched matrix
     products and one ordinary backward
@@ -370,7 +373,7 @@ def _train_group(
     base: dict[str, Tensor],
     names: list[str],
     spec: LocalTrainingSpec,
-    grad_fn: Callable,
+    grad_fn: GradFn,
 ) -> dict[str, Tensor]:
     G = len(group)
     steps = max(len(schedules[k]) for k in group)
@@ -487,7 +490,7 @@ def train_copies_loop(
         for idx in schedules[k]:
             sel = torch.as_tensor(idx, dtype=torch.long, device=dev)
             opt.zero_grad(set_to_none=True)
-            loss(m(x[sel]), y[sel]).backward()
+            torch.autograd.backward(loss(m(x[sel]), y[sel]))
             opt.step()
         trained = dict(m.named_parameters())
         for i, n in enumerate(names):

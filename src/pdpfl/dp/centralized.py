@@ -36,8 +36,9 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from pdpfl.dp.engine import LossFn, PersonalizedDPSGD, as_rates, evaluate, make_optimizer
-from pdpfl.dp.steps import check_normalizer
+from pdpfl.dp.engine import LossFn, PersonalizedDPSGD, evaluate, make_optimizer
+from pdpfl.dp.steps import as_rates, check_normalizer
+from pdpfl.dp.training import Evaluation
 from pdpfl.models import loss_fn, predict
 from pdpfl.randomness import (
     REPRODUCIBLE_LABEL,
@@ -109,8 +110,10 @@ def group_accuracy(
     return {str(k): float(correct[g == k].mean()) for k in np.unique(g)}
 
 
-def _group_stats(groups: np.ndarray, rates: np.ndarray, counts: np.ndarray, steps: int) -> dict:
-    out = {}
+def _group_stats(
+    groups: np.ndarray, rates: np.ndarray, counts: np.ndarray, steps: int
+) -> dict[str, dict[str, float]]:
+    out: dict[str, dict[str, float]] = {}
     for k in np.unique(groups):
         m = groups == k
         out[str(k)] = {
@@ -126,13 +129,13 @@ class CentralizedResult:
     """Outcome of a centralized run (rPDP-SGD here; the Filter baseline extends it)."""
 
     steps: int
-    test: dict
+    test: Evaluation
     """:func:`pdpfl.dp.engine.evaluate` on the test set (incl. ``per_class_accuracy``)."""
     per_group_accuracy: dict[str, float]
     """Test accuracy per budget group (empty unless ``test_groups`` was given)."""
-    train_groups: dict[str, dict]
+    train_groups: dict[str, dict[str, float]]
     """Per training budget group: ``n`` and method-specific statistics."""
-    history: list[dict] = field(default_factory=list)
+    history: list[dict[str, float]] = field(default_factory=list)
     """``{"step", "loss", "accuracy"}`` every ``eval_every`` steps."""
     mean_step_seconds: float = float("nan")
     realized_batch_sizes: list[int] = field(default_factory=list)
@@ -143,7 +146,7 @@ class CentralizedResult:
     randomness: str = SECURE_LABEL
     """Where the coins and the noise came from (see :mod:`pdpfl.randomness`)."""
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """JSON-friendly summary."""
         return {
             "steps": self.steps,
@@ -227,7 +230,7 @@ def train_rpdp_sgd(
     )
     counts = np.zeros(x.shape[0], dtype=np.int64)
     sizes: list[int] = []
-    history: list[dict] = []
+    history: list[dict[str, float]] = []
     model.train()
     elapsed = 0.0
     for t in range(1, int(steps) + 1):

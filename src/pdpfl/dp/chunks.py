@@ -103,7 +103,9 @@ def _small_linear(pairs: list[tuple[nn.Module, Tensor, Tensor]]) -> bool:
     return size <= LINEAR_SMALL
 
 
-def _working_dtype(pairs: list[tuple[nn.Module, Tensor, Tensor]], device: torch.device):
+def _working_dtype(
+    pairs: list[tuple[nn.Module, Tensor, Tensor]], device: torch.device
+) -> torch.dtype:
     """float32 when every recorded tensor is float32 and float32 BLAS is IEEE, else float64."""
     if all(a.dtype == _F32 and g.dtype == _F32 for _, a, g in pairs) and float32_is_ieee(device):
         return _F32

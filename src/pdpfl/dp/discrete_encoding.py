@@ -46,6 +46,7 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
+from numpy.typing import NDArray
 
 from pdpfl.dp.discrete_params import DiscreteShareParams
 from pdpfl.dp.noise import add_noise
@@ -73,14 +74,14 @@ _TWO_53 = float(2**53)
 # ----------------------------------------------------------------------------- rotation
 
 
-def _signs(seed: int, dim: int) -> np.ndarray:
+def _signs(seed: int, dim: int) -> NDArray[np.float64]:
     """ξ ∈ {±1}^dim from SHAKE-256(``pdpfl-rotation-v1`` ‖ seed): platform independent."""
     digest = hashlib.shake_256(b"pdpfl-rotation-v1" + int(seed).to_bytes(16, "little", signed=True))
     bits = np.unpackbits(np.frombuffer(digest.digest((dim + 7) // 8), dtype=np.uint8))[:dim]
     return 1.0 - 2.0 * bits.astype(np.float64)
 
 
-def _fwht(x: np.ndarray) -> np.ndarray:
+def _fwht(x: np.ndarray) -> NDArray[np.float64]:
     """Unnormalised Walsh–Hadamard transform along the last axis (length a power of two)."""
     y = np.array(x, dtype=np.float64, copy=True)
     n = y.shape[-1]
@@ -95,7 +96,7 @@ def _fwht(x: np.ndarray) -> np.ndarray:
     return y
 
 
-def hadamard_rotate(x: np.ndarray, seed: int, dim: int) -> np.ndarray:
+def hadamard_rotate(x: np.ndarray, seed: int, dim: int) -> NDArray[np.float64]:
     """H·D_ξ·x/√dim for x (…, d) zero-padded to ``dim`` = 2^k ≥ d (float64, L2-preserving)."""
     x = np.asarray(x, dtype=np.float64)
     d = x.shape[-1]
@@ -104,14 +105,14 @@ def hadamard_rotate(x: np.ndarray, seed: int, dim: int) -> np.ndarray:
     padded = np.zeros((*x.shape[:-1], dim), dtype=np.float64)
     padded[..., :d] = x
     padded *= _signs(seed, dim)
-    return _fwht(padded) / np.sqrt(dim)
+    return _fwht(padded) / math.sqrt(dim)
 
 
-def hadamard_unrotate(y: np.ndarray, seed: int, d: int) -> np.ndarray:
+def hadamard_unrotate(y: np.ndarray, seed: int, d: int) -> NDArray[np.float64]:
     """The inverse of :func:`hadamard_rotate`: D_ξ·H·y/√d', first ``d`` coordinates."""
     y = np.asarray(y, dtype=np.float64)
     dim = y.shape[-1]
-    x = _fwht(y) / np.sqrt(dim)
+    x = _fwht(y) / math.sqrt(dim)
     x *= _signs(seed, dim)
     return x[..., :d]
 
@@ -149,27 +150,28 @@ def norm_sq_at_most(x: np.ndarray, bound: int) -> bool:
     return bool(level[0] <= lim)
 
 
-def _rows_at_most(x: np.ndarray, bounds: np.ndarray) -> np.ndarray:
+def _rows_at_most(x: np.ndarray, bounds: np.ndarray) -> NDArray[np.bool_]:
     """Row-wise ‖x_i‖₂² ≤ bounds_i, exactly, for a float64 batch of integers (|x| < 2^53): a
     float64 sum of squares decides when it is clear of the bound by more than its worst-case
     rounding error (4·(d + 1)·2^-53 relative: d squares and d − 1 additions of non-negative
     terms, any summation order), :func:`norm_sq_at_most` on the int64 row when it is not."""
-    total = np.einsum("ij,ij->i", x, x)
+    total: NDArray[np.float64] = np.einsum("ij,ij->i", x, x)
     lim = bounds.astype(np.float64)
     slack = 4.0 * (x.shape[1] + 1) * 2.0**-53
-    out = total <= lim * (1.0 - slack)
+    out: NDArray[np.bool_] = total <= lim * (1.0 - slack)
     unclear = np.flatnonzero(~out & (total <= lim * (1.0 + slack)))
     for i in unclear.tolist():
         out[i] = norm_sq_at_most(x[i].astype(np.int64), int(bounds[i]))
     return out
 
 
-def conditional_round(v: np.ndarray, bound_sq: int, stream: RandomStream) -> np.ndarray:
+def conditional_round(v: np.ndarray, bound_sq: int, stream: RandomStream) -> NDArray[np.int64]:
     """An int64 vector x̃ with ‖x̃‖₂² ≤ ``bound_sq`` from the scaled float vector v (module
     docstring, step 3): randomized rounding redrawn up to :data:`MAX_ROUNDING_TRIES` times,
     then the deterministic fallback."""
     v = np.asarray(v, dtype=np.float64)
-    return conditional_round_rows(v.reshape(1, -1), [bound_sq], stream)[0]
+    row: NDArray[np.int64] = conditional_round_rows(v.reshape(1, -1), [bound_sq], stream)[0]
+    return row
 
 
 #: Coordinates rounded per batch of rows (memory: three int64 arrays of this size).
@@ -178,7 +180,7 @@ _ROUND_CHUNK = 1 << 22
 
 def conditional_round_rows(
     rows: np.ndarray, bounds: Sequence[int], stream: RandomStream
-) -> np.ndarray:
+) -> NDArray[np.int64]:
     """:func:`conditional_round` for each row of a (k, d') float batch, row i at ``bounds[i]``
     (one vectorized draw per attempt for all rows still failing) → int64 (k, d')."""
     v = np.asarray(rows, dtype=np.float64)
@@ -285,7 +287,8 @@ def round_units(
     if not scaled.shape[0]:
         return np.zeros(params.padded_dimension, dtype=np.int64)
     rounded = conditional_round_rows(scaled, bounds, stream)
-    return rounded.sum(axis=0)  # |Σ| ≤ k·2^31 per coordinate: no int64 overflow
+    total: NDArray[np.int64] = rounded.sum(axis=0)  # |Σ| ≤ k·2^31 per coordinate: no overflow
+    return total
 
 
 # ----------------------------------------------------------------------------- noise and ring

@@ -224,7 +224,9 @@ class PersonalizedDPSGD:
 
     def _views(self, flat: Tensor) -> list[Tensor]:
         """Per-parameter views of a vector of all trainable parameters (in order)."""
-        return [t.view(s) for t, s in zip(flat.split(self._sizes), self._shapes, strict=True)]
+        return [
+            t.view(s) for t, s in zip(torch.split(flat, self._sizes), self._shapes, strict=True)
+        ]
 
     def _clipped_sum(self, xb: Tensor, yb: Tensor, reuse: bool = False) -> ClippedSum:
         """:meth:`clipped_sum`; ``reuse``: accumulate in the engine's float64 buffer (zeroed
@@ -310,7 +312,7 @@ class PersonalizedDPSGD:
             return self._views(flat.to(device, dtype))  # one rounding of every coordinate
         return [
             t.view(p.shape).to(p.device, p.dtype)
-            for t, p in zip(flat.split(self._sizes), self.params, strict=True)
+            for t, p in zip(torch.split(flat, self._sizes), self.params, strict=True)
         ]
 
     def privatized_gradient(

@@ -305,7 +305,7 @@ class FilterResult(CentralizedResult):
     exit_step: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     """Step (1-based) after which each record left; −1 if it stayed to the end."""
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         d = super().to_dict()
         d["active_counts"] = self.active_counts
         return d
@@ -359,7 +359,7 @@ def train_filter_gd(
     active = B > 0
     exit_step = np.where(active, -1, 0).astype(np.int64)
     active_counts: list[int] = []
-    history: list[dict] = []
+    history: list[dict[str, float]] = []
     elapsed = 0.0
     model.train()
     for t in range(1, int(steps) + 1):

@@ -238,7 +238,7 @@ def clipped_grad_sum(
 
 
 def _param_views(params: list[nn.Parameter], flat: Tensor) -> list[Tensor]:
-    pieces = flat.split([p.numel() for p in params])
+    pieces = torch.split(flat, [p.numel() for p in params])
     return [t.view(p.shape) for t, p in zip(pieces, params, strict=True)]
 
 

@@ -8,18 +8,29 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from typing import Any, TypedDict
 
 import torch
 from torch import Tensor, nn
 
 from pdpfl.models import loss_fn, predict
 
-__all__ = ["evaluate", "make_optimizer", "move_to_device"]
+__all__ = ["Evaluation", "evaluate", "make_optimizer", "move_to_device"]
+
+
+class Evaluation(TypedDict):
+    """What :func:`evaluate` returns."""
+
+    loss: float
+    accuracy: float
+    per_class_accuracy: dict[int, float]
+    """Accuracy per label present in ``y``."""
+    n: int
 
 
 def make_optimizer(
     name: str,
-    params: Iterable[nn.Parameter] | Iterable[dict],
+    params: Iterable[nn.Parameter] | Iterable[dict[str, Any]],
     lr: float,
     weight_decay: float = 0.0,
     momentum: float = 0.0,
@@ -72,7 +83,7 @@ def move_to_device(
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, x: Tensor, y: Tensor, batch_size: int = 1024) -> dict:
+def evaluate(model: nn.Module, x: Tensor, y: Tensor, batch_size: int = 1024) -> Evaluation:
     """Loss (via :func:`pdpfl.models.loss_fn`), accuracy and per-class accuracy on ``(x, y)``.
 
     Returns ``{"loss", "accuracy", "per_class_accuracy": {label: acc}, "n"}``; the per-class

@@ -42,7 +42,11 @@ class Workspace:
 
 
 def empty(
-    ws: Workspace | None, key: object, shape: tuple[int, ...], dtype: torch.dtype, device
+    ws: Workspace | None,
+    key: object,
+    shape: tuple[int, ...],
+    dtype: torch.dtype,
+    device: torch.device,
 ) -> Tensor:
     """``torch.empty(shape)``, from ``ws`` when there is one."""
     if ws is None:

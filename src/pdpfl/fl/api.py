@@ -41,6 +41,7 @@ from pdpfl.fl.messages import (
     TRAIN_REPLY,
     Outgoing,
     PrivacyBoundaryError,
+    ShareLayout,
     check_outgoing,
 )
 from pdpfl.ledger import PrivacySummary
@@ -55,6 +56,7 @@ __all__ = [
     "PrivacyBoundaryError",
     "Scalars",
     "ServerAlgorithm",
+    "Transport",
     "check_contribution",
     "check_evaluation",
     "contribution_payload",
@@ -240,14 +242,14 @@ def contribution_payload(contribution: Contribution) -> dict[str, Any]:
 
 
 def check_contribution(
-    contribution: Any,
+    contribution: object,
     public_metrics: frozenset[str] | set[str],
     num_params: int | None = None,
     *,
     params: Params | None = None,
     silo: int | None = None,
     round_index: int = 0,
-    encoding: Any = None,
+    encoding: ShareLayout | None = None,
 ) -> Contribution:
     """Validate what a silo is about to release; raise :class:`PrivacyBoundaryError` otherwise.
 
@@ -309,3 +311,54 @@ def check_evaluation(metrics: Scalars, *, silo: int | None = None, round_index: 
         )
     check_outgoing(EVALUATE_REPLY, metrics, Outgoing(round_index=int(round_index), silo_id=silo))
     return metrics
+
+
+@runtime_checkable
+class Transport(Protocol):
+    """How the round loop reaches the silos (direct calls in-process, messages with Flower).
+
+    Part of the FL contract: a runtime implements it (:mod:`pdpfl.runtime.simulation`'s
+    in-process transport, the Flower transport); :mod:`pdpfl.fl.rounds` and the summation
+    protocols of :mod:`pdpfl.fl.aggregation` use only these methods."""
+
+    client_ids: list[int]
+
+    def fit(
+        self, selected: list[int], params: Params, round_index: int, config: Scalars
+    ) -> list[Contribution]:
+        """Local training on each selected silo; their contributions in ``selected`` order.
+
+        A silo that is lost (deployment runtimes) is simply missing from the result.
+        """
+        ...
+
+    def evaluate(
+        self, client_ids: list[int], params: Params, round_index: int, config: Scalars
+    ) -> dict[int, Scalars]:
+        """Test metrics (``loss``, ``accuracy``, ``n``) of ``params`` on each silo's test split.
+
+        Every silo is told ``round_index`` so that one not selected this round catches up its
+        third-party (Type II) accounting for the rounds it did not train in.
+        """
+        ...
+
+    def privacy_summaries(self) -> dict[int, PrivacySummary | None]:
+        """The operator's view of each silo's privacy state (aggregates only).
+
+        Only meaningful where one operator owns every silo (the in-process simulator). A
+        deployment transport returns ``{}``: privacy summaries stay at the silos.
+        """
+        ...
+
+    def exchange(
+        self, protocol: str, stage: str, requests: dict[int, dict[str, Any]], round_index: int
+    ) -> dict[int, dict[str, Any]]:
+        """One stage of a multi-message protocol: send each silo its request payload and return
+        the replies of the silos that answered (see :mod:`pdpfl.fl.aggregation`)."""
+        ...
+
+    def client_states(self) -> dict[int, dict[str, Any]]:
+        """Everything needed to resume each silo exactly."""
+        ...
+
+    def load_client_states(self, states: dict[int, dict[str, Any]]) -> None: ...

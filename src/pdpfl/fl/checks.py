@@ -7,14 +7,17 @@ environment is resolved (:func:`pdpfl.fl.environment.resolve_environment`).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pdpfl.config import ExperimentConfig
+
+if TYPE_CHECKING:
+    from pdpfl.data.federation import Federation
 
 __all__ = ["check_federation", "check_silos", "few"]
 
 
-def check_federation(config: ExperimentConfig, federation: Any) -> list[str]:
+def check_federation(config: ExperimentConfig, federation: Federation) -> list[str]:
     """Problems that make a run meaningless (raised) and warnings (returned), before training:
     :func:`check_silos`, then the budget table
     (:func:`pdpfl.data.budget_table.check_budget_file`)."""
@@ -23,7 +26,7 @@ def check_federation(config: ExperimentConfig, federation: Any) -> list[str]:
     return [*check_silos(config, federation), *check_budget_file(config, federation)]
 
 
-def check_silos(config: ExperimentConfig, federation: Any) -> list[str]:
+def check_silos(config: ExperimentConfig, federation: Federation) -> list[str]:
     """The silos' own problems (raised) and warnings (returned), before training.
 
     * a silo without training records is an error naming the silo;

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 
@@ -33,6 +33,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import torch
 
     from pdpfl.config import ExperimentConfig
+    from pdpfl.data.federation import ClientData, Federation
     from pdpfl.ledger import PrivacyLedger
     from pdpfl.randomness import Randomness
 
@@ -52,7 +53,9 @@ __all__ = [
 ]
 
 
-def federation_info(federation: Any, config: ExperimentConfig | None = None) -> FederationInfo:
+def federation_info(
+    federation: Federation, config: ExperimentConfig | None = None
+) -> FederationInfo:
     """Public facts of ``federation``: shapes, ids, names (+ sizes, per-user histograms only if
     the config declares them public)."""
     sizes = None
@@ -71,7 +74,7 @@ def federation_info(federation: Any, config: ExperimentConfig | None = None) -> 
     )
 
 
-def user_histogram(federation: Any, config: ExperimentConfig) -> tuple[tuple[int, ...], ...]:
+def user_histogram(federation: Federation, config: ExperimentConfig) -> tuple[tuple[int, ...], ...]:
     """``n_{s,u}``: training records of user ``u`` in silo ``s`` (``data.options.num_users``
     users). What silos disclose when ``data.public_user_histograms`` is true."""
     num_users = int(dict(config.data.options).get("num_users") or 0)
@@ -89,7 +92,7 @@ def user_histogram(federation: Any, config: ExperimentConfig) -> tuple[tuple[int
     return tuple(r + (0,) * (width - len(r)) for r in rows)
 
 
-def client_budgets(config: ExperimentConfig, client_id: int, client_data: Any) -> np.ndarray:
+def client_budgets(config: ExperimentConfig, client_id: int, client_data: ClientData) -> np.ndarray:
     """ε of one silo's training records (computed on the silo; never sent anywhere).
 
     From ``budgets.file`` (``{client_id}``/``{client}`` in the path are replaced; a ``.csv``

@@ -17,7 +17,7 @@ config field, raised before any mechanism is calibrated.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pdpfl.fl.api import FederationInfo
 from pdpfl.fl.checks import check_silos
@@ -27,6 +27,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import torch
 
     from pdpfl.config import ExperimentConfig
+    from pdpfl.data.federation import Federation
     from pdpfl.randomness import Randomness
 
 __all__ = ["Environment", "parties", "resolve_environment"]
@@ -54,7 +55,7 @@ class Environment:
 
 
 def resolve_environment(
-    config: ExperimentConfig, federation: Any, *, check: bool = True
+    config: ExperimentConfig, federation: Federation, *, check: bool = True
 ) -> Environment:
     """Resolve :class:`Environment` for ``config`` on ``federation`` (``check=False`` skips the
     shared checks of the federation, e.g. for a federation that a test built by hand)."""

@@ -24,9 +24,10 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -35,6 +36,11 @@ from pdpfl.ledger.budget_store import BudgetStore, StoredRun, dataset_fingerprin
 from pdpfl.ledger.budget_store import default_store_dir as _default_dir
 from pdpfl.ledger.describe import mechanism_to_dict
 from pdpfl.ledger.lifetime import LifetimeAccount, LifetimeOptions, LifetimeTarget
+
+if TYPE_CHECKING:
+    from pdpfl.config import ExperimentConfig
+    from pdpfl.data.federation import ClientData, Federation
+    from pdpfl.fl.api import ClientAlgorithm, ServerAlgorithm, Transport
 
 __all__ = [
     "TARGET_ATTR",
@@ -56,7 +62,7 @@ class LifetimeExceeded(ValueError):
     """This run would take some units over their lifetime budget and cannot stop them."""
 
 
-def lifetime_options(config: Any, root: str | Path | None = None) -> LifetimeOptions:
+def lifetime_options(config: ExperimentConfig, root: str | Path | None = None) -> LifetimeOptions:
     """The config's ``lifetime`` section (``root`` overrides the store folder, e.g. a Flower
     silo's own)."""
     section = getattr(config, "lifetime", None)
@@ -68,7 +74,7 @@ def lifetime_options(config: Any, root: str | Path | None = None) -> LifetimeOpt
     )
 
 
-def _description(config: Any, **extra: Any) -> dict[str, Any]:
+def _description(config: ExperimentConfig, **extra: object) -> dict[str, object]:
     algorithm = getattr(config, "algorithm", None)
     return {
         "algorithm": str(getattr(algorithm, "name", "?")),
@@ -78,14 +84,14 @@ def _description(config: Any, **extra: Any) -> dict[str, Any]:
     }
 
 
-def _key(*parts: Any) -> str:
+def _key(*parts: object) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 
 def silo_target(
-    config: Any,
+    config: ExperimentConfig,
     silo: int,
-    data: Any,
+    data: ClientData,
     *,
     root: str | Path | None = None,
     allow_respend: bool | None = None,
@@ -105,7 +111,9 @@ def silo_target(
     )
 
 
-def server_target(config: Any, units: int, *, root: str | Path | None = None) -> LifetimeTarget:
+def server_target(
+    config: ExperimentConfig, units: int, *, root: str | Path | None = None
+) -> LifetimeTarget:
     """The coordinator's store (ULDP-FL's users): it holds no data, so the key is the public
     data description (dataset, options, partition, seed) and the number of users."""
     data = config.data.model_dump(mode="json")
@@ -117,7 +125,12 @@ def server_target(config: Any, units: int, *, root: str | Path | None = None) ->
     )
 
 
-def set_targets(config: Any, federation: Any, server: Any, clients: dict[int, Any]) -> None:
+def set_targets(
+    config: ExperimentConfig,
+    federation: Federation,
+    server: ServerAlgorithm,
+    clients: dict[int, ClientAlgorithm],
+) -> None:
     """Mark the parties of an in-process run with their stores (see the module docstring)."""
     private = bool(getattr(type(config.algorithm), "private", True))
     for i, client in clients.items():
@@ -131,13 +144,13 @@ def set_targets(config: Any, federation: Any, server: Any, clients: dict[int, An
         setattr(server, TARGET_ATTR, server_target(config, int(units)))
 
 
-def _filters(holder: Any) -> bool:
+def _filters(holder: object) -> bool:
     """Whether the holder's units sit out a round that would exceed their budget (every silo
     of the template; a server that says so, e.g. ULDP-FL with personal budgets)."""
     return bool(getattr(holder, "enforces_budgets", False))
 
 
-def run_holders(server: Any, transport: Any) -> list[Any]:
+def run_holders(server: ServerAlgorithm, transport: Transport) -> list[object]:
     """The parties of a run this process holds: the in-process silos and the server."""
     clients = getattr(transport, "clients", None)
     silos = list(clients.values()) if isinstance(clients, dict) else []
@@ -213,7 +226,7 @@ def open_lifetime(holders: list[Any], run_id: str, remaining_rounds: int) -> Lif
     :class:`LifetimeExceeded` (nothing charged) for a run that would overspend and cannot stop
     its units, :class:`~pdpfl.ledger.budget_store.StoreBusy` when another run holds a store."""
     session = LifetimeSession()
-    writes: list[Any] = []
+    writes: list[Callable[[], None]] = []
     try:
         for holder in holders:  # every store opened and checked first: a refusal charges none
             target = getattr(holder, TARGET_ATTR, None)
@@ -229,8 +242,8 @@ def open_lifetime(holders: list[Any], run_id: str, remaining_rounds: int) -> Lif
 
 
 def _open_one(
-    session: LifetimeSession, holder: Any, target: LifetimeTarget, run_id: str, remaining: int
-) -> Any:
+    session: LifetimeSession, holder: object, target: LifetimeTarget, run_id: str, remaining: int
+) -> Callable[[], None]:
     """Open and check one holder's store; returns the write that enters the run there."""
     store = target.store().open(lock=True, wait_s=target.options.wait_s)
     session.stores.append(store)
@@ -270,7 +283,7 @@ def _open_one(
 
 def _check(
     session: LifetimeSession,
-    holder: Any,
+    holder: object,
     ledger: PrivacyLedger,
     store: BudgetStore,
     remaining: int,

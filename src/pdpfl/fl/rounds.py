@@ -19,7 +19,7 @@ runtime reaches its silos (a :class:`Transport`):
 
 from __future__ import annotations
 
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import numpy as np
 
@@ -27,10 +27,10 @@ from pdpfl.errors import LIKELY_CAUSES, TrainingDiverged
 from pdpfl.fl.aggregation import SumProtocol
 from pdpfl.fl.api import (
     Aggregate,
-    Contribution,
     Params,
     Scalars,
     ServerAlgorithm,
+    Transport,
     check_evaluation,
 )
 from pdpfl.fl.server_optimizer import ServerOptimizer
@@ -46,53 +46,6 @@ __all__ = [
     "metrics_line",
     "pooled_evaluation",
 ]
-
-
-@runtime_checkable
-class Transport(Protocol):
-    """How the round loop reaches the silos (direct calls in-process, messages with Flower)."""
-
-    client_ids: list[int]
-
-    def fit(
-        self, selected: list[int], params: Params, round_index: int, config: Scalars
-    ) -> list[Contribution]:
-        """Local training on each selected silo; their contributions in ``selected`` order.
-
-        A silo that is lost (deployment runtimes) is simply missing from the result.
-        """
-        ...
-
-    def evaluate(
-        self, client_ids: list[int], params: Params, round_index: int, config: Scalars
-    ) -> dict[int, Scalars]:
-        """Test metrics (``loss``, ``accuracy``, ``n``) of ``params`` on each silo's test split.
-
-        Every silo is told ``round_index`` so that one not selected this round catches up its
-        third-party (Type II) accounting for the rounds it did not train in.
-        """
-        ...
-
-    def privacy_summaries(self) -> dict[int, PrivacySummary | None]:
-        """The operator's view of each silo's privacy state (aggregates only).
-
-        Only meaningful where one operator owns every silo (the in-process simulator). A
-        deployment transport returns ``{}``: privacy summaries stay at the silos.
-        """
-        ...
-
-    def exchange(
-        self, protocol: str, stage: str, requests: dict[int, dict[str, Any]], round_index: int
-    ) -> dict[int, dict[str, Any]]:
-        """One stage of a multi-message protocol: send each silo its request payload and return
-        the replies of the silos that answered (see :mod:`pdpfl.fl.aggregation`)."""
-        ...
-
-    def client_states(self) -> dict[int, dict]:
-        """Everything needed to resume each silo exactly."""
-        ...
-
-    def load_client_states(self, states: dict[int, dict]) -> None: ...
 
 
 def aggregate_round(

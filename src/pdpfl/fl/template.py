@@ -34,9 +34,9 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 import numpy as np
 
@@ -44,6 +44,9 @@ from pdpfl.errors import TrainingDiverged
 from pdpfl.fl.api import Contribution, Params, Scalars, check_contribution
 from pdpfl.fl.messages import nonfinite_metric_cause, nonfinite_update_cause
 from pdpfl.ledger import PrivacyLedger, PrivacySummary, observers_of
+
+if TYPE_CHECKING:  # the encoding's module builds on the contract, not the other way round
+    from pdpfl.fl.aggregation.discrete_shares import ShareEncoding
 
 __all__ = ["BatchedSilo", "NonFiniteError", "RoundPlan", "Silo"]
 
@@ -109,7 +112,7 @@ class Silo(ABC):
     enforces_budgets: ClassVar[bool] = True
     #: The discrete share encoding of the silo's training reply
     #: (:class:`~pdpfl.fl.aggregation.discrete_shares.ShareEncoding`; None: float updates).
-    share_encoding: Any = None
+    share_encoding: ShareEncoding | None = None
 
     def __init__(
         self, client_id: int, ledger: PrivacyLedger | None, *, adversary: str = "both"
@@ -275,7 +278,7 @@ class BatchedSilo(Silo, Generic[J, R]):
         job = self.prepare(global_params, plan)
         return self.finish(job, type(self).train_batch([job])[0])
 
-    def batch_key(self) -> Any:
+    def batch_key(self) -> Hashable:
         """Silos with equal keys can share one :meth:`train_batch` call."""
         return type(self)
 

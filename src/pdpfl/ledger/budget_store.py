@@ -340,7 +340,7 @@ class BudgetStore:
         return {"format": FORMAT, "party": self.party, "key": self.key, "runs": []}
 
     # ------------------------------------------------------------------ writing
-    def describe(self, **info: Any) -> None:
+    def describe(self, **info: str | int | float | None) -> None:
         """Public facts about the dataset kept in the index (unit, name, size), on first use."""
         for k, v in info.items():
             self.index.setdefault(k, v)

@@ -73,7 +73,12 @@ _OBSERVER_ATTR = {"third-party": "third_party_rounds", "server": "server_rounds"
 
 @lru_cache(maxsize=65_536)
 def _shared_epsilon(
-    mechanism: Any, rate: float, view: str, count: int, accountant: str, orders: bytes | None
+    mechanism: UnitMechanism,
+    rate: float,
+    view: str,
+    count: int,
+    accountant: str,
+    orders: bytes | None,
 ) -> float:
     """ε of ``count`` charged rounds of ``mechanism`` at rate q = ``rate`` (a pure function of
     public numbers, memoized across ledgers: many one-unit ledgers of the same mechanism, e.g.
@@ -252,7 +257,8 @@ class PrivacyLedger:
     @property
     def stopped(self) -> np.ndarray:
         """Units the pre-check made sit out at least one round (rate > 0)."""
-        return (self.sat_out_rounds > 0) & ~self.excluded
+        out: np.ndarray = (self.sat_out_rounds > 0) & ~self.excluded
+        return out
 
     # ------------------------------------------------------------------ accounting
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import importlib
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -18,7 +19,7 @@ __all__ = ["mechanism_from_dict", "mechanism_to_dict"]
 _ALLOWED_PREFIX = "pdpfl.privacy."
 
 
-def _plain(value: Any) -> Any:
+def _plain(value: object) -> object:
     if isinstance(value, enum.Enum):
         return value.value
     if isinstance(value, tuple | list):
@@ -30,7 +31,7 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def mechanism_to_dict(mechanism: Any) -> dict[str, Any]:
+def mechanism_to_dict(mechanism: object) -> dict[str, object]:
     """A JSON description of a mechanism dataclass of :mod:`pdpfl.privacy`."""
     cls = type(mechanism)
     if not (dataclasses.is_dataclass(mechanism) and cls.__module__.startswith(_ALLOWED_PREFIX)):
@@ -43,13 +44,13 @@ def mechanism_to_dict(mechanism: Any) -> dict[str, Any]:
     return {"type": f"{cls.__module__}:{cls.__qualname__}", "fields": fields}
 
 
-def _rebuild(value: Any) -> Any:
+def _rebuild(value: object) -> object:
     if isinstance(value, dict) and set(value) == {"type", "fields"}:
         return mechanism_from_dict(value)
     return value
 
 
-def mechanism_from_dict(data: dict[str, Any]) -> Any:
+def mechanism_from_dict(data: Mapping[str, object]) -> Any:
     """Inverse of :func:`mechanism_to_dict` (refuses classes outside :mod:`pdpfl.privacy`)."""
     target = str(data.get("type", ""))
     module, _, name = target.partition(":")
@@ -58,5 +59,8 @@ def mechanism_from_dict(data: dict[str, Any]) -> Any:
     cls = getattr(importlib.import_module(module), name, None)
     if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
         raise ValueError(f"ledger file: unknown mechanism type {target!r}")
-    fields = {k: _rebuild(v) for k, v in dict(data.get("fields", {})).items()}
+    given = data.get("fields", {})
+    if not isinstance(given, dict):
+        raise ValueError(f"ledger file: the fields of {target!r} are not a mapping")
+    fields = {str(k): _rebuild(v) for k, v in given.items()}
     return cls(**fields)

@@ -48,6 +48,7 @@ from pdpfl.crypto.keys import context
 from pdpfl.crypto.signing import PartyIdentity, PartyPublicKey, load_identity, read_public_key
 from pdpfl.ledger.core import PrivacyLedger
 from pdpfl.ledger.describe import mechanism_to_dict
+from pdpfl.ledger.runfolder import RunCheck
 
 __all__ = [
     "FORMAT",
@@ -104,7 +105,7 @@ class Receipt:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True, allow_nan=False) + "\n"
 
     @classmethod
-    def from_dict(cls, data: Any) -> Receipt:
+    def from_dict(cls, data: object) -> Receipt:
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise ReceiptError(f"not a {FORMAT} receipt")
         sig = data.get("signature")
@@ -271,7 +272,7 @@ def _summary(run_dir: Path) -> dict[str, Any]:
 
 def issue_run_receipts(
     run_dir: str | Path,
-    check: Any,
+    check: RunCheck,
     unit_id: str,
     *,
     identity_file: str | Path | None = None,

@@ -54,7 +54,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -441,7 +441,7 @@ def mechanism_epsilon(
     counts: ArrayLike | None = None,
     *,
     accountant: str | Accountant = "rdp",
-    **options: Any,
+    **options: object,
 ) -> tuple[np.ndarray, np.ndarray]:
     """ε of ``counts[i]`` charged rounds of ``mechanism.round_event`` for unit i (rate q_i).
 

@@ -35,9 +35,10 @@ import dataclasses
 import math
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from pdpfl.privacy.accountant import RdpAccountant, mechanism_epsilon
 from pdpfl.privacy.conversion import rdp_to_epsilon
@@ -94,14 +95,19 @@ class RunCharges:
         return int(self.rates.size)
 
 
-def at_delta(mechanism: Any, delta: float) -> Any:
+#: A mechanism description (a frozen dataclass of this package).
+M = TypeVar("M")
+
+
+def at_delta(mechanism: M, delta: float) -> M | None:
     """``mechanism`` stated at another δ (None if its description has no ``delta`` field)."""
     if isinstance(mechanism, type) or not dataclasses.is_dataclass(mechanism):
         return None
     if "delta" not in {f.name for f in dataclasses.fields(mechanism)}:
         return None
-    described: Any = mechanism  # a dataclass instance (checked above)
-    return dataclasses.replace(described, delta=float(delta))
+    described: Any = mechanism  # a dataclass instance (checked above; mypy cannot narrow M)
+    shifted: M = dataclasses.replace(described, delta=float(delta))
+    return shifted
 
 
 def _group_of(event: Mechanism) -> tuple[int, str] | None:
@@ -120,7 +126,7 @@ class LifetimeComposer:
     family's own grid). Reuse one composer for one observer and δ: it caches curves and results.
     """
 
-    def __init__(self, observer: str, delta: float, *, orders: Any = None) -> None:
+    def __init__(self, observer: str, delta: float, *, orders: ArrayLike | None = None) -> None:
         if not (0.0 < float(delta) < 1.0):
             raise ValueError(f"delta: must be in (0, 1), got {delta!r}")
         self.observer = str(observer)
@@ -311,7 +317,7 @@ def _pld_epsilon(events: list[Mechanism], counts: list[int], delta: float) -> fl
 
 
 def compose_epsilon(
-    parts: Seq[RunCharges], observer: str, delta: float, *, orders: Any = None
+    parts: Seq[RunCharges], observer: str, delta: float, *, orders: ArrayLike | None = None
 ) -> np.ndarray:
     """(n,) lifetime ε of each unit at ``delta`` against ``observer`` (module docstring): the
     composition of every run's charges. ``orders``: an explicit RDP grid (default: the union of

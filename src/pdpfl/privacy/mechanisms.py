@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass
-from typing import Any, Literal, Union
+from typing import Literal, TypeGuard, Union
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -208,7 +208,7 @@ class Composed:
 
     def __post_init__(self) -> None:
         _check_inner(self.inner, "inner")
-        c: Any = self.count
+        c: object = self.count
         if isinstance(c, bool) or not isinstance(c, numbers.Integral | float):
             raise ValueError(f"count: expected an integer >= 0, got {c!r}")
         if isinstance(c, float) and not (math.isfinite(c) and c.is_integer()):
@@ -277,7 +277,7 @@ class GroupPrivacy:
 
     def __post_init__(self) -> None:
         _check_inner(self.inner, "inner")
-        k: Any = self.group_size
+        k: object = self.group_size
         if isinstance(k, bool) or not isinstance(k, numbers.Integral) or int(k) < 1:
             raise ValueError(f"group_size: must be an integer >= 1, got {k!r}")
         if self.conversion not in GROUP_CONVERSIONS:
@@ -310,7 +310,7 @@ _MECHANISM_TYPES = (
 )
 
 
-def is_mechanism(value: object) -> bool:
+def is_mechanism(value: object) -> TypeGuard[Mechanism]:
     """True if ``value`` is one of the event types of this module."""
     return isinstance(value, _MECHANISM_TYPES)
 
@@ -334,7 +334,7 @@ def outline(event: Mechanism, depth: int = 2) -> str:
 
 def plan_event(
     rates: ArrayLike,
-    plan: Any,
+    plan: object,
     adversary: Adversary | str = "third-party",
     participations: int | None = None,
 ) -> Mechanism:
@@ -373,7 +373,7 @@ def plan_event(
         return event
     k = int(rounds)
     if participations is not None:
-        p: Any = participations
+        p: object = participations
         if isinstance(p, bool) or not isinstance(p, numbers.Integral) or not 0 <= int(p) <= k:
             raise ValueError(f"participations: must be an integer in [0, rounds={rounds}]")
         if adv is not Adversary.THIRD_PARTY:

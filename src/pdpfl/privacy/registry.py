@@ -109,7 +109,7 @@ def accountant_names(rigorous: bool = False) -> tuple[str, ...]:
     return tuple(n for n in _REGISTRY if not make_accountant(n).approximate)
 
 
-def as_accountant_name(name: str) -> str:
+def as_accountant_name(name: object) -> str:
     """Validate an accountant name; ValueError names ``accountant`` and the allowed values."""
     key = str(name).strip().lower()
     if key not in _REGISTRY:
@@ -117,7 +117,7 @@ def as_accountant_name(name: str) -> str:
     return key
 
 
-def make_accountant(name: str | Accountant = "rdp", **options: Any) -> Accountant:
+def make_accountant(name: str | Accountant = "rdp", **options: object) -> Accountant:
     """The accountant ``name`` built with ``options`` (shared instances: they cache results).
 
     An :class:`Accountant` instance is returned unchanged.

@@ -16,8 +16,6 @@ part in (the paper's λT is only an expectation; before training use k = T).
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 from numpy.typing import ArrayLike
 
@@ -153,7 +151,7 @@ def plan_epsilon(
     *,
     accountant: str = "rdp",
     refine: bool | None = None,
-    **options: Any,
+    **options: object,
 ) -> tuple[np.ndarray, np.ndarray]:
     """ε per record rate at the plan's δ, and the order that attains it (shapes ``(n_rates,)``).
 

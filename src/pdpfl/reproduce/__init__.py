@@ -22,9 +22,10 @@ import platform
 import shutil
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import Any, TypeVar, overload
 
 from pdpfl.reproduce.published import PAPER_KEYS, load_published
 from pdpfl.reproduce.report import Report
@@ -45,7 +46,18 @@ assert tuple(PAPERS) == PAPER_KEYS
 OUTPUTS: tuple[str, ...] = ("REPORT.md", "results.json", "figures", "runs", "budgets", *PAPER_KEYS)
 
 
-def finite(obj: Any) -> Any:
+K = TypeVar("K")
+
+
+@overload
+def finite(obj: Mapping[K, object]) -> dict[K, object]: ...
+
+
+@overload
+def finite(obj: object) -> object: ...
+
+
+def finite(obj: object) -> object:
     """``obj`` with every non-finite float replaced by None (strict JSON)."""
     if isinstance(obj, float):
         return obj if math.isfinite(obj) else None
@@ -56,7 +68,7 @@ def finite(obj: Any) -> Any:
     return obj
 
 
-def _module(paper: str) -> Any:
+def _module(paper: str) -> ModuleType:
     return importlib.import_module(PAPERS[paper])
 
 
@@ -194,7 +206,8 @@ def reproduce(
         ctx = Context(tier, target, data_dir, tuple(seeds) if seeds else None, log=say)
         done[p] = _run_paper(p, ctx, command)
     if paper != "all":
-        return done[paper]
+        result: dict[str, Any] = done[paper]
+        return result
     wall = time.perf_counter() - started
     lines = [
         "# pdpfl reproduce: all papers",

@@ -18,7 +18,7 @@ from typing import Any
 
 from pdpfl.reproduce import report as rep
 from pdpfl.reproduce.figures import Panel, budget_figure, curves_figure
-from pdpfl.reproduce.published import load_published
+from pdpfl.reproduce.published import PublishedPaper, load_published
 from pdpfl.reproduce.runner import Context, Experiment, Method, RunResult, missing_files
 
 __all__ = ["KEY", "expected_seconds", "run"]
@@ -166,7 +166,7 @@ def _dataset(
     ctx: Context,
     report: rep.Report,
     spec: tuple[Any, ...],
-    pub: Any,
+    pub: PublishedPaper,
     fig_panels: list[Panel],
     eps_groups: dict[str, Any],
 ) -> None:

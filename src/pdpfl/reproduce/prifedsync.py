@@ -19,7 +19,7 @@ from typing import Any
 
 from pdpfl.reproduce import report as rep
 from pdpfl.reproduce.figures import Panel, curves_figure, xy_figure
-from pdpfl.reproduce.published import load_published
+from pdpfl.reproduce.published import PublishedPaper, load_published
 from pdpfl.reproduce.runner import Context, Experiment, Method, RunResult, missing_files
 
 __all__ = ["KEY", "expected_seconds", "run"]
@@ -46,7 +46,7 @@ EXPLAIN = {
 }
 
 
-def _tables(ctx: Context, report: rep.Report, pub: Any) -> None:
+def _tables(ctx: Context, report: rep.Report, pub: PublishedPaper) -> None:
     from pdpfl.privacy.gdp import gdp_epsilon, prifedsync_mu
     from pdpfl.privacy.wor import wor_gaussian_epsilon
 

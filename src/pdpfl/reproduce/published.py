@@ -88,13 +88,13 @@ class PublishedPaper:
         return f"{self.authors}, *{self.title}*, {self.venue}"
 
 
-def _number(value: Any, where: str) -> float:
+def _number(value: object, where: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise ValueError(f"{where}: expected a finite number, got {value!r}")
     return float(value)
 
 
-def check_document(doc: Any, key: str) -> list[str]:
+def check_document(doc: object, key: str) -> list[str]:
     """Problems of a published-values document (empty if it is valid)."""
     problems: list[str] = []
     if not isinstance(doc, dict):

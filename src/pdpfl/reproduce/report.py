@@ -72,7 +72,7 @@ def fmt_pm(mean: float, std: float, n: int, digits: int = 4) -> str:
 def markdown_table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
     """A GitHub-flavoured Markdown table (cells are ``str()``-ed; ``|`` is escaped)."""
 
-    def cell(v: Any) -> str:
+    def cell(v: object) -> str:
         return str(v).replace("|", "\\|").replace("\n", " ")
 
     lines = [

@@ -19,13 +19,16 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from pdpfl.reproduce import report as rep
+
+if TYPE_CHECKING:
+    from pdpfl.data.federation import Federation
 from pdpfl.reproduce.figures import Panel, bars_figure, budget_figure, curves_figure
-from pdpfl.reproduce.published import load_published
+from pdpfl.reproduce.published import PublishedPaper, load_published
 from pdpfl.reproduce.rpdp_explain import EXPLAIN
 from pdpfl.reproduce.runner import Context, Experiment, Method, RunResult, missing_files
 
@@ -114,7 +117,7 @@ def _method_extra(scenario: str, method: Method) -> list[str]:
 
 
 def _fig8_table(
-    pub: Any,
+    pub: PublishedPaper,
     dataset: str,
     results: dict[str, list[RunResult]],
     report: rep.Report,
@@ -721,7 +724,7 @@ def _table3_accuracy(
     sec.add(rep.markdown_table(["case", "method", "pdpfl acc.", "paper acc.", "verdict"], rows))
 
 
-def _subset(federation: Any, n: int, seed: int) -> Any:
+def _subset(federation: Federation, n: int, seed: int) -> Federation:
     """The first silo's training records cut to ``n`` (seeded), test records kept."""
     from dataclasses import replace
 

@@ -20,11 +20,17 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
 from pdpfl.ledger import PrivacySummary
+
+if TYPE_CHECKING:
+    from pdpfl.config import ExperimentConfig
+    from pdpfl.data.federation import Federation
+
+T = TypeVar("T")
 
 __all__ = [
     "TIERS",
@@ -139,7 +145,7 @@ def missing_files(dataset: str, data_dir: str | None) -> list[str]:
     return [s.filename for s in specs if find_local(s, data_dir) is None]
 
 
-def public_split(federation: Any, seed: int = 0) -> Any:
+def public_split(federation: Federation, seed: int = 0) -> Federation:
     """A tuning federation made of each silo's *test* records only (pdpfl treats test records
     as public: they are not covered by the training guarantee): the first half of a seeded
     shuffle trains, the second half validates. No training record of any silo is in it."""
@@ -185,7 +191,7 @@ class Context:
     data_dir: str | None = None
     seeds: tuple[int, ...] | None = None
     log: Callable[[str], None] = field(default=lambda msg: print(msg, file=sys.stderr))
-    federations: dict[str, Any] = field(default_factory=dict)
+    federations: dict[str, Federation] = field(default_factory=dict)
     runs: int = 0
     #: One plain record per finished run (``results.json``).
     records: list[dict[str, Any]] = field(default_factory=list)
@@ -194,7 +200,7 @@ class Context:
         if self.tier not in TIERS:
             raise ValueError(f"tier: expected one of {', '.join(TIERS)}, got {self.tier!r}")
 
-    def pick(self, smoke: Any, quick: Any, full: Any) -> Any:
+    def pick(self, smoke: T, quick: T, full: T) -> T:
         """The value of the current tier."""
         return {"smoke": smoke, "quick": quick, "full": full}[self.tier]
 
@@ -202,13 +208,13 @@ class Context:
         """The user's ``--seeds`` if given, else the tier's default."""
         return tuple(self.seeds) if self.seeds else tuple(default)
 
-    def load(self, name: str, overrides: Iterable[str]) -> Any:
+    def load(self, name: str, overrides: Iterable[str]) -> ExperimentConfig:
         from pdpfl.config import load_config
 
         extra = [f"data.data_dir={self.data_dir}"] if self.data_dir else []
         return load_config(str(config_path(name)), [*extra, *overrides])
 
-    def federation(self, config: Any) -> Any:
+    def federation(self, config: ExperimentConfig) -> Federation:
         from pdpfl.runtime.simulation import load_federation_for
 
         key = json.dumps([config.data.model_dump(mode="json"), config.seed], sort_keys=True)
@@ -222,7 +228,7 @@ class Context:
         method: Method,
         seed: int,
         *,
-        federation: Any | None = None,
+        federation: Federation | None = None,
         extra: Sequence[str] = (),
         subdir: str = "",
     ) -> RunResult:

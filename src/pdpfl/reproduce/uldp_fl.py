@@ -19,11 +19,15 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from pdpfl.reproduce import report as rep
+
+if TYPE_CHECKING:
+    import numpy as np
 from pdpfl.reproduce.figures import Panel, bars_figure, curves_figure, xy_figure
-from pdpfl.reproduce.published import load_published
+from pdpfl.reproduce.published import PublishedPaper, load_published
 from pdpfl.reproduce.runner import Context, Experiment, Method, RunResult, missing_files
 
 __all__ = ["KEY", "expected_seconds", "run"]
@@ -87,7 +91,7 @@ EXPLAIN = {
 }
 
 
-def _utility(ctx: Context, report: rep.Report, pub: Any) -> None:
+def _utility(ctx: Context, report: rep.Report, pub: PublishedPaper) -> None:
     heart = not missing_files("heart-disease", ctx.data_dir)
     if not heart:
         report.skipped.append(
@@ -203,7 +207,7 @@ def _utility(ctx: Context, report: rep.Report, pub: Any) -> None:
     )
 
 
-def _figure2(ctx: Context, report: rep.Report, pub: Any) -> None:
+def _figure2(ctx: Context, report: rep.Report, pub: PublishedPaper) -> None:
     from pdpfl.privacy.uldp import group_epsilon, record_rdp
 
     sec = report.section("Figure 2: group privacy of a sub-sampled Gaussian")
@@ -296,7 +300,7 @@ def _figure2(ctx: Context, report: rep.Report, pub: Any) -> None:
     sec.figure(name, "Figure 2: group ε vs k, pdpfl (solid) and the reference's curve (dashed)")
 
 
-def _reference_grid(rdp_fn: Any, k: int) -> tuple[float, float]:
+def _reference_grid(rdp_fn: Callable[[np.ndarray], np.ndarray], k: int) -> tuple[float, float]:
     """Lemma 9 on the reference's orders -- valid orders (α ≥ 2k) plus
     ``linspace(k + 10, 64k, 20)``, which includes orders below 2k where the lemma does not
     hold (spec D5): (ε, the optimal order)."""
@@ -317,7 +321,7 @@ def _reference_grid(rdp_fn: Any, k: int) -> tuple[float, float]:
     return (float(np.asarray(eps).reshape(-1)[0]), float(np.asarray(order).reshape(-1)[0]) * 2.0**c)
 
 
-def _figure10(ctx: Context, report: rep.Report, pub: Any) -> None:
+def _figure10(ctx: Context, report: rep.Report, pub: PublishedPaper) -> None:
     from pdpfl.privacy.uldp import OPACUS_ORDERS, user_epsilon
 
     sec = report.section("Figure 10: user-level sub-sampling")
@@ -372,10 +376,10 @@ def _figure10(ctx: Context, report: rep.Report, pub: Any) -> None:
     if ctx.tier == "smoke" or missing_files("heart-disease", ctx.data_dir):
         return
     rounds = ctx.pick(2, 10, 50)
-    qs = ctx.pick((0.5,), (0.3, 1.0), (0.1, 0.3, 0.5, 1.0))
+    q_grid: tuple[float, ...] = ctx.pick((0.5,), (0.3, 1.0), (0.1, 0.3, 0.5, 1.0))
     methods = tuple(
         Method(f"AVG-ws q = {q}", f"uldp-avg-ws:{q}" if q < 1 else "uldp-avg-w", key=f"avg-ws-{q}")
-        for q in qs
+        for q in q_grid
     )
     seeds = ctx.seeds_for(ctx.pick([42], [42], [42, 43, 44]))
     shorten = ctx.pick((), ("algorithm.local_epochs=5",), ())
@@ -396,7 +400,7 @@ def _figure10(ctx: Context, report: rep.Report, pub: Any) -> None:
     sec.add(rep.markdown_table(["run", "pdpfl acc.", "ε third party"], rows))
 
 
-def _figure12(ctx: Context, report: rep.Report, pub: Any) -> None:
+def _figure12(ctx: Context, report: rep.Report, pub: PublishedPaper) -> None:
     if ctx.tier == "smoke" or missing_files("heart-disease", ctx.data_dir):
         return
     sec = report.section("Figure 12: cost of the private weighting protocol")

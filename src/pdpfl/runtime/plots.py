@@ -22,6 +22,9 @@ __all__ = [
     "epsilon_figure",
     "import_matplotlib",
     "missing_glyphs_quiet",
+    "new_figure",
+    "nothing_to_draw",
+    "save_figure",
     "write_plots",
 ]
 
@@ -58,10 +61,10 @@ def write_plots(metrics: list[dict[str, Any]], summary: dict[str, Any], out: Pat
             ("accuracy.png", accuracy_figure(metrics, summary)),
             ("epsilon.png", epsilon_figure(summary)),
         ):
-            _save_fig(fig, out / name)
+            save_figure(fig, out / name)
 
 
-def _figure(width: float, height: float) -> tuple[Any, Any]:
+def new_figure(width: float, height: float) -> tuple[Any, Any]:
     """A pyplot-free figure with one axes, drawn by the Agg canvas."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -71,7 +74,7 @@ def _figure(width: float, height: float) -> tuple[Any, Any]:
     return fig, fig.subplots()
 
 
-def _nothing_to_draw(ax: Any, why: str) -> None:
+def nothing_to_draw(ax: Any, why: str) -> None:
     """Say in the plot itself why it is empty (instead of drawing empty axes)."""
     ax.text(
         0.5,
@@ -91,14 +94,14 @@ def accuracy_figure(metrics: list[dict[str, Any]], summary: dict[str, Any]) -> A
     """Pooled and client-mean test accuracy per round (a note when nothing was measured)."""
     from matplotlib.ticker import MaxNLocator
 
-    fig, ax = _figure(5, 3.2)
+    fig, ax = new_figure(5, 3.2)
     ax.set_title(f"{summary['name']} ({summary['algorithm']})")
     rounds = [m["round"] + 1 for m in metrics]
     pooled = [_num(m.get("accuracy"), None) for m in metrics]
     if not metrics:
-        _nothing_to_draw(ax, "no round completed")
+        nothing_to_draw(ax, "no round completed")
     elif all(v is None for v in pooled):
-        _nothing_to_draw(ax, "no silo has test records, so no accuracy was measured")
+        nothing_to_draw(ax, "no silo has test records, so no accuracy was measured")
     else:
         ax.plot(
             rounds, [np.nan if v is None else v for v in pooled], marker="o", ms=3, label="pooled"
@@ -129,7 +132,7 @@ def epsilon_figure(summary: dict[str, Any]) -> Any:
     (record, client or user: the run's unit) spent against third parties and against the
     server. Groups with excluded units (q = 0) and groups with units over budget are marked.
     """
-    fig, ax = _figure(5.5, 3.4)
+    fig, ax = new_figure(5.5, 3.4)
     privacy = _typed(summary)
     unit = privacy.unit if privacy is not None else str(summary.get("privacy_unit", "unit"))
     ax.set_title(f"ε spent vs budget per budget group ({unit} level)")
@@ -139,7 +142,7 @@ def epsilon_figure(summary: dict[str, Any]) -> Any:
             if str(summary.get("privacy_view", "")).startswith("coordinator")
             else "no privacy accounting in this run"
         )
-        _nothing_to_draw(ax, why)
+        nothing_to_draw(ax, why)
         fig.tight_layout()
         return fig
     groups = privacy.groups
@@ -150,7 +153,7 @@ def epsilon_figure(summary: dict[str, Any]) -> Any:
         v for v in (*budget, *(v for vs in spent.values() for v in vs)) if v is not None and v > 0
     ]
     if not positive:
-        _nothing_to_draw(ax, "no finite ε was spent or budgeted")
+        nothing_to_draw(ax, "no finite ε was spent or budgeted")
         fig.tight_layout()
         return fig
     ax.set_yscale("log")
@@ -216,7 +219,8 @@ def _num(x: Any, missing: Any = 0.0) -> Any:
     return v if np.isfinite(v) else missing
 
 
-def _save_fig(fig: Any, path: Path) -> None:
+def save_figure(fig: Any, path: Path) -> None:
+    """``fig`` as a PNG at ``path`` (atomically, :func:`pdpfl.io.write_bytes`)."""
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)
     write_bytes(path, buf.getvalue())

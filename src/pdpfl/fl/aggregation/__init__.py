@@ -55,7 +55,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -77,6 +77,7 @@ from pdpfl.fl.api import (
     PrivacyBoundaryError,
     Scalars,
     ServerAlgorithm,
+    Transport,
     check_contribution,
 )
 from pdpfl.fl.messages import (
@@ -88,6 +89,11 @@ from pdpfl.fl.messages import (
     render_table,
     schema_of,
 )
+
+if TYPE_CHECKING:
+    from pdpfl.config import ExperimentConfig
+    from pdpfl.fl.aggregation.discrete_shares import ShareEncoding
+    from pdpfl.fl.aggregation.secure_identity import SiloSecurity
 
 __all__ = [
     "PUBLIC_MEMORY",
@@ -126,7 +132,7 @@ class SumProtocol(Protocol):
 
     def collect(
         self,
-        transport: Any,
+        transport: Transport,
         selected: list[int],
         params: Params,
         round_index: int,
@@ -198,7 +204,7 @@ class PlainSum:
 
     def collect(
         self,
-        transport: Any,
+        transport: Transport,
         selected: list[int],
         params: Params,
         round_index: int,
@@ -218,7 +224,7 @@ class PlainSum:
         if shares and len(contributions) < t:
             return empty_aggregate(params)  # the survivors' noise shares fall short
         public: frozenset[str] = getattr(server, "public_metrics", frozenset())
-        encoding = getattr(server, "share_encoding", None)
+        encoding: ShareEncoding | None = getattr(server, "share_encoding", None)
         for c in contributions:  # defence in depth: each silo's gate checked it before
             check_contribution(c, public, params=params, encoding=encoding)
         if encoding is not None:  # discrete shares: the integers are summed modulo 2^b
@@ -249,7 +255,7 @@ def check_compatible(server: ServerAlgorithm, protocol: SumProtocol) -> None:
         )
 
 
-_PROTOCOLS: dict[str, Any] = {"plain": PlainSum}
+_PROTOCOLS: dict[str, Callable[..., SumProtocol]] = {"plain": PlainSum}
 
 #: Modules that register pdpfl's own protocols (imported on first use).
 BUILTIN_PROTOCOL_MODULES: tuple[str, ...] = (
@@ -265,7 +271,7 @@ def _load_builtin_protocols() -> None:
         importlib.import_module(module)
 
 
-def register_protocol(name: str, factory: Any) -> None:
+def register_protocol(name: str, factory: Callable[..., SumProtocol]) -> None:
     """Register a summation protocol ``factory(**options) -> SumProtocol`` under ``name``."""
     if name in _PROTOCOLS:
         raise ValueError(f"aggregation protocol {name!r} is already registered")
@@ -283,7 +289,7 @@ def get_protocol(name: str, **options: Any) -> SumProtocol:
     return _PROTOCOLS[name](**options)
 
 
-def protocol_from_config(config: Any) -> SumProtocol:
+def protocol_from_config(config: ExperimentConfig) -> SumProtocol:
     """The summation protocol of an experiment config.
 
     ``algorithm.weights: private`` (ULDP-FL) -> Protocol 1 of ULDP-FL (``private-weighting``,
@@ -335,7 +341,7 @@ class SiloContext:
     #: its peers' public keys and its own protocol settings
     #: (:class:`~pdpfl.fl.aggregation.secure_identity.SiloSecurity`); None where the runtime has
     #: none (secure summation then refuses to run).
-    security: Any = None
+    security: SiloSecurity | None = None
 
 
 #: ``handler(stage, payload, round_index, context) -> reply payload``.
@@ -411,7 +417,8 @@ def holds_secrets(protocol: str) -> bool:
 def public_memory(context: SiloContext, protocol: str) -> dict[str, Any]:
     """``protocol``'s non-secret memory at a silo (plain data; persisted with the silo's state,
     so it survives a restart of the silo's process)."""
-    return context.memory.setdefault(PUBLIC_MEMORY, {}).setdefault(protocol, {})
+    memory: dict[str, Any] = context.memory.setdefault(PUBLIC_MEMORY, {}).setdefault(protocol, {})
+    return memory
 
 
 def handle_silo_stage(

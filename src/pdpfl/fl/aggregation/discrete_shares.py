@@ -166,7 +166,7 @@ class ShareEncoding:
         return out
 
 
-def encoding_of(party: Any) -> ShareEncoding | None:
+def encoding_of(party: object) -> ShareEncoding | None:
     """The :class:`ShareEncoding` a silo or server algorithm declares (``share_encoding``)."""
     enc = getattr(party, "share_encoding", None)
     return enc if isinstance(enc, ShareEncoding) else None

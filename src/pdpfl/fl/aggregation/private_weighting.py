@@ -134,7 +134,7 @@ from pdpfl.fl.aggregation.threshold import (
     DEFAULT_THRESHOLD,
     survivor_threshold,
 )
-from pdpfl.fl.api import Aggregate, Params, Scalars, ServerAlgorithm
+from pdpfl.fl.api import Aggregate, Params, Scalars, ServerAlgorithm, Transport
 
 __all__ = [
     "PROTOCOL",
@@ -227,14 +227,20 @@ class PrivateWeightedSum:
         self.__sk: PaillierPrivateKey | None = None
         self._inverse: list[mpz] = []
         self._epoch = -1
-        self._installed_for: tuple | None = None
+        self._installed_for: tuple[str] | tuple[str, int] | None = None
         self.timings: dict[str, float] = {}
         self.record_view = bool(record_view)
         self.view: list[tuple[str, int, Payload]] = []
 
     # -- helpers ------------------------------------------------------------------------------
     def _exchange(
-        self, transport: Any, stage: str, requests: dict[int, Payload], t: int, *, required: bool
+        self,
+        transport: Transport,
+        stage: str,
+        requests: dict[int, Payload],
+        t: int,
+        *,
+        required: bool,
     ) -> dict[int, Payload]:
         started = time.perf_counter()
         replies = transport.exchange(PROTOCOL, stage, requests, t)
@@ -253,7 +259,9 @@ class PrivateWeightedSum:
         return {"session": self.session}
 
     # -- setup --------------------------------------------------------------------------------
-    def setup(self, transport: Any, participants: list[int], num_users: int, t: int = 0) -> None:
+    def setup(
+        self, transport: Transport, participants: list[int], num_users: int, t: int = 0
+    ) -> None:
         """Setup (a)-(f) with ``participants`` (all silos) for ``num_users`` users."""
         if not participants:
             raise ValueError("private weighting: no silos to set up")
@@ -324,7 +332,7 @@ class PrivateWeightedSum:
 
     def _install(
         self,
-        transport: Any,
+        transport: Transport,
         sampled: np.ndarray | None,
         d: int,
         t: int,
@@ -429,7 +437,7 @@ class PrivateWeightedSum:
 
     def _oblivious(
         self,
-        transport: Any,
+        transport: Transport,
         items: list[list[bytes]],
         ask: dict[int, list[int]],
         epoch: int,
@@ -476,7 +484,7 @@ class PrivateWeightedSum:
     # -- SumProtocol --------------------------------------------------------------------------
     def collect(
         self,
-        transport: Any,
+        transport: Transport,
         selected: list[int],
         params: Params,
         round_index: int,

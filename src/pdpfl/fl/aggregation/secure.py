@@ -91,7 +91,7 @@ from pdpfl.fl.aggregation.threshold import (
     DEFAULT_THRESHOLD,
     survivor_threshold,
 )
-from pdpfl.fl.api import Aggregate, Params, Scalars, ServerAlgorithm
+from pdpfl.fl.api import Aggregate, Params, Scalars, ServerAlgorithm, Transport
 
 __all__ = ["PROTOCOL", "SecureSum", "silo_handler"]
 
@@ -164,7 +164,7 @@ class SecureSum:
 
     def collect(
         self,
-        transport: Any,
+        transport: Transport,
         selected: list[int],
         params: Params,
         round_index: int,

@@ -28,7 +28,7 @@ given); a key the server relays is never used.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pdpfl.crypto import IntegrityError
 from pdpfl.crypto.signing import PartyIdentity, PartyPublicKey
@@ -38,6 +38,9 @@ from pdpfl.fl.aggregation.threshold import (
     check_threshold,
     survivor_threshold,
 )
+
+if TYPE_CHECKING:
+    from pdpfl.config import ExperimentConfig
 
 __all__ = [
     "AUTH_BYTES",
@@ -163,7 +166,7 @@ def ephemeral_security(
 
 
 def security_from_config(
-    config: Any, silo: int, identity: PartyIdentity, peers: dict[int, PartyPublicKey]
+    config: ExperimentConfig, silo: int, identity: PartyIdentity, peers: dict[int, PartyPublicKey]
 ) -> SiloSecurity:
     """Silo ``silo``'s side under an experiment config (its ``participation`` and ``secure``
     section)."""

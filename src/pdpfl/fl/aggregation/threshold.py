@@ -41,7 +41,10 @@ from __future__ import annotations
 
 import math
 from fractions import Fraction
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pdpfl.config import ExperimentConfig
 
 __all__ = [
     "DEFAULT_MIN_SURVIVORS",
@@ -99,7 +102,7 @@ def survivor_threshold(
     return max(int(min_survivors), math.ceil(threshold_fraction(threshold) * n), n // 2 + 1)
 
 
-def threshold_of(config: Any, n: int) -> int:
+def threshold_of(config: ExperimentConfig, n: int) -> int:
     """t(n) under an experiment config (its ``secure`` section; defaults if it has none)."""
     secure = getattr(config, "secure", None)
     return survivor_threshold(
@@ -109,7 +112,7 @@ def threshold_of(config: Any, n: int) -> int:
     )
 
 
-def share_threshold(config: Any, n: int) -> int:
+def share_threshold(config: ExperimentConfig, n: int) -> int:
     """The number of noise shares every released sum of a round that asks ``n`` silos holds:
     min(n, t(n)) (t(n) exceeds n only for n = 1, whose one silo must then add all the noise).
 
@@ -147,7 +150,7 @@ def check_round_threshold(t: int, n: int, *, what: str = "secure summation") -> 
     return t
 
 
-def summary_fields(config: Any, num_silos: int | None = None) -> dict[str, Any]:
+def summary_fields(config: ExperimentConfig, num_silos: int | None = None) -> dict[str, Any]:
     """What ``summary.json`` may say about summation, dropouts and participation (issue #22).
 
     ``num_silos`` (default ``config.data.num_clients``) gives the worked numbers for a round

@@ -58,7 +58,7 @@ def label_of(budget: float) -> str:
 
 def _largest_remainder(total: int, ratios: np.ndarray) -> np.ndarray:
     ideal = total * ratios / ratios.sum()
-    counts = np.floor(ideal).astype(np.int64)
+    counts: np.ndarray = np.floor(ideal).astype(np.int64)
     rest = total - int(counts.sum())
     order = np.argsort(-(ideal - counts), kind="stable")
     counts[order[:rest]] += 1

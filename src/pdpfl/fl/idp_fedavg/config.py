@@ -196,7 +196,8 @@ class IdpFedAvgConfig(Algorithm):
         from pdpfl.fl.idp_fedavg.discrete import refit_rates
 
         # discrete shares: refused here when they cannot work; rates fitted to their plan
-        return refit_rates(publish(self, config, info))
+        setup: IdpSetup = refit_rates(publish(self, config, info))
+        return setup
 
     def server(
         self,

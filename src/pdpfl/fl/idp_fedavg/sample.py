@@ -65,7 +65,7 @@ def client_plan(sigma: float, delta: float, rounds: int) -> TrainingPlan:
 def _exact_eps(
     rates: np.ndarray, sigma: float, delta: float, rounds: int, accountant: str = "rdp"
 ) -> np.ndarray:
-    from pdpfl.calibration._accounting import exact_epsilon
+    from pdpfl.calibration import exact_epsilon
 
     q = np.asarray(rates, dtype=np.float64)
     out = np.zeros(q.shape)

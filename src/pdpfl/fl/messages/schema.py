@@ -12,7 +12,7 @@ import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol, TypeGuard
 
 import numpy as np
 
@@ -29,6 +29,7 @@ __all__ = [
     "Outgoing",
     "PrivacyBoundaryError",
     "Rule",
+    "ShareLayout",
     "Str",
     "check_outgoing",
     "declared",
@@ -36,6 +37,19 @@ __all__ = [
     "render_table",
     "schema_of",
 ]
+
+
+class ShareLayout(Protocol):
+    """What the gate reads of a discrete share encoding
+    (:class:`~pdpfl.fl.aggregation.discrete_shares.ShareEncoding`, which sits above the gate):
+    the share's length and its ring's bits."""
+
+    @property
+    def length(self) -> int: ...
+
+    @property
+    def bits(self) -> int: ...
+
 
 #: ``(topic, kind)``: ``("train", "reply")``, or ``(protocol, stage)`` for a protocol stage.
 MessageId = tuple[str, str]
@@ -90,7 +104,7 @@ class Outgoing:
     state: Any = None
     key: Any = None
     reply: Mapping[str, Any] = field(default_factory=dict)
-    encoding: Any = None
+    encoding: ShareLayout | None = None
 
     def with_(self, **changes: Any) -> Outgoing:
         """A copy with ``changes`` (the gate sets ``key`` and ``reply``; cheaper than
@@ -112,21 +126,21 @@ class Rule:
         return self.fn(context)
 
 
-def _resolve(value: Any, context: Outgoing | None) -> Any:
+def _resolve(value: object, context: Outgoing | None) -> Any:
     """A constant, or a rule's value (None without a context: not checked then)."""
     if isinstance(value, Rule):
         return None if context is None else value(context)
     return value
 
 
-def _shown(value: Any) -> str:
+def _shown(value: object) -> str:
     return value.text if isinstance(value, Rule) else str(value)
 
 
 # ----------------------------------------------------------------------------- field types
 
 
-def _is_int(value: Any) -> bool:
+def _is_int(value: object) -> TypeGuard[int | np.integer[Any]]:
     return isinstance(value, int | np.integer) and not isinstance(value, bool | np.bool_)
 
 
@@ -156,7 +170,7 @@ class Array:
             text += f", values < 2^{_shown(self.bits)}"
         return text
 
-    def check(self, value: Any, context: Outgoing | None) -> str | None:
+    def check(self, value: object, context: Outgoing | None) -> str | None:
         if not isinstance(value, np.ndarray):
             return f"expected an array of {'|'.join(self.dtypes)}, got a {type(value).__name__}"
         if value.dtype.type not in self._types:  # type: ignore[attr-defined]
@@ -184,7 +198,7 @@ class Bytes:
     def describe(self) -> str:
         return "bytes" if self.length is None else f"bytes, {_shown(self.length)}"
 
-    def check(self, value: Any, context: Outgoing | None) -> str | None:
+    def check(self, value: object, context: Outgoing | None) -> str | None:
         if not isinstance(value, bytes | bytearray):
             return f"expected bytes, got a {type(value).__name__}"
         length = _resolve(self.length, context)
@@ -213,7 +227,7 @@ class Int:
     def describe(self) -> str:
         return " ".join(["int", _range_text(self.low, self.high)]).strip()
 
-    def check(self, value: Any, context: Outgoing | None) -> str | None:
+    def check(self, value: object, context: Outgoing | None) -> str | None:
         if not _is_int(value):
             return f"expected an integer, got a {type(value).__name__}"
         low, high = _resolve(self.low, context), _resolve(self.high, context)
@@ -240,7 +254,7 @@ class Float:
             parts.append("or " + ", ".join(extra))
         return " ".join(p for p in parts if p)
 
-    def check(self, value: Any, context: Outgoing | None) -> str | None:
+    def check(self, value: object, context: Outgoing | None) -> str | None:
         if isinstance(value, bool | np.bool_) or not isinstance(
             value, int | float | np.integer | np.floating
         ):
@@ -262,7 +276,7 @@ class Bool:
     def describe(self) -> str:
         return "bool" if self.value is None else f"bool, always {self.value}"
 
-    def check(self, value: Any, context: Outgoing | None) -> str | None:
+    def check(self, value: object, context: Outgoing | None) -> str | None:
         if not isinstance(value, bool | np.bool_):
             return f"expected a bool, got a {type(value).__name__}"
         if self.value is not None and bool(value) is not self.value:
@@ -291,7 +305,7 @@ class Str:
             return "str in {" + ", ".join(sorted(self.choices)) + "}"
         return f"str matching {self.pattern}"
 
-    def check(self, value: Any, context: Outgoing | None) -> str | None:
+    def check(self, value: object, context: Outgoing | None) -> str | None:
         if not isinstance(value, str):
             return f"expected a str, got a {type(value).__name__}"
         if len(value) > self.max_length:
@@ -336,7 +350,7 @@ class Field:
         if (self.keys is None) != (len(_PLACEHOLDER.findall(self.name)) == 0):
             raise ValueError(f"field {self.name!r}: a family needs one {{placeholder}} and keys")
 
-    def member(self, key: Any) -> str:
+    def member(self, key: object) -> str:
         return _PLACEHOLDER.sub(str(key), self.name, count=1)
 
     def matches(self, name: str) -> bool:
@@ -366,7 +380,7 @@ class MessageSchema:
             return [(n, None) for n in sorted(names) if f.matches(n)]
         return [(f.member(k), context.with_(key=k)) for k in f.keys(context)]
 
-    def check(self, payload: Any, context: Outgoing | None) -> None:
+    def check(self, payload: object, context: Outgoing | None) -> None:
         """Raise :class:`PrivacyBoundaryError` unless ``payload`` is exactly this message."""
         where = _Where(self.message, context)
         if not isinstance(payload, Mapping):

@@ -50,6 +50,7 @@ from pdpfl.ledger import PrivacyLedger, PrivacySummary
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
+    from pdpfl.data.federation import ClientData
     from pdpfl.dp.extra_rows import ExtraRows
     from pdpfl.randomness import Randomness
 
@@ -99,7 +100,7 @@ class PriFedSyncSilo(Silo):
         self,
         client_id: int,
         model: torch.nn.Module,
-        data: Any,
+        data: ClientData,
         setup: PriFedSyncSetup,
         *,
         randomness: Randomness,

@@ -268,7 +268,7 @@ class FilterSilo(Silo):
         self,
         client_id: int,
         model: torch.nn.Module,
-        data: Any,
+        data: ClientData,
         budgets: np.ndarray,
         setup: FilterSetup,
         *,

@@ -137,7 +137,8 @@ class DpFedAvgSetup(PublicSetup):
         if self.mode == "non-private":
             raise ValueError("the non-private mode has no privacy-driven sampling rates")
         if self.mode == "personalized":
-            return np.clip(self.estimator_object().rates(budgets), 0.0, 1.0)
+            rates: np.ndarray = np.clip(self.estimator_object().rates(budgets), 0.0, 1.0)
+            return rates
         if self.uniform_epsilon is None:
             raise ValueError("uniform mode: uniform_epsilon is missing from the setup")
         q = self.uniform_rate

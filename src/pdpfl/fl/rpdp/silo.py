@@ -32,6 +32,7 @@ from pdpfl.ledger import PrivacyLedger, PrivacySummary, nonprivate_summary
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
+    from pdpfl.data.federation import ClientData
     from pdpfl.dp.extra_rows import ExtraRows
     from pdpfl.dp.noise import CentralNoise
     from pdpfl.randomness import Randomness
@@ -86,7 +87,7 @@ class DpFedAvgSilo(Silo):
         self,
         client_id: int,
         model: torch.nn.Module,
-        data: Any,
+        data: ClientData,
         budgets: np.ndarray,
         setup: DpFedAvgSetup,
         *,

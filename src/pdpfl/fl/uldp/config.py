@@ -565,11 +565,12 @@ class UserLevelConfig(UldpConfig):
         if not self.discrete_shares(config):
             return super().round_events(config)
         from pdpfl.privacy.discrete_plan import SampledDiscreteGaussianPlan
+        from pdpfl.privacy.uldp_discrete import DiscreteUserLevelPlan
 
         plan = SampledDiscreteGaussianPlan.for_multiplier(
             "user", 1.0, 2, 1e6, 16, config.privacy.delta, config.training.rounds
         )
-        view = discrete.DiscreteUserLevelPlan(plan, plan)
+        view = DiscreteUserLevelPlan(plan, plan)
         q = np.array([0.5])
         return [view.round_event(q, obs) for obs in view.observers]
 

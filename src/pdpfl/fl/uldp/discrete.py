@@ -19,7 +19,7 @@ discrete run and a continuous one are planned at the same ε.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -30,11 +30,13 @@ from pdpfl.privacy.uldp_discrete import DiscreteUserLevelPlan
 
 if TYPE_CHECKING:  # pragma: no cover
     from pdpfl.config import ExperimentConfig
+    from pdpfl.fl.api import FederationInfo
+    from pdpfl.fl.uldp.mechanism import UserLevelSetup
 
 __all__ = ["calibrated_sigma", "discrete_plan", "encoding", "model_size", "share_params"]
 
 
-def model_size(config: ExperimentConfig, info: Any) -> int:
+def model_size(config: ExperimentConfig, info: FederationInfo) -> int:
     """d: the model's coordinates (from the public initialisation)."""
     from pdpfl.fl.common import initial_params
 
@@ -62,7 +64,7 @@ def share_params(
     )
 
 
-def encoding(config: ExperimentConfig, setup: Any, size: int) -> ShareEncoding:
+def encoding(config: ExperimentConfig, setup: UserLevelSetup, size: int) -> ShareEncoding:
     """The :class:`ShareEncoding` of a published ULDP-AVG/SGD setup."""
     params = share_params(
         config,

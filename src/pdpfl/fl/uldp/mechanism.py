@@ -300,10 +300,11 @@ def planned_budgets(plan: UserLevelPlan, rates: np.ndarray, accountant: str = "r
     ``accountant``, the larger over the observers (reported, never a reason to stop)."""
     from pdpfl.privacy.uldp import ORDERS
 
-    return np.max(
+    budgets: np.ndarray = np.max(
         [plan.planned_epsilon(rates, o, ORDERS, accountant=accountant) for o in plan.observers],
         axis=0,
     )
+    return budgets
 
 
 # ------------------------------------------------------------------------ per-round config

@@ -24,7 +24,7 @@ Spec references: ``docs/uldp_spec.md``, Part A.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
@@ -40,6 +40,9 @@ from pdpfl.privacy.uldp import ORDERS, UserLevelPlan, group_epsilon, record_rdp,
 from pdpfl.privacy.uldp_discrete import DiscreteUserLevelPlan
 from pdpfl.privacy.unit import GroupPlan
 from pdpfl.randomness import Randomness
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pdpfl.fl.aggregation.discrete_shares import ShareEncoding
 
 __all__ = [
     "AvgServer",
@@ -72,7 +75,7 @@ class UldpServer(ABC):
 
     #: The silos' discrete share encoding (ULDP-AVG/SGD, ``privacy.noise_shares: discrete``):
     #: the summation protocols sum and decode the integer shares with it (None: float updates).
-    share_encoding: Any = None
+    share_encoding: ShareEncoding | None = None
 
     public_metrics: ClassVar[frozenset[str]] = frozenset()
     needs_individual_updates: ClassVar[bool] = False

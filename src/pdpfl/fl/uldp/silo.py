@@ -23,7 +23,7 @@ Spec references: ``docs/uldp_spec.md``, Part A.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import torch
@@ -33,6 +33,9 @@ from pdpfl.fl.template import RoundPlan, Silo
 from pdpfl.fl.uldp.mechanism import GroupSetup, UldpSetup
 from pdpfl.privacy.noise import GaussianNoise, check_charged
 from pdpfl.randomness import Randomness
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pdpfl.data.federation import ClientData
 
 __all__ = ["DefaultSilo", "GroupSilo", "NaiveSilo", "SiloLevelSilo", "UldpSilo"]
 
@@ -71,7 +74,7 @@ class UldpSilo(Silo):
         self,
         client_id: int,
         model: torch.nn.Module,
-        data: Any,
+        data: ClientData,
         setup: UldpSetup,
         *,
         randomness: Randomness,
@@ -232,7 +235,12 @@ class GroupSilo(UldpSilo):
     needs_user_ids = True
 
     def __init__(
-        self, client_id: int, model: torch.nn.Module, data: Any, setup: GroupSetup, **kwargs: Any
+        self,
+        client_id: int,
+        model: torch.nn.Module,
+        data: ClientData,
+        setup: GroupSetup,
+        **kwargs: Any,
     ) -> None:
         super().__init__(client_id, model, data, setup, **kwargs)
         self.group_setup = setup

@@ -49,6 +49,7 @@ from pdpfl.fl.uldp.silo import UldpSilo
 from pdpfl.fl.uldp.weights import silo_weights
 
 if TYPE_CHECKING:  # pragma: no cover
+    from pdpfl.data.federation import ClientData
     from pdpfl.dp.extra_rows import ExtraRows
     from pdpfl.fl.aggregation.private_weighting import UserUpdates
     from pdpfl.randomness import RandomStream
@@ -71,7 +72,7 @@ class UserLevelSilo(UldpSilo):
         self,
         client_id: int,
         model: torch.nn.Module,
-        data: Any,
+        data: ClientData,
         setup: UserLevelSetup,
         **kwargs: Any,
     ) -> None:

@@ -117,7 +117,7 @@ def _waterfill(counts: np.ndarray, target: int, offset: int) -> np.ndarray:
             lo = mid
         else:
             hi = mid - 1
-    take = np.minimum(counts, lo)
+    take: np.ndarray = np.minimum(counts, lo)
     rest = target - int(take.sum())
     s = len(counts)
     for j in range(s):  # one more record from the next silos that still have some
