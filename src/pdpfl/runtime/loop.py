@@ -29,7 +29,7 @@ import secrets
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -52,14 +52,18 @@ from pdpfl.fl.api import Params, ServerAlgorithm
 from pdpfl.fl.extension import check_extension
 from pdpfl.fl.lifetime import open_lifetime, run_holders
 from pdpfl.fl.rounds import (
+    Selection,
     Transport,
     aggregate_round,
     collect_privacy,
     diverged_round,
     evaluate_round,
     pooled_evaluation,
+    select_round,
 )
-from pdpfl.fl.server_optimizer import ServerOptimizerSpec
+from pdpfl.fl.server_optimizer import ServerOptimizer, ServerOptimizerSpec
+from pdpfl.ledger import PrivacySummary
+from pdpfl.runtime.progress import ProgressDisplay
 
 __all__ = [
     "CHECKPOINT_NAME",
@@ -192,6 +196,13 @@ def run_rounds(
 ) -> dict[str, Any]:
     """Run ``settings.rounds`` rounds and return the run's record.
 
+    The steps, each a function below: :func:`start_run` (a fresh run, or the checkpoint's
+    state on ``resume``) → :func:`check_run_extension` (past the planned T) → the budget
+    stores opened (:func:`~pdpfl.fl.lifetime.open_lifetime`) → per round :func:`play_round`
+    (:func:`~pdpfl.fl.rounds.select_round` → :func:`~pdpfl.fl.rounds.aggregate_round` →
+    :func:`~pdpfl.fl.rounds.evaluate_round`, or :func:`~pdpfl.fl.rounds.diverged_round`) →
+    :meth:`RunState.checkpoint` → :func:`report_round` → :func:`run_record`.
+
     Parameters
     ----------
     server, transport
@@ -208,7 +219,7 @@ def run_rounds(
         Continue from ``out_dir/checkpoint.npz`` if present (with reproducible randomness, the
         same result as an uninterrupted run).
     progress
-        Show a progress bar over rounds (rich) on stderr.
+        Show the progress display (:class:`~pdpfl.runtime.progress.ProgressDisplay`) on stderr.
     on_round
         Optional callback ``(round_index, metrics_line)`` after each round.
     stop_after
@@ -235,171 +246,276 @@ def run_rounds(
             ReproducibleRandomnessWarning,
             stacklevel=2,
         )
-    rounds, unit = settings.rounds, settings.unit
-    optimizer = settings.server_optimizer.build() if settings.server_optimizer else None
-    params: Params = [np.asarray(p).copy() for p in server.initial_params()]
-    start, seconds_before = 0, 0.0
-    run_id = secrets.token_hex(16)  # this run's identity (its checkpoints and ledgers)
-    metrics: list[dict[str, Any]] = []
-    if resume:
-        ckpt = load_checkpoint(out)
-        if ckpt is not None:
-            if ckpt.get("config_hash") != settings.fingerprint:
-                changed = config_changes(ckpt.get("config_fields"), settings.config_fields)
-                raise ValueError(
-                    f"cannot resume: the checkpoint in {out} was written by a different config"
-                    + (f"; changed: {', '.join(changed)}" if changed else "")
-                    + " (resume with the run's own config and --set values; only "
-                    "training.rounds may grow)"
-                )
-            check_planned_rounds(ckpt, settings.planned_rounds or rounds, out)
-            start = int(ckpt["next_round"])
-            if start > rounds:
-                raise ValueError(
-                    f"cannot resume: the run in {out} already finished {start} rounds; "
-                    f"training.rounds = {rounds} would shorten it (give a larger T to extend it)"
-                )
-            run_id = str(ckpt["run_id"])
-            params = ckpt["params"]
-            server.load_state_dict(ckpt["server_state"])
-            if optimizer is not None:
-                if "server_optimizer" not in ckpt:
-                    raise ValueError(
-                        f"cannot resume: the checkpoint in {out} holds no server_optimizer state"
-                    )
-                optimizer.load_state_dict(ckpt["server_optimizer"])
-            transport.load_client_states(ckpt["client_states"])
-            seconds_before = float(ckpt["seconds"])
-            metrics = [m for m in read_metrics(out) if int(m["round"]) < start]
-    planned_t = settings.planned_rounds
-    # Past the planned T: units sit out at their budget, or the extension is refused unless the
-    # user opted in (issue #34); before any store is opened and anything is charged.
-    extension = (
-        check_extension(
-            run_holders(server, transport),
-            planned=int(planned_t),
-            rounds=rounds,
-            start=start,
-            allow_over_budget=settings.allow_over_budget,
-            algorithm=settings.algorithm,
-        )
-        if planned_t is not None
-        else None
-    )
-    for sentence in (extension or {}).get("warnings", []):
-        log.warning("%s", sentence)
-    last_round = rounds if stop_after is None else min(rounds, int(stop_after))
-    next_round = start  # the round the checkpoint records (what the run's outputs are sealed at)
+    state = start_run(server, transport, out, settings, resume=resume)
+    extension = check_run_extension(server, transport, settings, state.start)
+    last_round = settings.rounds if stop_after is None else min(settings.rounds, int(stop_after))
     # Every budget store of the parties held here is locked and charged from now on, before
     # any release; a run that would overspend and cannot stop its units is refused here.
-    lifetime = open_lifetime(run_holders(server, transport), run_id, rounds - start)
+    lifetime = open_lifetime(
+        run_holders(server, transport), state.run_id, settings.rounds - state.start
+    )
     try:
         # the privacy summary of this view; each round replaces it (no round: computed now)
-        privacy = (
-            collect_privacy(transport.privacy_summaries(), server, unit)
-            if start >= last_round
-            else None
-        )
-        bar = _ProgressBar(rounds, start, enabled=progress)
+        if state.start >= last_round:
+            state.privacy = collect_privacy(transport.privacy_summaries(), server, settings.unit)
+        display = ProgressDisplay(settings.rounds, state.start, enabled=progress)
+        display.start("round")
     except BaseException:
         lifetime.close()
         raise
-    t0 = time.perf_counter()
+    state.t0 = time.perf_counter()
     try:
         # A transport that can announce the next round's training request early (Flower:
         # one polling wait per round instead of two) gets it right after aggregation, under
         # plain summation only. The selection is computed once either way, so the order of
         # events at every silo and the results are the same as without the announcement.
         prefetch = getattr(transport, "prefetch_fit", None) if protocol.name == "plain" else None
-        planned: tuple[list[int], dict[str, Any]] | None = None
-        diverged: TrainingDiverged | None = None
-        for t in range(start, last_round):
-            if planned is not None:
-                selected, round_config = planned
-            elif getattr(protocol, "silo_side_sampling", False):
-                selected = list(transport.client_ids)  # each silo flips its own λ-coin
-                round_config = dict(server.round_config(t))
-            else:
-                selected = list(server.select_clients(t, list(transport.client_ids)))
-                round_config = dict(server.round_config(t))
-            planned = None
-            try:
-                aggregate, params = aggregate_round(
-                    server, transport, protocol, params, t, selected, round_config, optimizer
-                )
-                if prefetch is not None and t + 1 < last_round:
-                    planned = (
-                        list(server.select_clients(t + 1, list(transport.client_ids))),
-                        dict(server.round_config(t + 1)),
-                    )
-                    if planned[0]:
-                        prefetch(planned[0], params, t + 1, planned[1])
-                line, privacy = evaluate_round(
-                    server, transport, params, t, round_config, selected, aggregate.count, unit
-                )
-            except TrainingDiverged as err:
-                # Nothing non-finite was published. Keep what happened: the round is recorded
-                # (its charges stay -- other silos may have released), the model stays the
-                # last finite one.
-                log.error("%s", err)
-                diverged = err
-                line, privacy = diverged_round(err, server, transport, unit)
-            line["seconds"] = seconds_before + time.perf_counter() - t0
-            metrics.append(line)
-            if save_model is not None and diverged is None:
-                save_model(t, params, run_id)
-            state: dict[str, Any] = {
-                "next_round": int(line["round"]) + 1,
-                "params": params,
-                "server_state": server.state_dict(),
-                "client_states": transport.client_states(),
-                "seconds": line["seconds"],
-                "config_hash": settings.fingerprint,
-                "run_id": run_id,
-                "planned_rounds": settings.planned_rounds or rounds,
-                "config_fields": settings.config_fields,
-            }
-            if optimizer is not None:
-                state["server_optimizer"] = optimizer.state_dict()
-            save_round(out, metrics, state)
-            next_round = int(line["round"]) + 1
-            if diverged is not None:
-                break
-            log.info(
-                "round %d/%d: %d silo(s) selected, %d contribution(s), accuracy %s, max ε %s",
-                t + 1,
-                rounds,
-                len(selected),
-                aggregate.count,
-                _short(line.get("accuracy")),
-                "-" if privacy is None else _short(privacy.headline_epsilon("both")),
+        planned: Selection | None = None
+        for t in range(state.start, last_round):
+            selection = (
+                planned if planned is not None else select_round(server, transport, protocol, t)
             )
-            bar.advance(line, privacy)
+            line, planned, aggregated = play_round(
+                server, transport, protocol, state, t, selection, prefetch, last_round
+            )
+            state.checkpoint(out, line, save_model)
+            if state.diverged is not None:
+                break
+            report_round(line, selection, aggregated, state.privacy, settings.rounds, display)
             if on_round is not None:
                 on_round(t, line)
     finally:
-        bar.close()
+        display.close()
         lifetime.close()
-    record: dict[str, Any] = {
-        "params": params,
+    record = run_record(state, server, settings, last_round, lifetime.report(), extension)
+    if state.diverged is not None:
+        record["diverged"] = state.diverged.to_dict()
+        state.diverged.result = record
+        raise state.diverged
+    return record
+
+
+@dataclass
+class RunState:
+    """What the loop carries from round to round (and a checkpoint restores)."""
+
+    settings: LoopSettings
+    server: ServerAlgorithm
+    transport: Transport
+    params: Params
+    run_id: str
+    optimizer: ServerOptimizer | None = None
+    start: int = 0
+    seconds_before: float = 0.0
+    metrics: list[dict[str, Any]] = field(default_factory=list)
+    #: The privacy summary of this view after the last round (None: nothing accounted yet).
+    privacy: PrivacySummary | None = None
+    #: The round the checkpoint records (what the run's outputs are sealed at).
+    next_round: int = 0
+    diverged: TrainingDiverged | None = None
+    t0: float = 0.0
+
+    def seconds(self) -> float:
+        """Training wall time over all sessions, up to now."""
+        return self.seconds_before + time.perf_counter() - self.t0
+
+    def checkpoint(
+        self,
+        out: Path,
+        line: dict[str, Any],
+        save_model: Callable[[int, Params, str], None] | None,
+    ) -> None:
+        """Append the round's metrics line, save its model (not a diverged one) and write the
+        checkpoint atomically (:func:`~pdpfl.checkpoint.save_round`)."""
+        s = self.settings
+        line["seconds"] = self.seconds()
+        self.metrics.append(line)
+        t = int(line["round"])
+        if save_model is not None and self.diverged is None:
+            save_model(t, self.params, self.run_id)
+        state: dict[str, Any] = {
+            "next_round": t + 1,
+            "params": self.params,
+            "server_state": self.server.state_dict(),
+            "client_states": self.transport.client_states(),
+            "seconds": line["seconds"],
+            "config_hash": s.fingerprint,
+            "run_id": self.run_id,
+            "planned_rounds": s.planned_rounds or s.rounds,
+            "config_fields": s.config_fields,
+        }
+        if self.optimizer is not None:
+            state["server_optimizer"] = self.optimizer.state_dict()
+        save_round(out, self.metrics, state)
+        self.next_round = t + 1
+
+
+def start_run(
+    server: ServerAlgorithm,
+    transport: Transport,
+    out: Path,
+    settings: LoopSettings,
+    *,
+    resume: bool,
+) -> RunState:
+    """A fresh run (a new run id, the server's x⁰), or -- on ``resume`` with a checkpoint in
+    ``out`` -- the checkpoint's state restored into the server, the optimizer and the silos,
+    after checking it belongs to this configuration and its planned T."""
+    optimizer = settings.server_optimizer.build() if settings.server_optimizer else None
+    state = RunState(
+        settings,
+        server,
+        transport,
+        params=[np.asarray(p).copy() for p in server.initial_params()],
+        run_id=secrets.token_hex(16),  # this run's identity (its checkpoints and ledgers)
+        optimizer=optimizer,
+    )
+    ckpt = load_checkpoint(out) if resume else None
+    if ckpt is None:
+        return state
+    rounds = settings.rounds
+    if ckpt.get("config_hash") != settings.fingerprint:
+        changed = config_changes(ckpt.get("config_fields"), settings.config_fields)
+        raise ValueError(
+            f"cannot resume: the checkpoint in {out} was written by a different config"
+            + (f"; changed: {', '.join(changed)}" if changed else "")
+            + " (resume with the run's own config and --set values; only "
+            "training.rounds may grow)"
+        )
+    check_planned_rounds(ckpt, settings.planned_rounds or rounds, out)
+    start = int(ckpt["next_round"])
+    if start > rounds:
+        raise ValueError(
+            f"cannot resume: the run in {out} already finished {start} rounds; "
+            f"training.rounds = {rounds} would shorten it (give a larger T to extend it)"
+        )
+    state.start = state.next_round = start
+    state.run_id = str(ckpt["run_id"])
+    state.params = ckpt["params"]
+    server.load_state_dict(ckpt["server_state"])
+    if optimizer is not None:
+        if "server_optimizer" not in ckpt:
+            raise ValueError(
+                f"cannot resume: the checkpoint in {out} holds no server_optimizer state"
+            )
+        optimizer.load_state_dict(ckpt["server_optimizer"])
+    transport.load_client_states(ckpt["client_states"])
+    state.seconds_before = float(ckpt["seconds"])
+    state.metrics = [m for m in read_metrics(out) if int(m["round"]) < start]
+    return state
+
+
+def check_run_extension(
+    server: ServerAlgorithm, transport: Transport, settings: LoopSettings, start: int
+) -> dict[str, Any] | None:
+    """Past the planned T: units sit out at their budget, or the extension is refused unless
+    the user opted in (issue #34; :func:`~pdpfl.fl.extension.check_extension`); before any
+    store is opened and anything is charged. None when the run is not past its plan."""
+    if settings.planned_rounds is None:
+        return None
+    extension = check_extension(
+        run_holders(server, transport),
+        planned=int(settings.planned_rounds),
+        rounds=settings.rounds,
+        start=start,
+        allow_over_budget=settings.allow_over_budget,
+        algorithm=settings.algorithm,
+    )
+    for sentence in (extension or {}).get("warnings", []):
+        log.warning("%s", sentence)
+    return extension
+
+
+def play_round(
+    server: ServerAlgorithm,
+    transport: Transport,
+    protocol: SumProtocol,
+    state: RunState,
+    t: int,
+    selection: Selection,
+    prefetch: Callable[..., Any] | None,
+    last_round: int,
+) -> tuple[dict[str, Any], Selection | None, int]:
+    """Round ``t``: aggregate (the protocol collects the selected silos' sum, the server's new
+    model), announce the next round's request early when the transport can (``prefetch``),
+    evaluate (every silo's metrics, its ledger caught up). A round that diverged is recorded
+    (:func:`~pdpfl.fl.rounds.diverged_round`; its charges stay, the model stays the last
+    finite one) and ``state.diverged`` set. Returns the round's metrics line, the next round's
+    selection if announced, and the number of contributions aggregated."""
+    selected, round_config = selection
+    planned: Selection | None = None
+    try:
+        aggregate, state.params = aggregate_round(
+            server, transport, protocol, state.params, t, selected, round_config, state.optimizer
+        )
+        if prefetch is not None and t + 1 < last_round:
+            planned = select_round(server, transport, None, t + 1)
+            if planned[0]:
+                prefetch(planned[0], state.params, t + 1, planned[1])
+        line, state.privacy = evaluate_round(
+            server,
+            transport,
+            state.params,
+            t,
+            round_config,
+            selected,
+            aggregate.count,
+            state.settings.unit,
+        )
+        return line, planned, aggregate.count
+    except TrainingDiverged as err:
+        # Nothing non-finite was published. Keep what happened: the round is recorded (its
+        # charges stay -- other silos may have released), the model stays the last finite one.
+        log.error("%s", err)
+        state.diverged = err
+        line, state.privacy = diverged_round(err, server, transport, state.settings.unit)
+        return line, None, 0
+
+
+def report_round(
+    line: dict[str, Any],
+    selection: Selection,
+    contributions: int,
+    privacy: PrivacySummary | None,
+    rounds: int,
+    display: ProgressDisplay,
+) -> None:
+    """The round's log line and the progress display."""
+    log.info(
+        "round %d/%d: %d silo(s) selected, %d contribution(s), accuracy %s, max ε %s",
+        int(line["round"]) + 1,
+        rounds,
+        len(selection[0]),
+        contributions,
+        _short(line.get("accuracy")),
+        "-" if privacy is None else _short(privacy.headline_epsilon("both")),
+    )
+    display.round_done(int(line["round"]) + 1, accuracy=line.get("accuracy"), privacy=privacy)
+
+
+def run_record(
+    state: RunState,
+    server: ServerAlgorithm,
+    settings: LoopSettings,
+    last_round: int,
+    lifetime: Any,
+    extension: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """The run's record (see :func:`run_rounds`)."""
+    metrics = state.metrics
+    return {
+        "params": state.params,
         "metrics": metrics,
-        "seconds": metrics[-1]["seconds"]
-        if diverged is not None
-        else seconds_before + time.perf_counter() - t0,
-        "privacy": privacy,
+        "seconds": metrics[-1]["seconds"] if state.diverged is not None else state.seconds(),
+        "privacy": state.privacy,
         "server_state": server.state_dict(),
-        "completed": diverged is None and last_round == rounds,
+        "completed": state.diverged is None and last_round == settings.rounds,
         "fingerprint": settings.fingerprint,
-        "run_id": run_id,
-        "next_round": next_round,
-        "lifetime": lifetime.report(),
+        "run_id": state.run_id,
+        "next_round": state.next_round,
+        "lifetime": lifetime,
         "extension": extension,
     }
-    if diverged is not None:
-        record["diverged"] = diverged.to_dict()
-        diverged.result = record
-        raise diverged
-    return record
 
 
 def _short(x: Any) -> str:
@@ -422,53 +538,3 @@ def _fingerprint(config: Any) -> str | None:
         return run_fingerprint(config)
     except Exception:  # pragma: no cover - non-pdpfl configs (tests with stubs)
         return None
-
-
-class _ProgressBar:
-    """A rich progress bar over rounds on a terminal, plain lines without one
-    (:mod:`pdpfl.runtime.progress`); a no-op when disabled."""
-
-    def __init__(self, total: int, completed: int, *, enabled: bool) -> None:
-        from pdpfl.runtime.progress import ProgressLines, interactive
-
-        self._progress = None
-        self._lines: ProgressLines | None = None
-        if not enabled:
-            return
-        if not interactive():
-            self._lines = ProgressLines(total, completed)
-            return
-        from rich.console import Console
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeElapsedColumn,
-        )
-
-        self._progress = Progress(
-            TextColumn("round"),
-            MofNCompleteColumn(),
-            BarColumn(),
-            TextColumn("{task.fields[info]}"),
-            TimeElapsedColumn(),
-            console=Console(stderr=True),
-            transient=False,
-        )
-        self._progress.start()
-        self._task = self._progress.add_task("rounds", total=total, completed=completed, info="")
-
-    def advance(self, line: dict[str, Any], privacy: Any = None) -> None:
-        acc = line.get("accuracy")
-        if self._lines is not None:
-            self._lines.round_done(int(line["round"]) + 1, acc, privacy)
-            return
-        if self._progress is None:
-            return
-        info = f"acc {acc:.3f}" if isinstance(acc, float) and np.isfinite(acc) else ""
-        self._progress.update(self._task, advance=1, info=info)
-
-    def close(self) -> None:
-        if self._progress is not None:
-            self._progress.stop()
