@@ -44,6 +44,7 @@ LAYERS: dict[str, int] = {
     "reproduce": 7,
     "tune": 7,
     "testing": 7,
+    "reports": 7,
     "cli": 8,
     "__init__": 9,
 }
@@ -161,9 +162,9 @@ PRIVATE_IMPORTS_ALLOWED = {
     "pdpfl.api -> pdpfl.config.loading._leaf_index",
     "pdpfl.cli.audit -> pdpfl.audit.report._OBSERVER_TITLE",
     "pdpfl.cli.audit -> pdpfl.audit.report._fmt",
-    "pdpfl.cli.compare -> pdpfl.runtime.plots._figure",
-    "pdpfl.cli.compare -> pdpfl.runtime.plots._nothing_to_draw",
-    "pdpfl.cli.compare -> pdpfl.runtime.plots._save_fig",
+    "pdpfl.reports.compare -> pdpfl.runtime.plots._figure",
+    "pdpfl.reports.compare -> pdpfl.runtime.plots._nothing_to_draw",
+    "pdpfl.reports.compare -> pdpfl.runtime.plots._save_fig",
     "pdpfl.fl.idp_fedavg.sample -> pdpfl.calibration._accounting.exact_epsilon",
 }
 

@@ -310,7 +310,7 @@ def run_command(
     else:
         from rich.console import Console
 
-        from pdpfl.cli.report import run_tables
+        from pdpfl.reports.tables import run_tables
 
         console = Console()
         for table in run_tables(summary):
