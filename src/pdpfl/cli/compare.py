@@ -17,13 +17,13 @@ from typing import Any
 import typer
 
 from pdpfl.cli._common import check_key_dir, fail, import_plugins, print_json
-from pdpfl.cli.run import (
-    _load,
-    _load_federation,
-    _prepare_out,
-    _simulate,
+from pdpfl.cli._experiment import (
     check_device,
+    load_checked,
+    load_federation,
     locked,
+    prepare_out,
+    simulate,
 )
 from pdpfl.reports.compare import (
     accuracy_curve,
@@ -137,7 +137,7 @@ def compare_command(
     from pdpfl.config import ConfigError, with_updates
 
     import_plugins(plugins)
-    base = _load(
+    base = load_checked(
         config_path,
         [*(overrides or []), *([f"training.device={device}"] if device is not None else [])],
         data_dir,
@@ -168,7 +168,7 @@ def compare_command(
                 "compare.csv",
                 "compare.png",
             )
-            _prepare_out(out_dir, resume=False, force=force, outputs=own)
+            prepare_out(out_dir, resume=False, force=force, outputs=own)
         sinks = []
         try:  # every output is validated (written once) before any training
             if csv_path is not None:
@@ -189,9 +189,9 @@ def compare_command(
             for (method, seed), cfg in configs.items():
                 key = (seed, json.dumps(cfg.data.model_dump(mode="json"), sort_keys=True))
                 if key not in federations:
-                    federations[key] = _load_federation(cfg)
+                    federations[key] = load_federation(cfg)
                 run_dir = root / method.replace(":", "-") / f"seed{seed}"
-                summary = _simulate(
+                summary = simulate(
                     cfg, run_dir, False, progress=False, federation=federations[key], created=True
                 )
                 row = run_row(method, seed, summary, cfg.privacy.adversary)
