@@ -67,10 +67,10 @@ def check_device(config: Any) -> None:
     """Exit 2 (``error: training.device: ...``) when the configured device is not here."""
     if config.training.device == "cpu":
         return
-    from pdpfl.fl.common import training_device
+    from pdpfl.dp.device import training_device_for
 
     try:
-        training_device(config)
+        training_device_for(config.training.device)  # the setting, not the whole config
     except ValueError as err:
         fail(str(err))
 
