@@ -110,8 +110,8 @@ def test_idp_fedavg_headline_shows_the_observers_it_accounts_for(idp_run: Path) 
 
 
 def test_approximate_figures_are_named_in_words() -> None:
-    from pdpfl.reports.tables import approximate_label, group_table
     from pdpfl.ledger.summary import GroupSummary, PrivacySummary
+    from pdpfl.reports.tables import approximate_label, group_table
 
     group = GroupSummary(
         label="8",
