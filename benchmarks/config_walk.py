@@ -17,7 +17,9 @@ CONTRIBUTING.md).
 
 Only the route matters, not how often a loop walks it: a round loop that hands the config to
 the same function every round, or a build that calls the same builder for every silo, is
-walked once.
+walked once. A list, dict or set comprehension is part of the function that holds it (as in
+CPython 3.12+, which inlines them, PEP 709; on 3.11 each is a frame of its own and counted as
+one more entry of its file).
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ from types import FrameType
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+#: Frames of comprehensions: not calls in the source (inlined by CPython 3.12+, PEP 709).
+COMPREHENSIONS = frozenset({"<listcomp>", "<dictcomp>", "<setcomp>"})
 SRC = ROOT / "src"
 EXAMPLE = ROOT / "examples" / "digits_demo.yaml"
 TINY = ["training.rounds=2", "training.local_steps=2", "data.num_clients=2"]
@@ -73,6 +77,8 @@ def walk(from_cli: bool = False) -> list[str]:
             module = modules[name] = _module(name)
         if module is None or module.startswith("pdpfl.config"):
             return  # the config's own methods are not a step of the route
+        if frame.f_code.co_name in COMPREHENSIONS:
+            return  # part of the enclosing function
         if any(isinstance(v, ExperimentConfig) for v in frame.f_locals.values()):
             caller = frame.f_back.f_code if frame.f_back is not None else None
             if (caller, frame.f_code) in seen:

@@ -44,6 +44,7 @@ LAYERS: dict[str, int] = {
     "reproduce": 7,
     "tune": 7,
     "testing": 7,
+    "reports": 7,
     "cli": 8,
     "__init__": 9,
 }

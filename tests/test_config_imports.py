@@ -18,10 +18,6 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
 
-#: Examples whose algorithm package still imports torch at module level (to be fixed there;
-#: ``pdpfl.fl.uldp.silo`` and ``pdpfl.fl.uldp.users`` import it at the top).
-STILL_IMPORT_TORCH = {"uldp_heart.yaml", "uldp_mnist10k.yaml"}
-
 _PROBE = """
 import json, sys
 import pdpfl.config
@@ -51,11 +47,12 @@ def _probe(paths: list[Path]) -> dict[str, dict]:
 
 @pytest.mark.slow
 def test_parsing_the_examples_imports_neither_torch_nor_flwr() -> None:
-    """One fresh interpreter parses the examples one after the other: after each, neither torch
-    nor flwr is loaded (the first example that loads one is named), and the first one (rpdp)
-    loaded no other algorithm's package."""
-    paths = [p for p in EXAMPLES if p.name not in STILL_IMPORT_TORCH]
+    """One fresh interpreter parses every example one after the other: after each, neither
+    torch nor flwr is loaded (the first example that loads one is named), and the first one
+    (rpdp) loaded no other algorithm's package."""
+    paths = list(EXAMPLES)
     assert len(paths) >= 5
+    assert {"uldp_heart.yaml", "uldp_mnist10k.yaml"} <= {p.name for p in paths}
     seen = _probe(paths)
     for path in paths:
         facts = seen[str(path)]
@@ -64,14 +61,6 @@ def test_parsing_the_examples_imports_neither_torch_nor_flwr() -> None:
     first = seen[str(paths[0])]
     assert first["algorithm"] == "rpdp"
     assert "uldp" not in first["packages"] and "idp_fedavg" not in first["packages"]
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(STILL_IMPORT_TORCH))
-def test_the_allow_listed_examples_still_import_torch(name: str) -> None:
-    """The allow-list is exact: remove an entry once its package no longer imports torch."""
-    facts = _probe([ROOT / "examples" / name])[str(ROOT / "examples" / name)]
-    assert facts["torch"] and not facts["flwr"]
 
 
 def test_the_algorithm_table_is_what_each_module_registers() -> None:

@@ -121,7 +121,7 @@ def test_a_lost_silo_is_named_in_the_summary_and_the_headline(
 ) -> None:
     from rich.console import Console
 
-    from pdpfl.cli.report import run_tables
+    from pdpfl.reports.tables import run_tables
 
     config = _config("rounds=3")
     out = tmp_path / "flower"

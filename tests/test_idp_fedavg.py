@@ -514,9 +514,9 @@ def test_end_to_end_no_client_over_budget(toy_run):
     assert summary["neighbouring"].startswith("add/remove one client")
     assert 0.0 <= summary["final_accuracy"] <= 1.0
     # one ledger per client, its unit named by the client's name from the data
-    from pdpfl.cli.compare import mechanism_columns
     from pdpfl.ledger import load_ledger
     from pdpfl.ledger.table import privacy_table
+    from pdpfl.reports.compare import mechanism_columns
     from pdpfl.runtime.simulation import load_federation_for
 
     names = [c.name for c in load_federation_for(_config()).clients]

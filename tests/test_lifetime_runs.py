@@ -106,7 +106,7 @@ def test_a_third_run_that_would_exceed_makes_those_units_sit_out(
     # the headline shows lifetime beside this run's spend
     from rich.console import Console
 
-    from pdpfl.cli.report import run_tables
+    from pdpfl.reports.tables import run_tables
 
     console = Console(record=True, width=100)
     for table in run_tables(third):
@@ -226,7 +226,7 @@ def test_the_delta_only_floor_group_is_named_with_its_count(tmp_path: Path) -> N
     )
     from rich.console import Console
 
-    from pdpfl.cli.report import run_tables
+    from pdpfl.reports.tables import run_tables
 
     console = Console(record=True, width=100)
     for table in run_tables(summary):

@@ -100,7 +100,7 @@ def test_idp_fedavg_has_one_spelling_of_its_client_ids(idp_run: Path) -> None:
 def test_idp_fedavg_headline_shows_the_observers_it_accounts_for(idp_run: Path) -> None:
     import json
 
-    from pdpfl.cli.report import run_tables
+    from pdpfl.reports.tables import run_tables
 
     summary = json.loads((idp_run / "summary.json").read_text())
     assert summary["adversary"] == "both"
@@ -110,8 +110,8 @@ def test_idp_fedavg_headline_shows_the_observers_it_accounts_for(idp_run: Path) 
 
 
 def test_approximate_figures_are_named_in_words() -> None:
-    from pdpfl.cli.report import approximate_label, group_table
     from pdpfl.ledger.summary import GroupSummary, PrivacySummary
+    from pdpfl.reports.tables import approximate_label, group_table
 
     group = GroupSummary(
         label="8",

@@ -4,6 +4,9 @@ The round loop (:mod:`pdpfl.runtime.loop`) owns the order of rounds, resume and 
 steps of one round (Algorithm 3 of the rPDP-FL paper, §6.2) are here, independent of how a
 runtime reaches its silos (a :class:`Transport`):
 
+0. :func:`select_round` -- who is asked and the round's request config: the server's Poisson
+   sample (an empty round counts and is not redrawn), or every silo when the protocol has
+   them flip their own coins (hidden participation);
 1. :func:`aggregate_round` -- the summation protocol (:mod:`pdpfl.fl.aggregation`) collects the
    selected silos' :class:`~pdpfl.fl.api.Contribution` s -- the only thing a silo releases --
    and hands the server their sum; the server computes the next global model (which an optional
@@ -37,6 +40,7 @@ from pdpfl.fl.server_optimizer import ServerOptimizer
 from pdpfl.ledger import PrivacySummary
 
 __all__ = [
+    "Selection",
     "Transport",
     "aggregate_round",
     "check_model",
@@ -45,7 +49,22 @@ __all__ = [
     "evaluate_round",
     "metrics_line",
     "pooled_evaluation",
+    "select_round",
 ]
+
+#: One round's selection: the silos asked (in order) and the round's request config.
+Selection = tuple[list[int], dict[str, Any]]
+
+
+def select_round(
+    server: ServerAlgorithm, transport: Transport, protocol: SumProtocol | None, t: int
+) -> Selection:
+    """Step 0: the silos asked in round ``t`` and its request config. Every silo when the
+    protocol has ``silo_side_sampling`` (each flips its own λ-coin), else the server's sample
+    (``protocol`` None: the server's sample)."""
+    if getattr(protocol, "silo_side_sampling", False):
+        return list(transport.client_ids), dict(server.round_config(t))
+    return list(server.select_clients(t, list(transport.client_ids))), dict(server.round_config(t))
 
 
 def aggregate_round(

@@ -14,15 +14,19 @@ import fcntl
 import json
 import logging
 import os
+import shutil
 import socket
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["LOCK_NAME", "FolderLocked", "folder_lock"]
+__all__ = ["LOCK_NAME", "RUN_OUTPUTS", "FolderLocked", "folder_lock", "output_folder"]
 
 LOCK_NAME = ".pdpfl.lock"
+#: What a command writes into its output folder (a folder holding none of them after a refused
+#: command had no trace of pdpfl before it either).
+RUN_OUTPUTS = ("metrics.jsonl", "summary.json", "checkpoint.npz", "compare.csv", "audit.json")
 log = logging.getLogger(__name__)
 
 
@@ -91,3 +95,33 @@ def folder_lock(
             fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
+
+
+@contextlib.contextmanager
+def output_folder(out_dir: Path, *, created: bool, option: str = "--out") -> Iterator[None]:
+    """Hold ``out_dir``'s lock (one command per output folder) for the block, and leave no trace
+    of a command that wrote nothing: the lock file goes from a folder that existed without one
+    (removed while still held: a process that opened it meanwhile is refused), and a folder
+    this command ``created`` that holds nothing else goes too.
+
+    Raises ValueError naming ``option`` when ``out_dir`` is not a folder, :class:`FolderLocked`
+    when another process holds it, OSError when it cannot be written.
+    """
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ValueError(f"{option}: {out_dir} exists and is not a folder")
+    lock_file = out_dir / LOCK_NAME
+    had_lock = lock_file.exists()
+    lock = folder_lock(out_dir, option=option)
+    lock.__enter__()
+    try:
+        yield
+    finally:
+        if (
+            not created
+            and not had_lock
+            and not any((out_dir / name).exists() for name in RUN_OUTPUTS)
+        ):
+            lock_file.unlink(missing_ok=True)
+        lock.__exit__(None, None, None)
+        if created and out_dir.is_dir() and not any(p.name != LOCK_NAME for p in out_dir.iterdir()):
+            shutil.rmtree(out_dir, ignore_errors=True)  # nothing of ours was written

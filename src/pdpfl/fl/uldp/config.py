@@ -17,7 +17,6 @@ import numpy as np
 from pydantic import Field
 
 from pdpfl.config import ExperimentConfig, PrivacyUnitName
-from pdpfl.fl.aggregation.discrete_shares import ShareEncoding
 from pdpfl.fl.aggregation.threshold import share_threshold
 from pdpfl.fl.algorithm import Algorithm, PublicSetup, register_algorithm
 from pdpfl.fl.api import FederationInfo
@@ -66,6 +65,7 @@ from pdpfl.privacy.unit import GroupPlan
 
 if TYPE_CHECKING:  # pragma: no cover
     from pdpfl.data.federation import ClientData
+    from pdpfl.fl.aggregation.discrete_shares import ShareEncoding
     from pdpfl.randomness import Randomness
 
 __all__ = [

@@ -23,13 +23,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from pdpfl.dp.discrete_params import DiscreteShareParams, discrete_share_params
-from pdpfl.fl.aggregation.discrete_shares import ShareEncoding
 from pdpfl.privacy.discrete_plan import SampledDiscreteGaussianPlan
 from pdpfl.privacy.uldp_discrete import DiscreteUserLevelPlan
 
 if TYPE_CHECKING:  # pragma: no cover
     from pdpfl.config import ExperimentConfig
+    from pdpfl.dp.discrete_params import DiscreteShareParams
+    from pdpfl.fl.aggregation.discrete_shares import ShareEncoding
     from pdpfl.fl.api import FederationInfo
     from pdpfl.fl.uldp.mechanism import UserLevelSetup
 
@@ -48,6 +48,8 @@ def share_params(
 ) -> DiscreteShareParams:
     """The integer encoding of one round's shares (module docstring); ValueError naming the
     ``secure.`` field when the bit width cannot work."""
+    from pdpfl.dp.discrete_params import discrete_share_params  # pdpfl.dp loads torch
+
     sec = config.secure
     return discrete_share_params(
         clip=float(config.training.max_grad_norm),
@@ -66,6 +68,8 @@ def share_params(
 
 def encoding(config: ExperimentConfig, setup: UserLevelSetup, size: int) -> ShareEncoding:
     """The :class:`ShareEncoding` of a published ULDP-AVG/SGD setup."""
+    from pdpfl.fl.aggregation.discrete_shares import ShareEncoding
+
     params = share_params(
         config,
         sigma=setup.noise_multiplier,

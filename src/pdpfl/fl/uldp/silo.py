@@ -26,7 +26,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
-import torch
 
 from pdpfl.fl.api import Contribution, Params, Scalars
 from pdpfl.fl.template import RoundPlan, Silo
@@ -35,6 +34,8 @@ from pdpfl.privacy.noise import GaussianNoise, check_charged
 from pdpfl.randomness import Randomness
 
 if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
     from pdpfl.data.federation import ClientData
 
 __all__ = ["DefaultSilo", "GroupSilo", "NaiveSilo", "SiloLevelSilo", "UldpSilo"]
@@ -97,6 +98,8 @@ class UldpSilo(Silo):
         self.lr, self.momentum, self.weight_decay = float(lr), float(momentum), float(weight_decay)
         self.optimizer = optimizer
         self.physical_batch_size = int(physical_batch_size)
+        import torch  # here: parsing a config never imports torch
+
         self.x_train = torch.as_tensor(np.asarray(data.x_train, dtype=np.float32))
         self.y_train = torch.as_tensor(np.asarray(data.y_train, dtype=np.int64))
         self.x_test = torch.as_tensor(np.asarray(data.x_test, dtype=np.float32))
@@ -156,6 +159,8 @@ class UldpSilo(Silo):
         self, sums: list[torch.Tensor], round_index: int, config: Scalars | None = None
     ) -> list[np.ndarray]:
         """Add this silo's noise in float64 (its own stream) and round once to float32."""
+        import torch
+
         return [o.to(torch.float32).numpy() for o in self.noisy(sums, round_index, config)]
 
     def noisy(
@@ -164,6 +169,8 @@ class UldpSilo(Silo):
         """``sums`` + this silo's noise per coordinate (std σC, or its share σC/√t for the t
         of the setup or the smaller t a protocol announced in the round ``config``), in float64
         from the silo's own stream."""
+        import torch
+
         from pdpfl.dp.steps import noisy_normalised_sum
         from pdpfl.fl.aggregation.threshold import SURVIVORS_KEY
 
@@ -208,6 +215,8 @@ class DefaultSilo(SiloLevelSilo):
     """DEFAULT (no DP): Q epochs of SGD(η_l) on all the silo's records; releases Δ_s."""
 
     def step(self, global_params: Params, plan: RoundPlan) -> Contribution:
+        import torch
+
         delta = self.local_delta(global_params, plan.round_index)
         return Contribution(update=[d.to(torch.float32).numpy() for d in delta])
 
@@ -216,6 +225,8 @@ class NaiveSilo(SiloLevelSilo):
     """ULDP-NAIVE (Algorithm 1): Clip(Δ_s, C) + N(0, σ²κ²C²|S|) (line 14)."""
 
     def step(self, global_params: Params, plan: RoundPlan) -> Contribution:
+        import torch
+
         from pdpfl.dp.steps import clip_vectors
 
         delta = self.local_delta(global_params, plan.round_index)
@@ -258,6 +269,8 @@ class GroupSilo(UldpSilo):
 
     def step(self, global_params: Params, plan: RoundPlan) -> Contribution:
         """Alg. 2 lines 8-10: τ DP-SGD steps on D̂_s; releases x_s − x_t."""
+        import torch
+
         from pdpfl.dp.engine import make_optimizer, train_steps
         from pdpfl.models import get_params, set_params
 

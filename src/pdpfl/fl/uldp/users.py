@@ -40,7 +40,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from pdpfl.fl.api import Contribution, Params, Scalars
 from pdpfl.fl.template import RoundPlan
@@ -49,6 +48,8 @@ from pdpfl.fl.uldp.silo import UldpSilo
 from pdpfl.fl.uldp.weights import silo_weights
 
 if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
     from pdpfl.data.federation import ClientData
     from pdpfl.dp.extra_rows import ExtraRows
     from pdpfl.fl.aggregation.private_weighting import UserUpdates
@@ -160,6 +161,8 @@ class UserLevelSilo(UldpSilo):
         masking, Sec. 4) replaces it with an encrypted weighted sum whose inputs are
         ``clipped``, this silo's counts n_{s,u} and the user mask.
         """
+        import torch  # here: parsing a config never imports torch
+
         w = torch.as_tensor(np.asarray(weights, dtype=np.float64))
         return [torch.tensordot(w, c.to(torch.float64), dims=1) for c in clipped]
 
@@ -174,6 +177,8 @@ class UserLevelSilo(UldpSilo):
 
     def step(self, global_params: Params, plan: RoundPlan) -> Contribution:
         """Steps 1-4 for this round's users (noise only when none of them is here)."""
+        import torch
+
         assert self.user_weights is not None
         if self.share_encoding is not None:
             return self.discrete_step(global_params, plan)
@@ -193,6 +198,8 @@ class UserLevelSilo(UldpSilo):
         w_{s,u}·Clip(Δ_{s,u}, C) scaled and rounded on its own (conditional randomized
         rounding at its part bound, :func:`~pdpfl.dp.discrete_encoding.round_units`), summed,
         + one exact discrete Gaussian share (the one noise adder), modulo 2^b."""
+        import torch
+
         from pdpfl.dp.discrete_encoding import add_noise_share, round_units
         from pdpfl.fl.aggregation.discrete_shares import rotation_seed
         from pdpfl.fl.aggregation.threshold import SURVIVORS_KEY
@@ -242,6 +249,8 @@ class UserLevelSilo(UldpSilo):
         (Alg. 3 lines 10-17 without the weighting, which the protocol does encrypted).
 
         The template's round duties run first (a round already done is refused)."""
+        import torch
+
         from pdpfl.fl.aggregation.private_weighting import UserUpdates
 
         if self.user_setup.weights != "private":

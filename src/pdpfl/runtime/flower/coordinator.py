@@ -18,8 +18,9 @@ __all__ = ["CoordinatorProgress", "silo_summaries"]
 
 
 class CoordinatorProgress:
-    """The coordinator's progress on stderr, read from the ServerApp's files: a rich bar on a
-    terminal, plain lines without one (:mod:`pdpfl.runtime.progress`).
+    """The coordinator's progress on stderr, read from the ServerApp's files, drawn by the one
+    progress display (:class:`~pdpfl.runtime.progress.ProgressDisplay`: a rich bar on a
+    terminal, plain lines without one).
 
     Discovery: silos ready / connected. Rounds: the round bar with the sampled silos, the pooled
     accuracy and -- on loopback, where one operator owns every silo -- the ε headline collected
@@ -27,42 +28,15 @@ class CoordinatorProgress:
     """
 
     def __init__(self, out: Path, rounds: int, num_silos: int, *, enabled: bool) -> None:
+        from pdpfl.runtime.progress import ProgressDisplay
+
         self.out, self.rounds, self.num_silos = out, rounds, num_silos
         self.enabled = enabled
-        self._progress: Any = None
-        self._task: Any = None
         self._seen = 0
         self._status_mtime = 0.0
         self._run_key: str | None = None
-        from pdpfl.runtime.progress import ProgressLines, interactive
-
-        self._interactive = interactive()
-        self._lines: ProgressLines | None = None
-
-    def _start(self, completed: int) -> None:
-        from rich.console import Console
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeElapsedColumn,
-        )
-
-        self._progress = Progress(
-            TextColumn("{task.description}"),
-            MofNCompleteColumn(),
-            BarColumn(),
-            TextColumn("{task.fields[info]}"),
-            TimeElapsedColumn(),
-            console=Console(stderr=True),
-            transient=False,
-        )
-        self._progress.start()
-        self._task = self._progress.add_task(
-            "silos", total=self.num_silos, completed=0, info="starting the federation"
-        )
-        self._seen = completed
+        self._display = ProgressDisplay(num_silos, enabled=enabled)
+        self._started = False
 
     def _epsilon(self) -> str:
         if self._run_key is None:
@@ -80,33 +54,8 @@ class CoordinatorProgress:
         fmt = lambda x: "-" if x is None else f"{x:.3g}"  # noqa: E731
         return f" | ε max {fmt(tp)} (3rd) / {fmt(sv)} (server)"
 
-    def _tick_lines(self) -> None:
-        """Without a terminal: one plain line per round (at most about one a minute)."""
-        from pdpfl.runtime.loop import read_metrics
-        from pdpfl.runtime.progress import ProgressLines
-
-        if self._lines is None:
-            self._lines = ProgressLines(self.rounds)
-            print(f"starting the Flower federation ({self.num_silos} silos)", file=sys.stderr)
-        with contextlib.suppress(OSError, ValueError):
-            lines = read_metrics(self.out)
-            if len(lines) > self._seen:
-                last = lines[-1]
-                self._seen = len(lines)
-                self._lines.round_done(
-                    int(last.get("round", len(lines) - 1)) + 1,
-                    last.get("accuracy"),
-                    extra=self._epsilon().strip(" |"),
-                )
-
-    def tick(self) -> None:
-        if not self.enabled:
-            return
-        if not self._interactive:
-            self._tick_lines()
-            return
-        if self._progress is None:
-            self._start(0)
+    def _discovery(self) -> None:
+        """The silos connecting (the ServerApp's ``status.json``), on the bar."""
         status_path = self.out / "flower" / STATUS_FILE
         with contextlib.suppress(OSError, ValueError):
             mtime = status_path.stat().st_mtime
@@ -120,31 +69,51 @@ class CoordinatorProgress:
                         more = " …" if len(missing) > 8 else ""
                         shown = ", ".join(map(str, missing[:8])) + more
                         info += f"; waiting for silo(s) {shown}"
-                    self._progress.update(
-                        self._task, completed=len(status.get("ready", [])), info=info
-                    )
+                    self._display.update(completed=len(status.get("ready", [])), info=info)
+
+    def tick(self) -> None:
+        """Read the ServerApp's files and move the display (about twice a second)."""
+        if not self.enabled:
+            return
+        display = self._display
+        if not self._started:
+            self._started = True
+            if display.interactive:
+                display.start("silos", info="starting the federation")
+            else:
+                display.start("round", total=self.rounds)
+                print(f"starting the Flower federation ({self.num_silos} silos)", file=sys.stderr)
+        if display.interactive:
+            self._discovery()
         from pdpfl.runtime.loop import read_metrics
 
         with contextlib.suppress(OSError, ValueError):
             lines = read_metrics(self.out)
-            if lines and self._progress.tasks[0].description != "round":
-                self._progress.update(
-                    self._task, description="round", total=self.rounds, completed=0
-                )
-            if len(lines) > self._seen or (lines and self._seen == 0):
+            if lines and display.interactive and display.description != "round":
+                display.start("round", total=self.rounds, completed=0)
+            if len(lines) > self._seen or (lines and self._seen == 0 and display.interactive):
                 last = lines[-1]
+                self._seen = len(lines)
                 acc = last.get("accuracy")
                 info = f"sampled {last.get('selected')}"
                 if isinstance(acc, float):
                     info += f" | acc {acc:.3f}"
-                info += self._epsilon()
-                self._progress.update(self._task, completed=len(lines), info=info)
-                self._seen = len(lines)
+                eps = self._epsilon()
+                # the bar counts the lines written; a plain line names the round finished
+                number = (
+                    len(lines)
+                    if display.interactive
+                    else int(last.get("round", len(lines) - 1)) + 1
+                )
+                display.round_done(
+                    number,
+                    accuracy=acc,
+                    extra=eps.strip(" |"),
+                    info=info + eps,
+                )
 
     def close(self) -> None:
-        if self._progress is not None:
-            self._progress.stop()
-            self._progress = None
+        self._display.close()
 
 
 def silo_summaries(flower_dir: Path, run_key: str, n: int) -> Any:
