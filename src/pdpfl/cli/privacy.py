@@ -96,7 +96,7 @@ def privacy_command(
     life (--store)."""
     from pdpfl.io import write_text
     from pdpfl.ledger.table import select_id
-    from pdpfl.runtime.outputs import holder_names, with_silo_names
+    from pdpfl.runtime.outputs import holder_names, holder_stems, with_silo_names
 
     if store is not None:
         if run_dir is not None:
@@ -115,8 +115,8 @@ def privacy_command(
             fail("--receipt: name the person with --id X (a receipt is for one person)")
         _write_receipt(run_dir, check, unit_id, receipt, as_json, key_file)
         return
-    stems = table["holder"].copy()
     names = holder_names(run_dir if run_dir.is_dir() else run_dir.parent)  # display names only
+    stems = holder_stems(table, names)
     table = with_silo_names(table, names)
     if unit_id is not None:
         chosen = select_id(table, unit_id)
@@ -241,11 +241,15 @@ def _unit_risk(
     """Each row's own attack-risk card per observer, from its holder's (verified) ledger
     (``ledger_of``: a holder shown by the silo's name → its ledger file's stem)."""
     from pdpfl.ledger.risk import unit_risk
+    from pdpfl.ledger.runfolder import POOLED_LEDGER
 
     out = []
     for row in rows:
         holder = str(row["holder"])
-        cards = unit_risk(ledgers[ledger_of.get(holder, holder)], str(row["id"]))
+        stem = ledger_of.get(holder, holder)
+        if stem not in ledgers:  # a client's row of the simulator's pooled ledger
+            stem = POOLED_LEDGER
+        cards = unit_risk(ledgers[stem], str(row["id"]))
         out.append(
             {
                 obs: {**card.to_dict(), "sentence": card.sentence(str(row["unit"]))}

@@ -42,6 +42,7 @@ __all__ = [
     "LifetimeSession",
     "lifetime_options",
     "open_lifetime",
+    "pool_target",
     "run_holders",
     "server_target",
     "set_targets",
@@ -117,9 +118,30 @@ def server_target(config: Any, units: int, *, root: str | Path | None = None) ->
     )
 
 
-def set_targets(config: Any, federation: Any, server: Any, clients: dict[int, Any]) -> None:
-    """Mark the parties of an in-process run with their stores (see the module docstring)."""
+def pool_target(config: Any, federation: Any) -> LifetimeTarget:
+    """The store of a :class:`~pdpfl.fl.pool.SiloPool`'s one client ledger (party ``clients``):
+    keyed by every client's training data and name (each client's own content hash, hashed in
+    id order); its units are the clients, by name."""
+    names = np.array([str(getattr(c, "name", i)) for i, c in enumerate(federation.clients)])
+    parts = [
+        dataset_fingerprint(np.asarray(c.record_ids), c.x_train, c.y_train)
+        for c in federation.clients
+    ]
+    key = dataset_fingerprint(names, np.array(parts))
+    return LifetimeTarget(
+        lifetime_options(config), "clients", key, _description(config, silos=len(names), ids=names)
+    )
+
+
+def set_targets(config: Any, federation: Any, server: Any, clients: Any) -> None:
+    """Mark the parties of an in-process run with their stores (see the module docstring);
+    ``clients``: the ``{client id: silo}`` dictionary, or a :class:`~pdpfl.fl.pool.SiloPool`
+    (its one ledger gets one store, :func:`pool_target`)."""
     private = bool(getattr(type(config.algorithm), "private", True))
+    if not isinstance(clients, dict):  # a pool: one ledger for every client
+        if isinstance(getattr(clients, "ledger", None), PrivacyLedger) or not private:
+            setattr(clients, TARGET_ATTR, pool_target(config, federation))
+        clients = {}
     for i, client in clients.items():
         if isinstance(getattr(client, "ledger", None), PrivacyLedger) or not private:
             setattr(client, TARGET_ATTR, silo_target(config, i, federation.clients[int(i)]))
@@ -140,8 +162,9 @@ def _filters(holder: Any) -> bool:
 def run_holders(server: Any, transport: Any) -> list[Any]:
     """The parties of a run this process holds: the in-process silos and the server."""
     clients = getattr(transport, "clients", None)
+    pool = getattr(transport, "pool", None)
     silos = list(clients.values()) if isinstance(clients, dict) else []
-    return [*silos, server]
+    return [*silos, *([pool] if pool is not None else []), server]
 
 
 @dataclass

@@ -32,6 +32,7 @@ __all__ = [
     "LocalTraining",
     "choose_strategy",
     "evaluate_clients",
+    "evaluate_concatenated",
     "has_conv",
     "repeated_epochs",
     "train_clients",
@@ -131,9 +132,6 @@ def evaluate_clients(
     """``loss``, ``accuracy``, ``n`` of ``params`` on each client's test split, in one pass over
     the concatenated splits (chunks of 4096 records; NaN metrics for an empty split)."""
     import torch
-    import torch.nn.functional as F
-
-    from pdpfl.models import predict, set_params
 
     k = len(tests)
     if k == 0:
@@ -141,6 +139,24 @@ def evaluate_clients(
     owner = np.concatenate([np.full(len(y), j, dtype=np.int64) for j, (_, y) in enumerate(tests)])
     x = torch.cat([t[0] for t in tests])
     y = torch.cat([t[1] for t in tests])
+    return evaluate_concatenated(model, params, x, y, owner, k)
+
+
+def evaluate_concatenated(
+    model: torch.nn.Module,
+    params: Params,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    owner: np.ndarray,
+    k: int,
+) -> list[Scalars]:
+    """:func:`evaluate_clients` on test splits already concatenated: ``owner[j]`` is the client
+    (of ``k``) whose record j is (the simulator's client pool concatenates them once)."""
+    import torch
+    import torch.nn.functional as F
+
+    from pdpfl.models import predict, set_params
+
     set_params(model, params)
     device = next(iter(model.parameters())).device
     was = model.training
