@@ -5,8 +5,10 @@ public API -- :func:`pdpfl.runtime.simulation.run_simulation` (in-process simula
 :func:`pdpfl.runtime.flower.simulation_engine.run_flower_simulation` (Flower's Simulation Engine,
 Ray) -- and reports:
 
-* ``s_per_round``: median of the rounds' ``seconds`` in ``metrics.jsonl`` after the first round
-  (its first round includes one-off work: calibration memo, model set-up), and ``first_round_s``;
+* ``s_per_round``: median time of the rounds after the first (from the cumulative ``seconds`` of
+  ``metrics.jsonl``; the first round includes one-off work: calibration memo, model set-up), and
+  ``first_round_s``; ``setup_s``: the call's time before round 1 and after the last round
+  (building the parties, writing the outputs);
 * ``rss_data_mb``: the process's resident memory after the federation is loaded (before any
   silo is built) -- "the data";
 * ``rss_peak_mb``: the peak of the resident memory of the process *and all its descendants*
@@ -122,7 +124,8 @@ def run_case(case: str, runtime: str, rounds: int, data_dir: str | None) -> dict
             run_flower_simulation(config, out, client_resources={"num_cpus": 1.0})
     total = time.perf_counter() - t0
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x]
-    seconds = [float(m["seconds"]) for m in lines]
+    cumulative = [float(m["seconds"]) for m in lines]  # metrics.jsonl: seconds since start
+    seconds = [b - a for a, b in zip([0.0, *cumulative], cumulative, strict=False)]
     return {
         "case": case,
         "runtime": runtime,
@@ -135,6 +138,7 @@ def run_case(case: str, runtime: str, rounds: int, data_dir: str | None) -> dict
         "rss_peak_mb": round(peak.peak, 1),
         "rss_above_data_mb": round(peak.peak - rss_data, 1),
         "rss_above_data_mb_per_1000_clients": round((peak.peak - rss_data) * 1000 / int(n), 1),
+        "setup_s": round(total - cumulative[-1], 1),
         "total_s": round(total, 1),
     }
 

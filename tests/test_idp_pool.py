@@ -135,7 +135,10 @@ def test_the_run_and_its_report_are_the_same(runs) -> None:
         _same(sa[key], sb[key], key)
     _same(sa["lifetime"]["eps_max"], sb["lifetime"]["eps_max"])
     _same([m["privacy"] for m in ra["metrics"]], [m["privacy"] for m in rb["metrics"]])
-    assert [m["clients"] for m in ra["metrics"]] == [m["clients"] for m in rb["metrics"]]
+    for la, lb in zip(ra["metrics"], rb["metrics"], strict=True):  # pooled: no per-client map
+        assert "clients" not in la and la["clients_evaluated"] == len(lb["clients"]) == 24
+        for key in ("accuracy", "loss", "mean_client_accuracy"):
+            assert la[key] == pytest.approx(lb[key], rel=1e-12), key
     with np.load(a / "model.npz") as ma, np.load(b / "model.npz") as mb:
         assert sorted(ma.files) == sorted(mb.files)
         for k in ma.files:
@@ -182,3 +185,22 @@ def test_one_ledger_row_per_client_charges_what_one_ledger_per_client_does(
         np.testing.assert_allclose(
             pooled.spent_epsilon(obs), [o.spent_epsilon(obs)[0] for o in own], rtol=1e-12
         )
+
+
+def test_the_pooled_evaluation_gate_refuses_out_of_range_replies() -> None:
+    from pdpfl.fl.api import PrivacyBoundaryError
+    from pdpfl.fl.pool import PooledEvaluation
+
+    ok = PooledEvaluation(np.array([2, 0]), np.array([0.5, np.nan]), np.array([1.0, np.nan]))
+    ok.check(0)
+    assert ok.pooled()["accuracy"] == 1.0 and ok.diverged() is None
+    for bad in (
+        PooledEvaluation(np.array([2, 1]), np.array([0.5, 0.1]), np.array([1.0, 1.5])),
+        PooledEvaluation(np.array([2, -1]), np.array([0.5, 0.1]), np.array([1.0, 0.5])),
+        PooledEvaluation(np.array([2.5, 1]), np.array([0.5, 0.1]), np.array([1.0, 0.5])),
+        PooledEvaluation(np.array([2, 1]), np.array([-0.5, 0.1]), np.array([1.0, 0.5])),
+    ):
+        with pytest.raises(PrivacyBoundaryError, match="out of range"):
+            bad.check(3)
+    nan_loss = PooledEvaluation(np.array([0, 4]), np.array([np.nan, np.inf]), np.array([0.0, 0.5]))
+    assert nan_loss.diverged() == 1

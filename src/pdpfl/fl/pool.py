@@ -17,12 +17,68 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from pdpfl.fl.api import Contribution, Params, Scalars
+import numpy as np
+
+from pdpfl.fl.api import Contribution, Params, PrivacyBoundaryError, Scalars
 from pdpfl.ledger import PrivacyLedger, PrivacySummary
 
-__all__ = ["SiloPool"]
+__all__ = ["PooledEvaluation", "SiloPool"]
+
+
+@dataclass(frozen=True)
+class PooledEvaluation:
+    """Every pooled client's evaluation reply (``loss``, ``accuracy``, ``n``), as arrays in id
+    order: the round's metrics line then carries the pooled metrics and the number of clients
+    evaluated, not one entry per client (:func:`pdpfl.fl.rounds.metrics_line`)."""
+
+    n: np.ndarray
+    loss: np.ndarray
+    accuracy: np.ndarray
+
+    def check(self, round_index: int) -> None:
+        """The gate of :data:`~pdpfl.fl.messages.EVALUATE_REPLY` for every reply at once:
+        ``n`` an integer >= 0, ``loss`` >= 0 and ``accuracy`` in [0, 1] (or NaN)."""
+        n, loss, acc = (np.asarray(a, dtype=np.float64) for a in (self.n, self.loss, self.accuracy))
+        bad = (
+            ~np.isfinite(n)
+            | (n < 0)
+            | (n != np.floor(n))
+            | (loss < 0)
+            | ((acc < 0) | (acc > 1))
+            | np.isinf(acc)
+        )
+        if n.shape != loss.shape or n.shape != acc.shape:
+            raise PrivacyBoundaryError(f"round {round_index}: evaluation replies of unequal length")
+        if bad.any():
+            silo = int(np.flatnonzero(bad)[0])
+            raise PrivacyBoundaryError(
+                f"silo {silo}: evaluation reply of round {round_index} out of range (n an integer "
+                ">= 0, loss >= 0, accuracy in [0, 1])"
+            )
+
+    def diverged(self) -> int | None:
+        """The first client whose test loss is not finite although it has test records."""
+        bad = ~np.isfinite(np.asarray(self.loss, dtype=np.float64)) & (np.asarray(self.n) > 0)
+        return int(np.flatnonzero(bad)[0]) if bad.any() else None
+
+    def pooled(self) -> dict[str, float]:
+        """:func:`pdpfl.fl.rounds.pooled_evaluation` of these replies (vectorized)."""
+        has = np.asarray(self.n) > 0
+        if not has.any():
+            nan = float("nan")
+            return {"accuracy": nan, "loss": nan, "mean_client_accuracy": nan}
+        n = np.asarray(self.n, dtype=np.float64)[has]
+        acc = np.asarray(self.accuracy, dtype=np.float64)[has]
+        loss = np.asarray(self.loss, dtype=np.float64)[has]
+        weights = n / n.sum()
+        return {
+            "accuracy": float(np.dot(weights, acc)),
+            "loss": float(np.dot(weights, loss)),
+            "mean_client_accuracy": float(acc.mean()),
+        }
 
 
 class SiloPool(ABC):
@@ -66,10 +122,8 @@ class SiloPool(ABC):
         clients' contributions (in ``selected`` order), each through the silo's release gate."""
 
     @abstractmethod
-    def evaluate(
-        self, client_ids: list[int], params: Params, round_index: int, config: Scalars
-    ) -> dict[int, Scalars]:
-        """Charge every client through ``round_index``; each listed client's test metrics."""
+    def evaluate(self, params: Params, round_index: int, config: Scalars) -> PooledEvaluation:
+        """Charge every client through ``round_index``; every client's test metrics."""
 
     @abstractmethod
     def privacy_summary(self) -> PrivacySummary | None:

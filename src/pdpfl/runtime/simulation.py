@@ -29,7 +29,7 @@ from pdpfl.fl.api import (
     check_contribution,
     check_evaluation,
 )
-from pdpfl.fl.pool import SiloPool
+from pdpfl.fl.pool import PooledEvaluation, SiloPool
 from pdpfl.ledger import PrivacySummary
 
 log = logging.getLogger(__name__)
@@ -178,10 +178,10 @@ class InProcessTransport:
         """Each silo's test metrics, through the silo's gate (``loss``, ``accuracy``, ``n``)."""
         from pdpfl.fl.template import BatchedSilo
 
+        if self.pool is not None:
+            raise ValueError("pooled silos: use evaluate_pooled (every client at once)")
         out: dict[int, Scalars] = {}
-        if self.pool is not None:  # one pass over every client's test split
-            out = self.pool.evaluate(list(client_ids), params, round_index, config)
-        for group in self._batches(list(client_ids)) if self.pool is None else []:
+        for group in self._batches(list(client_ids)):
             silos = [self.clients[c] for c in group]
             if len(group) == 1 or not isinstance(silos[0], BatchedSilo):
                 out[group[0]] = silos[0].evaluate(params, round_index, config)
@@ -194,6 +194,17 @@ class InProcessTransport:
         for c, metrics in out.items():
             check_evaluation(metrics, silo=c, round_index=int(round_index))
         return out
+
+    def evaluate_pooled(
+        self, params: Params, round_index: int, config: Scalars
+    ) -> PooledEvaluation | None:
+        """A pool's test metrics of every client at once, through the gate (None: no pool;
+        :meth:`evaluate` asks each silo)."""
+        if self.pool is None:
+            return None
+        result = self.pool.evaluate(params, round_index, config)
+        result.check(int(round_index))
+        return result
 
     def privacy_summaries(self) -> dict[int, PrivacySummary | None]:
         """Each silo's summary (a pool: one summary of every client, under key -1)."""

@@ -36,8 +36,8 @@ from pdpfl.fl.api import Contribution, Params, Scalars
 from pdpfl.fl.idp_fedavg.budgets import label_of
 from pdpfl.fl.idp_fedavg.mechanism import IdpSetup, client_mechanism
 from pdpfl.fl.idp_fedavg.silo import CentralIdpSilo
-from pdpfl.fl.idp_fedavg.training import evaluate_concatenated
-from pdpfl.fl.pool import SiloPool
+from pdpfl.fl.idp_fedavg.training import evaluate_arrays
+from pdpfl.fl.pool import PooledEvaluation, SiloPool
 from pdpfl.fl.template import RoundPlan
 from pdpfl.ledger import GroupSummary, PrivacyLedger, PrivacySummary, observers_of
 
@@ -215,13 +215,11 @@ class CentralClientPool(SiloPool):
             for s, job, res in zip(silos, jobs, results, strict=True)
         ]
 
-    def evaluate(
-        self, client_ids: list[int], params: Params, round_index: int, config: Scalars
-    ) -> dict[int, Scalars]:
+    def evaluate(self, params: Params, round_index: int, config: Scalars) -> PooledEvaluation:
         self.catch_up(int(round_index) + 1)
         x, y, owner = self._test_data()
-        metrics = evaluate_concatenated(self.model, params, x, y, owner, len(self._ids))
-        return {int(c): metrics[int(c)] for c in client_ids}
+        n, loss, acc = evaluate_arrays(self.model, params, x, y, owner, len(self._ids))
+        return PooledEvaluation(n, loss, acc)
 
     def _test_data(self) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
         """Every client's test split, concatenated once (and the owner of each record)."""
