@@ -16,6 +16,8 @@ Ray) -- and reports:
   processes at each sample; ``rss_above_data_mb`` = peak - data, and that per 1,000 clients;
 * ``total_s``: the whole call (data loading, Ray's start-up and shutdown included).
 
+Each case charges a fresh budget store of its own (``lifetime.store`` in a temporary folder).
+
 Cases (``--cases``): ``idp:N`` -- IDP-FedAvg (``examples/idp_fedavg_mnist10k.yaml``: logistic
 regression, c = 100 clients sampled per round whatever N, one local epoch) on MNIST-10k split over
 N clients; ``rpdp:N`` -- rPDP-FL (``examples/mnist10k_iid.yaml``: the MNIST CNN, λ = 0.5, τ = 5)
@@ -104,12 +106,21 @@ def run_case(case: str, runtime: str, rounds: int, data_dir: str | None) -> dict
 
     algorithm, n = case.split(":")
     path, overrides = CONFIGS[algorithm]
+    work = Path(tempfile.mkdtemp(prefix="pdpfl-scale-"))
     config = load_config(
         ROOT / path,
-        [*overrides, f"data.num_clients={int(n)}", f"rounds={rounds}", "threads=1"],
+        [
+            *overrides,
+            f"data.num_clients={int(n)}",
+            f"rounds={rounds}",
+            "threads=1",
+            # a fresh budget store: no earlier run on this data to compose with (the
+            # lifetime composition grows with the runs a machine's store holds)
+            f"lifetime.store={work / 'budgets'}",
+        ],
         data_dir=data_dir,
     )
-    out = Path(tempfile.mkdtemp(prefix="pdpfl-scale-")) / "run"
+    out = work / "run"
     t0 = time.perf_counter()
     with PeakSampler() as peak:
         if runtime == "simulation":

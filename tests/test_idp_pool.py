@@ -137,6 +137,7 @@ def test_the_run_and_its_report_are_the_same(runs) -> None:
     _same([m["privacy"] for m in ra["metrics"]], [m["privacy"] for m in rb["metrics"]])
     for la, lb in zip(ra["metrics"], rb["metrics"], strict=True):  # pooled: no per-client map
         assert "clients" not in la and la["clients_evaluated"] == len(lb["clients"]) == 24
+        assert la["test_records"] == sum(c["n"] for c in lb["clients"].values()) > 0
         for key in ("accuracy", "loss", "mean_client_accuracy"):
             assert la[key] == pytest.approx(lb[key], rel=1e-12), key
     with np.load(a / "model.npz") as ma, np.load(b / "model.npz") as mb:

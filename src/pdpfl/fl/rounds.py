@@ -13,8 +13,8 @@ runtime reaches its silos (a :class:`Transport`):
 2. :func:`evaluate_round` -- every silo evaluates the new global model on its test split
    (aggregate metrics only) and catches up its own ledger for the round; the round's metrics
    line and the privacy summary of this view follow (a transport of pooled silos,
-   :mod:`pdpfl.fl.pool`, evaluates every client at once: the line carries the pooled metrics
-   and ``clients_evaluated``, not one entry per client);
+   :mod:`pdpfl.fl.pool`, evaluates every client at once: the line carries the pooled metrics,
+   ``clients_evaluated`` and ``test_records``, not one entry per client);
 3. :func:`diverged_round` -- the same line for a round that diverged (nothing non-finite is
    published; the charges already made stay).
 """
@@ -150,7 +150,11 @@ def evaluate_round(
         privacy = collect_privacy(transport.privacy_summaries(), server, unit)
         line = metrics_line(t, selected, contributions, {}, privacy)
         del line["clients"]
-        line.update(result.pooled(), clients_evaluated=int(np.size(result.n)))
+        line.update(
+            result.pooled(),
+            clients_evaluated=int(np.size(result.n)),
+            test_records=int(np.sum(result.n)),
+        )
         return line, privacy
     evals = transport.evaluate(list(transport.client_ids), params, t, round_config)
     for c, e in evals.items():
