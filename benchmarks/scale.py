@@ -8,7 +8,9 @@ Ray) -- and reports:
 * ``s_per_round``: median time of the rounds after the first (from the cumulative ``seconds`` of
   ``metrics.jsonl``; the first round includes one-off work: calibration memo, model set-up), and
   ``first_round_s``; ``setup_s``: the call's time before round 1 and after the last round
-  (building the parties, writing the outputs);
+  (building the parties, writing the outputs); ``cpu_s_per_round`` (in-process only): the
+  median CPU time of this process per round after the first -- unlike wall time, not inflated
+  by other processes on a loaded machine;
 * ``rss_data_mb``: the process's resident memory after the federation is loaded (before any
   silo is built) -- "the data";
 * ``rss_peak_mb``: the peak of the resident memory of the process *and all its descendants*
@@ -43,6 +45,8 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = {
@@ -121,6 +125,16 @@ def run_case(case: str, runtime: str, rounds: int, data_dir: str | None) -> dict
         data_dir=data_dir,
     )
     out = work / "run"
+    import pdpfl.runtime.loop as loop
+
+    cpu: list[float] = []  # this process's CPU time at the end of each round (in-process)
+    save_round = loop.save_round
+
+    def timed(*args: Any, **kwargs: Any) -> None:
+        save_round(*args, **kwargs)
+        cpu.append(time.process_time())
+
+    loop.save_round = timed
     t0 = time.perf_counter()
     with PeakSampler() as peak:
         if runtime == "simulation":
@@ -145,6 +159,11 @@ def run_case(case: str, runtime: str, rounds: int, data_dir: str | None) -> dict
         "rounds": len(lines),
         "first_round_s": round(seconds[0], 3),
         "s_per_round": round(statistics.median(seconds[1:] or seconds), 3),
+        # CPU seconds of this process per round after the first (the in-process simulator runs
+        # in it; not inflated by other processes' load, unlike wall time)
+        "cpu_s_per_round": round(statistics.median(np.diff(cpu)), 3)
+        if runtime == "simulation" and len(cpu) > 1
+        else None,
         "rss_data_mb": round(rss_data, 1),
         "rss_peak_mb": round(peak.peak, 1),
         "rss_above_data_mb": round(peak.peak - rss_data, 1),
@@ -172,6 +191,9 @@ def _growth(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "runtime": runtime,
                 "clients_ratio": hi["clients"] / lo["clients"],
                 "s_per_round_ratio": round(hi["s_per_round"] / lo["s_per_round"], 2),
+                "cpu_s_per_round_ratio": round(hi["cpu_s_per_round"] / lo["cpu_s_per_round"], 2)
+                if hi.get("cpu_s_per_round") and lo.get("cpu_s_per_round")
+                else None,
                 "rss_above_data_ratio": round(
                     hi["rss_above_data_mb"] / max(lo["rss_above_data_mb"], 1e-9), 2
                 ),
