@@ -88,8 +88,11 @@ class CentralClientPool(SiloPool):
         self.budgets = np.asarray(budgets, dtype=np.float64).reshape(-1)
         if self.budgets.shape != (n,):
             raise ValueError(f"budgets: expected one ε per client ({n}), got {self.budgets.size}")
-        self._ids = list(range(n))
-        self.names = [str(getattr(c, "name", i)) for i, c in enumerate(clients)]
+        self._n = n
+        #: Every client's name (from the data), one array (no per-client object).
+        self.names = np.array(
+            [str(getattr(c, "name", i)) for i, c in enumerate(clients)], dtype=str
+        )
         self.groups = np.array([setup.group_of(float(b)) for b in self.budgets], dtype=np.int64)
         rates = np.asarray(setup.rates, dtype=np.float64)
         self.rates = rates[self.groups]
@@ -122,7 +125,7 @@ class CentralClientPool(SiloPool):
                 self.budgets[accounted],
                 self.rates[accounted],
                 client_mechanism(setup, None),
-                ids=np.asarray(self.names, dtype=str)[accounted],
+                ids=self.names[accounted],
                 noise_multipliers=sigmas,
                 accountant=setup.accountant,
             )
@@ -137,10 +140,10 @@ class CentralClientPool(SiloPool):
     # ------------------------------------------------------------------ description
     @property
     def client_ids(self) -> list[int]:
-        return list(self._ids)
+        return list(range(self._n))
 
     def silo_names(self) -> list[str]:
-        return list(self.names)
+        return [str(n) for n in self.names]
 
     @property
     def model(self) -> torch.nn.Module:
@@ -191,7 +194,7 @@ class CentralClientPool(SiloPool):
         if t < self.next_round:
             raise ValueError(f"clients: round {t} was already accounted")
         chosen = [int(c) for c in selected]
-        if len(set(chosen)) != len(chosen) or any(not 0 <= c < len(self._ids) for c in chosen):
+        if len(set(chosen)) != len(chosen) or any(not 0 <= c < self._n for c in chosen):
             raise ValueError(f"round {t}: the selection names unknown or repeated clients")
         self.catch_up(t)
         rows = self.row[np.asarray(chosen, dtype=np.int64)] if chosen else np.zeros(0, np.int64)
@@ -218,7 +221,7 @@ class CentralClientPool(SiloPool):
     def evaluate(self, params: Params, round_index: int, config: Scalars) -> PooledEvaluation:
         self.catch_up(int(round_index) + 1)
         x, y, owner = self._test_data()
-        n, loss, acc = evaluate_arrays(self.model, params, x, y, owner, len(self._ids))
+        n, loss, acc = evaluate_arrays(self.model, params, x, y, owner, self._n)
         return PooledEvaluation(n, loss, acc)
 
     def _test_data(self) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
@@ -302,9 +305,9 @@ class CentralClientPool(SiloPool):
         if next_round < 0:
             raise ValueError("clients state: next_round must be >= 0")
         part = np.asarray(state["participations"], dtype=np.int64).reshape(-1)
-        if part.shape != (len(self._ids),) or np.any(part < 0):
+        if part.shape != (self._n,) or np.any(part < 0):
             raise ValueError(
-                f"clients state: participations must be {len(self._ids)} non-negative integers"
+                f"clients state: participations must be {self._n} non-negative integers"
             )
         if self.ledger is not None:
             if state.get("ledger") is None:
