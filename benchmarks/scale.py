@@ -5,14 +5,20 @@ public API -- :func:`pdpfl.runtime.simulation.run_simulation` (in-process simula
 :func:`pdpfl.runtime.flower.simulation_engine.run_flower_simulation` (Flower's Simulation Engine,
 Ray) -- and reports:
 
-* ``s_per_round``: median of the rounds' ``seconds`` in ``metrics.jsonl`` after the first round
-  (its first round includes one-off work: calibration memo, model set-up), and ``first_round_s``;
+* ``s_per_round``: median time of the rounds after the first (from the cumulative ``seconds`` of
+  ``metrics.jsonl``; the first round includes one-off work: calibration memo, model set-up), and
+  ``first_round_s``; ``setup_s``: the call's time before round 1 and after the last round
+  (building the parties, writing the outputs); ``cpu_s_per_round`` (in-process only): the
+  median CPU time of this process per round after the first -- unlike wall time, not inflated
+  by other processes on a loaded machine;
 * ``rss_data_mb``: the process's resident memory after the federation is loaded (before any
   silo is built) -- "the data";
 * ``rss_peak_mb``: the peak of the resident memory of the process *and all its descendants*
   (Ray's raylet, object store and actors for the engine), sampled every 0.1 s, summed over the
   processes at each sample; ``rss_above_data_mb`` = peak - data, and that per 1,000 clients;
 * ``total_s``: the whole call (data loading, Ray's start-up and shutdown included).
+
+Each case charges a fresh budget store of its own (``lifetime.store`` in a temporary folder).
 
 Cases (``--cases``): ``idp:N`` -- IDP-FedAvg (``examples/idp_fedavg_mnist10k.yaml``: logistic
 regression, c = 100 clients sampled per round whatever N, one local epoch) on MNIST-10k split over
@@ -39,6 +45,8 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = {
@@ -102,12 +110,31 @@ def run_case(case: str, runtime: str, rounds: int, data_dir: str | None) -> dict
 
     algorithm, n = case.split(":")
     path, overrides = CONFIGS[algorithm]
+    work = Path(tempfile.mkdtemp(prefix="pdpfl-scale-"))
     config = load_config(
         ROOT / path,
-        [*overrides, f"data.num_clients={int(n)}", f"rounds={rounds}", "threads=1"],
+        [
+            *overrides,
+            f"data.num_clients={int(n)}",
+            f"rounds={rounds}",
+            "threads=1",
+            # a fresh budget store: no earlier run on this data to compose with (the
+            # lifetime composition grows with the runs a machine's store holds)
+            f"lifetime.store={work / 'budgets'}",
+        ],
         data_dir=data_dir,
     )
-    out = Path(tempfile.mkdtemp(prefix="pdpfl-scale-")) / "run"
+    out = work / "run"
+    import pdpfl.runtime.loop as loop
+
+    cpu: list[float] = []  # this process's CPU time at the end of each round (in-process)
+    save_round = loop.save_round
+
+    def timed(*args: Any, **kwargs: Any) -> None:
+        save_round(*args, **kwargs)
+        cpu.append(time.process_time())
+
+    loop.save_round = timed
     t0 = time.perf_counter()
     with PeakSampler() as peak:
         if runtime == "simulation":
@@ -122,7 +149,8 @@ def run_case(case: str, runtime: str, rounds: int, data_dir: str | None) -> dict
             run_flower_simulation(config, out, client_resources={"num_cpus": 1.0})
     total = time.perf_counter() - t0
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x]
-    seconds = [float(m["seconds"]) for m in lines]
+    cumulative = [float(m["seconds"]) for m in lines]  # metrics.jsonl: seconds since start
+    seconds = [b - a for a, b in zip([0.0, *cumulative], cumulative, strict=False)]
     return {
         "case": case,
         "runtime": runtime,
@@ -131,10 +159,16 @@ def run_case(case: str, runtime: str, rounds: int, data_dir: str | None) -> dict
         "rounds": len(lines),
         "first_round_s": round(seconds[0], 3),
         "s_per_round": round(statistics.median(seconds[1:] or seconds), 3),
+        # CPU seconds of this process per round after the first (the in-process simulator runs
+        # in it; not inflated by other processes' load, unlike wall time)
+        "cpu_s_per_round": round(statistics.median(np.diff(cpu)), 3)
+        if runtime == "simulation" and len(cpu) > 1
+        else None,
         "rss_data_mb": round(rss_data, 1),
         "rss_peak_mb": round(peak.peak, 1),
         "rss_above_data_mb": round(peak.peak - rss_data, 1),
         "rss_above_data_mb_per_1000_clients": round((peak.peak - rss_data) * 1000 / int(n), 1),
+        "setup_s": round(total - cumulative[-1], 1),
         "total_s": round(total, 1),
     }
 
@@ -157,6 +191,9 @@ def _growth(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "runtime": runtime,
                 "clients_ratio": hi["clients"] / lo["clients"],
                 "s_per_round_ratio": round(hi["s_per_round"] / lo["s_per_round"], 2),
+                "cpu_s_per_round_ratio": round(hi["cpu_s_per_round"] / lo["cpu_s_per_round"], 2)
+                if hi.get("cpu_s_per_round") and lo.get("cpu_s_per_round")
+                else None,
                 "rss_above_data_ratio": round(
                     hi["rss_above_data_mb"] / max(lo["rss_above_data_mb"], 1e-9), 2
                 ),

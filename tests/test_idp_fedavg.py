@@ -513,15 +513,17 @@ def test_end_to_end_no_client_over_budget(toy_run):
     assert summary["noise_multiplier"] > 0
     assert summary["neighbouring"].startswith("add/remove one client")
     assert 0.0 <= summary["final_accuracy"] <= 1.0
-    # one ledger per client, its unit named by the client's name from the data
+    # one ledger for the N clients (the simulator's client pool), one row per client, each
+    # unit named by the client's name from the data
     from pdpfl.ledger import load_ledger
     from pdpfl.ledger.table import privacy_table
     from pdpfl.reports.compare import mechanism_columns
     from pdpfl.runtime.simulation import load_federation_for
 
     names = [c.name for c in load_federation_for(_config()).clients]
-    ledger = load_ledger(out / "ledgers" / "client_7.npz")
-    assert ledger.unit == "client" and ledger.ids.tolist() == [names[7]]
+    ledger = load_ledger(out / "ledgers" / "clients.npz")
+    assert ledger.unit == "client" and ledger.ids.tolist() == names
+    assert sorted(p.name for p in (out / "ledgers").glob("*.npz")) == ["clients.npz"]
     table = privacy_table(out)
     assert sorted(table["id"].tolist()) == sorted(names)
     assert set(table["unit"].tolist()) == {"client"}

@@ -72,7 +72,7 @@ def privacy_command(
     life (--store)."""
     from pdpfl.io import write_text
     from pdpfl.ledger.table import select_id
-    from pdpfl.runtime.outputs import holder_names, with_silo_names
+    from pdpfl.runtime.outputs import holder_names, holder_stems, with_silo_names
 
     if store is not None:
         if run_dir is not None:
@@ -91,8 +91,8 @@ def privacy_command(
             fail("--receipt: name the person with --id X (a receipt is for one person)")
         _write_receipt(run_dir, check, unit_id, receipt, as_json, key_file)
         return
-    stems = table["holder"].copy()
     names = holder_names(run_dir if run_dir.is_dir() else run_dir.parent)  # display names only
+    stems = holder_stems(table, names)
     table = with_silo_names(table, names)
     if unit_id is not None:
         chosen = select_id(table, unit_id)

@@ -33,6 +33,7 @@ from pdpfl.fl.lifetime import set_targets
 
 if TYPE_CHECKING:  # pragma: no cover
     from pdpfl.data.federation import ClientData, Federation
+    from pdpfl.fl.pool import SiloPool
     from pdpfl.randomness import Randomness
 
 __all__ = [
@@ -84,6 +85,9 @@ class Assembly:
     warnings: list[str]
     #: The torch names of the model's trainable parameters (the released model's keys).
     parameter_names: list[str]
+    #: The silos as one :class:`~pdpfl.fl.pool.SiloPool` (``clients`` is then empty): built
+    #: when the in-process simulator asked for it and the algorithm offers one.
+    pool: SiloPool | None = None
 
 
 class Algorithm(AlgorithmConfig):
@@ -134,20 +138,38 @@ class Algorithm(AlgorithmConfig):
         :meth:`algorithm_checks`. Warnings reach the run's headline and ``summary.json``."""
         return [*check_federation(config, federation), *self.algorithm_checks(config, federation)]
 
-    def assemble(self, config: ExperimentConfig, federation: Federation) -> Assembly:
+    def assemble(
+        self, config: ExperimentConfig, federation: Federation, *, pooled: bool = False
+    ) -> Assembly:
         """In one call, for the in-process runtime: prepare, the environment (shared checks,
         device, randomness; :func:`resolve_environment`), the algorithm's own checks, the server
-        and silos, and the summation protocol, checked against the server."""
+        and silos, and the summation protocol, checked against the server.
+
+        ``pooled``: the caller (the in-process simulator) accepts the silos as one
+        :class:`~pdpfl.fl.pool.SiloPool` where the algorithm offers one (:meth:`build_pool`)."""
         config, federation = self.prepare(config, federation)
         algorithm = as_algorithm(config.algorithm)
         env = resolve_environment(config, federation)
         warnings = [*env.warnings, *algorithm.algorithm_checks(config, federation)]
-        server, clients = algorithm.build_parties(config, federation, env)
-        set_targets(config, federation, server, clients)  # the budget stores they charge
+        built = algorithm.build_pool(config, federation, env) if pooled else None
+        pool: SiloPool | None = None
+        clients: dict[int, ClientAlgorithm] = {}
+        if built is not None:
+            server, pool = built
+        else:
+            server, clients = algorithm.build_parties(config, federation, env)
+        set_targets(config, federation, server, pool if pool is not None else clients)
         protocol = protocol_from_config(config)
         check_compatible(server, protocol)
         return Assembly(
-            config, federation, server, clients, protocol, warnings, list(env.parameter_names)
+            config,
+            federation,
+            server,
+            clients,
+            protocol,
+            warnings,
+            list(env.parameter_names),
+            pool,
         )
 
     def build(
@@ -158,6 +180,13 @@ class Algorithm(AlgorithmConfig):
         return self.build_parties(
             config, federation, resolve_environment(config, federation, check=False)
         )
+
+    def build_pool(
+        self, config: ExperimentConfig, federation: Federation, env: Environment
+    ) -> tuple[ServerAlgorithm, SiloPool] | None:
+        """The server and every silo as one :class:`~pdpfl.fl.pool.SiloPool` (in-process only),
+        or None: this algorithm keeps one object per silo (the default)."""
+        return None
 
     def build_parties(
         self, config: ExperimentConfig, federation: Federation, env: Environment

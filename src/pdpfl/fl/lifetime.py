@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from pdpfl.config import ExperimentConfig
     from pdpfl.data.federation import ClientData, Federation
     from pdpfl.fl.api import ClientAlgorithm, ServerAlgorithm, Transport
+    from pdpfl.fl.pool import SiloPool
 
 __all__ = [
     "TARGET_ATTR",
@@ -48,6 +49,7 @@ __all__ = [
     "LifetimeSession",
     "lifetime_options",
     "open_lifetime",
+    "pool_target",
     "run_holders",
     "server_target",
     "set_targets",
@@ -125,14 +127,35 @@ def server_target(
     )
 
 
+def pool_target(config: ExperimentConfig, federation: Federation) -> LifetimeTarget:
+    """The store of a :class:`~pdpfl.fl.pool.SiloPool`'s one client ledger (party ``clients``):
+    keyed by every client's training data and name (each client's own content hash, hashed in
+    id order); its units are the clients, by name."""
+    names = np.array([str(getattr(c, "name", i)) for i, c in enumerate(federation.clients)])
+    parts = [
+        dataset_fingerprint(np.asarray(c.record_ids), c.x_train, c.y_train)
+        for c in federation.clients
+    ]
+    key = dataset_fingerprint(names, np.array(parts))
+    return LifetimeTarget(
+        lifetime_options(config), "clients", key, _description(config, silos=len(names), ids=names)
+    )
+
+
 def set_targets(
     config: ExperimentConfig,
     federation: Federation,
     server: ServerAlgorithm,
-    clients: dict[int, ClientAlgorithm],
+    clients: dict[int, ClientAlgorithm] | SiloPool,
 ) -> None:
-    """Mark the parties of an in-process run with their stores (see the module docstring)."""
+    """Mark the parties of an in-process run with their stores (see the module docstring);
+    ``clients``: the ``{client id: silo}`` dictionary, or a :class:`~pdpfl.fl.pool.SiloPool`
+    (its one ledger gets one store, :func:`pool_target`)."""
     private = bool(getattr(type(config.algorithm), "private", True))
+    if not isinstance(clients, dict):  # a pool: one ledger for every client
+        if isinstance(getattr(clients, "ledger", None), PrivacyLedger) or not private:
+            setattr(clients, TARGET_ATTR, pool_target(config, federation))
+        clients = {}
     for i, client in clients.items():
         if isinstance(getattr(client, "ledger", None), PrivacyLedger) or not private:
             setattr(client, TARGET_ATTR, silo_target(config, i, federation.clients[int(i)]))
@@ -153,8 +176,9 @@ def _filters(holder: object) -> bool:
 def run_holders(server: ServerAlgorithm, transport: Transport) -> list[object]:
     """The parties of a run this process holds: the in-process silos and the server."""
     clients = getattr(transport, "clients", None)
+    pool = getattr(transport, "pool", None)
     silos = list(clients.values()) if isinstance(clients, dict) else []
-    return [*silos, server]
+    return [*silos, *([pool] if pool is not None else []), server]
 
 
 @dataclass

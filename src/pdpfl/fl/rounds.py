@@ -15,7 +15,9 @@ runtime reaches its silos (a :class:`Transport`):
    published);
 2. :func:`evaluate_round` -- every silo evaluates the new global model on its test split
    (aggregate metrics only) and catches up its own ledger for the round; the round's metrics
-   line and the privacy summary of this view follow;
+   line and the privacy summary of this view follow (a transport of pooled silos,
+   :mod:`pdpfl.fl.pool`, evaluates every client at once: the line carries the pooled metrics,
+   ``clients_evaluated`` and ``test_records``, not one entry per client);
 3. :func:`diverged_round` -- the same line for a round that diverged (nothing non-finite is
    published; the charges already made stay).
 """
@@ -36,6 +38,7 @@ from pdpfl.fl.api import (
     Transport,
     check_evaluation,
 )
+from pdpfl.fl.pool import PooledEvaluation
 from pdpfl.fl.server_optimizer import ServerOptimizer
 from pdpfl.ledger import PrivacySummary
 
@@ -106,6 +109,25 @@ def evaluate_round(
     """Step 2: every silo's test metrics of ``params`` (each silo also catches up its ledger
     for round ``t``), checked; returns the round's metrics line and the privacy summary of
     this view (``unit``: the algorithm's privacy unit)."""
+    pooled = getattr(transport, "evaluate_pooled", None)
+    result = pooled(params, t, round_config) if callable(pooled) else None
+    if isinstance(result, PooledEvaluation):  # a pool: every client at once, no per-client map
+        bad = result.diverged()
+        if bad is not None:
+            raise TrainingDiverged(
+                f"the test loss of the new global model is not finite; likely {LIKELY_CAUSES}",
+                round_index=t,
+                silo=bad,
+            )
+        privacy = collect_privacy(transport.privacy_summaries(), server, unit)
+        line = metrics_line(t, selected, contributions, {}, privacy)
+        del line["clients"]
+        line.update(
+            result.pooled(),
+            clients_evaluated=int(np.size(result.n)),
+            test_records=int(np.sum(result.n)),
+        )
+        return line, privacy
     evals = transport.evaluate(list(transport.client_ids), params, t, round_config)
     for c, e in evals.items():
         check_evaluation(e)

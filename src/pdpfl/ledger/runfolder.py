@@ -45,6 +45,7 @@ from pdpfl.ledger.store import ledger_bytes, ledger_from_bytes
 
 __all__ = [
     "MANIFEST_NAME",
+    "POOLED_LEDGER",
     "RunCheck",
     "RunFolderError",
     "UnverifiedRunWarning",
@@ -56,6 +57,10 @@ __all__ = [
 ]
 
 MANIFEST_NAME = "manifest.sealed"
+#: The file stem of the one ledger of a simulated client pool (IDP-FedAvg central,
+#: :mod:`pdpfl.fl.pool`): ``ledgers/clients.npz``, one row per client, held (and its receipts
+#: signed) by one party of that name, whose public key the run publishes as ``keys/clients.pub``.
+POOLED_LEDGER = "clients"
 _MANIFEST_FORMAT = "pdpfl-ledger-manifest/1"
 
 

@@ -63,11 +63,15 @@ def unit_risk_cards(
     """Each row's own attack-risk card per observer, from its holder's (verified) ledger
     (``ledger_of``: a holder shown by the silo's name → its ledger file's stem)."""
     from pdpfl.ledger.risk import unit_risk
+    from pdpfl.ledger.runfolder import POOLED_LEDGER
 
     out = []
     for row in rows:
         holder = str(row["holder"])
-        cards = unit_risk(ledgers[ledger_of.get(holder, holder)], str(row["id"]))
+        stem = ledger_of.get(holder, holder)
+        if stem not in ledgers:  # a client's row of the simulator's pooled ledger
+            stem = POOLED_LEDGER
+        cards = unit_risk(ledgers[stem], str(row["id"]))
         out.append(
             {
                 obs: {**card.to_dict(), "sentence": card.sentence(str(row["unit"]))}

@@ -104,6 +104,8 @@ class RunResult:
     def n_test(self) -> int:
         """Test records behind the last round's accuracy (the silos' evaluations summed)."""
         clients = self.metrics[-1].get("clients") if self.metrics else None
+        if self.metrics and "test_records" in self.metrics[-1]:  # pooled clients: the total
+            return int(self.metrics[-1]["test_records"])
         if not isinstance(clients, dict):
             return 0
         return int(sum(int(c.get("n", 0)) for c in clients.values() if isinstance(c, dict)))

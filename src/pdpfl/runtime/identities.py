@@ -17,7 +17,13 @@ from typing import Any
 from pdpfl.crypto.signing import PartyIdentity, PartyPublicKey, load_identity, write_public_key
 from pdpfl.fl.aggregation.secure_identity import SiloSecurity, security_from_config, silo_party
 
-__all__ = ["KEYS_FOLDER", "provision_silos", "publish_identities", "simulator_security"]
+__all__ = [
+    "KEYS_FOLDER",
+    "provision_silos",
+    "publish_identities",
+    "publish_party",
+    "simulator_security",
+]
 
 #: Where a run folder publishes its parties' public keys.
 KEYS_FOLDER = "keys"
@@ -36,6 +42,18 @@ def publish_identities(
     if server:
         write_public_key(folder / "server.pub", load_identity("server").public())
     return identities, publics
+
+
+def publish_party(out_dir: str | Path, party: str, *, server: bool = True) -> PartyPublicKey:
+    """Load (or create) one party's identity -- e.g. ``clients``, the holder of a simulated
+    client pool's one ledger (:mod:`pdpfl.fl.pool`), which signs its clients' receipts -- and
+    the coordinator's, and write their public keys to ``<out_dir>/keys/<party>.pub``."""
+    folder = Path(out_dir) / KEYS_FOLDER
+    public = load_identity(party).public()
+    write_public_key(folder / f"{party}.pub", public)
+    if server:
+        write_public_key(folder / "server.pub", load_identity("server").public())
+    return public
 
 
 def simulator_security(

@@ -26,10 +26,11 @@ from pdpfl.checkpoint import (
 )
 from pdpfl.config import ExperimentConfig
 from pdpfl.fl.aggregation import summary_fields
+from pdpfl.fl.pool import SiloPool
 from pdpfl.io import save_npz, stale_temporaries, write_json
 from pdpfl.ledger import PrivacyLedger, PrivacySummary, observers_of, save_ledger
 from pdpfl.ledger.risk import run_risk
-from pdpfl.ledger.runfolder import seal_ledgers
+from pdpfl.ledger.runfolder import POOLED_LEDGER, seal_ledgers
 from pdpfl.runtime.lock import LOCK_NAME
 from pdpfl.runtime.model_file import MODEL_NAME, model_metadata, write_model
 
@@ -406,11 +407,27 @@ def holder_names(run_dir: str | os.PathLike[str]) -> dict[str, str]:
 
 def with_silo_names(table: dict[str, np.ndarray], names: dict[str, str]) -> dict[str, np.ndarray]:
     """``table`` with each holder shown by the silo's name in the data (``client_2`` → ``s2``);
-    holders without a known name (``server``, a silo state folder) are kept."""
-    if not names:
+    holders without a known name (``server``, a silo state folder) are kept. A row of the
+    simulator's pooled client ledger (``clients``) is shown as held by its client, as a client's
+    own ledger was (its id is the client's name)."""
+    pooled = np.asarray(table["holder"]).astype(str) == POOLED_LEDGER
+    if not names and not pooled.any():
         return table
     holders = np.array([names.get(str(h), str(h)) for h in table["holder"]], dtype=object)
+    holders[pooled] = np.asarray(table["id"]).astype(str)[pooled]
     return {**table, "holder": holders.astype(str) if len(holders) else table["holder"]}
+
+
+def holder_stems(table: dict[str, np.ndarray], names: dict[str, str]) -> np.ndarray:
+    """Each row's ledger file stem (``client_<i>``, ``server``), a pooled client row's being its
+    client's (``client_<i>``, i its index in the run's silo names): the old spelling answers."""
+    stems = np.asarray(table["holder"]).astype(str).astype(object)
+    pooled = stems == POOLED_LEDGER
+    if pooled.any():
+        stem_of = {name: stem for stem, name in names.items()}
+        ids = np.asarray(table["id"]).astype(str)
+        stems[pooled] = [stem_of.get(i, POOLED_LEDGER) for i in ids[pooled]]
+    return stems.astype(str) if len(stems) else np.asarray(table["holder"])
 
 
 def build_summary(
@@ -481,7 +498,7 @@ def write_outputs(
     result: dict[str, Any],
     out_dir: str | Path,
     *,
-    clients: dict[int, Any] | None = None,
+    clients: dict[int, Any] | SiloPool | None = None,
     plots: bool = True,
     view: str = "operator",
     warnings: list[str] | None = None,
@@ -511,7 +528,10 @@ def write_outputs(
         summary["warnings"] = [*warnings, *summary.get("warnings", [])]
     if data is not None:
         summary["data"] = data
-    summary["risk"] = run_risk([*(clients or {}).values(), server], summary["privacy_unit"])
+    pool = clients if isinstance(clients, SiloPool) else None
+    each: dict[int, Any] = clients if isinstance(clients, dict) else {}
+    silos = [pool] if pool is not None else list(each.values())
+    summary["risk"] = run_risk([*silos, server], summary["privacy_unit"])
     if plots:  # the plots and the model's header read ε = ∞ (no DP) as such
         write_plots(result["metrics"], summary, out)
     run_id, next_round = result.get("run_id"), result.get("next_round")
@@ -527,7 +547,11 @@ def write_outputs(
     )
     summary = finite(summary)  # what is returned is what is on disk: NaN/inf become None
     save_npz(out / "model.npz", **{f"p{i:03d}": p for i, p in enumerate(result["params"])})
-    holders = [(f"client_{cid}", c) for cid, c in (clients or {}).items()]
+    holders: list[tuple[str, Any]] = (
+        [(POOLED_LEDGER, pool)]  # one sealed file, one row per client
+        if pool is not None
+        else [(f"client_{cid}", c) for cid, c in each.items()]
+    )
     holders.append(("server", server))
     ledgers = {
         name: holder.ledger

@@ -29,9 +29,14 @@ from pdpfl.fl.api import (
     check_contribution,
     check_evaluation,
 )
+from pdpfl.fl.pool import PooledEvaluation, SiloPool
 from pdpfl.ledger import PrivacySummary
 
 log = logging.getLogger(__name__)
+
+#: The key of a :class:`~pdpfl.fl.pool.SiloPool`'s one entry in ``client_states`` and
+#: ``privacy_summaries`` (not a client id).
+POOL_KEY = -1
 
 
 class InProcessTransport:
@@ -43,12 +48,23 @@ class InProcessTransport:
     """
 
     def __init__(
-        self, clients: dict[int, ClientAlgorithm], security: dict[int, Any] | None = None
+        self,
+        clients: dict[int, ClientAlgorithm] | SiloPool,
+        security: dict[int, Any] | None = None,
     ) -> None:
-        self.clients = dict(sorted(clients.items()))
-        self.client_ids = list(self.clients)
+        #: The silos as one pool (IDP-FedAvg's central clients: a silo object only for a
+        #: sampled client, one ledger row per client; :mod:`pdpfl.fl.pool`), or None.
+        self.pool: SiloPool | None = clients if isinstance(clients, SiloPool) else None
+        self.clients: dict[int, ClientAlgorithm] = (
+            {} if isinstance(clients, SiloPool) else dict(sorted(clients.items()))
+        )
+        self.client_ids = (
+            list(clients.client_ids) if isinstance(clients, SiloPool) else list(self.clients)
+        )
         #: Each silo's private protocol memory (never read by the server side).
-        self._silo_memory: dict[int, dict[str, Any]] = {c: {} for c in self.client_ids}
+        self._silo_memory: dict[int, dict[str, Any]] = (
+            {} if self.pool is not None else {c: {} for c in self.client_ids}
+        )
         #: Each silo's own side of secure summation (identity, peer keys, its settings); built
         #: on first use with fresh in-memory identities and default settings when not given
         #: (:meth:`configure_security` sets it from an experiment config).
@@ -79,6 +95,10 @@ class InProcessTransport:
         from pdpfl.fl.aggregation import SiloContext, handle_silo_stage
         from pdpfl.fl.aggregation.secure_identity import ephemeral_security
 
+        if self.pool is not None:
+            raise ValueError(
+                f"{protocol}: pooled silos (IDP-FedAvg central) run under plain summation only"
+            )
         if self.security is None:
             self.security = ephemeral_security(self.client_ids)
         return {
@@ -116,6 +136,12 @@ class InProcessTransport:
         silo's gate (:func:`~pdpfl.fl.api.check_contribution`) before it is handed over."""
         from pdpfl.fl.template import BatchedSilo
 
+        if self.pool is not None:  # every client charged at once, the selected ones trained
+            contributions = self.pool.fit(list(selected), params, round_index, config)
+            return [
+                self._released(c, contribution, params, round_index)
+                for c, contribution in zip(selected, contributions, strict=True)
+            ]
         out: dict[int, Contribution] = {}
         for group in self._batches(list(selected)):
             silos = [self.clients[c] for c in group]
@@ -135,14 +161,15 @@ class InProcessTransport:
         self, silo: int, contribution: Contribution, params: Params, round_index: int
     ) -> Contribution:
         """The gate at silo ``silo``: the training reply it is about to hand over."""
-        public = frozenset(getattr(self.clients[silo], "public_metrics", frozenset()))
+        holder: Any = self.pool if self.pool is not None else self.clients[silo]
+        public = frozenset(getattr(holder, "public_metrics", frozenset()))
         return check_contribution(
             contribution,
             public,
             params=params,
             silo=silo,
             round_index=int(round_index),
-            encoding=getattr(self.clients[silo], "share_encoding", None),
+            encoding=getattr(holder, "share_encoding", None),
         )
 
     def evaluate(
@@ -151,6 +178,8 @@ class InProcessTransport:
         """Each silo's test metrics, through the silo's gate (``loss``, ``accuracy``, ``n``)."""
         from pdpfl.fl.template import BatchedSilo
 
+        if self.pool is not None:
+            raise ValueError("pooled silos: use evaluate_pooled (every client at once)")
         out: dict[int, Scalars] = {}
         for group in self._batches(list(client_ids)):
             silos = [self.clients[c] for c in group]
@@ -166,13 +195,36 @@ class InProcessTransport:
             check_evaluation(metrics, silo=c, round_index=int(round_index))
         return out
 
+    def evaluate_pooled(
+        self, params: Params, round_index: int, config: Scalars
+    ) -> PooledEvaluation | None:
+        """A pool's test metrics of every client at once, through the gate (None: no pool;
+        :meth:`evaluate` asks each silo)."""
+        if self.pool is None:
+            return None
+        result = self.pool.evaluate(params, round_index, config)
+        result.check(int(round_index))
+        return result
+
     def privacy_summaries(self) -> dict[int, PrivacySummary | None]:
+        """Each silo's summary (a pool: one summary of every client, under key -1)."""
+        if self.pool is not None:
+            return {POOL_KEY: self.pool.privacy_summary()}
         return {c: client.privacy_summary() for c, client in self.clients.items()}
 
     def client_states(self) -> dict[int, dict]:
+        """Each silo's state (a pool: the state of every client as arrays, under key -1)."""
+        if self.pool is not None:
+            return {POOL_KEY: self.pool.state_dict()}
         return {c: client.state_dict() for c, client in self.clients.items()}
 
     def load_client_states(self, states: dict[int, dict]) -> None:
+        if self.pool is not None:
+            state = {int(k): v for k, v in states.items()}.get(POOL_KEY)
+            if state is None or len(states) != 1:
+                raise ValueError("cannot resume: the checkpoint holds no state of the clients")
+            self.pool.load_state_dict(state)
+            return
         for c, state in states.items():
             self.clients[int(c)].load_state_dict(state)
 
@@ -452,7 +504,7 @@ def _simulate(
         training = config.training.model_copy(update={"rounds": planned})
         build = config.model_copy(update={"training": training})
         log.warning("extending the run from %d to %d rounds", planned, config.training.rounds)
-    run = as_algorithm(build.algorithm).assemble(build, federation)
+    run = as_algorithm(build.algorithm).assemble(build, federation, pooled=True)
     settings = replace(
         LoopSettings.of(run.config),
         rounds=config.training.rounds,
@@ -473,9 +525,20 @@ def _simulate(
     from pdpfl.runtime.identities import simulator_security
 
     # every silo's long-term identity, published in keys/ (secure summation, receipts)
-    transport = InProcessTransport(
-        run.clients, simulator_security(config, Path(out_dir), list(run.clients))
-    )
+    silos: dict[int, Any] | SiloPool = run.clients
+    if run.pool is not None:
+        # one party holds the pool's one ledger and signs its clients' receipts; pooled silos
+        # run under plain summation only (no per-client identity, no secure-summation side)
+        from pdpfl.ledger.runfolder import POOLED_LEDGER
+        from pdpfl.runtime.identities import publish_party
+
+        silos = run.pool
+        publish_party(Path(out_dir), POOLED_LEDGER)
+        transport = InProcessTransport(silos, {})
+    else:
+        transport = InProcessTransport(
+            silos, simulator_security(config, Path(out_dir), list(silos))
+        )
     with torch_threads(config.threads):
         save_model = None
         if config.save_models == "every-round":
@@ -506,7 +569,7 @@ def _simulate(
             config,
             result,
             out_dir,
-            clients=run.clients,
+            clients=silos,
             server=run.server,
             view="operator",
             warnings=run.warnings,

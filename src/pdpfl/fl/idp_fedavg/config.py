@@ -29,7 +29,9 @@ from pdpfl.fl.idp_fedavg.server import CentralIdpServer, DistributedIdpServer, I
 from pdpfl.fl.idp_fedavg.silo import CentralIdpSilo, DistributedIdpSilo, IdpSilo
 
 if TYPE_CHECKING:  # pragma: no cover
-    from pdpfl.data.federation import ClientData
+    from pdpfl.data.federation import ClientData, Federation
+    from pdpfl.fl.environment import Environment
+    from pdpfl.fl.pool import SiloPool
     from pdpfl.randomness import Randomness
 
 __all__ = ["COMPARE_METHODS", "IdpFedAvgConfig"]
@@ -217,6 +219,44 @@ class IdpFedAvgConfig(Algorithm):
             initial_params(config, info), pub, client_groups=None, randomness=randomness
         )
 
+    def build_pool(
+        self, config: ExperimentConfig, federation: Federation, env: Environment
+    ) -> tuple[IdpFedAvgServer, SiloPool] | None:
+        """The central variant in the in-process simulator: the server and the N clients as one
+        :class:`~pdpfl.fl.idp_fedavg.pool.CentralClientPool` (one ledger row per client, a silo
+        built only when sampled). The distributed variant asks every client every round (each
+        flips its own coin): it keeps one silo per client (None here)."""
+        from pdpfl.fl.idp_fedavg.pool import CentralClientPool
+        from pdpfl.randomness import make_randomness
+
+        setup = self.setup(config, env.info)
+        pub = _as_setup(setup)
+        if pub.variant != "central":
+            return None
+        server = self.server(config, env.info, setup, env.randomness["server"])
+        training_device(config)  # the model is built lazily: check the device now
+        budgets = assign_client_budgets(self, config.seed, env.info.num_clients)
+        factory = partial(silo_model, config, env.info)
+        key = _model_key(config, env.info)
+        clients = list(federation.clients)
+
+        def silo(client_id: int, budget: float) -> CentralIdpSilo:
+            # the client's own randomness (secure: a fresh key; reproducible: from the seed,
+            # the same streams as a silo built once for the whole run)
+            return CentralIdpSilo(
+                client_id,
+                clients[client_id],
+                budget,
+                pub,
+                randomness=make_randomness(config.randomness, config.seed),
+                model_factory=factory,
+                model_key=key,
+                own_ledger=False,
+            )
+
+        pool = CentralClientPool(clients, budgets, pub, silo=silo, model_factory=factory)
+        return server, pool
+
     def client(
         self,
         config: ExperimentConfig,
@@ -236,17 +276,17 @@ class IdpFedAvgConfig(Algorithm):
             pub,
             randomness=randomness,
             model_factory=partial(silo_model, config, info),
-            model_key=json.dumps(
-                [
-                    config.model.name,
-                    dict(config.model.options),
-                    list(info.input_shape),
-                    info.num_classes,
-                ],
-                sort_keys=True,
-                default=str,
-            ),
+            model_key=_model_key(config, info),
         )
+
+
+def _model_key(config: ExperimentConfig, info: FederationInfo) -> str:
+    """Equal for clients whose models share one architecture (they may train in one batch)."""
+    return json.dumps(
+        [config.model.name, dict(config.model.options), list(info.input_shape), info.num_classes],
+        sort_keys=True,
+        default=str,
+    )
 
 
 def _as_setup(setup: PublicSetup) -> IdpSetup:

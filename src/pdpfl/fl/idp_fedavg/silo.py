@@ -105,6 +105,10 @@ class IdpSilo(BatchedSilo[IdpJob, Delta]):
         Builds the public initial model (called once, when the client first trains or tests).
     model_key
         Equal for clients whose models share one architecture (they may train in one batch).
+    own_ledger
+        False: the client keeps no ledger of its own because a
+        :class:`~pdpfl.fl.idp_fedavg.pool.CentralClientPool` accounts it (one row of the pool's
+        ledger) and performs the template's round duties for it.
     """
 
     def __init__(
@@ -117,6 +121,7 @@ class IdpSilo(BatchedSilo[IdpJob, Delta]):
         randomness: Randomness,
         model_factory: Callable[[], torch.nn.Module],
         model_key: str = "",
+        own_ledger: bool = True,
     ) -> None:
         import torch
 
@@ -143,7 +148,8 @@ class IdpSilo(BatchedSilo[IdpJob, Delta]):
         #: The ε the pre-check enforces (its own; ε_min/ε_max for strict/relaxed).
         self.enforced: np.ndarray | None = None
         if (
-            setup.private
+            own_ledger
+            and setup.private
             and math.isfinite(self.budget)
             and assigned is not None
             and setup.accounted(self.group)

@@ -32,6 +32,7 @@ __all__ = [
     "LocalTraining",
     "choose_strategy",
     "evaluate_clients",
+    "evaluate_arrays",
     "has_conv",
     "repeated_epochs",
     "train_clients",
@@ -131,9 +132,6 @@ def evaluate_clients(
     """``loss``, ``accuracy``, ``n`` of ``params`` on each client's test split, in one pass over
     the concatenated splits (chunks of 4096 records; NaN metrics for an empty split)."""
     import torch
-    import torch.nn.functional as F
-
-    from pdpfl.models import predict, set_params
 
     k = len(tests)
     if k == 0:
@@ -141,6 +139,33 @@ def evaluate_clients(
     owner = np.concatenate([np.full(len(y), j, dtype=np.int64) for j, (_, y) in enumerate(tests)])
     x = torch.cat([t[0] for t in tests])
     y = torch.cat([t[1] for t in tests])
+    n, loss, accuracy = evaluate_arrays(model, params, x, y, owner, k)
+    return [
+        {
+            "loss": float(loss[j]) if n[j] else float("nan"),
+            "accuracy": float(accuracy[j]) if n[j] else float("nan"),
+            "n": int(n[j]),
+        }
+        for j in range(k)
+    ]
+
+
+def evaluate_arrays(
+    model: torch.nn.Module,
+    params: Params,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    owner: np.ndarray,
+    k: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per client (of ``k``): test records ``n``, mean ``loss`` and ``accuracy`` (NaN for an
+    empty split) of ``params`` on test splits already concatenated, ``owner[j]`` the client of
+    record j (the simulator's client pool concatenates them once)."""
+    import torch
+    import torch.nn.functional as F
+
+    from pdpfl.models import predict, set_params
+
     set_params(model, params)
     device = next(iter(model.parameters())).device
     was = model.training
@@ -166,14 +191,7 @@ def evaluate_clients(
     n = np.bincount(owner, minlength=k)
     loss_sum = np.bincount(owner, weights=loss_all, minlength=k)
     corr_sum = np.bincount(owner, weights=corr_all, minlength=k)
-    out_metrics: list[Scalars] = []
-    for j in range(k):
-        m = int(n[j])
-        out_metrics.append(
-            {
-                "loss": float(loss_sum[j] / m) if m else float("nan"),
-                "accuracy": float(corr_sum[j] / m) if m else float("nan"),
-                "n": m,
-            }
-        )
-    return out_metrics
+    with np.errstate(invalid="ignore", divide="ignore"):
+        loss_mean = np.where(n > 0, loss_sum / np.maximum(n, 1), np.nan)
+        accuracy = np.where(n > 0, corr_sum / np.maximum(n, 1), np.nan)
+    return n.astype(np.int64), loss_mean, accuracy
