@@ -53,6 +53,7 @@ grid, and the optional exact central noise (``noise: discrete``) of the DP-SGD s
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from fractions import Fraction
@@ -175,7 +176,12 @@ def discrete_gaussian_spec(variance: object) -> DiscreteGaussianSpec:
     """
     if isinstance(variance, DiscreteGaussianSpec):
         return variance
-    s2 = _as_fraction(variance, "variance")
+    return _spec_of(_as_fraction(variance, "variance"))
+
+
+@functools.lru_cache(maxsize=256)
+def _spec_of(s2: Fraction) -> DiscreteGaussianSpec:
+    """:func:`discrete_gaussian_spec` of an exact σ² (cached: a share's σ² repeats every round)."""
     t = math.isqrt(s2.numerator // s2.denominator) + 1  # ⌊σ⌋ + 1 = isqrt(⌊σ²⌋) + 1
     fallback: DiscreteGaussianSpec | None = None
     for k in range(_MAX_LOG2_DEN, -1, -1):
