@@ -271,6 +271,10 @@ def scale_and_round(
     ‖x̃‖₂² ≤ ``bound_sq`` (default N)."""
     rows = np.asarray(vector, dtype=np.float64).reshape(1, -1)
     bound = params.l2_sensitivity_sq if bound_sq is None else int(bound_sq)
+    seeded = rotation_seed is not None or not params.rotation
+    if rows.shape[1] == params.dimension and not rows.any() and bound >= 0 and seeded:
+        # zeros (a silo that was not sampled): rotation, scale and rounding all give zeros
+        return np.zeros(params.padded_dimension, dtype=np.int64)
     return conditional_round(_prepare(rows, params, rotation_seed)[0], bound, stream)
 
 
@@ -321,6 +325,8 @@ def add_noise_share(
         )
     noisy = x.copy()
     add_noise(noisy, params.noise(), stream)  # the one noise adder: N_Z(0, σ_s²) per coordinate
+    if params.bits == 32:  # the uint32 cast is the reduction mod 2^32 (two's complement)
+        return noisy.view(np.uint64).astype(np.uint32)
     total = noisy.view(np.uint64) & _mask(params)  # two's complement
     return total.astype(np.uint32) if params.bits <= 32 else total
 
