@@ -10,8 +10,9 @@ vs the Z_2^64 fixed-point ring). Every run goes through ``pdpfl run`` (secure su
 
 ``--silo-cpu R``: instead, the silos' own CPU time per round in-process (the same config and
 overrides through :func:`pdpfl.runtime.simulation.run_simulation`, each mode R times,
-interleaved): process CPU seconds inside the simulation transport's ``fit`` (every asked silo's
-training, rounding, share and gate; the server and evaluation excluded), per round, the first
+interleaved): process CPU seconds inside the simulation transport's ``fit`` and ``exchange``
+(every asked silo's training, rounding, share and gate, and its secure-summation stages; the
+server and evaluation excluded), per round, the first
 round dropped (set-up); the best of the R runs' median round per mode, and their ratio.
 
 Usage (the numbers of ``benchmarks/RESULTS.md``)::
@@ -62,7 +63,8 @@ def _run(config: str, out: Path, seed: int, mode: str, eps: float, extra: list[s
 
 
 def _silo_cpu(config: str, mode: str, eps: float, extra: list[str]) -> list[float]:
-    """CPU seconds per round spent in the simulation transport's ``fit`` (one in-process run)."""
+    """CPU seconds per round spent in the simulation transport's ``fit`` and ``exchange`` (the
+    silos' training and release, and their stages of secure summation; one in-process run)."""
     import time
 
     from pdpfl.config.loading import load_config
@@ -76,15 +78,25 @@ def _silo_cpu(config: str, mode: str, eps: float, extra: list[str]) -> list[floa
         *extra,
     ]
     cfg = load_config(config, sets, data_dir=str(ROOT.parent / "shared" / "data"))
-    rounds: list[float] = []
+    per_round: dict[int, float] = {}
     real = simulation.InProcessTransport.fit
+    real_exchange = simulation.InProcessTransport.exchange
 
-    def timed(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+    def timed(self, selected, params, round_index, config):  # type: ignore[no-untyped-def]
         c0 = time.process_time()
         try:
-            return real(self, *args, **kwargs)
+            return real(self, selected, params, round_index, config)
         finally:
-            rounds.append(time.process_time() - c0)
+            t = int(round_index)
+            per_round[t] = per_round.get(t, 0.0) + time.process_time() - c0
+
+    def timed_exchange(self, protocol, stage, requests, round_index):  # type: ignore[no-untyped-def]
+        c0 = time.process_time()
+        try:
+            return real_exchange(self, protocol, stage, requests, round_index)
+        finally:
+            t = int(round_index)
+            per_round[t] = per_round.get(t, 0.0) + time.process_time() - c0
 
     from pdpfl import discrete_table
 
@@ -92,13 +104,15 @@ def _silo_cpu(config: str, mode: str, eps: float, extra: list[str]) -> list[floa
     if mode == "discrete-cks":  # the CKS sampler of before the alias table, for comparison
         discrete_table.MAX_TABLE_VARIANCE = 0
     simulation.InProcessTransport.fit = timed  # type: ignore[method-assign]
+    simulation.InProcessTransport.exchange = timed_exchange  # type: ignore[method-assign]
     try:
         with tempfile.TemporaryDirectory() as tmp:
             simulation.run_simulation(cfg, Path(tmp) / "run", progress=False)
     finally:
         simulation.InProcessTransport.fit = real  # type: ignore[method-assign]
+        simulation.InProcessTransport.exchange = real_exchange  # type: ignore[method-assign]
         discrete_table.MAX_TABLE_VARIANCE = limit
-    return rounds
+    return [per_round[t] for t in sorted(per_round)]
 
 
 def silo_cpu(args: argparse.Namespace) -> dict:
