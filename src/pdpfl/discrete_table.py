@@ -49,6 +49,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
+from typing import Protocol
 
 import numpy as np
 
@@ -132,7 +133,15 @@ def _rational_bounds(p: Fraction) -> Callable[[int], tuple[int, int]]:
     )
 
 
-def lazy_less(prefix: int, bits: int, bounds: Callable[[int], tuple[int, int]], stream) -> bool:
+class WordSource(Protocol):
+    """Anything that hands out uniform 64-bit words (a :class:`~pdpfl.randomness.RandomStream`)."""
+
+    def words(self, n: int) -> np.ndarray: ...
+
+
+def lazy_less(
+    prefix: int, bits: int, bounds: Callable[[int], tuple[int, int]], stream: WordSource
+) -> bool:
     """V < c for a uniform real V on [0, 1) whose first ``bits`` bits are ``prefix`` (the rest
     fresh stream words), where ``bounds(B)`` gives integers lo ≤ c·2^B ≤ hi: decided when
     prefix + 1 ≤ lo (V < c) or prefix ≥ hi (V ≥ c), else V is extended by 64 bits."""
