@@ -370,20 +370,23 @@ def sample(count: int, tab: AliasTable, stream: RandomStream) -> np.ndarray:
         neg = (w1 & sign_bit) != 0
         uc = w2 >> c_shift
         c_ok = uc < tab.c_lo[k]
-        c_tie = ~c_ok & (uc < tab.c_hi[k])
+        odd = np.flatnonzero(~c_ok)  # rejected, tied, tail or slack: few
+        c_tie = odd[uc[odd] < tab.c_hi[k[odd]]]  # the tail included (c_hi = 2^B), not the slack
+        ties: dict[int, tuple[int, int]] = {}
         if wide:
             r = w2 & r_mask
             mag = (k << np.uint64(e)) + r
             nn = r * ((k << np.uint64(e + 1)) + r)
             u3 = words[2 * n :] >> d_shift
             thr = big_j * nn
-            d_more = u3 < thr  # A_1 = 1: the chain goes on
-            d_tie = ~d_more & (u3 < thr + nn)
-            d_ok = ~d_more & ~d_tie  # A_1 = 0: accept
-            live = (c_ok | c_tie) & (k != tail_k)
-            d_tie &= live
-            ties = {int(i): (1, int(u3[i])) for i in np.flatnonzero(d_tie)}
-            active = np.flatnonzero(d_more & live)
+            d_ok = u3 >= thr + nn  # A_1 = 0 for sure: accepted (K = 1)
+            rest = np.flatnonzero(~d_ok)  # A_1 = 1 or a tie: about a fraction Δ
+            keep = (c_ok[rest] | np.isin(rest, c_tie)) & (k[rest] != tail_k)
+            rest = rest[keep]
+            more = u3[rest] < thr[rest]  # A_1 = 1: the chain goes on
+            for i, u in zip(rest[~more].tolist(), u3[rest[~more]].tolist(), strict=True):
+                ties[i] = (1, u)
+            active = rest[more]
             j = 2
             while active.size:
                 uj = stream.words(active.size) >> d_shift
@@ -399,16 +402,16 @@ def sample(count: int, tab: AliasTable, stream: RandomStream) -> np.ndarray:
                     ties[i] = (j, u)
                 active = active[go]
                 j += 1
+            accept = c_ok & d_ok
         else:
             mag = k
-            d_ok = np.ones(n, dtype=bool)
-            ties = {}
             nn = mag
-        accept = c_ok & d_ok & ~(neg & (mag == 0))
+            d_ok = np.ones(n, dtype=bool)  # no Δ test when w = 1
+            accept = c_ok.copy()
+        zero = np.flatnonzero(mag == 0)
+        accept[zero[neg[zero]]] = False  # (0, −) is rejected
         values = mag.astype(np.int64)
-        slow_mask = c_tie.copy()
-        slow_mask[list(ties)] = True
-        for i in np.flatnonzero(slow_mask).tolist():  # rare: continue undecided comparisons
+        for i in sorted(set(c_tie.tolist()) | ties.keys()):  # rare: continue exactly
             accept[i] = _resolve(tab, i, k, uc, neg, mag, values, (ties, d_ok, nn), stream)
         np.negative(values, out=values, where=neg)
         kept = np.flatnonzero(accept)[:need]
