@@ -10,10 +10,10 @@ vs the Z_2^64 fixed-point ring). Every run goes through ``pdpfl run`` (secure su
 
 ``--silo-cpu R``: instead, the silos' own CPU time per round in-process (the same config and
 overrides through :func:`pdpfl.runtime.simulation.run_simulation`, each mode R times,
-interleaved): process CPU seconds inside the simulation transport's ``fit`` and ``exchange``
-(every asked silo's training, rounding, share and gate, and its secure-summation stages; the
-server and evaluation excluded), per round, the first
-round dropped (set-up); the best of the R runs' median round per mode, and their ratio.
+interleaved, the order reversed every other repetition): process CPU seconds inside the
+simulation transport's ``fit`` and ``exchange`` (every asked silo's training, rounding, share
+and gate, and its secure-summation stages; the server and evaluation excluded), per round, the
+first round dropped (set-up); the best of the R runs' median round per mode, and their ratio.
 
 Usage (the numbers of ``benchmarks/RESULTS.md``)::
 
@@ -123,8 +123,9 @@ def silo_cpu(args: argparse.Namespace) -> dict:
     per: dict[str, list[float]] = {"discrete": [], "continuous": []}
     if args.cks:
         per["discrete-cks"] = []
-    for _ in range(args.silo_cpu):
-        for mode in per:
+    for rep in range(args.silo_cpu):
+        order = list(per) if rep % 2 == 0 else list(per)[::-1]  # alternate: load drifts
+        for mode in order:
             rounds = _silo_cpu(args.config, mode, args.epsilon, args.extra)
             per[mode].append(float(np.median(rounds[1:] if len(rounds) > 1 else rounds)))
     best = {mode: min(v) for mode, v in per.items()}
