@@ -8,6 +8,13 @@ accuracy) with its standard error, the ε spent, the wall seconds per round (the
 rounds, calibration and setup included) and the bits per coordinate on the wire (uint32 shares
 vs the Z_2^64 fixed-point ring). Every run goes through ``pdpfl run`` (secure summation).
 
+``--silo-cpu R``: instead, the silos' own CPU time per round in-process (the same config and
+overrides through :func:`pdpfl.runtime.simulation.run_simulation`, each mode R times,
+interleaved, the order reversed every other repetition): process CPU seconds inside the
+simulation transport's ``fit`` and ``exchange`` (every asked silo's training, rounding, share
+and gate, and its secure-summation stages; the server and evaluation excluded), per round, the
+first round dropped (set-up); the best of the R runs' median round per mode, and their ratio.
+
 Usage (the numbers of ``benchmarks/RESULTS.md``)::
 
     nice -n 10 .venv/bin/python benchmarks/discrete_shares.py examples/uldp_heart.yaml \\
@@ -55,6 +62,84 @@ def _run(config: str, out: Path, seed: int, mode: str, eps: float, extra: list[s
     }
 
 
+def _silo_cpu(config: str, mode: str, eps: float, extra: list[str]) -> list[float]:
+    """CPU seconds per round spent in the simulation transport's ``fit`` and ``exchange`` (the
+    silos' training and release, and their stages of secure summation; one in-process run)."""
+    import time
+
+    from pdpfl.config.loading import load_config
+    from pdpfl.runtime import simulation
+
+    sets = [
+        "aggregation=secure",
+        "privacy.noise_multiplier=null",
+        f"privacy.epsilon_max={eps}",
+        f"privacy.noise_shares={mode.split('-')[0]}",
+        *extra,
+    ]
+    cfg = load_config(config, sets, data_dir=str(ROOT.parent / "shared" / "data"))
+    per_round: dict[int, float] = {}
+    real = simulation.InProcessTransport.fit
+    real_exchange = simulation.InProcessTransport.exchange
+
+    def timed(self, selected, params, round_index, config):  # type: ignore[no-untyped-def]
+        c0 = time.process_time()
+        try:
+            return real(self, selected, params, round_index, config)
+        finally:
+            t = int(round_index)
+            per_round[t] = per_round.get(t, 0.0) + time.process_time() - c0
+
+    def timed_exchange(self, protocol, stage, requests, round_index):  # type: ignore[no-untyped-def]
+        c0 = time.process_time()
+        try:
+            return real_exchange(self, protocol, stage, requests, round_index)
+        finally:
+            t = int(round_index)
+            per_round[t] = per_round.get(t, 0.0) + time.process_time() - c0
+
+    from pdpfl import discrete_table
+
+    limit = discrete_table.MAX_TABLE_VARIANCE
+    if mode == "discrete-cks":  # the CKS sampler of before the alias table, for comparison
+        discrete_table.MAX_TABLE_VARIANCE = 0
+    simulation.InProcessTransport.fit = timed  # type: ignore[method-assign]
+    simulation.InProcessTransport.exchange = timed_exchange  # type: ignore[method-assign]
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            simulation.run_simulation(cfg, Path(tmp) / "run", progress=False)
+    finally:
+        simulation.InProcessTransport.fit = real  # type: ignore[method-assign]
+        simulation.InProcessTransport.exchange = real_exchange  # type: ignore[method-assign]
+        discrete_table.MAX_TABLE_VARIANCE = limit
+    return [per_round[t] for t in sorted(per_round)]
+
+
+def silo_cpu(args: argparse.Namespace) -> dict:
+    """The ``--silo-cpu`` measurement (module docstring)."""
+    import torch
+
+    torch.set_num_threads(1)
+    per: dict[str, list[float]] = {"discrete": [], "continuous": []}
+    if args.cks:
+        per["discrete-cks"] = []
+    for rep in range(args.silo_cpu):
+        order = list(per) if rep % 2 == 0 else list(per)[::-1]  # alternate: load drifts
+        for mode in order:
+            rounds = _silo_cpu(args.config, mode, args.epsilon, args.extra)
+            per[mode].append(float(np.median(rounds[1:] if len(rounds) > 1 else rounds)))
+    best = {mode: min(v) for mode, v in per.items()}
+    ratios = {m: best[m] / best["continuous"] for m in per if m != "continuous"}
+    return {
+        "config": args.config,
+        "overrides": args.extra,
+        "machine": f"{platform.processor() or platform.machine()}, {platform.system()}",
+        "silo_cpu_s_per_round": per,
+        "best": best,
+        "ratio_over_continuous": ratios,
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("config")
@@ -62,7 +147,15 @@ def main() -> None:
     ap.add_argument("--epsilon", type=float, default=5.0)
     ap.add_argument("--set", action="append", default=[], dest="extra")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--silo-cpu", type=int, default=0, metavar="R")
+    ap.add_argument(
+        "--cks", action="store_true", help="--silo-cpu: also discrete shares from the CKS sampler"
+    )
     args = ap.parse_args()
+    if args.silo_cpu:
+        sys.path.insert(0, str(ROOT / "src"))
+        print(json.dumps(silo_cpu(args), indent=1))
+        return
     runs: dict[str, list[dict]] = {"discrete": [], "continuous": []}
     with tempfile.TemporaryDirectory() as tmp:
         for seed in range(1, args.seeds + 1):

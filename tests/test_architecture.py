@@ -32,6 +32,7 @@ LAYERS: dict[str, int] = {
     "crypto": 1,
     "data": 1,
     "randomness": 1,
+    "discrete_table": 1,
     "discrete_noise": 1,
     "ledger": 2,
     "models": 2,

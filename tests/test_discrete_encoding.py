@@ -26,6 +26,7 @@ from pdpfl.discrete_noise import discrete_gaussian_pmf, discrete_gaussian_spec
 from pdpfl.dp.discrete_encoding import (
     add_noise_share,
     conditional_round,
+    conditional_round_rows,
     decode_sum,
     encode_share,
     hadamard_rotate,
@@ -194,6 +195,30 @@ def test_rounding_refuses_non_finite_input():
         scale_and_round(np.array([0.0, np.nan, 0.0, 0.0]), p, _stream(2), None)
     with pytest.raises(ValueError, match="rotation_seed"):
         scale_and_round(np.zeros(4), dataclasses.replace(p, rotation=True), _stream(2), None)
+
+
+class _NoWords:
+    def words(self, n: int) -> np.ndarray:
+        raise AssertionError("an integer row must not draw rounding words")
+
+
+@pytest.mark.parametrize("rotation", [True, False])
+def test_integer_rows_round_without_drawing(rotation):
+    """A silo's zeros (not sampled) and any row already on the integer grid: the rounding is
+    deterministic, so nothing is drawn and the rotation of zeros is skipped (zeros out); a row
+    with a fraction still draws, and an integer row above the bound still goes through the
+    redraws and the fallback."""
+    p = _params(dimension=64, bits=24, rotation=rotation)
+    x = scale_and_round(np.zeros(64), p, _NoWords(), 99)  # type: ignore[arg-type]
+    assert x.shape == (p.padded_dimension,) and not x.any() and x.dtype == np.int64
+    rows = np.zeros((3, p.padded_dimension))
+    rows[1, 0] = 5.0
+    rows[2, 0] = 2.0**40  # an integer row far above the bound
+    bounds = [p.l2_sensitivity_sq] * 3
+    out = conditional_round_rows(rows, bounds, _stream(9))
+    assert out[1, 0] == 5 and not out[0].any() and _exact_norm_sq(out[2]) <= bounds[2]
+    with pytest.raises(AssertionError, match="must not draw"):
+        conditional_round_rows(rows + 0.5, bounds, _NoWords())  # type: ignore[arg-type]
 
 
 def test_clipped_input_rounds_within_one_unit_per_coordinate():

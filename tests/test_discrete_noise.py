@@ -103,9 +103,10 @@ def test_small_sigma_point_probabilities():
 
 def test_python_int_continuations_keep_the_law(monkeypatch):
     """Force the rare branches: a Laplace counter beyond its vectorized bound (every V ≥ 1) and
-    proposals beyond the int64 headroom (|Y| > 3) continue exactly in Python ints."""
+    proposals beyond the int64 headroom (|Y| > 3) continue exactly in Python ints (CKS path,
+    which serves σ² > 2^52; σ² = 9 otherwise takes the alias table)."""
     monkeypatch.setattr(dn, "_MAX_VECTOR_V", 1)
-    x = sample_discrete_gaussian(4000, 9, _stream(4))
+    x = dn._sample_cks(4000, discrete_gaussian_spec(9), _stream(4))
     assert _chi_square_p(x, 9) > 1e-3
 
     class Tight(DiscreteGaussianSpec):
@@ -115,7 +116,7 @@ def test_python_int_continuations_keep_the_law(monkeypatch):
 
     base = discrete_gaussian_spec(9)
     tight = Tight(t=base.t, m=base.m, log2_den=base.log2_den, requested=base.requested)
-    x = sample_discrete_gaussian(4000, tight, _stream(5))
+    x = dn._sample_cks(4000, tight, _stream(5))
     assert np.mean(np.abs(x) > 3) > 0.1  # the continuation ran for many draws
     assert _chi_square_p(x, 9) > 1e-3
 

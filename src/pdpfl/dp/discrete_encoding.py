@@ -10,7 +10,8 @@ and 2; parameters from :mod:`pdpfl.dp.discrete_params`):
 2. **scale** by γ = 2^k (exact in float64), after clipping the float vector to norm C again
    (a no-op for the clipped vectors callers pass; the exact check below is what guarantees);
 3. **conditional randomized rounding**: each coordinate rounded up with probability equal to its
-   fractional part (to 2^-32: 32-bit lanes of the silo's random words), redrawn while
+   fractional part (to 2^-32: 32-bit lanes of the silo's random words; a row with no
+   fractional part draws nothing: every draw would give ⌊v⌋), redrawn while
    ‖x̃‖₂² > N_p; the check is exact in integers (:func:`norm_sq_at_most`). After
    :data:`MAX_ROUNDING_TRIES` draws (each fails with probability ≤ β for a clipped input) the
    vector is rounded toward zero and, if the input was not clipped, shrunk by integer steps
@@ -82,16 +83,19 @@ def _signs(seed: int, dim: int) -> NDArray[np.float64]:
 
 
 def _fwht(x: np.ndarray) -> NDArray[np.float64]:
-    """Unnormalised Walsh–Hadamard transform along the last axis (length a power of two)."""
+    """Unnormalised Walsh–Hadamard transform along the last axis (length a power of two):
+    butterflies (a + b, a − b) written into a second buffer, the two buffers swapped per level."""
     y = np.array(x, dtype=np.float64, copy=True)
+    z = np.empty_like(y)
     n = y.shape[-1]
     lead = y.shape[:-1]
     h = 1
     while h < n:
         v = y.reshape(*lead, n // (2 * h), 2, h)
-        a = v[..., 0, :].copy()
-        v[..., 0, :] += v[..., 1, :]
-        v[..., 1, :] = a - v[..., 1, :]
+        o = z.reshape(*lead, n // (2 * h), 2, h)
+        np.add(v[..., 0, :], v[..., 1, :], out=o[..., 0, :])
+        np.subtract(v[..., 0, :], v[..., 1, :], out=o[..., 1, :])
+        y, z = z, y
         h *= 2
     return y
 
@@ -208,6 +212,13 @@ def _round_chunk(v: np.ndarray, lims: np.ndarray, stream: RandomStream) -> np.nd
     out = np.empty(v.shape, dtype=np.int64)
     todo = np.arange(v.shape[0])
     d = v.shape[1]
+    exact = ~np.any(thr, axis=1)
+    if exact.any():  # no coordinate can round up (e.g. a silo's zeros): every draw gives ⌊v⌋
+        idx = np.flatnonzero(exact)
+        ok = _rows_at_most(low[idx], lims[idx])
+        out[idx[ok]] = low[idx[ok]].astype(np.int64)
+        exact[idx[~ok]] = False
+        todo = np.flatnonzero(~exact)
     for _ in range(MAX_ROUNDING_TRIES):
         if not todo.size:
             return out
@@ -243,7 +254,10 @@ def _prepare(
     if params.rotation:
         if rotation_seed is None:
             raise ValueError("rotation_seed: required when the rotation is on")
-        rows = hadamard_rotate(rows, rotation_seed, params.padded_dimension)
+        if np.any(rows):
+            rows = hadamard_rotate(rows, rotation_seed, params.padded_dimension)
+        else:  # H·D_ξ·0 = 0 (a silo that was not sampled sends zeros and its share)
+            rows = np.zeros((rows.shape[0], params.padded_dimension), dtype=np.float64)
     return rows * params.scale
 
 
@@ -259,6 +273,10 @@ def scale_and_round(
     ‖x̃‖₂² ≤ ``bound_sq`` (default N)."""
     rows = np.asarray(vector, dtype=np.float64).reshape(1, -1)
     bound = params.l2_sensitivity_sq if bound_sq is None else int(bound_sq)
+    seeded = rotation_seed is not None or not params.rotation
+    if rows.shape[1] == params.dimension and not rows.any() and bound >= 0 and seeded:
+        # zeros (a silo that was not sampled): rotation, scale and rounding all give zeros
+        return np.zeros(params.padded_dimension, dtype=np.int64)
     return conditional_round(_prepare(rows, params, rotation_seed)[0], bound, stream)
 
 
@@ -310,6 +328,8 @@ def add_noise_share(
         )
     noisy = x.copy()
     add_noise(noisy, params.noise(), stream)  # the one noise adder: N_Z(0, σ_s²) per coordinate
+    if params.bits == 32:  # the uint32 cast is the reduction mod 2^32 (two's complement)
+        return noisy.view(np.uint64).astype(np.uint32)
     total = noisy.view(np.uint64) & _mask(params)  # two's complement
     return total.astype(np.uint32) if params.bits <= 32 else total
 
