@@ -30,11 +30,15 @@ import platform
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+DATA_DIR = ROOT.parent / "shared" / "data"
 
 
 def _run(config: str, out: Path, seed: int, mode: str, eps: float, extra: list[str]) -> dict:
@@ -44,10 +48,11 @@ def _run(config: str, out: Path, seed: int, mode: str, eps: float, extra: list[s
         "privacy.noise_multiplier=null",
         f"privacy.epsilon_max={eps}",
         f"privacy.noise_shares={mode}",
+        f"lifetime.store={out.parent / (out.name + '-store')}",  # parallel runs: one store each
         *extra,
     ]
-    cmd = [str(Path(sys.executable).parent / "pdpfl"), "run", config, "--out", str(out)]
-    cmd += ["--force", "--quiet", "--data-dir", str(ROOT.parent / "shared" / "data")]
+    cmd = [sys.executable, "-c", "from pdpfl.cli import main; main()", "run", config]
+    cmd += ["--out", str(out), "--force", "--quiet", "--data-dir", str(DATA_DIR)]
     for s in sets:
         cmd += ["--set", s]
     subprocess.run(cmd, check=True, capture_output=True, text=True)
@@ -77,7 +82,7 @@ def _silo_cpu(config: str, mode: str, eps: float, extra: list[str]) -> list[floa
         f"privacy.noise_shares={mode.split('-')[0]}",
         *extra,
     ]
-    cfg = load_config(config, sets, data_dir=str(ROOT.parent / "shared" / "data"))
+    cfg = load_config(config, sets, data_dir=str(DATA_DIR))
     per_round: dict[int, float] = {}
     real = simulation.InProcessTransport.fit
     real_exchange = simulation.InProcessTransport.exchange
@@ -141,27 +146,37 @@ def silo_cpu(args: argparse.Namespace) -> dict:
 
 
 def main() -> None:
+    global DATA_DIR
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("config")
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--epsilon", type=float, default=5.0)
     ap.add_argument("--set", action="append", default=[], dest="extra")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--data-dir", type=Path, default=None, help="default: ../shared/data")
+    ap.add_argument(
+        "--jobs", type=int, default=1, help="runs at once (each its own process; add threads=1)"
+    )
     ap.add_argument("--silo-cpu", type=int, default=0, metavar="R")
     ap.add_argument(
         "--cks", action="store_true", help="--silo-cpu: also discrete shares from the CKS sampler"
     )
     args = ap.parse_args()
+    if args.data_dir is not None:
+        DATA_DIR = args.data_dir.resolve()
     if args.silo_cpu:
         sys.path.insert(0, str(ROOT / "src"))
         print(json.dumps(silo_cpu(args), indent=1))
         return
     runs: dict[str, list[dict]] = {"discrete": [], "continuous": []}
-    with tempfile.TemporaryDirectory() as tmp:
-        for seed in range(1, args.seeds + 1):
-            for mode in runs:
-                out = Path(tmp) / f"{mode}-{seed}"
-                runs[mode].append(_run(args.config, out, seed, mode, args.epsilon, args.extra))
+    jobs = [(seed, mode) for seed in range(1, args.seeds + 1) for mode in runs]
+    with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(max(1, args.jobs)) as pool:
+        futures = [
+            pool.submit(_run, args.config, Path(tmp) / f"{m}-{s}", s, m, args.epsilon, args.extra)
+            for s, m in jobs
+        ]
+        for (_, mode), fut in zip(jobs, futures, strict=True):
+            runs[mode].append(fut.result())
     table = {}
     for mode, rs in runs.items():
         acc = np.array([r["accuracy"] for r in rs])
