@@ -37,6 +37,7 @@ import argparse
 import json
 import os
 import platform
+import signal
 import statistics
 import subprocess
 import sys
@@ -103,14 +104,17 @@ class PeakSampler:
         self.peak = max(self.peak, _tree_rss_mb(os.getpid()))
 
 
-def run_case(case: str, runtime: str, rounds: int, data_dir: str | None) -> dict[str, Any]:
-    """One case in this process (the child of :func:`main`)."""
+def run_case(
+    case: str, runtime: str, rounds: int, data_dir: str | None, work_dir: str | None = None
+) -> dict[str, Any]:
+    """One case in this process (the child of :func:`main`), its files under ``work_dir``."""
     from pdpfl.config import load_config
     from pdpfl.runtime.simulation import load_federation_for, run_simulation
 
     algorithm, n = case.split(":")
     path, overrides = CONFIGS[algorithm]
-    work = Path(tempfile.mkdtemp(prefix="pdpfl-scale-"))
+    work = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="pdpfl-scale-"))
+    work.mkdir(parents=True, exist_ok=True)
     config = load_config(
         ROOT / path,
         [
@@ -125,16 +129,16 @@ def run_case(case: str, runtime: str, rounds: int, data_dir: str | None) -> dict
         data_dir=data_dir,
     )
     out = work / "run"
-    import pdpfl.runtime.loop as loop
+    import pdpfl.runtime.run_state as run_state
 
     cpu: list[float] = []  # this process's CPU time at the end of each round (in-process)
-    save_round = loop.save_round
+    save_round = run_state.save_round  # the round loop's checkpoint (RunState.checkpoint)
 
     def timed(*args: Any, **kwargs: Any) -> None:
         save_round(*args, **kwargs)
         cpu.append(time.process_time())
 
-    loop.save_round = timed
+    run_state.save_round = timed
     t0 = time.perf_counter()
     with PeakSampler() as peak:
         if runtime == "simulation":
@@ -170,6 +174,22 @@ def run_case(case: str, runtime: str, rounds: int, data_dir: str | None) -> dict
         "rss_above_data_mb_per_1000_clients": round((peak.peak - rss_data) * 1000 / int(n), 1),
         "setup_s": round(total - cumulative[-1], 1),
         "total_s": round(total, 1),
+    }
+
+
+def _partial(work: Path, started: float) -> dict[str, Any]:
+    """What a case stopped at ``--timeout`` had done: the rounds in its ``metrics.jsonl``
+    (cumulative seconds since the run's start) and the seconds from the case's start to the
+    run's first round line (set-up + first round)."""
+    path = work / "run" / "metrics.jsonl"
+    lines = [json.loads(x) for x in path.read_text().splitlines() if x] if path.exists() else []
+    cumulative = [float(m["seconds"]) for m in lines]
+    seconds = [b - a for a, b in zip([0.0, *cumulative], cumulative, strict=False)]
+    return {
+        "rounds_done": len(lines),
+        "round_s": [round(x, 1) for x in seconds],
+        "sampled_per_round": [len(m["selected"]) for m in lines],
+        "stopped_after_s": round(time.perf_counter() - started, 1),
     }
 
 
@@ -211,25 +231,45 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per case")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--child", nargs=2, metavar=("CASE", "RUNTIME"), help=argparse.SUPPRESS)
+    parser.add_argument("--work", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(run_case(args.child[0], args.child[1], args.rounds, args.data_dir)))
+        row = run_case(args.child[0], args.child[1], args.rounds, args.data_dir, args.work)
+        print(json.dumps(row))
         return
     load = [os.getloadavg()[0]]
     results = []
     for runtime in args.runtimes:
         for case in args.cases:
+            work = Path(tempfile.mkdtemp(prefix="pdpfl-scale-"))
             cmd = [sys.executable, __file__, "--child", case, runtime, "--rounds", str(args.rounds)]
+            cmd += ["--work", str(work)]
             if args.data_dir:
                 cmd += ["--data-dir", args.data_dir]
+            started = time.perf_counter()
+            # its own process group: a case stopped at --timeout takes Ray's processes with it
+            child = subprocess.Popen(
+                cmd,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                start_new_session=True,
+            )
             try:
-                done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
-                last = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
-                row = json.loads(last) if done.returncode == 0 else None
+                stdout, stderr = child.communicate(timeout=args.timeout)
+                last = stdout.strip().splitlines()[-1] if stdout.strip() else ""
+                row = json.loads(last) if child.returncode == 0 else None
                 if row is None:
-                    row = {"case": case, "runtime": runtime, "error": done.stderr[-800:]}
+                    row = {"case": case, "runtime": runtime, "error": stderr[-800:]}
             except subprocess.TimeoutExpired:
-                row = {"case": case, "runtime": runtime, "error": f"over {args.timeout:g} s"}
+                os.killpg(child.pid, signal.SIGKILL)
+                child.communicate()
+                row = {
+                    "case": case,
+                    "runtime": runtime,
+                    "error": f"over {args.timeout:g} s",
+                    **_partial(work, started),
+                }
             results.append(row)
             if not args.json:
                 print(json.dumps(row), flush=True)

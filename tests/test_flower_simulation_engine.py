@@ -316,6 +316,49 @@ def test_a_failing_virtual_client_is_dropped_and_the_others_finish(tmp_path: Pat
 
 
 @requires_ray
+def test_only_the_sampled_silos_are_asked_and_the_final_ledgers_are_the_simulators(
+    tmp_path: Path,
+) -> None:
+    """digits, 6 virtual SuperNodes, λ = 0.34, 3 rounds, reproducible: before the final round
+    each round's evaluation travels only to the next round's sample (a silo left out gets no
+    message), every silo evaluates the final round, and each silo's final ledger (its catch-up
+    charges for the rounds it sat out applied when next asked or at the end) is the in-process
+    simulator's, as is the final round's pooled accuracy."""
+    from pdpfl.ledger.table import load_ledgers
+    from pdpfl.runtime.flower.simulation_engine import run_flower_simulation
+    from pdpfl.runtime.simulation import run_simulation
+
+    config = load_config(
+        DEMO, [*TINY, "rounds=3", "data.num_clients=6", "training.client_rate=0.34"]
+    )
+    run_simulation(config, tmp_path / "sim", progress=False)
+    out = tmp_path / "engine"
+    run_flower_simulation(config, out)
+    sim_lines, eng_lines = _lines(tmp_path / "sim" / "metrics.jsonl"), _lines(out / "metrics.jsonl")
+    selected = [m["selected"] for m in sim_lines]
+    assert [m["selected"] for m in eng_lines] == selected
+    assert all(0 < len(s) < 6 for s in selected[1:])  # the seed leaves silos out of rounds 2, 3
+    events = _lines(out / "flower" / "transport.jsonl")
+    for t in (0, 1):  # round t's model is evaluated with round t + 1's training request only
+        sent = [e["sent"] for e in events if e["round"] == t + 1 and e["action"] == "fit+evaluate"]
+        assert sent == [selected[t + 1]]
+        assert eng_lines[t]["clients_evaluated"] == len(selected[t + 1])
+    evaluations = [(e["round"], sorted(e["sent"])) for e in events if e["action"] == "evaluate"]
+    assert evaluations == [(2, list(range(6)))]  # the final round: every silo, once
+    assert "clients_evaluated" not in eng_lines[2]
+    assert eng_lines[2]["accuracy"] == pytest.approx(sim_lines[2]["accuracy"], abs=1e-6)
+    sim_ledgers, eng_ledgers = load_ledgers(tmp_path / "sim"), load_ledgers(out)
+    assert set(eng_ledgers) == set(sim_ledgers) == {f"client_{i}" for i in range(6)}
+    for name, ledger in sim_ledgers.items():
+        np.testing.assert_array_equal(
+            eng_ledgers[name].counts["third-party"], ledger.counts["third-party"]
+        )
+        np.testing.assert_allclose(
+            eng_ledgers[name].spent_epsilon(), ledger.spent_epsilon(), rtol=0, atol=1e-12
+        )
+
+
+@requires_ray
 def test_ctrl_c_stops_the_engine_and_prints_the_resume_command(tmp_path: Path) -> None:
     """SIGINT mid-run: exit 130 within seconds with the finished rounds checkpointed, and no
     Ray process left (before, Flower's threads waited forever on actors Ray had shut down)."""

@@ -92,6 +92,11 @@ RUN_KEY_FILE = "run_key"
 EVENTS_FILE = "transport.jsonl"
 #: The ServerApp's progress (phase, silos connected, last round), rewritten atomically.
 STATUS_FILE = "status.json"
+#: Run-config key (set by ``--runtime flower-simulation`` only): evaluate only the sampled silos
+#: before the final round (:meth:`~pdpfl.runtime.flower.transport.FlowerTransport.
+#: evaluation_clients`). A deployment's silos are each asked every round: each hospital's own
+#: ledger stays current round by round, and a cross-silo federation is small.
+EVALUATE_SAMPLED = "pdpfl-evaluate-sampled"
 
 server_app = ServerApp()
 client_app = ClientApp()
@@ -413,6 +418,7 @@ def _main(grid: Grid, context: Context) -> None:
         startup_s = time.perf_counter() - t0
         _log(f"all {num_silos} silos ready after {startup_s:.1f} s")
         server, public = hooks.build_server(config, infos)
+        rounds = int(getattr(getattr(config, "training", None), "rounds", 0))
         transport = FlowerTransport(
             grid,
             silo_nodes,
@@ -422,8 +428,9 @@ def _main(grid: Grid, context: Context) -> None:
             min_silos=int(run_config.get("pdpfl-min-silos", 1)),
             log_path=flower_dir / EVENTS_FILE,
             prefetch=bool(run_config.get("pdpfl-prefetch", True)),
+            final_round=rounds - 1,
+            evaluate_sampled=bool(run_config.get(EVALUATE_SAMPLED, False)),
         )
-        rounds = int(getattr(getattr(config, "training", None), "rounds", 0))
         reporter = RoundReporter(status, rounds, transport)
         try:
             result = hooks.run(config, server, transport, out_dir, resume, on_round=reporter)

@@ -19,6 +19,16 @@ the apps an empty run config. The launcher writes the run config and one node co
 :data:`server_app` and :data:`client_app` hand the apps a :class:`flwr.app.Context` completed
 from it (the virtual node's ``partition-id`` selects its node config).
 
+A round's messages grow with the sample, not the federation
+-----------------------------------------------------------
+The ServerApp evaluates each round's model only on the silos its messages reach anyway -- the
+next round's Poisson sample, whose training request carries the evaluation -- instead of every
+virtual SuperNode (``clients_evaluated`` in the metrics line; the pooled metrics are over them).
+A silo's Type II catch-up charge for the rounds it sat out is applied the next time it is asked,
+before its pre-check and charge, and for every silo in the final round, which all of them
+evaluate: the ledgers at the end of the run are the in-process simulator's. (Until then a silo
+not asked lately has rounds it sat out still to be charged; it released nothing in them.)
+
 Where a silo lives between messages
 -----------------------------------
 Ray hands each message to whichever actor is free: a silo's next message may run in another
@@ -403,6 +413,9 @@ def run_flower_simulation(
         min_silos=min_silos,
         prefetch=prefetch,
     )
+    # One operator, virtual silos: a round asks (evaluates, catches up) only the sampled silos;
+    # the others catch up when next asked and all of them in the final round.
+    run_config[apps.EVALUATE_SAMPLED] = True
     node_configs = silo_node_configs(
         flower_dir, num_silos, data_dirs=data_dirs, hooks=hooks, config=config
     )
