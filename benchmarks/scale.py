@@ -195,7 +195,8 @@ def _partial(work: Path, started: float) -> dict[str, Any]:
 
 def _growth(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
-    keys = sorted({(r["case"].split(":")[0], r["runtime"]) for r in results if "error" not in r})
+    results = [r for r in results if "error" not in r]
+    keys = sorted({(r["case"].split(":")[0], r["runtime"]) for r in results})
     for algorithm, runtime in keys:
         rows = sorted(
             (r for r in results if r["case"].startswith(algorithm) and r["runtime"] == runtime),

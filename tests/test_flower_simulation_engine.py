@@ -315,6 +315,21 @@ def test_a_failing_virtual_client_is_dropped_and_the_others_finish(tmp_path: Pat
     assert counts["client_0"].max() == counts["client_2"].max() == 3
 
 
+def test_a_round_whose_evaluated_silos_hold_no_test_record_is_reported(tmp_path: Path) -> None:
+    """Only sampled silos evaluate on the engine: their test splits may all be empty (pooled
+    accuracy NaN); the round's status file says accuracy null instead of failing the run."""
+    from types import SimpleNamespace
+
+    from pdpfl.runtime.flower.apps import RoundReporter, Status
+
+    status = Status(tmp_path / "status.json")
+    reporter = RoundReporter(status, 3, SimpleNamespace(lost={}))  # type: ignore[arg-type]
+    reporter(0, {"selected": [4], "contributions": 1, "accuracy": float("nan")})
+    assert json.loads((tmp_path / "status.json").read_text())["accuracy"] is None
+    reporter(1, {"selected": [2], "contributions": 1, "accuracy": 0.5})
+    assert json.loads((tmp_path / "status.json").read_text())["accuracy"] == 0.5
+
+
 @requires_ray
 def test_only_the_sampled_silos_are_asked_and_the_final_ledgers_are_the_simulators(
     tmp_path: Path,

@@ -43,6 +43,7 @@ ledger are on its disk before a reply leaves, and its privacy summary stays ther
 
 from __future__ import annotations
 
+import math
 import os
 import secrets
 import time
@@ -378,7 +379,9 @@ class RoundReporter:
 
     def __call__(self, t: int, line: dict[str, Any]) -> None:
         acc = line.get("accuracy")
-        acc_text = f"{acc:.4f}" if isinstance(acc, float) and acc == acc else "-"
+        if not (isinstance(acc, float) and math.isfinite(acc)):
+            acc = None  # no test records among the silos evaluated (the status file is JSON)
+        acc_text = "-" if acc is None else f"{acc:.4f}"
         lost = sorted(self.transport.lost)
         _log(
             f"round {t + 1}/{self.rounds}: sampled silos {line.get('selected')} "
