@@ -5,10 +5,11 @@ public API -- :func:`pdpfl.runtime.simulation.run_simulation` (in-process simula
 :func:`pdpfl.runtime.flower.simulation_engine.run_flower_simulation` (Flower's Simulation Engine,
 Ray) -- and reports:
 
-* ``s_per_round``: median time of the rounds after the first (from the cumulative ``seconds`` of
-  ``metrics.jsonl``; the first round includes one-off work: calibration memo, model set-up), and
-  ``first_round_s``; ``setup_s``: the call's time before round 1 and after the last round
-  (building the parties, writing the outputs); ``cpu_s_per_round`` (in-process only): the
+* ``s_per_round``: median time of the rounds after the first and before the last (from the
+  cumulative ``seconds`` of ``metrics.jsonl``; the first round includes one-off work: calibration
+  memo, model set-up; on the Simulation Engine the last round is evaluated by every silo, their
+  catch-up charges included), and ``first_round_s``, ``last_round_s``; ``setup_s``: the call's
+  time before round 1 and after the last round (building the parties, writing the outputs); ``cpu_s_per_round`` (in-process only): the
   median CPU time of this process per round after the first -- unlike wall time, not inflated
   by other processes on a loaded machine;
 * ``rss_data_mb``: the process's resident memory after the federation is loaded (before any
@@ -162,7 +163,10 @@ def run_case(
         "sampled_per_round": [len(m["selected"]) for m in lines],
         "rounds": len(lines),
         "first_round_s": round(seconds[0], 3),
-        "s_per_round": round(statistics.median(seconds[1:] or seconds), 3),
+        # after the first and before the last round: on the Simulation Engine the last round is
+        # evaluated by every silo (all their catch-up charges), a one-off O(N) like the start-up
+        "s_per_round": round(statistics.median(seconds[1:-1] or seconds[1:] or seconds), 3),
+        "last_round_s": round(seconds[-1], 3),
         # CPU seconds of this process per round after the first (the in-process simulator runs
         # in it; not inflated by other processes' load, unlike wall time)
         "cpu_s_per_round": round(statistics.median(np.diff(cpu)), 3)
