@@ -9,9 +9,9 @@ Ray) -- and reports:
   cumulative ``seconds`` of ``metrics.jsonl``; the first round includes one-off work: calibration
   memo, model set-up; on the Simulation Engine the last round is evaluated by every silo, their
   catch-up charges included), and ``first_round_s``, ``last_round_s``; ``setup_s``: the call's
-  time before round 1 and after the last round (building the parties, writing the outputs); ``cpu_s_per_round`` (in-process only): the
-  median CPU time of this process per round after the first -- unlike wall time, not inflated
-  by other processes on a loaded machine;
+  time before round 1 and after the last round (building the parties, writing the outputs);
+  ``cpu_s_per_round`` (in-process only): the median CPU time of this process per round after
+  the first -- unlike wall time, not inflated by other processes on a loaded machine;
 * ``rss_data_mb``: the process's resident memory after the federation is loaded (before any
   silo is built) -- "the data";
 * ``rss_peak_mb``: the peak of the resident memory of the process *and all its descendants*
