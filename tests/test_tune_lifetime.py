@@ -32,9 +32,10 @@ from pdpfl.privacy.accountant import RdpAccountant
 from pdpfl.privacy.conversion import rdp_to_epsilon
 from pdpfl.privacy.lifetime import CurveCharges, RunCharges, compose_epsilon, convert_with_tail
 from pdpfl.privacy.mechanisms import Composed
+from pdpfl.privacy.tuning import PoissonTrials
 from pdpfl.testing import toy_config
-from pdpfl.tune import TuneRefused, parse_grid, plan_search, tune
-from pdpfl.tune.accounting import ORDERS
+from pdpfl.tune import TuneRefused, tune
+from pdpfl.tune.accounting import ORDERS, ledger_curves, search_cost
 
 PLAN = TrainingPlan(noise_multiplier=2.0, delta=1e-3, steps=4, rounds=3, client_rate=1.0)
 IDS = np.array([11, 12, 13])
@@ -155,34 +156,26 @@ def test_the_entry_equals_the_plans_closed_form(tmp_path: Path) -> None:
     """What the store charges for a search on a fresh store is tune/accounting.py's ε: the
     server's exactly, the third parties' at most (the store pays the cap's tail with e^ε, the
     plan with e^budget) and within 0.1 %."""
-    config = _enforced()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        plan = plan_search(
-            config,
-            parse_grid(["training.lr=0.1,0.3"]),
-            trial_budget_fraction=0.2,
-            expected_trials=2.0,
-            work_dir=tmp_path,
-        )
-    c = plan.cost.curves
-    rows = np.flatnonzero(c.party == "client_0")
-    target, ids = plan.targets["client_0"]
-    with BudgetStore(tmp_path / "s", "silo-0", "data").open() as store:
+    base = ledger_curves({"client_0": PrivacyLedger(BUDGETS, RATES, PLAN, ids=IDS)})
+    cost = search_cost(base, [base, base], PoissonTrials(2.0))
+    assert cost.tail > 0
+    with BudgetStore(tmp_path, "silo-0", "data").open() as store:
         spent = charge_search(
             store,
             {"run": "tune-x"},
-            ids,
-            c.budgets[rows],
-            {o: plan.cost.search_rdp[o][rows] for o in c.observers},
+            IDS,
+            BUDGETS,
+            {o: cost.search_rdp[o] for o in base.observers},
             ORDERS,
-            delta=float(c.delta[rows][0]),
-            tail={"third-party": plan.cost.tail},
+            delta=PLAN.delta,
+            tail={"third-party": cost.tail},
         )
-    want = plan.cost.epsilon["third-party"][rows]
-    assert np.all(spent["third-party"] <= want * (1 + 1e-12))
-    np.testing.assert_allclose(spent["third-party"], want, rtol=1e-3)
-    assert target is not None and target.party == "silo-0"
+    np.testing.assert_allclose(spent["server"], cost.epsilon["server"], rtol=1e-9)
+    assert np.all(spent["third-party"] <= cost.epsilon["third-party"] * (1 + 1e-12))
+    np.testing.assert_allclose(spent["third-party"], cost.epsilon["third-party"], rtol=1e-3)
+    table = lifetime_table(tmp_path)  # read back from the sealed file: the same
+    order = np.argsort(table["id"].astype(int))
+    np.testing.assert_allclose(table["epsilon_server"][order], spent["server"], rtol=1e-12)
 
 
 @pytest.mark.slow
@@ -194,7 +187,7 @@ def test_tune_charges_an_enforced_store_once_and_refuses_a_search_it_cannot_pay(
         warnings.simplefilter("ignore")
         res = tune(
             config,
-            ["training.lr=0.05,0.5"],
+            ["training.lr=0.3"],
             tmp_path / "t",
             expected_trials=1.0,
             trial_budget_fraction=0.3,
@@ -212,7 +205,7 @@ def test_tune_charges_an_enforced_store_once_and_refuses_a_search_it_cannot_pay(
         with pytest.raises(TuneRefused, match=r"^lifetime: \d+ of \d+ record\(s\) of silo-"):
             tune(
                 config,
-                ["training.lr=0.05,0.5"],
+                ["training.lr=0.3"],
                 tmp_path / "t2",
                 expected_trials=1.5,
                 trial_budget_fraction=0.8,
