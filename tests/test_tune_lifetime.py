@@ -123,6 +123,19 @@ def test_the_capped_search_pays_its_tail_in_delta(scale: float, tail: float) -> 
     assert eps <= float(rdp_to_epsilon(curve, ORDERS, left - 1e-9 * delta)[0][0]) + 1e-6
 
 
+def test_a_search_and_a_group_run_fall_back_to_basic_composition() -> None:
+    """GROUP-k has no curve on the search's orders: each side at δ/2, summed."""
+    from pdpfl.privacy.unit import GroupPlan
+
+    group = GroupPlan(2.0, 3, 1e-3, 4, group_size=3, conversion="rdp")
+    run = RunCharges(group, np.array([0.1]), np.array([2.0]), np.array([4]))
+    curve = CurveCharges(ORDERS[None, :] * 0.01, ORDERS)
+    got = float(compose_epsilon([run, curve], "third-party", 1e-3)[0])
+    own = float(compose_epsilon([run], "third-party", 5e-4)[0])
+    search = float(rdp_to_epsilon(ORDERS[None, :] * 0.01, ORDERS, 5e-4)[0][0])
+    assert got == pytest.approx(own + search, rel=1e-9)
+
+
 # ----------------------------------------------------------------- refusal and the seal
 def test_a_search_over_a_lifetime_budget_is_refused_and_charges_nothing(tmp_path: Path) -> None:
     ledger = _run(tmp_path, "a", 3)
