@@ -5,12 +5,13 @@ public API -- :func:`pdpfl.runtime.simulation.run_simulation` (in-process simula
 :func:`pdpfl.runtime.flower.simulation_engine.run_flower_simulation` (Flower's Simulation Engine,
 Ray) -- and reports:
 
-* ``s_per_round``: median time of the rounds after the first (from the cumulative ``seconds`` of
-  ``metrics.jsonl``; the first round includes one-off work: calibration memo, model set-up), and
-  ``first_round_s``; ``setup_s``: the call's time before round 1 and after the last round
-  (building the parties, writing the outputs); ``cpu_s_per_round`` (in-process only): the
-  median CPU time of this process per round after the first -- unlike wall time, not inflated
-  by other processes on a loaded machine;
+* ``s_per_round``: median time of the rounds after the first and before the last (from the
+  cumulative ``seconds`` of ``metrics.jsonl``; the first round includes one-off work: calibration
+  memo, model set-up; on the Simulation Engine the last round is evaluated by every silo, their
+  catch-up charges included), and ``first_round_s``, ``last_round_s``; ``setup_s``: the call's
+  time before round 1 and after the last round (building the parties, writing the outputs);
+  ``cpu_s_per_round`` (in-process only): the median CPU time of this process per round after
+  the first -- unlike wall time, not inflated by other processes on a loaded machine;
 * ``rss_data_mb``: the process's resident memory after the federation is loaded (before any
   silo is built) -- "the data";
 * ``rss_peak_mb``: the peak of the resident memory of the process *and all its descendants*
@@ -37,6 +38,7 @@ import argparse
 import json
 import os
 import platform
+import signal
 import statistics
 import subprocess
 import sys
@@ -103,14 +105,17 @@ class PeakSampler:
         self.peak = max(self.peak, _tree_rss_mb(os.getpid()))
 
 
-def run_case(case: str, runtime: str, rounds: int, data_dir: str | None) -> dict[str, Any]:
-    """One case in this process (the child of :func:`main`)."""
+def run_case(
+    case: str, runtime: str, rounds: int, data_dir: str | None, work_dir: str | None = None
+) -> dict[str, Any]:
+    """One case in this process (the child of :func:`main`), its files under ``work_dir``."""
     from pdpfl.config import load_config
     from pdpfl.runtime.simulation import load_federation_for, run_simulation
 
     algorithm, n = case.split(":")
     path, overrides = CONFIGS[algorithm]
-    work = Path(tempfile.mkdtemp(prefix="pdpfl-scale-"))
+    work = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="pdpfl-scale-"))
+    work.mkdir(parents=True, exist_ok=True)
     config = load_config(
         ROOT / path,
         [
@@ -125,16 +130,16 @@ def run_case(case: str, runtime: str, rounds: int, data_dir: str | None) -> dict
         data_dir=data_dir,
     )
     out = work / "run"
-    import pdpfl.runtime.loop as loop
+    import pdpfl.runtime.run_state as run_state
 
     cpu: list[float] = []  # this process's CPU time at the end of each round (in-process)
-    save_round = loop.save_round
+    save_round = run_state.save_round  # the round loop's checkpoint (RunState.checkpoint)
 
     def timed(*args: Any, **kwargs: Any) -> None:
         save_round(*args, **kwargs)
         cpu.append(time.process_time())
 
-    loop.save_round = timed
+    run_state.save_round = timed
     t0 = time.perf_counter()
     with PeakSampler() as peak:
         if runtime == "simulation":
@@ -158,7 +163,10 @@ def run_case(case: str, runtime: str, rounds: int, data_dir: str | None) -> dict
         "sampled_per_round": [len(m["selected"]) for m in lines],
         "rounds": len(lines),
         "first_round_s": round(seconds[0], 3),
-        "s_per_round": round(statistics.median(seconds[1:] or seconds), 3),
+        # after the first and before the last round: on the Simulation Engine the last round is
+        # evaluated by every silo (all their catch-up charges), a one-off O(N) like the start-up
+        "s_per_round": round(statistics.median(seconds[1:-1] or seconds[1:] or seconds), 3),
+        "last_round_s": round(seconds[-1], 3),
         # CPU seconds of this process per round after the first (the in-process simulator runs
         # in it; not inflated by other processes' load, unlike wall time)
         "cpu_s_per_round": round(statistics.median(np.diff(cpu)), 3)
@@ -173,9 +181,26 @@ def run_case(case: str, runtime: str, rounds: int, data_dir: str | None) -> dict
     }
 
 
+def _partial(work: Path, started: float) -> dict[str, Any]:
+    """What a case stopped at ``--timeout`` had done: the rounds in its ``metrics.jsonl``
+    (cumulative seconds since the run's start) and the seconds from the case's start to the
+    run's first round line (set-up + first round)."""
+    path = work / "run" / "metrics.jsonl"
+    lines = [json.loads(x) for x in path.read_text().splitlines() if x] if path.exists() else []
+    cumulative = [float(m["seconds"]) for m in lines]
+    seconds = [b - a for a, b in zip([0.0, *cumulative], cumulative, strict=False)]
+    return {
+        "rounds_done": len(lines),
+        "round_s": [round(x, 1) for x in seconds],
+        "sampled_per_round": [len(m["selected"]) for m in lines],
+        "stopped_after_s": round(time.perf_counter() - started, 1),
+    }
+
+
 def _growth(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
-    keys = sorted({(r["case"].split(":")[0], r["runtime"]) for r in results if "error" not in r})
+    results = [r for r in results if "error" not in r]
+    keys = sorted({(r["case"].split(":")[0], r["runtime"]) for r in results})
     for algorithm, runtime in keys:
         rows = sorted(
             (r for r in results if r["case"].startswith(algorithm) and r["runtime"] == runtime),
@@ -211,25 +236,45 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per case")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--child", nargs=2, metavar=("CASE", "RUNTIME"), help=argparse.SUPPRESS)
+    parser.add_argument("--work", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(run_case(args.child[0], args.child[1], args.rounds, args.data_dir)))
+        row = run_case(args.child[0], args.child[1], args.rounds, args.data_dir, args.work)
+        print(json.dumps(row))
         return
     load = [os.getloadavg()[0]]
     results = []
     for runtime in args.runtimes:
         for case in args.cases:
+            work = Path(tempfile.mkdtemp(prefix="pdpfl-scale-"))
             cmd = [sys.executable, __file__, "--child", case, runtime, "--rounds", str(args.rounds)]
+            cmd += ["--work", str(work)]
             if args.data_dir:
                 cmd += ["--data-dir", args.data_dir]
+            started = time.perf_counter()
+            # its own process group: a case stopped at --timeout takes Ray's processes with it
+            child = subprocess.Popen(
+                cmd,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                start_new_session=True,
+            )
             try:
-                done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
-                last = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
-                row = json.loads(last) if done.returncode == 0 else None
+                stdout, stderr = child.communicate(timeout=args.timeout)
+                last = stdout.strip().splitlines()[-1] if stdout.strip() else ""
+                row = json.loads(last) if child.returncode == 0 else None
                 if row is None:
-                    row = {"case": case, "runtime": runtime, "error": done.stderr[-800:]}
+                    row = {"case": case, "runtime": runtime, "error": stderr[-800:]}
             except subprocess.TimeoutExpired:
-                row = {"case": case, "runtime": runtime, "error": f"over {args.timeout:g} s"}
+                os.killpg(child.pid, signal.SIGKILL)
+                child.communicate()
+                row = {
+                    "case": case,
+                    "runtime": runtime,
+                    "error": f"over {args.timeout:g} s",
+                    **_partial(work, started),
+                }
             results.append(row)
             if not args.json:
                 print(json.dumps(row), flush=True)
