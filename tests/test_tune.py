@@ -247,16 +247,6 @@ def test_tune_runs_charges_and_releases_the_best(tmp_path):
         assert set(table["party"]) == {"silo-0", "silo-1", "silo-2"}
 
 
-def test_a_search_on_enforced_lifetime_budgets_is_refused_before_anything(tmp_path):
-    """Each trial would charge the store in full against its own budgets: the second would
-    find every unit spent. Refused before the output folder exists."""
-    enforced = toy_config("rpdp", ["rounds=2", "privacy.adversary=third-party"])
-    assert not enforced.lifetime.allow_respend
-    with pytest.raises(TuneRefused, match=r"^lifetime\.allow_respend: tune needs true"):
-        tune(enforced, ["training.lr=0.05,0.5"], tmp_path / "t", trial_budget_fraction=0.25)
-    assert not (tmp_path / "t").exists()
-
-
 def test_cli_plan_and_errors(tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text(
@@ -269,9 +259,9 @@ def test_cli_plan_and_errors(tmp_path):
     assert res.exit_code == 2 and "error: --grid: the search would spend" in res.output
     res = runner.invoke(
         app, ["tune", str(cfg), "--grid", "lr=0.1,0.3", "--out", str(tmp_path / "o")]
-    )
-    assert res.exit_code == 2 and "error: lifetime.allow_respend: tune needs true" in res.output
-    assert not (tmp_path / "o").exists()
+    )  # enforced lifetime budgets: the search is checked (and refused) before any trial
+    assert res.exit_code == 2 and "error: --grid: the search would spend" in res.output
+    assert not (tmp_path / "o" / "trials").exists()
     res = runner.invoke(app, ["tune", str(cfg), "--grid", "seed=1,2", "--plan"])
     assert res.exit_code == 2 and "error: --grid: seed" in res.output
     res = runner.invoke(app, ["tune", str(cfg), "--grid", "lr=1", "--distribution", "x"])

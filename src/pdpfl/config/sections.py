@@ -204,7 +204,8 @@ class PrivacyConfig(_Section):
         "summed modulo 2^b (secure.bits) and the ledgers charge the distributed discrete "
         "Gaussian (Kairouz, Liu & Steinke 2021; accountant rdp) -- or continuous: float "
         "Gaussian shares in the fixed-point ring (the released sum is then only close to the "
-        "accounted one). ULDP-FL's private weighting keeps its own encoding (continuous)",
+        "accounted one). ULDP-FL's private weighting adds exact discrete Gaussians on its "
+        "own grid 2^m·secure.precision (discrete) or float Gaussians (continuous)",
     )
 
     central_noise: Literal["continuous", "discrete"] = Field(

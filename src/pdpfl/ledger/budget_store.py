@@ -24,6 +24,13 @@ file first, then the index, then the mark -- a crash between them leaves a run f
 generation *ahead* of the index (or, for a new run, a run file the index does not list yet),
 which is accepted: it can only over-count.
 
+A **sealed search entry** (``meta["kind"] == "search"``, written by ``pdpfl tune`` before its
+first trial) holds instead of a mechanism each unit's RDP curve of the whole private
+hyper-parameter search per observer (``rdp_third_party``, ``rdp_server`` on ``orders``;
+Papernot & Steinke 2022, Thm. 2/3) and ``meta["tail"]``, the probability per observer that the
+capped search departs from the one the curves bound; it composes with the other entries by RDP
+addition (:class:`pdpfl.privacy.lifetime.CurveCharges`).
+
 Concurrency: a run holds the store's exclusive lock (``flock``) from before its first charge
 until it ends; a second run on the same store waits ``wait_s`` seconds and is then refused with
 the holder named. The kernel drops the lock of a killed process, so a stale lock never blocks.
@@ -52,6 +59,7 @@ from pdpfl.io import write_bytes
 
 __all__ = [
     "FORMAT",
+    "SEARCH_KIND",
     "STORE_ENV",
     "BudgetStore",
     "StoreBusy",
@@ -68,6 +76,9 @@ _INDEX = "index.sealed"
 _LOCK = ".lock"
 _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 _OBSERVER_KEYS = {"third-party": "third_party_rounds", "server": "server_rounds"}
+_CURVE_KEYS = {"third-party": "rdp_third_party", "server": "rdp_server"}
+#: ``meta["kind"]`` of a sealed search entry (per-unit RDP curves instead of a mechanism).
+SEARCH_KIND = "search"
 
 
 class StoreBusy(ValueError):
@@ -119,10 +130,18 @@ class StoredRun:
     noise_multipliers: np.ndarray
     counts: dict[str, np.ndarray] = field(default_factory=dict)
     generation: int = 0
+    #: A sealed search entry: per observer, each unit's RDP curve on :attr:`orders`.
+    curves: dict[str, np.ndarray] = field(default_factory=dict)
+    orders: np.ndarray | None = None
 
     @property
     def run_id(self) -> str:
         return str(self.meta["run"])
+
+    @property
+    def sealed_curves(self) -> bool:
+        """Whether this entry is a sealed search (curves, no mechanism)."""
+        return self.meta.get("kind") == SEARCH_KIND
 
     def to_bytes(self) -> bytes:
         arrays: dict[str, np.ndarray] = {
@@ -134,6 +153,12 @@ class StoredRun:
         }
         for obs, c in self.counts.items():
             arrays[_OBSERVER_KEYS[obs]] = np.asarray(c, dtype=np.int64)
+        if self.curves:
+            if self.orders is None:
+                raise ValueError("a sealed search entry needs its orders")
+            arrays["orders"] = np.asarray(self.orders, dtype=np.float64)
+            for obs, r in self.curves.items():
+                arrays[_CURVE_KEYS[obs]] = np.asarray(r, dtype=np.float64)
         buf = io.BytesIO()
         np.savez(buf, **arrays)  # type: ignore[arg-type]  # numpy stubs: **kwds
         return buf.getvalue()
@@ -149,6 +174,10 @@ class StoredRun:
             counts = {
                 obs: z[key].astype(np.int64) for obs, key in _OBSERVER_KEYS.items() if key in z
             }
+            curves = {
+                obs: z[key].astype(np.float64) for obs, key in _CURVE_KEYS.items() if key in z
+            }
+            orders = z["orders"].astype(np.float64) if "orders" in z else None
             run = cls(
                 meta,
                 ids.astype(np.int64) if ids.dtype.kind in "iu" else ids.astype(str),
@@ -157,12 +186,19 @@ class StoredRun:
                 z["noise_multipliers"].astype(np.float64),
                 counts,
                 generation,
+                curves,
+                orders,
             )
         shapes = [run.budgets, run.rates, run.noise_multipliers, *counts.values()]
         if ids.ndim != 1 or any(a.shape != (n,) for a in shapes):
             raise ValueError("the run entry's arrays do not have one value per unit")
         if any(np.any(c < 0) for c in counts.values()):
             raise ValueError("the run entry has negative counts")
+        if run.sealed_curves:
+            if orders is None or orders.ndim != 1 or not curves:
+                raise ValueError("the search entry has no curves or orders")
+            if any(r.shape != (n, orders.size) or np.any(~(r >= 0)) for r in curves.values()):
+                raise ValueError("the search entry's curves are malformed")
         return run
 
 

@@ -16,6 +16,9 @@ across runs, resumes and crashes.
 * **Enforced** (default): the ledger's pre-check (``would_exceed``) also refuses a round that
   would take a unit's lifetime ε over its budget. ``lifetime.allow_respend`` (public or
   synthetic data) keeps the prior for reporting only; the store still records the run.
+* **Sealed search entries** (``pdpfl tune``, :func:`charge_search`): a unit's prior may hold
+  a whole private hyper-parameter search as one entry of per-unit RDP curves; it composes with
+  the runs by RDP addition (:class:`~pdpfl.privacy.lifetime.CurveCharges`).
 * **Resume**: this run's own entry may hold more than the checkpoint restored (rounds charged
   after the last checkpoint, possibly released): that excess stays charged, as a part of the
   prior (:meth:`LifetimeAccount.rebase`).
@@ -35,7 +38,14 @@ from pdpfl.ledger.budget_store import BudgetStore, StoredRun, find_stores
 from pdpfl.ledger.describe import mechanism_from_dict, mechanism_to_dict
 from pdpfl.ledger.groups import budget_groups
 from pdpfl.privacy.accountant import mechanism_epsilon
-from pdpfl.privacy.lifetime import LifetimeComposer, RunCharges, at_delta
+from pdpfl.privacy.lifetime import (
+    Charges,
+    CurveCharges,
+    LifetimeComposer,
+    RunCharges,
+    at_delta,
+    convert_with_tail,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     from pdpfl.ledger.core import PrivacyLedger
@@ -44,6 +54,8 @@ __all__ = [
     "LifetimeAccount",
     "LifetimeOptions",
     "LifetimeTarget",
+    "SearchOverBudget",
+    "charge_search",
     "lifetime_table",
     "store_runs",
 ]
@@ -106,7 +118,7 @@ class LifetimeAccount:
         self.run_id = str(meta["run"])
         self.closed = False
         #: Per observer: the prior runs' charges, aligned with the ledger's units.
-        self.parts: dict[str, list[RunCharges]] = {}
+        self.parts: dict[str, list[Charges]] = {}
         #: Units a run without DP trained on (lifetime ε = ∞).
         self.unbounded = np.zeros(0, dtype=bool)
         #: This run's charges beyond the restored counts (kept charged), per observer.
@@ -152,6 +164,12 @@ class LifetimeAccount:
                 np.any(c[np.maximum(pos, 0)][present] > 0) for c in run.counts.values()
             )
             self.prior_runs += int(not mine and charged_any)
+            if run.sealed_curves:
+                for obs in ledger.observers:
+                    curve = _curve_part(run, obs, pos, present)
+                    if curve is not None:
+                        self.parts[obs].append(curve)
+                continue
             if not run.meta.get("private", True):
                 charged = np.zeros(n, dtype=bool)
                 for c in run.counts.values():
@@ -197,6 +215,9 @@ class LifetimeAccount:
         for p, part in enumerate(parts):
             sel = np.flatnonzero(only & touched[p])
             if not sel.size:
+                continue
+            if isinstance(part, CurveCharges):
+                out[sel] = convert_with_tail(part.rdp[sel], part.orders, self.delta, part.tail)
                 continue
             mech = _at_delta(part.mechanism, self.delta)
             for sigma in np.unique(part.noise_multipliers[sel]):
@@ -271,16 +292,7 @@ class LifetimeAccount:
                 np.where(now[several], counts[several], 0),
                 ledger.accountant,
             )
-            sub = [
-                RunCharges(
-                    p.mechanism,
-                    p.rates[several],
-                    p.noise_multipliers[several],
-                    p.counts[several],
-                    p.accountant,
-                )
-                for p in parts
-            ]
+            sub = [p.take(several) for p in parts]
             out[several] = self._composers[observer].epsilon([*sub, current])
         return np.where(self.unbounded, math.inf, out)
 
@@ -298,6 +310,22 @@ class LifetimeAccount:
 def _at_delta(mechanism: Any, delta: float) -> Any:
     shifted = at_delta(mechanism, delta)
     return mechanism if shifted is None else shifted
+
+
+def _curve_part(
+    run: StoredRun, observer: str, pos: np.ndarray, present: np.ndarray
+) -> CurveCharges | None:
+    """A sealed search entry's charges against ``observer``, aligned by ``pos``."""
+    curve = run.curves.get(observer)
+    if curve is None or run.orders is None:
+        return None
+    stored = run.counts.get(observer)
+    k = np.where(present, 1 if stored is None else stored[np.maximum(pos, 0)], 0)
+    if not np.any(k):
+        return None
+    rows = np.where(present[:, None], curve[np.maximum(pos, 0)], 0.0)
+    tail = float(dict(run.meta.get("tail") or {}).get(observer, 0.0))
+    return CurveCharges(rows, run.orders, tail, k)
 
 
 # ---------------------------------------------------------------------- reading a store
@@ -325,10 +353,13 @@ def store_runs(store: BudgetStore) -> list[dict[str, Any]]:
     ]
 
 
-def _store_epsilon(store: BudgetStore, delta: float | None) -> dict[str, Any]:
+def _store_epsilon(
+    store: BudgetStore, delta: float | None, extra: StoredRun | None = None
+) -> dict[str, Any]:
     """Every unit of ``store`` with its lifetime ε per observer at δ (default: the smallest δ
-    of its runs)."""
-    runs = sorted(store.runs.values(), key=lambda r: (r.meta.get("started") or 0, r.run_id))
+    of its runs); ``extra``: an entry not written yet, composed as if it were."""
+    listed = [*store.runs.values(), *([extra] if extra is not None else [])]
+    runs = sorted(listed, key=lambda r: (r.meta.get("started") or 0, r.run_id))
     ids = np.unique(np.concatenate([r.ids for r in runs])) if runs else np.zeros(0, np.int64)
     n = ids.size
     deltas = [float(r.meta["delta"]) for r in runs if r.meta.get("delta")]
@@ -336,7 +367,7 @@ def _store_epsilon(store: BudgetStore, delta: float | None) -> dict[str, Any]:
     budget = np.full(n, np.nan)
     unbounded = np.zeros(n, dtype=bool)
     charged_by: list[list[str]] = [[] for _ in range(n)]
-    parts: dict[str, list[RunCharges]] = {o: [] for o in _OBSERVERS}
+    parts: dict[str, list[Charges]] = {o: [] for o in _OBSERVERS}
     for r in runs:
         pos = _align(ids, r.ids)
         present = pos >= 0
@@ -346,6 +377,12 @@ def _store_epsilon(store: BudgetStore, delta: float | None) -> dict[str, Any]:
             touched |= present & (c[np.maximum(pos, 0)] > 0)
         for i in np.flatnonzero(touched):
             charged_by[i].append(r.run_id)
+        if r.sealed_curves:
+            for obs in _OBSERVERS:
+                curve = _curve_part(r, obs, pos, present)
+                if curve is not None:
+                    parts[obs].append(curve)
+            continue
         if not r.meta.get("private", True):
             unbounded |= touched
             continue
@@ -369,7 +406,7 @@ def _store_epsilon(store: BudgetStore, delta: float | None) -> dict[str, Any]:
     return {"ids": ids, "budget": budget, "epsilon": eps, "runs": charged_by, "delta": d}
 
 
-def _compose_store(parts: list[RunCharges], observer: str, delta: float, n: int) -> np.ndarray:
+def _compose_store(parts: list[Charges], observer: str, delta: float, n: int) -> np.ndarray:
     if not parts:
         return np.full(n, np.nan)
     out = np.zeros(n)
@@ -377,6 +414,10 @@ def _compose_store(parts: list[RunCharges], observer: str, delta: float, n: int)
     m = touched.sum(axis=0)
     for p, part in enumerate(parts):  # one run: its own accountant
         sel = np.flatnonzero((m == 1) & touched[p])
+        if isinstance(part, CurveCharges):
+            if sel.size:
+                out[sel] = convert_with_tail(part.rdp[sel], part.orders, delta, part.tail)
+            continue
         for sigma in np.unique(part.noise_multipliers[sel]) if sel.size else ():
             rows = sel[part.noise_multipliers[sel] == sigma]
             e, _ = mechanism_epsilon(
@@ -389,16 +430,7 @@ def _compose_store(parts: list[RunCharges], observer: str, delta: float, n: int)
             out[rows] = e
     several = np.flatnonzero(m > 1)
     if several.size:
-        sub = [
-            RunCharges(
-                p.mechanism,
-                p.rates[several],
-                p.noise_multipliers[several],
-                p.counts[several],
-                p.accountant,
-            )
-            for p in parts
-        ]
+        sub = [p.take(several) for p in parts]
         out[several] = LifetimeComposer(observer, delta).epsilon(sub)
     return out
 
@@ -463,3 +495,87 @@ def lifetime_table(path: str | Path, *, delta: float | None = None) -> dict[str,
     for k, v in cols.items():
         out[k] = np.array(v, dtype=object if k == "id" else None)
     return out
+
+
+class SearchOverBudget(ValueError):
+    """A sealed search entry would take some units over their lifetime budget."""
+
+
+def charge_search(
+    store: BudgetStore,
+    meta: dict[str, Any],
+    ids: np.ndarray,
+    budgets: np.ndarray,
+    curves: dict[str, np.ndarray],
+    orders: np.ndarray,
+    *,
+    delta: float,
+    tail: dict[str, float] | None = None,
+    enforce: bool = True,
+    check: tuple[str, ...] = _OBSERVERS,
+    write: bool = True,
+) -> dict[str, np.ndarray]:
+    """Write a private hyper-parameter search to ``store`` (open and locked) as one sealed
+    entry of per-unit RDP curves -- before the search releases anything -- and return each
+    unit's lifetime ε per observer with it (in ``ids`` order).
+
+    ``curves[observer]`` is (units, len(orders)): each unit's RDP curve of the *whole* search
+    (Papernot & Steinke 2022, Thm. 2/3 for third parties; every trial for the server);
+    ``tail[observer]`` the probability that the capped search departs from it. With
+    ``enforce``, a search that would take a unit's lifetime ε over its budget against an
+    observer in ``check`` raises :class:`SearchOverBudget` (naming the units and their budgets)
+    and writes nothing; ``write=False`` checks only."""
+    from pdpfl.ledger.budget_store import SEARCH_KIND
+
+    ids = np.asarray(ids)
+    n = ids.size
+    budgets = np.asarray(budgets, dtype=np.float64).reshape(-1)
+    if budgets.shape != (n,):
+        raise ValueError("search: one budget per unit")
+    tails = {o: float((tail or {}).get(o, 0.0)) for o in curves}
+    entry = StoredRun(
+        {
+            **meta,
+            "kind": SEARCH_KIND,
+            "private": True,
+            "mechanism": None,
+            "accountant": "rdp",
+            "observers": sorted(curves),
+            "delta": float(delta),
+            "enforced": bool(enforce),
+            "tail": tails,
+            "started": meta.get("started") or time.time(),
+        },
+        ids,
+        budgets,
+        np.ones(n),
+        np.ones(n),
+        {o: np.asarray((np.asarray(c) > 0).any(axis=1), dtype=np.int64) for o, c in curves.items()},
+        curves={o: np.asarray(c, dtype=np.float64) for o, c in curves.items()},
+        orders=np.asarray(orders, dtype=np.float64),
+    )
+    view = _store_epsilon(store, float(delta), extra=entry)
+    pos = _align(ids, view["ids"])
+    spent = {o: np.asarray(view["epsilon"][o])[pos] for o in _OBSERVERS}
+    if enforce:
+        over = np.zeros(n, dtype=bool)
+        for obs in check:
+            e = spent.get(obs)
+            if e is not None:
+                over |= ~np.isnan(e) & (e > budgets * (1 + 1e-12))
+        if over.any():
+            shown = ", ".join(
+                f"{ids[i]} (budget {budgets[i]:g}, lifetime ε "
+                + "/".join(f"{spent[o][i]:.4g}" for o in check if o in spent)
+                + ")"
+                for i in np.flatnonzero(over)[:5]
+            )
+            more = f" and {int(over.sum()) - 5} more" if over.sum() > 5 else ""
+            raise SearchOverBudget(
+                f"{int(over.sum())} of {n} {meta.get('unit', 'unit')}(s) of {store.party} would "
+                f"exceed their lifetime budget with this search (budget store {store.folder}): "
+                f"{shown}{more}"
+            )
+    if write:
+        store.put(entry)
+    return spent

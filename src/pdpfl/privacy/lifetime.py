@@ -19,7 +19,14 @@ module computes it -- never as a sum of rounded per-run ε's where composition i
   :mod:`pdpfl.privacy.pld` is subtracted from δ); the result is ``min(ε_PLD, ε_RDP)``;
 * **anything else** (e.g. a group run composed with a user-level Gaussian run): basic
   composition, each run's own ε at δ/m (m runs), summed -- an upper bound at δ (Dwork & Roth
-  2014, Thm. 3.16).
+  2014, Thm. 3.16);
+* **sealed curves** (:class:`CurveCharges`: a private hyper-parameter search stored as one
+  entry, each unit's RDP curve of the *whole* search -- Papernot & Steinke 2022, Thm. 2/3 for
+  third parties, the random composition of every trial for the server): the curves add to the
+  runs' curves order by order on the curves' orders (RDP composition holds at every order), and
+  the sum is converted at δ − (1 + e^ε)·p, p the search's probability of stopping at its trial
+  cap (the capped search differs from the one the theorem bounds only on that event). A curve
+  composed with a group-privacy run falls back to basic composition (each side at δ/2).
 
 Every value is an upper bound on the unit's ε at ``delta`` against ``observer``. The
 composition is independent of the order of the runs (all rules above are symmetric).
@@ -47,7 +54,7 @@ from pdpfl.privacy.mechanisms import Composed, GroupPrivacy, Mechanism
 from pdpfl.privacy.orders import DEFAULT_ORDERS, check_orders
 from pdpfl.privacy.unit import UnitMechanism
 
-__all__ = ["LifetimeComposer", "RunCharges", "at_delta", "compose_epsilon"]
+__all__ = ["CurveCharges", "LifetimeComposer", "RunCharges", "at_delta", "compose_epsilon"]
 
 #: Classes above this many are composed by RDP only (the PLD composition is per class).
 MAX_PLD_CLASSES = 64
@@ -93,6 +100,101 @@ class RunCharges:
     @property
     def n(self) -> int:
         return int(self.rates.size)
+
+    def take(self, units: np.ndarray) -> RunCharges:
+        """The charges of ``units`` only."""
+        return RunCharges(
+            self.mechanism,
+            self.rates[units],
+            self.noise_multipliers[units],
+            self.counts[units],
+            self.accountant,
+        )
+
+
+@dataclass(frozen=True)
+class CurveCharges:
+    """A sealed entry's charges of ``n`` units against one observer: each unit's RDP curve.
+
+    Attributes
+    ----------
+    rdp
+        (n, len(orders)) the RDP curve each unit was charged (a row of zeros: not charged).
+    orders
+        The Rényi orders of the curves (all > 1).
+    tail
+        p: the probability that the entry's mechanism departs from the one its curves bound
+        (a search stopped at its trial cap); δ pays (1 + e^ε)·p at conversion.
+    counts
+        (n,) 1 where the entry charged the unit, else 0 (omitted: the units whose curve is not
+        all zeros).
+    """
+
+    rdp: np.ndarray
+    orders: np.ndarray
+    tail: float = 0.0
+    counts: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
+
+    def __post_init__(self) -> None:
+        a = check_orders(self.orders)
+        r = np.asarray(self.rdp, dtype=np.float64)
+        if r.ndim != 2 or r.shape[1] != a.size:
+            raise ValueError(f"charges: the curves need shape (units, {a.size}), got {r.shape}")
+        if np.unique(a).size != a.size:
+            raise ValueError("charges: the curves' orders must be distinct")
+        order = np.argsort(a)  # sorted: the common grid is looked up by searchsorted
+        a, r = a[order], r[:, order]
+        if np.any(np.isnan(r)) or np.any(r < 0):
+            raise ValueError("charges: RDP curves must be >= 0 (no NaN)")
+        if not (0.0 <= float(self.tail) < 1.0):
+            raise ValueError(f"charges: tail must be in [0, 1), got {self.tail!r}")
+        given = np.asarray(self.counts).reshape(-1)
+        k = (r > 0).any(axis=1) if given.size == 0 and r.shape[0] > 0 else given
+        if k.shape != (r.shape[0],):
+            raise ValueError("charges: counts need one value per unit")
+        object.__setattr__(self, "rdp", r)
+        object.__setattr__(self, "orders", a.copy())
+        object.__setattr__(self, "tail", float(self.tail))
+        object.__setattr__(self, "counts", (np.asarray(k) > 0).astype(np.int64))
+
+    @property
+    def n(self) -> int:
+        return int(self.rdp.shape[0])
+
+    def take(self, units: np.ndarray) -> CurveCharges:
+        """The charges of ``units`` only."""
+        return CurveCharges(self.rdp[units], self.orders, self.tail, self.counts[units])
+
+
+#: A part of a unit's lifetime: a run's mechanism charges or a sealed entry's curves.
+Charges = RunCharges | CurveCharges
+
+
+def convert_with_tail(rdp: np.ndarray, orders: np.ndarray, delta: float, tail: float) -> np.ndarray:
+    """(n,) ε of each curve at ``delta`` when the mechanism departs, with probability ``tail``,
+    from the one the curves bound: the smallest ε found with ε = conv(δ − (1 + e^ε)·tail)
+    checked to hold (∞ where no δ is left). Without a tail, the plain conversion."""
+    r = np.atleast_2d(np.asarray(rdp, dtype=np.float64))
+    if tail <= 0.0:
+        eps, _ = rdp_to_epsilon(r, orders, delta)
+        return np.asarray(eps, dtype=np.float64)
+    out = np.full(r.shape[0], math.inf)
+    guess = np.zeros(r.shape[0])
+    for _ in range(100):  # from below: ε grows as the δ left for the curves shrinks
+        left = delta - (1.0 + np.exp(np.minimum(guess, 700.0))) * tail
+        todo = np.isinf(out) & (left > 0) & np.isfinite(guess)
+        if not todo.any():
+            break
+        step = np.full(r.shape[0], math.inf)
+        for d in np.unique(left[todo]):
+            sel = todo & (left == d)
+            step[sel], _ = rdp_to_epsilon(r[sel], orders, float(d))
+        # the uncapped mechanism is (step, δ − (1 + e^guess)·tail)-DP; with step ≤ guess the
+        # capped one is (step, δ)-DP
+        done = todo & (step <= guess + 1e-12)
+        out[done] = step[done]
+        guess = np.where(todo & ~done, step + 1e-9, guess)
+    return out
 
 
 #: A mechanism description (a frozen dataclass of this package).
@@ -203,7 +305,7 @@ class LifetimeComposer:
         return hit
 
     # ------------------------------------------------------------------ ε
-    def epsilon(self, parts: Seq[RunCharges]) -> np.ndarray:
+    def epsilon(self, parts: Seq[Charges]) -> np.ndarray:
         """(n,) lifetime ε of each unit: the composition of every part's charges (0 for a
         unit no part charged)."""
         parts = list(parts)
@@ -212,6 +314,12 @@ class LifetimeComposer:
         n = parts[0].n
         if any(p.n != n for p in parts):
             raise ValueError("parts: every run's charges must cover the same units")
+        sealed = [p for p in parts if isinstance(p, CurveCharges)]
+        if sealed:
+            return self._with_curves([p for p in parts if isinstance(p, RunCharges)], sealed, n)
+        return self._runs_epsilon([p for p in parts if isinstance(p, RunCharges)], n)
+
+    def _runs_epsilon(self, parts: list[RunCharges], n: int) -> np.ndarray:
         units = np.arange(n)
         ids = np.stack([self._ids(p, units) for p in parts])  # (P, n)
         counts = np.stack([np.where(i >= 0, p.counts, 0) for p, i in zip(parts, ids, strict=True)])
@@ -224,6 +332,66 @@ class LifetimeComposer:
         )
         eps = np.array([self._class_epsilon(row, len(parts)) for row in classes])
         out[live] = eps[inverse.reshape(-1)]
+        return out
+
+    def _with_curves(
+        self, runs: list[RunCharges], sealed: list[CurveCharges], n: int
+    ) -> np.ndarray:
+        """Units charged by sealed curves: RDP addition on the curves' common orders."""
+        touched = np.zeros(n, dtype=bool)
+        for c in sealed:
+            touched |= c.counts > 0
+        out = self._runs_epsilon(runs, n) if runs else np.zeros(n)
+        sel = np.flatnonzero(touched)
+        if not sel.size:
+            return out
+        grid = sealed[0].orders
+        for c in sealed[1:]:
+            grid = np.intersect1d(grid, c.orders)
+        if grid.size == 0:
+            raise ValueError("charges: the sealed curves share no Rényi order")
+        total = np.zeros((sel.size, grid.size))
+        for c in sealed:
+            cols = np.searchsorted(c.orders, grid)
+            total += c.rdp[sel][:, cols] * (c.counts[sel, None] > 0)
+        tail = float(sum(c.tail for c in sealed))
+        group = np.zeros(sel.size, dtype=bool)
+        if runs:
+            ids = np.stack([self._ids(p, sel) for p in runs])  # (P, m)
+            counts = np.stack(
+                [np.where(i >= 0, p.counts[sel], 0) for p, i in zip(runs, ids, strict=True)]
+            )
+            live = (counts > 0).any(axis=0)
+            if live.any():
+                classes, inverse = np.unique(
+                    np.concatenate([ids[:, live], counts[:, live]]).T, axis=0, return_inverse=True
+                )
+                add = np.zeros((classes.shape[0], grid.size))
+                is_group = np.zeros(classes.shape[0], dtype=bool)
+                p_n = len(runs)
+                for j, row in enumerate(classes):
+                    pairs = [
+                        (int(row[p]), int(row[p_n + p])) for p in range(p_n) if row[p_n + p] > 0
+                    ]
+                    if any(_group_of(self._event(cid)) is not None for cid, _ in pairs):
+                        is_group[j] = True
+                        continue
+                    acc = RdpAccountant(grid)
+                    add[j] = sum(k * acc.rdp(self._event(cid))[0] for cid, k in pairs)
+                rows = np.flatnonzero(live)
+                total[rows] += add[inverse.reshape(-1)]
+                group[rows] = is_group[inverse.reshape(-1)]
+        eps = convert_with_tail(total, grid, self.delta, tail)
+        if group.any():  # a group run and a sealed curve: basic composition, δ/2 each
+            half = LifetimeComposer(self.observer, self.delta / 2)
+            g = sel[group]
+            own = half._runs_epsilon([p.take(g) for p in runs], g.size)
+            curves = np.zeros((g.size, grid.size))
+            for c in sealed:
+                cols = np.searchsorted(c.orders, grid)
+                curves += c.rdp[g][:, cols] * (c.counts[g, None] > 0)
+            eps[group] = own + convert_with_tail(curves, grid, self.delta / 2, tail)
+        out[sel] = eps
         return out
 
     def _class_epsilon(self, row: np.ndarray, n_parts: int) -> float:
@@ -317,7 +485,7 @@ def _pld_epsilon(events: list[Mechanism], counts: list[int], delta: float) -> fl
 
 
 def compose_epsilon(
-    parts: Seq[RunCharges], observer: str, delta: float, *, orders: ArrayLike | None = None
+    parts: Seq[Charges], observer: str, delta: float, *, orders: ArrayLike | None = None
 ) -> np.ndarray:
     """(n,) lifetime ε of each unit at ``delta`` against ``observer`` (module docstring): the
     composition of every run's charges. ``orders``: an explicit RDP grid (default: the union of

@@ -47,6 +47,7 @@ __all__ = [
     "NoiseBindingError",
     "NoiseSpec",
     "central_event_variance",
+    "central_noise",
     "central_scale_log2",
     "check_charged",
 ]
@@ -416,6 +417,22 @@ class CentralDiscreteGaussianNoise:
             "noise_multiplier": self.noise_multiplier,
             "variance": float(self.variance),
         }
+
+
+def central_noise(
+    kind: str, noise_multiplier: float, clip: float, dimension: int | None
+) -> GaussianNoise | CentralDiscreteGaussianNoise:
+    """The central DP-SGD noise of ``privacy.central_noise`` (``kind``): N(0, σ²C²) per
+    coordinate, or the exact discrete Gaussian on the grid of the ``dimension`` trainable
+    coordinates (its grid sensitivity γC + √d depends on it)."""
+    if kind == "discrete":
+        if dimension is None:
+            raise ValueError(
+                "dimension: the central discrete noise needs the number of trainable "
+                "coordinates (its grid sensitivity γC + √d depends on it)"
+            )
+        return CentralDiscreteGaussianNoise(noise_multiplier, clip, dimension)
+    return GaussianNoise(noise_multiplier, clip)
 
 
 def central_event_variance(noise_multiplier: float) -> float:

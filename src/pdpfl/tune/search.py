@@ -9,6 +9,13 @@ training guarantee, as everywhere in pdpfl). Before any trial runs, every unit's
 whole search is computed per observer (:mod:`pdpfl.tune.accounting`) and a search that would put
 any unit over its budget is refused.
 
+On data whose lifetime budgets are enforced (no ``lifetime.allow_respend``), the whole search
+is charged to every party's budget store as **one sealed entry** before the first trial runs
+(:func:`pdpfl.ledger.lifetime.charge_search`: each unit's RDP curve of the search per observer,
+composed with every other run on the data by RDP addition), and a search that would take a unit
+over its *lifetime* budget is refused; the trials, covered by that entry, then record their
+runs in a scratch store under the output folder (``trial-stores``) instead of charging again.
+
 The trials' folders (``trials/trial-NNN``) are the operator's working files: the released result
 is the selected configuration, its model and the search's ε (``result.json``). Publishing the
 other trials, their scores or their number is not covered by the search's guarantee.
@@ -50,7 +57,14 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 #: What ``tune`` writes in its output folder (``overwrite`` replaces these only).
-OUTPUTS: tuple[str, ...] = ("tune.json", "result.json", "ledgers", "trials", "trial-budgets")
+OUTPUTS: tuple[str, ...] = (
+    "tune.json",
+    "result.json",
+    "ledgers",
+    "trials",
+    "trial-budgets",
+    "trial-stores",
+)
 #: Grid keys that would change who the units are or what they own.
 FORBIDDEN_PREFIXES: tuple[str, ...] = (
     "data.",
@@ -133,6 +147,8 @@ class SearchPlan:
     fraction: float
     #: The observers the configuration promises every budget against (``privacy.adversary``).
     promised: tuple[str, ...] = ()
+    #: Per ledger name (``client_<i>``, ``server``): its budget-store target and unit ids.
+    targets: dict[str, tuple[Any, np.ndarray]] = field(default_factory=dict)
 
     def _checked(self) -> dict[str, np.ndarray]:
         over = self.cost.over_budget
@@ -175,6 +191,8 @@ class TuneResult:
     candidates: list[list[str]]
     trials: list[dict[str, Any]] = field(default_factory=list)
     out: str = ""
+    #: The budget stores the search was charged to as one entry (enforced lifetime budgets).
+    lifetime: dict[str, Any] | None = None
 
     @property
     def epsilon(self) -> dict[str, float | None]:
@@ -190,6 +208,7 @@ class TuneResult:
             "privacy": self.privacy.to_dict(),
             "distribution": self.distribution,
             "candidates": self.candidates,
+            **({"lifetime": self.lifetime} if self.lifetime is not None else {}),
         }
 
 
@@ -224,14 +243,26 @@ def _assemble(config: Any, federation: Any) -> Any:
         return as_algorithm(config.algorithm).assemble(config, federation)
 
 
-def _curves(config: Any, federation: Any) -> UnitCurves:
+def _curves(
+    config: Any, federation: Any, targets: dict[str, tuple[Any, np.ndarray]] | None = None
+) -> UnitCurves:
+    """The configuration's per-unit curves; ``targets`` (filled): each ledger's budget-store
+    target and unit ids."""
     if not getattr(type(config.algorithm), "private", True):
         raise ValueError(
             f"--grid: algorithm {config.algorithm.name!r} is not differentially private; "
             "there is nothing to account"
         )
     run = _assemble(config, federation)
-    return ledger_curves(party_ledgers(run.server, run.clients))
+    ledgers = party_ledgers(run.server, run.clients)
+    if targets is not None:
+        from pdpfl.fl.lifetime import TARGET_ATTR
+
+        holders = {f"client_{i}": c for i, c in run.clients.items()}
+        holders["server"] = run.server
+        for name, led in ledgers.items():
+            targets[name] = (getattr(holders[name], TARGET_ATTR, None), np.asarray(led.ids))
+    return ledger_curves(ledgers)
 
 
 def _scaled(config: Any, base: UnitCurves, fraction: float, folder: Path) -> list[str]:
@@ -292,7 +323,8 @@ def plan_search(
         raise ValueError(f"--trial-budget-fraction: must be in (0, 1], got {trial_budget_fraction}")
     candidates = candidates_from_grid(grid)
     fed = federation if federation is not None else load_federation_for(config)
-    base = _curves(config, fed)
+    targets: dict[str, tuple[Any, np.ndarray]] = {}
+    base = _curves(config, fed, targets)
     folder = Path(work_dir or ".") / "trial-budgets"
     scale = _scaled(config, base, float(trial_budget_fraction), folder)
     configs, curves = [], []
@@ -318,29 +350,86 @@ def plan_search(
         cost,
         float(trial_budget_fraction),
         promised or cost.curves.observers,
+        targets,
     )
 
 
-def check_lifetime(config: Any) -> None:
-    """Refuse a search on data whose lifetime budgets are enforced (``TuneRefused``).
-
-    Every trial is a real run, and every run charges the silos' budget stores
-    (:mod:`pdpfl.ledger.lifetime`) in full, against the budgets *it* was calibrated for: a
-    trial at a fraction f of the budgets is recorded with budgets f·b, so the next trial finds
-    every unit's lifetime budget spent and trains nobody (at f = 1 the first trial spends it
-    all). The store has no entry yet for the search's own cost (the Papernot-Steinke curves of
-    ``ledgers/search.npz``) in place of its trials' entries, so such a search cannot pay for
-    itself there; on public or synthetic data (``lifetime.allow_respend: true``) the store
-    records every trial and enforces nothing."""
+def lifetime_enforced(config: Any) -> bool:
+    """Whether the data's lifetime budgets are enforced (no ``lifetime.allow_respend``)."""
     lifetime = getattr(config, "lifetime", None)
-    if lifetime is not None and not bool(getattr(lifetime, "allow_respend", False)):
-        raise TuneRefused(
-            "lifetime.allow_respend: tune needs true (public or synthetic data, on which the "
-            "budget stores record every trial without enforcing): on data whose lifetime "
-            "budgets are enforced every trial charges the store in full against its own "
-            "budgets, so the second trial would find every unit's budget spent; the store "
-            "cannot hold the search's own cost in place of its trials' yet (docs/tune.md)"
-        )
+    return lifetime is not None and not bool(getattr(lifetime, "allow_respend", False))
+
+
+def charge_stores(config: Any, plan: SearchPlan) -> dict[str, Any]:
+    """Charge the whole search to every party's budget store as one sealed entry (module
+    docstring), before any trial: every store is opened and checked first, so a refusal
+    (:class:`TuneRefused`, naming the units and their budgets) charges none. Returns what
+    ``result.json`` says about the stores."""
+    import secrets
+    import time
+
+    from pdpfl.ledger.lifetime import SearchOverBudget, charge_search
+
+    cost, c = plan.cost, plan.cost.curves
+    run_id = f"tune-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(4)}"
+    meta = {
+        "run": run_id,
+        "started": time.time(),
+        "algorithm": str(config.algorithm.name),
+        "name": str(getattr(config, "name", "")),
+        "unit": c.unit,
+        "trials": plan.distribution.mean,
+        "max_trials": cost.cap,
+    }
+    check = plan.promised or c.observers
+    tail = {"third-party": cost.tail, "server": 0.0}
+    opened: list[tuple[Any, dict[str, Any]]] = []
+    try:
+        for party in dict.fromkeys(c.party.tolist()):
+            target, ids = plan.targets.get(party, (None, None))
+            if target is None or ids is None:
+                raise TuneRefused(
+                    f"lifetime: the units of {party} have no budget store to charge the search to"
+                )
+            rows = np.flatnonzero(c.party == party)
+            store = target.store().open(lock=True, wait_s=target.options.wait_s)
+            opened.append(
+                (
+                    store,
+                    dict(
+                        meta={
+                            **meta,
+                            **{k: v for k, v in target.description.items() if k != "ids"},
+                        },
+                        ids=ids,
+                        budgets=c.budgets[rows],
+                        curves={o: cost.search_rdp[o][rows] for o in c.observers},
+                        orders=ORDERS,
+                        delta=float(np.min(c.delta[rows])),
+                        tail={o: tail[o] for o in c.observers},
+                        check=check,
+                    ),
+                )
+            )
+        try:
+            for store, args in opened:  # check every store first: a refusal charges none
+                charge_search(store, **args, write=False)
+        except SearchOverBudget as err:
+            raise TuneRefused(
+                f"lifetime: {err}; calibrate each trial for a smaller part of the budgets "
+                "(--trial-budget-fraction), expect fewer trials, or search fewer "
+                "candidates"
+            ) from None
+        for store, args in opened:
+            charge_search(store, **args)
+    finally:
+        for store, _ in opened:
+            store.close()
+    return {
+        "enforced": True,
+        "entry": run_id,
+        "stores": [{"party": s.party, "dataset": s.key} for s, _ in opened],
+    }
 
 
 def _draw(config: Any, plan: SearchPlan) -> tuple[int, list[int]]:
@@ -394,15 +483,14 @@ def tune(
 ) -> TuneResult:
     """Run a private random search over ``grid`` and return the selected configuration with
     the whole search's ε (see the module docstring). Raises :class:`TuneRefused` before any
-    trial if some unit's budget cannot pay for the search, or if the data's lifetime budgets
-    are enforced (:func:`check_lifetime`)."""
+    trial if some unit's budget -- its lifetime budget, when the data's budgets are enforced
+    (:func:`charge_stores`) -- cannot pay for the search."""
     from pdpfl.io import write_json
     from pdpfl.runtime.outputs import prepare_output_dir
     from pdpfl.runtime.simulation import load_federation_for, run_simulation
 
     say = log_fn or log.info
     grid = parse_grid(list(grid)) if not isinstance(grid, dict) else grid
-    check_lifetime(config)
     root = prepare_output_dir(
         out, overwrite=overwrite, option="--out", outputs=OUTPUTS, flags=("--force", "--resume")
     )
@@ -422,6 +510,17 @@ def tune(
     described = _describe(plan.distribution, plan.cost.cap)
     if plan.refused:
         raise TuneRefused(plan.refusal())
+    lifetime = None
+    configs = list(plan.configs)
+    if lifetime_enforced(config):
+        lifetime = charge_stores(config, plan)  # before anything is trained or released
+        from pdpfl.config import with_updates
+
+        scratch = root / "trial-stores"  # the trials are covered by the search's entry
+        configs = [
+            with_updates(cfg, [f"lifetime.store={scratch}", "lifetime.allow_respend=true"])
+            for cfg in configs
+        ]
     (root / "ledgers").mkdir(exist_ok=True)
     _save_search_ledger(root / "ledgers" / "search.npz", plan.cost)
     k, picks = _draw(config, plan)
@@ -436,9 +535,7 @@ def tune(
         run_dir = root / "trials" / f"trial-{j + 1:03d}"
         say(f"tune: trial {j + 1}: {' '.join(plan.candidates[c])}")
         try:
-            s = run_simulation(
-                plan.configs[c], run_dir, progress=False, overwrite=True, federation=fed
-            )
+            s = run_simulation(configs[c], run_dir, progress=False, overwrite=True, federation=fed)
             acc = s.get("final_accuracy")
         except Exception as err:  # a diverged trial scores nothing and is not selected
             from pdpfl.errors import TrainingDiverged
@@ -468,6 +565,7 @@ def tune(
         candidates=plan.candidates,
         trials=trials,
         out=str(root),
+        lifetime=lifetime,
     )
     write_json(root / "result.json", result.to_dict())
     write_json(

@@ -26,6 +26,31 @@ float64, whose relative rounding error 2^-52 the spare factor 2 absorbs). Since 
 and n ≥ 2^(key bits - 1), DIV · 2^vb < 2^(key bits - 66) ≤ n / 2^65: the centred lift of Y is exact
 and passes the server's check |Y| < n/2^65, while a uniform residue passes it with probability
 2^-64.
+
+**Exact discrete noise** (``privacy.noise_shares: discrete``, issue #33 item 5). A silo draws its
+noise as an exact discrete Gaussian Z_s ~ N_Z(0, σ_s²) on the coarser grid P' = 2^m·P
+(:func:`grid_bits`: C/P' ≤ 2^20, so σ_s² stays within the sampler's integer fast path) and
+adds η_s = DIV·2^m·Z_s + u_s with the dither widened to u_s uniform on [-M/2, M/2),
+M = 2^m·DIV (:func:`noise_plaintext` with z = 2^m·Z_s, :func:`dithers` of M). Let
+W = Σ_s Σ_u DIV·w_{s,u}·v_{s,u} (an integer), U_o the dithers of every silo but one honest
+silo h, and r = Y mod M. Then
+
+* **residue**: Y ≡ W + U_o + u_h (mod M) and u_h is uniform on a full residue system modulo M,
+  so r is uniform and independent of the data (and of U_o);
+* **rounding**: given r and U_o, u_h is the unique value of its range ≡ r − W − U_o (mod M),
+  so (W + U_o + u_h − r)/M = round((W + U_o − r)/M) (ties up), and
+  Y = r + M·(round(W/M + c) + Σ_s Z_s) with c = (U_o − r)/M independent of the data. The server
+  reads, besides the data-independent r, a deterministic rounding of W/M plus the sum of the
+  discrete Gaussians -- the distributed discrete Gaussian mechanism on an integer vector;
+* **sensitivity**: W/M = Σ_u Σ_s w_{s,u}·v_{s,u}/2^m; one user moves it by k with
+  ‖k‖₂ ≤ Σ_s w_{s,u}·(‖Δ_{s,u}‖/P + √d/2)/2^m ≤ C/P' + √d/2 (Σ_s w_{s,u} ≤ 1), and
+  round(x + k) − round(x) ∈ [k − 1, k + 1] per coordinate, so the integer vector moves by at most
+  C/P' + 1.5·√d in L2 (:func:`discrete_sensitivity_sq` = its square, the plan's N).
+
+The ledger then charges ``DistributedDiscreteGaussian(σ_s², t, N, d)``
+(:func:`pdpfl.fl.uldp.discrete.private_weighting_plan`), the server like a third party (it
+decrypts only the sum). The no-wrap bound keeps its form with |z_s| = 2^m·|Z_s| and the dither
+|u_s| ≤ 2^m·DIV/2: every silo keeps Σ_u |v_{s,u}| + 2^m·(|Z_s| + 1) below R.
 """
 
 from __future__ import annotations
@@ -55,8 +80,11 @@ __all__ = [
     "UserUpdates",
     "WeightingParams",
     "cpu_seconds",
+    "GRID_TARGET_BITS",
+    "discrete_sensitivity_sq",
     "dithers",
     "divisor",
+    "grid_bits",
     "no_wrap_bound",
     "noise_plaintext",
     "plain_weighted_sum",
@@ -74,6 +102,10 @@ RERANDOMIZER_BITS = 256
 #: the unit grid: no residue of Σ w·t modulo DIV survives), accepted below DIV·2^84 (up to 255
 #: silos and 2^20 users; ω hides Σ DIV·w·t, at most DIV·2^36, up to 2^-40).
 _CHECKS, _CHECK_T_BITS, _CHECK_OMEGA_BITS, _CHECK_BOUND_BITS = 8, 16, 76, 84
+#: Discrete noise: the grid P' = 2^m·P is the finest power-of-two multiple of P with C/P' ≤ 2^20
+#: (σ_s² ≈ σ²·2^40/t: the exact sampler's integer fast path for σ up to 2^6·√t; the rounding
+#: inflates the sensitivity by 1.5·√d·2^-20, 0.15 % at d = 10^6).
+GRID_TARGET_BITS = 20
 
 
 # ------------------------------------------------------------------------------ parameters
@@ -139,7 +171,8 @@ class WeightingParams:
         """R = 2^(vb-1)/|S|: one silo's share of the no-wrap room, in units of P.
 
         A silo must keep Σ_u |v_{s,u}| + |z_s| + 1 < R on every coordinate (the +1 covers the
-        dither of :func:`noise_plaintext`; module docstring, :func:`no_wrap_bound`). Capped at
+        dither of :func:`noise_plaintext`; with discrete noise on the grid 2^m·P the noise and
+        dither terms are 2^m·(|Z_s| + 1); module docstring, :func:`no_wrap_bound`). Capped at
         2^1000 (a float).
         """
         return math.ldexp(1.0, min(self.value_bits(key_bits) - 1, 1000)) / int(silos)
@@ -189,6 +222,31 @@ class WeightingParams:
 # ------------------------------------------------------------------------- algorithm side
 
 
+def grid_bits(clip: float, precision: float) -> int:
+    """m of the discrete noise grid P' = 2^m·P: the smallest m ≥ 0 with C/(2^m·P) ≤ 2^20."""
+    clip, precision = float(clip), float(precision)
+    if not (math.isfinite(clip) and clip > 0 and 0 < precision < 1):
+        raise ValueError(
+            f"grid: expected a clip C > 0 and 0 < P < 1, got C={clip!r}, P={precision!r}"
+        )
+    m = 0
+    while clip / math.ldexp(precision, m) > 2.0**GRID_TARGET_BITS:
+        m += 1
+    return m
+
+
+def discrete_sensitivity_sq(clip: float, precision: float, dimension: int) -> float:
+    """N ≥ (C/P' + 1.5·√d)²: the squared L2 sensitivity, in units of P' = 2^m·P, of the integer
+    vector the server reads (module docstring, *Exact discrete noise*), rounded up."""
+    m = grid_bits(clip, precision)
+    d = int(dimension)
+    if d < 1:
+        raise ValueError(f"dimension: expected d >= 1, got {dimension!r}")
+    bound = float(clip) / math.ldexp(float(precision), m) + 1.5 * math.sqrt(d)
+    # a few ulps up: every float step above rounds to nearest (relative error < 2^-50 in all)
+    return math.nextafter(bound * bound * (1.0 + 2.0**-48), math.inf)
+
+
 @dataclass
 class UserUpdates:
     """One silo's inputs for one round (never sent: only ciphertexts leave the silo).
@@ -201,12 +259,21 @@ class UserUpdates:
     deltas
         (k, d) float64: Clip(Δ_{s,u}, C) of those users, flattened in parameter order.
     noise
-        (d,) float64: z_s ~ N(0, σ²C²/|S|·I) from the silo's own randomness.
+        (d,) float64: z_s ~ N(0, σ²C²/t·I) from the silo's own randomness (not read when
+        ``grid_noise`` is given).
+    grid_noise
+        Discrete noise (``privacy.noise_shares: discrete``): (d,) int64 Z_s ~ N_Z(0, σ_s²) on
+        the grid P' = 2^``grid``·P, drawn by the one noise adder; the protocol encodes this,
+        not ``noise`` (module docstring, *Exact discrete noise*).
+    grid
+        m of that grid (:func:`grid_bits`); 0 with continuous noise.
     """
 
     users: np.ndarray
     deltas: np.ndarray
     noise: np.ndarray
+    grid_noise: np.ndarray | None = None
+    grid: int = 0
 
 
 @runtime_checkable
@@ -297,14 +364,16 @@ def dithers(div: int, count: int, stream: RandomStream | None = None) -> list[in
     return [v - div // 2 for v in mask_integers(key, count, div)] if div > 1 else [0] * count
 
 
-def no_wrap_bound(div: int, values: list[list[int]], noise: list[int]) -> int:
-    """DIV·Σ_s (Σ_u |v_{s,u}| + |z_s| + 1/2) for one coordinate (an upper bound on |Y|).
+def no_wrap_bound(div: int, values: list[list[int]], noise: list[int], grid: int = 0) -> int:
+    """DIV·Σ_s (Σ_u |v_{s,u}| + |z_s| + 2^m/2) for one coordinate (an upper bound on |Y|).
 
-    ``values[s]`` are silo s's encoded deltas v_{s,u}, ``noise[s]`` its round(z_s/P). The silos'
-    checks keep it below DIV·2^vb < n/2^65 (module docstring; property-tested).
+    ``values[s]`` are silo s's encoded deltas v_{s,u}, ``noise[s]`` its noise in units of P
+    (round(z_s/P), or 2^m·Z_s with discrete noise on the grid ``grid`` = m, whose dither is
+    within 2^m·DIV/2). The silos' checks keep it below DIV·2^vb < n/2^65 (module docstring;
+    property-tested).
     """
     total2 = sum(
-        2 * (sum(abs(int(v)) for v in vs) + abs(int(z))) + 1
+        2 * (sum(abs(int(v)) for v in vs) + abs(int(z))) + (1 << int(grid))
         for vs, z in zip(values, noise, strict=True)
     )
     return (int(div) * total2 + 1) // 2

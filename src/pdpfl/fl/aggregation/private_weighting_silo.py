@@ -422,7 +422,7 @@ def _round(ctx: SiloContext, payload: Payload, t: int) -> Payload:
     if not isinstance(client, PrivateWeightingClient):
         raise ValueError(f"weights: private needs user_updates() at silo {ctx.silo_id}")
     upd = client.user_updates(params, t, config)
-    exponents, noise = _encode_updates(state, upd, d, len(state.participants))
+    exponents, noise, grid = _encode_updates(state, upd, d, len(state.participants))
     n = state.pk.n
     div = int(state.divisor)
     masks = state.pair_masks(state.ctx("round", t, digest(*participants)), participants, d)
@@ -432,7 +432,9 @@ def _round(ctx: SiloContext, payload: Payload, t: int) -> Payload:
         if isinstance(randomness, Randomness)
         else None
     )
-    us = dithers(div, d, stream)
+    # discrete noise on the grid 2^m·P: the dither covers a full residue system modulo 2^m·DIV
+    # (private_weighting_core, *Exact discrete noise*)
+    us = dithers(div << grid, d, stream)
     plain = [(noise_plaintext(div, z, u) + m) % n for z, u, m in zip(noise, us, masks, strict=True)]
     assert state.rerandomizer is not None
     cost = d * (exponents.shape[0] * 5 + 40 + RERANDOMIZER_BITS / state.rerandomizer.window)
@@ -454,8 +456,9 @@ def check_mask(div: int) -> int:
 
 def _encode_updates(
     state: _SiloState, upd: UserUpdates, d: int, silos: int
-) -> tuple[np.ndarray, list[int]]:
-    """v = round(Δ/P) as an exponent matrix over the installed users, and round(z/P)."""
+) -> tuple[np.ndarray, list[int], int]:
+    """v = round(Δ/P) as an exponent matrix over the installed users, the noise in units of P
+    (round(z/P), or 2^m·Z with discrete noise on the grid m) and m (0: continuous)."""
     users = np.asarray(upd.users)
     deltas = np.asarray(upd.deltas, dtype=np.float64)
     noise = np.asarray(upd.noise, dtype=np.float64).reshape(-1)
@@ -476,13 +479,26 @@ def _encode_updates(
         )
     P = float(state.params.precision)
     exps = np.zeros((state.users.size, d), dtype=np.int64)
+    grid = int(upd.grid)
+    grid_noise = None
+    if upd.grid_noise is not None:
+        grid_noise = np.asarray(upd.grid_noise)
+        if grid_noise.shape != (d,) or grid_noise.dtype != np.int64 or not 0 <= grid < 512:
+            raise ValueError(
+                f"silo {state.silo_id}: user_updates().grid_noise must be ({d},) int64 on a "
+                f"grid 0 <= m < 512, got {grid_noise.dtype} {grid_noise.shape}, m = {grid}"
+            )
+    elif grid != 0:
+        raise ValueError(f"silo {state.silo_id}: user_updates().grid = {grid} without grid_noise")
     with np.errstate(over="ignore", invalid="ignore"):
         scaled = np.rint(deltas / P)
-        z = np.rint(noise / P)
-    # No-wrap share: Σ_u |v| + |round(z/P)| + 1 (the dither) must stay below this silo's room
-    # R = 2^vb/|S| (private_weighting_core: then |Y| < n/2^65). Every |v| < 2^62, checked below.
+        z = np.rint(noise / P) if grid_noise is None else grid_noise.astype(np.float64)
+    # No-wrap share: Σ_u |v| + 2^m·(|Z| + 1) (z = round(z/P) and m = 0 with continuous noise;
+    # the +1 is the dither) must stay below this silo's room R = 2^vb/|S|
+    # (private_weighting_core: then |Y| < n/2^65). Every |v| < 2^62, checked below.
     room = state.params.silo_room(state.pk.bits, silos)
-    worst = float(np.max(np.sum(np.abs(scaled), axis=0) + np.abs(z))) + 1.0 if d else 0.0
+    scale = math.ldexp(1.0, grid)
+    worst = float(np.max(np.sum(np.abs(scaled), axis=0) + scale * (np.abs(z) + 1.0))) if d else 0.0
     if worst >= room or (scaled.size and float(np.max(np.abs(scaled))) >= 2.0**62):
         raise RingOverflowError(
             f"silo {state.silo_id}: encoded values reach {worst:.3g}·P, beyond the no-wrap room "
@@ -492,7 +508,9 @@ def _encode_updates(
         )
     for i, u in enumerate(users.tolist()):
         exps[row[int(u)]] = scaled[i].astype(np.int64)
-    return exps, [int(v) for v in z.tolist()]
+    if grid_noise is not None:
+        return exps, [int(v) << grid for v in grid_noise.tolist()], grid
+    return exps, [int(v) for v in z.tolist()], 0
 
 
 def silo_handler(stage: str, payload: Payload, round_index: int, ctx: SiloContext) -> Payload:

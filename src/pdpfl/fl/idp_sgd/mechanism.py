@@ -42,7 +42,7 @@ import numpy as np
 from pdpfl.fl.algorithm import PublicSetup
 from pdpfl.fl.common import public_budget_statistics
 from pdpfl.privacy.mechanisms import Mechanism
-from pdpfl.privacy.noise import CentralDiscreteGaussianNoise, GaussianNoise
+from pdpfl.privacy.noise import CentralDiscreteGaussianNoise, central_noise
 from pdpfl.privacy.plan import TrainingPlan
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -91,16 +91,9 @@ class ScaleSetup(PublicSetup):
         """What every local step adds: N(0, σ²C²) per coordinate (one draw, every record), or
         with ``central_noise: discrete`` the exact discrete Gaussian on the grid of the
         ``dimension`` trainable coordinates (:class:`CentralDiscreteGaussianNoise`)."""
-        if self.central_noise == "discrete":
-            if dimension is None:
-                raise ValueError(
-                    "dimension: the central discrete noise needs the number of trainable "
-                    "coordinates (its grid sensitivity γC + √d depends on it)"
-                )
-            return CentralDiscreteGaussianNoise(
-                self.noise_multiplier, self.max_grad_norm, dimension
-            )
-        return GaussianNoise(self.noise_multiplier, self.max_grad_norm)
+        return central_noise(
+            self.central_noise, self.noise_multiplier, self.max_grad_norm, dimension
+        )
 
     def plan(self) -> TrainingPlan:
         """The two-stage plan (σ of the top group; each record is charged its own σ_p)."""

@@ -21,7 +21,7 @@ from pdpfl.fl.common import (
     public_budget_statistics,
 )
 from pdpfl.privacy.mechanisms import Mechanism
-from pdpfl.privacy.noise import CentralDiscreteGaussianNoise, GaussianNoise
+from pdpfl.privacy.noise import central_noise
 from pdpfl.privacy.plan import TrainingPlan
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -100,16 +100,9 @@ class DpFedAvgSetup(PublicSetup):
         coordinates."""
         if not self.private:
             raise ValueError("the non-private mode adds no noise")
-        if self.central_noise == "discrete":
-            if dimension is None:
-                raise ValueError(
-                    "dimension: the central discrete noise needs the number of trainable "
-                    "coordinates (its grid sensitivity γC + √d depends on it)"
-                )
-            return CentralDiscreteGaussianNoise(
-                self.noise_multiplier, self.max_grad_norm, dimension
-            )
-        return GaussianNoise(self.noise_multiplier, self.max_grad_norm)
+        return central_noise(
+            self.central_noise, self.noise_multiplier, self.max_grad_norm, dimension
+        )
 
     def plan(self, noise: CentralNoise | None = None) -> TrainingPlan:
         """The :class:`~pdpfl.privacy.plan.TrainingPlan` (σ, δ, τ, T, λ, noise kind) of this

@@ -200,7 +200,9 @@ class UldpConfig(Algorithm):
             return problems + self.variant_problems(config)
         problems += noise_source_problems(config, "σ such that the planned user-level ε is ε_max")
         what = f"{self.name} (a user)"
-        if isinstance(self, UserLevelConfig) and self.discrete_shares(config):
+        if isinstance(self, UserLevelConfig) and (
+            self.discrete_shares(config) or self.weighting_discrete(config)
+        ):
             what += " with discrete noise shares (or set privacy.noise_shares: continuous)"
         problems += accountant_problems(config, self.round_events(config), what)
         return problems + self.variant_problems(config)
@@ -544,9 +546,17 @@ class UserLevelConfig(UldpConfig):
     def discrete_shares(self, config: ExperimentConfig) -> bool:
         """The silos add discrete noise shares (``privacy.noise_shares: discrete``, the default;
         personal budgets included: their per-user rates are calibrated against the discrete
-        plan). Private weighting keeps its own encoding (continuous)."""
+        plan). Private weighting keeps its own encoding (:meth:`weighting_discrete`)."""
         return (
             self.private and config.privacy.noise_shares == "discrete" and self.weights != "private"
+        )
+
+    def weighting_discrete(self, config: ExperimentConfig) -> bool:
+        """Private weights with discrete noise (``privacy.noise_shares: discrete``, the default):
+        each silo adds an exact discrete Gaussian on the protocol's grid 2^m·P and the ledger
+        charges :func:`~pdpfl.fl.uldp.discrete.private_weighting_plan` (issue #33 item 5)."""
+        return (
+            self.private and config.privacy.noise_shares == "discrete" and self.weights == "private"
         )
 
     def variant_problems(self, config: ExperimentConfig) -> list[str]:
@@ -562,7 +572,7 @@ class UserLevelConfig(UldpConfig):
     def round_events(self, config: ExperimentConfig) -> list[Mechanism]:
         """With discrete noise shares: the distributed discrete Gaussian the users' ledger
         charges (nominal shares), per observer; else the continuous events."""
-        if not self.discrete_shares(config):
+        if not (self.discrete_shares(config) or self.weighting_discrete(config)):
             return super().round_events(config)
         from pdpfl.privacy.discrete_plan import SampledDiscreteGaussianPlan
         from pdpfl.privacy.uldp_discrete import DiscreteUserLevelPlan
@@ -599,7 +609,8 @@ class UserLevelConfig(UldpConfig):
         rate = 1.0 if self.personal_budgets or self.user_rate is None else float(self.user_rate)
         # Alg. 3 l. 17 with the share sized for t survivors, not |S| (issue #22, item 2).
         survivors = share_threshold(config, info.num_clients)
-        if self.discrete_shares(config) and config.privacy.noise_multiplier is None:
+        weighting = self.weighting_discrete(config)
+        if (self.discrete_shares(config) or weighting) and config.privacy.noise_multiplier is None:
             # σ planned at ε_max against the plan the ledger charges (the discrete one)
             sigma = discrete.calibrated_sigma(
                 config,
@@ -609,6 +620,7 @@ class UserLevelConfig(UldpConfig):
                 survivors=survivors,
                 users=users,
                 size=discrete.model_size(config, info),
+                private_weighting=weighting,
             )
         else:
             sigma = noise_multiplier(config, rate)
@@ -661,6 +673,14 @@ class UserLevelConfig(UldpConfig):
                 plain=config.aggregation == "plain",
                 uniform=self.weights == "uniform",
             )
+        elif self.weighting_discrete(config):  # private weights: discrete noise on 2^m·P
+            plan = discrete.private_weighting_plan(
+                config,
+                sigma=s.noise_multiplier,
+                survivors=s.survivors or s.num_silos,
+                size=discrete.model_size(config, info),
+                hidden_sampling=s.ot_items > 0,
+            )
         acc = config.privacy.accountant
         if self.personal_budgets:
             budgets = user_budgets(config)
@@ -694,6 +714,13 @@ class UserLevelConfig(UldpConfig):
         s = self._setup(setup, UserLevelSetup)
         silo = self._silo(self.silo_class, config, client_id, data, info, s, randomness)
         silo.share_encoding = self.share_encoding(config, info, s)
+        if self.weighting_discrete(config):
+            silo.weighting_noise = discrete.private_weighting_noise(
+                config,
+                sigma=s.noise_multiplier,
+                survivors=s.survivors or s.num_silos,
+                size=discrete.model_size(config, info),
+            )
         return silo
 
 

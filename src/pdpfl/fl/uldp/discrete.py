@@ -14,6 +14,13 @@ users, the model's size and the published σ -- so the server and every silo bui
 The ledger charges :class:`~pdpfl.privacy.uldp_discrete.DiscreteUserLevelPlan`; with
 ``privacy.epsilon_max`` σ is calibrated against that plan (:func:`calibrated_sigma`), so a
 discrete run and a continuous one are planned at the same ε.
+
+With ``algorithm.weights: private`` the private weighting protocol keeps its own encoding (Paillier
+plaintexts on the grid P = ``secure.precision``) and each silo adds an exact discrete Gaussian on
+the grid P' = 2^m·P (:mod:`pdpfl.fl.aggregation.private_weighting_core`, *Exact discrete
+noise*): :func:`private_weighting_plan` is its ledger's plan (sensitivity N = (C/P' + 1.5√d)²,
+t shares; the server decrypts only the sum, so it is charged like a third party) and
+:func:`private_weighting_noise` the share every silo draws through the one noise adder.
 """
 
 from __future__ import annotations
@@ -32,8 +39,17 @@ if TYPE_CHECKING:  # pragma: no cover
     from pdpfl.fl.aggregation.discrete_shares import ShareEncoding
     from pdpfl.fl.api import FederationInfo
     from pdpfl.fl.uldp.mechanism import UserLevelSetup
+    from pdpfl.privacy.noise import DiscreteGaussianNoise
 
-__all__ = ["calibrated_sigma", "discrete_plan", "encoding", "model_size", "share_params"]
+__all__ = [
+    "calibrated_sigma",
+    "discrete_plan",
+    "encoding",
+    "model_size",
+    "private_weighting_noise",
+    "private_weighting_plan",
+    "share_params",
+]
 
 
 def model_size(config: ExperimentConfig, info: FederationInfo) -> int:
@@ -101,6 +117,52 @@ def discrete_plan(
     return DiscreteUserLevelPlan(released, view)
 
 
+def _weighting_released(
+    config: ExperimentConfig, sigma: float, survivors: int, size: int
+) -> SampledDiscreteGaussianPlan:
+    from pdpfl.fl.aggregation.private_weighting_core import discrete_sensitivity_sq
+
+    n_sq = discrete_sensitivity_sq(
+        float(config.training.max_grad_norm), float(config.secure.precision), int(size)
+    )
+    return SampledDiscreteGaussianPlan.for_multiplier(
+        "user",
+        float(sigma),
+        int(survivors),
+        n_sq,
+        int(size),
+        float(config.privacy.delta),
+        int(config.training.rounds),
+    )
+
+
+def private_weighting_plan(
+    config: ExperimentConfig, *, sigma: float, survivors: int, size: int, hidden_sampling: bool
+) -> DiscreteUserLevelPlan:
+    """The ledger's plan with private weights and discrete noise (module docstring): the
+    released sum of t shares N_Z(0, σ²·N/t) on the grid P', N = (C/P' + 1.5√d)²; the server
+    decrypts only that sum (its view is the released one), and does not know the users' coins
+    under private sub-sampling (``hidden_sampling``)."""
+    released = _weighting_released(config, sigma, survivors, size)
+    return DiscreteUserLevelPlan(released, released, server_knows_sampling=not hidden_sampling)
+
+
+def private_weighting_noise(
+    config: ExperimentConfig, *, sigma: float, survivors: int, size: int
+) -> tuple[DiscreteGaussianNoise, int]:
+    """One silo's share of :func:`private_weighting_plan` (what the one noise adder draws) and
+    the grid m of P' = 2^m·P: variance σ²·N/t exactly (≥ the plan's, which is rounded down),
+    sized for t, multiplier σ (what the ledger charges)."""
+    from pdpfl.fl.aggregation.private_weighting_core import discrete_sensitivity_sq, grid_bits
+    from pdpfl.privacy.noise import DiscreteGaussianNoise
+
+    clip, precision = float(config.training.max_grad_norm), float(config.secure.precision)
+    n_sq = discrete_sensitivity_sq(clip, precision, int(size))
+    variance = SampledDiscreteGaussianPlan.required_share_variance(sigma, survivors, n_sq)
+    noise = DiscreteGaussianNoise(variance, float(sigma), int(survivors))
+    return noise, grid_bits(clip, precision)
+
+
 def calibrated_sigma(
     config: ExperimentConfig,
     *,
@@ -110,16 +172,21 @@ def calibrated_sigma(
     survivors: int,
     users: int,
     size: int,
+    private_weighting: bool = False,
 ) -> float:
     """The smallest σ (to 10^-4 relative) whose third-party ε of T rounds at user rate
-    ``rate`` is at most ``epsilon`` under the discrete plan (bisection; ε decreases in σ)."""
+    ``rate`` is at most ``epsilon`` under the discrete plan (bisection; ε decreases in σ);
+    ``private_weighting``: the plan of :func:`private_weighting_plan`."""
     delta, rounds = float(config.privacy.delta), int(config.training.rounds)
 
     def eps(sigma: float) -> float:
-        params = share_params(
-            config, sigma=sigma, silos=silos, survivors=survivors, users=users, size=size
-        )
-        plan = params.plan("user", delta, rounds, ("third-party",))
+        if private_weighting:
+            plan = _weighting_released(config, sigma, survivors, size)
+        else:
+            params = share_params(
+                config, sigma=sigma, silos=silos, survivors=survivors, users=users, size=size
+            )
+            plan = params.plan("user", delta, rounds, ("third-party",))
         from pdpfl.privacy import mechanism_epsilon
 
         e, _ = mechanism_epsilon(plan, np.array([float(rate)]), "third-party")

@@ -53,6 +53,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from pdpfl.data.federation import ClientData
     from pdpfl.dp.extra_rows import ExtraRows
     from pdpfl.fl.aggregation.private_weighting import UserUpdates
+    from pdpfl.privacy.noise import DiscreteGaussianNoise
     from pdpfl.randomness import RandomStream
 
 __all__ = ["AvgSilo", "SgdSilo", "UserLevelSilo"]
@@ -68,6 +69,9 @@ class UserLevelSilo(UldpSilo):
     extra_weight: float = 1.0
     #: ... and the stream of round t's coins (the same for every silo holding them).
     extra_coins: Callable[[int], RandomStream] | None = None
+    #: Private weights with discrete noise: the share N_Z(0, σ_s²) and the grid m of
+    #: P' = 2^m·P (:func:`pdpfl.fl.uldp.discrete.private_weighting_noise`); None: continuous.
+    weighting_noise: tuple[DiscreteGaussianNoise, int] | None = None
 
     def __init__(
         self,
@@ -270,11 +274,32 @@ class UserLevelSilo(UldpSilo):
             ).numpy()
         else:
             deltas = np.zeros((0, d))
+        users = self.users[positions].astype(np.int64)
+        if self.weighting_noise is not None:
+            grid, m = self.weighting_share(d, t, plan.config)
+            return UserUpdates(users, deltas, np.zeros(d), grid_noise=grid, grid=m)
         zeros = [torch.zeros(s, dtype=torch.float64) for s in shapes]
         noise = np.concatenate(
             [np.asarray(z, dtype=np.float64).ravel() for z in self.noisy(zeros, t, plan.config)]
         )
-        return UserUpdates(users=self.users[positions].astype(np.int64), deltas=deltas, noise=noise)
+        return UserUpdates(users=users, deltas=deltas, noise=noise)
+
+    def weighting_share(self, d: int, round_index: int, config: Scalars) -> tuple[np.ndarray, int]:
+        """This silo's exact discrete Gaussian Z_s ~ N_Z(0, σ_s²)^d on the grid P' = 2^m·P
+        (private weights, discrete noise), through the one noise adder from its own stream;
+        refused unless the ledger charges its multiplier and the protocol announces ≥ t."""
+        from pdpfl.dp.noise import add_noise
+        from pdpfl.fl.aggregation.threshold import SURVIVORS_KEY
+        from pdpfl.privacy.noise import check_charged
+
+        assert self.weighting_noise is not None
+        noise, m = self.weighting_noise
+        check_charged(noise, float(self._charged or 0.0), what=f"silo {self.client_id}")
+        announced = config.get(SURVIVORS_KEY)
+        noise.shares_for(None if announced is None else int(announced))  # never fewer than t
+        z = np.zeros(d, dtype=np.int64)
+        add_noise(z, noise, self.randomness.stream("weighting-noise", round_index, self.client_id))
+        return z, m
 
 
 class AvgSilo(UserLevelSilo):
