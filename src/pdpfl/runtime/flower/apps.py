@@ -98,6 +98,10 @@ STATUS_FILE = "status.json"
 #: evaluation_clients`). A deployment's silos are each asked every round: each hospital's own
 #: ledger stays current round by round, and a cross-silo federation is small.
 EVALUATE_SAMPLED = "pdpfl-evaluate-sampled"
+#: With :data:`EVALUATE_SAMPLED`: the server's public setup (exactly what every message carries),
+#: written once the server is built, for the operator's end-of-run catch-up of the silos that
+#: were not asked lately (:mod:`pdpfl.runtime.flower.catch_up`).
+PUBLIC_FILE = "public.json"
 
 server_app = ServerApp()
 client_app = ClientApp()
@@ -398,6 +402,13 @@ class RoundReporter:
         )
 
 
+def _lost_rounds(transport: FlowerTransport | None) -> dict[str, int]:
+    """The (0-based) round in which each lost silo was lost (none before the rounds began)."""
+    if transport is None:
+        return {}
+    return {str(s): int(r) for s, r in sorted(transport.lost_round.items())}
+
+
 @server_app.main()
 def _main(grid: Grid, context: Context) -> None:
     run_config = context.run_config
@@ -407,6 +418,7 @@ def _main(grid: Grid, context: Context) -> None:
     status = Status(flower_dir / STATUS_FILE)
     t0 = time.perf_counter()
     diverged: TrainingDiverged | None = None
+    transport: FlowerTransport | None = None
     try:
         status.update(phase="starting", pid=os.getpid())
         hooks, config = _experiment(run_config)
@@ -434,6 +446,8 @@ def _main(grid: Grid, context: Context) -> None:
             final_round=rounds - 1,
             evaluate_sampled=bool(run_config.get(EVALUATE_SAMPLED, False)),
         )
+        if transport.evaluate_sampled:  # the operator catches the silos up after the run
+            write_text(flower_dir / PUBLIC_FILE, transport.public_json)
         reporter = RoundReporter(status, rounds, transport)
         try:
             result = hooks.run(config, server, transport, out_dir, resume, on_round=reporter)
@@ -458,6 +472,7 @@ def _main(grid: Grid, context: Context) -> None:
                 "run_key": run_key,
                 "silo_nodes": {str(s): str(n) for s, n in sorted(silo_nodes.items())},
                 "lost": {str(s): why for s, why in sorted(transport.lost.items())},
+                "lost_round": _lost_rounds(transport),
                 "startup_seconds": startup_s,
                 "seconds": time.perf_counter() - t0,
                 "completed": bool(result.get("completed", True)),
@@ -478,6 +493,7 @@ def _main(grid: Grid, context: Context) -> None:
                 "status": "error",
                 "error": f"{type(err).__name__}: {err}",
                 "traceback": traceback.format_exc(),
+                "lost_round": _lost_rounds(transport),
             },
         )
         status.update(phase="error", error=f"{type(err).__name__}: {err}")

@@ -26,8 +26,10 @@ next round's Poisson sample, whose training request carries the evaluation -- in
 virtual SuperNode (``clients_evaluated`` in the metrics line; the pooled metrics are over them).
 A silo's Type II catch-up charge for the rounds it sat out is applied the next time it is asked,
 before its pre-check and charge, and for every silo in the final round, which all of them
-evaluate: the ledgers at the end of the run are the in-process simulator's. (Until then a silo
-not asked lately has rounds it sat out still to be charged; it released nothing in them.)
+evaluate. A run that stops earlier (diverged, interrupted, too few silos left) has every silo's
+ledger caught up by the operator once the engine stopped, before its ledgers and summary are
+collected (:mod:`pdpfl.runtime.flower.catch_up`): however the run ends, its ledgers are the
+in-process simulator's for the rounds it reached.
 
 Where a silo lives between messages
 -----------------------------------
@@ -58,6 +60,7 @@ from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
+from pdpfl.errors import TrainingDiverged
 from pdpfl.io import write_json
 from pdpfl.runtime.flower import apps
 from pdpfl.runtime.flower.apps import RESULT_FILE, STATUS_FILE
@@ -465,6 +468,18 @@ def run_flower_simulation(
         received.append(int(getattr(err, "signum", 2)))
     finally:
         display.close()
+    # However the run ended: every silo's ledger caught up to the rounds it reached, before its
+    # ledgers and summary are collected (the silos not asked lately owe their Type II rounds).
+    from pdpfl.runtime.flower.catch_up import CatchUpReport, catch_up_silos, note_behind
+
+    if len(received) > 1:  # stopped at once by a second signal: the silos catch up on --resume
+        report = CatchUpReport(0)
+        logging.getLogger(__name__).warning(
+            "stopped by a second signal: the silos' ledgers were not caught up to the rounds the "
+            "run reached (they are when it is resumed)"
+        )
+    else:
+        report = catch_up_silos(out, run_config, node_configs)
     if interrupted.is_set():
         from pdpfl.runtime.flower.launcher import rounds_saved
         from pdpfl.runtime.flower.processes import FlowerInterrupted
@@ -482,7 +497,13 @@ def run_flower_simulation(
                 f"Flower's Simulation Engine failed ({type(failure).__name__}: {failure}); the "
                 f"ServerApp: {result.get('error', 'no result')}; see {flower_dir / LOG_FILE}"
             )
-    return collect_result(config, out, num_silos, missing=f"see {flower_dir / LOG_FILE}")
+    try:
+        summary = collect_result(config, out, num_silos, missing=f"see {flower_dir / LOG_FILE}")
+    except TrainingDiverged as err:  # its outputs are written: say which ledgers lag, if any
+        if isinstance(err.result, dict):
+            err.result = note_behind(err.result, report, out)
+        raise
+    return note_behind(summary, report, out)
 
 
 def _wait_for(path: Path, timeout_s: float) -> None:

@@ -422,7 +422,8 @@ class FlowerTransport:
         they sat out are applied when they are next asked (:meth:`pdpfl.fl.template.Silo.
         begin_round` catches up first, before its pre-check and charge) and, for all of them
         at once, in the final round (every silo evaluates it), so a round costs messages in the
-        sample, not in the federation, and every ledger at the end of the run is exact.
+        sample, not in the federation. A run that stops before its final round is caught up by
+        the operator after the engine stopped (:mod:`pdpfl.runtime.flower.catch_up`).
         """
         if not self.evaluate_sampled or (
             self.final_round is not None and round_index >= self.final_round
