@@ -471,11 +471,13 @@ def test_only_the_sampled_silos_are_asked_and_the_final_ledgers_are_the_simulato
 
 
 @requires_ray
-def test_ctrl_c_stops_the_engine_and_prints_the_resume_command(tmp_path: Path) -> None:
-    """SIGINT mid-run (6 silos, λ = 0.34): exit 130 within seconds with the finished rounds
-    checkpointed, and no Ray process left (before, Flower's threads waited forever on actors Ray
-    had shut down); every silo's ledger is caught up to the rounds saved: ε ≥ the simulator's
-    stopped there, = for each silo that trained no later round."""
+def test_sigterm_stops_the_engine_and_prints_the_resume_command(tmp_path: Path) -> None:
+    """SIGTERM mid-run (6 silos, λ = 0.34), as a scheduler stops a job: exit 143 within seconds
+    with the finished rounds checkpointed (before, Ray's own SIGTERM handler took the signal and
+    ended the process at once: no resume command, no catch-up), and no Ray process left (before
+    that, Flower's threads waited forever on actors Ray had shut down); every silo's ledger is
+    caught up to the rounds saved: ε ≥ the simulator's stopped there, = for each silo that
+    trained no later round. (SIGINT from a ClientApp: the interrupted-run test above.)"""
     import os
     import signal
     import subprocess
@@ -518,7 +520,7 @@ def test_ctrl_c_stops_the_engine_and_prints_the_resume_command(tmp_path: Path) -
             time.sleep(0.2)
         ray_pids = descendants([proc.pid])
         assert ray_pids  # Ray's processes run under the command
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signal.SIGTERM)
         t0 = time.monotonic()
         output, _ = proc.communicate(timeout=60)
         assert time.monotonic() - t0 < 30
@@ -527,7 +529,7 @@ def test_ctrl_c_stops_the_engine_and_prints_the_resume_command(tmp_path: Path) -
             proc.kill()
             proc.wait()
     text = output.decode()
-    assert proc.returncode == 130, text
+    assert proc.returncode == 143, text
     assert "Resume with:" in text and "--resume" in text and "Traceback" not in text
     assert (out / "checkpoint.npz").exists()
     done = rounds_saved(out)

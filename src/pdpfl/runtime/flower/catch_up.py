@@ -22,7 +22,8 @@ its state, ledger and own summary. This is *the* catch-up the silo's next messag
 applied, not a server-side estimate: the ledgers equal the simulator's for the same rounds (the
 silos that already charged a round the run did not reach -- a training request announced with
 the last evaluation -- keep that charge: more, never less), and a resumed run goes on exactly as
-an uninterrupted one (a caught-up silo's next message has nothing left to catch up).
+an uninterrupted one (a caught-up silo's next message has nothing left to catch up; a silo never
+asked before the stop now has the state a resume requires of every silo).
 
 How far
 -------

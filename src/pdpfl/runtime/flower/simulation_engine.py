@@ -64,6 +64,7 @@ from pdpfl.errors import TrainingDiverged
 from pdpfl.io import write_json
 from pdpfl.runtime.flower import apps
 from pdpfl.runtime.flower.apps import RESULT_FILE, STATUS_FILE
+from pdpfl.runtime.flower.engine_signals import stop_on_signals
 from pdpfl.runtime.flower.hooks import DEFAULT_HOOKS, PARTITION_ID, load_hooks
 from pdpfl.runtime.flower.transport import FlowerRunError
 
@@ -284,41 +285,6 @@ def _flower_log(path: Path) -> Iterator[None]:
         handler.close()
 
 
-@contextlib.contextmanager
-def _stop_on_signals(interrupted: threading.Event, received: list[int]) -> Iterator[None]:
-    """Ctrl-C, SIGTERM or SIGHUP while the engine runs: stop the ServerApp at its next grid call
-    (its finished rounds are checkpointed) and let Flower stop its actors in order -- raising
-    KeyboardInterrupt in the engine's loop instead leaves Flower's threads waiting on actors Ray
-    already shut down. A second signal raises KeyboardInterrupt at once. The signals received
-    are appended to ``received``."""
-    import signal
-
-    from pdpfl.io import STOP_SIGNALS
-    from pdpfl.runtime.signals import Interrupted
-
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum: int, frame: Any) -> None:
-        received.append(signum)
-        if interrupted.is_set():
-            raise Interrupted(signum)
-        interrupted.set()
-        ENGINE_STOPPED.set()
-
-    previous = {
-        sig: signal.signal(sig, handler)
-        for sig in STOP_SIGNALS
-        if signal.getsignal(sig) is not signal.SIG_IGN
-    }
-    try:
-        yield
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
-
-
 def _ticker(tick: Any, stop: threading.Event) -> threading.Thread:
     def loop() -> None:
         while not stop.wait(0.5):
@@ -433,6 +399,9 @@ def run_flower_simulation(
         "FLWR_TELEMETRY_ENABLED": "0",
         "RAY_DEDUP_LOGS": "0",
         "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0",
+        # Ray's C++ failure-signal handler would take SIGTERM from this process's handler and
+        # abort it (exit 134: no checkpoint message, no catch-up of the silos' ledgers)
+        "RAY_DISABLE_FAILURE_SIGNAL_HANDLER": "1",
     }
     failure: BaseException | None = None
     received: list[int] = []
@@ -440,7 +409,7 @@ def run_flower_simulation(
         with (
             _environment(env),
             _flower_log(flower_dir / LOG_FILE),
-            _stop_on_signals(interrupted, received),
+            stop_on_signals(interrupted, ENGINE_STOPPED, received),
         ):
             from flwr.simulation import run_simulation
 
@@ -468,18 +437,14 @@ def run_flower_simulation(
         received.append(int(getattr(err, "signum", 2)))
     finally:
         display.close()
-    # However the run ended: every silo's ledger caught up to the rounds it reached, before its
-    # ledgers and summary are collected (the silos not asked lately owe their Type II rounds).
-    from pdpfl.runtime.flower.catch_up import CatchUpReport, catch_up_silos, note_behind
+    # However the run ended (a second stop signal too): every silo's ledger caught up to the
+    # rounds it reached before its ledgers and summary are collected (catch_up's docstring).
+    from pdpfl.checkpoint import has_checkpoint
+    from pdpfl.runtime.flower.catch_up import catch_up_silos, note_behind
 
-    if len(received) > 1:  # stopped at once by a second signal: the silos catch up on --resume
-        report = CatchUpReport(0)
-        logging.getLogger(__name__).warning(
-            "stopped by a second signal: the silos' ledgers were not caught up to the rounds the "
-            "run reached (they are when it is resumed)"
-        )
-    else:
-        report = catch_up_silos(out, run_config, node_configs)
+    if (failure is not None or interrupted.is_set()) and has_checkpoint(out):
+        _wait_for(flower_dir / RESULT_FILE, 10.0)  # the stopped ServerApp writes who was lost
+    report = catch_up_silos(out, run_config, node_configs)
     if interrupted.is_set():
         from pdpfl.runtime.flower.launcher import rounds_saved
         from pdpfl.runtime.flower.processes import FlowerInterrupted
