@@ -45,7 +45,7 @@ from pdpfl.testing import TOY_CONFIG, _build, toy_config
 DISCRETE = ["privacy.central_noise=discrete"]
 
 
-def _toy(name: str, extra: list[str] | None = None):  # type: ignore[no-untyped-def]
+def _toy(name: str, extra: list[str] | None = None):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return _build(toy_config(name, [*DISCRETE, *(extra or [])]))
@@ -187,8 +187,9 @@ def test_continuous_noise_is_unchanged() -> None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             server, clients, _ = _build(toy_config(name))
-        assert type(clients[0].noise) is GaussianNoise
-        assert server.central_noise is None and "central_noise" not in server.state_dict()
+        assert type(getattr(clients[0], "noise", None)) is GaussianNoise
+        assert getattr(server, "central_noise", 0) is None
+        assert "central_noise" not in server.state_dict()
 
 
 def test_naive_release_lies_on_the_grid() -> None:
@@ -206,7 +207,7 @@ def test_naive_release_lies_on_the_grid() -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["uldp-naive", "uldp-group", "uldp-avg"])
-def test_tiny_run_reports_the_discrete_grid(name: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_tiny_run_reports_the_discrete_grid(name: str, tmp_path) -> None:
     from pdpfl.runtime.simulation import run_simulation
 
     config = toy_config(name, [*DISCRETE, "training.rounds=1", "lifetime.allow_respend=true"])
@@ -267,7 +268,6 @@ def test_private_weighting_summary_describes_its_grid() -> None:
         ("uldp-sgd", ["privacy.noise_shares=continuous"], "privacy.central_noise"),
         ("uldp-naive", ["privacy.accountant=pld"], "privacy.accountant"),
         ("uldp-group", ["privacy.accountant=pld"], "privacy.accountant"),
-        ("centralized-filter", [], "privacy.central_noise"),
     ],
 )
 def test_unsupported_combinations_are_refused(name: str, extra: list[str], field: str) -> None:
@@ -275,7 +275,7 @@ def test_unsupported_combinations_are_refused(name: str, extra: list[str], field
         toy_config(name, [*DISCRETE, *extra])
 
 
-def test_cli_refusal_exits_2(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_cli_refusal_exits_2(tmp_path) -> None:
     import yaml
 
     path = tmp_path / "toy.yaml"
