@@ -194,11 +194,17 @@ def test_continuous_noise_is_unchanged() -> None:
 
 def test_naive_release_lies_on_the_grid() -> None:
     """A silo's update is (round(γ·Clip(Δ_s)) + Z)/γ: γ·update is an integer vector."""
+    import torch
+
     server, clients, _ = _toy("uldp-naive")
     silo = clients[0]
-    params = server.initial_params()
-    out = silo.fit(params, 0, server.round_config(0))
-    flat = np.concatenate([np.asarray(u, dtype=np.float64).ravel() for u in out.update])
+    g = torch.Generator().manual_seed(0)
+    clipped = [
+        0.01 * torch.randn(np.shape(p), generator=g, dtype=torch.float64)
+        for p in server.initial_params()
+    ]
+    out = silo.privatize(clipped, 0)  # what NaiveSilo.step releases after clipping
+    flat = np.concatenate([np.asarray(u, dtype=np.float64).ravel() for u in out])
     scaled = flat * silo.noise.scale
     np.testing.assert_array_equal(scaled, np.round(scaled))
     # the noise dominates: its std is σ_silo·Δ'/γ per coordinate
