@@ -683,7 +683,6 @@ class UserLevelConfig(UldpConfig):
         if not (self.discrete_shares(config) or self.weighting_discrete(config)):
             return super().round_events(config)
         from pdpfl.privacy.discrete_plan import SampledDiscreteGaussianPlan
-        from pdpfl.privacy.uldp_discrete import DiscreteUserLevelPlan
 
         plan = SampledDiscreteGaussianPlan.for_multiplier(
             "user", 1.0, 2, 1e6, 16, config.privacy.delta, config.training.rounds
