@@ -479,6 +479,8 @@ def build_summary(
         summary["aggregation"]["discrete_shares"] = server_state["noise_shares"]
     if server_state.get("central_noise"):  # privacy.central_noise: discrete (grid, scale)
         summary["central_noise"] = server_state["central_noise"]
+    if server_state.get("weighting_noise"):  # ULDP-FL private weighting's discrete grid
+        summary["aggregation"]["private_weighting_noise"] = server_state["weighting_noise"]
     summary.update(privacy_fields(config, result.get("privacy"), view))
     store = result.get("lifetime")
     summary["lifetime"] = lifetime_fields(config, result.get("privacy"), store)

@@ -49,11 +49,17 @@ from pdpfl.fl.rpdp.mechanism import (
     personalized_setup,
     setup_fields,
 )
+from pdpfl.fl.rpdp.server import FedAvgServer
 from pdpfl.fl.template import RoundPlan, Silo
 from pdpfl.ledger import GroupSummary, PrivacySummary
 from pdpfl.ledger.groups import budget_groups, over_budget
 from pdpfl.ledger.summary import OBSERVERS
-from pdpfl.privacy.noise import GaussianNoise, check_charged
+from pdpfl.privacy.noise import (
+    CentralDiscreteGaussianNoise,
+    GaussianNoise,
+    central_noise,
+    check_charged,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -245,10 +251,15 @@ class FilterSetup(PublicSetup):
     max_grad_norm: float
     adversary: str = "both"
     order: float | None = None
+    central_noise: str = "continuous"
 
-    def noise(self) -> GaussianNoise:
-        """What every filtered GD step adds: N(0, σ²C²) per coordinate."""
-        return GaussianNoise(self.noise_multiplier, self.max_grad_norm)
+    def noise(self, dimension: int | None = None) -> GaussianNoise | CentralDiscreteGaussianNoise:
+        """What every filtered GD step adds: N(0, σ²C²) per coordinate, or with
+        ``central_noise: discrete`` the exact discrete Gaussian on the grid of the
+        ``dimension`` trainable coordinates (:mod:`pdpfl.dp.filter`)."""
+        return central_noise(
+            self.central_noise, self.noise_multiplier, self.max_grad_norm, dimension
+        )
 
 
 class FilterSilo(Silo):
@@ -283,7 +294,7 @@ class FilterSilo(Silo):
     ) -> None:
         import torch
 
-        from pdpfl.dp.filter import FilterState, best_filter_orders
+        from pdpfl.dp.filter import FilterState, accounting_clip, best_filter_orders
         from pdpfl.dp.steps import check_normalizer
 
         super().__init__(client_id, None, adversary=setup.adversary)
@@ -311,11 +322,13 @@ class FilterSilo(Silo):
                 "filter_order unset (each record its best order), or set "
                 "privacy.allow_exclusion: true to train without them"
             )
-        #: What every step adds: N(0, σ²C²) per coordinate; the filter's budgets (and every
-        #: ε reported) are stated in its σ and C.
-        self.noise = setup.noise()
+        #: What every step adds: N(0, σ²C²) per coordinate (or the exact discrete noise on the
+        #: grid of the trainable coordinates); the filter's budgets (and every ε reported) are
+        #: stated in its σ and C (C' = C + √d/γ for the discrete noise: accounting_clip).
+        self.noise = setup.noise(sum(p.numel() for p in model.parameters() if p.requires_grad))
         self._charged = self.noise.noise_multiplier
-        scale = 2 * self.noise.noise_multiplier**2 * self.noise.sensitivity**2
+        self.accounting_clip = accounting_clip(self.noise)
+        scale = 2 * self.noise.noise_multiplier**2 * self.accounting_clip**2
         self.state = FilterState.start(np.maximum(rho, 0.0) * scale / self.alphas)
 
     def spent_epsilon(self) -> np.ndarray:
@@ -326,7 +339,7 @@ class FilterSilo(Silo):
             self.state.spent,
             delta=self.setup.delta,
             noise_multiplier=self._charged,
-            max_grad_norm=self.noise.sensitivity,
+            max_grad_norm=self.accounting_clip,
             alphas=self.alphas,
         )
         return np.where(self.state.spent > 0, eps, 0.0)
@@ -365,7 +378,7 @@ class FilterSilo(Silo):
             ]
         )
 
-    def _noise(self) -> GaussianNoise:
+    def _noise(self) -> GaussianNoise | CentralDiscreteGaussianNoise:
         """The noise of this round's steps, checked against the σ the filter accounts."""
         check_charged(self.noise, self._charged, what=f"silo {self.client_id}")
         return self.noise
@@ -450,8 +463,8 @@ class CentralizedFilterConfig(CentralizedConfig):
         "record the order that maximises its squared-norm budget)",
     )
     summary: ClassVar[str] = "Filter: private GD with an individual Rényi filter (pooled data)"
-    #: The filter's budgets are stated in the continuous Gaussian's σ and C.
-    supports_central_discrete: ClassVar[bool] = False
+    #: Its steps can add the exact discrete Gaussian (budgets then in C' = C + √d/γ).
+    supports_central_discrete: ClassVar[bool] = True
     setup_type: ClassVar[type[PublicSetup]] = FilterSetup
 
     def accountant_problems(self, config: ExperimentConfig) -> list[str]:
@@ -481,7 +494,24 @@ class CentralizedFilterConfig(CentralizedConfig):
             max_grad_norm=tr.max_grad_norm,
             adversary=pv.adversary,
             order=self.filter_order,
+            central_noise=pv.central_noise,
         )
+
+    def server(
+        self,
+        config: ExperimentConfig,
+        info: FederationInfo,
+        setup: PublicSetup,
+        randomness: Randomness,
+    ) -> FedAvgServer:
+        """The centralized server, showing the steps' discrete grid in ``summary.json``."""
+        server = super().server(config, info, setup, randomness)
+        if isinstance(setup, FilterSetup) and setup.central_noise == "discrete":
+            model = silo_model(config, info)  # what the steps add noise to
+            noise = setup.noise(sum(p.numel() for p in model.parameters() if p.requires_grad))
+            if isinstance(noise, CentralDiscreteGaussianNoise):
+                server.central_noise = noise.summary()
+        return server
 
     def client(  # type: ignore[override]
         self,
