@@ -32,7 +32,7 @@ import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pdpfl.checkpoint import (
     CHECKPOINT_NAME,
@@ -62,6 +62,9 @@ from pdpfl.ledger import PrivacySummary
 from pdpfl.runtime.progress import ProgressDisplay
 from pdpfl.runtime.run_state import LoopSettings, RunState, check_planned_rounds, start_run
 
+if TYPE_CHECKING:
+    from pdpfl.config import ExperimentConfig
+
 __all__ = [
     "CHECKPOINT_NAME",
     "LEGACY_CHECKPOINT_NAME",
@@ -87,7 +90,7 @@ RoundCallback = Callable[[int, dict[str, Any]], None]
 
 
 def run_federation(
-    config: Any,
+    config: ExperimentConfig,
     server: ServerAlgorithm,
     transport: Transport,
     out_dir: str | Path,

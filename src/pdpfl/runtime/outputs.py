@@ -21,7 +21,7 @@ from pdpfl.checkpoint import (
     CHECKPOINT_NAME,
     LEGACY_CHECKPOINT_NAME,
     METRICS_NAME,
-    finite,
+    finite_record,
     has_checkpoint,
 )
 from pdpfl.config import ExperimentConfig
@@ -545,7 +545,7 @@ def write_outputs(
         run_id=run_id,
         round_count=int(next_round),
     )
-    summary = finite(summary)  # what is returned is what is on disk: NaN/inf become None
+    summary = finite_record(summary)  # what is returned is what is on disk: NaN/inf become None
     save_npz(out / "model.npz", **{f"p{i:03d}": p for i, p in enumerate(result["params"])})
     holders: list[tuple[str, Any]] = (
         [(POOLED_LEDGER, pool)]  # one sealed file, one row per client

@@ -17,7 +17,11 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pdpfl.config import ExperimentConfig
+    from pdpfl.data.federation import Federation
 
 __all__ = ["check_key_dir", "check_model", "check_module_output"]
 
@@ -73,7 +77,7 @@ def check_module_output(output: Any, num_classes: int, *, batch: int, what: str)
         )
 
 
-def check_model(config: Any, federation: Any) -> None:
+def check_model(config: ExperimentConfig, federation: Federation) -> None:
     """The config's model, if a user registered it, builds and fits the federation's records."""
     import numpy as np
     import torch

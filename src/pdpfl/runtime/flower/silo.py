@@ -131,7 +131,7 @@ def silo_folder(node_config: Mapping[str, Any], run_key: str) -> Path:
 # ------------------------------------------------------------------- protocol memory on disk
 
 
-def _to_storable(obj: Any) -> Any:
+def _to_storable(obj: object) -> object:
     if isinstance(obj, bytes | bytearray):
         return {"__bytes__": np.frombuffer(bytes(obj), dtype=np.uint8).copy()}
     if isinstance(obj, dict):
@@ -141,7 +141,7 @@ def _to_storable(obj: Any) -> Any:
     return obj
 
 
-def _from_storable(obj: Any) -> Any:
+def _from_storable(obj: object) -> object:
     if isinstance(obj, dict):
         if set(obj) == {"__bytes__"} and isinstance(obj["__bytes__"], np.ndarray):
             return obj["__bytes__"].tobytes()
@@ -163,7 +163,10 @@ def encode_memory(memory: dict[str, Any]) -> bytes:
 
 
 def decode_memory(data: bytes) -> dict[str, Any]:
-    return _from_storable(decode_state(data))
+    memory = _from_storable(decode_state(data))
+    if not isinstance(memory, dict):
+        raise ValueError("protocol memory: not a valid pdpfl state file (not a mapping)")
+    return memory
 
 
 # ------------------------------------------------------------------------------ one silo

@@ -120,9 +120,9 @@ def _component(fab_content: bytes) -> str | None:
     from flwr.common.config import get_fab_config
 
     config = get_fab_config(fab_content)
-    return (
-        config.get("tool", {}).get("flwr", {}).get("app", {}).get("components", {}).get("clientapp")
-    )
+    app = config.get("tool", {}).get("flwr", {}).get("app", {})
+    component = app.get("components", {}).get("clientapp")
+    return None if component is None else str(component)
 
 
 class Worker:
