@@ -35,7 +35,9 @@ __all__ = [
 EXIT_DIVERGED = 3
 
 
-def load_checked(config_path: Path, overrides: list[str] | None, data_dir: str | None) -> Any:
+def load_checked(
+    config_path: Path, overrides: list[str] | None, data_dir: str | None
+) -> ExperimentConfig:
     """The validated config (``--data-dir`` checked; extras checked), or exit 2 naming the
     field."""
     from pdpfl.config import ConfigError, load_config
@@ -79,7 +81,7 @@ def check_device(config: ExperimentConfig) -> None:
         fail(str(err))
 
 
-def load_federation(config: ExperimentConfig) -> Any:
+def load_federation(config: ExperimentConfig) -> Federation:
     """The config's federation, or exit 2 (``error: data: ...``)."""
     from pdpfl.runtime.simulation import load_federation_for
 

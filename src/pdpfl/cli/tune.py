@@ -10,16 +10,28 @@ trained). ``--plan`` prints the search's ε without training.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypedDict
 
 import typer
 
 from pdpfl.cli._common import fail, import_plugins, multi_value_command, print_json
 
 if TYPE_CHECKING:
+    from pdpfl.data.federation import Federation
     from pdpfl.ledger import PrivacySummary
 
 __all__ = ["register", "tune_command"]
+
+
+class _SearchOptions(TypedDict):
+    """The options ``plan_search`` and ``tune`` share."""
+
+    distribution: str
+    expected_trials: float | None
+    eta: float
+    max_trials: int | None
+    trial_budget_fraction: float
+    federation: Federation
 
 
 def _epsilon_rows(summary: PrivacySummary) -> list[str]:
@@ -90,7 +102,7 @@ def tune_command(
         fail(str(err))
     config = load_checked(config_path, overrides, data_dir)
     federation = load_federation(config)
-    options = dict(
+    options = _SearchOptions(
         distribution=distribution,
         expected_trials=expected_trials,
         eta=eta,

@@ -32,7 +32,7 @@ import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, SupportsFloat
 
 from pdpfl.checkpoint import (
     CHECKPOINT_NAME,
@@ -328,7 +328,7 @@ def run_record(
     server: ServerAlgorithm,
     settings: LoopSettings,
     last_round: int,
-    lifetime: Any,
+    lifetime: dict[str, Any] | None,
     extension: dict[str, Any] | None,
 ) -> dict[str, Any]:
     """The run's record (see :func:`run_rounds`)."""
@@ -348,5 +348,5 @@ def run_record(
     }
 
 
-def _short(x: Any) -> str:
+def _short(x: SupportsFloat | str | None) -> str:
     return "-" if x is None else f"{float(x):.4g}"

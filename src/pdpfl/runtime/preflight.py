@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from pdpfl.config import ExperimentConfig
@@ -55,7 +55,7 @@ def check_key_dir(party: str = "operator") -> Path:
     return path
 
 
-def check_module_output(output: Any, num_classes: int, *, batch: int, what: str) -> None:
+def check_module_output(output: object, num_classes: int, *, batch: int, what: str) -> None:
     """``output`` of ``what`` on ``batch`` records must be one tensor of logits:
     ``(batch, num_classes)``, or ``(batch, 1)``/``(batch, 2)`` for binary labels."""
     import torch

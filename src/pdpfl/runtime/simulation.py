@@ -13,7 +13,7 @@ those summaries stay at the silos.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -120,7 +120,7 @@ class InProcessTransport:
         from pdpfl.fl.template import BatchedSilo
 
         groups: list[list[int]] = []
-        last: Any = None
+        last: Hashable | None = None
         for c in ids:
             silo = self.clients[c]
             key = silo.batch_key() if isinstance(silo, BatchedSilo) else None
@@ -164,7 +164,9 @@ class InProcessTransport:
         self, silo: int, contribution: Contribution, params: Params, round_index: int
     ) -> Contribution:
         """The gate at silo ``silo``: the training reply it is about to hand over."""
-        holder: Any = self.pool if self.pool is not None else self.clients[silo]
+        holder: SiloPool | ClientAlgorithm = (
+            self.pool if self.pool is not None else self.clients[silo]
+        )
         public = frozenset(getattr(holder, "public_metrics", frozenset()))
         return check_contribution(
             contribution,
@@ -262,7 +264,7 @@ def _data_key(config: ExperimentConfig) -> str:
     return json.dumps([config.data.model_dump(mode="json"), config.seed], sort_keys=True)
 
 
-def load_federation_for(config: ExperimentConfig) -> Any:
+def load_federation_for(config: ExperimentConfig) -> Federation:
     """The federation described by ``config.data`` (seeded from ``config.seed``)."""
     from pdpfl.data import load_federation
 

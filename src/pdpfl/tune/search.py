@@ -47,6 +47,9 @@ from pdpfl.tune.accounting import (
 if TYPE_CHECKING:
     from pdpfl.config import ExperimentConfig
     from pdpfl.data.federation import Federation
+    from pdpfl.fl.algorithm import Assembly
+    from pdpfl.fl.api import ClientAlgorithm, ServerAlgorithm
+    from pdpfl.ledger import PrivacySummary
 
 __all__ = [
     "SearchPlan",
@@ -190,7 +193,7 @@ class TuneResult:
     selected: list[str] | None
     accuracy: float | None
     run_dir: str | None
-    privacy: Any
+    privacy: PrivacySummary
     distribution: dict[str, Any]
     candidates: list[list[str]]
     trials: list[dict[str, Any]] = field(default_factory=list)
@@ -235,7 +238,7 @@ def _describe(dist: TrialDistribution, cap: int) -> dict[str, Any]:
     return {**d, "expected_trials": dist.mean, "max_trials": cap}
 
 
-def _assemble(config: ExperimentConfig, federation: Federation) -> Any:
+def _assemble(config: ExperimentConfig, federation: Federation) -> Assembly:
     import warnings
 
     from pdpfl.fl.algorithm import as_algorithm
@@ -264,7 +267,9 @@ def _curves(
     if targets is not None:
         from pdpfl.fl.lifetime import TARGET_ATTR
 
-        holders = {f"client_{i}": c for i, c in run.clients.items()}
+        holders: dict[str, ClientAlgorithm | ServerAlgorithm] = {
+            f"client_{i}": c for i, c in run.clients.items()
+        }
         holders["server"] = run.server
         for name, led in ledgers.items():
             targets[name] = (getattr(holders[name], TARGET_ATTR, None), np.asarray(led.ids))

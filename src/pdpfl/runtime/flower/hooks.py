@@ -21,6 +21,7 @@ from pdpfl.fl.messages import SILO_INFO, MessageId
 
 if TYPE_CHECKING:
     from pdpfl.config import ExperimentConfig
+    from pdpfl.data.federation import ClientData, Federation
     from pdpfl.runtime.loop import RoundCallback
 
 #: Set (to "1") in a warm worker process: silos stay in memory between messages.
@@ -55,7 +56,7 @@ def silo_store_root(node_config: Mapping[str, Any]) -> Path | None:
     return None
 
 
-def _truthy(value: Any) -> bool:
+def _truthy(value: object) -> bool:
     return value is True or str(value).strip().lower() in ("1", "true", "yes")
 
 
@@ -137,7 +138,7 @@ def load_hooks(spec: str) -> AppHooks:
 # ----------------------------------------------------------------------- pdpfl's own hooks
 
 
-def _config_from_dict(raw: dict[str, Any]) -> Any:
+def _config_from_dict(raw: dict[str, Any]) -> ExperimentConfig:
     from pdpfl.config import config_from_dict
 
     return config_from_dict(raw)
@@ -151,11 +152,11 @@ def _config_to_dict(config: ExperimentConfig) -> dict[str, Any]:
 
 #: Federations loaded by this process, by (data section, seed, data folder): a warm worker
 #: serving several local silos loads a data set once.
-_FEDERATIONS: dict[str, Any] = {}
+_FEDERATIONS: dict[str, Federation] = {}
 _MAX_FEDERATIONS = 4
 
 
-def _load_silo_federation(config: ExperimentConfig, node_config: Mapping[str, Any]) -> Any:
+def _load_silo_federation(config: ExperimentConfig, node_config: Mapping[str, Any]) -> Federation:
     """The federation as seen from one silo (its ``data-dir`` overrides ``data.data_dir``)."""
     import json
 
@@ -225,7 +226,7 @@ def _build_server(
     return server, {"info": info.to_dict(), "setup": setup.to_dict()}
 
 
-def _server_target(config: ExperimentConfig, server: Any) -> None:
+def _server_target(config: ExperimentConfig, server: ServerAlgorithm) -> None:
     """The coordinator's own budget store (ULDP-FL's users), as in the simulator."""
     import numpy as np
 
@@ -241,7 +242,7 @@ def _server_target(config: ExperimentConfig, server: Any) -> None:
         setattr(server, TARGET_ATTR, server_target(config, int(units)))
 
 
-def _silo_data(config: ExperimentConfig, silo: int, node_config: Mapping[str, Any]) -> Any:
+def _silo_data(config: ExperimentConfig, silo: int, node_config: Mapping[str, Any]) -> ClientData:
     """This silo's :class:`~pdpfl.data.federation.ClientData`, cached in its own state folder.
 
     In the per-message mode a SuperNode starts one ClientApp process per message; the cache
