@@ -110,9 +110,11 @@ def locked(out_dir: Path, *, created: bool, option: str = "--out") -> Iterator[N
         yield
 
 
-def prepare_out(out_dir: Path, *, resume: bool, force: bool, **kwargs: Any) -> None:
+def prepare_out(
+    out_dir: Path, *, resume: bool, force: bool, outputs: tuple[str, ...] | None = None
+) -> None:
     """Validate (and create) an output folder, or exit 2 naming ``--out`` and the remedy."""
-    from pdpfl.runtime.outputs import OutputDirError, prepare_output_dir
+    from pdpfl.runtime.outputs import RUN_OUTPUTS, OutputDirError, prepare_output_dir
 
     try:
         prepare_output_dir(
@@ -121,7 +123,7 @@ def prepare_out(out_dir: Path, *, resume: bool, force: bool, **kwargs: Any) -> N
             overwrite=force,
             option="--out",
             flags=("--force", "--resume"),
-            **kwargs,
+            outputs=RUN_OUTPUTS if outputs is None else outputs,
         )
     except OutputDirError as err:
         fail(str(err))

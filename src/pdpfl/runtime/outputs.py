@@ -26,6 +26,7 @@ from pdpfl.checkpoint import (
 )
 from pdpfl.config import ExperimentConfig
 from pdpfl.fl.aggregation import summary_fields
+from pdpfl.fl.api import ServerAlgorithm
 from pdpfl.fl.pool import SiloPool
 from pdpfl.io import save_npz, stale_temporaries, write_json
 from pdpfl.ledger import PrivacyLedger, PrivacySummary, observers_of, save_ledger
@@ -503,7 +504,7 @@ def write_outputs(
     view: str = "operator",
     warnings: list[str] | None = None,
     data: dict[str, Any] | None = None,
-    server: Any = None,
+    server: ServerAlgorithm | None = None,
     parameter_names: list[str] | None = None,
 ) -> dict[str, Any]:
     """Write ``summary.json``, ``model.npz``, ``ledgers/`` and plots; return the summary (as
