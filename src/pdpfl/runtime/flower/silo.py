@@ -80,7 +80,7 @@ from pdpfl.integrity import (
     seal,
     unseal,
 )
-from pdpfl.io import decode_state, encode_state, write_bytes, write_json
+from pdpfl.io import decode_state, decode_state_dict, encode_state, write_bytes, write_json
 from pdpfl.runtime.flower.codec import decode_config
 from pdpfl.runtime.flower.hooks import (
     CONFIG_HASH_KEY,
@@ -311,7 +311,7 @@ class Silo:
                     "the state folder was put back (its ledger would forget charges)"
                 )
             self.generation = gen
-            client.load_state_dict(decode_state(payload))
+            client.load_state_dict(decode_state_dict(payload))
             ledger = self.folder / f"ledger-silo-{self.silo}.npz"
             if ledger.exists():
                 self._unseal(ledger, "ledger", gen)
@@ -323,7 +323,10 @@ class Silo:
                 self.memory[PUBLIC_MEMORY] = decode_memory(data)
             if self.releases_path.exists():
                 data, _ = self._unseal(self.releases_path, "releases", gen)
-                self.releases = list(decode_state(data))
+                releases = decode_state(data)
+                if not isinstance(releases, list):
+                    raise ValueError("the releases file is not a list")
+                self.releases = releases
         except IntegrityError:
             raise
         except (ValueError, KeyError, TypeError, OSError) as err:  # sealed but unreadable
