@@ -325,7 +325,7 @@ def raise_if_diverged(result: Mapping[str, Any], summary: dict[str, Any]) -> Non
     raise err
 
 
-def check_resume(config: ExperimentConfig, out: Path, resume: bool) -> None:
+def check_resume(config: object, out: Path, resume: bool) -> None:
     """Before any process starts: a resume needs a checkpoint in ``out`` (``--resume`` never
     starts a run), and must keep the T its mechanism was calibrated for
     (:func:`pdpfl.runtime.loop.check_planned_rounds`; the Flower runtimes rebuild every silo

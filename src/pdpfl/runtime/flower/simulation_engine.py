@@ -40,8 +40,9 @@ import logging
 import os
 import threading
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from types import FrameType
 from typing import Any, cast
 
 from flwr.app import Context, Message
@@ -287,7 +288,7 @@ def _stop_on_signals(interrupted: threading.Event, received: list[int]) -> Itera
         yield
         return
 
-    def handler(signum: int, frame: Any) -> None:
+    def handler(signum: int, frame: FrameType | None) -> None:
         received.append(signum)
         if interrupted.is_set():
             raise Interrupted(signum)
@@ -306,7 +307,7 @@ def _stop_on_signals(interrupted: threading.Event, received: list[int]) -> Itera
             signal.signal(sig, old)
 
 
-def _ticker(tick: Any, stop: threading.Event) -> threading.Thread:
+def _ticker(tick: Callable[[], object], stop: threading.Event) -> threading.Thread:
     def loop() -> None:
         while not stop.wait(0.5):
             with contextlib.suppress(Exception):  # progress only

@@ -40,6 +40,7 @@ from typing import Any
 
 import numpy as np
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
+from flwr.serverapp import Grid
 
 from pdpfl.fl.api import Contribution, Params, PrivacyBoundaryError, Scalars
 from pdpfl.ledger import PrivacySummary
@@ -173,7 +174,7 @@ class FlowerTransport:
 
     def __init__(
         self,
-        grid: Any,
+        grid: Grid,
         silo_nodes: dict[int, int],
         *,
         run_key: str,
@@ -237,7 +238,7 @@ class FlowerTransport:
             pending.ids[mid] = silo
         return pending
 
-    def _collect(self, pending: _Pending, **event: Any) -> dict[int, RecordDict]:
+    def _collect(self, pending: _Pending, **event: object) -> dict[int, RecordDict]:
         """Wait (bounded by ``round_timeout_s`` from now) for the replies of ``pending``."""
         t_wait = time.perf_counter()
         deadline = time.monotonic() + self.round_timeout_s

@@ -39,6 +39,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from pdpfl.runtime.flower.hooks import WARM_ENV
@@ -356,7 +357,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(err))
     worker = Worker(links)
 
-    def on_signal(signum: int, frame: Any) -> None:
+    def on_signal(signum: int, frame: FrameType | None) -> None:
         worker._stop.set()
 
     signal.signal(signal.SIGTERM, on_signal)
