@@ -43,7 +43,7 @@ import warnings
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from types import FrameType
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
@@ -54,6 +54,9 @@ from pdpfl.runtime.flower import apps
 from pdpfl.runtime.flower.apps import RESULT_FILE, STATUS_FILE
 from pdpfl.runtime.flower.hooks import DEFAULT_HOOKS, PARTITION_ID, load_hooks
 from pdpfl.runtime.flower.transport import FlowerRunError
+
+if TYPE_CHECKING:
+    from pdpfl.config import ExperimentConfig
 
 __all__ = [
     "EXTRA_HINT",
@@ -319,7 +322,7 @@ def _ticker(tick: Callable[[], object], stop: threading.Event) -> threading.Thre
 
 
 def run_flower_simulation(
-    config: Any,
+    config: ExperimentConfig,
     out_dir: str | Path,
     resume: bool = False,
     *,
