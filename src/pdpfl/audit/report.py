@@ -9,11 +9,14 @@ from __future__ import annotations
 import io
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from pdpfl.io import write_bytes, write_json, write_text
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 __all__ = [
     "AUDIT_OUTPUTS",
@@ -60,7 +63,7 @@ def write_audit(record: dict[str, Any], out: Path) -> None:
     write_text(out / "AUDIT.md", audit_markdown(record))
 
 
-def audit_figure(record: dict[str, Any]) -> Any:
+def audit_figure(record: dict[str, Any]) -> Figure:
     """Per observer: budget ε, the accountant's ε and the audited ε̂ per group (log scale)."""
     import matplotlib.pyplot as plt
 

@@ -459,7 +459,8 @@ class AuditSession:
         signal = self.hook.round_signal(self.run, obs)
         if signal is None:
             self.meta.setdefault("scores", {})[obs] = "standardized sum over rounds"
-            return z.sum(axis=0)
+            out: np.ndarray = z.sum(axis=0)
+            return out
         rates = self.plan.rates.copy()
         rates[control] = float(rates[~control].max()) if (~control).any() else 0.0
         self.meta.setdefault("scores", {})[obs] = (

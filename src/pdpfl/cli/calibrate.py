@@ -13,7 +13,7 @@ Example::
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -29,13 +29,16 @@ from pdpfl.cli._common import (
 #: Largest --n for --scenario (one float64 budget and rate per record are held in memory).
 MAX_RECORDS = 100_000_000
 
+if TYPE_CHECKING:
+    import numpy as np
+
 
 def register(app: typer.Typer) -> None:
     """Add ``pdpfl calibrate`` to ``app``."""
     app.command("calibrate")(calibrate_command)
 
 
-def _read_budgets(path: Path, column: str | None) -> Any:
+def _read_budgets(path: Path, column: str | None) -> np.ndarray:
     """The budgets of ``--budgets``: a ``record_id,epsilon`` table is read as ``pdpfl run``
     reads ``budgets.file`` (ids checked: unique integers; rates in the file's row order),
     anything else by :func:`pdpfl.budgets.load_budgets`. Problems exit 2 naming ``--budgets``

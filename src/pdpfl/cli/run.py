@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -29,9 +29,10 @@ from pdpfl.cli._experiment import (
     prepare_out,
     simulate,
 )
-from pdpfl.cli._experiment import load_checked as _load  # noqa: F401 (cli.audit, cli.tune)
-from pdpfl.cli._experiment import load_federation as _load_federation  # noqa: F401
 from pdpfl.cli._process import collector_paused
+
+if TYPE_CHECKING:
+    from pdpfl.config import ExperimentConfig
 
 #: Exit code after Ctrl-C (128 + SIGINT), as shells report it; SIGTERM gives 143, SIGHUP 129
 #: (:func:`pdpfl.runtime.signals.exit_code`).
@@ -216,7 +217,13 @@ def run_command(
 
 
 def _flower(
-    config: Any, out_dir: Path, resume: bool, *, progress: bool, hint: str, engine: bool = False
+    config: ExperimentConfig,
+    out_dir: Path,
+    resume: bool,
+    *,
+    progress: bool,
+    hint: str,
+    engine: bool = False,
 ) -> dict[str, Any]:
     from pdpfl.errors import TrainingDiverged
     from pdpfl.runtime.flower import (  # lazy: flwr is optional

@@ -34,6 +34,7 @@ from pdpfl.randomness import Randomness
 
 if TYPE_CHECKING:  # pragma: no cover
     from pdpfl.dp.extra_rows import ExtraRows
+    from pdpfl.fl.aggregation.discrete_shares import ShareEncoding
 
 __all__ = ["CentralIdpServer", "DistributedIdpServer", "IdpFedAvgServer"]
 
@@ -56,7 +57,7 @@ class IdpFedAvgServer(ABC):
 
     public_metrics: ClassVar[frozenset[str]] = frozenset()
     #: The clients' discrete share encoding (distributed variant; None: float updates).
-    share_encoding: Any = None
+    share_encoding: ShareEncoding | None = None
     needs_individual_updates: ClassVar[bool] = False
 
     def __init__(

@@ -40,6 +40,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import torch
 
     from pdpfl.data.federation import ClientData
+    from pdpfl.dp.batched import LocalTrainingSpec
 
 __all__ = ["DefaultSilo", "GroupSilo", "NaiveSilo", "SiloLevelSilo", "UldpSilo"]
 
@@ -137,7 +138,7 @@ class UldpSilo(Silo):
         )
         self.user_index = [order[s : s + c] for s, c in zip(starts, self.counts, strict=True)]
 
-    def local_spec(self) -> Any:
+    def local_spec(self) -> LocalTrainingSpec:
         """Q epochs of the local optimiser in minibatches of B (a ``LocalTrainingSpec``)."""
         from pdpfl.dp.batched import LocalTrainingSpec
 

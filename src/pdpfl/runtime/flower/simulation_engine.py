@@ -40,9 +40,10 @@ import logging
 import os
 import threading
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, cast
+from types import FrameType
+from typing import TYPE_CHECKING, Any, cast
 
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
@@ -53,6 +54,9 @@ from pdpfl.runtime.flower import apps
 from pdpfl.runtime.flower.apps import RESULT_FILE, STATUS_FILE
 from pdpfl.runtime.flower.hooks import DEFAULT_HOOKS, PARTITION_ID, load_hooks
 from pdpfl.runtime.flower.transport import FlowerRunError
+
+if TYPE_CHECKING:
+    from pdpfl.config import ExperimentConfig
 
 __all__ = [
     "EXTRA_HINT",
@@ -287,7 +291,7 @@ def _stop_on_signals(interrupted: threading.Event, received: list[int]) -> Itera
         yield
         return
 
-    def handler(signum: int, frame: Any) -> None:
+    def handler(signum: int, frame: FrameType | None) -> None:
         received.append(signum)
         if interrupted.is_set():
             raise Interrupted(signum)
@@ -306,7 +310,7 @@ def _stop_on_signals(interrupted: threading.Event, received: list[int]) -> Itera
             signal.signal(sig, old)
 
 
-def _ticker(tick: Any, stop: threading.Event) -> threading.Thread:
+def _ticker(tick: Callable[[], object], stop: threading.Event) -> threading.Thread:
     def loop() -> None:
         while not stop.wait(0.5):
             with contextlib.suppress(Exception):  # progress only
@@ -318,7 +322,7 @@ def _ticker(tick: Any, stop: threading.Event) -> threading.Thread:
 
 
 def run_flower_simulation(
-    config: Any,
+    config: ExperimentConfig,
     out_dir: str | Path,
     resume: bool = False,
     *,
