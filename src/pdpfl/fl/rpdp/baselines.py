@@ -40,7 +40,7 @@ from pdpfl.fl.common import (
     public_budget_statistics,
     silo_model,
 )
-from pdpfl.fl.rpdp.config import DpFedAvgConfig
+from pdpfl.fl.rpdp.config import DpFedAvgConfig, budget_source, mechanism_spec, model_spec
 from pdpfl.fl.rpdp.mechanism import (
     DpFedAvgSetup,
     fit_published_estimator,
@@ -100,7 +100,7 @@ class _UniformBase(DpFedAvgConfig):
         return problems
 
     def _public_statistic(self, config: ExperimentConfig) -> float | None:
-        minimum, mean = public_budget_statistics(config)
+        minimum, mean = public_budget_statistics(budget_source(config))
         return {"minimum": minimum, "mean": mean}.get(self.statistic or "")
 
     def uniform_epsilon(self, config: ExperimentConfig) -> float:
@@ -115,6 +115,7 @@ class _UniformBase(DpFedAvgConfig):
     def setup(self, config: ExperimentConfig, info: FederationInfo) -> DpFedAvgSetup:
         """Uniform DP-FedAvg at the public ε (same σ and F as rPDP-FL, or a fixed q)."""
         eps = self.uniform_epsilon(config)
+        spec = mechanism_spec(config)
         if self.sampling_rate is not None:
             from pdpfl.calibration import noise_for_uniform_rate
 
@@ -122,9 +123,9 @@ class _UniformBase(DpFedAvgConfig):
                 noise_for_uniform_rate(
                     eps,
                     self.sampling_rate,
-                    mechanism_plan(config, 1.0),
-                    adversary=config.privacy.adversary,
-                    accountant=config.privacy.accountant,
+                    mechanism_plan(spec, 1.0),
+                    adversary=spec.adversary,
+                    accountant=spec.accountant,
                 )
             )
             return DpFedAvgSetup(
@@ -132,10 +133,10 @@ class _UniformBase(DpFedAvgConfig):
                 noise_multiplier=sigma,
                 uniform_epsilon=eps,
                 uniform_rate=float(self.sampling_rate),
-                **setup_fields(config),
+                **setup_fields(spec),
             )
-        sigma = noise_multiplier(config)
-        est = fit_published_estimator(config, sigma)
+        sigma = noise_multiplier(spec)
+        est = fit_published_estimator(spec, sigma)
         q = float(np.clip(est.rates(np.array([eps]))[0], 0.0, 1.0))
         if q <= 0:
             raise ValueError(
@@ -148,7 +149,7 @@ class _UniformBase(DpFedAvgConfig):
             uniform_epsilon=eps,
             uniform_rate=q,
             estimator=est.to_dict(),
-            **setup_fields(config),
+            **setup_fields(spec),
         )
 
 
@@ -201,7 +202,8 @@ class PrivacyFreeConfig(DpFedAvgConfig):
     summary: ClassVar[str] = "FedAvg without DP (the utility ceiling)"
 
     def setup(self, config: ExperimentConfig, info: FederationInfo) -> DpFedAvgSetup:
-        return DpFedAvgSetup(mode="non-private", noise_multiplier=0.0, **setup_fields(config))
+        fields = setup_fields(mechanism_spec(config))
+        return DpFedAvgSetup(mode="non-private", noise_multiplier=0.0, **fields)
 
 
 @register_algorithm
@@ -213,7 +215,7 @@ class CentralizedConfig(DpFedAvgConfig):
     summary: ClassVar[str] = "rPDP-SGD on the pooled data (simulation only)"
 
     def setup(self, config: ExperimentConfig, info: FederationInfo) -> DpFedAvgSetup:
-        return personalized_setup(config)
+        return personalized_setup(mechanism_spec(config))
 
     def prepare(
         self, config: ExperimentConfig, federation: Federation
@@ -456,7 +458,7 @@ class CentralizedFilterConfig(CentralizedConfig):
 
     def accountant_problems(self, config: ExperimentConfig) -> list[str]:
         """The Rényi filter has no event: only ``rdp`` accounts it."""
-        return accountant_problems(config, None, self.name)
+        return accountant_problems(config.privacy.accountant, None, self.name)
 
     def setup(self, config: ExperimentConfig, info: FederationInfo) -> FilterSetup:  # type: ignore[override]
         """σ = ``privacy.noise_multiplier``, or the σ at which a record of budget ε_max
@@ -503,9 +505,9 @@ class CentralizedFilterConfig(CentralizedConfig):
             )
         return FilterSilo(
             client_id,
-            silo_model(config, info),
+            silo_model(model_spec(config), info),
             data,
-            client_budgets(config, client_id, data),
+            client_budgets(budget_source(config), client_id, data),
             setup,
             randomness=randomness,
             normalizer=float(batch),
