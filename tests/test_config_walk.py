@@ -4,7 +4,7 @@ twice on the config's route).
 The whole route of a run is measured by ``benchmarks/config_walk.py`` (a 2-round run, too slow
 for a unit test); these tests hold its cause in place: the rPDP-FL family's build
 (``Algorithm.assemble``) enters no file more than twice with the config, and the shared helpers
-and the mechanism take plain values (:class:`~pdpfl.fl.common.ModelSpec`,
+and the mechanism take plain values (:class:`~pdpfl.fl.common.ModelSource`,
 :class:`~pdpfl.fl.common.BudgetSource`, :class:`~pdpfl.fl.rpdp.mechanism.MechanismSpec`),
 never the :class:`~pdpfl.config.ExperimentConfig`.
 """

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from pdpfl.cli import app
 from pdpfl.config import ALGORITHMS, ConfigError, run_fingerprint, with_updates
-from pdpfl.fl.common import ModelSpec, federation_info, silo_model, training_device
+from pdpfl.fl.common import ModelSource, federation_info, silo_model, training_device
 from pdpfl.runtime.loop import run_federation
 from pdpfl.runtime.simulation import InProcessTransport, load_federation_for
 from pdpfl.testing import _build, toy_config
@@ -78,7 +78,7 @@ def test_cuda_without_cuda_is_refused_before_any_work(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"^training\.device"):
         _build(config)
     with pytest.raises(ValueError, match=r"^training\.device"):
-        model = ModelSpec.of(config.model, seed=config.seed, device=config.training.device)
+        model = ModelSource.of(config.model, seed=config.seed, device=config.training.device)
         silo_model(model, federation_info(load_federation_for(config), config))
 
 

@@ -2,7 +2,7 @@
 
 The builders take plain values, never the whole configuration: an algorithm's config section
 reads the experiment config once, at its edge (``setup``/``server``/``client``/its checks), into
-the frozen values below -- :class:`ModelSpec` (what x⁰ is built from) and :class:`BudgetSource`
+the frozen values below -- :class:`ModelSource` (what x⁰ is built from) and :class:`BudgetSource`
 (where a silo's budgets come from) -- and hands those on, as dp-accounting's builders take
 numbers and jax_privacy's ``DPExecutionPlan`` is built once from its config.
 
@@ -50,7 +50,7 @@ N = TypeVar("N", bound=GaussianNoise | JointGaussian | CentralDiscreteGaussianNo
 
 __all__ = [
     "BudgetSource",
-    "ModelSpec",
+    "ModelSource",
     "accountant_problems",
     "checked_noise",
     "client_budgets",
@@ -66,7 +66,7 @@ __all__ = [
 
 
 @dataclass(frozen=True)
-class ModelSpec:
+class ModelSource:
     """What the public initial model x⁰ is built from: the registered model ``name`` with its
     ``options`` (``model:``), the run's ``seed`` (x⁰ is public) and where the silos train
     (``training.device``)."""
@@ -77,7 +77,7 @@ class ModelSpec:
     device: str = "cpu"
 
     @classmethod
-    def of(cls, model: ModelConfig, *, seed: int, device: str = "cpu") -> ModelSpec:
+    def of(cls, model: ModelConfig, *, seed: int, device: str) -> ModelSource:
         """From the ``model:`` section, the run's seed and ``training.device``."""
         return cls(model.name, dict(model.options), int(seed), device)
 
@@ -204,7 +204,7 @@ def training_device(device: str) -> torch.device:
 
 
 def silo_model(
-    model: ModelSpec, info: FederationInfo, *, on_device: bool = True
+    model: ModelSource, info: FederationInfo, *, on_device: bool = True
 ) -> torch.nn.Module:
     """The model of ``model`` with the public initialisation x⁰ (seeded: x⁰ is public).
 
@@ -223,7 +223,7 @@ def silo_model(
     return built
 
 
-def initial_params(model: ModelSpec, info: FederationInfo) -> Params:
+def initial_params(model: ModelSource, info: FederationInfo) -> Params:
     """x⁰: the trainable parameters of :func:`silo_model`."""
     from pdpfl.models import get_params
 

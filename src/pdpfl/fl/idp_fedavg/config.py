@@ -23,7 +23,7 @@ from pdpfl.config import METHODS, ExperimentConfig, MethodSpec, PrivacyUnitName
 from pdpfl.fl.algorithm import Algorithm, PublicSetup, register_algorithm
 from pdpfl.fl.api import FederationInfo
 from pdpfl.fl.common import (
-    ModelSpec,
+    ModelSource,
     accountant_problems,
     initial_params,
     silo_model,
@@ -220,7 +220,7 @@ class IdpFedAvgConfig(Algorithm):
             groups = np.array([pub.group_of(float(b)) for b in budgets], dtype=np.int64)
             return CentralIdpServer(
                 initial_params(
-                    ModelSpec.of(config.model, seed=config.seed, device=config.training.device),
+                    ModelSource.of(config.model, seed=config.seed, device=config.training.device),
                     info,
                 ),
                 pub,
@@ -229,7 +229,7 @@ class IdpFedAvgConfig(Algorithm):
             )
         return DistributedIdpServer(
             initial_params(
-                ModelSpec.of(config.model, seed=config.seed, device=config.training.device), info
+                ModelSource.of(config.model, seed=config.seed, device=config.training.device), info
             ),
             pub,
             client_groups=None,
@@ -255,7 +255,7 @@ class IdpFedAvgConfig(Algorithm):
         budgets = assign_client_budgets(self, config.seed, env.info.num_clients)
         factory = partial(
             silo_model,
-            ModelSpec.of(config.model, seed=config.seed, device=config.training.device),
+            ModelSource.of(config.model, seed=config.seed, device=config.training.device),
             env.info,
         )
         key = _model_key(config, env.info)
@@ -298,7 +298,7 @@ class IdpFedAvgConfig(Algorithm):
             randomness=randomness,
             model_factory=partial(
                 silo_model,
-                ModelSpec.of(config.model, seed=config.seed, device=config.training.device),
+                ModelSource.of(config.model, seed=config.seed, device=config.training.device),
                 info,
             ),
             model_key=_model_key(config, info),

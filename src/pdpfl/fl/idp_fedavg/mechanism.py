@@ -521,7 +521,7 @@ def _share_fields(config: ExperimentConfig, info: FederationInfo, shared: bool) 
     """The published fields of discrete noise shares (distributed variant with DP only)."""
     if not shared or config.privacy.noise_shares != "discrete":
         return {}
-    from pdpfl.fl.common import ModelSpec, initial_params
+    from pdpfl.fl.common import ModelSource, initial_params
 
     sec = config.secure
     return {
@@ -534,7 +534,7 @@ def _share_fields(config: ExperimentConfig, info: FederationInfo, shared: bool) 
             sum(
                 np.asarray(p).size
                 for p in initial_params(
-                    ModelSpec.of(config.model, seed=config.seed, device=config.training.device),
+                    ModelSource.of(config.model, seed=config.seed, device=config.training.device),
                     info,
                 )
             )

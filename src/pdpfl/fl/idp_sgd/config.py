@@ -16,7 +16,7 @@ from pdpfl.fl.algorithm import Algorithm, PublicSetup, register_algorithm
 from pdpfl.fl.api import FederationInfo
 from pdpfl.fl.common import (
     BudgetSource,
-    ModelSpec,
+    ModelSource,
     accountant_problems,
     client_budgets,
     initial_params,
@@ -89,13 +89,13 @@ class ScaleConfig(Algorithm):
         central = None
         if isinstance(setup, ScaleSetup) and setup.central_noise == "discrete":
             model = silo_model(
-                ModelSpec.of(config.model, seed=config.seed, device=config.training.device), info
+                ModelSource.of(config.model, seed=config.seed, device=config.training.device), info
             )  # what the silos' steps add noise to
             noise = setup.noise(sum(p.numel() for p in model.parameters() if p.requires_grad))
             central = noise.summary() if isinstance(noise, CentralDiscreteGaussianNoise) else None
         return ScaleServer(
             initial_params(
-                ModelSpec.of(config.model, seed=config.seed, device=config.training.device), info
+                ModelSource.of(config.model, seed=config.seed, device=config.training.device), info
             ),
             client_rate=config.training.client_rate,
             randomness=randomness,
@@ -118,7 +118,7 @@ class ScaleConfig(Algorithm):
         return ScaleSilo(
             client_id,
             silo_model(
-                ModelSpec.of(config.model, seed=config.seed, device=config.training.device), info
+                ModelSource.of(config.model, seed=config.seed, device=config.training.device), info
             ),
             data,
             client_budgets(BudgetSource.of(config.budgets, seed=config.seed), client_id, data),

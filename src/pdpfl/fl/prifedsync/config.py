@@ -18,7 +18,7 @@ from pydantic import Field, field_validator
 from pdpfl.config import ExperimentConfig, PrivacyUnitName
 from pdpfl.fl.algorithm import Algorithm, PublicSetup, register_algorithm
 from pdpfl.fl.api import FederationInfo
-from pdpfl.fl.common import ModelSpec, accountant_problems, initial_params, silo_model
+from pdpfl.fl.common import ModelSource, accountant_problems, initial_params, silo_model
 from pdpfl.fl.prifedsync.mechanism import (
     Accounting,
     PriFedSyncSetup,
@@ -182,7 +182,7 @@ class PriFedSyncConfig(Algorithm):
     ) -> PriFedSyncServer:
         return PriFedSyncServer(
             initial_params(
-                ModelSpec.of(config.model, seed=config.seed, device=config.training.device), info
+                ModelSource.of(config.model, seed=config.seed, device=config.training.device), info
             ),
             server_lr=self.server_lr,
         )
@@ -206,7 +206,7 @@ class PriFedSyncConfig(Algorithm):
         return PriFedSyncSilo(
             client_id,
             silo_model(
-                ModelSpec.of(config.model, seed=config.seed, device=config.training.device), info
+                ModelSource.of(config.model, seed=config.seed, device=config.training.device), info
             ),
             data,
             setup,

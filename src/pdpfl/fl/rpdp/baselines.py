@@ -40,7 +40,7 @@ from pdpfl.fl.common import (
     public_budget_statistics,
     silo_model,
 )
-from pdpfl.fl.rpdp.config import DpFedAvgConfig, budget_source, mechanism_spec, model_spec
+from pdpfl.fl.rpdp.config import DpFedAvgConfig, budget_source, mechanism_spec, model_source
 from pdpfl.fl.rpdp.mechanism import (
     DpFedAvgSetup,
     fit_published_estimator,
@@ -505,7 +505,7 @@ class CentralizedFilterConfig(CentralizedConfig):
             )
         return FilterSilo(
             client_id,
-            silo_model(model_spec(config), info),
+            silo_model(model_source(config), info),
             data,
             client_budgets(budget_source(config), client_id, data),
             setup,

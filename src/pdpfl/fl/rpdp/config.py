@@ -6,7 +6,7 @@ and builds the shared server and silo; each concrete algorithm only says what it
 (:func:`~pdpfl.fl.rpdp.mechanism.personalized_setup`), the baselines a uniform rate or no DP.
 
 This is the family's edge: its methods read the experiment config, once each, into plain values
--- :func:`mechanism_spec` (the mechanism's public parameters), :func:`model_spec` (x⁰) and
+-- :func:`mechanism_spec` (the mechanism's public parameters), :func:`model_source` (x⁰) and
 :func:`budget_source` (the silos' budgets) -- and the mechanism, the checks and the shared
 helpers (:mod:`pdpfl.fl.common`) take those values, never the config.
 """
@@ -22,7 +22,7 @@ from pdpfl.fl.algorithm import Algorithm, PublicSetup, register_algorithm
 from pdpfl.fl.api import FederationInfo
 from pdpfl.fl.common import (
     BudgetSource,
-    ModelSpec,
+    ModelSource,
     accountant_problems,
     client_budgets,
     initial_params,
@@ -43,7 +43,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from pdpfl.data.federation import ClientData, Federation
     from pdpfl.randomness import Randomness
 
-__all__ = ["DpFedAvgConfig", "RpdpConfig", "budget_source", "mechanism_spec", "model_spec"]
+__all__ = ["DpFedAvgConfig", "RpdpConfig", "budget_source", "mechanism_spec", "model_source"]
 
 
 def budget_source(config: ExperimentConfig) -> BudgetSource:
@@ -51,9 +51,9 @@ def budget_source(config: ExperimentConfig) -> BudgetSource:
     return BudgetSource.of(config.budgets, seed=config.seed)
 
 
-def model_spec(config: ExperimentConfig) -> ModelSpec:
+def model_source(config: ExperimentConfig) -> ModelSource:
     """What x⁰ is built from (``model:``, the seed) and where the silos train it."""
-    return ModelSpec.of(config.model, seed=config.seed, device=config.training.device)
+    return ModelSource.of(config.model, seed=config.seed, device=config.training.device)
 
 
 def mechanism_spec(config: ExperimentConfig) -> MechanismSpec:
@@ -132,7 +132,7 @@ class DpFedAvgConfig(Algorithm):
         setup: PublicSetup,
         randomness: Randomness,
     ) -> FedAvgServer:
-        model = model_spec(config)
+        model = model_source(config)
         central = None
         if isinstance(setup, DpFedAvgSetup) and setup.private and setup.central_noise == "discrete":
             built = silo_model(model, info)  # what the silos' steps add noise to
@@ -170,7 +170,7 @@ class DpFedAvgConfig(Algorithm):
         tr = config.training
         return DpFedAvgSilo(
             client_id,
-            silo_model(model_spec(config), info),
+            silo_model(model_source(config), info),
             data,
             client_budgets(budget_source(config), client_id, data),
             setup,

@@ -21,7 +21,7 @@ from pdpfl.fl.aggregation.threshold import share_threshold
 from pdpfl.fl.algorithm import Algorithm, PublicSetup, register_algorithm
 from pdpfl.fl.api import FederationInfo
 from pdpfl.fl.common import (
-    ModelSpec,
+    ModelSource,
     accountant_problems,
     initial_params,
     noise_source_problems,
@@ -286,7 +286,7 @@ class UldpConfig(Algorithm):
     ) -> dict[str, Any]:
         return dict(
             initial_params=initial_params(
-                ModelSpec.of(config.model, seed=config.seed, device=config.training.device), info
+                ModelSource.of(config.model, seed=config.seed, device=config.training.device), info
             ),
             setup=setup,
             server_lr=self.server_learning_rate(),
@@ -320,7 +320,7 @@ class UldpConfig(Algorithm):
         return cls(
             client_id,
             silo_model(
-                ModelSpec.of(config.model, seed=config.seed, device=config.training.device), info
+                ModelSource.of(config.model, seed=config.seed, device=config.training.device), info
             ),
             data,
             setup,

@@ -54,13 +54,13 @@ __all__ = [
 
 def model_size(config: ExperimentConfig, info: FederationInfo) -> int:
     """d: the model's coordinates (from the public initialisation)."""
-    from pdpfl.fl.common import ModelSpec, initial_params
+    from pdpfl.fl.common import ModelSource, initial_params
 
     return int(
         sum(
             np.asarray(p).size
             for p in initial_params(
-                ModelSpec.of(config.model, seed=config.seed, device=config.training.device), info
+                ModelSource.of(config.model, seed=config.seed, device=config.training.device), info
             )
         )
     )
