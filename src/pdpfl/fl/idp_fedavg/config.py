@@ -22,7 +22,13 @@ from pydantic import Field
 from pdpfl.config import METHODS, ExperimentConfig, MethodSpec, PrivacyUnitName
 from pdpfl.fl.algorithm import Algorithm, PublicSetup, register_algorithm
 from pdpfl.fl.api import FederationInfo
-from pdpfl.fl.common import accountant_problems, initial_params, silo_model, training_device
+from pdpfl.fl.common import (
+    ModelSource,
+    accountant_problems,
+    initial_params,
+    silo_model,
+    training_device,
+)
 from pdpfl.fl.idp_fedavg.budgets import assign_client_budgets, client_budget
 from pdpfl.fl.idp_fedavg.mechanism import IdpSetup, client_events, publish
 from pdpfl.fl.idp_fedavg.server import CentralIdpServer, DistributedIdpServer, IdpFedAvgServer
@@ -186,7 +192,7 @@ class IdpFedAvgConfig(Algorithm):
                 )
                 events = [*events, plan.round_event(np.array([0.5]), "third-party")]
                 what += " with discrete noise shares (or set privacy.noise_shares: continuous)"
-            problems += accountant_problems(config, events, what)
+            problems += accountant_problems(config.privacy.accountant, events, what)
         return problems
 
     # -- building the algorithm ---------------------------------------------------------------
@@ -213,10 +219,21 @@ class IdpFedAvgConfig(Algorithm):
             budgets = assign_client_budgets(self, config.seed, info.num_clients)
             groups = np.array([pub.group_of(float(b)) for b in budgets], dtype=np.int64)
             return CentralIdpServer(
-                initial_params(config, info), pub, client_groups=groups, randomness=randomness
+                initial_params(
+                    ModelSource.of(config.model, seed=config.seed, device=config.training.device),
+                    info,
+                ),
+                pub,
+                client_groups=groups,
+                randomness=randomness,
             )
         return DistributedIdpServer(
-            initial_params(config, info), pub, client_groups=None, randomness=randomness
+            initial_params(
+                ModelSource.of(config.model, seed=config.seed, device=config.training.device), info
+            ),
+            pub,
+            client_groups=None,
+            randomness=randomness,
         )
 
     def build_pool(
@@ -234,9 +251,13 @@ class IdpFedAvgConfig(Algorithm):
         if pub.variant != "central":
             return None
         server = self.server(config, env.info, setup, env.randomness["server"])
-        training_device(config)  # the model is built lazily: check the device now
+        training_device(config.training.device)  # the model is built lazily: check the device now
         budgets = assign_client_budgets(self, config.seed, env.info.num_clients)
-        factory = partial(silo_model, config, env.info)
+        factory = partial(
+            silo_model,
+            ModelSource.of(config.model, seed=config.seed, device=config.training.device),
+            env.info,
+        )
         key = _model_key(config, env.info)
         clients = list(federation.clients)
 
@@ -267,7 +288,7 @@ class IdpFedAvgConfig(Algorithm):
         randomness: Randomness,
     ) -> IdpSilo:
         pub = _as_setup(setup)
-        training_device(config)  # the model is built lazily: check the device now
+        training_device(config.training.device)  # the model is built lazily: check the device now
         silo = CentralIdpSilo if pub.variant == "central" else DistributedIdpSilo
         return silo(
             client_id,
@@ -275,7 +296,11 @@ class IdpFedAvgConfig(Algorithm):
             client_budget(self, config.seed, info.num_clients, client_id),  # at the client
             pub,
             randomness=randomness,
-            model_factory=partial(silo_model, config, info),
+            model_factory=partial(
+                silo_model,
+                ModelSource.of(config.model, seed=config.seed, device=config.training.device),
+                info,
+            ),
             model_key=_model_key(config, info),
         )
 

@@ -521,7 +521,7 @@ def _share_fields(config: ExperimentConfig, info: FederationInfo, shared: bool) 
     """The published fields of discrete noise shares (distributed variant with DP only)."""
     if not shared or config.privacy.noise_shares != "discrete":
         return {}
-    from pdpfl.fl.common import initial_params
+    from pdpfl.fl.common import ModelSource, initial_params
 
     sec = config.secure
     return {
@@ -530,5 +530,13 @@ def _share_fields(config: ExperimentConfig, info: FederationInfo, shared: bool) 
         "share_rotation": sec.rotation != "off",
         "share_max_wrap": float(sec.max_wrap),
         "share_max_inflation": float(sec.max_inflation),
-        "model_size": int(sum(np.asarray(p).size for p in initial_params(config, info))),
+        "model_size": int(
+            sum(
+                np.asarray(p).size
+                for p in initial_params(
+                    ModelSource.of(config.model, seed=config.seed, device=config.training.device),
+                    info,
+                )
+            )
+        ),
     }

@@ -18,7 +18,7 @@ from pydantic import Field, field_validator
 from pdpfl.config import ExperimentConfig, PrivacyUnitName
 from pdpfl.fl.algorithm import Algorithm, PublicSetup, register_algorithm
 from pdpfl.fl.api import FederationInfo
-from pdpfl.fl.common import accountant_problems, initial_params, silo_model
+from pdpfl.fl.common import ModelSource, accountant_problems, initial_params, silo_model
 from pdpfl.fl.prifedsync.mechanism import (
     Accounting,
     PriFedSyncSetup,
@@ -162,7 +162,9 @@ class PriFedSyncConfig(Algorithm):
                 )
         # the rigorous accountant of every client's ledger (and calibration, unless clt)
         problems += accountant_problems(
-            config, client_events(config), f"prifedsync with sampler: {self.sampler} (a record)"
+            config.privacy.accountant,
+            client_events(config),
+            f"prifedsync with sampler: {self.sampler} (a record)",
         )
         return problems
 
@@ -178,7 +180,12 @@ class PriFedSyncConfig(Algorithm):
         setup: PublicSetup,
         randomness: Randomness,
     ) -> PriFedSyncServer:
-        return PriFedSyncServer(initial_params(config, info), server_lr=self.server_lr)
+        return PriFedSyncServer(
+            initial_params(
+                ModelSource.of(config.model, seed=config.seed, device=config.training.device), info
+            ),
+            server_lr=self.server_lr,
+        )
 
     def client(
         self,
@@ -198,7 +205,9 @@ class PriFedSyncConfig(Algorithm):
             raise ValueError("training.batch_size: required (the public batch size B)")
         return PriFedSyncSilo(
             client_id,
-            silo_model(config, info),
+            silo_model(
+                ModelSource.of(config.model, seed=config.seed, device=config.training.device), info
+            ),
             data,
             setup,
             randomness=randomness,

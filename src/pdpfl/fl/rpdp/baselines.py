@@ -40,7 +40,7 @@ from pdpfl.fl.common import (
     public_budget_statistics,
     silo_model,
 )
-from pdpfl.fl.rpdp.config import DpFedAvgConfig
+from pdpfl.fl.rpdp.config import DpFedAvgConfig, budget_source, mechanism_spec, model_source
 from pdpfl.fl.rpdp.mechanism import (
     DpFedAvgSetup,
     fit_published_estimator,
@@ -106,7 +106,7 @@ class _UniformBase(DpFedAvgConfig):
         return problems
 
     def _public_statistic(self, config: ExperimentConfig) -> float | None:
-        minimum, mean = public_budget_statistics(config)
+        minimum, mean = public_budget_statistics(budget_source(config))
         return {"minimum": minimum, "mean": mean}.get(self.statistic or "")
 
     def uniform_epsilon(self, config: ExperimentConfig) -> float:
@@ -121,6 +121,7 @@ class _UniformBase(DpFedAvgConfig):
     def setup(self, config: ExperimentConfig, info: FederationInfo) -> DpFedAvgSetup:
         """Uniform DP-FedAvg at the public ε (same σ and F as rPDP-FL, or a fixed q)."""
         eps = self.uniform_epsilon(config)
+        spec = mechanism_spec(config)
         if self.sampling_rate is not None:
             from pdpfl.calibration import noise_for_uniform_rate
 
@@ -128,9 +129,9 @@ class _UniformBase(DpFedAvgConfig):
                 noise_for_uniform_rate(
                     eps,
                     self.sampling_rate,
-                    mechanism_plan(config, 1.0),
-                    adversary=config.privacy.adversary,
-                    accountant=config.privacy.accountant,
+                    mechanism_plan(spec, 1.0),
+                    adversary=spec.adversary,
+                    accountant=spec.accountant,
                 )
             )
             return DpFedAvgSetup(
@@ -138,10 +139,10 @@ class _UniformBase(DpFedAvgConfig):
                 noise_multiplier=sigma,
                 uniform_epsilon=eps,
                 uniform_rate=float(self.sampling_rate),
-                **setup_fields(config),
+                **setup_fields(spec),
             )
-        sigma = noise_multiplier(config)
-        est = fit_published_estimator(config, sigma)
+        sigma = noise_multiplier(spec)
+        est = fit_published_estimator(spec, sigma)
         q = float(np.clip(est.rates(np.array([eps]))[0], 0.0, 1.0))
         if q <= 0:
             raise ValueError(
@@ -154,7 +155,7 @@ class _UniformBase(DpFedAvgConfig):
             uniform_epsilon=eps,
             uniform_rate=q,
             estimator=est.to_dict(),
-            **setup_fields(config),
+            **setup_fields(spec),
         )
 
 
@@ -207,7 +208,8 @@ class PrivacyFreeConfig(DpFedAvgConfig):
     summary: ClassVar[str] = "FedAvg without DP (the utility ceiling)"
 
     def setup(self, config: ExperimentConfig, info: FederationInfo) -> DpFedAvgSetup:
-        return DpFedAvgSetup(mode="non-private", noise_multiplier=0.0, **setup_fields(config))
+        fields = setup_fields(mechanism_spec(config))
+        return DpFedAvgSetup(mode="non-private", noise_multiplier=0.0, **fields)
 
 
 @register_algorithm
@@ -219,7 +221,7 @@ class CentralizedConfig(DpFedAvgConfig):
     summary: ClassVar[str] = "rPDP-SGD on the pooled data (simulation only)"
 
     def setup(self, config: ExperimentConfig, info: FederationInfo) -> DpFedAvgSetup:
-        return personalized_setup(config)
+        return personalized_setup(mechanism_spec(config))
 
     def prepare(
         self, config: ExperimentConfig, federation: Federation
@@ -469,7 +471,7 @@ class CentralizedFilterConfig(CentralizedConfig):
 
     def accountant_problems(self, config: ExperimentConfig) -> list[str]:
         """The Rényi filter has no event: only ``rdp`` accounts it."""
-        return accountant_problems(config, None, self.name)
+        return accountant_problems(config.privacy.accountant, None, self.name)
 
     def setup(self, config: ExperimentConfig, info: FederationInfo) -> FilterSetup:  # type: ignore[override]
         """σ = ``privacy.noise_multiplier``, or the σ at which a record of budget ε_max
@@ -507,7 +509,7 @@ class CentralizedFilterConfig(CentralizedConfig):
         """The centralized server, showing the steps' discrete grid in ``summary.json``."""
         server = super().server(config, info, setup, randomness)
         if isinstance(setup, FilterSetup) and setup.central_noise == "discrete":
-            model = silo_model(config, info)  # what the steps add noise to
+            model = silo_model(model_source(config), info)  # what the steps add noise to
             noise = setup.noise(sum(p.numel() for p in model.parameters() if p.requires_grad))
             if isinstance(noise, CentralDiscreteGaussianNoise):
                 server.central_noise = noise.summary()
@@ -533,9 +535,9 @@ class CentralizedFilterConfig(CentralizedConfig):
             )
         return FilterSilo(
             client_id,
-            silo_model(config, info),
+            silo_model(model_source(config), info),
             data,
-            client_budgets(config, client_id, data),
+            client_budgets(budget_source(config), client_id, data),
             setup,
             randomness=randomness,
             normalizer=float(batch),

@@ -23,6 +23,7 @@ from pdpfl.fl.aggregation.threshold import share_threshold
 from pdpfl.fl.algorithm import Algorithm, PublicSetup, register_algorithm
 from pdpfl.fl.api import FederationInfo
 from pdpfl.fl.common import (
+    ModelSource,
     accountant_problems,
     initial_params,
     noise_source_problems,
@@ -204,13 +205,15 @@ class UldpConfig(Algorithm):
             )
         if not self.private:
             return problems + self.variant_problems(config)
-        problems += noise_source_problems(config, "σ such that the planned user-level ε is ε_max")
+        problems += noise_source_problems(
+            config.privacy, "σ such that the planned user-level ε is ε_max"
+        )
         what = f"{self.name} (a user)"
         if isinstance(self, UserLevelConfig) and (
             self.discrete_shares(config) or self.weighting_discrete(config)
         ):
             what += " with discrete noise shares (or set privacy.noise_shares: continuous)"
-        problems += accountant_problems(config, self.round_events(config), what)
+        problems += accountant_problems(config.privacy.accountant, self.round_events(config), what)
         return problems + self.variant_problems(config)
 
     def round_events(self, config: ExperimentConfig) -> list[Mechanism]:
@@ -322,7 +325,9 @@ class UldpConfig(Algorithm):
         randomness: Randomness,
     ) -> dict[str, Any]:
         return dict(
-            initial_params=initial_params(config, info),
+            initial_params=initial_params(
+                ModelSource.of(config.model, seed=config.seed, device=config.training.device), info
+            ),
             setup=setup,
             server_lr=self.server_learning_rate(),
             randomness=randomness,
@@ -354,7 +359,9 @@ class UldpConfig(Algorithm):
         tr = config.training
         return cls(
             client_id,
-            silo_model(config, info),
+            silo_model(
+                ModelSource.of(config.model, seed=config.seed, device=config.training.device), info
+            ),
             data,
             setup,
             randomness=randomness,

@@ -55,9 +55,16 @@ __all__ = [
 
 def model_size(config: ExperimentConfig, info: FederationInfo) -> int:
     """d: the model's coordinates (from the public initialisation)."""
-    from pdpfl.fl.common import initial_params
+    from pdpfl.fl.common import ModelSource, initial_params
 
-    return int(sum(np.asarray(p).size for p in initial_params(config, info)))
+    return int(
+        sum(
+            np.asarray(p).size
+            for p in initial_params(
+                ModelSource.of(config.model, seed=config.seed, device=config.training.device), info
+            )
+        )
+    )
 
 
 def share_params(
