@@ -276,7 +276,10 @@ def test_run_shows_the_grid_in_summary_json(tmp_path) -> None:  # type: ignore[n
     ("extra", "field"),
     [
         (["algorithm.name=prifedsync"], "privacy.central_noise"),
-        (["algorithm.name=idp-fedavg"], "privacy.central_noise"),
+        (
+            ["algorithm.name=idp-fedavg", "algorithm.variant=distributed", "aggregation=secure"],
+            "privacy.central_noise",
+        ),
         (["algorithm.name=rpdp", "privacy.accountant=pld"], "privacy.accountant"),
     ],
 )
