@@ -275,7 +275,7 @@ def test_run_shows_the_grid_in_summary_json(tmp_path) -> None:  # type: ignore[n
 @pytest.mark.parametrize(
     ("extra", "field"),
     [
-        (["algorithm.name=prifedsync"], "privacy.central_noise"),
+        (["algorithm.name=uldp-avg"], "privacy.central_noise"),
         (
             ["algorithm.name=idp-fedavg", "algorithm.variant=distributed", "aggregation=secure"],
             "privacy.central_noise",
@@ -301,7 +301,7 @@ def test_cli_refusal_exits_2(tmp_path) -> None:  # type: ignore[no-untyped-def]
             "--out",
             str(tmp_path / "run"),
             "--set",
-            "algorithm.name=prifedsync",
+            "algorithm.name=centralized-filter",
             "--set",
             "privacy.central_noise=discrete",
         ],

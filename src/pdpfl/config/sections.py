@@ -216,8 +216,8 @@ class PrivacyConfig(_Section):
         "an exact discrete Gaussian drawn with integer arithmetic is added (Canonne, Kamath & "
         "Steinke 2020): no floating-point attack on the noise (Mironov 2012; Jin et al. 2022); "
         "accountant rdp only. Supported by the rPDP-FL family (rpdp, its uniform baselines, "
-        "centralized), idp-sgd-scale and idp-fedavg (variant: central: the update sum and the "
-        "adaptive-clipping count); other algorithms refuse it",
+        "centralized), idp-sgd-scale, prifedsync (rdp, no CLT) and idp-fedavg (variant: central: "
+        "the update sum and the adaptive-clipping count); other algorithms refuse it",
     )
 
     @field_validator("accountant")
