@@ -178,6 +178,7 @@ def test_released_value_and_count_have_the_exact_discrete_law() -> None:
     seen = _Seen()
     server._adapt = seen  # type: ignore[method-assign]  # the raw noisy fraction, unclipped
     updates = [np.array([0.3, -0.2], np.float32), np.array([2.0, 1.0], np.float32)]
+    updates.append(np.array([0.1, 0.1], np.float32))  # 2·below = 1 + (−1) + 1 = 1
     s = np.zeros(2)
     for u in updates:
         u64 = u.astype(np.float64)
@@ -189,16 +190,16 @@ def test_released_value_and_count_have_the_exact_discrete_law() -> None:
         server.select_clients(t, list(range(6)))
         agg = Aggregate(
             total=[np.zeros(2, np.float32)],
-            weight=2,
+            weight=3,
             metrics={},
-            count=2,
+            count=3,
             contributions=[Contribution(update=[u]) for u in updates],
         )
         new = server.aggregate(t, [np.zeros(2, np.float32)], agg)
         released = new[0].astype(np.float64) * value.scale
         assert np.array_equal(released, np.round(released))  # on the grid
         z_v.extend((released - grid).tolist())
-        z_c.append(round((seen.values[-1] - 0.5) * 2.0))  # 2·below = 2·(½ − ½) = 0
+        z_c.append(round((seen.values[-1] - 0.5) * 2.0) - 1)  # minus 2·below = 1
     for draws, variance in (
         (np.array(z_v), discrete_gaussian_spec(value.variance).variance),
         (np.array(z_c), discrete_gaussian_spec(count.variance).variance),
