@@ -20,6 +20,9 @@ one noise for every group; t shares in the distributed variant), :meth:`IdpSetup
 these descriptions (:func:`pdpfl.dp.noise.add_noise`), and each client's accounting event,
 :func:`client_mechanism`, is built from its group's :meth:`~IdpSetup.release_noise`: the σ a
 ledger charges (``IdpSetup.noise_multipliers``) is computed from the noise that is added.
+With ``central_noise: discrete`` (central variant) the server draws the exact discrete noises of
+:mod:`~pdpfl.fl.idp_fedavg.central_discrete` instead, and :func:`client_mechanism` is their
+event (SAMPLE's σ and rates are fitted to it: ``_noise(..., noise="discrete")``).
 """
 
 from __future__ import annotations
