@@ -108,7 +108,7 @@ def test_toy_silos_add_the_grid_noise_their_ledgers_charge() -> None:
         assert isinstance(plan, LocalStepsPlan) and plan.noise == "discrete"
         assert plan.noise_multiplier == silo.noise.noise_multiplier  # type: ignore[attr-defined]
         assert silo.privacy_summary().approximate == {}  # type: ignore[attr-defined]
-        with pytest.raises(ValueError, match="not μ-GDP"):
+        with pytest.raises(ValueError, match="no proven μ-GDP bound"):
             silo.clt_mu()  # type: ignore[attr-defined]
     report = federation_report(clients)
     assert report["clt_mu_weak"] is None and report["clt_eps_strong"] is None

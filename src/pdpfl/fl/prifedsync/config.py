@@ -168,7 +168,8 @@ class PriFedSyncConfig(Algorithm):
             problems.append(
                 "algorithm.budget_accounting: clt is Theorem 2's central-limit μ of the Gaussian "
                 "mechanism; with privacy.central_noise: discrete the steps add the exact discrete "
-                "Gaussian, which is not μ-GDP, so no GDP number is stated for it -- use "
+                "Gaussian, which has no proven μ-GDP bound (its trade-off function is not the "
+                "Gaussian's G_μ), so no GDP number is stated for it -- use "
                 "budget_accounting: rigorous (rdp) or privacy.central_noise: continuous"
             )
         # the rigorous accountant of every client's ledger (and calibration, unless clt)

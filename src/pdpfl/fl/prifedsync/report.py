@@ -55,7 +55,7 @@ def federation_report(clients: Mapping[int, object]) -> dict[str, Any]:
     an approximation), the weak (μ_max) and the paper's strong (√(m − 1)·μ_max) federated GDP
     (Defs. 3.5 / 3.6), and the rigorous ε of the strong notion's (m − 1)-fold composition.
     With ``privacy.central_noise: discrete`` every CLT/GDP figure is None (the exact discrete
-    Gaussian is not μ-GDP; only the rigorous ε is stated).
+    Gaussian has no proven μ-GDP bound; only the rigorous ε is stated).
     """
     from pdpfl.privacy.gdp import federated_mu, gdp_epsilon
 

@@ -216,7 +216,7 @@ class PriFedSyncSilo(Silo):
     @property
     def gdp_figures(self) -> bool:
         """Whether the CLT GDP figures exist: not for the exact discrete Gaussian
-        (``privacy.central_noise: discrete``), which is not μ-GDP."""
+        (``privacy.central_noise: discrete``), which has no proven μ-GDP bound."""
         return self.setup.central_noise != "discrete"
 
     def clt_mu(self, participations: int | None = None) -> float:
@@ -225,7 +225,7 @@ class PriFedSyncSilo(Silo):
         if not self.gdp_figures:
             raise ValueError(
                 "clt_mu: the steps add the exact discrete Gaussian (privacy.central_noise: "
-                "discrete), which is not μ-GDP; no CLT μ is stated for it"
+                "discrete), which has no proven μ-GDP bound; no CLT μ is stated for it"
             )
         count = self.participations_charged if participations is None else int(participations)
         return clt_mu(self.mechanism, self.rate, count)
