@@ -353,3 +353,17 @@ def test_calibrate_cli_client_unit_accepts_discrete() -> None:
         reports[noise] = json.loads(result.output)
     assert reports["discrete"]["over_budget"] == 0
     assert reports["discrete"]["sigma"] >= reports["continuous"]["sigma"]
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"central_noise": "fractional"},
+        {"variant": "distributed", "asked_per_round": 6, "survivors": 6},
+    ],
+)
+def test_a_setup_with_an_unknown_or_distributed_central_noise_is_refused(
+    overrides: dict[str, object],
+) -> None:
+    with pytest.raises(ValueError, match="central_noise"):
+        _setup(**overrides)

@@ -182,6 +182,13 @@ class IdpSetup(PublicSetup):
     central_noise: str = "continuous"
 
     def __post_init__(self) -> None:
+        if self.central_noise not in ("continuous", "discrete") or (
+            self.central_noise == "discrete" and self.variant != "central"
+        ):
+            raise ValueError(
+                "setup: central_noise must be continuous, or discrete for the central variant, "
+                f"got {self.central_noise!r} ({self.variant})"
+            )
         n, t = self.asked_per_round, self.survivors
         if self.variant == "distributed" and not 1 <= t <= n:
             raise ValueError(
