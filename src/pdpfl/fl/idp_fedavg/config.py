@@ -122,6 +122,9 @@ class IdpFedAvgConfig(Algorithm):
         "IDP-FedAvg: every client its own ε (individual client sampling rates, SAMPLE)"
     )
     setup_type: ClassVar[type[PublicSetup]] = IdpSetup
+    #: The central variant's server adds exact discrete noise under ``privacy.central_noise:
+    #: discrete`` (:mod:`pdpfl.fl.idp_fedavg.central_discrete`).
+    supports_central_discrete: ClassVar[bool] = True
     #: ``--set`` overrides turning pdpfl's toy config (3 digits silos, 2 rounds) into a toy run.
     toy_overrides: ClassVar[tuple[str, ...]] = (
         "algorithm.clients_per_round=2",
@@ -181,9 +184,23 @@ class IdpFedAvgConfig(Algorithm):
             and self.budget_file is None
         ):
             problems.append(f"algorithm.method: {self.method} needs at least one finite budget")
+        central_discrete = config.privacy.central_noise == "discrete"
+        if central_discrete and self.variant == "distributed":
+            problems.append(
+                "privacy.central_noise: discrete is the central variant's server noise; the "
+                "distributed variant's clients add noise shares (privacy.noise_shares: discrete "
+                "makes them exact discrete Gaussians) -- set privacy.central_noise: continuous "
+                "or algorithm.variant: central"
+            )
         if self.method != "no-dp":  # SAMPLE's calibration and every client ledger use it
             events = client_events(config, self.variant)
             what = "IDP-FedAvg (a client)"
+            if central_discrete and self.variant == "central":
+                from pdpfl.fl.idp_fedavg.sample import client_plan
+
+                central = client_plan(1.0, config.privacy.delta, config.training.rounds, "discrete")
+                events = [*events, central.round_event(np.array([0.5]), "third-party")]
+                what += " with central discrete noise (or set privacy.central_noise: continuous)"
             if self.variant == "distributed" and config.privacy.noise_shares == "discrete":
                 from pdpfl.privacy.discrete_plan import SampledDiscreteGaussianPlan
 
