@@ -26,18 +26,27 @@ same per-test level). The result is one Monte-Carlo draw of the ε̂ a perfect a
 canaries would report; its median over a few seeds is the ceiling quoted in ``docs/audit.md``.
 
 This is a measurement tool, not a test of an implementation: it never sees a run.
+
+**The audit's plan** (:func:`plan_rung`): the same ideal canaries, drawn once from a fixed seed
+before the real audit scores anything, choose the number of guesses at which the f-DP test
+certifies most; the real audit gives that test half its group's level
+(:class:`~pdpfl.audit.evidence.Levels`). The plan is a function of the public configuration
+alone (the claimed mechanism, m, δ, the level), never of the canaries' coins or scores, so the
+weighted Bonferroni split keeps every test valid.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
-from pdpfl.audit.evidence import Evidence, evidence
-from pdpfl.audit.fdp import MechanismFamily
+from pdpfl.audit.bound import guess_counts
+from pdpfl.audit.evidence import PLANNED_WEIGHT, Evidence, Levels, evidence, guess_ladder
+from pdpfl.audit.fdp import MechanismFamily, audit_family
 from pdpfl.ledger import PrivacyLedger
 from pdpfl.privacy.mechanisms import (
     Composed,
@@ -52,10 +61,26 @@ from pdpfl.seeding import numpy_generator
 if TYPE_CHECKING:
     from pdpfl.audit.session import AuditSession
 
-__all__ = ["Ceiling", "ideal_audit", "ideal_scores", "session_ceilings"]
+__all__ = [
+    "Ceiling",
+    "ideal_audit",
+    "ideal_scores",
+    "plan_rung",
+    "seen_noise_factor",
+    "session_ceilings",
+]
 
 #: Canaries simulated at once (bounds the memory of one draw: chunk × one event's leaves).
 _CHUNK = 1 << 14
+
+#: The plan's fixed seed: the plan depends on the configuration alone (module docstring).
+PLAN_SEED = 0
+
+#: Draws of ideal canaries the plan takes the median of (:func:`plan_rung`).
+PLAN_DRAWS = 3
+
+#: Candidate rungs of the plan: k = m/2, m/4, ... while 2k ≥ 16 (no cap on their number).
+_PLAN_RUNGS = 64
 
 
 def _llr(event: Mechanism, included: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -117,6 +142,40 @@ def ideal_scores(
     return scores, included
 
 
+def plan_rung(
+    family: MechanismFamily, m: int, delta: float, share: float, *, noise_factor: float = 1.0
+) -> int | None:
+    """The planned f-DP test's guesses per side for m canaries of ``family`` (module
+    docstring): :data:`PLAN_DRAWS` draws of m ideal canaries at ``noise_factor`` (seed
+    :data:`PLAN_SEED`); for every k = m/2, m/4, ... (2k ≥ 16) the median over the draws of the
+    correct guesses, tested at the planned level (``share`` ×
+    :data:`~pdpfl.audit.evidence.PLANNED_WEIGHT`); the k whose median certifies most (the larger
+    k on a tie: one draw's luck at a small k is not a plan). None when the family's event cannot
+    be simulated or no k certifies anything."""
+    rng = numpy_generator(PLAN_SEED, "audit-plan")
+    try:
+        draws = [ideal_scores(family, int(m), rng, noise_factor) for _ in range(PLAN_DRAWS)]
+    except ValueError:
+        return None
+    level = float(share) * PLANNED_WEIGHT
+    best_k: int | None = None
+    best: float | None = None
+    for k in guess_ladder(int(m), _PLAN_RUNGS):
+        v = int(np.median([guess_counts(scores, inc, k)[1] for scores, inc in draws]))
+        found = audit_family(family, int(m), 2 * k, v, level, better_than=best)
+        if found is not None and found.parameter is not None:
+            best_k, best = k, found.parameter
+    return best_k
+
+
+def seen_noise_factor(session: AuditSession, observer: str, family: MechanismFamily) -> float:
+    """ν of the noise the real canaries meet, where the hook states it
+    (:meth:`~pdpfl.audit.hooks.CanaryHook.round_signal`: ν = 1/(μ·σ), e.g. IDP-FedAvg's value
+    noise σ_v against the charged σ_p under adaptive clipping); 1 where it states nothing."""
+    signal = session.hook.round_signal(session.run, observer)
+    return 1.0 if signal is None else 1.0 / (signal * family.noise)
+
+
 @dataclass(frozen=True)
 class Ceiling:
     """One draw of an ideal audit: the accountant's ε (ν = 1), the ε̂ ideal canaries of the
@@ -136,14 +195,15 @@ def ideal_audit(
     family: MechanismFamily,
     m: int,
     delta: float,
-    level: float,
+    level: float | Levels,
     *,
     seed: int = 0,
     noise_factor: float = 1.0,
 ) -> Ceiling:
     """Audit m ideal canaries of ``family`` (the member ν = ``noise_factor`` generates them;
     the claim tested is ν = 1, as in a real audit) with the real audit's statistics at the
-    per-test ``level`` and ``delta``: one draw of the ceiling (module docstring). ``seed``
+    per-test ``level`` (or the group's :class:`~pdpfl.audit.evidence.Levels`) and ``delta``:
+    one draw of the ceiling (module docstring). ``seed``
     seeds a local generator (a measurement: nothing here is released)."""
     rng = numpy_generator(seed, "audit-ideal-canaries")
     scores, included = ideal_scores(family, m, rng, noise_factor)
@@ -159,19 +219,17 @@ def session_ceilings(
     seed: int = 0,
     noise_factor: float | Literal["seen"] = 1.0,
     m: int | None = None,
+    labels: Collection[str] | None = None,
 ) -> dict[str, Ceiling]:
     """One ideal-audit draw per budget group of a planned audit (nothing is trained): each
     group's family as :meth:`AuditSession.execute` builds it, every round charged (every host
-    taking part: the most exposed canary, as the family's count), the audit's δ and per-test
-    level, ``m`` canaries (default the session's). Groups without an f-DP family are left out.
+    taking part: the most exposed canary, as the family's count), the audit's δ, its levels
+    and plan (:func:`plan_rung`, unless the session's settings turn planning off), ``m``
+    canaries (default the session's), the groups named in ``labels`` (default all). Groups
+    without an f-DP family are left out.
 
-    ``noise_factor="seen"``: the canaries are generated at the noise the real ones meet, where
-    the hook states it (:meth:`~pdpfl.audit.hooks.CanaryHook.round_signal`: ν = 1/(μ·σ), e.g.
-    IDP-FedAvg's value noise σ_v against the charged σ_p under adaptive clipping), while the
-    claim ν = 1 is tested, as in the real audit; 1 where the hook states nothing."""
-    from pdpfl.audit.evidence import guess_ladder
-    from pdpfl.audit.session import STATISTICS
-
+    ``noise_factor="seen"``: the canaries are generated at the noise the real ones meet
+    (:func:`seen_noise_factor`), while the claim ν = 1 is tested, as in the real audit."""
     plan, run = session.plan, session.run
     if observer not in session.meta["observers_audited"]:
         raise ValueError(
@@ -192,22 +250,16 @@ def session_ceilings(
                 participated=np.ones(mine.size, dtype=bool), active=np.ones(mine.size, dtype=bool)
             )
         ledgers[host] = (mine, ledger)
-    tests = (
-        len(STATISTICS)
-        * len(guess_ladder(size))
-        * len(plan.groups)
-        * len(session.meta["observers_audited"])
-    )
-    level = (1.0 - session.settings.confidence) / tests
     out: dict[str, Ceiling] = {}
     for g, spec in enumerate(plan.groups):
-        family = None if spec.control else session._family(g, observer, ledgers)  # noqa: SLF001
+        if spec.control or (labels is not None and spec.label not in labels):
+            continue
+        family = session._family(g, observer, ledgers)  # noqa: SLF001
         if family is not None:
-            factor = noise_factor
-            if factor == "seen":
-                signal = session.hook.round_signal(run, observer)
-                factor = 1.0 if signal is None else 1.0 / (signal * family.noise)
+            seen = seen_noise_factor(session, observer, family)
+            factor = seen if noise_factor == "seen" else float(noise_factor)
+            levels = session.levels(family, observer, size)
             out[spec.label] = ideal_audit(
-                family, size, delta, level, seed=seed, noise_factor=float(factor)
+                family, size, delta, levels, seed=seed, noise_factor=float(factor)
             )
     return out
