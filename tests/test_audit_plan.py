@@ -1,7 +1,7 @@
 """The audit's planned test (issue #39 item 2): each group's share of the error is split among
 its tests by weighted Bonferroni (pdpfl.audit.evidence.Levels), half of it to the f-DP test at
 the number of guesses that ideal canaries of the claim say certifies most
-(pdpfl.audit.ceiling.plan_rung), fixed before any score is seen."""
+(pdpfl.audit.ideal.plan_rung), fixed before any score is seen."""
 
 from __future__ import annotations
 
@@ -14,9 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pdpfl.audit import AuditSession, AuditSettings
-from pdpfl.audit.ceiling import ideal_scores, plan_rung, session_ceilings
+from pdpfl.audit.ceiling import session_ceilings
 from pdpfl.audit.evidence import PLANNED_WEIGHT, STATISTICS, Levels, evidence, guess_ladder
 from pdpfl.audit.fdp import MechanismFamily
+from pdpfl.audit.ideal import ideal_scores, plan_rung
 from pdpfl.config import load_config
 from pdpfl.privacy.accountant import mechanism_epsilon
 from pdpfl.privacy.unit import PrivacyUnit, SampledGaussianPlan

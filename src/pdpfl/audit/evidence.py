@@ -23,7 +23,7 @@ weighted Bonferroni), and the group's **ε̂ is the largest of them** -- the hea
 statistic and rung that gave it. With probability at least the audit's confidence every
 reported ε̂ is simultaneously valid. **The planned test** (issue #39 item 2: guesses chosen to
 maximise power at the stated level): before any score is seen, ideal canaries of the group's
-claimed mechanism (:func:`pdpfl.audit.ceiling.plan_rung`) say at which number of guesses the
+claimed mechanism (:func:`pdpfl.audit.ideal.plan_rung`) say at which number of guesses the
 f-DP test certifies most; that one test gets half the group's share, the other tests split the
 rest. The split depends on the public configuration alone, so every test keeps its level; a
 plan that misjudges the real canaries costs the other tests half their level, not validity.

@@ -28,7 +28,7 @@ Confidence is **simultaneous**: every (group -- the control included --, observe
 equal share (1 − confidence)/(groups × observers) of the error, split among its tests (both
 statistics, every rung of the ladder) by weighted Bonferroni -- half of it to the f-DP test at
 the number of guesses planned from ideal canaries of the claim before any score is seen
-(:func:`~pdpfl.audit.ceiling.plan_rung`), the rest equally (:class:`~pdpfl.audit.evidence
+(:func:`~pdpfl.audit.ideal.plan_rung`), the rest equally (:class:`~pdpfl.audit.evidence
 .Levels`) --, so with probability ≥ confidence *all* ε̂ are below their groups' true ε at the
 audit's δ. A group whose ε̂ exceeds the accountant's ε is a **violation**
 (:attr:`AuditResult.violations`); one whose test saturated where it could not have failed is
@@ -47,7 +47,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from pdpfl.audit.canaries import CONTROL_LABEL, CanaryPlan, GroupSpec, plan_canaries
-from pdpfl.audit.ceiling import plan_rung, seen_noise_factor
 from pdpfl.audit.evidence import (
     CONSISTENT,
     INCONCLUSIVE,
@@ -61,6 +60,7 @@ from pdpfl.audit.evidence import (
 )
 from pdpfl.audit.fdp import MechanismFamily, ledger_epsilon
 from pdpfl.audit.hooks import AuditUnsupported, CanaryHook, canary_hook
+from pdpfl.audit.ideal import plan_rung
 from pdpfl.audit.observe import (
     FlatIndex,
     ReleaseLog,
@@ -375,13 +375,21 @@ class AuditSession:
         tail = 1.0 - float(self.settings.confidence)
         return tail / (len(self.plan.groups) * len(self.meta["observers_audited"]))
 
+    def seen_noise_factor(self, observer: str, family: MechanismFamily) -> float:
+        """ν of the noise the real canaries meet, where the hook states it
+        (:meth:`~pdpfl.audit.hooks.CanaryHook.round_signal`: ν = 1/(μ·σ), e.g. IDP-FedAvg's
+        value noise σ_v against the charged σ_p under adaptive clipping); 1 where it states
+        nothing."""
+        signal = self.hook.round_signal(self.run, observer)
+        return 1.0 if signal is None else 1.0 / (signal * family.noise)
+
     def levels(self, family: MechanismFamily | None, observer: str, m: int) -> Levels:
         """One group's :class:`~pdpfl.audit.evidence.Levels` with m canaries: its share, and the
         planned f-DP rung where it has a family to plan with (``settings.plan``)."""
         share = self.group_share()
         planned = None
         if family is not None and self.settings.plan:
-            seen = seen_noise_factor(self, observer, family)
+            seen = self.seen_noise_factor(observer, family)
             delta = float(self.meta["audit_delta"])
             key = (repr(family.mechanism), observer, family.rate, family.count, family.noise, m)
             if key not in self._plans:  # a plan is a function of these (and δ, share, ν)
