@@ -128,9 +128,9 @@ def test_the_plan_depends_on_the_claim_alone_and_buys_power() -> None:
 @pytest.mark.slow
 def test_the_committed_idp_audit_config_is_where_one_run_is_tight() -> None:
     """examples/idp_digits_audit.yaml: ideal canaries of its budget-3 group (64,000 per group,
-    the audit's δ, levels and plan) reach ε̂/ε ≥ 0.5 in each of two fixed draws (0.62 and 0.62;
-    0.56-0.65 over seeds 0-11; the shipped idp_digits.yaml's adaptive clipping: 0.44-0.52).
-    Deterministic: fixed seeds, nothing trained."""
+    the audit's δ, levels and plan) reach ε̂/ε ≥ 0.5 in a fixed draw (0.62; 0.605-0.65 over seeds
+    0-7; the shipped idp_digits.yaml's adaptive clipping: 0.48-0.55). Deterministic: a fixed
+    seed, nothing trained."""
     m = 64_000
     session = AuditSession.create(
         load_config(EXAMPLE), AuditSettings(canaries=16, delta=1 / (100 * m), seed=0)
@@ -138,7 +138,7 @@ def test_the_committed_idp_audit_config_is_where_one_run_is_tight() -> None:
     assert session.hook.round_signal(session.run, "third-party") == pytest.approx(
         1 / session.run.server.setup.noise_multiplier
     )  # fixed clipping: the canaries see all the noise the clients are charged for
-    for seed in range(2):
+    for seed in range(1):
         found = session_ceilings(
             session, "third-party", seed=seed, m=m, noise_factor="seen", labels=["3"]
         )

@@ -134,8 +134,6 @@ class Levels:
     def __post_init__(self) -> None:
         if not (0.0 < self.share and math.isfinite(self.share)):
             raise ValueError(f"share: must be a finite level > 0, got {self.share!r}")
-        if not self.ks:
-            raise ValueError("ks: at least one rung")
         if self.planned is not None and self.planned not in self.ks:
             raise ValueError(f"planned: must be one of the rungs {list(self.ks)}")
         if not 0.0 < self.weight < 1.0:
@@ -158,7 +156,7 @@ class Levels:
     def other(self) -> float:
         """The level of every test but the planned one."""
         if self.planned is None:
-            return self.share / self.tests
+            return self.share / max(1, self.tests)
         return self.share * (1.0 - self.weight) / (self.tests - 1)
 
     def level(self, statistic: str, k: int) -> float:

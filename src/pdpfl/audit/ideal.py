@@ -21,7 +21,7 @@ import numpy as np
 
 from pdpfl.audit.bound import guess_counts
 from pdpfl.audit.evidence import PLANNED_WEIGHT, guess_ladder
-from pdpfl.audit.fdp import MechanismFamily, audit_family
+from pdpfl.audit.fdp import GRID, MechanismFamily, audit_family
 from pdpfl.privacy.mechanisms import (
     Composed,
     GaussianMechanism,
@@ -124,9 +124,13 @@ def plan_rung(
     level = float(share) * PLANNED_WEIGHT
     best_k: int | None = None
     best: float | None = None
-    for k in guess_ladder(int(m), _PLAN_RUNGS):
+    # smallest k first (its search is the cheapest: the recursion runs over the v right
+    # guesses); a larger k then costs one evaluation unless it certifies at least as much
+    for k in reversed(guess_ladder(int(m), _PLAN_RUNGS)):
         v = int(np.median([guess_counts(scores, inc, k)[1] for scores, inc in draws]))
-        found = audit_family(family, int(m), 2 * k, v, level, better_than=best)
+        # "at least as much": ask for the member one grid step more private than the best
+        tie = None if best is None else best * 2.0 ** (1.0 / GRID)
+        found = audit_family(family, int(m), 2 * k, v, level, better_than=tie)
         if found is not None and found.parameter is not None:
             best_k, best = k, found.parameter
     return best_k
