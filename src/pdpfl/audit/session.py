@@ -103,7 +103,7 @@ MAX_CANARIES = 1_000_000
 class AuditSettings:
     """The auditor's choices: canaries per group, observers, space, coins, confidence, δ, and
     whether each group's f-DP test at one number of guesses is planned from ideal canaries of
-    the claim (``plan``, default on; off: every test at the same level, as before 0.x).
+    the claim (``plan``, default on; off: every test of a group at the same level).
 
     Checked when made (``ValueError`` naming the field and its allowed range), before any
     training or allocation: ``canaries`` in [2, :data:`MAX_CANARIES`], ``observers`` among
