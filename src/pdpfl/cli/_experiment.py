@@ -9,7 +9,7 @@ import shutil
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
 
@@ -25,6 +25,7 @@ __all__ = [
     "check_extras",
     "check_simulation_engine",
     "load_checked",
+    "diverged",
     "load_federation",
     "locked",
     "prepare_out",
@@ -178,18 +179,23 @@ def simulate(
                 allow_over_budget=allow_over_budget,
             )
     except TrainingDiverged as err:  # outputs (completed: false) are written; exit 3
-        typer.echo(
-            f"error: {err}\n  every finished round and every ledger charge is kept in "
-            f"{out_dir} (summary.json says completed: false)",
-            err=True,
-        )
-        raise typer.Exit(code=EXIT_DIVERGED) from None
+        diverged(err, out_dir)
     except ValueError as err:
         discard_new(out_dir, created)
         fail(str(err))
     except typer.Exit:
         discard_new(out_dir, created)
         raise
+
+
+def diverged(err: Exception, out_dir: Path) -> NoReturn:
+    """A diverged run (any runtime): its outputs say ``completed: false``; exit 3."""
+    typer.echo(
+        f"error: {err}\n  every finished round and every ledger charge is kept in "
+        f"{out_dir} (summary.json says completed: false)",
+        err=True,
+    )
+    raise typer.Exit(code=EXIT_DIVERGED) from None
 
 
 def discard_new(out_dir: Path, created: bool) -> None:

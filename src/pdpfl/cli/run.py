@@ -20,10 +20,10 @@ import typer
 
 from pdpfl.cli._common import check_key_dir, fail, import_plugins, print_json
 from pdpfl.cli._experiment import (
-    EXIT_DIVERGED,
     check_device,
     check_extras,
     check_simulation_engine,
+    diverged,
     load_checked,
     locked,
     prepare_out,
@@ -239,12 +239,7 @@ def _flower(
             return run_flower_simulation(config, out_dir, resume, progress=progress)
         return run_flower(config, out_dir, resume, progress=progress)
     except TrainingDiverged as err:  # outputs (completed: false) are written; exit 3
-        typer.echo(
-            f"error: {err}\n  every finished round and every ledger charge is kept in "
-            f"{out_dir} (summary.json says completed: false)",
-            err=True,
-        )
-        raise typer.Exit(code=EXIT_DIVERGED) from None
+        diverged(err, out_dir)
     except FlowerRunError as err:  # a runtime failure, not bad input: exit 1, no traceback
         typer.echo(
             f"error: Flower federation failed: {err} (logs in {out_dir / 'flower'})", err=True
