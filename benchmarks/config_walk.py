@@ -13,7 +13,13 @@ CONTRIBUTING.md).
 
     .venv/bin/python benchmarks/config_walk.py            # from run_simulation
     .venv/bin/python benchmarks/config_walk.py --from-cli # from `pdpfl run`
+    .venv/bin/python benchmarks/config_walk.py --build    # the algorithm's build only
     .venv/bin/python benchmarks/config_walk.py --json     # the route as JSON
+
+``--build`` follows the config through ``Algorithm.assemble`` alone (preparation, the
+environment and shared checks, the algorithm's own checks, setup, server and silos): the part
+where the algorithm's builders used to hand the whole config to shared helpers. It needs no
+training, so ``tests/test_config_walk.py`` runs it for the rPDP-FL family.
 
 Only the route matters, not how often a loop walks it: a round loop that hands the config to
 the same function every round, or a build that calls the same builder for every silo, is
@@ -29,6 +35,7 @@ import importlib.util
 import json
 import sys
 import tempfile
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -60,9 +67,10 @@ def _module(filename: str) -> str | None:
     return ".".join(parts) if parts and parts[0] == "pdpfl" else None
 
 
-def walk(from_cli: bool = False) -> list[str]:
-    """The modules entered with the config, in order (consecutive repeats collapsed)."""
-    from pdpfl.config import ExperimentConfig, load_config
+def record(call: Callable[[], object]) -> list[str]:
+    """The modules entered with the config while ``call()`` runs, in order (consecutive
+    repeats collapsed)."""
+    from pdpfl.config import ExperimentConfig
 
     route: list[str] = []
     modules: dict[str, str | None] = {}
@@ -87,6 +95,29 @@ def walk(from_cli: bool = False) -> list[str]:
             if not route or route[-1] != module:
                 route.append(module)
 
+    sys.setprofile(profile)
+    try:
+        call()
+    finally:
+        sys.setprofile(None)
+    return route
+
+
+def walk_build(overrides: Sequence[str] = ()) -> list[str]:
+    """The route through ``Algorithm.assemble`` alone, for the example (plus ``overrides``)."""
+    from pdpfl.config import load_config
+    from pdpfl.fl.algorithm import as_algorithm
+    from pdpfl.runtime.simulation import load_federation_for
+
+    config = load_config(EXAMPLE, [*TINY, *overrides])
+    federation = load_federation_for(config)
+    return record(lambda: as_algorithm(config.algorithm).assemble(config, federation, pooled=True))
+
+
+def walk(from_cli: bool = False) -> list[str]:
+    """The modules entered with the config during a tiny run, in order."""
+    from pdpfl.config import load_config
+
     with tempfile.TemporaryDirectory() as tmp:
         out = str(Path(tmp) / "run")
         if from_cli:
@@ -96,23 +127,15 @@ def walk(from_cli: bool = False) -> list[str]:
 
             args = ["run", str(EXAMPLE), "--set", f"output_dir={out}", "--quiet"]
             args += [a for t in TINY for a in ("--set", t)]
-            sys.setprofile(profile)
-            try:
-                result = CliRunner().invoke(app, args)
-            finally:
-                sys.setprofile(None)
-            if result.exit_code != 0:
-                raise SystemExit(result.output)
-        else:
-            from pdpfl.runtime.simulation import run_simulation
+            results = []
+            route = record(lambda: results.append(CliRunner().invoke(app, args)))
+            if results[0].exit_code != 0:
+                raise SystemExit(results[0].output)
+            return route
+        from pdpfl.runtime.simulation import run_simulation
 
-            config = load_config(EXAMPLE, [*TINY, f"output_dir={out}"])
-            sys.setprofile(profile)
-            try:
-                run_simulation(config, out, progress=False)
-            finally:
-                sys.setprofile(None)
-    return route
+        config = load_config(EXAMPLE, [*TINY, f"output_dir={out}"])
+        return record(lambda: run_simulation(config, out, progress=False))
 
 
 def measure(route: list[str]) -> dict[str, Any]:
@@ -142,9 +165,10 @@ def measure(route: list[str]) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--from-cli", action="store_true", help="start at `pdpfl run`")
+    parser.add_argument("--build", action="store_true", help="only the algorithm's assemble")
     parser.add_argument("--json", action="store_true", help="print the route as JSON")
     args = parser.parse_args()
-    result = measure(walk(from_cli=args.from_cli))
+    result = measure(walk_build() if args.build else walk(from_cli=args.from_cli))
     if args.json:
         print(json.dumps(result, indent=2))
         return

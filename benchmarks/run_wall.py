@@ -65,16 +65,17 @@ def one_run(data_dir: Path, src: str | None) -> dict[str, float]:
 def fit_seconds() -> dict[str, float]:
     from pdpfl.calibration.certified import _CACHE, CertifiedEstimator
     from pdpfl.config import load_config
+    from pdpfl.fl.rpdp.config import mechanism_spec
     from pdpfl.fl.rpdp.mechanism import mechanism_plan, noise_multiplier
 
-    config = load_config(CONFIG)
+    spec = mechanism_spec(load_config(CONFIG))
     t0 = time.perf_counter()
-    sigma = noise_multiplier(config)
+    sigma = noise_multiplier(spec)
     sigma_s = time.perf_counter() - t0
-    plan = mechanism_plan(config, sigma)
+    plan = mechanism_plan(spec, sigma)
     _CACHE.clear()
     t0 = time.perf_counter()
-    CertifiedEstimator.fit(plan, config.privacy.adversary)
+    CertifiedEstimator.fit(plan, spec.adversary)
     fit_s = time.perf_counter() - t0
     return {"sigma_search_s": sigma_s, "certified_fit_s": fit_s}
 

@@ -11,8 +11,9 @@ from scipy import stats
 
 from pdpfl.audit import AuditSession, AuditSettings
 from pdpfl.audit.canaries import CONTROL_LABEL
-from pdpfl.audit.ceiling import _llr, ideal_audit, ideal_scores, session_ceilings
+from pdpfl.audit.ceiling import ideal_audit, ideal_scores, session_ceilings
 from pdpfl.audit.fdp import MechanismFamily
+from pdpfl.audit.ideal import _llr
 from pdpfl.privacy.accountant import mechanism_epsilon
 from pdpfl.privacy.mechanisms import (
     Composed,

@@ -275,8 +275,10 @@ def test_run_shows_the_grid_in_summary_json(tmp_path) -> None:  # type: ignore[n
 @pytest.mark.parametrize(
     ("extra", "field"),
     [
-        (["algorithm.name=prifedsync"], "privacy.central_noise"),
-        (["algorithm.name=idp-fedavg"], "privacy.central_noise"),
+        (
+            ["algorithm.name=idp-fedavg", "algorithm.variant=distributed", "aggregation=secure"],
+            "privacy.central_noise",
+        ),
         (["algorithm.name=rpdp", "privacy.accountant=pld"], "privacy.accountant"),
     ],
 )
@@ -298,13 +300,19 @@ def test_cli_refusal_exits_2(tmp_path) -> None:  # type: ignore[no-untyped-def]
             "--out",
             str(tmp_path / "run"),
             "--set",
-            "algorithm.name=prifedsync",
+            "algorithm.name=idp-fedavg",
+            "--set",
+            "algorithm.variant=distributed",
+            "--set",
+            "algorithm.clients_per_round=2",
+            "--set",
+            "aggregation=secure",
             "--set",
             "privacy.central_noise=discrete",
         ],
     )
     assert result.exit_code == 2
-    assert "error: privacy.central_noise: discrete is not supported" in result.output
+    assert "error: privacy.central_noise: discrete" in result.output
     assert "Traceback" not in result.output
 
 

@@ -14,7 +14,7 @@ import yaml
 from typer.testing import CliRunner
 
 from pdpfl.cli import app
-from pdpfl.cli.run import EXIT_DIVERGED
+from pdpfl.cli._experiment import EXIT_DIVERGED
 from pdpfl.config import config_from_dict
 from pdpfl.errors import TrainingDiverged
 from pdpfl.models import MODELS, register_model

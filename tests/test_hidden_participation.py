@@ -38,9 +38,10 @@ def test_the_server_is_charged_its_realized_participations_like_in_visible_mode(
     assert "participation revealed" in summary["aggregation"]["server_observer"]
     table = pdpfl.privacy_table(tmp_path, as_frame=False)
     cfg = config_from_dict(TINY)
+    from pdpfl.fl.rpdp.config import mechanism_spec
     from pdpfl.fl.rpdp.mechanism import mechanism_plan
 
-    plan = mechanism_plan(cfg, 3.0)
+    plan = mechanism_plan(mechanism_spec(cfg), 3.0)
     live = table["rate"] > 0
     k = table["rounds_server"][live]
     assert np.any(k < table["rounds_third_party"][live])  # some rounds a silo sat out

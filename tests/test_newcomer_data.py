@@ -145,7 +145,7 @@ def test_array_budgets_are_indexed_by_row_id() -> None:
 
 def test_budget_table_file_is_aligned_by_id(tmp_path: Path) -> None:
     from pdpfl.config import config_from_dict
-    from pdpfl.fl.common import client_budgets
+    from pdpfl.fl.common import BudgetSource, client_budgets
 
     df = _frame()
     fed = federation_from_dataframe(
@@ -167,11 +167,14 @@ def test_budget_table_file_is_aligned_by_id(tmp_path: Path) -> None:
         }
     )
     by_id = dict(zip(df.pid, df.eps, strict=True))
+    source = BudgetSource.of(cfg.budgets, seed=cfg.seed)
     for k, c in enumerate(fed.clients):
-        np.testing.assert_array_equal(client_budgets(cfg, k, c), [by_id[i] for i in c.record_ids])
+        np.testing.assert_array_equal(
+            client_budgets(source, k, c), [by_id[i] for i in c.record_ids]
+        )
     table.write_text("record_id,epsilon\n" + f"{int(df.pid[0])},1.0\n")
     with pytest.raises(ValueError, match="budgets.file: .* have no row"):
-        client_budgets(cfg, 0, fed.clients[0])
+        client_budgets(source, 0, fed.clients[0])
 
 
 @pytest.fixture

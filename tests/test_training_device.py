@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from pdpfl.cli import app
 from pdpfl.config import ALGORITHMS, ConfigError, run_fingerprint, with_updates
-from pdpfl.fl.common import federation_info, silo_model, training_device
+from pdpfl.fl.common import ModelSource, federation_info, silo_model, training_device
 from pdpfl.runtime.loop import run_federation
 from pdpfl.runtime.simulation import InProcessTransport, load_federation_for
 from pdpfl.testing import _build, toy_config
@@ -63,7 +63,7 @@ def test_device_does_not_change_the_resume_fingerprint() -> None:
 
 def test_auto_falls_back_to_the_cpu_without_an_accelerator() -> None:
     config = with_updates(toy_config("rpdp"), ["training.device=auto"])
-    dev = training_device(config)
+    dev = training_device(config.training.device)
     if HAS_CUDA:
         assert dev.type == "cuda"
     elif not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
@@ -74,11 +74,12 @@ def test_auto_falls_back_to_the_cpu_without_an_accelerator() -> None:
 def test_cuda_without_cuda_is_refused_before_any_work(tmp_path: Path) -> None:
     config = with_updates(toy_config("rpdp"), ["training.device=cuda"])
     with pytest.raises(ValueError, match=r"^training\.device: 'cuda' requested"):
-        training_device(config)
+        training_device(config.training.device)
     with pytest.raises(ValueError, match=r"^training\.device"):
         _build(config)
     with pytest.raises(ValueError, match=r"^training\.device"):
-        silo_model(config, federation_info(load_federation_for(config), config))
+        model = ModelSource.of(config.model, seed=config.seed, device=config.training.device)
+        silo_model(model, federation_info(load_federation_for(config), config))
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="this machine has CUDA")

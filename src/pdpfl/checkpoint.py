@@ -12,6 +12,7 @@ error.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ __all__ = [
     "LEGACY_CHECKPOINT_NAME",
     "METRICS_NAME",
     "finite",
+    "finite_record",
     "has_checkpoint",
     "load_checkpoint",
     "read_metrics",
@@ -40,7 +42,7 @@ LEGACY_CHECKPOINT_NAME = "checkpoint.pkl"
 METRICS_NAME = "metrics.jsonl"
 
 
-def finite(obj: Any) -> Any:
+def finite(obj: object) -> object:
     """JSON-safe copy: NaN/inf become None, numpy scalars become Python scalars."""
     if isinstance(obj, dict):
         return {str(k): finite(v) for k, v in obj.items()}
@@ -51,6 +53,12 @@ def finite(obj: Any) -> Any:
     if isinstance(obj, float) and not np.isfinite(obj):
         return None
     return obj
+
+
+def finite_record(record: Mapping[str, object]) -> dict[str, Any]:
+    """A JSON record (``summary.json``) as :func:`finite` writes it: keys as text, NaN/inf as
+    None, numpy scalars as Python scalars."""
+    return {str(k): finite(v) for k, v in record.items()}
 
 
 def read_metrics(out_dir: str | Path) -> list[dict[str, Any]]:
@@ -163,16 +171,16 @@ def run_identity(out_dir: str | Path) -> tuple[str, int] | None:
     return run_id, next_round
 
 
-def _flat(obj: Any, prefix: str = "") -> dict[str, Any]:
+def _flat(obj: object, prefix: str = "") -> dict[str, object]:
     if isinstance(obj, dict) and obj:
-        out: dict[str, Any] = {}
+        out: dict[str, object] = {}
         for k, v in obj.items():
             out.update(_flat(v, f"{prefix}{k}."))
         return out
     return {prefix[:-1]: obj}
 
 
-def config_changes(before: Any, now: Any, limit: int = 6) -> list[str]:
+def config_changes(before: object, now: object, limit: int = 6) -> list[str]:
     """``field (old → new)`` for every dotted field whose value differs between two config
     dictionaries (a field only one of them has counts as changed); at most ``limit`` entries,
     then ``...``."""

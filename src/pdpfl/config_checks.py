@@ -26,13 +26,13 @@ __all__ = ["raw_value_problems"]
 _NON_FINITE_TEXT = re.compile(r"^\s*[-+]?(inf|infinity|nan)\s*$", re.IGNORECASE)
 
 
-def _types(annotation: Any) -> set[Any]:
+def _types(annotation: object) -> set[object]:
     """The plain types an annotation accepts (unions, Optional, lists, Annotated flattened)."""
     origin = get_origin(annotation)
     if origin is Annotated:
         return _types(get_args(annotation)[0])
     if origin in (Union, types.UnionType, list, tuple):
-        out: set[Any] = set()
+        out: set[object] = set()
         for arg in get_args(annotation):
             if arg is not Ellipsis:
                 out |= _types(arg)
@@ -44,7 +44,7 @@ def _types(annotation: Any) -> set[Any]:
     return {annotation}
 
 
-def _allows_infinity(field: Any) -> bool:
+def _allows_infinity(field: object) -> bool:
     extra = getattr(field, "json_schema_extra", None)
     return isinstance(extra, dict) and bool(extra.get("allow_infinity"))
 
@@ -62,7 +62,7 @@ def raw_value_problems(
     problems: list[str] = []
 
     def walk(
-        value: Any, path: list[str], allowed: set[Any], allow_inf: bool, text_too: bool
+        value: object, path: list[str], allowed: set[object], allow_inf: bool, text_too: bool
     ) -> None:
         where = ".".join(path)
         if isinstance(value, dict):
@@ -96,7 +96,7 @@ def raw_value_problems(
             continue
         for name, v in value.items():
             field = own.get(str(name))
-            allowed = _types(field.annotation) if field is not None else {Any}
+            allowed: set[object] = _types(field.annotation) if field is not None else {Any}
             walk(
                 v,
                 [key, str(name)],

@@ -276,7 +276,8 @@ def _bernoulli_ratio(a: np.ndarray, b: int, stream: RandomStream) -> np.ndarray:
 
 def _bernoulli_inverse(k: int, count: int, stream: RandomStream) -> np.ndarray:
     """``count`` independent Bernoulli(1/k)."""
-    return uniform_below(k, count, stream) == 0
+    out: np.ndarray = uniform_below(k, count, stream) == 0
+    return out
 
 
 def _bernoulli_exp_fraction(a: np.ndarray, b: int, stream: RandomStream) -> np.ndarray:

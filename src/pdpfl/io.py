@@ -19,7 +19,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TypeAlias
+from typing import Any, Protocol, TypeAlias, TypeGuard
 
 import numpy as np
 
@@ -130,14 +130,26 @@ def save_npz(path: str | os.PathLike[str], **arrays: np.ndarray) -> None:
 # --------------------------------------------------------------------------- state files
 
 
-def encode_state(state: Any) -> bytes:
+class _Tensor(Protocol):
+    """What :func:`encode_state` reads of a torch tensor (torch is not imported here)."""
+
+    def detach(self) -> _Tensor: ...
+    def cpu(self) -> _Tensor: ...
+    def numpy(self) -> np.ndarray: ...
+
+
+def _is_tensor(obj: object) -> TypeGuard[_Tensor]:
+    return type(obj).__module__ == "torch" and type(obj).__name__ == "Tensor"
+
+
+def encode_state(state: object) -> bytes:
     """Serialise nested dicts/lists of scalars, NumPy arrays and torch tensors, without pickle.
 
     Dictionary keys keep their type (``int`` or ``str``); tuples come back as lists.
     """
     arrays: dict[str, np.ndarray] = {}
 
-    def walk(obj: Any) -> Any:
+    def walk(obj: object) -> JsonValue:
         if isinstance(obj, dict):
             return {"__dict__": [[k, walk(v)] for k, v in obj.items()]}
         if isinstance(obj, list | tuple):
@@ -146,7 +158,7 @@ def encode_state(state: Any) -> bytes:
             key = f"a{len(arrays)}"
             arrays[key] = obj
             return {"__array__": key}
-        if type(obj).__module__ == "torch" and type(obj).__name__ == "Tensor":
+        if _is_tensor(obj):
             key = f"a{len(arrays)}"
             arrays[key] = obj.detach().cpu().numpy()
             return {"__tensor__": key}
@@ -165,7 +177,7 @@ def encode_state(state: Any) -> bytes:
     return buf.getvalue()
 
 
-def decode_state(data: bytes) -> Any:
+def decode_state(data: bytes) -> object:
     """Inverse of :func:`encode_state`; a truncated or tampered file raises ``ValueError``.
 
     Nothing in the file is executed: arrays are read with ``allow_pickle=False`` and the rest is
@@ -178,7 +190,7 @@ def decode_state(data: bytes) -> Any:
     except Exception as exc:  # zipfile/JSON/unicode/pickle-refusal errors alike
         raise ValueError(f"not a valid pdpfl state file ({type(exc).__name__}: {exc})") from None
 
-    def walk(obj: Any) -> Any:
+    def walk(obj: object) -> object:
         if isinstance(obj, list):
             return [walk(v) for v in obj]
         if isinstance(obj, dict):
@@ -197,3 +209,12 @@ def decode_state(data: bytes) -> Any:
         return obj
 
     return walk(skeleton)
+
+
+def decode_state_dict(data: bytes) -> dict[str, Any]:
+    """:func:`decode_state` of a state dictionary (``state_dict()``); ``ValueError`` if the file
+    holds anything else."""
+    state = decode_state(data)
+    if not isinstance(state, dict):
+        raise ValueError(f"not a valid pdpfl state file (a {type(state).__name__}, not a dict)")
+    return state

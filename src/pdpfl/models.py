@@ -165,7 +165,8 @@ class MnistCNN(nn.Module):
         return x.flatten(1)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.fc2(torch.tanh(self.fc1(self._features(x))))
+        logits: Tensor = self.fc2(torch.tanh(self.fc1(self._features(x))))
+        return logits
 
 
 def _to_channels_last(x: Tensor) -> Tensor:
@@ -211,10 +212,12 @@ class PriFedSyncMnistCNN(nn.Module):
 
     def _features(self, x: Tensor) -> Tensor:
         x = F.max_pool2d(F.relu(self.conv2(F.relu(self.conv1(x)))), 2)
-        return self.drop1(x).flatten(1)
+        features: Tensor = self.drop1(x).flatten(1)
+        return features
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.fc2(self.drop2(F.relu(self.fc1(self._features(x)))))
+        logits: Tensor = self.fc2(self.drop2(F.relu(self.fc1(self._features(x)))))
+        return logits
 
 
 @register_model("prifedsync-mnist-cnn")
@@ -251,7 +254,8 @@ class PriFedSyncCifarCNN(nn.Module):
         return F.relu(self.conv3(x)).flatten(1)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.fc2(F.relu(self.fc1(self._features(x))))
+        logits: Tensor = self.fc2(F.relu(self.fc1(self._features(x))))
+        return logits
 
 
 @register_model("prifedsync-cifar-cnn")
@@ -307,7 +311,8 @@ class ResNet18GN(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         x = F.max_pool2d(F.relu(self.gn1(self.conv1(x))), 3, 2, 1)
         x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
-        return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+        logits: Tensor = self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+        return logits
 
 
 @register_model("resnet18-gn")
@@ -408,7 +413,8 @@ class IdpCNN(nn.Module):
         return x.flatten(1)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.fc2(self.drop(F.relu(self.fc1(self._features(x)))))
+        logits: Tensor = self.fc2(self.drop(F.relu(self.fc1(self._features(x)))))
+        return logits
 
 
 @register_model("idp-cnn")

@@ -286,7 +286,8 @@ class _ChaChaStream:
         np.add(theta, _QUARTER_PI, out=theta)
         s = np.sqrt(e, out=e)
         s *= np.sin(theta, out=theta)
-        return s[:n] + s[n:]
+        out: np.ndarray = s[:n] + s[n:]
+        return out
 
     def normal(
         self, shape: tuple[int, ...] | torch.Size, *, device: torch.device | str | None = None
@@ -348,7 +349,7 @@ class SecureRandomness:
     def __getstate__(self) -> None:
         raise TypeError("SecureRandomness holds a secret key and cannot be pickled or copied")
 
-    def __deepcopy__(self, memo: dict) -> SecureRandomness:
+    def __deepcopy__(self, memo: dict[int, object]) -> SecureRandomness:
         raise TypeError("SecureRandomness holds a secret key and cannot be copied")
 
 
@@ -423,7 +424,8 @@ def draw_normals(
 
     fn = getattr(stream, "normals", None)
     if callable(fn):
-        return fn(shapes, device=device)
+        out: torch.Tensor = fn(shapes, device=device)
+        return out
     parts = [stream.normal(tuple(s)).reshape(-1) for s in shapes]
     z = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.float64)
     return z if device is None else z.to(device)

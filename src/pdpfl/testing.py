@@ -78,7 +78,7 @@ def check_algorithm(name: str, extra: list[str] | None = None) -> None:
     """Run the conformance checks for the registered algorithm ``name`` (AssertionError)."""
     from pdpfl.fl.aggregation import sum_contributions
     from pdpfl.fl.api import EVALUATION_METRICS, Contribution, check_contribution
-    from pdpfl.io import decode_state, encode_state
+    from pdpfl.io import decode_state_dict, encode_state
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -122,7 +122,7 @@ def check_algorithm(name: str, extra: list[str] | None = None) -> None:
         new = server.aggregate(0, params, agg)
         assert [np.shape(a) for a in new] == [np.shape(p) for p in params], f"{name}: shapes"
         server.record_round(0, selected)
-        state = decode_state(encode_state(server.state_dict()))
+        state = decode_state_dict(encode_state(server.state_dict()))
         server.load_state_dict(state)
         for c in ids:
             e = clients[c].evaluate(new, 0, round_config)
@@ -134,7 +134,7 @@ def check_algorithm(name: str, extra: list[str] | None = None) -> None:
         clients[c0].evaluate(new, 0, round_config)
         assert encode_state(clients[c0].state_dict()) == before, f"{name}: catch-up not idempotent"
         # Exact resume: a silo rebuilt from its state makes the same next contribution.
-        saved = decode_state(encode_state(clients[c0].state_dict()))
+        saved = decode_state_dict(encode_state(clients[c0].state_dict()))
         _, rebuilt, _ = _build(config)
         rebuilt[c0].load_state_dict(saved)
         a = clients[c0].fit(new, 1, server.round_config(1))

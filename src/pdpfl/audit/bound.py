@@ -84,13 +84,15 @@ def _p_values(m: int, r: int, v: int, epsilons: np.ndarray, delta: float) -> np.
         return np.ones_like(p)
     beta = stats.binom.sf(v - 1, r, p)
     if delta == 0:
-        return np.minimum(beta, 1.0)
+        out: np.ndarray = np.minimum(beta, 1.0)
+        return out
     # the masses in log space (one numpy expression for the whole grid; ~1e-13 relative)
     x = np.arange(v - 1, -1, -1, dtype=np.float64)[:, None]
     log_choose = special.gammaln(r + 1) - special.gammaln(x + 1) - special.gammaln(r - x + 1)
     masses = np.exp(log_choose + x * np.log(p) + (r - x) * np.log1p(-p))
     alpha = np.max(np.cumsum(masses, axis=0) / np.arange(1, v + 1)[:, None], axis=0)
-    return np.minimum(beta + 2.0 * m * delta * alpha, 1.0)
+    bound: np.ndarray = np.minimum(beta + 2.0 * m * delta * alpha, 1.0)
+    return bound
 
 
 def perfect_guessing_epsilon(r: int, level: float) -> float:

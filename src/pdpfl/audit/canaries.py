@@ -79,7 +79,8 @@ class CanaryPlan:
     def trained(self) -> np.ndarray:
         """Canaries planted in the mechanism: included and not in the control group."""
         control = np.array([s.control for s in self.groups], dtype=bool)[self.group]
-        return self.included & ~control
+        out: np.ndarray = self.included & ~control
+        return out
 
     def rows_for(self, host: int, *, nulls: bool = False) -> ExtraRows:
         """The host's planted canaries as Dirac rows ``value · e_j`` with their rates.

@@ -26,95 +26,35 @@ same per-test level). The result is one Monte-Carlo draw of the ε̂ a perfect a
 canaries would report; its median over a few seeds is the ceiling quoted in ``docs/audit.md``.
 
 This is a measurement tool, not a test of an implementation: it never sees a run.
+
+The same ideal canaries plan the real audit's f-DP test (:func:`pdpfl.audit.ideal.plan_rung`);
+the ceiling uses the session's levels and plan, as the real audit does.
 """
 
 from __future__ import annotations
 
-import math
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
-from pdpfl.audit.evidence import Evidence, evidence
+from pdpfl.audit.evidence import Evidence, Levels, evidence
 from pdpfl.audit.fdp import MechanismFamily
+from pdpfl.audit.ideal import ideal_scores, plan_rung
 from pdpfl.ledger import PrivacyLedger
-from pdpfl.privacy.mechanisms import (
-    Composed,
-    GaussianMechanism,
-    Mechanism,
-    PoissonSampled,
-    Sequence,
-    TwoStageRound,
-)
 from pdpfl.seeding import numpy_generator
 
 if TYPE_CHECKING:
     from pdpfl.audit.session import AuditSession
 
-__all__ = ["Ceiling", "ideal_audit", "ideal_scores", "session_ceilings"]
-
-#: Canaries simulated at once (bounds the memory of one draw: chunk × one event's leaves).
-_CHUNK = 1 << 14
-
-
-def _llr(event: Mechanism, included: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """The log-likelihood ratio ("in" against "out") of each canary's observation of ``event``,
-    the observation drawn with the canary in where ``included`` (module docstring)."""
-    if isinstance(event, GaussianMechanism):
-        a = 1.0 / float(event.noise_multiplier)
-        z = rng.standard_normal(included.size) + a * included
-        return a * z - 0.5 * a * a
-    if isinstance(event, PoissonSampled | TwoStageRound):
-        if isinstance(event, PoissonSampled):
-            rate = np.asarray(event.rate, dtype=np.float64)
-            if rate.size != 1:
-                raise ValueError("ideal canaries: expected an event with one sampling rate")
-            q, inner = float(rate.reshape(-1)[0]), event.inner
-        else:
-            q, inner = float(event.client_rate), event.local
-        if q <= 0.0:  # never sampled: the observation does not depend on the canary
-            return np.zeros(included.size)
-        coins = rng.random(included.size) < q
-        inner_llr = _llr(inner, included & coins, rng)
-        # log(1 − q + q·e^ℓ), computed without overflow for large ℓ
-        return np.logaddexp(math.log1p(-q) if q < 1.0 else -np.inf, math.log(q) + inner_llr)
-    if isinstance(event, Composed):
-        total = np.zeros(included.size)
-        for _ in range(int(event.count)):
-            total += _llr(event.inner, included, rng)
-        return total
-    if isinstance(event, Sequence):
-        total = np.zeros(included.size)
-        for part in event.events:
-            total += _llr(part, included, rng)
-        return total
-    raise ValueError(
-        f"ideal canaries: cannot simulate {type(event).__name__} (supported: Gaussian, Poisson "
-        "sampling, two-stage rounds, compositions and sequences of those)"
-    )
-
-
-def ideal_scores(
-    family: MechanismFamily, m: int, rng: np.random.Generator, noise_factor: float = 1.0
-) -> tuple[np.ndarray, np.ndarray]:
-    """(scores, included) of m ideal canaries of ``family``'s member ν = ``noise_factor``: each
-    canary's exact log-likelihood ratio (module docstring)."""
-    if not (isinstance(m, int | np.integer) and m >= 2):
-        raise ValueError(f"m: must be an integer >= 2, got {m!r}")
-    if not (math.isfinite(noise_factor) and noise_factor > 0):
-        raise ValueError(f"noise_factor: must be a finite number > 0, got {noise_factor!r}")
-    mechanism = family.mechanism.with_noise(family.noise * float(noise_factor))
-    event = mechanism.round_event(np.array([family.rate]), family.observer)
-    included = rng.random(int(m)) < 0.5
-    scores = np.empty(int(m))
-    for start in range(0, int(m), _CHUNK):
-        part = slice(start, min(start + _CHUNK, int(m)))
-        llr = np.zeros(part.stop - part.start)
-        for _ in range(family.count):  # the charged rounds
-            llr += _llr(event, included[part], rng)
-        scores[part] = llr
-    return scores, included
+__all__ = [
+    "Ceiling",
+    "ideal_audit",
+    "ideal_scores",
+    "plan_rung",
+    "session_ceilings",
+]
 
 
 @dataclass(frozen=True)
@@ -136,14 +76,15 @@ def ideal_audit(
     family: MechanismFamily,
     m: int,
     delta: float,
-    level: float,
+    level: float | Levels,
     *,
     seed: int = 0,
     noise_factor: float = 1.0,
 ) -> Ceiling:
     """Audit m ideal canaries of ``family`` (the member ν = ``noise_factor`` generates them;
     the claim tested is ν = 1, as in a real audit) with the real audit's statistics at the
-    per-test ``level`` and ``delta``: one draw of the ceiling (module docstring). ``seed``
+    per-test ``level`` (or the group's :class:`~pdpfl.audit.evidence.Levels`) and ``delta``:
+    one draw of the ceiling (module docstring). ``seed``
     seeds a local generator (a measurement: nothing here is released)."""
     rng = numpy_generator(seed, "audit-ideal-canaries")
     scores, included = ideal_scores(family, m, rng, noise_factor)
@@ -159,19 +100,18 @@ def session_ceilings(
     seed: int = 0,
     noise_factor: float | Literal["seen"] = 1.0,
     m: int | None = None,
+    labels: Collection[str] | None = None,
 ) -> dict[str, Ceiling]:
     """One ideal-audit draw per budget group of a planned audit (nothing is trained): each
     group's family as :meth:`AuditSession.execute` builds it, every round charged (every host
-    taking part: the most exposed canary, as the family's count), the audit's δ and per-test
-    level, ``m`` canaries (default the session's). Groups without an f-DP family are left out.
+    taking part: the most exposed canary, as the family's count), the audit's δ, its levels
+    and plan (:func:`plan_rung`, unless the session's settings turn planning off), ``m``
+    canaries (default the session's), the groups named in ``labels`` (default all). Groups
+    without an f-DP family are left out.
 
-    ``noise_factor="seen"``: the canaries are generated at the noise the real ones meet, where
-    the hook states it (:meth:`~pdpfl.audit.hooks.CanaryHook.round_signal`: ν = 1/(μ·σ), e.g.
-    IDP-FedAvg's value noise σ_v against the charged σ_p under adaptive clipping), while the
-    claim ν = 1 is tested, as in the real audit; 1 where the hook states nothing."""
-    from pdpfl.audit.evidence import guess_ladder
-    from pdpfl.audit.session import STATISTICS
-
+    ``noise_factor="seen"``: the canaries are generated at the noise the real ones meet
+    (:meth:`AuditSession.seen_noise_factor`), while the claim ν = 1 is tested, as in the real
+    audit."""
     plan, run = session.plan, session.run
     if observer not in session.meta["observers_audited"]:
         raise ValueError(
@@ -192,22 +132,16 @@ def session_ceilings(
                 participated=np.ones(mine.size, dtype=bool), active=np.ones(mine.size, dtype=bool)
             )
         ledgers[host] = (mine, ledger)
-    tests = (
-        len(STATISTICS)
-        * len(guess_ladder(size))
-        * len(plan.groups)
-        * len(session.meta["observers_audited"])
-    )
-    level = (1.0 - session.settings.confidence) / tests
     out: dict[str, Ceiling] = {}
     for g, spec in enumerate(plan.groups):
-        family = None if spec.control else session._family(g, observer, ledgers)  # noqa: SLF001
+        if spec.control or (labels is not None and spec.label not in labels):
+            continue
+        family = session._family(g, observer, ledgers)  # noqa: SLF001
         if family is not None:
-            factor = noise_factor
-            if factor == "seen":
-                signal = session.hook.round_signal(run, observer)
-                factor = 1.0 if signal is None else 1.0 / (signal * family.noise)
+            seen = session.seen_noise_factor(observer, family)
+            factor = seen if noise_factor == "seen" else float(noise_factor)
+            levels = session.levels(family, observer, size)
             out[spec.label] = ideal_audit(
-                family, size, delta, level, seed=seed, noise_factor=float(factor)
+                family, size, delta, levels, seed=seed, noise_factor=float(factor)
             )
     return out

@@ -17,10 +17,16 @@ the group's best so far -- one evaluation -- and reports it as not searched):
   least noise the observations rule out in the group's own mechanism family
   (:func:`pdpfl.audit.fdp.audit_family`).
 
-Every (statistic, rung) is tested at ``level`` (the caller divides the audit's 1 − confidence by
-the number of tests: Bonferroni), and the group's **ε̂ is the largest of them** -- the headline,
-with the statistic and rung that gave it. With probability at least the audit's confidence
-every reported ε̂ is simultaneously valid.
+Every (statistic, rung) is tested at its own level (:class:`Levels`: the caller gives each
+group a share of the audit's 1 − confidence, and the share is split among the group's tests --
+weighted Bonferroni), and the group's **ε̂ is the largest of them** -- the headline, with the
+statistic and rung that gave it. With probability at least the audit's confidence every
+reported ε̂ is simultaneously valid. **The planned test** (issue #39 item 2: guesses chosen to
+maximise power at the stated level): before any score is seen, ideal canaries of the group's
+claimed mechanism (:func:`pdpfl.audit.ideal.plan_rung`) say at which number of guesses the
+f-DP test certifies most; that one test gets half the group's share, the other tests split the
+rest. The split depends on the public configuration alone, so every test keeps its level; a
+plan that misjudges the real canaries costs the other tests half their level, not validity.
 
 **Verdict** (:attr:`Evidence.status`): ``violation`` when ε̂ exceeds the accountant's ε (or
 the f-DP test rejects the group's own claimed curve, ν = 1: ε̂ is then at least that ε);
@@ -66,6 +72,7 @@ __all__ = [
     "RUNGS",
     "VIOLATION",
     "Evidence",
+    "Levels",
     "Rung",
     "canaries_for_power",
     "evidence",
@@ -92,6 +99,13 @@ MAX_CANARIES = 1 << 22
 TOLERANCE = 1e-9
 
 
+#: The planned f-DP test's part of its group's share of the error (:class:`Levels`).
+PLANNED_WEIGHT = 0.5
+
+#: The statistics tested at every rung (their order: :class:`Levels`, ``audit.json``).
+STATISTICS = ("steinke", "f-dp")
+
+
 def guess_ladder(m: int, rungs: int = RUNGS) -> list[int]:
     """Guesses per side: k = m/2, m/4, ... while 2k ≥ :data:`MIN_GUESSES` (at least k = m/2
     when m ≥ 2), at most ``rungs`` of them."""
@@ -102,6 +116,63 @@ def guess_ladder(m: int, rungs: int = RUNGS) -> list[int]:
             ks.append(k)
         k //= 2
     return ks
+
+
+@dataclass(frozen=True)
+class Levels:
+    """One group's share of the audit's error split among its tests (weighted Bonferroni: the
+    levels add up to ``share``). ``ks``: the rungs; ``planned``: the k of the planned f-DP test
+    (module docstring), one of ``ks``, or None. Without a plan every (statistic, rung) gets
+    share/(2·rungs); with one, the planned test gets ``weight``·share and each of the other
+    2·rungs − 1 tests an equal part of the rest."""
+
+    share: float
+    ks: tuple[int, ...]
+    planned: int | None = None
+    weight: float = PLANNED_WEIGHT
+
+    def __post_init__(self) -> None:
+        if not (0.0 < self.share and math.isfinite(self.share)):
+            raise ValueError(f"share: must be a finite level > 0, got {self.share!r}")
+        if self.planned is not None and self.planned not in self.ks:
+            raise ValueError(f"planned: must be one of the rungs {list(self.ks)}")
+        if not 0.0 < self.weight < 1.0:
+            raise ValueError(f"weight: must be in (0, 1), got {self.weight!r}")
+
+    @classmethod
+    def split(cls, share: float, m: int, planned: int | None = None) -> Levels:
+        """The ladder of m canaries (:func:`guess_ladder`), with the planned rung added when it
+        is not on it."""
+        ks = guess_ladder(m)
+        if planned is not None and planned not in ks:
+            ks = sorted({*ks, int(planned)}, reverse=True)
+        return cls(float(share), tuple(ks), planned)
+
+    @property
+    def tests(self) -> int:
+        return len(STATISTICS) * len(self.ks)
+
+    @property
+    def other(self) -> float:
+        """The level of every test but the planned one."""
+        if self.planned is None:
+            return self.share / max(1, self.tests)
+        return self.share * (1.0 - self.weight) / (self.tests - 1)
+
+    def level(self, statistic: str, k: int) -> float:
+        if statistic not in STATISTICS:
+            raise ValueError(f"statistic: expected one of {', '.join(STATISTICS)}")
+        if self.planned is not None and statistic == "f-dp" and k == self.planned:
+            return self.share * self.weight
+        return self.other
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "share": self.share,
+            "planned_k": self.planned,
+            "planned_level": None if self.planned is None else self.level("f-dp", self.planned),
+            "level_other": self.other,
+        }
 
 
 @dataclass(frozen=True)
@@ -142,6 +213,8 @@ class Evidence:
     tpr: dict[float, float | None] = field(default_factory=dict)
     fdp_family: str | None = None
     one_shot: tuple[float, float] | None = None
+    planned: int | None = None
+    planned_level: float | None = None
 
     @property
     def epsilon(self) -> float:
@@ -204,6 +277,8 @@ class Evidence:
             "correct": win.v if win else 0,
             "accuracy": (win.v / win.r) if win and win.r else None,
             "level": self.level,
+            "planned_k": self.planned,
+            "planned_level": self.planned_level,
             "candidate_ks": [r.k for r in self.rungs],
             "rungs": [r.to_dict() for r in self.rungs],
             "power": self.power,
@@ -280,14 +355,14 @@ def _certifies(m: int, r: int, delta: float, level: float, claimed: float) -> bo
 
 
 def _power(
-    m: int, ks: list[int], delta: float, level: float, claimed: float, claim: Inverse | None
+    m: int, ks: list[int], delta: float, levels: Levels, claimed: float, claim: Inverse | None
 ) -> bool:
     """Could any rung certify ε̂ > ``claimed`` with every guess right?"""
     for k in ks:
         r = 2 * k
-        if _certifies(m, r, delta, level, claimed):
+        if _certifies(m, r, delta, levels.level("steinke", k), claimed):
             return True
-        if claim is not None and rejects(claim, m, r, r, level):
+        if claim is not None and rejects(claim, m, r, r, levels.level("f-dp", k)):
             return True
     return False
 
@@ -302,7 +377,9 @@ def canaries_for_power(
     """The smallest m (a power of two times ``start``, up to :data:`MAX_CANARIES`) at which a
     perfect result of the ladder's widest rung (every canary guessed, every guess right) would
     certify more than ``claimed`` -- with Steinke et al.'s bound at δ, or by rejecting the
-    claimed curve (``claim``) in the f-DP test. ``level_for(m)`` is the per-test level at m;
+    claimed curve (``claim``) in the f-DP test. ``level_for(m)`` is the per-test level at m
+    (with a planned test: the other tests' level, the smaller -- the count is then an upper
+    bound);
     None when no such m exists up to :data:`MAX_CANARIES` (e.g. δ too large: 2mδ caps it)."""
     m = max(2, int(start))
     p = 1.0 / (1.0 + math.exp(-claimed))
@@ -324,7 +401,7 @@ def evidence(
     scores: np.ndarray,
     included: np.ndarray,
     delta: float,
-    level: float,
+    level: float | Levels,
     *,
     claimed: float | None,
     family: MechanismFamily | None = None,
@@ -335,13 +412,24 @@ def evidence(
     """Audit one group's scores (module docstring). ``claimed``: the accountant's ε at δ (None:
     nothing claimed, e.g. an observer the algorithm makes no statement against; 0 for the
     control group); ``family``: the f-DP hypothesis family (None: Steinke et al. only);
-    ``level_for(m)``: the per-test level an audit with m canaries per group would use (for
-    :attr:`Evidence.canaries_for_power`)."""
+    ``level``: every test's level, or the group's :class:`Levels` (which then fix the rungs;
+    ``ks`` must be None); ``level_for(m)``: the per-test level an audit with m canaries per
+    group would use (for :attr:`Evidence.canaries_for_power`)."""
     inc = np.asarray(included, dtype=bool)
     m = int(inc.size)
-    ks = guess_ladder(m) if ks is None else [int(k) for k in ks]
+    if isinstance(level, Levels):
+        if ks is not None:
+            raise ValueError("ks: the rungs come from the Levels")
+        levels = level
+        ks = list(levels.ks)
+    else:
+        ks = guess_ladder(m) if ks is None else [int(k) for k in ks]
+        levels = Levels(float(level) * len(STATISTICS) * len(ks), tuple(ks))
     counts = [guess_counts(scores, inc, k, order) for k in ks]
-    steinke = [epsilon_lower_bound(m, r, v, delta, level) for r, v in counts]
+    steinke = [
+        epsilon_lower_bound(m, r, v, delta, levels.level("steinke", k))
+        for k, (r, v) in zip(ks, counts, strict=True)
+    ]
     fdp: list[float | None] = [None] * len(ks)
     factor: list[float | None] = [None] * len(ks)
     if family is not None:
@@ -349,7 +437,9 @@ def evidence(
         # beat it (one evaluation each: :func:`audit_family`'s ``better_than``)
         best: float | None = None
         for i in sorted(range(len(ks)), key=lambda i: -steinke[i]):
-            found = audit_family(family, m, *counts[i], level, better_than=best)
+            found = audit_family(
+                family, m, *counts[i], levels.level("f-dp", ks[i]), better_than=best
+            )
             if found is None:
                 continue
             fdp[i], factor[i] = found.epsilon, found.parameter
@@ -365,14 +455,14 @@ def evidence(
             if value is not None and value > top:
                 best, statistic, top = i, name, float(value)
     claim = family.inverse(1.0) if family is not None and claimed else None
-    power = claimed is not None and _power(m, ks, delta, level, claimed, claim)
+    power = claimed is not None and _power(m, ks, delta, levels, claimed, claim)
     needed: int | None = None
     if claimed and not power and _perfect(rungs) and level_for is not None:
         needed = canaries_for_power(claimed, delta, level_for, claim, start=2 * m)
     return Evidence(
         m=m,
         included=int(inc.sum()),
-        level=level,
+        level=levels.other,
         rungs=tuple(rungs),
         claimed=claimed,
         statistic=statistic,
@@ -382,4 +472,6 @@ def evidence(
         tpr=measured_tpr(scores, inc),
         fdp_family=None if family is None else family.describe(),
         one_shot=one_shot_estimate(scores, inc, delta),
+        planned=levels.planned,
+        planned_level=None if levels.planned is None else levels.level("f-dp", levels.planned),
     )

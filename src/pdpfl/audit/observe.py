@@ -123,7 +123,8 @@ def observer_scores(
     ``release_sign``: −1 when the releases are gradients rather than model deltas (ULDP-SGD),
     whose canary coordinate goes *up* in each release."""
     if observer == "third-party":
-        return -(log.index.read(final) - log.index.read(initial))
+        out: np.ndarray = -(log.index.read(final) - log.index.read(initial))
+        return out
     if observer != "server":
         raise ValueError(f"observer: expected third-party or server, got {observer!r}")
     total = np.zeros(log.index.size, dtype=np.float64)
@@ -219,7 +220,8 @@ def standardized_scores(
     """Σ_t z_{t,i} (:func:`standardized_rounds`): every round weighted as the Gaussian
     likelihood ratio weighs it when the canary is in every round (without scale changes, the
     plain sum)."""
-    return standardized_rounds(per_round, hosts, control).sum(axis=0)
+    out: np.ndarray = standardized_rounds(per_round, hosts, control).sum(axis=0)
+    return out
 
 
 def sampled_gaussian_scores(z: np.ndarray, rates: np.ndarray, signal: float) -> np.ndarray:

@@ -9,11 +9,14 @@ from __future__ import annotations
 import io
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from pdpfl.io import write_bytes, write_json, write_text
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 __all__ = [
     "AUDIT_OUTPUTS",
@@ -60,7 +63,7 @@ def write_audit(record: dict[str, Any], out: Path) -> None:
     write_text(out / "AUDIT.md", audit_markdown(record))
 
 
-def audit_figure(record: dict[str, Any]) -> Any:
+def audit_figure(record: dict[str, Any]) -> Figure:
     """Per observer: budget ε, the accountant's ε and the audited ε̂ per group (log scale)."""
     import matplotlib.pyplot as plt
 
@@ -193,6 +196,27 @@ def _verdict(record: dict[str, Any]) -> list[str]:
     ]
 
 
+def _levels_text(record: dict[str, Any]) -> str:
+    """How the audit's error is split among its tests (``Levels``; older records: uniform)."""
+    planned = {
+        f"{label} ({obs})": k
+        for obs, groups in dict(record.get("planned") or {}).items()
+        for label, k in dict(groups).items()
+        if k is not None
+    }
+    if not planned:
+        return (
+            f"Bonferroni over {record['tests']} tests, each at level {record['level_per_test']:.2g}"
+        )
+    where = ", ".join(f"{name}: k = {k}" for name, k in planned.items())
+    return (
+        f"weighted Bonferroni over {record['tests']} tests: each group and observer gets "
+        f"{record['level_per_group']:.2g}, half of it for the f-DP test at the number of guesses "
+        f"planned from ideal canaries of the claim before any score was seen ({where}), "
+        f"every other test at most {record['level_per_test']:.2g}"
+    )
+
+
 def audit_markdown(record: dict[str, Any]) -> str:
     """``AUDIT.md``: verdict, the figure, one table per observer, what the numbers mean."""
     m = record["canaries_per_group"]
@@ -234,9 +258,8 @@ def audit_markdown(record: dict[str, Any]) -> str:
         f"- ε̂ is a **lower bound**, not a guarantee: with probability at least "
         f"{record['confidence']:.0%}, *all* the ε̂ above (every group, every observer, both "
         f"statistics, every number of guesses on the ladder {record['ladder']}) hold "
-        f"simultaneously (Bonferroni over {record['tests']} tests, each at level "
-        f"{record['level_per_test']:.2g}). It says the mechanism leaks *at least* this much; "
-        "the accountant's ε says it leaks *at most* that much.",
+        f"simultaneously ({_levels_text(record)}). It says the mechanism leaks *at least* this "
+        "much; the accountant's ε says it leaks *at most* that much.",
         "- ε̂ Steinke holds for any mechanism (Steinke, Nasr & Jagielski 2023). ε̂ f-DP "
         "(Mahloujifar et al. 2025) is the accountant's ε for the least noise the guesses rule "
         "out in the group's own mechanism: a correct implementation exceeds the accountant's ε "

@@ -24,10 +24,13 @@ group's own mechanism family (:mod:`pdpfl.audit.fdp`), over a ladder of guess co
 verdict, the one-shot estimate and the measured attack rates (:mod:`pdpfl.audit.evidence`),
 beside the accountant's risk card (:mod:`pdpfl.privacy.risk`).
 
-Confidence is **simultaneous**: every reported test (both statistics, every rung of the ladder,
-all groups, the control group, every observer) runs at level (1 − confidence) / (number of
-tests), so with probability ≥ confidence *all* ε̂ are below their groups' true ε at the audit's
-δ. A group whose ε̂ exceeds the accountant's ε is a **violation**
+Confidence is **simultaneous**: every (group -- the control included --, observer) gets an
+equal share (1 − confidence)/(groups × observers) of the error, split among its tests (both
+statistics, every rung of the ladder) by weighted Bonferroni -- half of it to the f-DP test at
+the number of guesses planned from ideal canaries of the claim before any score is seen
+(:func:`~pdpfl.audit.ideal.plan_rung`), the rest equally (:class:`~pdpfl.audit.evidence
+.Levels`) --, so with probability ≥ confidence *all* ε̂ are below their groups' true ε at the
+audit's δ. A group whose ε̂ exceeds the accountant's ε is a **violation**
 (:attr:`AuditResult.violations`); one whose test saturated where it could not have failed is
 **inconclusive** (:attr:`AuditResult.inconclusive`).
 """
@@ -47,13 +50,17 @@ from pdpfl.audit.canaries import CONTROL_LABEL, CanaryPlan, GroupSpec, plan_cana
 from pdpfl.audit.evidence import (
     CONSISTENT,
     INCONCLUSIVE,
+    PLANNED_WEIGHT,
+    STATISTICS,
     VIOLATION,
     Evidence,
+    Levels,
     evidence,
     guess_ladder,
 )
 from pdpfl.audit.fdp import MechanismFamily, ledger_epsilon
 from pdpfl.audit.hooks import AuditUnsupported, CanaryHook, canary_hook
+from pdpfl.audit.ideal import plan_rung
 from pdpfl.audit.observe import (
     FlatIndex,
     ReleaseLog,
@@ -79,9 +86,6 @@ if TYPE_CHECKING:
 
 __all__ = ["AuditResult", "AuditSession", "AuditSettings", "GroupAudit", "default_delta"]
 
-#: The statistics of every rung (Steinke et al.; the f-DP audit): the Bonferroni factor.
-STATISTICS = ("steinke", "f-dp")
-
 
 def default_delta(config_delta: float, per_group: int) -> float:
     """The audit's δ: the config's, or 1/(100·m) if smaller, so that the δ-term of the bound
@@ -97,7 +101,9 @@ MAX_CANARIES = 1_000_000
 
 @dataclass(frozen=True)
 class AuditSettings:
-    """The auditor's choices: canaries per group, observers, space, coins, confidence, δ.
+    """The auditor's choices: canaries per group, observers, space, coins, confidence, δ, and
+    whether each group's f-DP test at one number of guesses is planned from ideal canaries of
+    the claim (``plan``, default on; off: every test of a group at the same level).
 
     Checked when made (``ValueError`` naming the field and its allowed range), before any
     training or allocation: ``canaries`` in [2, :data:`MAX_CANARIES`], ``observers`` among
@@ -110,6 +116,7 @@ class AuditSettings:
     seed: int | None = None
     confidence: float = 0.95
     delta: float | None = None
+    plan: bool = True
 
     def __post_init__(self) -> None:
         m = self.canaries
@@ -278,6 +285,8 @@ class AuditSession:
         self._summary_groups = summary_groups
         #: What the statistics could not do (reported with the run's warnings).
         self.notes: list[str] = []
+        #: Planned rungs already computed (:meth:`levels`).
+        self._plans: dict[tuple[object, ...], int | None] = {}
 
     # ------------------------------------------------------------------ planning
     @classmethod
@@ -360,6 +369,34 @@ class AuditSession:
         }
         return cls(config, federation, run, hook, plan, settings, meta, summary_groups)
 
+    def group_share(self) -> float:
+        """Each (group, observer)'s share of the audit's error, 1 − confidence: Bonferroni
+        over the groups (the control included) and the observers audited."""
+        tail = 1.0 - float(self.settings.confidence)
+        return tail / (len(self.plan.groups) * len(self.meta["observers_audited"]))
+
+    def seen_noise_factor(self, observer: str, family: MechanismFamily) -> float:
+        """ν of the noise the real canaries meet, where the hook states it
+        (:meth:`~pdpfl.audit.hooks.CanaryHook.round_signal`: ν = 1/(μ·σ), e.g. IDP-FedAvg's
+        value noise σ_v against the charged σ_p under adaptive clipping); 1 where it states
+        nothing."""
+        signal = self.hook.round_signal(self.run, observer)
+        return 1.0 if signal is None else 1.0 / (signal * family.noise)
+
+    def levels(self, family: MechanismFamily | None, observer: str, m: int) -> Levels:
+        """One group's :class:`~pdpfl.audit.evidence.Levels` with m canaries: its share, and the
+        planned f-DP rung where it has a family to plan with (``settings.plan``)."""
+        share = self.group_share()
+        planned = None
+        if family is not None and self.settings.plan:
+            seen = self.seen_noise_factor(observer, family)
+            delta = float(self.meta["audit_delta"])
+            key = (repr(family.mechanism), observer, family.rate, family.count, family.noise, m)
+            if key not in self._plans:  # a plan is a function of these (and δ, share, ν)
+                self._plans[key] = plan_rung(family, m, delta, share, noise_factor=seen)
+            planned = self._plans[key]
+        return Levels.split(share, m, planned)
+
     # ------------------------------------------------------------------ the run
     def execute(self, *, progress: bool = False) -> AuditResult:
         """Train once, observe, charge the canaries' ledgers and bound every group."""
@@ -396,12 +433,18 @@ class AuditSession:
         observers = list(self.meta["observers_audited"])
         m = int(self.meta["canaries_per_group"])
         groups = len(plan.groups)
-        tail = 1.0 - self.settings.confidence
+        share = self.group_share()
 
         def level_for(size: int) -> float:
-            """Bonferroni: statistics × rungs × groups (the control included) × observers."""
-            return tail / (len(STATISTICS) * len(guess_ladder(size)) * groups * len(observers))
+            """A test's level at ``size`` canaries per group; with planning, the other tests'
+            (the planned rung may add one): the smaller, for the canary count of power."""
+            n = len(STATISTICS) * len(guess_ladder(size))
+            if not self.settings.plan:
+                return share / n
+            return share * (1.0 - PLANNED_WEIGHT) / (n + len(STATISTICS) - 1)
 
+        planned: dict[str, dict[str, int | None]] = {}
+        tests = 0
         out: dict[str, list[GroupAudit]] = {}
         for obs in observers:
             per_round = observer_rounds(
@@ -421,20 +464,16 @@ class AuditSession:
                 key=lambda g: plan.groups[g].budget,
                 default=None,
             )
-            out[obs] = [
-                self._group(
-                    g,
-                    obs,
-                    scores,
-                    spent,
-                    level_for,
-                    # the control group is tested against the largest group's family
-                    families[top] if plan.groups[g].control and top is not None else families[g],
-                )
-                for g in range(groups)
-            ]
+            out[obs] = []
+            for g in range(groups):
+                is_control = plan.groups[g].control
+                # the control group is tested against the largest group's family, unplanned
+                family = families[top] if is_control and top is not None else families[g]
+                levels = self.levels(None if is_control else family, obs, m)
+                planned.setdefault(obs, {})[plan.groups[g].label] = levels.planned
+                tests += levels.tests
+                out[obs].append(self._group(g, obs, scores, spent, levels, level_for, family))
         metrics = record["metrics"]
-        tests = len(STATISTICS) * len(guess_ladder(m)) * groups * len(observers)
         meta = {
             **self.meta,
             "seconds": seconds,
@@ -443,10 +482,20 @@ class AuditSession:
             "statistics": list(STATISTICS),
             "ladder": guess_ladder(m),
             "tests": tests,
+            "level_per_group": share,
             "level_per_test": level_for(m),
+            "planned": planned,
+            "planned_weight": PLANNED_WEIGHT if self.settings.plan else None,
             "k_selection": (
                 "a ladder fixed by m before the scores are seen (k = m/2, m/4, ... while 2k >= "
-                "16, at most 8 rungs); Bonferroni over statistics, rungs, groups and observers"
+                "16, at most 8 rungs); each (group, observer) an equal share of 1 - confidence "
+                "(Bonferroni), split among its tests: "
+                + (
+                    "half to the f-DP test at the k planned from ideal canaries of the claim "
+                    "(a fixed seed; added to the ladder if not on it), the rest equally"
+                    if self.settings.plan
+                    else "equally"
+                )
             ),
         }
         return AuditResult(meta, out, warnings=[*run.warnings, *self.notes])
@@ -459,7 +508,8 @@ class AuditSession:
         signal = self.hook.round_signal(self.run, obs)
         if signal is None:
             self.meta.setdefault("scores", {})[obs] = "standardized sum over rounds"
-            return z.sum(axis=0)
+            out: np.ndarray = z.sum(axis=0)
+            return out
         rates = self.plan.rates.copy()
         rates[control] = float(rates[~control].max()) if (~control).any() else 0.0
         self.meta.setdefault("scores", {})[obs] = (
@@ -541,6 +591,7 @@ class AuditSession:
         obs: str,
         scores: np.ndarray,
         spent: dict[tuple[str, str], np.ndarray],
+        levels: Levels,
         level_for: Callable[[int], float],
         family: MechanismFamily | None,
     ) -> GroupAudit:
@@ -555,7 +606,7 @@ class AuditSession:
             scores[idx],
             plan.included[idx],
             self.meta["audit_delta"],
-            level_for(idx.size),
+            levels,
             claimed=claimed,
             family=family,
             order=np.argsort(plan.order[idx]),

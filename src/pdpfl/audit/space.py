@@ -63,7 +63,8 @@ class AuditBlock(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         out = self.inner(x)
         zeros = out.new_zeros(out.shape[0], self.size)
-        return out + self.block(zeros)  # adds exactly 0; broadcast over the logits
+        logits: Tensor = out + self.block(zeros)  # adds exactly 0; broadcast over the logits
+        return logits
 
 
 def _build(

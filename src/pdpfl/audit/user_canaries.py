@@ -35,6 +35,7 @@ import numpy as np
 
 from pdpfl.audit.canaries import EVERYWHERE
 from pdpfl.audit.hooks import AuditUnsupported, CanaryHookBase, register_canary_hook
+from pdpfl.audit.observe import ReleaseLog
 from pdpfl.dp.extra_rows import ExtraRows
 from pdpfl.fl.algorithm import Assembly
 from pdpfl.fl.uldp import UserLevelConfig
@@ -144,7 +145,7 @@ class UserCanaries(CanaryHookBase):
         return float(_server(run).sign)
 
     def participation(
-        self, run: Assembly, host: int, log: Any, rounds: int, count: int
+        self, run: Assembly, host: int, log: ReleaseLog, rounds: int, count: int
     ) -> np.ndarray:
         """Every round: the server's worst case (module docstring)."""
         return np.ones((rounds, count), dtype=bool)
@@ -153,7 +154,7 @@ class UserCanaries(CanaryHookBase):
 register_canary_hook(UserLevelConfig, UserCanaries())
 
 
-def _plan(server: Any) -> UserLevelPlan:
+def _plan(server: SamplingServer) -> UserLevelPlan:
     """The server's continuous user-level plan; canary users are planted into float shares, so
     a run with discrete noise shares is refused (ValueError naming the field)."""
     plan = server.plan

@@ -5,7 +5,7 @@ array passes.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -95,7 +95,8 @@ def _probabilities(ratios: Sequence[float], name: str) -> np.ndarray:
         raise ValueError(f"{name}: shares must not all be zero")
     if not math.isclose(float(p.sum()), 1.0, rel_tol=0, abs_tol=1e-6):
         raise ValueError(f"{name}: shares must sum to 1, got {float(p.sum()):.6g}")
-    return p / p.sum()
+    shares: np.ndarray = p / p.sum()
+    return shares
 
 
 def _positive_values(values: Sequence[float], name: str, size: int | None = None) -> np.ndarray:
@@ -110,7 +111,7 @@ def _positive_values(values: Sequence[float], name: str, size: int | None = None
 def _exact_counts(p: np.ndarray, n: int) -> np.ndarray:
     """Largest-remainder rounding of ``p * n`` to integers summing to ``n``."""
     raw = p * n
-    counts = np.floor(raw).astype(np.int64)
+    counts: np.ndarray = np.floor(raw).astype(np.int64)
     short = n - int(counts.sum())
     if short > 0:
         order = np.argsort(-(raw - counts), kind="stable")
@@ -348,16 +349,18 @@ class PerLabel:
 # ----------------------------------------------------------------------------- registry
 
 
-def _user_study(idx: int):
-    def make(values: Sequence[float] = (1.0, 2.0, 3.0), ratios: Sequence[float] | None = None):
+def _user_study(idx: int) -> Callable[..., BudgetScenario]:
+    def make(
+        values: Sequence[float] = (1.0, 2.0, 3.0), ratios: Sequence[float] | None = None
+    ) -> UserStudyGroups:
         shares = ratios if ratios is not None else (USER_STUDY_1 if idx == 1 else USER_STUDY_2)
         return UserStudyGroups(tuple(shares), tuple(values))
 
     return make
 
 
-def _tuples(cls):
-    def make(**params):
+def _tuples(cls: Callable[..., BudgetScenario]) -> Callable[..., BudgetScenario]:
+    def make(**params: object) -> BudgetScenario:
         return cls(**{k: (tuple(v) if isinstance(v, list) else v) for k, v in params.items()})
 
     return make
@@ -369,7 +372,7 @@ def _per_label(budget_by_label: Mapping[int | str, float] | None = None) -> PerL
     return PerLabel({int(k): float(v) for k, v in budget_by_label.items()})
 
 
-SCENARIOS = {
+SCENARIOS: dict[str, Callable[..., BudgetScenario]] = {
     "three-levels": _tuples(ThreeLevels),
     "bounded-pareto": _tuples(BoundedPareto),
     "bounded-mix-gauss": _tuples(BoundedMixGauss),

@@ -7,8 +7,6 @@ naming the offending option (see :func:`pdpfl.cli._common.fail`).
 
 from __future__ import annotations
 
-from typing import Any
-
 import click
 import typer
 from typer.core import TyperGroup
@@ -69,7 +67,7 @@ class _Commands(TyperGroup):
     stopped by one of them exits with 128 + the signal's number (130, 143, 129), without a
     traceback, whether or not it has its own clean-up."""
 
-    def invoke(self, ctx: click.Context) -> Any:
+    def invoke(self, ctx: click.Context) -> object:
         from pdpfl.runtime.signals import exit_code, signal_name, signal_of, stop_signals_interrupt
 
         try:

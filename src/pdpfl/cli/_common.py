@@ -4,9 +4,15 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any, NoReturn
+from pathlib import Path
+from typing import TYPE_CHECKING, NoReturn
 
+import click
 import typer
+
+if TYPE_CHECKING:
+    from pdpfl.privacy.plan import TrainingPlan
+    from pdpfl.privacy.unit import PrivacyUnit, SampledGaussianPlan
 
 #: Exit code for invalid user input (same as Click's usage errors).
 EXIT_BAD_INPUT = 2
@@ -18,12 +24,12 @@ def fail(message: str) -> NoReturn:
     raise typer.Exit(code=EXIT_BAD_INPUT)
 
 
-def print_json(obj: Any) -> None:
+def print_json(obj: object) -> None:
     """Print one JSON object on stdout (NaN/inf are rejected so output stays strict JSON)."""
     sys.stdout.write(json.dumps(obj, allow_nan=False, default=_default) + "\n")
 
 
-def _default(obj: Any) -> Any:
+def _default(obj: object) -> object:
     import numpy as np
 
     if isinstance(obj, np.generic):
@@ -59,7 +65,7 @@ def multi_value_command(*options: str) -> type:
     from typer.core import TyperCommand
 
     class _MultiValueCommand(TyperCommand):
-        def parse_args(self, ctx, args):
+        def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
             return super().parse_args(ctx, expand_multi_value(list(args), options))
 
     return _MultiValueCommand
@@ -84,7 +90,7 @@ def plan_from_options(
     rounds: int | None,
     client_rate: float,
     noise: str = "continuous",
-) -> Any:
+) -> TrainingPlan:
     """Build the :class:`~pdpfl.privacy.plan.TrainingPlan` from CLI options.
 
     The plan validates itself; its error (which names the field) is re-worded with the CLI
@@ -106,7 +112,9 @@ def plan_from_options(
         fail(f"{_PLAN_OPTIONS.get(field, field)}:{rest}")
 
 
-def unit_plan_from_options(unit: Any, *, sigma: float, delta: float, rounds: int) -> Any:
+def unit_plan_from_options(
+    unit: PrivacyUnit, *, sigma: float, delta: float, rounds: int
+) -> SampledGaussianPlan:
     """The client/user-level :class:`~pdpfl.privacy.unit.SampledGaussianPlan` from CLI options;
     its error is re-worded with the option's name (exit 2), as :func:`plan_from_options`."""
     from pdpfl.privacy.unit import SampledGaussianPlan
@@ -118,7 +126,7 @@ def unit_plan_from_options(unit: Any, *, sigma: float, delta: float, rounds: int
         fail(f"{_PLAN_OPTIONS.get(field, field)}:{rest}")
 
 
-def parse_unit_and_accountant(unit: str, accountant: str) -> tuple[Any, str]:
+def parse_unit_and_accountant(unit: str, accountant: str) -> tuple[PrivacyUnit, str]:
     """``--unit`` and ``--accountant`` validated (exit 2 naming the option)."""
     from pdpfl.privacy.accountant import as_accountant_name
     from pdpfl.privacy.unit import as_unit
@@ -146,7 +154,6 @@ def import_plugins(specs: list[str] | None, option: str = "--import") -> None:
     so that their ``@register_model`` / ``register_algorithm`` calls take effect."""
     import importlib
     import importlib.util
-    from pathlib import Path
 
     for spec in specs or []:
         try:
@@ -168,11 +175,10 @@ def import_plugins(specs: list[str] | None, option: str = "--import") -> None:
             fail(f"{option}: importing {spec} failed: {type(err).__name__}: {err}")
 
 
-def check_writable(path: Any, option: str) -> None:
+def check_writable(path: str | Path, option: str) -> None:
     """Exit 2 naming ``option`` unless a file can be created at ``path`` (checked before any
     work, so a bad output path never costs a computation or leaves a partial file)."""
     import os
-    from pathlib import Path
 
     p = Path(path)
     parent = p.parent if str(p.parent) else Path(".")

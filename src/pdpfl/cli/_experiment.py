@@ -9,11 +9,15 @@ import shutil
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
 
 from pdpfl.cli._common import fail
+
+if TYPE_CHECKING:
+    from pdpfl.config import ExperimentConfig
+    from pdpfl.data.federation import Federation
 
 __all__ = [
     "EXIT_DIVERGED",
@@ -21,6 +25,7 @@ __all__ = [
     "check_extras",
     "check_simulation_engine",
     "load_checked",
+    "diverged",
     "load_federation",
     "locked",
     "prepare_out",
@@ -31,7 +36,9 @@ __all__ = [
 EXIT_DIVERGED = 3
 
 
-def load_checked(config_path: Path, overrides: list[str] | None, data_dir: str | None) -> Any:
+def load_checked(
+    config_path: Path, overrides: list[str] | None, data_dir: str | None
+) -> ExperimentConfig:
     """The validated config (``--data-dir`` checked; extras checked), or exit 2 naming the
     field."""
     from pdpfl.config import ConfigError, load_config
@@ -47,7 +54,7 @@ def load_checked(config_path: Path, overrides: list[str] | None, data_dir: str |
     return config
 
 
-def check_extras(config: Any, runtime_field: str | None = None) -> None:
+def check_extras(config: ExperimentConfig, runtime_field: str | None = None) -> None:
     """Exit 2 naming the field and the extra (``pip install 'pdpfl[EXTRA]'``) when the config
     chose a feature whose optional extra is not installed -- before any output is written
     (``runtime_field``: check ``runtime: flower`` too; flower-simulation is checked by
@@ -63,7 +70,7 @@ def check_extras(config: Any, runtime_field: str | None = None) -> None:
         fail(str(err))
 
 
-def check_device(config: Any) -> None:
+def check_device(config: ExperimentConfig) -> None:
     """Exit 2 (``error: training.device: ...``) when the configured device is not here."""
     if config.training.device == "cpu":
         return
@@ -75,7 +82,7 @@ def check_device(config: Any) -> None:
         fail(str(err))
 
 
-def load_federation(config: Any) -> Any:
+def load_federation(config: ExperimentConfig) -> Federation:
     """The config's federation, or exit 2 (``error: data: ...``)."""
     from pdpfl.runtime.simulation import load_federation_for
 
@@ -104,9 +111,11 @@ def locked(out_dir: Path, *, created: bool, option: str = "--out") -> Iterator[N
         yield
 
 
-def prepare_out(out_dir: Path, *, resume: bool, force: bool, **kwargs: Any) -> None:
+def prepare_out(
+    out_dir: Path, *, resume: bool, force: bool, outputs: tuple[str, ...] | None = None
+) -> None:
     """Validate (and create) an output folder, or exit 2 naming ``--out`` and the remedy."""
-    from pdpfl.runtime.outputs import OutputDirError, prepare_output_dir
+    from pdpfl.runtime.outputs import RUN_OUTPUTS, OutputDirError, prepare_output_dir
 
     try:
         prepare_output_dir(
@@ -115,13 +124,13 @@ def prepare_out(out_dir: Path, *, resume: bool, force: bool, **kwargs: Any) -> N
             overwrite=force,
             option="--out",
             flags=("--force", "--resume"),
-            **kwargs,
+            outputs=RUN_OUTPUTS if outputs is None else outputs,
         )
     except OutputDirError as err:
         fail(str(err))
 
 
-def check_simulation_engine(config: Any, option: str) -> None:
+def check_simulation_engine(config: ExperimentConfig, option: str) -> None:
     """Exit 2 when Flower's Simulation Engine is not installed here (``pdpfl[simulation]``) or
     cannot run ``config`` (a protocol that keeps secrets in a silo's memory between stages)."""
     import importlib.util
@@ -140,12 +149,12 @@ def check_simulation_engine(config: Any, option: str) -> None:
 
 
 def simulate(
-    config: Any,
+    config: ExperimentConfig,
     out_dir: Path,
     resume: bool,
     *,
     progress: bool,
-    federation: Any = None,
+    federation: Federation | None = None,
     created: bool = False,
     allow_over_budget: bool = False,
 ) -> dict[str, Any]:
@@ -170,18 +179,23 @@ def simulate(
                 allow_over_budget=allow_over_budget,
             )
     except TrainingDiverged as err:  # outputs (completed: false) are written; exit 3
-        typer.echo(
-            f"error: {err}\n  every finished round and every ledger charge is kept in "
-            f"{out_dir} (summary.json says completed: false)",
-            err=True,
-        )
-        raise typer.Exit(code=EXIT_DIVERGED) from None
+        diverged(err, out_dir)
     except ValueError as err:
         discard_new(out_dir, created)
         fail(str(err))
     except typer.Exit:
         discard_new(out_dir, created)
         raise
+
+
+def diverged(err: Exception, out_dir: Path) -> NoReturn:
+    """A diverged run (any runtime): its outputs say ``completed: false``; exit 3."""
+    typer.echo(
+        f"error: {err}\n  every finished round and every ledger charge is kept in "
+        f"{out_dir} (summary.json says completed: false)",
+        err=True,
+    )
+    raise typer.Exit(code=EXIT_DIVERGED) from None
 
 
 def discard_new(out_dir: Path, created: bool) -> None:

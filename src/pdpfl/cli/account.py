@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -29,6 +29,10 @@ from pdpfl.cli._common import (
     print_json,
     unit_plan_from_options,
 )
+
+if TYPE_CHECKING:
+    from pdpfl.privacy.plan import TrainingPlan
+    from pdpfl.privacy.unit import SampledGaussianPlan
 
 
 def _floats(values: list[str], name: str) -> list[float]:
@@ -110,7 +114,7 @@ def account(
         fail(f"--adversary: expected third-party, server or both, got {adversary!r}")
 
     if unit_ is PrivacyUnit.RECORD:
-        mech = plan_from_options(
+        mech: TrainingPlan | SampledGaussianPlan = plan_from_options(
             sigma=sigma, delta=delta, steps=steps, rounds=rounds, client_rate=client_rate
         )
         if participations is not None:

@@ -14,11 +14,17 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from pdpfl.cli._common import check_key_dir, fail, print_json
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+    from pdpfl.audit import AuditSession, AuditSettings
+    from pdpfl.config import ExperimentConfig
 
 __all__ = ["audit_command", "register"]
 
@@ -38,7 +44,7 @@ _OBSERVERS = {
 }
 
 
-def _session(config: Any, settings: Any) -> Any:
+def _session(config: ExperimentConfig, settings: AuditSettings) -> AuditSession:
     from pdpfl.audit import AuditSession, AuditUnsupported
     from pdpfl.runtime.simulation import load_federation_for
 
@@ -54,7 +60,7 @@ def _session(config: Any, settings: Any) -> Any:
         fail(str(err))
 
 
-def _table(record: dict[str, Any], obs: str) -> Any:
+def _table(record: dict[str, Any], obs: str) -> Table:
     from rich import box
     from rich.table import Table
 
@@ -142,7 +148,7 @@ def audit_command(
     """Audit a config empirically: a lower bound ε̂ per budget group and observer."""
     from pdpfl.audit import AUDIT_OUTPUTS, AuditSettings
     from pdpfl.audit.report import write_audit
-    from pdpfl.cli.run import _load
+    from pdpfl.cli._experiment import load_checked
     from pdpfl.runtime.outputs import OutputDirError, prepare_output_dir
 
     if observer not in _OBSERVERS:
@@ -151,7 +157,7 @@ def audit_command(
         fail(f"--space: expected auto, model or block, got {space!r}")
     if delta is not None and not 0 < delta < 1:
         fail(f"--delta: must be in (0, 1), got {delta}")
-    config = _load(config_path, list(overrides or []), data_dir)
+    config = load_checked(config_path, list(overrides or []), data_dir)
     check_key_dir()
     settings = AuditSettings(
         canaries=canaries,

@@ -13,7 +13,7 @@ Example::
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -29,13 +29,16 @@ from pdpfl.cli._common import (
 #: Largest --n for --scenario (one float64 budget and rate per record are held in memory).
 MAX_RECORDS = 100_000_000
 
+if TYPE_CHECKING:
+    import numpy as np
+
 
 def register(app: typer.Typer) -> None:
     """Add ``pdpfl calibrate`` to ``app``."""
     app.command("calibrate")(calibrate_command)
 
 
-def _read_budgets(path: Path, column: str | None) -> Any:
+def _read_budgets(path: Path, column: str | None) -> np.ndarray:
     """The budgets of ``--budgets``: a ``record_id,epsilon`` table is read as ``pdpfl run``
     reads ``budgets.file`` (ids checked: unique integers; rates in the file's row order),
     anything else by :func:`pdpfl.budgets.load_budgets`. Problems exit 2 naming ``--budgets``
@@ -151,8 +154,9 @@ def calibrate_command(
         str,
         typer.Option(
             "--central-noise",
-            help="continuous | discrete: the DP-SGD step's noise (privacy.central_noise; "
-            "discrete: the exact discrete Gaussian on a grid, accounted by rdp only).",
+            help="continuous | discrete: the central noise (privacy.central_noise; the "
+            "DP-SGD step's, or IDP-FedAvg's server with --unit client; discrete: the exact "
+            "discrete Gaussian on a grid, accounted by rdp only).",
         ),
     ] = "continuous",
     out: Annotated[Path | None, typer.Option("--out", help="Write the rates here (.npy).")] = None,
@@ -182,10 +186,11 @@ def calibrate_command(
     if central_noise not in ("continuous", "discrete"):
         fail(f"--central-noise: expected continuous or discrete, got {central_noise!r}")
     if central_noise == "discrete":
-        if unit_ is not PrivacyUnit.RECORD:
+        if unit_ is PrivacyUnit.USER:
             fail(
-                "--central-noise: discrete is the record-level DP-SGD step's noise (rPDP-FL); "
-                "use --unit record or continuous"
+                "--central-noise: discrete is the central noise of the record-level DP-SGD step "
+                "(rPDP-FL) and of IDP-FedAvg's central server (--unit client); use --unit record "
+                "or client, or continuous"
             )
         if accountant != "rdp":
             fail(
@@ -230,6 +235,10 @@ def calibrate_command(
             unit_, sigma=1.0 if sigma is None else sigma, delta=delta, rounds=rounds
         )
         plan = mech.as_training_plan()
+        if central_noise == "discrete":  # IDP-FedAvg central: the exact discrete rounds
+            import dataclasses
+
+            plan = dataclasses.replace(plan, noise="discrete")
     if epsilon_max is not None and not (np.isfinite(epsilon_max) and epsilon_max > 0):
         fail(f"--epsilon-max: must be a finite ε > 0, got {epsilon_max}")
 

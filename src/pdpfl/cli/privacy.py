@@ -19,7 +19,7 @@ writes one row per unit, ``--id X`` answers for one person with the runs that ch
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import typer
@@ -35,6 +35,10 @@ from pdpfl.reports.privacy import (
     table_rows,
     unit_risk_cards,
 )
+
+if TYPE_CHECKING:
+    from pdpfl.ledger import PrivacySummary
+    from pdpfl.ledger.runfolder import RunCheck
 
 __all__ = ["privacy_command", "register"]
 
@@ -165,7 +169,7 @@ def _has_pld() -> bool:
     return available()
 
 
-def _verified(run_dir: Path) -> tuple[Any, dict[str, np.ndarray], Any]:
+def _verified(run_dir: Path) -> tuple[RunCheck, dict[str, np.ndarray], PrivacySummary]:
     """The run's ledgers verified (:func:`~pdpfl.ledger.runfolder.open_run`), its table and its
     summary; a folder that fails is refused (exit 2, the file named)."""
     import warnings
@@ -183,7 +187,7 @@ def _verified(run_dir: Path) -> tuple[Any, dict[str, np.ndarray], Any]:
 
 
 def _write_receipt(
-    run_dir: Path, check: Any, unit_id: str, target: Path, as_json: bool, key_file: Path | None
+    run_dir: Path, check: RunCheck, unit_id: str, target: Path, as_json: bool, key_file: Path | None
 ) -> None:
     """``--receipt FILE``: the signed receipt of one person (:mod:`pdpfl.ledger.receipts`)."""
     from pdpfl.ledger.receipts import ReceiptError, issue_run_receipts

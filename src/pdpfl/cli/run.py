@@ -14,24 +14,25 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from pdpfl.cli._common import check_key_dir, fail, import_plugins, print_json
 from pdpfl.cli._experiment import (
-    EXIT_DIVERGED,
     check_device,
     check_extras,
     check_simulation_engine,
+    diverged,
     load_checked,
     locked,
     prepare_out,
     simulate,
 )
-from pdpfl.cli._experiment import load_checked as _load  # noqa: F401 (cli.audit, cli.tune)
-from pdpfl.cli._experiment import load_federation as _load_federation  # noqa: F401
 from pdpfl.cli._process import collector_paused
+
+if TYPE_CHECKING:
+    from pdpfl.config import ExperimentConfig
 
 #: Exit code after Ctrl-C (128 + SIGINT), as shells report it; SIGTERM gives 143, SIGHUP 129
 #: (:func:`pdpfl.runtime.signals.exit_code`).
@@ -216,7 +217,13 @@ def run_command(
 
 
 def _flower(
-    config: Any, out_dir: Path, resume: bool, *, progress: bool, hint: str, engine: bool = False
+    config: ExperimentConfig,
+    out_dir: Path,
+    resume: bool,
+    *,
+    progress: bool,
+    hint: str,
+    engine: bool = False,
 ) -> dict[str, Any]:
     from pdpfl.errors import TrainingDiverged
     from pdpfl.runtime.flower import (  # lazy: flwr is optional
@@ -232,12 +239,7 @@ def _flower(
             return run_flower_simulation(config, out_dir, resume, progress=progress)
         return run_flower(config, out_dir, resume, progress=progress)
     except TrainingDiverged as err:  # outputs (completed: false) are written; exit 3
-        typer.echo(
-            f"error: {err}\n  every finished round and every ledger charge is kept in "
-            f"{out_dir} (summary.json says completed: false)",
-            err=True,
-        )
-        raise typer.Exit(code=EXIT_DIVERGED) from None
+        diverged(err, out_dir)
     except FlowerRunError as err:  # a runtime failure, not bad input: exit 1, no traceback
         typer.echo(
             f"error: Flower federation failed: {err} (logs in {out_dir / 'flower'})", err=True

@@ -10,16 +10,32 @@ trained). ``--plan`` prints the search's ε without training.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, TypedDict
 
 import typer
 
 from pdpfl.cli._common import fail, import_plugins, multi_value_command, print_json
 
+if TYPE_CHECKING:
+    from pdpfl.data.federation import Federation
+    from pdpfl.ledger import PrivacySummary
+
 __all__ = ["register", "tune_command"]
 
 
-def _epsilon_rows(summary) -> list[str]:
-    lines = []
+class _SearchOptions(TypedDict):
+    """The options ``plan_search`` and ``tune`` share."""
+
+    distribution: str
+    expected_trials: float | None
+    eta: float
+    max_trials: int | None
+    trial_budget_fraction: float
+    federation: Federation
+
+
+def _epsilon_rows(summary: PrivacySummary) -> list[str]:
+    lines: list[str] = []
     for g in summary.groups:
         spent = ", ".join(f"{g.spent_max[o]:.4g} ({o})" for o in summary.observers)
         over = sum(g.over_budget.values())
@@ -63,7 +79,7 @@ def tune_command(
     ),
 ) -> None:
     """Private random search over --grid; releases the best trial with the search's total ε."""
-    from pdpfl.cli.run import _load, _load_federation
+    from pdpfl.cli._experiment import load_checked, load_federation
     from pdpfl.runtime.outputs import OutputDirError
     from pdpfl.tune import TuneRefused, parse_grid, plan_search, tune
 
@@ -84,9 +100,9 @@ def tune_command(
         parsed = parse_grid(grid)
     except ValueError as err:
         fail(str(err))
-    config = _load(config_path, overrides, data_dir)
-    federation = _load_federation(config)
-    options = dict(
+    config = load_checked(config_path, overrides, data_dir)
+    federation = load_federation(config)
+    options = _SearchOptions(
         distribution=distribution,
         expected_trials=expected_trials,
         eta=eta,

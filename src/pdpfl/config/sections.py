@@ -216,7 +216,10 @@ class PrivacyConfig(_Section):
         "an exact discrete Gaussian drawn with integer arithmetic is added (Canonne, Kamath & "
         "Steinke 2020): no floating-point attack on the noise (Mironov 2012; Jin et al. 2022); "
         "accountant rdp only. Supported by the rPDP-FL family (rpdp, its uniform baselines, "
-        "centralized) and idp-sgd-scale; other algorithms refuse it",
+        "centralized, centralized-filter), idp-sgd-scale, the silos of uldp-naive and "
+        "uldp-group (uldp-avg/sgd: with noise_shares: discrete, whose shares are exact "
+        "already), prifedsync (rdp, no CLT) and idp-fedavg (variant: central: the update sum "
+        "and the adaptive-clipping count); other algorithms refuse it",
     )
 
     @field_validator("accountant")

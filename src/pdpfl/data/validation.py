@@ -343,7 +343,7 @@ def check_label_values(y: object, *, where: Where | str = "y") -> np.ndarray:
     return _as_class_values(arr, w, "label")
 
 
-def _plain(value: object) -> Any:
+def _plain(value: object) -> object:
     return value.item() if isinstance(value, np.generic) else value
 
 

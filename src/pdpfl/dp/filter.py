@@ -24,6 +24,17 @@ The individual Rényi divergence of order α is ``α Σ_t ‖ḡ_{i,t}‖² / (2
 ``B_i`` guarantees RDP ρ_i = α B_i / (2σ²C²) and (ε_i, δ)-DP with
 ε_i = ρ_i + log(1/δ)/(α − 1); :func:`squared_norm_budgets` inverts this. There is no
 amplification by sampling (every active record is used every step).
+
+Exact discrete noise (``privacy.central_noise: discrete``,
+:class:`~pdpfl.privacy.noise.CentralDiscreteGaussianNoise`): each step's clipped sum S is scaled
+by γ = 2^k, rounded deterministically and released with Z ~ N_Z(0, σ²Δ'²)^d (Δ' = γC + √d). With
+record i active, round(γS) and round(γ(S − ḡ_i)) differ by at most γ‖ḡ_i‖ + √d, so its
+individual Rényi divergence of the step is at most α(‖ḡ_i‖ + p)²/(2σ²C'²) with p = √d/γ and
+C' = Δ'/γ = C + p (Canonne, Kamath & Steinke 2020: the discrete Gaussian's RDP for an integer
+shift; an inactive record moves nothing). The filter therefore charges (‖ḡ_i‖ + p)² instead of
+‖ḡ_i‖², clips to ``min(C, √r_i − p)`` (a record with √r_i ≤ p sits the step out and leaves) and
+states budgets and ε in C' (:func:`accounting_clip`); σ from ε_max is unchanged (C' cancels). p
+is at most 2^-10·C.
 """
 
 from __future__ import annotations
@@ -41,16 +52,17 @@ from torch import Tensor, nn
 from pdpfl.dp.centralized import CentralizedResult, group_accuracy, mechanism_stream
 from pdpfl.dp.engine import LossFn, as_stream, evaluate, make_optimizer
 from pdpfl.dp.grad_sample import clipped_grad_sum, resolve_method
-from pdpfl.dp.noise import central_noise
+from pdpfl.dp.noise import CentralNoise, central_step_noise
 from pdpfl.dp.steps import check_normalizer, noisy_normalised_sum
 from pdpfl.dp.validate import validate_model
 from pdpfl.models import loss_fn
-from pdpfl.privacy.noise import GaussianNoise
+from pdpfl.privacy.noise import CentralDiscreteGaussianNoise, GaussianNoise
 from pdpfl.randomness import RandomStream
 
 __all__ = [
     "FilterResult",
     "FilterState",
+    "accounting_clip",
     "best_filter_orders",
     "filter_epsilons",
     "filter_gd_steps",
@@ -128,6 +140,21 @@ def filter_epsilons(
     return a * s / scale + math.log(1 / delta) / (a - 1)
 
 
+def accounting_clip(noise: CentralNoise) -> float:
+    """The C the filter's budgets and ε are stated in: C for Gaussian noise, C' = Δ'/γ = C + √d/γ
+    (rounded up) for the exact discrete noise (module docstring)."""
+    if isinstance(noise, CentralDiscreteGaussianNoise):
+        return noise.grid_sensitivity / noise.scale  # division by a power of two: exact
+    return noise.sensitivity
+
+
+def _grid_pad(noise: CentralNoise) -> float:
+    """p = √d/γ (rounded up) of the discrete noise; 0 for Gaussian noise."""
+    if isinstance(noise, CentralDiscreteGaussianNoise):
+        return accounting_clip(noise) - noise.sensitivity
+    return 0.0
+
+
 def filter_noise_for_max_budget(epsilon_max: float, *, steps: int, delta: float) -> float:
     """σ at which a record of budget ``epsilon_max`` whose gradient is clipped to C at every one
     of ``steps`` steps spends exactly its budget (its best order): the filter's analogue of
@@ -180,12 +207,13 @@ def filter_gd_steps(
     normalizer: float | None = None,
     loss: LossFn = loss_fn,
     physical_batch_size: int = 512,
-    noise: GaussianNoise | None = None,
+    noise: CentralNoise | None = None,
 ) -> list[int]:
     """``steps`` steps of private GD with the filter, updating ``state`` in place; returns the
     number of active records used at each step (the paper's Fig. 7). ``noise``: the noise
-    description (σ, C) instead of ``noise_multiplier`` and ``max_grad_norm``."""
-    noise = central_noise(noise, noise_multiplier, max_grad_norm)
+    description (σ, C; or the exact discrete noise, module docstring) instead of
+    ``noise_multiplier`` and ``max_grad_norm``."""
+    noise = central_step_noise(noise, noise_multiplier, max_grad_norm)
     params = [p for p in model.parameters() if p.requires_grad]
     counts: list[int] = []
     model.train()
@@ -244,24 +272,30 @@ def filter_step(
     loss: LossFn = loss_fn,
     physical_batch_size: int = 512,
     grad_sampler: str = "auto",
-    noise: GaussianNoise | None = None,
+    noise: CentralNoise | None = None,
 ) -> FilterStep:
     """One step of private GD with the individual filter (see module docstring).
 
     ``stream`` supplies the noise; ``normalizer`` defaults to the (public) data-set size ``n``.
     ``noise`` (instead of ``noise_multiplier`` and ``max_grad_norm``): the noise description
-    (σ, C) the caller accounts.
+    (σ, C) the caller accounts, or the exact discrete noise (``sq_norms`` are then
+    (‖ḡ_i‖ + √d/γ)², module docstring).
     """
-    noise = central_noise(noise, noise_multiplier, max_grad_norm)
+    noise = central_step_noise(noise, noise_multiplier, max_grad_norm)
     max_grad_norm = noise.sensitivity
+    pad = _grid_pad(noise)
     n = x.shape[0]
     normalizer = check_normalizer(float(n) if normalizer is None else normalizer)
     params = [p for p in model.parameters() if p.requires_grad]
     idx = np.flatnonzero(active)
     remaining = np.maximum(budgets[idx] - spent[idx], 0.0)
-    bound = np.minimum(max_grad_norm, np.sqrt(remaining) * (1 - _SAFETY))
+    bound = np.minimum(max_grad_norm, np.sqrt(remaining) * (1 - _SAFETY) - pad)
     sq = np.zeros(n)
     exhausted = np.zeros(n, dtype=bool)
+    if pad > 0.0:  # discrete: a record whose remaining budget cannot pay √d/γ sits out, leaves
+        out = bound <= 0.0
+        exhausted[idx[out]] = True
+        idx, bound = idx[~out], bound[~out]
     loss_sum = 0.0
     sums = [torch.zeros_like(p, dtype=torch.float64) for p in params]
     if idx.size:
@@ -282,7 +316,7 @@ def filter_step(
         # an upper bound on ‖ḡ_i‖ (res.norms bound the norm of what is added); a record whose
         # gradient is not finite added nothing
         scaled = np.where(factors > 0, norms * factors, 0.0)
-        sq[idx] = scaled**2
+        sq[idx] = scaled**2 if pad == 0.0 else (scaled + pad) ** 2
         exhausted[idx] = (bound < max_grad_norm) & (norms >= bound)
     grads = noisy_normalised_sum(
         sums,

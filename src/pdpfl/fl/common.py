@@ -1,8 +1,16 @@
 """Building blocks shared by the algorithm modules (no I/O, no runtime).
 
+The builders take plain values, never the whole configuration: an algorithm's config section
+reads the experiment config once, at its edge (``setup``/``server``/``client``/its checks), into
+the frozen values below -- :class:`ModelSource` (what x⁰ is built from) and :class:`BudgetSource`
+(where a silo's budgets come from) -- and hands those on, as dp-accounting's builders take
+numbers and jax_privacy's ``DPExecutionPlan`` is built once from its config.
+
 * :func:`federation_info` -- the public :class:`~pdpfl.fl.api.FederationInfo` of a federation;
 * :func:`client_budgets` -- a silo's per-record budgets, computed on the silo;
+* :func:`public_budget_statistics` -- the budget scenario's public (minimum, mean);
 * :func:`initial_params` / :func:`silo_model` -- the public initial model x⁰;
+* :func:`noise_source_problems` -- exactly one of σ and ε_max configured;
 * :func:`party_randomness` -- one party's mechanism randomness (secure unless the config
   explicitly asks for the reproducible research mode);
 * :func:`checked_noise` -- the noise description a party is about to draw from, after checking
@@ -13,9 +21,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
@@ -32,7 +41,7 @@ from pdpfl.privacy.registry import accountant_names, make_accountant
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-    from pdpfl.config import ExperimentConfig
+    from pdpfl.config import BudgetsConfig, ExperimentConfig, ModelConfig, PrivacyConfig
     from pdpfl.data.federation import ClientData, Federation
     from pdpfl.ledger import PrivacyLedger
     from pdpfl.randomness import Randomness
@@ -40,17 +49,56 @@ if TYPE_CHECKING:  # pragma: no cover
 N = TypeVar("N", bound=GaussianNoise | JointGaussian | CentralDiscreteGaussianNoise)
 
 __all__ = [
+    "BudgetSource",
+    "ModelSource",
     "accountant_problems",
     "checked_noise",
     "client_budgets",
     "federation_info",
     "initial_params",
     "noise_for_max_budget_cached",
+    "noise_source_problems",
     "party_randomness",
     "public_budget_statistics",
     "silo_model",
     "training_device",
 ]
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """What the public initial model x⁰ is built from: the registered model ``name`` with its
+    ``options`` (``model:``), the run's ``seed`` (x⁰ is public) and where the silos train
+    (``training.device``)."""
+
+    name: str
+    options: Mapping[str, Any] = field(default_factory=dict)
+    seed: int = 0
+    device: str = "cpu"
+
+    @classmethod
+    def of(cls, model: ModelConfig, *, seed: int, device: str) -> ModelSource:
+        """From the ``model:`` section, the run's seed and ``training.device``."""
+        return cls(model.name, dict(model.options), int(seed), device)
+
+
+@dataclass(frozen=True)
+class BudgetSource:
+    """Where every silo's per-record budgets come from: a ``budgets.file`` (per silo through
+    its placeholders), or the ``scenario`` with its ``params`` drawn with the run's ``seed``."""
+
+    scenario: str = "three-levels"
+    params: Mapping[str, Any] = field(default_factory=dict)
+    file: str | None = None
+    on_unmatched: str = "error"
+    seed: int = 0
+
+    @classmethod
+    def of(cls, budgets: BudgetsConfig, *, seed: int) -> BudgetSource:
+        """From the ``budgets:`` section and the run's seed."""
+        return cls(
+            budgets.scenario, dict(budgets.params), budgets.file, budgets.on_unmatched, int(seed)
+        )
 
 
 def federation_info(
@@ -92,12 +140,12 @@ def user_histogram(federation: Federation, config: ExperimentConfig) -> tuple[tu
     return tuple(r + (0,) * (width - len(r)) for r in rows)
 
 
-def client_budgets(config: ExperimentConfig, client_id: int, client_data: ClientData) -> np.ndarray:
+def client_budgets(source: BudgetSource, client_id: int, client_data: ClientData) -> np.ndarray:
     """ε of one silo's training records (computed on the silo; never sent anywhere).
 
-    From ``budgets.file`` (``{client_id}``/``{client}`` in the path are replaced; a ``.csv``
+    From ``source.file`` (``{client_id}``/``{client}`` in the path are replaced; a ``.csv``
     with the columns ``record_id`` and ``epsilon`` is matched to the silo's records by id, any
-    other file is read in the silo's train order) or drawn from the configured scenario with
+    other file is read in the silo's train order) or drawn from the scenario with
     ``numpy_generator(seed, "budgets", client_id)`` -- the budgets are simulated users' choices,
     i.e. part of the data, not mechanism randomness.
     """
@@ -111,15 +159,15 @@ def client_budgets(config: ExperimentConfig, client_id: int, client_data: Client
             f"data: silo {client_id} ({getattr(client_data, 'name', client_id)!r}) has no "
             "training records, so it has no budgets; use fewer silos or leave it out"
         )
-    if config.budgets.file is not None:
-        path = config.budgets.file.format(client_id=client_id, client=client_data.name)
+    if source.file is not None:
+        path = source.file.format(client_id=client_id, client=client_data.name)
         if is_budget_table(path):
-            own = path != config.budgets.file  # this silo's own file: check its ids here
+            own = path != source.file  # this silo's own file: check its ids here
             return silo_budgets(
                 path,
                 client_data.record_ids,
                 silo=client_data if own else None,
-                on_unmatched=config.budgets.on_unmatched,
+                on_unmatched=source.on_unmatched,
             )
         try:
             values = np.asarray(budgets_mod.load_budgets(path), dtype=float)
@@ -130,68 +178,64 @@ def client_budgets(config: ExperimentConfig, client_id: int, client_data: Client
                 f"budgets.file: silo {client_id} has {n} records but {path} has {values.size}"
             )
         return values
-    scenario = budgets_mod.make_scenario(config.budgets.scenario, **config.budgets.params)
-    rng = numpy_generator(config.seed, "budgets", int(client_id))
+    scenario = budgets_mod.make_scenario(source.scenario, **source.params)
+    rng = numpy_generator(source.seed, "budgets", int(client_id))
     return np.asarray(
         budgets_mod.assign_budgets(scenario, n, rng, labels=client_data.y_train), dtype=float
     )
 
 
-def public_budget_statistics(config: ExperimentConfig) -> tuple[float | None, float | None]:
-    """(minimum, mean) of the configured budget *scenario* (public); (None, None) for files."""
+def public_budget_statistics(source: BudgetSource) -> tuple[float | None, float | None]:
+    """(minimum, mean) of the budget *scenario* (public); (None, None) for files."""
     from pdpfl import budgets as budgets_mod
 
-    if config.budgets.file is not None:
+    if source.file is not None:
         return None, None
-    scenario = budgets_mod.make_scenario(config.budgets.scenario, **config.budgets.params)
+    scenario = budgets_mod.make_scenario(source.scenario, **source.params)
     return budgets_mod.public_statistics(scenario)
 
 
-def training_device(config: ExperimentConfig) -> torch.device:
-    """The device of ``training.device`` (:func:`pdpfl.dp.device.training_device_for`)."""
+def training_device(device: str) -> torch.device:
+    """The device ``training.device`` names, checked on this machine
+    (:func:`pdpfl.dp.device.training_device_for`)."""
     from pdpfl.dp.device import training_device_for
 
-    return training_device_for(config.training.device)
+    return training_device_for(device)
 
 
 def silo_model(
-    config: ExperimentConfig, info: FederationInfo, *, on_device: bool = True
+    model: ModelSource, info: FederationInfo, *, on_device: bool = True
 ) -> torch.nn.Module:
-    """The configured model with the public initialisation x⁰ (seeded: x⁰ is public).
+    """The model of ``model`` with the public initialisation x⁰ (seeded: x⁰ is public).
 
     x⁰ is drawn on the CPU, so it is the same on every device; with ``on_device`` the model is
     then moved to :func:`training_device` (where the silo trains it).
     """
     from pdpfl.models import initial_model
 
-    model = initial_model(
-        config.model.name,
-        info.input_shape,
-        info.num_classes,
-        dict(config.model.options),
-        seed=config.seed,
+    built = initial_model(
+        model.name, info.input_shape, info.num_classes, dict(model.options), seed=model.seed
     )
     if on_device:
-        dev = training_device(config)
+        dev = training_device(model.device)
         if dev.type != "cpu":
-            model.to(dev)
-    return model
+            built.to(dev)
+    return built
 
 
-def initial_params(config: ExperimentConfig, info: FederationInfo) -> Params:
+def initial_params(model: ModelSource, info: FederationInfo) -> Params:
     """x⁰: the trainable parameters of :func:`silo_model`."""
     from pdpfl.models import get_params
 
-    return get_params(silo_model(config, info, on_device=False))
+    return get_params(silo_model(model, info, on_device=False))
 
 
-def noise_source_problems(config: ExperimentConfig, meaning: str) -> list[str]:
+def noise_source_problems(privacy: PrivacyConfig, meaning: str) -> list[str]:
     """Exactly one of ``privacy.noise_multiplier`` and ``privacy.epsilon_max`` must be set;
     ``meaning`` says what ε_max calibrates σ to (it differs per algorithm)."""
-    pv = config.privacy
-    if pv.noise_multiplier is None and pv.epsilon_max is None:
+    if privacy.noise_multiplier is None and privacy.epsilon_max is None:
         return [f"privacy: set privacy.noise_multiplier (σ) or privacy.epsilon_max ({meaning})"]
-    if pv.noise_multiplier is not None and pv.epsilon_max is not None:
+    if privacy.noise_multiplier is not None and privacy.epsilon_max is not None:
         return ["privacy: set only one of privacy.noise_multiplier and privacy.epsilon_max"]
     return []
 
@@ -254,16 +298,17 @@ def checked_noise(noise: N, ledger: PrivacyLedger | None, what: str) -> N:
 
 
 def accountant_problems(
-    config: ExperimentConfig, events: Sequence[Mechanism] | None, what: str
+    accountant: str, events: Sequence[Mechanism] | None, what: str
 ) -> list[str]:
-    """``privacy.accountant`` must interpret every event the algorithm charges.
+    """``privacy.accountant`` (the registered ``accountant``) must interpret every event the
+    algorithm charges.
 
     ``events`` are the algorithm's round events for its configuration (one per observer and
     kind of round; ``None``: the algorithm is not accounted by an event, e.g. a Rényi filter,
     which only ``rdp`` interprets). Returns one ``privacy.accountant: ...`` problem naming the
     registered (rigorous) accountants that can, or nothing.
     """
-    name = config.privacy.accountant
+    name = accountant
     if events is None:
         if name == "rdp":
             return []

@@ -37,7 +37,7 @@ class ExtensionRefused(ValueError):
     """Extending the run would take units over their budget, and they cannot sit out."""
 
 
-def _view(holder: Any, ledger: PrivacyLedger) -> str:
+def _view(holder: object, ledger: PrivacyLedger) -> str:
     from pdpfl.ledger import observers_of
 
     view = str(getattr(holder, "adversary", "both"))

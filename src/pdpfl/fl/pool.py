@@ -18,7 +18,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
@@ -26,6 +26,9 @@ from pdpfl.fl.api import Contribution, Params, PrivacyBoundaryError, Scalars
 from pdpfl.ledger import PrivacyLedger, PrivacySummary
 
 __all__ = ["PooledEvaluation", "SiloPool"]
+
+if TYPE_CHECKING:
+    from pdpfl.fl.aggregation.discrete_shares import ShareEncoding
 
 
 @dataclass(frozen=True)
@@ -94,7 +97,7 @@ class SiloPool(ABC):
     #: The pooled silos' units sit out a round that would exceed their budget (the pre-check).
     enforces_budgets: ClassVar[bool] = True
     #: Pooled silos send float updates (no discrete share encoding).
-    share_encoding: Any = None
+    share_encoding: ShareEncoding | None = None
     #: The observer(s) the pre-check enforces the budgets against.
     adversary: str = "both"
     ledger: PrivacyLedger | None = None

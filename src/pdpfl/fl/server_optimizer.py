@@ -32,11 +32,14 @@ exactly. Arithmetic is float64; the model is returned as float32, as every serve
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from pdpfl.fl.api import Params
+
+if TYPE_CHECKING:
+    from pdpfl.config.sections import ServerOptimizerConfig
 
 __all__ = ["METHODS", "ServerOptimizer", "ServerOptimizerSpec"]
 
@@ -70,7 +73,7 @@ class ServerOptimizerSpec:
                 raise ValueError(f"server_optimizer.{field}: must be in [0, 1), got {value}")
 
     @classmethod
-    def from_config(cls, section: Any) -> ServerOptimizerSpec | None:
+    def from_config(cls, section: ServerOptimizerConfig | None) -> ServerOptimizerSpec | None:
         """The spec of a ``server_optimizer:`` section (None for ``name: none`` or no section)."""
         if section is None or getattr(section, "name", "none") == "none":
             return None

@@ -20,6 +20,10 @@ is an upper bound.
 * ``DistributedDiscreteGaussian`` (a sum of discrete Gaussian shares, integer units) →
   :func:`~pdpfl.privacy.discrete.distributed_discrete_gaussian_rdp` (Kairouz, Liu & Steinke
   2021 with explicit constants), one row;
+* ``SampledWithoutReplacement(γ, DistributedDiscreteGaussian)`` with one share (the central
+  discrete Gaussian) → Theorem 9 at σ = √(σ_s²/N): the theorem bounds any base mechanism from
+  its RDP at integer orders, which for one discrete Gaussian are exactly the Gaussian's
+  (Canonne, Kamath & Steinke 2020), one row per ratio;
 * ``PoissonSampled(q, DistributedDiscreteGaussian)`` → the sub-sampling bound of
   :func:`~pdpfl.privacy.subsampled.poisson_subsampled_rdp` (Zhu & Wang 2019's binomial
   expansion; the removal direction is dominated for this symmetric mechanism, proved there),
@@ -218,6 +222,16 @@ class RdpAccountant:
                 False,
                 False,
             )
+        if (
+            isinstance(event, SampledWithoutReplacement)
+            and isinstance(event.inner, DistributedDiscreteGaussian)
+            and event.inner.shares == 1
+        ):
+            # one exact discrete Gaussian (central noise): its RDP at integer orders is the
+            # Gaussian's at σ = √(σ²/N) and Theorem 9 needs only those (any base mechanism)
+            one, ratios = event.inner, event.rates
+            s = float(np.nextafter(np.sqrt(one.share_variance / one.l2_sensitivity_sq), 0))
+            return _Curve(lambda a: _wor_rows(ratios, s, a), None, True, True)
         if isinstance(event, PoissonSampled | SampledWithoutReplacement):
             inner = event.inner
             if not isinstance(inner, GaussianMechanism):

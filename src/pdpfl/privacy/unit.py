@@ -44,6 +44,7 @@ from pdpfl.privacy.adversary import as_adversary
 from pdpfl.privacy.mechanisms import (
     GROUP_CONVERSIONS,
     Composed,
+    DistributedDiscreteGaussian,
     GaussianMechanism,
     GroupConversion,
     GroupPrivacy,
@@ -311,6 +312,16 @@ class LocalStepsPlan:
         δ in (0, 1).
     rounds
         Planned participations R ≥ 1 (calibration and ``account``).
+    noise
+        ``continuous`` (default) or ``discrete``: every step adds the exact central discrete
+        Gaussian on a grid (``privacy.central_noise: discrete``,
+        :class:`~pdpfl.privacy.noise.CentralDiscreteGaussianNoise`, multiplier σ over the grid
+        sensitivity γC + √d). The step's inner event is then ``DistributedDiscreteGaussian(σ_e²,
+        1, 1, 1)`` at the same σ_e: for Poisson batches σ_e = σ; for WOR batches (replace-one:
+        the rounded sums differ by at most 2γC + √d) the multiplier is σ(γC + √d)/(2γC + √d)
+        ≥ σ/2, so σ_e = σ/2 bounds it. Only ``rdp`` interprets it (Poisson: the general
+        sub-sampling bound; WOR: Theorem 9 of Wang et al. 2019, a bound for any base mechanism
+        from its RDP at integer orders, which for the discrete Gaussian are the Gaussian's).
     """
 
     sampler: Sampler
@@ -319,10 +330,16 @@ class LocalStepsPlan:
     delta: float
     rounds: int
     observers_: tuple[str, ...] = ("third-party", "server")
+    noise: Literal["continuous", "discrete"] = "continuous"
 
     unit: ClassVar[PrivacyUnit] = PrivacyUnit.RECORD
 
     def __post_init__(self) -> None:
+        if self.noise not in ("continuous", "discrete"):
+            raise ValueError(
+                f"noise: must be 'continuous' or 'discrete' (privacy.central_noise), got "
+                f"{self.noise!r}"
+            )
         if self.sampler not in ("wor", "poisson"):
             raise ValueError(f"sampler: expected 'wor' or 'poisson', got {self.sampler!r}")
         delta = float(self.delta)
@@ -360,7 +377,13 @@ class LocalStepsPlan:
         _observer_in(observer, self.observers_, self.unit)
         q = check_rates(rates)
         rate = q if np.ndim(rates) else float(q[0])
-        inner = GaussianMechanism(self.event_noise_multiplier)
+        inner: Mechanism = GaussianMechanism(self.event_noise_multiplier)
+        if self.noise == "discrete":
+            from pdpfl.privacy.noise import central_event_variance
+
+            inner = DistributedDiscreteGaussian(
+                central_event_variance(self.event_noise_multiplier), 1, 1.0, 1
+            )
         step: Mechanism = (
             SampledWithoutReplacement(rate, inner)
             if self.sampler == "wor"
@@ -384,6 +407,7 @@ class LocalStepsPlan:
             self.delta,
             self.rounds,
             self.observers_,
+            self.noise,
         )
 
     def with_steps(self, local_steps: int) -> LocalStepsPlan:
@@ -395,6 +419,7 @@ class LocalStepsPlan:
             self.delta,
             self.rounds,
             self.observers_,
+            self.noise,
         )
 
 

@@ -10,7 +10,7 @@ import csv
 import io
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, SupportsFloat
 
 import numpy as np
 
@@ -90,7 +90,7 @@ def mechanism_columns(summary: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def nan_none(x: Any) -> float:
+def nan_none(x: SupportsFloat | str | None) -> float:
     """NaN for a missing value."""
     return float("nan") if x is None else float(x)
 

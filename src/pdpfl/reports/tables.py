@@ -6,11 +6,14 @@ Every privacy number comes from the run's typed :class:`~pdpfl.ledger.PrivacySum
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 if TYPE_CHECKING:  # the ledger (and scipy under it) is imported when a table is drawn
+    from rich.table import Table
+
     from pdpfl.ledger import PrivacySummary
 
 __all__ = [
@@ -26,7 +29,7 @@ __all__ = [
 ]
 
 
-def fmt(x: Any, digits: int = 4) -> str:
+def fmt(x: object, digits: int = 4) -> str:
     if x is None:
         return "-"
     if isinstance(x, float):
@@ -36,11 +39,11 @@ def fmt(x: Any, digits: int = 4) -> str:
     return str(x)
 
 
-def fmt_acc(x: Any) -> str:
+def fmt_acc(x: float | None) -> str:
     return "-" if x is None or not np.isfinite(x) else f"{x:.4f}"
 
 
-def _fmt_use(x: Any) -> str:
+def _fmt_use(x: float | None) -> str:
     return "-" if x is None or not np.isfinite(x) else f"{x:.2f}"
 
 
@@ -58,7 +61,7 @@ def typed_privacy(summary: dict[str, Any]) -> PrivacySummary | None:
     return PrivacySummary.from_dict(data) if isinstance(data, dict) else None
 
 
-def group_table(privacy: PrivacySummary, title: str) -> Any:
+def group_table(privacy: PrivacySummary, title: str) -> Table:
     """ε spent vs budget per budget group and observer (the rich table)."""
     from rich import box
     from rich.table import Table
@@ -131,7 +134,7 @@ def approximate_label(key: str) -> str:
     return key
 
 
-def observers_text(observers: Any) -> str:
+def observers_text(observers: Iterable[object]) -> str:
     """``the server and third parties`` for the observers a number accounts for."""
     words = [_OBSERVER_WORDS.get(str(o), str(o)) for o in observers]
     return " and ".join(words) if words else "nobody"
@@ -162,7 +165,7 @@ def lost_silos_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
     return rows
 
 
-def risk_table(risk: dict[str, Any], title: str) -> Any:
+def risk_table(risk: dict[str, Any], title: str) -> Table:
     """The attack-risk card per budget group and observer (``summary["risk"]``)."""
     from rich import box
     from rich.table import Table
@@ -262,7 +265,7 @@ def _lifetime_cell(privacy: PrivacySummary, summary: dict[str, Any]) -> str:
     return f"enforced; {earlier}"
 
 
-def compare_table(title: str, table: list[dict[str, Any]]) -> Any:
+def compare_table(title: str, table: list[dict[str, Any]]) -> Table:
     """The ``pdpfl compare`` table (± std only when there are several seeds)."""
     from rich import box
     from rich.table import Table
@@ -298,7 +301,7 @@ def compare_table(title: str, table: list[dict[str, Any]]) -> Any:
     return t
 
 
-def mechanism_table(table: list[dict[str, Any]]) -> Any:
+def mechanism_table(table: list[dict[str, Any]]) -> Table | None:
     """σ and each privacy group's sampling rate of client-level algorithms (IDP-FedAvg), as a
     second table so the main one stays within 80 columns; ``None`` when no method has them."""
     from rich import box

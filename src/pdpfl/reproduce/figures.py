@@ -17,9 +17,13 @@ import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 __all__ = ["Panel", "bars_figure", "budget_figure", "curves_figure", "xy_figure"]
 
@@ -37,7 +41,7 @@ _COLOURS = (
 )
 
 
-def _plt() -> Any:
+def _plt() -> ModuleType:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -46,7 +50,7 @@ def _plt() -> Any:
     return plt
 
 
-def _save(fig: Any, path: Path) -> Path:
+def _save(fig: Figure, path: Path) -> Path:
     from pdpfl.io import write_bytes
 
     buf = io.BytesIO()

@@ -12,10 +12,13 @@ built from these keys and the silo's own view of the configuration.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pdpfl.crypto.signing import PartyIdentity, PartyPublicKey, load_identity, write_public_key
 from pdpfl.fl.aggregation.secure_identity import SiloSecurity, security_from_config, silo_party
+
+if TYPE_CHECKING:
+    from pdpfl.config import ExperimentConfig
 
 __all__ = [
     "KEYS_FOLDER",
@@ -57,7 +60,7 @@ def publish_party(out_dir: str | Path, party: str, *, server: bool = True) -> Pa
 
 
 def simulator_security(
-    config: Any, out_dir: str | Path, silos: list[int]
+    config: ExperimentConfig, out_dir: str | Path, silos: list[int]
 ) -> dict[int, SiloSecurity]:
     """Each in-process silo's side of secure summation: its identity, the others' public keys
     (published in the run folder) and its own settings from ``config``."""

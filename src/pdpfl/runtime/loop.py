@@ -32,7 +32,7 @@ import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, SupportsFloat
 
 from pdpfl.checkpoint import (
     CHECKPOINT_NAME,
@@ -62,6 +62,9 @@ from pdpfl.ledger import PrivacySummary
 from pdpfl.runtime.progress import ProgressDisplay
 from pdpfl.runtime.run_state import LoopSettings, RunState, check_planned_rounds, start_run
 
+if TYPE_CHECKING:
+    from pdpfl.config import ExperimentConfig
+
 __all__ = [
     "CHECKPOINT_NAME",
     "LEGACY_CHECKPOINT_NAME",
@@ -87,7 +90,7 @@ RoundCallback = Callable[[int, dict[str, Any]], None]
 
 
 def run_federation(
-    config: Any,
+    config: ExperimentConfig,
     server: ServerAlgorithm,
     transport: Transport,
     out_dir: str | Path,
@@ -325,7 +328,7 @@ def run_record(
     server: ServerAlgorithm,
     settings: LoopSettings,
     last_round: int,
-    lifetime: Any,
+    lifetime: dict[str, Any] | None,
     extension: dict[str, Any] | None,
 ) -> dict[str, Any]:
     """The run's record (see :func:`run_rounds`)."""
@@ -345,5 +348,5 @@ def run_record(
     }
 
 
-def _short(x: Any) -> str:
+def _short(x: SupportsFloat | str | None) -> str:
     return "-" if x is None else f"{float(x):.4g}"

@@ -21,11 +21,12 @@ from pdpfl.checkpoint import (
     CHECKPOINT_NAME,
     LEGACY_CHECKPOINT_NAME,
     METRICS_NAME,
-    finite,
+    finite_record,
     has_checkpoint,
 )
 from pdpfl.config import ExperimentConfig
 from pdpfl.fl.aggregation import summary_fields
+from pdpfl.fl.api import ServerAlgorithm
 from pdpfl.fl.pool import SiloPool
 from pdpfl.io import save_npz, stale_temporaries, write_json
 from pdpfl.ledger import PrivacyLedger, PrivacySummary, observers_of, save_ledger
@@ -479,6 +480,8 @@ def build_summary(
         summary["aggregation"]["discrete_shares"] = server_state["noise_shares"]
     if server_state.get("central_noise"):  # privacy.central_noise: discrete (grid, scale)
         summary["central_noise"] = server_state["central_noise"]
+    if server_state.get("weighting_noise"):  # ULDP-FL private weighting's discrete grid
+        summary["aggregation"]["private_weighting_noise"] = server_state["weighting_noise"]
     summary.update(privacy_fields(config, result.get("privacy"), view))
     store = result.get("lifetime")
     summary["lifetime"] = lifetime_fields(config, result.get("privacy"), store)
@@ -503,7 +506,7 @@ def write_outputs(
     view: str = "operator",
     warnings: list[str] | None = None,
     data: dict[str, Any] | None = None,
-    server: Any = None,
+    server: ServerAlgorithm | None = None,
     parameter_names: list[str] | None = None,
 ) -> dict[str, Any]:
     """Write ``summary.json``, ``model.npz``, ``ledgers/`` and plots; return the summary (as
@@ -545,7 +548,7 @@ def write_outputs(
         run_id=run_id,
         round_count=int(next_round),
     )
-    summary = finite(summary)  # what is returned is what is on disk: NaN/inf become None
+    summary = finite_record(summary)  # what is returned is what is on disk: NaN/inf become None
     save_npz(out / "model.npz", **{f"p{i:03d}": p for i, p in enumerate(result["params"])})
     holders: list[tuple[str, Any]] = (
         [(POOLED_LEDGER, pool)]  # one sealed file, one row per client

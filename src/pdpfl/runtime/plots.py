@@ -10,12 +10,18 @@ import io
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, SupportsFloat, TypeVar
 
 import numpy as np
 
 from pdpfl.io import write_bytes
 from pdpfl.ledger import PrivacySummary
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+_M = TypeVar("_M", float, None)
 
 __all__ = [
     "accuracy_figure",
@@ -64,17 +70,18 @@ def write_plots(metrics: list[dict[str, Any]], summary: dict[str, Any], out: Pat
             save_figure(fig, out / name)
 
 
-def new_figure(width: float, height: float) -> tuple[Any, Any]:
+def new_figure(width: float, height: float) -> tuple[Figure, Axes]:
     """A pyplot-free figure with one axes, drawn by the Agg canvas."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(width, height))
     FigureCanvasAgg(fig)
-    return fig, fig.subplots()
+    ax: Axes = fig.subplots()
+    return fig, ax
 
 
-def nothing_to_draw(ax: Any, why: str) -> None:
+def nothing_to_draw(ax: Axes, why: str) -> None:
     """Say in the plot itself why it is empty (instead of drawing empty axes)."""
     ax.text(
         0.5,
@@ -90,7 +97,7 @@ def nothing_to_draw(ax: Any, why: str) -> None:
     ax.set_yticks([])
 
 
-def accuracy_figure(metrics: list[dict[str, Any]], summary: dict[str, Any]) -> Any:
+def accuracy_figure(metrics: list[dict[str, Any]], summary: dict[str, Any]) -> Figure:
     """Pooled and client-mean test accuracy per round (a note when nothing was measured)."""
     from matplotlib.ticker import MaxNLocator
 
@@ -125,7 +132,7 @@ def _typed(summary: dict[str, Any]) -> PrivacySummary | None:
     return PrivacySummary.from_dict(data) if isinstance(data, dict) else None
 
 
-def epsilon_figure(summary: dict[str, Any]) -> Any:
+def epsilon_figure(summary: dict[str, Any]) -> Figure:
     """Max ε spent per budget group against its budget, per observer, on a log scale.
 
     The budget of each group is a black line; the bars are the largest ε any unit of the group
@@ -210,8 +217,10 @@ def epsilon_figure(summary: dict[str, Any]) -> Any:
     return fig
 
 
-def _num(x: Any, missing: Any = 0.0) -> Any:
+def _num(x: SupportsFloat | str | None, missing: _M) -> float | _M:
     """A finite float, or ``missing`` for None/NaN/inf (nothing drawn)."""
+    if x is None:
+        return missing
     try:
         v = float(x)
     except (TypeError, ValueError):
@@ -219,7 +228,7 @@ def _num(x: Any, missing: Any = 0.0) -> Any:
     return v if np.isfinite(v) else missing
 
 
-def save_figure(fig: Any, path: Path) -> None:
+def save_figure(fig: Figure, path: Path) -> None:
     """``fig`` as a PNG at ``path`` (atomically, :func:`pdpfl.io.write_bytes`)."""
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)

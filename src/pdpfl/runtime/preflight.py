@@ -17,7 +17,11 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pdpfl.config import ExperimentConfig
+    from pdpfl.data.federation import Federation
 
 __all__ = ["check_key_dir", "check_model", "check_module_output"]
 
@@ -51,7 +55,7 @@ def check_key_dir(party: str = "operator") -> Path:
     return path
 
 
-def check_module_output(output: Any, num_classes: int, *, batch: int, what: str) -> None:
+def check_module_output(output: object, num_classes: int, *, batch: int, what: str) -> None:
     """``output`` of ``what`` on ``batch`` records must be one tensor of logits:
     ``(batch, num_classes)``, or ``(batch, 1)``/``(batch, 2)`` for binary labels."""
     import torch
@@ -73,7 +77,7 @@ def check_module_output(output: Any, num_classes: int, *, batch: int, what: str)
         )
 
 
-def check_model(config: Any, federation: Any) -> None:
+def check_model(config: ExperimentConfig, federation: Federation) -> None:
     """The config's model, if a user registered it, builds and fits the federation's records."""
     import numpy as np
     import torch

@@ -23,7 +23,12 @@ import math
 import sys
 import time
 from collections.abc import Callable
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, TextIO
+
+if TYPE_CHECKING:
+    from rich.progress import Progress, TaskID
+
+    from pdpfl.ledger import PrivacySummary
 
 __all__ = ["ProgressDisplay", "ProgressLines", "interactive"]
 
@@ -62,7 +67,11 @@ class ProgressLines:
         self.done = int(completed)
 
     def round_done(
-        self, round_number: int, accuracy: Any = None, privacy: Any = None, extra: str = ""
+        self,
+        round_number: int,
+        accuracy: object = None,
+        privacy: PrivacySummary | None = None,
+        extra: str = "",
     ) -> str | None:
         """Record that ``round_number`` (1-based) finished; returns the line if one was logged."""
         self.done = int(round_number)
@@ -89,7 +98,7 @@ class ProgressLines:
         return line
 
 
-def _epsilon_text(privacy: Any) -> str:
+def _epsilon_text(privacy: PrivacySummary | None) -> str:
     """``max ε 0.5 (third party), 0.7 (server)`` from a typed privacy summary (or nothing)."""
     if privacy is None or not getattr(privacy, "private", True):
         return ""
@@ -123,8 +132,8 @@ class ProgressDisplay:
         self.enabled = bool(enabled)
         self.interactive = interactive() if terminal is None else bool(terminal)
         self.stream = stream
-        self._progress: Any = None
-        self._task: Any = None
+        self._progress: Progress | None = None
+        self._task: TaskID | None = None
         self._lines: ProgressLines | None = None
 
     @property
@@ -158,7 +167,7 @@ class ProgressDisplay:
             if self._lines is None:
                 self._lines = ProgressLines(self.total, self.completed, stream=self.stream)
             return
-        if self._progress is not None:
+        if self._progress is not None and self._task is not None:
             self._progress.update(
                 self._task, description=description, total=self.total, completed=self.completed
             )
@@ -188,7 +197,7 @@ class ProgressDisplay:
 
     def update(self, *, completed: int | None = None, advance: int = 0, info: str = "") -> None:
         """Move the bar (no-op without one)."""
-        if self._progress is None:
+        if self._progress is None or self._task is None:
             return
         if completed is not None:
             self._progress.update(self._task, completed=int(completed), info=info)
@@ -199,8 +208,8 @@ class ProgressDisplay:
         self,
         round_number: int,
         *,
-        accuracy: Any = None,
-        privacy: Any = None,
+        accuracy: object = None,
+        privacy: PrivacySummary | None = None,
         extra: str = "",
         info: str | None = None,
     ) -> None:

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -25,6 +25,9 @@ from pdpfl.fl.api import Params, ServerAlgorithm
 from pdpfl.fl.rounds import Transport
 from pdpfl.fl.server_optimizer import ServerOptimizer, ServerOptimizerSpec
 from pdpfl.ledger import PrivacySummary
+
+if TYPE_CHECKING:
+    from pdpfl.config import ExperimentConfig
 
 __all__ = ["LoopSettings", "RunState", "check_planned_rounds", "start_run"]
 
@@ -74,7 +77,7 @@ class LoopSettings:
     algorithm: str = "this algorithm"
 
     @classmethod
-    def of(cls, config: Any) -> LoopSettings:
+    def of(cls, config: ExperimentConfig) -> LoopSettings:
         """The settings of an :class:`~pdpfl.config.ExperimentConfig` (or a test stub)."""
         return cls(
             rounds=int(config.training.rounds),
@@ -199,7 +202,7 @@ def start_run(
     return state
 
 
-def _fingerprint_fields(config: Any) -> dict[str, Any] | None:
+def _fingerprint_fields(config: ExperimentConfig) -> dict[str, Any] | None:
     try:
         from pdpfl.config.loading import fingerprint_fields
 
@@ -208,7 +211,7 @@ def _fingerprint_fields(config: Any) -> dict[str, Any] | None:
         return None
 
 
-def _fingerprint(config: Any) -> str | None:
+def _fingerprint(config: ExperimentConfig) -> str | None:
     try:
         from pdpfl.config import run_fingerprint
 

@@ -13,11 +13,11 @@ those summaries stay at the silos.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pdpfl.config import ExperimentConfig
 from pdpfl.errors import TrainingDiverged
@@ -31,6 +31,9 @@ from pdpfl.fl.api import (
 )
 from pdpfl.fl.pool import PooledEvaluation, SiloPool
 from pdpfl.ledger import PrivacySummary
+
+if TYPE_CHECKING:
+    from pdpfl.data.federation import Federation
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +73,7 @@ class InProcessTransport:
         #: (:meth:`configure_security` sets it from an experiment config).
         self.security = security
 
-    def configure_security(self, config: Any) -> None:
+    def configure_security(self, config: ExperimentConfig) -> None:
         """Give every silo its side of secure summation under ``config`` (fresh identities
         unless already configured with the run's keys)."""
         from pdpfl.fl.aggregation.secure_identity import ephemeral_security
@@ -117,7 +120,7 @@ class InProcessTransport:
         from pdpfl.fl.template import BatchedSilo
 
         groups: list[list[int]] = []
-        last: Any = None
+        last: Hashable | None = None
         for c in ids:
             silo = self.clients[c]
             key = silo.batch_key() if isinstance(silo, BatchedSilo) else None
@@ -161,7 +164,9 @@ class InProcessTransport:
         self, silo: int, contribution: Contribution, params: Params, round_index: int
     ) -> Contribution:
         """The gate at silo ``silo``: the training reply it is about to hand over."""
-        holder: Any = self.pool if self.pool is not None else self.clients[silo]
+        holder: SiloPool | ClientAlgorithm = (
+            self.pool if self.pool is not None else self.clients[silo]
+        )
         public = frozenset(getattr(holder, "public_metrics", frozenset()))
         return check_contribution(
             contribution,
@@ -212,13 +217,13 @@ class InProcessTransport:
             return {POOL_KEY: self.pool.privacy_summary()}
         return {c: client.privacy_summary() for c, client in self.clients.items()}
 
-    def client_states(self) -> dict[int, dict]:
+    def client_states(self) -> dict[int, dict[str, Any]]:
         """Each silo's state (a pool: the state of every client as arrays, under key -1)."""
         if self.pool is not None:
             return {POOL_KEY: self.pool.state_dict()}
         return {c: client.state_dict() for c, client in self.clients.items()}
 
-    def load_client_states(self, states: dict[int, dict]) -> None:
+    def load_client_states(self, states: dict[int, dict[str, Any]]) -> None:
         if self.pool is not None:
             state = {int(k): v for k, v in states.items()}.get(POOL_KEY)
             if state is None or len(states) != 1:
@@ -259,7 +264,7 @@ def _data_key(config: ExperimentConfig) -> str:
     return json.dumps([config.data.model_dump(mode="json"), config.seed], sort_keys=True)
 
 
-def load_federation_for(config: ExperimentConfig) -> Any:
+def load_federation_for(config: ExperimentConfig) -> Federation:
     """The federation described by ``config.data`` (seeded from ``config.seed``)."""
     from pdpfl.data import load_federation
 
@@ -278,12 +283,12 @@ def load_federation_for(config: ExperimentConfig) -> Any:
     return federation
 
 
-def from_config(config: ExperimentConfig, federation: Any) -> bool:
+def from_config(config: ExperimentConfig, federation: Federation) -> bool:
     """True if ``federation`` was loaded by :func:`load_federation_for` from ``config.data``."""
     return getattr(federation, "metadata", {}).get(_LOADED_FROM) == _data_key(config)
 
 
-def describe_data(config: ExperimentConfig, federation: Any) -> dict[str, Any]:
+def describe_data(config: ExperimentConfig, federation: Federation) -> dict[str, Any]:
     """``summary["data"]``: the federation a run really trained on (sizes are operator-only)."""
     user = not from_config(config, federation)
     meta = {
@@ -307,7 +312,7 @@ def describe_data(config: ExperimentConfig, federation: Any) -> dict[str, Any]:
     }
 
 
-def config_for_federation(config: ExperimentConfig, federation: Any) -> ExperimentConfig:
+def config_for_federation(config: ExperimentConfig, federation: Federation) -> ExperimentConfig:
     """``config`` with a truthful ``data`` section for a user-supplied ``federation``.
 
     A federation loaded from ``config.data`` keeps the config unchanged; any other one is
@@ -327,7 +332,7 @@ def config_for_federation(config: ExperimentConfig, federation: Any) -> Experime
     return config.model_copy(update={"data": data})
 
 
-def check_federation(config: ExperimentConfig, federation: Any) -> list[str]:
+def check_federation(config: ExperimentConfig, federation: Federation) -> list[str]:
     """The algorithm's checks of ``federation`` before training (errors raise; warnings are
     returned): :meth:`pdpfl.fl.algorithm.Algorithm.check_federation`."""
     from pdpfl.fl.algorithm import as_algorithm
@@ -341,7 +346,7 @@ def run_simulation(
     resume: bool = False,
     *,
     progress: bool = True,
-    federation: Any | None = None,
+    federation: Federation | None = None,
     stop_after: int | None = None,
     overwrite: bool = False,
     allow_over_budget: bool = False,
@@ -437,7 +442,7 @@ def simulate_into(
     resume: bool = False,
     *,
     progress: bool = True,
-    federation: Any | None = None,
+    federation: Federation | None = None,
     stop_after: int | None = None,
     allow_over_budget: bool = False,
 ) -> dict[str, Any]:
@@ -468,7 +473,7 @@ def _simulate(
     resume: bool,
     *,
     progress: bool,
-    federation: Any | None,
+    federation: Federation | None,
     stop_after: int | None,
     allow_over_budget: bool = False,
 ) -> dict[str, Any]:

@@ -28,9 +28,9 @@ statements).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -49,6 +49,10 @@ from pdpfl.privacy.tuning import (
     random_composition_rdp,
     search_rdp,
 )
+from pdpfl.privacy.unit import UnitMechanism
+
+if TYPE_CHECKING:
+    from pdpfl.fl.api import ClientAlgorithm, ServerAlgorithm
 
 __all__ = [
     "ORDERS",
@@ -85,7 +89,9 @@ class UnitCurves:
         return tuple(o for o in OBSERVERS if o in self.rdp)
 
 
-def party_ledgers(server: Any, clients: dict[int, Any]) -> dict[str, PrivacyLedger]:
+def party_ledgers(
+    server: ServerAlgorithm, clients: Mapping[int, ClientAlgorithm]
+) -> dict[str, PrivacyLedger]:
     """Every ledger of an assembled run, named as in a run's ``ledgers/`` folder."""
     out: dict[str, PrivacyLedger] = {}
     for name, holder in [
@@ -121,7 +127,7 @@ def ledger_curves(ledgers: dict[str, PrivacyLedger]) -> UnitCurves:
     observers = set.intersection(*(set(led.observers) for led in ledgers.values()))
     memo: dict[tuple[Any, ...], np.ndarray] = {}  # ledgers of one mechanism share their rates
 
-    def rows(mech: Any, obs: str, rounds: int, rates: np.ndarray) -> np.ndarray:
+    def rows(mech: UnitMechanism, obs: str, rounds: int, rates: np.ndarray) -> np.ndarray:
         uq, inv = np.unique(rates, return_inverse=True)
         key = (repr(mech), obs, rounds, uq.tobytes())
         if key not in memo:

@@ -30,7 +30,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -43,6 +43,13 @@ from pdpfl.tune.accounting import (
     party_ledgers,
     search_cost,
 )
+
+if TYPE_CHECKING:
+    from pdpfl.config import ExperimentConfig
+    from pdpfl.data.federation import Federation
+    from pdpfl.fl.algorithm import Assembly
+    from pdpfl.fl.api import ClientAlgorithm, ServerAlgorithm
+    from pdpfl.ledger import PrivacySummary
 
 __all__ = [
     "SearchPlan",
@@ -186,7 +193,7 @@ class TuneResult:
     selected: list[str] | None
     accuracy: float | None
     run_dir: str | None
-    privacy: Any
+    privacy: PrivacySummary
     distribution: dict[str, Any]
     candidates: list[list[str]]
     trials: list[dict[str, Any]] = field(default_factory=list)
@@ -231,7 +238,7 @@ def _describe(dist: TrialDistribution, cap: int) -> dict[str, Any]:
     return {**d, "expected_trials": dist.mean, "max_trials": cap}
 
 
-def _assemble(config: Any, federation: Any) -> Any:
+def _assemble(config: ExperimentConfig, federation: Federation) -> Assembly:
     import warnings
 
     from pdpfl.fl.algorithm import as_algorithm
@@ -244,7 +251,9 @@ def _assemble(config: Any, federation: Any) -> Any:
 
 
 def _curves(
-    config: Any, federation: Any, targets: dict[str, tuple[Any, np.ndarray]] | None = None
+    config: ExperimentConfig,
+    federation: Federation,
+    targets: dict[str, tuple[Any, np.ndarray]] | None = None,
 ) -> UnitCurves:
     """The configuration's per-unit curves; ``targets`` (filled): each ledger's budget-store
     target and unit ids."""
@@ -258,14 +267,16 @@ def _curves(
     if targets is not None:
         from pdpfl.fl.lifetime import TARGET_ATTR
 
-        holders = {f"client_{i}": c for i, c in run.clients.items()}
+        holders: dict[str, ClientAlgorithm | ServerAlgorithm] = {
+            f"client_{i}": c for i, c in run.clients.items()
+        }
         holders["server"] = run.server
         for name, led in ledgers.items():
             targets[name] = (getattr(holders[name], TARGET_ATTR, None), np.asarray(led.ids))
     return ledger_curves(ledgers)
 
 
-def _scaled(config: Any, base: UnitCurves, fraction: float, folder: Path) -> list[str]:
+def _scaled(config: ExperimentConfig, base: UnitCurves, fraction: float, folder: Path) -> list[str]:
     """Overrides that calibrate a trial for ``fraction`` of every unit's budget."""
     if fraction == 1.0:
         return []
@@ -298,7 +309,7 @@ def _scaled(config: Any, base: UnitCurves, fraction: float, folder: Path) -> lis
 
 
 def plan_search(
-    config: Any,
+    config: ExperimentConfig,
     grid: dict[str, list[str]],
     *,
     distribution: str = "poisson",
@@ -306,7 +317,7 @@ def plan_search(
     eta: float = 0.0,
     max_trials: int | None = None,
     trial_budget_fraction: float = 1.0,
-    federation: Any | None = None,
+    federation: Federation | None = None,
     work_dir: str | Path | None = None,
 ) -> SearchPlan:
     """Candidates, distribution and every unit's ε for the search -- nothing is trained.
@@ -354,13 +365,13 @@ def plan_search(
     )
 
 
-def lifetime_enforced(config: Any) -> bool:
+def lifetime_enforced(config: ExperimentConfig) -> bool:
     """Whether the data's lifetime budgets are enforced (no ``lifetime.allow_respend``)."""
     lifetime = getattr(config, "lifetime", None)
     return lifetime is not None and not bool(getattr(lifetime, "allow_respend", False))
 
 
-def charge_stores(config: Any, plan: SearchPlan) -> dict[str, Any]:
+def charge_stores(config: ExperimentConfig, plan: SearchPlan) -> dict[str, Any]:
     """Charge the whole search to every party's budget store as one sealed entry (module
     docstring), before any trial: every store is opened and checked first, so a refusal
     (:class:`TuneRefused`, naming the units and their budgets) charges none. Returns what
@@ -432,7 +443,7 @@ def charge_stores(config: Any, plan: SearchPlan) -> dict[str, Any]:
     }
 
 
-def _draw(config: Any, plan: SearchPlan) -> tuple[int, list[int]]:
+def _draw(config: ExperimentConfig, plan: SearchPlan) -> tuple[int, list[int]]:
     """K (capped) and each trial's candidate, from the tuner's own randomness."""
     from pdpfl.randomness import make_randomness
 
@@ -468,7 +479,7 @@ def _save_search_ledger(path: Path, cost: SearchCost) -> None:
 
 
 def tune(
-    config: Any,
+    config: ExperimentConfig,
     grid: dict[str, list[str]] | Sequence[str],
     out: str | Path,
     *,
@@ -478,7 +489,7 @@ def tune(
     max_trials: int | None = None,
     trial_budget_fraction: float = 1.0,
     overwrite: bool = False,
-    federation: Any | None = None,
+    federation: Federation | None = None,
     log_fn: Callable[[str], None] | None = None,
 ) -> TuneResult:
     """Run a private random search over ``grid`` and return the selected configuration with

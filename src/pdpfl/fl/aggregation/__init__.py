@@ -196,7 +196,7 @@ class PlainSum:
         self,
         threshold: float = DEFAULT_THRESHOLD,
         min_survivors: int = DEFAULT_MIN_SURVIVORS,
-        **_: Any,
+        **_: object,
     ) -> None:
         survivor_threshold(0, threshold, min_survivors)  # validates
         self.threshold = float(threshold)

@@ -112,7 +112,7 @@ class ShareEncoding:
         """uint64 values modulo 2^b, in the container dtype."""
         return (np.asarray(values, dtype=np.uint64) & self.mask()).astype(self.dtype)
 
-    def check_share(self, share: Any, what: str) -> np.ndarray:
+    def check_share(self, share: object, what: str) -> np.ndarray:
         """The share as uint64 if it is the container dtype, d' coordinates, values < 2^b."""
         arr = np.asarray(share)
         if arr.dtype != self.dtype or arr.shape != (self.length,):

@@ -203,7 +203,7 @@ class PrivateWeightedSum:
         record_view: bool = False,
         threshold: float = DEFAULT_THRESHOLD,
         min_survivors: int = DEFAULT_MIN_SURVIVORS,
-        **_: Any,
+        **_: object,
     ) -> None:
         survivor_threshold(0, threshold, min_survivors)  # validates the rule
         self.threshold = float(threshold)

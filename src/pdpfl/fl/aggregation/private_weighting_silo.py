@@ -118,7 +118,7 @@ class _SiloState:
     def num_users(self) -> int:
         return int(self.histogram.size)
 
-    def ctx(self, *parts: Any) -> bytes:
+    def ctx(self, *parts: bytes | str | int) -> bytes:
         return context(_VERSION, self.session, *parts)
 
     def pair_masks(self, purpose: bytes, participants: list[int], count: int) -> list[mpz]:

@@ -129,7 +129,7 @@ class SecureSum:
         guard_bits: int = 8,
         threshold: float = DEFAULT_THRESHOLD,
         min_survivors: int = DEFAULT_MIN_SURVIVORS,
-        **_: Any,
+        **_: object,
     ) -> None:
         if participation not in ("visible", "hidden"):
             raise ValueError(f"participation: expected visible or hidden, got {participation!r}")

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import math
 from fractions import Fraction
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, SupportsInt
 
 if TYPE_CHECKING:
     from pdpfl.config import ExperimentConfig
@@ -125,7 +125,9 @@ def share_threshold(config: ExperimentConfig, n: int) -> int:
     return min(n, threshold_of(config, n))
 
 
-def share_std(total_std: float, survivors: int, announced: Any = None) -> float:
+def share_std(
+    total_std: float, survivors: int, announced: SupportsInt | str | None = None
+) -> float:
     """The std of one silo's share of Gaussian noise of std ``total_std``: total_std/√t with t
     the ``survivors`` the setup sized it for, or the smaller t a protocol announced in the round
     configuration (``config.get(SURVIVORS_KEY)``) -- never less noise than either needs."""

@@ -12,6 +12,8 @@ client; equations and algorithm numbers are the paper's, restated with the recon
 * :mod:`~pdpfl.fl.idp_fedavg.training` -- local training and evaluation, alone or batched;
 * :mod:`~pdpfl.fl.idp_fedavg.silo` -- the client on the silo template (central / distributed);
 * :mod:`~pdpfl.fl.idp_fedavg.server` -- sampling, aggregation, adaptive clipping (Algorithm 2);
+* :mod:`~pdpfl.fl.idp_fedavg.central_discrete` -- the central server's exact discrete value and
+  count noise (``privacy.central_noise: discrete``) and the event each client is charged;
 * :mod:`~pdpfl.fl.idp_fedavg.config` -- the ``idp-fedavg`` section, which builds all of them.
 """
 

@@ -22,7 +22,13 @@ from pydantic import Field
 from pdpfl.config import METHODS, ExperimentConfig, MethodSpec, PrivacyUnitName
 from pdpfl.fl.algorithm import Algorithm, PublicSetup, register_algorithm
 from pdpfl.fl.api import FederationInfo
-from pdpfl.fl.common import accountant_problems, initial_params, silo_model, training_device
+from pdpfl.fl.common import (
+    ModelSource,
+    accountant_problems,
+    initial_params,
+    silo_model,
+    training_device,
+)
 from pdpfl.fl.idp_fedavg.budgets import assign_client_budgets, client_budget
 from pdpfl.fl.idp_fedavg.mechanism import IdpSetup, client_events, publish
 from pdpfl.fl.idp_fedavg.server import CentralIdpServer, DistributedIdpServer, IdpFedAvgServer
@@ -116,6 +122,9 @@ class IdpFedAvgConfig(Algorithm):
         "IDP-FedAvg: every client its own ε (individual client sampling rates, SAMPLE)"
     )
     setup_type: ClassVar[type[PublicSetup]] = IdpSetup
+    #: The central variant's server adds exact discrete noise under ``privacy.central_noise:
+    #: discrete`` (:mod:`pdpfl.fl.idp_fedavg.central_discrete`).
+    supports_central_discrete: ClassVar[bool] = True
     #: ``--set`` overrides turning pdpfl's toy config (3 digits silos, 2 rounds) into a toy run.
     toy_overrides: ClassVar[tuple[str, ...]] = (
         "algorithm.clients_per_round=2",
@@ -175,9 +184,23 @@ class IdpFedAvgConfig(Algorithm):
             and self.budget_file is None
         ):
             problems.append(f"algorithm.method: {self.method} needs at least one finite budget")
+        central_discrete = config.privacy.central_noise == "discrete"
+        if central_discrete and self.variant == "distributed":
+            problems.append(
+                "privacy.central_noise: discrete is the central variant's server noise; the "
+                "distributed variant's clients add noise shares (privacy.noise_shares: discrete "
+                "makes them exact discrete Gaussians) -- set privacy.central_noise: continuous "
+                "or algorithm.variant: central"
+            )
         if self.method != "no-dp":  # SAMPLE's calibration and every client ledger use it
             events = client_events(config, self.variant)
             what = "IDP-FedAvg (a client)"
+            if central_discrete and self.variant == "central":
+                from pdpfl.fl.idp_fedavg.sample import client_plan
+
+                central = client_plan(1.0, config.privacy.delta, config.training.rounds, "discrete")
+                events = [*events, central.round_event(np.array([0.5]), "third-party")]
+                what += " with central discrete noise (or set privacy.central_noise: continuous)"
             if self.variant == "distributed" and config.privacy.noise_shares == "discrete":
                 from pdpfl.privacy.discrete_plan import SampledDiscreteGaussianPlan
 
@@ -186,7 +209,7 @@ class IdpFedAvgConfig(Algorithm):
                 )
                 events = [*events, plan.round_event(np.array([0.5]), "third-party")]
                 what += " with discrete noise shares (or set privacy.noise_shares: continuous)"
-            problems += accountant_problems(config, events, what)
+            problems += accountant_problems(config.privacy.accountant, events, what)
         return problems
 
     # -- building the algorithm ---------------------------------------------------------------
@@ -213,10 +236,21 @@ class IdpFedAvgConfig(Algorithm):
             budgets = assign_client_budgets(self, config.seed, info.num_clients)
             groups = np.array([pub.group_of(float(b)) for b in budgets], dtype=np.int64)
             return CentralIdpServer(
-                initial_params(config, info), pub, client_groups=groups, randomness=randomness
+                initial_params(
+                    ModelSource.of(config.model, seed=config.seed, device=config.training.device),
+                    info,
+                ),
+                pub,
+                client_groups=groups,
+                randomness=randomness,
             )
         return DistributedIdpServer(
-            initial_params(config, info), pub, client_groups=None, randomness=randomness
+            initial_params(
+                ModelSource.of(config.model, seed=config.seed, device=config.training.device), info
+            ),
+            pub,
+            client_groups=None,
+            randomness=randomness,
         )
 
     def build_pool(
@@ -234,9 +268,13 @@ class IdpFedAvgConfig(Algorithm):
         if pub.variant != "central":
             return None
         server = self.server(config, env.info, setup, env.randomness["server"])
-        training_device(config)  # the model is built lazily: check the device now
+        training_device(config.training.device)  # the model is built lazily: check the device now
         budgets = assign_client_budgets(self, config.seed, env.info.num_clients)
-        factory = partial(silo_model, config, env.info)
+        factory = partial(
+            silo_model,
+            ModelSource.of(config.model, seed=config.seed, device=config.training.device),
+            env.info,
+        )
         key = _model_key(config, env.info)
         clients = list(federation.clients)
 
@@ -267,7 +305,7 @@ class IdpFedAvgConfig(Algorithm):
         randomness: Randomness,
     ) -> IdpSilo:
         pub = _as_setup(setup)
-        training_device(config)  # the model is built lazily: check the device now
+        training_device(config.training.device)  # the model is built lazily: check the device now
         silo = CentralIdpSilo if pub.variant == "central" else DistributedIdpSilo
         return silo(
             client_id,
@@ -275,7 +313,11 @@ class IdpFedAvgConfig(Algorithm):
             client_budget(self, config.seed, info.num_clients, client_id),  # at the client
             pub,
             randomness=randomness,
-            model_factory=partial(silo_model, config, info),
+            model_factory=partial(
+                silo_model,
+                ModelSource.of(config.model, seed=config.seed, device=config.training.device),
+                info,
+            ),
             model_key=_model_key(config, info),
         )
 

@@ -20,6 +20,9 @@ one noise for every group; t shares in the distributed variant), :meth:`IdpSetup
 these descriptions (:func:`pdpfl.dp.noise.add_noise`), and each client's accounting event,
 :func:`client_mechanism`, is built from its group's :meth:`~IdpSetup.release_noise`: the σ a
 ledger charges (``IdpSetup.noise_multipliers``) is computed from the noise that is added.
+With ``central_noise: discrete`` (central variant) the server draws the exact discrete noises of
+:mod:`~pdpfl.fl.idp_fedavg.central_discrete` instead, and :func:`client_mechanism` is their
+event (SAMPLE's σ and rates are fitted to it: ``_noise(..., noise="discrete")``).
 """
 
 from __future__ import annotations
@@ -172,10 +175,20 @@ class IdpSetup(PublicSetup):
     share_rotation: bool = True
     share_max_wrap: float = 1e-6
     share_max_inflation: float = 0.05
-    #: d: the model's coordinates (sizes the integer shares).
+    #: d: the model's coordinates (sizes the integer shares and the central discrete grid).
     model_size: int = 0
+    #: Central variant: ``discrete`` (exact discrete Gaussians on grids,
+    #: :mod:`pdpfl.fl.idp_fedavg.central_discrete`) or ``continuous`` (``privacy.central_noise``).
+    central_noise: str = "continuous"
 
     def __post_init__(self) -> None:
+        if self.central_noise not in ("continuous", "discrete") or (
+            self.central_noise == "discrete" and self.variant != "central"
+        ):
+            raise ValueError(
+                "setup: central_noise must be continuous, or discrete for the central variant, "
+                f"got {self.central_noise!r} ({self.variant})"
+            )
         n, t = self.asked_per_round, self.survivors
         if self.variant == "distributed" and not 1 <= t <= n:
             raise ValueError(
@@ -287,6 +300,10 @@ def client_mechanism(setup: IdpSetup, group: int | None = None) -> UnitMechanism
     Poisson-subsampled Gaussian, against the published observers, at the σ of ``group``'s
     :meth:`~IdpSetup.release_noise` (``None``: the run's σ, for a ledger whose units give their
     own σ)."""
+    if setup.central_noise == "discrete":
+        from pdpfl.fl.idp_fedavg.central_discrete import group_plan as central_plan
+
+        return cast(UnitMechanism, central_plan(setup, group))  # the noises actually drawn
     if group is not None and setup.noise_shares == "discrete":
         from pdpfl.fl.idp_fedavg.discrete import group_plan
 
@@ -390,9 +407,11 @@ def _noise(
     rounds: int,
     count_std: float | None,
     accountant: str = "rdp",
+    noise: str = "continuous",
 ) -> _Noise:
     """σ, rates and accounting per group for ``algo.method`` (see the module docstring), every
-    ε computed by ``accountant``."""
+    ε computed by ``accountant`` for the round event of ``noise`` (``discrete``: the central
+    discrete Gaussian's, :mod:`pdpfl.fl.idp_fedavg.central_discrete`)."""
     P = len(levels)
     if algo.method == "no-dp":
         return _Noise([q] * P, [None] * P, [1.0] * P, None, None, None)
@@ -406,6 +425,7 @@ def _noise(
             nonprivate_rate=algo.nonprivate_rate,
             rate_tol=algo.sample_tolerance,
             accountant=accountant,
+            noise=noise,
         )
         sigma = res.noise_multiplier
         value = (
@@ -426,12 +446,14 @@ def _noise(
         raise ValueError(f"algorithm.method: {algo.method} needs at least one finite budget")
     if algo.method in ("strict", "relaxed"):
         eps = float(finite.min() if algo.method == "strict" else finite.max())
-        sigma = noise_for_rate(eps, q, delta, rounds, accountant)
+        sigma = noise_for_rate(eps, q, delta, rounds, accountant, noise)
         value = split_noise(sigma, count_std) if count_std is not None else sigma
         return _Noise([q] * P, [eps] * P, [1.0] * P, sigma, value, count_std)
     # SCALE: σ_p at the uniform rate, one noise σ̄·C, per-group clip C·σ̄/σ_p
     priv = np.isfinite(levels)
-    sig_p = np.array([noise_for_rate(float(b), q, delta, rounds, accountant) for b in levels[priv]])
+    sig_p = np.array(
+        [noise_for_rate(float(b), q, delta, rounds, accountant, noise) for b in levels[priv]]
+    )
     # (the effective σ of each group, scale_noise's last value, is IdpSetup.noise_multipliers:
     # derived from the noise descriptions built on σ̄_v and the clip factors)
     bar, bar_v, factors, _ = scale_noise(sig_p, sizes[priv], count_std)
@@ -473,7 +495,8 @@ def publish(algo: IdpOptions, config: ExperimentConfig, info: FederationInfo) ->
     levels, sizes = _group_sizes(algo, assign_client_budgets(algo, config.seed, n), n)
     count_std = algo.count_noise_ratio * c if algo.clipping == "adaptive" else None
     accountant = str(config.privacy.accountant)
-    noise = _noise(algo, levels, sizes, c / n, delta, rounds, count_std, accountant)
+    central = _central_noise(config, algo)
+    noise = _noise(algo, levels, sizes, c / n, delta, rounds, count_std, accountant, central)
     # The public denominator: the expected number of sampled clients (c up to SAMPLE's
     # tolerance; more when non-private clients are sampled at q = 1).
     weights = sizes / sizes.sum() * n
@@ -514,14 +537,39 @@ def publish(algo: IdpOptions, config: ExperimentConfig, info: FederationInfo) ->
         observers=_observers(config, algo.variant),
         accountant=accountant,
         **_share_fields(config, info, distributed and algo.method != "no-dp"),
+        **_central_fields(config, info, central),
     )
+
+
+def _central_noise(config: ExperimentConfig, algo: IdpOptions) -> str:
+    """``discrete`` for the central variant with DP under ``privacy.central_noise: discrete``."""
+    if (
+        algo.variant == "central"
+        and algo.method != "no-dp"
+        and str(config.privacy.central_noise) == "discrete"
+    ):
+        return "discrete"
+    return "continuous"
+
+
+def _central_fields(config: ExperimentConfig, info: FederationInfo, noise: str) -> dict[str, Any]:
+    """The published fields of central discrete noise (its grid needs the model's size)."""
+    if noise != "discrete":
+        return {}
+    from pdpfl.fl.common import ModelSource, initial_params
+
+    source = ModelSource.of(config.model, seed=config.seed, device=config.training.device)
+    return {
+        "central_noise": "discrete",
+        "model_size": int(sum(np.asarray(p).size for p in initial_params(source, info))),
+    }
 
 
 def _share_fields(config: ExperimentConfig, info: FederationInfo, shared: bool) -> dict[str, Any]:
     """The published fields of discrete noise shares (distributed variant with DP only)."""
     if not shared or config.privacy.noise_shares != "discrete":
         return {}
-    from pdpfl.fl.common import initial_params
+    from pdpfl.fl.common import ModelSource, initial_params
 
     sec = config.secure
     return {
@@ -530,5 +578,13 @@ def _share_fields(config: ExperimentConfig, info: FederationInfo, shared: bool) 
         "share_rotation": sec.rotation != "off",
         "share_max_wrap": float(sec.max_wrap),
         "share_max_inflation": float(sec.max_inflation),
-        "model_size": int(sum(np.asarray(p).size for p in initial_params(config, info))),
+        "model_size": int(
+            sum(
+                np.asarray(p).size
+                for p in initial_params(
+                    ModelSource.of(config.model, seed=config.seed, device=config.training.device),
+                    info,
+                )
+            )
+        ),
     }

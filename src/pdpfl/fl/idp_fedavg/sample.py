@@ -12,14 +12,18 @@ clients) and every group spends at most its ε_p in I rounds of the Poisson-subs
 * every q_p is then **recomputed at the returned σ** with the exact accountant unless the proposed
   rate is verified to be within budget and maximal (flidp keeps stale rates when a search step
   fails, spec B.7 I1/I2), and ``ε_p(σ, q_p) ≤ ε_p`` and the mean rate are checked;
-* non-private groups (ε = ∞) take ``nonprivate_rate`` (default q = 1) and do not constrain σ.
+* non-private groups (ε = ∞) take ``nonprivate_rate`` (default q = 1) and do not constrain σ;
+* ``noise="discrete"`` (the central variant under ``privacy.central_noise: discrete``): every ε
+  is that of the exact discrete Gaussian's round event
+  (:meth:`~pdpfl.privacy.plan.TrainingPlan.step_event`, the event the clients' ledgers charge,
+  :mod:`pdpfl.fl.idp_fedavg.central_discrete`), so σ and the rates are fitted to it.
 
 Results are memoized (``functools.lru_cache``): they are pure functions of public numbers.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 import numpy as np
@@ -55,15 +59,26 @@ class GroupRates:
     rounds: int
 
 
-def client_plan(sigma: float, delta: float, rounds: int) -> TrainingPlan:
+def client_plan(sigma: float, delta: float, rounds: int, noise: str = "continuous") -> TrainingPlan:
     """I rounds of one Poisson-subsampled Gaussian (the client's mechanism, spec B.4) as the
-    equivalent :class:`~pdpfl.privacy.plan.TrainingPlan` of the fast accountant paths."""
+    equivalent :class:`~pdpfl.privacy.plan.TrainingPlan` of the fast accountant paths; with
+    ``noise="discrete"`` its step is the central discrete Gaussian's event (T rounds of
+    ``PoissonSampled(q, DistributedDiscreteGaussian(σ², 1, 1, 1))``)."""
     plan = SampledGaussianPlan(PrivacyUnit.CLIENT, float(sigma), float(delta), int(rounds))
+    if noise == "discrete":
+        return replace(plan.as_training_plan(), noise="discrete")
+    if noise != "continuous":
+        raise ValueError(f"noise: expected continuous or discrete, got {noise!r}")
     return plan.as_training_plan()
 
 
 def _exact_eps(
-    rates: np.ndarray, sigma: float, delta: float, rounds: int, accountant: str = "rdp"
+    rates: np.ndarray,
+    sigma: float,
+    delta: float,
+    rounds: int,
+    accountant: str = "rdp",
+    noise: str = "continuous",
 ) -> np.ndarray:
     from pdpfl.calibration import exact_epsilon
 
@@ -72,23 +87,34 @@ def _exact_eps(
     pos = q > 0
     if pos.any():
         out[pos] = exact_epsilon(
-            q[pos], client_plan(sigma, delta, rounds), "third-party", accountant=accountant
+            q[pos],
+            client_plan(sigma, delta, rounds, noise),
+            "third-party",
+            accountant=accountant,
         )
     return out
 
 
 @lru_cache(maxsize=64)
 def noise_for_rate(
-    epsilon: float, rate: float, delta: float, rounds: int, accountant: str = "rdp"
+    epsilon: float,
+    rate: float,
+    delta: float,
+    rounds: int,
+    accountant: str = "rdp",
+    noise: str = "continuous",
 ) -> float:
     """getNoise(ε, δ, q, I): the smallest σ (to the search's tolerance) with ε(q, σ) ≤ ε for I
-    Poisson(q)-subsampled Gaussian rounds under ``accountant`` (memoized: a pure function of
-    public values)."""
+    Poisson(q)-subsampled Gaussian rounds under ``accountant`` (``noise="discrete"``: the
+    central discrete Gaussian's rounds; memoized: a pure function of public values)."""
     from pdpfl.calibration.noise import noise_for_uniform_rate
 
     return float(
         noise_for_uniform_rate(
-            float(epsilon), float(rate), client_plan(1.0, delta, rounds), accountant=accountant
+            float(epsilon),
+            float(rate),
+            client_plan(1.0, delta, rounds, noise),
+            accountant=accountant,
         )
     )
 
@@ -104,6 +130,7 @@ def sample_group_rates(
     rate_tol: float = 1e-3,
     q_tol: float = 1e-6,
     accountant: str = "rdp",
+    noise: str = "continuous",
 ) -> GroupRates:
     """Algorithm 1 (GetGroupSamplingRates) with the verification flidp lacks.
 
@@ -119,7 +146,7 @@ def sample_group_rates(
     ``rate_tol`` (relative) below the target (at least twice the relative step of a rate grid
     the accountant rounds rates up to: 2 % with ``pld``). Any failure raises ``RuntimeError``.
     Every ε is computed by ``accountant`` (``rdp``, ``pld``, ...: the clients' ledgers use the
-    same).
+    same); ``noise="discrete"``: of the central discrete Gaussian's rounds (:func:`client_plan`).
     """
     eps = np.asarray(budgets, dtype=np.float64).reshape(-1)
     size = np.asarray(sizes, dtype=np.float64).reshape(-1)
@@ -135,6 +162,7 @@ def sample_group_rates(
         float(rate_tol),
         float(q_tol),
         str(accountant),
+        str(noise),
     )
 
 
@@ -160,6 +188,7 @@ def _sample_cached(
     rate_tol: float,
     q_tol: float,
     accountant: str = "rdp",
+    noise: str = "continuous",
 ) -> GroupRates:
     from pdpfl.calibration import noise as calibration
     from pdpfl.calibration.binary_search import bisect_rates
@@ -190,7 +219,8 @@ def _sample_cached(
     weights = p_size / p_size.sum()
     # Feasibility: a budget so large that q = 1 fits it even at σ = 0.01 keeps its group at
     # q = 1 for every usable σ; if such groups alone exceed c/N the search could never end.
-    huge = p_eps >= float(_exact_eps(np.array([1.0]), _SIGMA_FLOOR, delta, rounds, accountant)[0])
+    floor = _exact_eps(np.array([1.0]), _SIGMA_FLOOR, delta, rounds, accountant, noise)
+    huge = p_eps >= float(floor[0])
     if huge.any() and float(weights[huge].sum()) >= target_rate:
         raise ValueError(
             f"budgets: the groups with ε = {sorted(set(p_eps[huge].tolist()))} are sampled with "
@@ -199,14 +229,14 @@ def _sample_cached(
         )
     single = np.unique(p_eps).size == 1
     if single:  # one private group: the standard getNoise(ε, c/N), and q = c/N itself
-        sigma = noise_for_rate(float(p_eps[0]), target_rate, delta, rounds, accountant)
+        sigma = noise_for_rate(float(p_eps[0]), target_rate, delta, rounds, accountant, noise)
         proposed = np.where(eps[private] == p_eps[0], target_rate, np.nan)
     else:
         found_sigma, found = calibration.group_sampling_rates(
             p_eps,
             p_size,
             target_rate,
-            client_plan(1.0, delta, rounds),
+            client_plan(1.0, delta, rounds, noise),
             rate_tol=rate_tol,
             accountant=accountant,
         )
@@ -221,7 +251,7 @@ def _sample_cached(
     # computed at this σ; otherwise (stale, missing, over budget) it is recomputed with the
     # calibration's bisection (pdpfl.calibration.binary_search.bisect_rates).
     def eps_of(q: np.ndarray) -> np.ndarray:
-        return _exact_eps(q, sigma, delta, rounds, accountant)
+        return _exact_eps(q, sigma, delta, rounds, accountant, noise)
 
     fresh = proposed.copy()
     ok = np.isfinite(proposed) & (proposed >= 0) & (proposed <= 1)

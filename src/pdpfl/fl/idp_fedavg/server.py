@@ -34,6 +34,7 @@ from pdpfl.randomness import Randomness
 
 if TYPE_CHECKING:  # pragma: no cover
     from pdpfl.dp.extra_rows import ExtraRows
+    from pdpfl.fl.aggregation.discrete_shares import ShareEncoding
 
 __all__ = ["CentralIdpServer", "DistributedIdpServer", "IdpFedAvgServer"]
 
@@ -56,7 +57,7 @@ class IdpFedAvgServer(ABC):
 
     public_metrics: ClassVar[frozenset[str]] = frozenset()
     #: The clients' discrete share encoding (distributed variant; None: float updates).
-    share_encoding: Any = None
+    share_encoding: ShareEncoding | None = None
     needs_individual_updates: ClassVar[bool] = False
 
     def __init__(
@@ -193,6 +194,8 @@ class CentralIdpServer(IdpFedAvgServer):
             below -= 0.5 * (int(self.extra_rows.counts.sum()) - before)  # all above C_t
         # (no accounted client at all -- every group ε = ∞ -- needs no noise)
         accounted = any(setup.accounted(g) for g in range(len(setup.budgets)))
+        if setup.central_noise == "discrete":
+            return self._aggregate_discrete(t, global_params, sums, below, accounted)
         mean = noisy_normalised_sum(
             sums,
             setup.aggregation_noise(self.clip_norm) if accounted else None,
@@ -208,6 +211,47 @@ class CentralIdpServer(IdpFedAvgServer):
         new = self._step(global_params, [m.numpy() for m in mean])
         self._adapt(unclipped)
         return new
+
+    def _aggregate_discrete(
+        self, t: int, global_params: Params, sums: list[Any], below: float, accounted: bool
+    ) -> Params:
+        """``privacy.central_noise: discrete`` (:mod:`pdpfl.fl.idp_fedavg.central_discrete`): the
+        clipped sum in units of C_t on the grid γ = 2^k + an exact N_Z(0, σ_Z²)^d, the count
+        2·Σ(1[‖Δ‖ ≤ C_t] − ½) ∈ Z + an exact N_Z(0, (2σ_b)²), each through the one noise adder;
+        then ×C_t/denominator and b̃_t = count/(2·denominator) + ½ (post-processing)."""
+        import torch
+
+        from pdpfl.dp.noise import add_noise
+        from pdpfl.dp.steps import noisy_normalised_sum
+        from pdpfl.fl.idp_fedavg import central_discrete
+
+        setup, clip = self.setup, float(self.clip_norm)
+        value = central_discrete.value_noise(setup) if accounted else None
+        count = central_discrete.count_noise(setup)
+        if accounted:  # the noises drawn are at least what every ledger charges
+            central_discrete.check_drawn(setup)
+        units = [s.to(torch.float64) / clip for s in sums]  # C_t = 1: a fixed grid
+        mean = noisy_normalised_sum(
+            units, value, setup.denominator, self.randomness.stream("aggregation-noise", t)
+        )
+        unclipped = 0.0
+        if count is not None:
+            doubled = torch.tensor([round(2.0 * below)], dtype=torch.int64)  # an integer already
+            add_noise(doubled, count, self.randomness.stream("count-noise", t))
+            unclipped = float(doubled[0]) / (2.0 * setup.denominator) + 0.5
+        new = self._step(global_params, [m.numpy() * clip for m in mean])
+        self._adapt(unclipped)
+        return new
+
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()
+        if self.setup.central_noise == "discrete" and any(
+            self.setup.accounted(g) for g in range(len(self.setup.budgets))
+        ):  # for the run summary (derived from the setup: ignored when loading)
+            from pdpfl.fl.idp_fedavg.central_discrete import summary
+
+            state["central_noise"] = summary(self.setup)
+        return state
 
     def _clipped_sum(
         self, stacked: list[Any], shapes: list[tuple[int, ...]], factors: np.ndarray

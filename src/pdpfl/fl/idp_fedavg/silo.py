@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import math
 from abc import abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -57,6 +57,7 @@ from pdpfl.randomness import Randomness
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
+    from pdpfl.data.federation import ClientData
     from pdpfl.dp.extra_rows import ExtraRows
 
 __all__ = ["CentralIdpSilo", "DistributedIdpSilo", "IdpJob", "IdpSilo"]
@@ -114,7 +115,7 @@ class IdpSilo(BatchedSilo[IdpJob, Delta]):
     def __init__(
         self,
         client_id: int,
-        data: Any,
+        data: ClientData,
         budget: float,
         setup: IdpSetup,
         *,
@@ -185,7 +186,7 @@ class IdpSilo(BatchedSilo[IdpJob, Delta]):
         exceed = self.ledger.would_exceed(adversary=self.adversary, budgets=self.enforced)
         return ~np.asarray(exceed, dtype=bool) & (self.ledger.rates > 0)
 
-    def batch_key(self) -> Any:
+    def batch_key(self) -> Hashable:
         return (type(self), self.setup, self.model_key)
 
     # -- the two-phase step ------------------------------------------------------------------

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -27,6 +27,8 @@ from pdpfl.fl.api import Params, Scalars
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
+
+    from pdpfl.randomness import RandomStream
 
 __all__ = [
     "LocalTraining",
@@ -77,7 +79,7 @@ def choose_strategy(strategy: str, model: torch.nn.Module) -> str:
 
 
 def repeated_epochs(
-    x: torch.Tensor, y: torch.Tensor, epochs: int, stream: Any
+    x: torch.Tensor, y: torch.Tensor, epochs: int, stream: RandomStream
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """E shuffled passes over a client's data, concatenated (``shuffle().repeat(E)`` in flidp):
     minibatches of the concatenation may span an epoch boundary, as in the reference."""

@@ -14,7 +14,14 @@ from pydantic import Field
 from pdpfl.config import ExperimentConfig
 from pdpfl.fl.algorithm import Algorithm, PublicSetup, register_algorithm
 from pdpfl.fl.api import FederationInfo
-from pdpfl.fl.common import accountant_problems, client_budgets, initial_params, silo_model
+from pdpfl.fl.common import (
+    BudgetSource,
+    ModelSource,
+    accountant_problems,
+    client_budgets,
+    initial_params,
+    silo_model,
+)
 from pdpfl.fl.idp_sgd.mechanism import ScaleSetup, round_events, scale_setup
 from pdpfl.fl.idp_sgd.server import ScaleServer
 from pdpfl.fl.idp_sgd.silo import ScaleSilo
@@ -64,7 +71,9 @@ class ScaleConfig(Algorithm):
         if any(g <= 0 for g in self.groups or ()):
             problems.append("algorithm.groups: every group's ε must be > 0")
         return problems + accountant_problems(
-            config, round_events(config, self.sampling_rate), "idp-sgd-scale (a record)"
+            config.privacy.accountant,
+            round_events(config, self.sampling_rate),
+            "idp-sgd-scale (a record)",
         )
 
     def setup(self, config: ExperimentConfig, info: FederationInfo) -> ScaleSetup:
@@ -79,11 +88,15 @@ class ScaleConfig(Algorithm):
     ) -> ScaleServer:
         central = None
         if isinstance(setup, ScaleSetup) and setup.central_noise == "discrete":
-            model = silo_model(config, info)  # what the silos' steps add noise to
+            model = silo_model(
+                ModelSource.of(config.model, seed=config.seed, device=config.training.device), info
+            )  # what the silos' steps add noise to
             noise = setup.noise(sum(p.numel() for p in model.parameters() if p.requires_grad))
             central = noise.summary() if isinstance(noise, CentralDiscreteGaussianNoise) else None
         return ScaleServer(
-            initial_params(config, info),
+            initial_params(
+                ModelSource.of(config.model, seed=config.seed, device=config.training.device), info
+            ),
             client_rate=config.training.client_rate,
             randomness=randomness,
             server_lr=self.server_lr,
@@ -104,9 +117,11 @@ class ScaleConfig(Algorithm):
         tr = config.training
         return ScaleSilo(
             client_id,
-            silo_model(config, info),
+            silo_model(
+                ModelSource.of(config.model, seed=config.seed, device=config.training.device), info
+            ),
             data,
-            client_budgets(config, client_id, data),
+            client_budgets(BudgetSource.of(config.budgets, seed=config.seed), client_id, data),
             setup,
             randomness=randomness,
             normalizer=tr.batch_size_for(client_id),

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from pdpfl.fl.algorithm import PublicSetup
-from pdpfl.fl.common import public_budget_statistics
+from pdpfl.fl.common import BudgetSource, public_budget_statistics
 from pdpfl.privacy.mechanisms import Mechanism
 from pdpfl.privacy.noise import CentralDiscreteGaussianNoise, central_noise
 from pdpfl.privacy.plan import TrainingPlan
@@ -198,7 +198,7 @@ def group_noise(
 
 def default_groups(config: ExperimentConfig, top: float, points: int) -> list[float]:
     """``points`` budgets, geometric from the scenario's public minimum to ``top``."""
-    low, _ = public_budget_statistics(config)
+    low, _ = public_budget_statistics(BudgetSource.of(config.budgets, seed=config.seed))
     if low is None:
         raise ValueError(
             "algorithm.groups: required when the budgets come from files (no public minimum)"

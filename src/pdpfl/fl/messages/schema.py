@@ -106,7 +106,7 @@ class Outgoing:
     reply: Mapping[str, Any] = field(default_factory=dict)
     encoding: ShareLayout | None = None
 
-    def with_(self, **changes: Any) -> Outgoing:
+    def with_(self, **changes: object) -> Outgoing:
         """A copy with ``changes`` (the gate sets ``key`` and ``reply``; cheaper than
         :func:`dataclasses.replace`, which re-runs the constructor)."""
         new = object.__new__(Outgoing)
@@ -207,7 +207,7 @@ class Bytes:
         return None
 
 
-def _range_text(low: Any, high: Any) -> str:
+def _range_text(low: object, high: object) -> str:
     if low is not None and low is high:
         return f"= {_shown(low)}"
     if low is not None and high is not None:

@@ -18,7 +18,7 @@ from pydantic import Field, field_validator
 from pdpfl.config import ExperimentConfig, PrivacyUnitName
 from pdpfl.fl.algorithm import Algorithm, PublicSetup, register_algorithm
 from pdpfl.fl.api import FederationInfo
-from pdpfl.fl.common import accountant_problems, initial_params, silo_model
+from pdpfl.fl.common import ModelSource, accountant_problems, initial_params, silo_model
 from pdpfl.fl.prifedsync.mechanism import (
     Accounting,
     PriFedSyncSetup,
@@ -96,6 +96,9 @@ class PriFedSyncConfig(Algorithm):
     unit: ClassVar[PrivacyUnitName] = "record"
     summary: ClassVar[str] = "PriFedSync: personalized local models, elastic sync, federated f-DP"
     setup_type: ClassVar[type[PublicSetup]] = PriFedSyncSetup
+    #: Every local step can add the exact central discrete Gaussian (``privacy.central_noise:
+    #: discrete``; LocalStepsPlan(noise="discrete"), rdp only).
+    supports_central_discrete: ClassVar[bool] = True
 
     @property
     def neighbouring(self) -> str:
@@ -160,10 +163,20 @@ class PriFedSyncConfig(Algorithm):
                 problems.append(
                     f"algorithm.{field}: {len(value)} values for {n} clients (data.num_clients)"
                 )
+        discrete = pv.central_noise == "discrete"
+        if discrete and self.budget_accounting == "clt":
+            problems.append(
+                "algorithm.budget_accounting: clt is Theorem 2's central-limit μ of the Gaussian "
+                "mechanism; with privacy.central_noise: discrete the steps add the exact discrete "
+                "Gaussian, which has no proven μ-GDP bound (its trade-off function is not the "
+                "Gaussian's G_μ), so no GDP number is stated for it -- use "
+                "budget_accounting: rigorous (rdp) or privacy.central_noise: continuous"
+            )
         # the rigorous accountant of every client's ledger (and calibration, unless clt)
-        problems += accountant_problems(
-            config, client_events(config), f"prifedsync with sampler: {self.sampler} (a record)"
-        )
+        what = f"prifedsync with sampler: {self.sampler} (a record)"
+        if discrete:
+            what += " with central discrete noise (or set privacy.central_noise: continuous)"
+        problems += accountant_problems(config.privacy.accountant, client_events(config), what)
         return problems
 
     # -- building the algorithm --------------------------------------------------------------
@@ -178,7 +191,22 @@ class PriFedSyncConfig(Algorithm):
         setup: PublicSetup,
         randomness: Randomness,
     ) -> PriFedSyncServer:
-        return PriFedSyncServer(initial_params(config, info), server_lr=self.server_lr)
+        model_source = ModelSource.of(config.model, seed=config.seed, device=config.training.device)
+        central = None
+        if isinstance(setup, PriFedSyncSetup) and setup.central_noise == "discrete":
+            from pdpfl.privacy.noise import CentralDiscreteGaussianNoise
+
+            # the grid of the clients' steps (σ_j is each client's own; shown at σ = 1)
+            model = silo_model(model_source, info)
+            d = sum(p.numel() for p in model.parameters() if p.requires_grad)
+            grid = CentralDiscreteGaussianNoise(1.0, setup.max_grad_norm, d).summary()
+            grid.pop("noise_multiplier")
+            grid.pop("variance")
+            grid["noise_multiplier"] = "each client's own σ_j (its ledger)"
+            central = grid
+        return PriFedSyncServer(
+            initial_params(model_source, info), server_lr=self.server_lr, central_noise=central
+        )
 
     def client(
         self,
@@ -198,7 +226,9 @@ class PriFedSyncConfig(Algorithm):
             raise ValueError("training.batch_size: required (the public batch size B)")
         return PriFedSyncSilo(
             client_id,
-            silo_model(config, info),
+            silo_model(
+                ModelSource.of(config.model, seed=config.seed, device=config.training.device), info
+            ),
             data,
             setup,
             randomness=randomness,

@@ -32,7 +32,7 @@ import numpy as np
 from pdpfl.fl.algorithm import PublicSetup
 from pdpfl.privacy.accountant import mechanism_epsilon
 from pdpfl.privacy.mechanisms import Mechanism
-from pdpfl.privacy.noise import GaussianNoise
+from pdpfl.privacy.noise import CentralDiscreteGaussianNoise, GaussianNoise, central_noise
 from pdpfl.privacy.unit import LocalStepsPlan
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -111,6 +111,9 @@ class PriFedSyncSetup(PublicSetup):
     budget_accounting: str = "rigorous"
     evaluate: str = "local"
     rigorous_accountant: str = "rdp"
+    #: ``privacy.central_noise``: ``discrete`` -- every local step adds the exact central
+    #: discrete Gaussian on a grid (the plans' ``noise``; rdp only, no CLT figures).
+    central_noise: str = "continuous"
 
     @property
     def accountant(self) -> str:
@@ -120,9 +123,15 @@ class PriFedSyncSetup(PublicSetup):
             return self.rigorous_accountant
         return ACCOUNTANTS[self.budget_accounting]
 
-    def noise(self, plan: LocalStepsPlan) -> GaussianNoise:
-        """What each of a client's steps adds under its (calibrated) ``plan``: N(0, σ_j²C²)."""
-        return GaussianNoise(plan.noise_multiplier, self.max_grad_norm)
+    def noise(
+        self, plan: LocalStepsPlan, dimension: int | None = None
+    ) -> GaussianNoise | CentralDiscreteGaussianNoise:
+        """What each of a client's steps adds under its (calibrated) ``plan``: N(0, σ_j²C²), or
+        with ``central_noise: discrete`` the exact discrete Gaussian on the grid of the model's
+        ``dimension`` trainable coordinates (multiplier σ_j over γC + √d)."""
+        return central_noise(
+            self.central_noise, plan.noise_multiplier, self.max_grad_norm, dimension
+        )
 
 
 def public_setup(config: ExperimentConfig, info: FederationInfo) -> PriFedSyncSetup:
@@ -146,6 +155,7 @@ def public_setup(config: ExperimentConfig, info: FederationInfo) -> PriFedSyncSe
         budget_accounting=str(algo.budget_accounting),
         evaluate=str(algo.evaluate),
         rigorous_accountant=str(pv.accountant),
+        central_noise=str(pv.central_noise),
     )
 
 
@@ -158,6 +168,7 @@ def client_events(config: ExperimentConfig) -> list[Mechanism]:
         int(config.training.local_steps),
         float(config.privacy.delta),
         int(config.training.rounds),
+        noise="discrete" if config.privacy.central_noise == "discrete" else "continuous",
     )
     return [plan.round_event(np.array([0.5]), obs) for obs in plan.observers]
 
@@ -291,6 +302,7 @@ def client_plan(
         steps,
         float(setup.delta),
         planned,
+        noise="discrete" if setup.central_noise == "discrete" else "continuous",
     )
     if target_epsilon is None:
         if sigma is None:

@@ -54,6 +54,8 @@ def federation_report(clients: Mapping[int, object]) -> dict[str, Any]:
     ``eps_rigorous`` (the headline, every observer), ``mu_clt`` / ``eps_clt`` (Theorem 2's CLT,
     an approximation), the weak (μ_max) and the paper's strong (√(m − 1)·μ_max) federated GDP
     (Defs. 3.5 / 3.6), and the rigorous ε of the strong notion's (m − 1)-fold composition.
+    With ``privacy.central_noise: discrete`` every CLT/GDP figure is None (the exact discrete
+    Gaussian has no proven μ-GDP bound; only the rigorous ε is stated).
     """
     from pdpfl.privacy.gdp import federated_mu, gdp_epsilon
 
@@ -61,23 +63,25 @@ def federation_report(clients: Mapping[int, object]) -> dict[str, Any]:
     per: dict[int, dict[str, Any]] = {}
     mus: list[float] = []
     eps: list[float] = []
+    gdp = all(c.gdp_figures for c in silos.values())
     for cid, c in silos.items():
-        mus.append(c.clt_mu())
+        if gdp:
+            mus.append(c.clt_mu())
         eps.append(c.spent("rigorous"))
         per[cid] = {
             "participations": c.participations_charged,
             "noise_multiplier": c.mechanism.noise_multiplier,
             "local_steps": int(c.mechanism.local_steps),
             "eps_rigorous": eps[-1],
-            "mu_clt": mus[-1],
-            "eps_clt": c.spent("clt"),
+            "mu_clt": mus[-1] if gdp else None,
+            "eps_clt": c.spent("clt") if gdp else None,
             "target_epsilon": c.target_epsilon,
             "stopped": c.stopped,
         }
     any_c = next(iter(silos.values()))
     delta = any_c.mechanism.delta
-    weak = federated_mu(mus, "weak")
-    strong = federated_mu(mus, "strong")
+    weak = federated_mu(mus, "weak") if gdp else None
+    strong = federated_mu(mus, "strong") if gdp else None
     return {
         "delta": delta,
         "neighbouring": neighbouring(any_c.sampler),
@@ -85,7 +89,7 @@ def federation_report(clients: Mapping[int, object]) -> dict[str, Any]:
         "eps_rigorous_max": max(eps),
         "clt_mu_weak": weak,
         "clt_mu_strong": strong,
-        "clt_eps_weak": float(gdp_epsilon(weak, delta)),
-        "clt_eps_strong": float(gdp_epsilon(strong, delta)),
+        "clt_eps_weak": None if weak is None else float(gdp_epsilon(weak, delta)),
+        "clt_eps_strong": None if strong is None else float(gdp_epsilon(strong, delta)),
         "eps_strong_paper_rigorous": max(c.strong_epsilon() for c in silos.values()),
     }

@@ -32,7 +32,13 @@ class PriFedSyncServer:
     public_metrics: ClassVar[frozenset[str]] = frozenset()
     needs_individual_updates: ClassVar[bool] = False
 
-    def __init__(self, initial: Params, *, server_lr: float = 1.0) -> None:
+    def __init__(
+        self,
+        initial: Params,
+        *,
+        server_lr: float = 1.0,
+        central_noise: dict[str, Any] | None = None,
+    ) -> None:
         if not 0 < server_lr <= 1:
             raise ValueError(f"algorithm.server_lr: must be in (0, 1], got {server_lr}")
         self._initial = [np.asarray(p, dtype=np.float32).copy() for p in initial]
@@ -42,6 +48,9 @@ class PriFedSyncServer:
         self.rounds_done = 0
         self.empty_rounds = 0
         self._last_joined = 0
+        #: The clients' central discrete grid (``privacy.central_noise: discrete``) for the run
+        #: summary; derived from the config, not loaded back.
+        self.central_noise = central_noise
 
     def initial_params(self) -> Params:
         return [p.copy() for p in self._initial]
@@ -78,6 +87,7 @@ class PriFedSyncServer:
             "rounds_done": self.rounds_done,
             "empty_rounds": self.empty_rounds,
             "participation": {},
+            **({} if self.central_noise is None else {"central_noise": dict(self.central_noise)}),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

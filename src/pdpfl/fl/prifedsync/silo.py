@@ -137,7 +137,9 @@ class PriFedSyncSilo(Silo):
         )
         #: What each local step adds (σ_j after calibration, C): the description the ledger's
         #: mechanism is built from and every step draws from.
-        self.noise = setup.noise(plan)
+        self.noise = setup.noise(
+            plan, sum(p.numel() for p in model.parameters() if p.requires_grad)
+        )
         #: The client's mechanism (σ_j, K_j after calibration) and its ratio γ = B/n.
         self.mechanism = plan.with_noise(self.noise.noise_multiplier)
         #: The client's target ε at δ (None: none; the records' budget is then the planned ε).
@@ -211,8 +213,20 @@ class PriFedSyncSilo(Silo):
         count = self.participations_charged if participations is None else int(participations)
         return epsilon(self.mechanism, self.rate, count, accounting, self.setup.rigorous_accountant)
 
+    @property
+    def gdp_figures(self) -> bool:
+        """Whether the CLT GDP figures exist: not for the exact discrete Gaussian
+        (``privacy.central_noise: discrete``), which has no proven μ-GDP bound."""
+        return self.setup.central_noise != "discrete"
+
     def clt_mu(self, participations: int | None = None) -> float:
-        """Theorem 2's CLT μ_j after the charged participations (an approximation)."""
+        """Theorem 2's CLT μ_j after the charged participations (an approximation; refused for
+        discrete noise, :attr:`gdp_figures`)."""
+        if not self.gdp_figures:
+            raise ValueError(
+                "clt_mu: the steps add the exact discrete Gaussian (privacy.central_noise: "
+                "discrete), which has no proven μ-GDP bound; no CLT μ is stated for it"
+            )
         count = self.participations_charged if participations is None else int(participations)
         return clt_mu(self.mechanism, self.rate, count)
 
@@ -236,6 +250,12 @@ class PriFedSyncSilo(Silo):
         not one per client)."""
         from dataclasses import replace
 
+        if not self.gdp_figures:  # the exact discrete Gaussian: no GDP figure at all
+            summary = self.ledger.summary()
+            if self.target_epsilon is None:
+                labelled = tuple(replace(g, label=NO_TARGET) for g in summary.groups)
+                summary = replace(summary, groups=labelled)
+            return summary
         summary = self.ledger.summary(approximate="gdp-clt")
         mu = self.clt_mu()
         approx = {

@@ -40,7 +40,7 @@ from pdpfl.fl.common import (
     public_budget_statistics,
     silo_model,
 )
-from pdpfl.fl.rpdp.config import DpFedAvgConfig
+from pdpfl.fl.rpdp.config import DpFedAvgConfig, budget_source, mechanism_spec, model_source
 from pdpfl.fl.rpdp.mechanism import (
     DpFedAvgSetup,
     fit_published_estimator,
@@ -49,11 +49,17 @@ from pdpfl.fl.rpdp.mechanism import (
     personalized_setup,
     setup_fields,
 )
+from pdpfl.fl.rpdp.server import FedAvgServer
 from pdpfl.fl.template import RoundPlan, Silo
 from pdpfl.ledger import GroupSummary, PrivacySummary
 from pdpfl.ledger.groups import budget_groups, over_budget
 from pdpfl.ledger.summary import OBSERVERS
-from pdpfl.privacy.noise import GaussianNoise, check_charged
+from pdpfl.privacy.noise import (
+    CentralDiscreteGaussianNoise,
+    GaussianNoise,
+    central_noise,
+    check_charged,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -100,7 +106,7 @@ class _UniformBase(DpFedAvgConfig):
         return problems
 
     def _public_statistic(self, config: ExperimentConfig) -> float | None:
-        minimum, mean = public_budget_statistics(config)
+        minimum, mean = public_budget_statistics(budget_source(config))
         return {"minimum": minimum, "mean": mean}.get(self.statistic or "")
 
     def uniform_epsilon(self, config: ExperimentConfig) -> float:
@@ -115,6 +121,7 @@ class _UniformBase(DpFedAvgConfig):
     def setup(self, config: ExperimentConfig, info: FederationInfo) -> DpFedAvgSetup:
         """Uniform DP-FedAvg at the public ε (same σ and F as rPDP-FL, or a fixed q)."""
         eps = self.uniform_epsilon(config)
+        spec = mechanism_spec(config)
         if self.sampling_rate is not None:
             from pdpfl.calibration import noise_for_uniform_rate
 
@@ -122,9 +129,9 @@ class _UniformBase(DpFedAvgConfig):
                 noise_for_uniform_rate(
                     eps,
                     self.sampling_rate,
-                    mechanism_plan(config, 1.0),
-                    adversary=config.privacy.adversary,
-                    accountant=config.privacy.accountant,
+                    mechanism_plan(spec, 1.0),
+                    adversary=spec.adversary,
+                    accountant=spec.accountant,
                 )
             )
             return DpFedAvgSetup(
@@ -132,10 +139,10 @@ class _UniformBase(DpFedAvgConfig):
                 noise_multiplier=sigma,
                 uniform_epsilon=eps,
                 uniform_rate=float(self.sampling_rate),
-                **setup_fields(config),
+                **setup_fields(spec),
             )
-        sigma = noise_multiplier(config)
-        est = fit_published_estimator(config, sigma)
+        sigma = noise_multiplier(spec)
+        est = fit_published_estimator(spec, sigma)
         q = float(np.clip(est.rates(np.array([eps]))[0], 0.0, 1.0))
         if q <= 0:
             raise ValueError(
@@ -148,7 +155,7 @@ class _UniformBase(DpFedAvgConfig):
             uniform_epsilon=eps,
             uniform_rate=q,
             estimator=est.to_dict(),
-            **setup_fields(config),
+            **setup_fields(spec),
         )
 
 
@@ -201,7 +208,8 @@ class PrivacyFreeConfig(DpFedAvgConfig):
     summary: ClassVar[str] = "FedAvg without DP (the utility ceiling)"
 
     def setup(self, config: ExperimentConfig, info: FederationInfo) -> DpFedAvgSetup:
-        return DpFedAvgSetup(mode="non-private", noise_multiplier=0.0, **setup_fields(config))
+        fields = setup_fields(mechanism_spec(config))
+        return DpFedAvgSetup(mode="non-private", noise_multiplier=0.0, **fields)
 
 
 @register_algorithm
@@ -213,7 +221,7 @@ class CentralizedConfig(DpFedAvgConfig):
     summary: ClassVar[str] = "rPDP-SGD on the pooled data (simulation only)"
 
     def setup(self, config: ExperimentConfig, info: FederationInfo) -> DpFedAvgSetup:
-        return personalized_setup(config)
+        return personalized_setup(mechanism_spec(config))
 
     def prepare(
         self, config: ExperimentConfig, federation: Federation
@@ -245,10 +253,15 @@ class FilterSetup(PublicSetup):
     max_grad_norm: float
     adversary: str = "both"
     order: float | None = None
+    central_noise: str = "continuous"
 
-    def noise(self) -> GaussianNoise:
-        """What every filtered GD step adds: N(0, σ²C²) per coordinate."""
-        return GaussianNoise(self.noise_multiplier, self.max_grad_norm)
+    def noise(self, dimension: int | None = None) -> GaussianNoise | CentralDiscreteGaussianNoise:
+        """What every filtered GD step adds: N(0, σ²C²) per coordinate, or with
+        ``central_noise: discrete`` the exact discrete Gaussian on the grid of the
+        ``dimension`` trainable coordinates (:mod:`pdpfl.dp.filter`)."""
+        return central_noise(
+            self.central_noise, self.noise_multiplier, self.max_grad_norm, dimension
+        )
 
 
 class FilterSilo(Silo):
@@ -283,7 +296,7 @@ class FilterSilo(Silo):
     ) -> None:
         import torch
 
-        from pdpfl.dp.filter import FilterState, best_filter_orders
+        from pdpfl.dp.filter import FilterState, accounting_clip, best_filter_orders
         from pdpfl.dp.steps import check_normalizer
 
         super().__init__(client_id, None, adversary=setup.adversary)
@@ -311,11 +324,13 @@ class FilterSilo(Silo):
                 "filter_order unset (each record its best order), or set "
                 "privacy.allow_exclusion: true to train without them"
             )
-        #: What every step adds: N(0, σ²C²) per coordinate; the filter's budgets (and every
-        #: ε reported) are stated in its σ and C.
-        self.noise = setup.noise()
+        #: What every step adds: N(0, σ²C²) per coordinate (or the exact discrete noise on the
+        #: grid of the trainable coordinates); the filter's budgets (and every ε reported) are
+        #: stated in its σ and C (C' = C + √d/γ for the discrete noise: accounting_clip).
+        self.noise = setup.noise(sum(p.numel() for p in model.parameters() if p.requires_grad))
         self._charged = self.noise.noise_multiplier
-        scale = 2 * self.noise.noise_multiplier**2 * self.noise.sensitivity**2
+        self.accounting_clip = accounting_clip(self.noise)
+        scale = 2 * self.noise.noise_multiplier**2 * self.accounting_clip**2
         self.state = FilterState.start(np.maximum(rho, 0.0) * scale / self.alphas)
 
     def spent_epsilon(self) -> np.ndarray:
@@ -326,7 +341,7 @@ class FilterSilo(Silo):
             self.state.spent,
             delta=self.setup.delta,
             noise_multiplier=self._charged,
-            max_grad_norm=self.noise.sensitivity,
+            max_grad_norm=self.accounting_clip,
             alphas=self.alphas,
         )
         return np.where(self.state.spent > 0, eps, 0.0)
@@ -365,7 +380,7 @@ class FilterSilo(Silo):
             ]
         )
 
-    def _noise(self) -> GaussianNoise:
+    def _noise(self) -> GaussianNoise | CentralDiscreteGaussianNoise:
         """The noise of this round's steps, checked against the σ the filter accounts."""
         check_charged(self.noise, self._charged, what=f"silo {self.client_id}")
         return self.noise
@@ -450,13 +465,13 @@ class CentralizedFilterConfig(CentralizedConfig):
         "record the order that maximises its squared-norm budget)",
     )
     summary: ClassVar[str] = "Filter: private GD with an individual Rényi filter (pooled data)"
-    #: The filter's budgets are stated in the continuous Gaussian's σ and C.
-    supports_central_discrete: ClassVar[bool] = False
+    #: Its steps can add the exact discrete Gaussian (budgets then in C' = C + √d/γ).
+    supports_central_discrete: ClassVar[bool] = True
     setup_type: ClassVar[type[PublicSetup]] = FilterSetup
 
     def accountant_problems(self, config: ExperimentConfig) -> list[str]:
         """The Rényi filter has no event: only ``rdp`` accounts it."""
-        return accountant_problems(config, None, self.name)
+        return accountant_problems(config.privacy.accountant, None, self.name)
 
     def setup(self, config: ExperimentConfig, info: FederationInfo) -> FilterSetup:  # type: ignore[override]
         """σ = ``privacy.noise_multiplier``, or the σ at which a record of budget ε_max
@@ -481,7 +496,24 @@ class CentralizedFilterConfig(CentralizedConfig):
             max_grad_norm=tr.max_grad_norm,
             adversary=pv.adversary,
             order=self.filter_order,
+            central_noise=pv.central_noise,
         )
+
+    def server(
+        self,
+        config: ExperimentConfig,
+        info: FederationInfo,
+        setup: PublicSetup,
+        randomness: Randomness,
+    ) -> FedAvgServer:
+        """The centralized server, showing the steps' discrete grid in ``summary.json``."""
+        server = super().server(config, info, setup, randomness)
+        if isinstance(setup, FilterSetup) and setup.central_noise == "discrete":
+            model = silo_model(model_source(config), info)  # what the steps add noise to
+            noise = setup.noise(sum(p.numel() for p in model.parameters() if p.requires_grad))
+            if isinstance(noise, CentralDiscreteGaussianNoise):
+                server.central_noise = noise.summary()
+        return server
 
     def client(  # type: ignore[override]
         self,
@@ -503,9 +535,9 @@ class CentralizedFilterConfig(CentralizedConfig):
             )
         return FilterSilo(
             client_id,
-            silo_model(config, info),
+            silo_model(model_source(config), info),
             data,
-            client_budgets(config, client_id, data),
+            client_budgets(budget_source(config), client_id, data),
             setup,
             randomness=randomness,
             normalizer=float(batch),

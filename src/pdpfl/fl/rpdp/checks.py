@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from pdpfl.config import ExperimentConfig
+from pdpfl.fl.common import BudgetSource, client_budgets
 
 __all__ = ["MIX_TOLERANCE", "check_budget_mix"]
 
@@ -20,22 +20,21 @@ __all__ = ["MIX_TOLERANCE", "check_budget_mix"]
 MIX_TOLERANCE = 0.05
 
 
-def check_budget_mix(config: ExperimentConfig, clients: list[Any]) -> None:
+def check_budget_mix(source: BudgetSource, clients: list[Any]) -> None:
     """Refuse a discrete budget scenario whose shares the silos are too small to keep."""
     from pdpfl import budgets as budgets_mod
-    from pdpfl.fl.common import client_budgets
     from pdpfl.seeding import numpy_generator
 
-    if config.budgets.file is not None:
+    if source.file is not None:
         return  # per-record budgets from a file: no configured shares
     # what the silos will draw (cheap: one draw per record), then the mix they should keep
-    realized = np.concatenate([client_budgets(config, k, c) for k, c in enumerate(clients)])
-    scenario = budgets_mod.make_scenario(config.budgets.scenario, **config.budgets.params)
+    realized = np.concatenate([client_budgets(source, k, c) for k, c in enumerate(clients)])
+    scenario = budgets_mod.make_scenario(source.scenario, **source.params)
     if isinstance(scenario, budgets_mod.PerLabel):
         return  # the labels decide: no configured shares to keep
     total = sum(len(c.y_train) for c in clients)
     reference = budgets_mod.assign_budgets(
-        scenario, total, numpy_generator(config.seed, "budget-mix-check")
+        scenario, total, numpy_generator(source.seed, "budget-mix-check")
     )
     levels, want = np.unique(reference, return_counts=True)
     if len(levels) > 8:
@@ -47,7 +46,7 @@ def check_budget_mix(config: ExperimentConfig, clients: list[Any]) -> None:
     sizes = [len(c.y_train) for c in clients]
     fmt = ", ".join
     raise ValueError(
-        f"budgets: the {config.budgets.scenario} mix cannot be kept in silos this small: "
+        f"budgets: the {source.scenario} mix cannot be kept in silos this small: "
         f"configured {fmt(f'ε={v:g}: {w:.0%}' for v, w in zip(levels, want_share, strict=True))}"
         ", but the records got "
         f"{fmt(f'ε={v:g}: {g:.0%}' for v, g in zip(levels, got_share, strict=True))}"

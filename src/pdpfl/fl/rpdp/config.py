@@ -4,6 +4,11 @@
 and builds the shared server and silo; each concrete algorithm only says what it publishes
 (:meth:`~pdpfl.fl.algorithm.Algorithm.setup`): rPDP-FL the personalized estimator F
 (:func:`~pdpfl.fl.rpdp.mechanism.personalized_setup`), the baselines a uniform rate or no DP.
+
+This is the family's edge: its methods read the experiment config, once each, into plain values
+-- :func:`mechanism_spec` (the mechanism's public parameters), :func:`model_source` (x⁰) and
+:func:`budget_source` (the silos' budgets) -- and the mechanism, the checks and the shared
+helpers (:mod:`pdpfl.fl.common`) take those values, never the config.
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ from pdpfl.config import ExperimentConfig
 from pdpfl.fl.algorithm import Algorithm, PublicSetup, register_algorithm
 from pdpfl.fl.api import FederationInfo
 from pdpfl.fl.common import (
+    BudgetSource,
+    ModelSource,
     accountant_problems,
     client_budgets,
     initial_params,
@@ -23,7 +30,12 @@ from pdpfl.fl.common import (
     silo_model,
 )
 from pdpfl.fl.rpdp.checks import check_budget_mix
-from pdpfl.fl.rpdp.mechanism import DpFedAvgSetup, personalized_setup, round_events
+from pdpfl.fl.rpdp.mechanism import (
+    DpFedAvgSetup,
+    MechanismSpec,
+    personalized_setup,
+    round_events,
+)
 from pdpfl.fl.rpdp.server import FedAvgServer
 from pdpfl.fl.rpdp.silo import DpFedAvgSilo
 
@@ -31,7 +43,40 @@ if TYPE_CHECKING:  # pragma: no cover
     from pdpfl.data.federation import ClientData, Federation
     from pdpfl.randomness import Randomness
 
-__all__ = ["DpFedAvgConfig", "RpdpConfig"]
+__all__ = ["DpFedAvgConfig", "RpdpConfig", "budget_source", "mechanism_spec", "model_source"]
+
+
+def budget_source(config: ExperimentConfig) -> BudgetSource:
+    """Where the silos' budgets come from (``budgets:`` and the seed)."""
+    return BudgetSource.of(config.budgets, seed=config.seed)
+
+
+def model_source(config: ExperimentConfig) -> ModelSource:
+    """What x⁰ is built from (``model:``, the seed) and where the silos train it."""
+    return ModelSource.of(config.model, seed=config.seed, device=config.training.device)
+
+
+def mechanism_spec(config: ExperimentConfig) -> MechanismSpec:
+    """The DP-FedAvg mechanism's public parameters: ``privacy:`` (σ or ε_max, δ, observer,
+    calibration, accountant, central noise, exclusion), ``training:`` (τ, T, λ, C), the
+    participation and the public budget scenario."""
+    pv, tr = config.privacy, config.training
+    return MechanismSpec(
+        delta=pv.delta,
+        local_steps=tr.local_steps,
+        rounds=tr.rounds,
+        client_rate=tr.client_rate,
+        max_grad_norm=tr.max_grad_norm,
+        noise_multiplier=pv.noise_multiplier,
+        epsilon_max=pv.epsilon_max,
+        adversary=pv.adversary,
+        calibration=pv.calibration,
+        accountant=pv.accountant,
+        participation=config.participation,
+        central_noise=pv.central_noise,
+        allow_exclusion=pv.allow_exclusion,
+        budgets=budget_source(config),
+    )
 
 
 class DpFedAvgConfig(Algorithm):
@@ -61,19 +106,23 @@ class DpFedAvgConfig(Algorithm):
                     "training.batch_size: required under DP -- the public expected batch size B "
                     "that divides each step's noisy sum (e.g. 32; one value or one per silo)"
                 )
-            problems += noise_source_problems(config, "σ such that q = 1 spends ε_max")
+            problems += noise_source_problems(config.privacy, "σ such that q = 1 spends ε_max")
             problems += self.accountant_problems(config)
         return problems
 
     def accountant_problems(self, config: ExperimentConfig) -> list[str]:
         """``privacy.accountant`` must interpret the two-stage round every record is charged
         (calibration, σ from ε_max and the silos' ledgers all use it)."""
-        return accountant_problems(config, round_events(config), f"{self.name} (a record)")
+        return accountant_problems(
+            config.privacy.accountant,
+            round_events(mechanism_spec(config)),
+            f"{self.name} (a record)",
+        )
 
     def algorithm_checks(self, config: ExperimentConfig, federation: Federation) -> list[str]:
         """Each silo can keep the configured budget mix (after the shared checks)."""
         if self.private:
-            check_budget_mix(config, list(federation.clients))
+            check_budget_mix(budget_source(config), list(federation.clients))
         return []
 
     def server(
@@ -83,14 +132,15 @@ class DpFedAvgConfig(Algorithm):
         setup: PublicSetup,
         randomness: Randomness,
     ) -> FedAvgServer:
+        model = model_source(config)
         central = None
         if isinstance(setup, DpFedAvgSetup) and setup.private and setup.central_noise == "discrete":
-            model = silo_model(config, info)  # what the silos' steps add noise to
-            d = sum(p.numel() for p in model.parameters() if p.requires_grad)
+            built = silo_model(model, info)  # what the silos' steps add noise to
+            d = sum(p.numel() for p in built.parameters() if p.requires_grad)
             noise = setup.noise(d)
             central = noise.summary() if hasattr(noise, "summary") else None
         return FedAvgServer(
-            initial_params(config, info),
+            initial_params(model, info),
             client_rate=config.training.client_rate,
             randomness=randomness,
             server_lr=self.server_lr,
@@ -120,9 +170,9 @@ class DpFedAvgConfig(Algorithm):
         tr = config.training
         return DpFedAvgSilo(
             client_id,
-            silo_model(config, info),
+            silo_model(model_source(config), info),
             data,
-            client_budgets(config, client_id, data),
+            client_budgets(budget_source(config), client_id, data),
             setup,
             randomness=randomness,
             normalizer=batch if setup.private else None,
@@ -150,4 +200,4 @@ class RpdpConfig(DpFedAvgConfig):
     summary: ClassVar[str] = "rPDP-FL: every record its own ε (two-stage sampling, certified ε→q)"
 
     def setup(self, config: ExperimentConfig, info: FederationInfo) -> DpFedAvgSetup:
-        return personalized_setup(config)
+        return personalized_setup(mechanism_spec(config))

@@ -6,6 +6,10 @@ q = 1 spends ``privacy.epsilon_max`` -- computes the sampling-probability estima
 observer(s), and sends both to every silo, which maps its own records' budgets to q_ij = F(ε_ij)
 locally (budgets never leave the silo). The same :class:`DpFedAvgSetup` describes the uniform
 baselines (one q for every kept record) and the privacy-free baseline.
+
+Nothing here reads the experiment config: the config section
+(:func:`pdpfl.fl.rpdp.config.mechanism_spec`) reads it once into a :class:`MechanismSpec`,
+and every function below takes that value.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import numpy as np
 
 from pdpfl.fl.algorithm import PublicSetup
 from pdpfl.fl.common import (
+    BudgetSource,
     noise_for_max_budget_cached,
     public_budget_statistics,
 )
@@ -26,11 +31,11 @@ from pdpfl.privacy.plan import TrainingPlan
 
 if TYPE_CHECKING:  # pragma: no cover
     from pdpfl.calibration import RateEstimator
-    from pdpfl.config import ExperimentConfig
     from pdpfl.dp.noise import CentralNoise
 
 __all__ = [
     "DpFedAvgSetup",
+    "MechanismSpec",
     "Mode",
     "check_feasible",
     "fit_published_estimator",
@@ -143,84 +148,107 @@ class DpFedAvgSetup(PublicSetup):
         return np.where(keep, q, 0.0)
 
 
-def mechanism_plan(config: ExperimentConfig, sigma: float) -> TrainingPlan:
-    """The public :class:`~pdpfl.privacy.plan.TrainingPlan` (σ, δ, τ, T, λ) of a config."""
-    tr = config.training
+@dataclass(frozen=True)
+class MechanismSpec:
+    """What the configuration asks of the DP-FedAvg mechanism, read once from it (public).
+
+    ``noise_multiplier`` / ``epsilon_max`` are the two ways to fix σ (exactly one is set for a
+    private run); δ, τ, T, λ, C, the observer(s), the calibration of F, the accountant, the
+    participation and the central noise are the fields :class:`DpFedAvgSetup` publishes;
+    ``allow_exclusion`` and the public ``budgets`` scenario decide :func:`check_feasible`.
+    """
+
+    delta: float
+    local_steps: int
+    rounds: int
+    client_rate: float
+    max_grad_norm: float
+    noise_multiplier: float | None = None
+    epsilon_max: float | None = None
+    adversary: str = "both"
+    calibration: str = "certified"
+    accountant: str = "rdp"
+    participation: str = "visible"
+    central_noise: str = "continuous"
+    allow_exclusion: bool = False
+    budgets: BudgetSource = BudgetSource()
+
+
+def mechanism_plan(spec: MechanismSpec, sigma: float) -> TrainingPlan:
+    """The public :class:`~pdpfl.privacy.plan.TrainingPlan` (σ, δ, τ, T, λ) of a mechanism."""
     return TrainingPlan(
         noise_multiplier=float(sigma),
-        delta=config.privacy.delta,
-        steps=tr.local_steps,
-        rounds=tr.rounds,
-        client_rate=tr.client_rate,
-        noise=config.privacy.central_noise,
+        delta=spec.delta,
+        steps=spec.local_steps,
+        rounds=spec.rounds,
+        client_rate=spec.client_rate,
+        noise="discrete" if spec.central_noise == "discrete" else "continuous",
     )
 
 
-def noise_multiplier(config: ExperimentConfig) -> float:
+def noise_multiplier(spec: MechanismSpec) -> float:
     """σ: ``privacy.noise_multiplier``, or the σ at which q = 1 spends exactly ε_max (under
     ``privacy.accountant``, the accountant of the estimator and the ledgers)."""
-    pv, tr = config.privacy, config.training
-    if pv.noise_multiplier is not None:
-        return float(pv.noise_multiplier)
-    if pv.epsilon_max is None:
+    if spec.noise_multiplier is not None:
+        return float(spec.noise_multiplier)
+    if spec.epsilon_max is None:
         raise ValueError("privacy: set privacy.noise_multiplier or privacy.epsilon_max")
     return noise_for_max_budget_cached(
-        float(pv.epsilon_max),
-        pv.delta,
-        tr.local_steps,
-        tr.rounds,
-        tr.client_rate,
-        config.privacy.adversary,
-        config.privacy.accountant,
-        config.privacy.central_noise,
+        float(spec.epsilon_max),
+        spec.delta,
+        spec.local_steps,
+        spec.rounds,
+        spec.client_rate,
+        spec.adversary,
+        spec.accountant,
+        spec.central_noise,
     )
 
 
-def fit_published_estimator(config: ExperimentConfig, sigma: float) -> RateEstimator:
-    """F for the config's mechanism and observer (memoized inside the calibrators)."""
+def fit_published_estimator(spec: MechanismSpec, sigma: float) -> RateEstimator:
+    """F for the mechanism and observer (memoized inside the calibrators)."""
     from pdpfl.calibration import fit_estimator
 
     return fit_estimator(
-        mechanism_plan(config, sigma),
-        method=config.privacy.calibration,
-        adversary=config.privacy.adversary,
-        accountant=config.privacy.accountant,
+        mechanism_plan(spec, sigma),
+        method=spec.calibration,
+        adversary=spec.adversary,
+        accountant=spec.accountant,
     )
 
 
-def round_events(config: ExperimentConfig) -> list[Mechanism]:
-    """The events a record's ledger charges per round under this config (both observers: the
-    ledger accounts both whatever ``privacy.adversary`` enforces), at a nominal σ and rate."""
-    plan = mechanism_plan(config, 1.0)
+def round_events(spec: MechanismSpec) -> list[Mechanism]:
+    """The events a record's ledger charges per round under this mechanism (both observers:
+    the ledger accounts both whatever ``privacy.adversary`` enforces), at a nominal σ and rate."""
+    plan = mechanism_plan(spec, 1.0)
     return [plan.round_event(np.array([0.5]), obs) for obs in plan.observers]
 
 
-def setup_fields(config: ExperimentConfig) -> dict[str, Any]:
+def setup_fields(spec: MechanismSpec) -> dict[str, Any]:
     """The fields every DP-FedAvg setup shares (δ, τ, T, λ, C, observer, ...)."""
-    tr, pv = config.training, config.privacy
     return dict(
-        delta=pv.delta,
-        local_steps=tr.local_steps,
-        rounds=tr.rounds,
-        client_rate=tr.client_rate,
-        max_grad_norm=tr.max_grad_norm,
-        adversary=pv.adversary,
-        calibration=pv.calibration,
-        accountant=pv.accountant,
-        participation=config.participation,
-        central_noise=pv.central_noise,
+        delta=spec.delta,
+        local_steps=spec.local_steps,
+        rounds=spec.rounds,
+        client_rate=spec.client_rate,
+        max_grad_norm=spec.max_grad_norm,
+        adversary=spec.adversary,
+        calibration=spec.calibration,
+        accountant=spec.accountant,
+        participation=spec.participation,
+        central_noise=spec.central_noise,
     )
 
 
-def check_feasible(config: ExperimentConfig, estimator: RateEstimator) -> None:
+def check_feasible(spec: MechanismSpec, estimator: RateEstimator) -> None:
     """Refuse, before training, a public budget scenario with budgets F cannot honour.
 
     Uses only the scenario's public minimum (never a silo's budgets); silos check their own
     budgets again when they are built.
     """
-    if config.privacy.allow_exclusion:
+    if spec.allow_exclusion:
         return
-    minimum, _ = public_budget_statistics(config)
+    minimum, _ = public_budget_statistics(spec.budgets)
     floor = getattr(estimator, "min_epsilon", None)
     if minimum is not None and floor is not None and minimum < float(floor) * (1 - 1e-12):
         raise ValueError(
@@ -231,14 +259,14 @@ def check_feasible(config: ExperimentConfig, estimator: RateEstimator) -> None:
         )
 
 
-def personalized_setup(config: ExperimentConfig) -> DpFedAvgSetup:
+def personalized_setup(spec: MechanismSpec) -> DpFedAvgSetup:
     """Algorithm 3, lines 1-4: σ and the estimator F, published to every silo (public)."""
-    sigma = noise_multiplier(config)
-    est = fit_published_estimator(config, sigma)
-    check_feasible(config, est)
+    sigma = noise_multiplier(spec)
+    est = fit_published_estimator(spec, sigma)
+    check_feasible(spec, est)
     return DpFedAvgSetup(
         mode="personalized",
         noise_multiplier=sigma,
         estimator=est.to_dict(),
-        **setup_fields(config),
+        **setup_fields(spec),
     )

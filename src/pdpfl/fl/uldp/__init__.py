@@ -20,7 +20,10 @@ docstrings here cite as "spec".
   ledger (unit ``user``), charged when the server decides a round.
 
 Accounting (pure numpy, :mod:`pdpfl.privacy.uldp`): :func:`user_epsilon` (Theorems 3/5),
-:func:`group_epsilon` (Theorem 4), the orders :data:`ORDERS` / :data:`OPACUS_ORDERS`.
+:func:`group_epsilon` (Theorem 4), the orders :data:`ORDERS` / :data:`OPACUS_ORDERS`. Exact
+discrete noise: AVG/SGD's shares (``privacy.noise_shares: discrete``,
+:mod:`~pdpfl.fl.uldp.discrete`, :mod:`pdpfl.privacy.uldp_discrete`); NAIVE's silo noise and
+GROUP's DP-SGD steps (``privacy.central_noise: discrete``, :mod:`pdpfl.privacy.uldp_central`).
 """
 
 from pdpfl.fl.uldp.config import (

@@ -11,6 +11,8 @@ refer to ``docs/uldp_spec.md`` (Part A).
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, TypeVar
 
 import numpy as np
@@ -21,6 +23,7 @@ from pdpfl.fl.aggregation.threshold import share_threshold
 from pdpfl.fl.algorithm import Algorithm, PublicSetup, register_algorithm
 from pdpfl.fl.api import FederationInfo
 from pdpfl.fl.common import (
+    ModelSource,
     accountant_problems,
     initial_params,
     noise_source_problems,
@@ -59,8 +62,10 @@ from pdpfl.fl.uldp.weights import (
     split_group_quotas,
 )
 from pdpfl.privacy.mechanisms import Mechanism
-from pdpfl.privacy.noise import GaussianNoise
+from pdpfl.privacy.noise import CentralDiscreteGaussianNoise, GaussianNoise
 from pdpfl.privacy.uldp import UserLevelPlan, user_epsilon
+from pdpfl.privacy.uldp_central import DiscreteGroupPlan, naive_discrete_plan
+from pdpfl.privacy.uldp_discrete import DiscreteUserLevelPlan
 from pdpfl.privacy.unit import GroupPlan
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -165,6 +170,8 @@ class UldpConfig(Algorithm):
     setup_type: ClassVar[type[PublicSetup]] = UldpSetup
     #: η_g when ``server_lr`` is not set (spec A.5.4).
     default_server_lr: ClassVar[float] = 1.0
+    #: What the exact central discrete noise is added to (``summary.json``'s central_noise).
+    central_noise_site: ClassVar[str] = ""
 
     # -- checks ----------------------------------------------------------------------------
     def check(self, config: ExperimentConfig) -> list[str]:
@@ -198,13 +205,15 @@ class UldpConfig(Algorithm):
             )
         if not self.private:
             return problems + self.variant_problems(config)
-        problems += noise_source_problems(config, "σ such that the planned user-level ε is ε_max")
+        problems += noise_source_problems(
+            config.privacy, "σ such that the planned user-level ε is ε_max"
+        )
         what = f"{self.name} (a user)"
         if isinstance(self, UserLevelConfig) and (
             self.discrete_shares(config) or self.weighting_discrete(config)
         ):
             what += " with discrete noise shares (or set privacy.noise_shares: continuous)"
-        problems += accountant_problems(config, self.round_events(config), what)
+        problems += accountant_problems(config.privacy.accountant, self.round_events(config), what)
         return problems + self.variant_problems(config)
 
     def round_events(self, config: ExperimentConfig) -> list[Mechanism]:
@@ -259,6 +268,40 @@ class UldpConfig(Algorithm):
         plain aggregation (the sum's σ for both unless the variant says otherwise)."""
         return noise.noise_multiplier, noise.noise_multiplier
 
+    # -- exact central discrete noise (privacy.central_noise: discrete) ----------------------
+    def central_discrete(self, config: ExperimentConfig) -> bool:
+        """The silos add exact central discrete Gaussian noise (``privacy.central_noise:
+        discrete``; NAIVE and GROUP, :mod:`pdpfl.privacy.uldp_central`)."""
+        return self.private and config.privacy.central_noise == "discrete"
+
+    def discrete_noise(
+        self, setup: UldpSetup, dimension: int
+    ) -> CentralDiscreteGaussianNoise | None:
+        """What each silo adds with ``privacy.central_noise: discrete`` on the grid of the
+        ``dimension`` model coordinates (None: the variant adds no central noise)."""
+        return None
+
+    def silo_noise(
+        self, config: ExperimentConfig, info: FederationInfo, setup: UldpSetup
+    ) -> GaussianNoise | CentralDiscreteGaussianNoise | None:
+        """The noise every silo draws (and the server's plan is built from): :meth:`noise`, or
+        the exact discrete noise of :meth:`discrete_noise` with ``privacy.central_noise:
+        discrete``."""
+        if self.central_discrete(config):
+            noise = self.discrete_noise(setup, discrete.model_size(config, info))
+            if noise is not None:
+                return noise
+        return self.noise(setup)
+
+    def central_noise_summary(
+        self, config: ExperimentConfig, info: FederationInfo, setup: UldpSetup
+    ) -> dict[str, Any] | None:
+        """The ``central_noise`` block of ``summary.json`` (grid, scale; None: continuous)."""
+        noise = self.silo_noise(config, info, setup)
+        if not isinstance(noise, CentralDiscreteGaussianNoise):
+            return None
+        return {**noise.summary(), "added_to": self.central_noise_site}
+
     def warnings(self, config: ExperimentConfig, setup: UldpSetup) -> list[str]:
         """What every run summary of this configuration must say."""
         if config.data.public_user_histograms and self.private:
@@ -282,7 +325,9 @@ class UldpConfig(Algorithm):
         randomness: Randomness,
     ) -> dict[str, Any]:
         return dict(
-            initial_params=initial_params(config, info),
+            initial_params=initial_params(
+                ModelSource.of(config.model, seed=config.seed, device=config.training.device), info
+            ),
             setup=setup,
             server_lr=self.server_learning_rate(),
             randomness=randomness,
@@ -314,11 +359,13 @@ class UldpConfig(Algorithm):
         tr = config.training
         return cls(
             client_id,
-            silo_model(config, info),
+            silo_model(
+                ModelSource.of(config.model, seed=config.seed, device=config.training.device), info
+            ),
             data,
             setup,
             randomness=randomness,
-            noise=self.noise(setup),
+            noise=self.silo_noise(config, info, setup),
             batch_size=tr.batch_size_for(client_id),
             lr=tr.lr,
             momentum=tr.momentum,
@@ -360,6 +407,30 @@ class UldpNaiveConfig(UldpConfig):
     summary: ClassVar[str] = (
         "ULDP-NAIVE: silo-level clipping and noise (rigorous 2|S|C sensitivity)"
     )
+    #: Each silo's noise can be the exact discrete Gaussian (pdpfl.privacy.uldp_central).
+    supports_central_discrete: ClassVar[bool] = True
+    central_noise_site: ClassVar[str] = (
+        "each silo's clipped update (Alg. 1 line 14; sensitivity 2C per silo, the silos' joint "
+        "view accounted)"
+    )
+
+    def round_events(self, config: ExperimentConfig) -> list[Mechanism]:
+        """With ``privacy.central_noise: discrete``: the joint view of the silos' discrete
+        releases, per observer (:func:`~pdpfl.privacy.uldp_central.naive_discrete_plan`)."""
+        if not self.central_discrete(config):
+            return super().round_events(config)
+        noise = CentralDiscreteGaussianNoise(1.0, 2.0, 16)
+        plan = naive_discrete_plan(noise, 2, config.privacy.delta, config.training.rounds)
+        return [plan.round_event(np.array([1.0]), obs) for obs in plan.observers]
+
+    def discrete_noise(self, setup: UldpSetup, dimension: int) -> CentralDiscreteGaussianNoise:
+        """Alg. 1 l. 14 on the grid: each silo's clipped update moves by ≤ 2C when a user is
+        removed (spec D29), so its noise is the central discrete Gaussian of sensitivity 2C and
+        multiplier (σκ/2)·√|S| -- the joint view of the |S| silos then has the continuous
+        plan's σκ/2 (:mod:`pdpfl.privacy.uldp_central`)."""
+        s = int(setup.num_silos)
+        sigma = setup.noise_multiplier * self.kappa / 2.0 * math.sqrt(s)
+        return CentralDiscreteGaussianNoise(sigma, 2.0 * setup.max_grad_norm, int(dimension))
 
     @property
     def kappa(self) -> float:
@@ -388,9 +459,13 @@ class UldpNaiveConfig(UldpConfig):
         return out
 
     def setup(self, config: ExperimentConfig, info: FederationInfo) -> UldpSetup:
-        sigma = noise_multiplier(config)
+        sigma = noise_multiplier(config, discrete=self.central_discrete(config))
         noise = self.noise_for(sigma, config.training.max_grad_norm, info.num_clients)
-        return UldpSetup(**setup_fields(config, info, num_users(config), sigma, noise.std()))
+        setup = UldpSetup(**setup_fields(config, info, num_users(config), sigma, noise.std()))
+        drawn = self.silo_noise(config, info, setup)
+        if isinstance(drawn, CentralDiscreteGaussianNoise):  # the std each silo really adds
+            setup = replace(setup, noise_std=drawn.std())
+        return setup
 
     def server(
         self,
@@ -400,9 +475,14 @@ class UldpNaiveConfig(UldpConfig):
         randomness: Randomness,
     ) -> NaiveServer:
         s = self._setup(setup, UldpSetup)
-        plan = self._ledger_plan(config, s)
+        drawn = self.silo_noise(config, info, s)
+        plan: UserLevelPlan | DiscreteUserLevelPlan
+        if isinstance(drawn, CentralDiscreteGaussianNoise):  # the joint view of the silos
+            plan = naive_discrete_plan(drawn, s.num_silos, s.delta, s.rounds)
+        else:
+            plan = self._ledger_plan(config, s)
         rates = np.ones(s.num_users)
-        return NaiveServer(
+        server = NaiveServer(
             **self._server_kwargs(config, info, s, randomness),
             plan=plan,
             budgets=planned_budgets(plan, rates, config.privacy.accountant),
@@ -410,6 +490,11 @@ class UldpNaiveConfig(UldpConfig):
             adversary=config.privacy.adversary,
             accountant=config.privacy.accountant,
         )
+        central = self.central_noise_summary(config, info, s)
+        if central is not None:  # σ_silo per silo; the joint view's σ_silo/√|S| is charged
+            central.update(silos=s.num_silos, accounted_noise_multiplier=plan.noise_multiplier)
+        server.central_noise = central
+        return server
 
     def client(
         self,
@@ -437,13 +522,28 @@ class UldpGroupConfig(UldpConfig):
         "algorithm.record_rate=0.2",
     )
     setup_type: ClassVar[type[PublicSetup]] = GroupSetup
+    #: The silos' DP-SGD steps can add the exact discrete Gaussian (pdpfl.privacy.uldp_central).
+    supports_central_discrete: ClassVar[bool] = True
+    central_noise_site: ClassVar[str] = (
+        "the clipped sum of every DP-SGD step of every silo (Alg. 2 line 9; group conversion "
+        "of the record-level steps)"
+    )
 
     def round_events(self, config: ExperimentConfig) -> list[Mechanism]:
-        """GROUP-k's event: the group conversion of the silos' record-level DP-SGD."""
-        plan = GroupPlan(
+        """GROUP-k's event: the group conversion of the silos' record-level DP-SGD (its steps
+        central discrete Gaussians with ``privacy.central_noise: discrete``)."""
+        kind = DiscreteGroupPlan if self.central_discrete(config) else GroupPlan
+        plan = kind(
             1.0, config.training.local_steps, config.privacy.delta, config.training.rounds, 2
         )
         return [plan.round_event(np.array([0.5]), obs) for obs in plan.observers]
+
+    def discrete_noise(self, setup: UldpSetup, dimension: int) -> CentralDiscreteGaussianNoise:
+        """Each DP-SGD step's central discrete Gaussian (σ, C) on the grid of the ``dimension``
+        trainable coordinates, as the rPDP-FL family's step (Alg. 2 l. 9)."""
+        return CentralDiscreteGaussianNoise(
+            setup.noise_multiplier, setup.max_grad_norm, int(dimension)
+        )
 
     def noise_for(
         self, sigma: float, max_grad_norm: float, num_silos: int, survivors: int = 0
@@ -483,12 +583,16 @@ class UldpGroupConfig(UldpConfig):
         else:
             quota = split_group_quotas(info.num_clients, users, k)
         std = self.noise_for(sigma, config.training.max_grad_norm, info.num_clients).std()
-        return GroupSetup(
+        setup = GroupSetup(
             **setup_fields(config, info, users, sigma, std),
             group_k=k,
             group_quota=tuple(tuple(int(v) for v in row) for row in quota),
             record_rate=float(self.record_rate or 0.0),
         )
+        drawn = self.silo_noise(config, info, setup)
+        if isinstance(drawn, CentralDiscreteGaussianNoise):  # the std each step really adds
+            setup = replace(setup, noise_std=drawn.std())
+        return setup
 
     def server(
         self,
@@ -498,14 +602,16 @@ class UldpGroupConfig(UldpConfig):
         randomness: Randomness,
     ) -> GroupServer:
         s = self._setup(setup, GroupSetup)
-        noise = self.noise(s)
+        noise = self.silo_noise(config, info, s)
         assert noise is not None
-        return GroupServer(
+        server = GroupServer(
             **self._server_kwargs(config, info, s, randomness),
             conversion=self.group_conversion,
             noise=noise,
             accountant=config.privacy.accountant,
         )
+        server.central_noise = self.central_noise_summary(config, info, s)
+        return server
 
     def client(
         self,
@@ -533,6 +639,9 @@ class UserLevelConfig(UldpConfig):
 
     setup_type: ClassVar[type[PublicSetup]] = UserLevelSetup
     default_server_lr: ClassVar[float] = 10.0
+    #: Every noise these silos add is already an exact discrete Gaussian share with
+    #: ``privacy.noise_shares: discrete``; ``central_noise: discrete`` asks for that.
+    supports_central_discrete: ClassVar[bool] = True
     server_class: ClassVar[type[SamplingServer]] = AvgServer
     silo_class: ClassVar[type[UserLevelSilo]] = AvgSilo
 
@@ -560,6 +669,12 @@ class UserLevelConfig(UldpConfig):
         )
 
     def variant_problems(self, config: ExperimentConfig) -> list[str]:
+        if self.central_discrete(config) and config.privacy.noise_shares != "discrete":
+            return [
+                f"privacy.central_noise: discrete -- {self.name}'s silos add shares of the noise, "
+                "which are exact discrete Gaussians only with privacy.noise_shares: discrete "
+                "(got continuous); set noise_shares: discrete or central_noise: continuous"
+            ]
         if self.personal_budgets and self.user_rate is not None:
             return [
                 "algorithm.user_rate: with personal_budgets each user's rate q_u comes from its "
@@ -575,7 +690,6 @@ class UserLevelConfig(UldpConfig):
         if not (self.discrete_shares(config) or self.weighting_discrete(config)):
             return super().round_events(config)
         from pdpfl.privacy.discrete_plan import SampledDiscreteGaussianPlan
-        from pdpfl.privacy.uldp_discrete import DiscreteUserLevelPlan
 
         plan = SampledDiscreteGaussianPlan.for_multiplier(
             "user", 1.0, 2, 1e6, 16, config.privacy.delta, config.training.rounds
@@ -700,6 +814,13 @@ class UserLevelConfig(UldpConfig):
             accountant=acc,
         )
         server.share_encoding = encoding
+        if self.weighting_discrete(config):  # its grid, dither and bits for summary.json
+            server.weighting_noise = discrete.private_weighting_summary(
+                config,
+                sigma=s.noise_multiplier,
+                survivors=s.survivors or s.num_silos,
+                size=discrete.model_size(config, info),
+            )
         return server
 
     def client(

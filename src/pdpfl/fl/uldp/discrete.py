@@ -26,7 +26,7 @@ t shares; the server decrypts only the sum, so it is charged like a third party)
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -48,15 +48,23 @@ __all__ = [
     "model_size",
     "private_weighting_noise",
     "private_weighting_plan",
+    "private_weighting_summary",
     "share_params",
 ]
 
 
 def model_size(config: ExperimentConfig, info: FederationInfo) -> int:
     """d: the model's coordinates (from the public initialisation)."""
-    from pdpfl.fl.common import initial_params
+    from pdpfl.fl.common import ModelSource, initial_params
 
-    return int(sum(np.asarray(p).size for p in initial_params(config, info)))
+    return int(
+        sum(
+            np.asarray(p).size
+            for p in initial_params(
+                ModelSource.of(config.model, seed=config.seed, device=config.training.device), info
+            )
+        )
+    )
 
 
 def share_params(
@@ -161,6 +169,50 @@ def private_weighting_noise(
     variance = SampledDiscreteGaussianPlan.required_share_variance(sigma, survivors, n_sq)
     noise = DiscreteGaussianNoise(variance, float(sigma), int(survivors))
     return noise, grid_bits(clip, precision)
+
+
+def private_weighting_summary(
+    config: ExperimentConfig, *, sigma: float, survivors: int, size: int
+) -> dict[str, Any]:
+    """The ``summary.json`` description of the private weighting protocol's exact discrete noise
+    (``aggregation.private_weighting_noise``): the grid P' = 2^m·P, the widened dither, the
+    Paillier plaintext's bits and each silo's share (what :func:`private_weighting_noise`
+    draws and :func:`private_weighting_plan` charges)."""
+    from pdpfl.fl.aggregation.private_weighting_core import (
+        GUARD_BITS,
+        discrete_sensitivity_sq,
+        divisor,
+        grid_bits,
+    )
+
+    sec = config.secure
+    clip, precision = float(config.training.max_grad_norm), float(sec.precision)
+    noise, m = private_weighting_noise(config, sigma=sigma, survivors=survivors, size=size)
+    div = divisor(int(sec.n_max), tuple(sec.allowed_totals) if sec.allowed_totals else None)
+    n_sq = discrete_sensitivity_sq(clip, precision, int(size))
+    assert m == grid_bits(clip, precision)
+    return {
+        "mechanism": "distributed discrete Gaussian on the grid P' = 2^m·P (exact integer "
+        "sampler), dithered inside Paillier plaintexts",
+        "precision": precision,
+        "grid_log2": m,
+        "grid": math.ldexp(precision, m),
+        "clip": clip,
+        "clip_on_grid": clip / math.ldexp(precision, m),
+        "dimension": int(size),
+        "divisor_bits": div.bit_length(),
+        "dither": f"uniform on [-2^{m}·DIV/2, 2^{m}·DIV/2) per coordinate and silo",
+        "paillier_bits": int(sec.paillier_bits),
+        "value_bits": int(sec.paillier_bits) - 2 - GUARD_BITS - div.bit_length(),
+        "l2_sensitivity_sq": n_sq,
+        "accounted_sensitivity": math.sqrt(n_sq) * math.ldexp(precision, m),
+        "sensitivity_inflation": math.sqrt(n_sq) / (clip / math.ldexp(precision, m)) - 1.0,
+        "noise_multiplier": float(sigma),
+        "survivors": int(survivors),
+        "share_variance": float(noise.variance),
+        "noise_std_at_survivors": math.sqrt(int(survivors) * float(noise.variance))
+        * math.ldexp(precision, m),
+    }
 
 
 def calibrated_sigma(

@@ -16,13 +16,14 @@ Theorems 3-5, Algorithms 1-4, D1-D29).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from pdpfl.fl.algorithm import PublicSetup
 from pdpfl.privacy.uldp import UserLevelPlan, check_group_size
+from pdpfl.privacy.uldp_discrete import DiscreteUserLevelPlan
 
 if TYPE_CHECKING:  # pragma: no cover
     from pdpfl.config import ExperimentConfig
@@ -188,11 +189,15 @@ def num_users(config: ExperimentConfig) -> int:
     return int(value)
 
 
-def noise_multiplier(config: ExperimentConfig, user_rate: float = 1.0) -> float:
+def noise_multiplier(
+    config: ExperimentConfig, user_rate: float = 1.0, *, discrete: bool = False
+) -> float:
     """σ: ``privacy.noise_multiplier``, or the σ whose planned third-party ε (T rounds at the
     user rate q: 1 without sub-sampling or with personal budgets) equals
     ``privacy.epsilon_max`` under ``privacy.accountant``
-    (:func:`pdpfl.calibration.noise.noise_for_uniform_rate`)."""
+    (:func:`pdpfl.calibration.noise.noise_for_uniform_rate`); ``discrete``: against the
+    central discrete Gaussian's event (``privacy.central_noise: discrete``,
+    :mod:`pdpfl.privacy.uldp_central`)."""
     pv = config.privacy
     if pv.noise_multiplier is not None:
         return float(pv.noise_multiplier)
@@ -200,12 +205,14 @@ def noise_multiplier(config: ExperimentConfig, user_rate: float = 1.0) -> float:
         raise ValueError("privacy: set privacy.noise_multiplier or privacy.epsilon_max")
     from pdpfl.calibration.noise import noise_for_uniform_rate
 
-    template = UserLevelPlan(1.0, 1.0, pv.delta, config.training.rounds)
+    template = UserLevelPlan(1.0, 1.0, pv.delta, config.training.rounds).as_training_plan()
+    if discrete:
+        template = replace(template, noise="discrete")
     return float(
         noise_for_uniform_rate(
             float(pv.epsilon_max),
             float(user_rate),
-            template.as_training_plan(),
+            template,
             accountant=pv.accountant,
         )
     )
@@ -295,7 +302,9 @@ def user_rates(
     return rates
 
 
-def planned_budgets(plan: UserLevelPlan, rates: np.ndarray, accountant: str = "rdp") -> np.ndarray:
+def planned_budgets(
+    plan: UserLevelPlan | DiscreteUserLevelPlan, rates: np.ndarray, accountant: str = "rdp"
+) -> np.ndarray:
     """Without personal budgets every user has one budget: the planned ε of T rounds under
     ``accountant``, the larger over the observers (reported, never a reason to stop)."""
     from pdpfl.privacy.uldp import ORDERS

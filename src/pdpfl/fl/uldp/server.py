@@ -35,8 +35,9 @@ from pdpfl.ledger import (
     PrivacySummary,
     nonprivate_summary,
 )
-from pdpfl.privacy.noise import GaussianNoise
+from pdpfl.privacy.noise import CentralDiscreteGaussianNoise, GaussianNoise
 from pdpfl.privacy.uldp import ORDERS, UserLevelPlan, group_epsilon, record_rdp, user_epsilon
+from pdpfl.privacy.uldp_central import DiscreteGroupPlan, discrete_record_rdp, discrete_step_event
 from pdpfl.privacy.uldp_discrete import DiscreteUserLevelPlan
 from pdpfl.privacy.unit import GroupPlan
 from pdpfl.randomness import Randomness
@@ -76,6 +77,12 @@ class UldpServer(ABC):
     #: The silos' discrete share encoding (ULDP-AVG/SGD, ``privacy.noise_shares: discrete``):
     #: the summation protocols sum and decode the integer shares with it (None: float updates).
     share_encoding: ShareEncoding | None = None
+    #: The silos' exact central discrete noise for the run summary (``privacy.central_noise:
+    #: discrete``, NAIVE and GROUP: grid, scale, multiplier); None: continuous.
+    central_noise: dict[str, Any] | None = None
+    #: The private weighting protocol's discrete noise for the run summary (grid P' = 2^m·P,
+    #: dither, plaintext bits); None: not private weights with discrete noise.
+    weighting_noise: dict[str, Any] | None = None
 
     public_metrics: ClassVar[frozenset[str]] = frozenset()
     needs_individual_updates: ClassVar[bool] = False
@@ -152,6 +159,7 @@ class UldpServer(ABC):
             # For the run summary (ignored when loading):
             "warnings": list(self.warnings),
             **_shares_summary(self),
+            **_noise_summaries(self),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -198,7 +206,7 @@ class GroupServer(UldpServer):
         setup: GroupSetup,
         *,
         conversion: str,
-        noise: GaussianNoise | None = None,
+        noise: GaussianNoise | CentralDiscreteGaussianNoise | None = None,
         accountant: str = "rdp",
         **kwargs: Any,
     ) -> None:
@@ -206,11 +214,14 @@ class GroupServer(UldpServer):
         self.group_setup = setup
         self.conversion = conversion
         self._cache: dict[int, dict[str, float]] = {}
-        #: The silos' per-step noise (σ, C): the ledger's plan is built from it.
+        #: The silos' per-step noise (σ, C): the ledger's plan is built from it (the central
+        #: discrete Gaussian's event with ``privacy.central_noise: discrete``).
         if noise is None:
             noise = GaussianNoise(setup.noise_multiplier, setup.max_grad_norm)
         self.noise = noise
-        plan: Any = GroupPlan(
+        self.discrete = isinstance(noise, CentralDiscreteGaussianNoise)
+        kind = DiscreteGroupPlan if self.discrete else GroupPlan
+        plan: Any = kind(
             self.noise.noise_multiplier,
             setup.local_steps,
             setup.delta,
@@ -219,6 +230,13 @@ class GroupServer(UldpServer):
             conversion,  # type: ignore[arg-type]
         )
         planned = self.group_account(setup.rounds)["epsilon"]
+        if self.discrete:  # never below what the ledger's own conversion charges
+            from pdpfl.privacy import mechanism_epsilon
+
+            charged, _ = mechanism_epsilon(
+                plan, np.array([setup.record_rate]), "third-party", setup.rounds
+            )
+            planned = max(planned, float(charged[0]))
         users = self.num_users
         self.ledger = PrivacyLedger(
             np.full(users, planned),
@@ -248,6 +266,12 @@ class GroupServer(UldpServer):
             steps = t * int(s.local_steps)
             if steps == 0:
                 self._cache[t] = {"epsilon": 0.0, "rdp": 0.0, "dp": 0.0, "record": 0.0}
+            elif self.discrete:  # the silos' steps are central discrete Gaussians
+                sigma = self.noise.noise_multiplier
+                rdp = discrete_record_rdp(sigma, s.record_rate, steps)
+                res = group_epsilon(rdp, s.delta, s.group_k, self.conversion)
+                res["record"] = _discrete_record_epsilon(sigma, s.record_rate, steps, s.delta)
+                self._cache[t] = res
             else:
                 rdp = record_rdp(s.noise_multiplier, s.record_rate, steps)
                 res = group_epsilon(rdp, s.delta, s.group_k, self.conversion)
@@ -271,6 +295,16 @@ class GroupServer(UldpServer):
     def load_extra_state(self, state: dict[str, Any]) -> None:
         if "ledger" in state:
             self.ledger.load_state_dict(state["ledger"])
+
+
+def _discrete_record_epsilon(sigma: float, rate: float, steps: int, delta: float) -> float:
+    """Record-level ε of ``steps`` Poisson-sampled central discrete steps (rdp)."""
+    from pdpfl.privacy.accountant import RdpAccountant
+    from pdpfl.privacy.mechanisms import Composed, PoissonSampled
+
+    event = Composed(PoissonSampled(float(rate), discrete_step_event(sigma)), int(steps))
+    eps, _ = RdpAccountant().epsilon(event, delta)
+    return float(eps[0])
 
 
 class LedgerServer(UldpServer):
@@ -463,6 +497,17 @@ class SgdServer(SamplingServer):
     """ULDP-SGD: x − η_g/(q|S||U|)·Σ (the silos release gradients; spec D1)."""
 
     sign: ClassVar[float] = -1.0
+
+
+def _noise_summaries(server: UldpServer) -> dict[str, Any]:
+    """``central_noise`` and ``weighting_noise`` for the run summary (derived from the config:
+    not loaded back; absent when continuous)."""
+    out: dict[str, Any] = {}
+    if server.central_noise is not None:
+        out["central_noise"] = dict(server.central_noise)
+    if server.weighting_noise is not None:
+        out["weighting_noise"] = dict(server.weighting_noise)
+    return out
 
 
 def _shares_summary(server: Any) -> dict[str, Any]:

@@ -14,9 +14,12 @@ one already done, catch-up, checking the release -- and each variant overrides o
 * ULDP-AVG/SGD (Algorithm 3) are in :mod:`pdpfl.fl.uldp.users`.
 
 Every silo's noise is one description (:class:`~pdpfl.privacy.noise.GaussianNoise`, from the
-algorithm's ``noise(setup)``), the one the server's user-level plan is built from; the silo draws
-it with :func:`pdpfl.dp.noise.add_noise` (through :func:`pdpfl.dp.steps.noisy_normalised_sum` or
-the DP-SGD engine), after checking it is unchanged since the silo was built.
+algorithm's ``noise(setup)``, or with ``privacy.central_noise: discrete`` the exact
+:class:`~pdpfl.privacy.noise.CentralDiscreteGaussianNoise` on a grid: NAIVE's silo noise, GROUP's
+DP-SGD steps, :mod:`pdpfl.privacy.uldp_central`), the one the server's user-level plan is built
+from; the silo draws it with :func:`pdpfl.dp.noise.add_noise` (through
+:func:`pdpfl.dp.steps.noisy_normalised_sum` or the DP-SGD engine), after checking it is
+unchanged since the silo was built.
 
 Spec references: ``docs/uldp_spec.md``, Part A.
 """
@@ -30,13 +33,14 @@ import numpy as np
 from pdpfl.fl.api import Contribution, Params, Scalars
 from pdpfl.fl.template import RoundPlan, Silo
 from pdpfl.fl.uldp.mechanism import GroupSetup, UldpSetup
-from pdpfl.privacy.noise import GaussianNoise, check_charged
+from pdpfl.privacy.noise import CentralDiscreteGaussianNoise, GaussianNoise, check_charged
 from pdpfl.randomness import Randomness
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
     from pdpfl.data.federation import ClientData
+    from pdpfl.dp.batched import LocalTrainingSpec
 
 __all__ = ["DefaultSilo", "GroupSilo", "NaiveSilo", "SiloLevelSilo", "UldpSilo"]
 
@@ -58,8 +62,9 @@ class UldpSilo(Silo):
     randomness
         The silo's own mechanism randomness (training shuffles and noise).
     noise
-        What the silo adds (the algorithm's ``noise(setup)``: the description the server's
-        ledger is built from); None: no DP.
+        What the silo adds (the algorithm's ``silo_noise``: the description the server's
+        ledger is built from -- a Gaussian, or with ``privacy.central_noise: discrete`` the
+        exact discrete Gaussian on a grid, NAIVE and GROUP); None: no DP.
     batch_size
         B: minibatch size of local SGD (DEFAULT/NAIVE/AVG) or DP-SGD's public normaliser
         (GROUP).
@@ -79,7 +84,7 @@ class UldpSilo(Silo):
         setup: UldpSetup,
         *,
         randomness: Randomness,
-        noise: GaussianNoise | None = None,
+        noise: GaussianNoise | CentralDiscreteGaussianNoise | None = None,
         batch_size: float | None,
         lr: float,
         momentum: float = 0.0,
@@ -133,7 +138,7 @@ class UldpSilo(Silo):
         )
         self.user_index = [order[s : s + c] for s, c in zip(starts, self.counts, strict=True)]
 
-    def local_spec(self) -> Any:
+    def local_spec(self) -> LocalTrainingSpec:
         """Q epochs of the local optimiser in minibatches of B (a ``LocalTrainingSpec``)."""
         from pdpfl.dp.batched import LocalTrainingSpec
 
@@ -147,7 +152,7 @@ class UldpSilo(Silo):
         )
 
     # -- noise ---------------------------------------------------------------------------
-    def checked_noise(self) -> GaussianNoise:
+    def checked_noise(self) -> GaussianNoise | CentralDiscreteGaussianNoise:
         """The silo's noise description, checked unchanged since the silo was built (the server
         charges its multiplier)."""
         if self.noise is None or self._charged is None:

@@ -51,6 +51,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import torch
 
     from pdpfl.data.federation import ClientData
+    from pdpfl.dp.batched import LocalTrainingSpec
     from pdpfl.dp.extra_rows import ExtraRows
     from pdpfl.fl.aggregation.private_weighting import UserUpdates
     from pdpfl.privacy.noise import DiscreteGaussianNoise
@@ -111,7 +112,7 @@ class UserLevelSilo(UldpSilo):
         mask = decode_mask(str(config["users"]), self.num_users)
         return np.flatnonzero(mask[self.users])
 
-    def training_spec(self) -> Any:
+    def training_spec(self) -> LocalTrainingSpec:
         """How one user's vector is trained (AVG: Q epochs; SGD: one full-batch gradient)."""
         return self.local_spec()
 
@@ -309,7 +310,7 @@ class AvgSilo(UserLevelSilo):
 class SgdSilo(UserLevelSilo):
     """ULDP-SGD: Δ_{s,u} = g_{s,u}, user u's mean gradient at x_t (one mean, spec D7)."""
 
-    def training_spec(self) -> Any:
+    def training_spec(self) -> LocalTrainingSpec:
         """One full-batch step with lr 1: the trained delta is −g_{s,u}."""
         from pdpfl.dp.batched import LocalTrainingSpec
 

@@ -50,7 +50,7 @@ import time
 import traceback
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
@@ -59,8 +59,11 @@ from flwr.serverapp import Grid, ServerApp
 from pdpfl.checkpoint import finite
 from pdpfl.errors import TrainingDiverged
 from pdpfl.fl.api import (
+    ClientAlgorithm,
     Contribution,
+    Params,
     PrivacyBoundaryError,
+    Scalars,
     check_contribution,
     check_evaluation,
 )
@@ -86,6 +89,9 @@ from pdpfl.runtime.flower.transport import (
     FlowerTransport,
 )
 from pdpfl.runtime.outputs import silo_report
+
+if TYPE_CHECKING:
+    from pdpfl.runtime.flower.silo import Silo
 
 #: Files the ServerApp writes under ``<out-dir>/flower/``.
 RESULT_FILE = "server_result.json"
@@ -129,7 +135,7 @@ def _reply(msg: Message, records: dict[str, Any]) -> Message:
     return Message(RecordDict(records), reply_to=msg)
 
 
-def release_key(round_index: int, params: Any, config: Any) -> str:
+def release_key(round_index: int, params: Params, config: Mapping[str, Any]) -> str:
     from pdpfl.runtime.flower.silo import release_key as key
 
     return key(round_index, params, config)
@@ -137,12 +143,12 @@ def release_key(round_index: int, params: Any, config: Any) -> str:
 
 def _diverged(
     msg: Message,
-    silo: Any,
+    silo: Silo,
     err: TrainingDiverged,
     action: str,
     round_index: int,
     compute_s: float,
-    age: Any,
+    age: float | None,
     evaluation: MetricRecord | None = None,
 ) -> Message:
     """The reply of a silo whose training diverged: nothing released, only where and why
@@ -161,7 +167,7 @@ def _diverged(
     return _reply(msg, records)
 
 
-def _silo(msg: Message, context: Context) -> tuple[Any, int, str]:
+def _silo(msg: Message, context: Context) -> tuple[Silo, int, str]:
     from pdpfl.runtime.flower.silo import HOST
 
     control = msg.content.config_records[CONTROL]
@@ -173,7 +179,7 @@ def _silo(msg: Message, context: Context) -> tuple[Any, int, str]:
 def _hello(msg: Message, context: Context) -> Message:
     silo, _, _ = _silo(msg, context)
     info = silo.hooks.silo_info(silo.config, silo.silo, silo.node_config)
-    hello = {
+    hello: dict[str, Any] = {
         "partition-id": silo.silo,
         "num-partitions": int(silo.node_config.get(NUM_PARTITIONS, -1)),
         "has-state": silo.has_state(),
@@ -185,12 +191,12 @@ def _hello(msg: Message, context: Context) -> Message:
 
 
 def _evaluation(
-    client: Any,
-    silo: Any,
-    params: Any,
+    client: ClientAlgorithm,
+    silo: Silo,
+    params: Params,
     round_index: int,
-    config: Any,
-    age: Any,
+    config: Scalars,
+    age: float | None,
     *,
     persist: bool = True,
 ) -> MetricRecord:
@@ -213,7 +219,12 @@ def _evaluation(
 
 
 def _gate_training(
-    silo: Any, contribution: Contribution, params: Any, round_index: int, age: Any, spent: float
+    silo: Silo,
+    contribution: Contribution,
+    params: Params,
+    round_index: int,
+    age: float | None,
+    spent: float,
 ) -> None:
     """The silo's gate for its training reply; a refusal keeps the round's charge on disk."""
     public = frozenset(getattr(silo.client, "public_metrics", frozenset()))

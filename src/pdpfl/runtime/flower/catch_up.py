@@ -52,9 +52,10 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
-from pdpfl.checkpoint import finite, has_checkpoint, load_checkpoint, read_metrics
+from pdpfl.checkpoint import finite_record, has_checkpoint, load_checkpoint, read_metrics
 from pdpfl.io import STOP_SIGNALS, write_json
 from pdpfl.runtime.flower.apps import PUBLIC_FILE, RESULT_FILE, RUN_KEY_FILE
 from pdpfl.runtime.flower.codec import decode_config
@@ -124,7 +125,7 @@ def _stopping(note: str) -> Iterator[None]:
         yield
         return
 
-    def handler(signum: int, frame: Any) -> None:
+    def handler(signum: int, frame: FrameType | None) -> None:
         with contextlib.suppress(OSError):
             os.write(2, f"\n{note}\n".encode())
 
@@ -229,6 +230,6 @@ def note_behind(summary: dict[str, Any], report: CatchUpReport, out: Path) -> di
         "since they were last asked (see silos_behind)"
     )
     noted["warnings"] = [*summary.get("warnings", []), sentence]
-    noted = finite(noted)
+    noted = finite_record(noted)
     write_json(out / "summary.json", noted)
     return noted

@@ -15,7 +15,7 @@ import math
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
+from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
 from pdpfl.fl.api import Contribution, Params, PrivacyBoundaryError, Scalars
 from pdpfl.fl.messages import (
@@ -59,25 +59,34 @@ def contribution_to_records(contribution: Contribution) -> dict[str, Any]:
     return {"update": params_to_record(contribution.update), "contribution": MetricRecord(values)}
 
 
-def records_to_contribution(names: set[str] | frozenset[str], record_dict: Any) -> Contribution:
+def records_to_contribution(
+    names: set[str] | frozenset[str], record_dict: RecordDict
+) -> Contribution:
     """Decode a train reply; :class:`PrivacyBoundaryError` if it carries any other record."""
     if set(names) != CONTRIBUTION_RECORDS:
         raise PrivacyBoundaryError(
             f"a train reply must carry exactly {sorted(CONTRIBUTION_RECORDS)}, got {sorted(names)}"
         )
     values = dict(record_dict.metric_records["contribution"].items())
-    weight = float(values.pop(_WEIGHT))
+    weight = _number(values.pop(_WEIGHT), _WEIGHT)
     metrics = {}
     for key, value in values.items():
         if not key.startswith(_METRIC_PREFIX):
             raise PrivacyBoundaryError(f"a train reply carries the undeclared field {key!r}")
-        metrics[key[len(_METRIC_PREFIX) :]] = float(value)
+        metrics[key[len(_METRIC_PREFIX) :]] = _number(value, key)
     return Contribution(
         update=record_to_params(record_dict.array_records["update"]), weight=weight, metrics=metrics
     )
 
 
-def _plain(value: Any) -> Any:
+def _number(value: float | list[int] | list[float], key: str) -> float:
+    """A train reply's number (a list there is refused, as ``float`` refuses it)."""
+    if isinstance(value, list):
+        raise TypeError(f"a train reply's {key!r} is a list, not a number")
+    return float(value)
+
+
+def _plain(value: object) -> object:
     if isinstance(value, np.generic):
         return value.item()
     return value
@@ -130,7 +139,7 @@ def records_to_scalars(metrics: MetricRecord, rest: ConfigRecord | None) -> Scal
     return out
 
 
-def json_default(obj: Any) -> Any:
+def json_default(obj: object) -> object:
     if isinstance(obj, np.generic):
         return obj.item()
     if isinstance(obj, np.ndarray):
@@ -179,7 +188,7 @@ def payload_to_records(payload: dict[str, Any]) -> dict[str, Any]:
     return {PAYLOAD_ARRAYS: ArrayRecord(arrays), PAYLOAD_VALUES: ConfigRecord(values)}
 
 
-def records_to_payload(names: set[str] | frozenset[str], record_dict: Any) -> dict[str, Any]:
+def records_to_payload(names: set[str] | frozenset[str], record_dict: RecordDict) -> dict[str, Any]:
     """Decode a protocol-stage message; :class:`PrivacyBoundaryError` on any other record."""
     extra = set(names) - PAYLOAD_RECORDS
     if extra:
@@ -207,7 +216,7 @@ DIVERGED_RECORD = "diverged"
 
 
 def reply_messages(
-    record_dict: Any, stage: tuple[str, str] | None = None, info: tuple[str, str] = SILO_INFO
+    record_dict: RecordDict, stage: tuple[str, str] | None = None, info: tuple[str, str] = SILO_INFO
 ) -> list[tuple[tuple[str, str], dict[str, Any]]]:
     """The declared messages (:mod:`pdpfl.fl.messages`) a silo's Flower reply carries, decoded
     as the silo's gate saw them: ``[(message id, payload), ...]``.
@@ -220,7 +229,8 @@ def reply_messages(
     out: list[tuple[tuple[str, str], dict[str, Any]]] = []
     if names & CONTRIBUTION_RECORDS:
         payload: dict[str, Any] = {
-            f"update.{i}": a for i, a in enumerate(record_to_params(record_dict["update"]))
+            f"update.{i}": a
+            for i, a in enumerate(record_to_params(record_dict.array_records["update"]))
         }
         for key, value in record_dict.metric_records["contribution"].items():
             payload[key] = value

@@ -10,9 +10,12 @@ import contextlib
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pdpfl.runtime.flower.apps import STATUS_FILE
+
+if TYPE_CHECKING:
+    from pdpfl.ledger import PrivacySummary
 
 __all__ = ["CoordinatorProgress", "silo_summaries"]
 
@@ -51,8 +54,7 @@ class CoordinatorProgress:
         tp, sv = merged.spent_max("third-party"), merged.spent_max("server")
         if tp is None and sv is None:
             return ""
-        fmt = lambda x: "-" if x is None else f"{x:.3g}"  # noqa: E731
-        return f" | ε max {fmt(tp)} (3rd) / {fmt(sv)} (server)"
+        return f" | ε max {_fmt(tp)} (3rd) / {_fmt(sv)} (server)"
 
     def _discovery(self) -> None:
         """The silos connecting (the ServerApp's ``status.json``), on the bar."""
@@ -116,7 +118,11 @@ class CoordinatorProgress:
         self._display.close()
 
 
-def silo_summaries(flower_dir: Path, run_key: str, n: int) -> Any:
+def _fmt(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3g}"
+
+
+def silo_summaries(flower_dir: Path, run_key: str, n: int) -> PrivacySummary | None:
     """The typed merge of the local silos' own privacy summaries (None if none is written)."""
     from pdpfl.ledger import PrivacySummary
 

@@ -35,7 +35,7 @@ class Status:
         self.path = path
         self.state: dict[str, Any] = {}
 
-    def update(self, **fields: Any) -> None:
+    def update(self, **fields: object) -> None:
         self.state.update(fields, time=time.time())
         try:
             write_json(self.path, self.state)

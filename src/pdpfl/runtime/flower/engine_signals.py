@@ -24,7 +24,7 @@ import signal
 import sys
 import threading
 from collections.abc import Iterator
-from typing import Any
+from types import FrameType
 
 from pdpfl.io import STOP_SIGNALS
 from pdpfl.runtime.signals import Interrupted
@@ -59,7 +59,7 @@ def stop_on_signals(
         yield
         return
 
-    def handler(signum: int, frame: Any) -> None:
+    def handler(signum: int, frame: FrameType | None) -> None:
         received.append(signum)
         if interrupted.is_set():
             raise Interrupted(signum)
@@ -68,7 +68,7 @@ def stop_on_signals(
 
     watched = [sig for sig in STOP_SIGNALS if signal.getsignal(sig) is not signal.SIG_IGN]
 
-    def install(signum: int = 0, frame: Any = None) -> None:
+    def install(signum: int = 0, frame: FrameType | None = None) -> None:
         for sig in watched:
             signal.signal(sig, handler)
 

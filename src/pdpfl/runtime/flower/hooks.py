@@ -14,10 +14,15 @@ import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pdpfl.fl.api import ClientAlgorithm, Scalars, ServerAlgorithm
+from pdpfl.fl.api import ClientAlgorithm, Scalars, ServerAlgorithm, Transport
 from pdpfl.fl.messages import SILO_INFO, MessageId
+
+if TYPE_CHECKING:
+    from pdpfl.config import ExperimentConfig
+    from pdpfl.data.federation import ClientData, Federation
+    from pdpfl.runtime.loop import RoundCallback
 
 #: Set (to "1") in a warm worker process: silos stay in memory between messages.
 WARM_ENV = "PDPFL_WARM_WORKER"
@@ -51,7 +56,7 @@ def silo_store_root(node_config: Mapping[str, Any]) -> Path | None:
     return None
 
 
-def _truthy(value: Any) -> bool:
+def _truthy(value: object) -> bool:
     return value is True or str(value).strip().lower() in ("1", "true", "yes")
 
 
@@ -133,13 +138,13 @@ def load_hooks(spec: str) -> AppHooks:
 # ----------------------------------------------------------------------- pdpfl's own hooks
 
 
-def _config_from_dict(raw: dict[str, Any]) -> Any:
+def _config_from_dict(raw: dict[str, Any]) -> ExperimentConfig:
     from pdpfl.config import config_from_dict
 
     return config_from_dict(raw)
 
 
-def _config_to_dict(config: Any) -> dict[str, Any]:
+def _config_to_dict(config: ExperimentConfig) -> dict[str, Any]:
     from pdpfl.config import config_to_dict
 
     return config_to_dict(config)
@@ -147,11 +152,11 @@ def _config_to_dict(config: Any) -> dict[str, Any]:
 
 #: Federations loaded by this process, by (data section, seed, data folder): a warm worker
 #: serving several local silos loads a data set once.
-_FEDERATIONS: dict[str, Any] = {}
+_FEDERATIONS: dict[str, Federation] = {}
 _MAX_FEDERATIONS = 4
 
 
-def _load_silo_federation(config: Any, node_config: Mapping[str, Any]) -> Any:
+def _load_silo_federation(config: ExperimentConfig, node_config: Mapping[str, Any]) -> Federation:
     """The federation as seen from one silo (its ``data-dir`` overrides ``data.data_dir``)."""
     import json
 
@@ -170,13 +175,13 @@ def _load_silo_federation(config: Any, node_config: Mapping[str, Any]) -> Any:
     return _FEDERATIONS[key]
 
 
-def _num_silos(config: Any) -> int:
+def _num_silos(config: ExperimentConfig) -> int:
     if config.data.num_clients is not None:
         return int(config.data.num_clients)
     return int(len(_load_silo_federation(config, {}).clients))
 
 
-def _silo_info(config: Any, silo: int, node_config: Mapping[str, Any]) -> Scalars:
+def _silo_info(config: ExperimentConfig, silo: int, node_config: Mapping[str, Any]) -> Scalars:
     """Shapes and the silo's name (and its size only if ``data.public_silo_sizes``)."""
     import json
 
@@ -192,7 +197,7 @@ def _silo_info(config: Any, silo: int, node_config: Mapping[str, Any]) -> Scalar
 
 
 def _build_server(
-    config: Any, silo_infos: dict[int, Scalars]
+    config: ExperimentConfig, silo_infos: dict[int, Scalars]
 ) -> tuple[ServerAlgorithm, dict[str, Any]]:
     """The server, from the silos' public facts; the public setup is computed once, here."""
     import json
@@ -221,7 +226,7 @@ def _build_server(
     return server, {"info": info.to_dict(), "setup": setup.to_dict()}
 
 
-def _server_target(config: Any, server: Any) -> None:
+def _server_target(config: ExperimentConfig, server: ServerAlgorithm) -> None:
     """The coordinator's own budget store (ULDP-FL's users), as in the simulator."""
     import numpy as np
 
@@ -237,7 +242,7 @@ def _server_target(config: Any, server: Any) -> None:
         setattr(server, TARGET_ATTR, server_target(config, int(units)))
 
 
-def _silo_data(config: Any, silo: int, node_config: Mapping[str, Any]) -> Any:
+def _silo_data(config: ExperimentConfig, silo: int, node_config: Mapping[str, Any]) -> ClientData:
     """This silo's :class:`~pdpfl.data.federation.ClientData`, cached in its own state folder.
 
     In the per-message mode a SuperNode starts one ClientApp process per message; the cache
@@ -278,7 +283,7 @@ def _silo_data(config: Any, silo: int, node_config: Mapping[str, Any]) -> Any:
 
 
 def _build_client(
-    config: Any, silo: int, node_config: Mapping[str, Any], public: dict[str, Any]
+    config: ExperimentConfig, silo: int, node_config: Mapping[str, Any], public: dict[str, Any]
 ) -> ClientAlgorithm:
     from pdpfl.fl.algorithm import as_algorithm
     from pdpfl.fl.api import FederationInfo
@@ -307,13 +312,13 @@ def _build_client(
 
 
 def _run(
-    config: Any,
+    config: ExperimentConfig,
     server: ServerAlgorithm,
-    transport: Any,
+    transport: Transport,
     out_dir: Path,
     resume: bool,
-    on_round: Any = None,
-):
+    on_round: RoundCallback | None = None,
+) -> dict[str, Any]:
     from pdpfl.errors import TrainingDiverged
     from pdpfl.fl.aggregation import protocol_from_config
     from pdpfl.runtime.loop import run_federation
@@ -339,7 +344,7 @@ def _run(
     return result
 
 
-def _run_facts(config: Any, silo_infos: dict[int, Scalars]) -> dict[str, Any]:
+def _run_facts(config: ExperimentConfig, silo_infos: dict[int, Scalars]) -> dict[str, Any]:
     """The model's parameter names (built from the public initial model x⁰, as the simulator
     does) and the federation's public description (the silos' names and shapes; sizes stay at
     the silos unless the config declares them public)."""
@@ -367,7 +372,7 @@ def _run_facts(config: Any, silo_infos: dict[int, Scalars]) -> dict[str, Any]:
     return {"parameter_names": [n for n, _ in trainable_parameters(x0)], "data": data}
 
 
-def _finish(config: Any, result: dict[str, Any], out_dir: Path) -> dict[str, Any]:
+def _finish(config: ExperimentConfig, result: dict[str, Any], out_dir: Path) -> dict[str, Any]:
     """``summary.json``, the named ``model.safetensors`` (and ``model.npz``) and plots by the
     simulator's writer, coordinator view (the silos' privacy summaries stay at the silos)."""
     from pdpfl.runtime.outputs import write_outputs

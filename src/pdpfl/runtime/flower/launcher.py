@@ -29,7 +29,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pdpfl.runtime.flower.apps import RESULT_FILE, STATUS_FILE
 from pdpfl.runtime.flower.codec import encode_config
@@ -53,6 +53,9 @@ from pdpfl.runtime.flower.processes import (
 )
 from pdpfl.runtime.flower.transport import FlowerRunError
 from pdpfl.runtime.signals import stop_signals_interrupt
+
+if TYPE_CHECKING:
+    from pdpfl.config import ExperimentConfig
 
 # ------------------------------------------------------------------------------ run_flower
 
@@ -87,7 +90,7 @@ def silo_node_configs(
     *,
     data_dirs: Mapping[int, str] | None = None,
     hooks: str = DEFAULT_HOOKS,
-    config: Any = None,
+    config: ExperimentConfig | None = None,
 ) -> list[dict[str, Any]]:
     """One node config per local silo: its index, the number of silos, its state folder
     ``<flower_dir>/silo-<i>``, and its data folder and hooks spec when given.
@@ -134,7 +137,7 @@ def default_startup_timeout(num_silos: int) -> float:
 
 
 def run_flower(
-    config: Any,
+    config: ExperimentConfig,
     out_dir: str | Path,
     resume: bool = False,
     *,
@@ -281,7 +284,9 @@ def rounds_saved(out: Path) -> int:
     return int(ckpt["next_round"]) if ckpt is not None else 0
 
 
-def collect_result(config: Any, out: Path, num_silos: int, *, missing: str) -> dict[str, Any]:
+def collect_result(
+    config: ExperimentConfig, out: Path, num_silos: int, *, missing: str
+) -> dict[str, Any]:
     """After a local Flower run: the ServerApp's result, the silos' ledgers copied to
     ``out/ledgers/`` and their privacy summaries merged into the operator's summary (one
     operator owns every local silo); raises on a failed or diverged run (``missing`` says
@@ -320,7 +325,7 @@ def raise_if_diverged(result: Mapping[str, Any], summary: dict[str, Any]) -> Non
     raise err
 
 
-def check_resume(config: Any, out: Path, resume: bool) -> None:
+def check_resume(config: object, out: Path, resume: bool) -> None:
     """Before any process starts: a resume needs a checkpoint in ``out`` (``--resume`` never
     starts a run), and must keep the T its mechanism was calibrated for
     (:func:`pdpfl.runtime.loop.check_planned_rounds`; the Flower runtimes rebuild every silo
@@ -337,7 +342,7 @@ def check_resume(config: Any, out: Path, resume: bool) -> None:
         check_planned_rounds(ckpt, int(rounds), out)
 
 
-def check_mode(config: Any, mode: str) -> None:
+def check_mode(config: ExperimentConfig, mode: str) -> None:
     """Refuse, before any process starts, ``mode="per-message"`` with a summation protocol whose
     silo side keeps secrets between its stages (keys, mask seeds, Shamir shares: secure summation,
     private weighting): a fresh process per message would have to write them to disk."""
@@ -356,7 +361,12 @@ def check_mode(config: Any, mode: str) -> None:
 
 
 def _operator_summary(
-    config: Any, summary: dict[str, Any], flower_dir: Path, out: Path, run_key: str, n: int
+    config: ExperimentConfig,
+    summary: dict[str, Any],
+    flower_dir: Path,
+    out: Path,
+    run_key: str,
+    n: int,
 ) -> dict[str, Any]:
     """On loopback one operator owns every silo: merge the silos' own privacy summaries (read
     from their state folders after the run) with the coordinator's (e.g. a server-side user
@@ -364,7 +374,7 @@ def _operator_summary(
     silos = silo_summaries(flower_dir, run_key, n)
     if silos is None or not hasattr(config, "privacy"):
         return summary
-    from pdpfl.checkpoint import finite as _finite
+    from pdpfl.checkpoint import finite_record
     from pdpfl.io import write_json
     from pdpfl.ledger import PrivacySummary
     from pdpfl.runtime.outputs import privacy_fields
@@ -375,7 +385,7 @@ def _operator_summary(
     warnings = [w for w in summary.get("warnings", []) if not w.startswith("privacy.adversary")]
     merged.update(privacy_fields(config, PrivacySummary.merge(parts), "operator-collected"))
     merged["warnings"] = warnings + [w for w in merged["warnings"] if w not in warnings]
-    merged = _finite(merged)
+    merged = finite_record(merged)
     write_json(out / "summary.json", merged)
     _restamp_model(out, merged)
     return merged

@@ -127,7 +127,9 @@ def write_app(app_dir: str | Path, run_config: Mapping[str, Any]) -> Path:
     return path
 
 
-def write_connection(flwr_home: str | Path, address: str, *, root_certificates: str | None = None):
+def write_connection(
+    flwr_home: str | Path, address: str, *, root_certificates: str | None = None
+) -> Path:
     """``$FLWR_HOME/config.toml`` with one connection, ``local``, to the SuperLink ``address``."""
     import tomli_w
 

@@ -17,7 +17,10 @@ import tempfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pdpfl.config import ExperimentConfig
 
 __all__ = [
     "FLOWER_QUIET",
@@ -115,7 +118,7 @@ def supernode_commands(
 
 
 def app_run_config(
-    config: Any,
+    config: ExperimentConfig,
     out: Path,
     *,
     resume: bool,

@@ -63,15 +63,15 @@ import os
 import time
 from collections import OrderedDict
 from collections.abc import Mapping
-from contextlib import ExitStack, nullcontext
+from contextlib import AbstractContextManager, ExitStack, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from pdpfl.fl.aggregation import PUBLIC_MEMORY, holds_secrets
-from pdpfl.fl.api import ClientAlgorithm, PrivacyBoundaryError
+from pdpfl.fl.api import ClientAlgorithm, Contribution, PrivacyBoundaryError
 from pdpfl.integrity import (
     IntegrityError,
     check_progress,
@@ -80,7 +80,7 @@ from pdpfl.integrity import (
     seal,
     unseal,
 )
-from pdpfl.io import decode_state, encode_state, write_bytes, write_json
+from pdpfl.io import decode_state, decode_state_dict, encode_state, write_bytes, write_json
 from pdpfl.runtime.flower.codec import decode_config
 from pdpfl.runtime.flower.hooks import (
     CONFIG_HASH_KEY,
@@ -93,6 +93,11 @@ from pdpfl.runtime.flower.hooks import (
     config_digest,
     load_hooks,
 )
+
+if TYPE_CHECKING:
+    from pdpfl.config import ExperimentConfig
+    from pdpfl.fl.aggregation.secure_identity import SiloSecurity
+    from pdpfl.fl.lifetime import LifetimeSession
 
 __all__ = ["HOST", "Silo", "SiloHost", "decode_memory", "encode_memory", "silo_folder"]
 
@@ -131,7 +136,7 @@ def silo_folder(node_config: Mapping[str, Any], run_key: str) -> Path:
 # ------------------------------------------------------------------- protocol memory on disk
 
 
-def _to_storable(obj: Any) -> Any:
+def _to_storable(obj: object) -> object:
     if isinstance(obj, bytes | bytearray):
         return {"__bytes__": np.frombuffer(bytes(obj), dtype=np.uint8).copy()}
     if isinstance(obj, dict):
@@ -141,7 +146,7 @@ def _to_storable(obj: Any) -> Any:
     return obj
 
 
-def _from_storable(obj: Any) -> Any:
+def _from_storable(obj: object) -> object:
     if isinstance(obj, dict):
         if set(obj) == {"__bytes__"} and isinstance(obj["__bytes__"], np.ndarray):
             return obj["__bytes__"].tobytes()
@@ -163,7 +168,10 @@ def encode_memory(memory: dict[str, Any]) -> bytes:
 
 
 def decode_memory(data: bytes) -> dict[str, Any]:
-    return _from_storable(decode_state(data))
+    memory = _from_storable(decode_state(data))
+    if not isinstance(memory, dict):
+        raise ValueError("protocol memory: not a valid pdpfl state file (not a mapping)")
+    return memory
 
 
 # ------------------------------------------------------------------------------ one silo
@@ -174,7 +182,7 @@ class Silo:
     """Silo ``silo`` of run ``run_key`` as seen by this process."""
 
     hooks: AppHooks
-    config: Any
+    config: ExperimentConfig
     silo: int
     node_config: dict[str, Any]
     run_key: str
@@ -189,9 +197,9 @@ class Silo:
     #: How many times this silo's state was written (sealed into every state file).
     generation: int = 0
     #: The budget store this silo holds open (locked) for the run (:mod:`pdpfl.fl.lifetime`).
-    lifetime: Any = None
+    lifetime: LifetimeSession | None = None
     #: The silo's own side of secure summation (built on first use, :meth:`security`).
-    _security: Any = None
+    _security: SiloSecurity | None = None
 
     @property
     def state_path(self) -> Path:
@@ -209,7 +217,7 @@ class Silo:
     def releases_path(self) -> Path:
         return self.folder / f"releases-silo-{self.silo}.npz"
 
-    def cached_release(self, key: str) -> Any:
+    def cached_release(self, key: str) -> Contribution | None:
         """The contribution this silo already released for the same request, or None.
 
         A resumed run asks again for the rounds after its checkpoint. Answering with the very
@@ -217,8 +225,6 @@ class Silo:
         new noise is drawn, nothing is charged twice, and the resumed run equals an
         uninterrupted one.
         """
-        from pdpfl.fl.api import Contribution
-
         for entry in self.releases:
             if entry["key"] == key:
                 return Contribution(
@@ -228,7 +234,7 @@ class Silo:
                 )
         return None
 
-    def remember_release(self, key: str, contribution: Any) -> None:
+    def remember_release(self, key: str, contribution: Contribution) -> None:
         """Keep ``contribution`` (written to disk with the state, before the reply leaves)."""
         self.releases.append(
             {
@@ -252,7 +258,7 @@ class Silo:
             return 0
         payload, _ = self._unseal(self.state_path, "silo-state", None)
         try:
-            return int(decode_state(payload)["next_round"])
+            return int(decode_state_dict(payload)["next_round"])
         except (ValueError, KeyError, TypeError) as err:  # sealed but unreadable
             raise IntegrityError(
                 f"silo {self.silo}: its state file {self.state_path} does not decode ({err})"
@@ -320,7 +326,7 @@ class Silo:
                     "the state folder was put back (its ledger would forget charges)"
                 )
             self.generation = gen
-            client.load_state_dict(decode_state(payload))
+            client.load_state_dict(decode_state_dict(payload))
             ledger = self.folder / f"ledger-silo-{self.silo}.npz"
             if ledger.exists():
                 self._unseal(ledger, "ledger", gen)
@@ -332,7 +338,10 @@ class Silo:
                 self.memory[PUBLIC_MEMORY] = decode_memory(data)
             if self.releases_path.exists():
                 data, _ = self._unseal(self.releases_path, "releases", gen)
-                self.releases = list(decode_state(data))
+                releases = decode_state(data)
+                if not isinstance(releases, list):
+                    raise ValueError("the releases file is not a list")
+                self.releases = releases
         except IntegrityError:
             raise
         except (ValueError, KeyError, TypeError, OSError) as err:  # sealed but unreadable
@@ -361,7 +370,7 @@ class Silo:
             with (self.folder / f"lifetime-silo-{self.silo}.log").open("a") as fh:
                 fh.write(warning + "\n")
 
-    def security(self) -> Any:
+    def security(self) -> SiloSecurity | None:
         """The silo's side of secure summation: its long-term identity (in its state folder,
         created on first use), the peers' public keys from the ``peer-keys`` file it was given
         out of band, and its own configuration's settings; None without ``peer-keys`` (secure
@@ -392,7 +401,7 @@ class Silo:
             self.lifetime.close()
             self.lifetime = None
 
-    def threads(self) -> Any:
+    def threads(self) -> AbstractContextManager[None]:
         """Torch's thread count while this silo computes (``config.threads``)."""
         threads = getattr(self.config, "threads", None)
         if threads is None:
@@ -424,7 +433,7 @@ class Silo:
         action: str,
         round_index: int,
         compute_s: float,
-        process_age_s: Any,
+        process_age_s: float | None,
         *,
         persist: bool = True,
     ) -> None:
@@ -454,7 +463,7 @@ class Silo:
         with (self.folder / f"timings-silo-{self.silo}.jsonl").open("a") as fh:
             fh.write(json.dumps(timing) + "\n")
 
-    def _persist(self, client: Any) -> None:
+    def _persist(self, client: ClientAlgorithm) -> None:
         from pdpfl.checkpoint import finite as _finite
         from pdpfl.ledger import PrivacyLedger, PrivacySummary, save_ledger
 
@@ -474,9 +483,8 @@ class Silo:
                 party=self.party,
             )
         # The silo's own privacy report: stays on this disk (never in a reply).
-        report = client.privacy_summary()
-        if isinstance(report, PrivacySummary):
-            report = report.to_dict()
+        summary = client.privacy_summary()
+        report = summary.to_dict() if isinstance(summary, PrivacySummary) else summary
         if report is not None:
             write_json(self.folder / f"privacy-summary-silo-{self.silo}.json", _finite(report))
         public = self.memory.get(PUBLIC_MEMORY)

@@ -52,9 +52,9 @@ import logging
 import os
 import threading
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
@@ -67,6 +67,9 @@ from pdpfl.runtime.flower.apps import RESULT_FILE, STATUS_FILE
 from pdpfl.runtime.flower.engine_signals import stop_on_signals
 from pdpfl.runtime.flower.hooks import DEFAULT_HOOKS, PARTITION_ID, load_hooks
 from pdpfl.runtime.flower.transport import FlowerRunError
+
+if TYPE_CHECKING:
+    from pdpfl.config import ExperimentConfig
 
 __all__ = [
     "EXTRA_HINT",
@@ -285,7 +288,7 @@ def _flower_log(path: Path) -> Iterator[None]:
         handler.close()
 
 
-def _ticker(tick: Any, stop: threading.Event) -> threading.Thread:
+def _ticker(tick: Callable[[], object], stop: threading.Event) -> threading.Thread:
     def loop() -> None:
         while not stop.wait(0.5):
             with contextlib.suppress(Exception):  # progress only
@@ -297,7 +300,7 @@ def _ticker(tick: Any, stop: threading.Event) -> threading.Thread:
 
 
 def run_flower_simulation(
-    config: Any,
+    config: ExperimentConfig,
     out_dir: str | Path,
     resume: bool = False,
     *,

@@ -40,6 +40,7 @@ from typing import Any
 
 import numpy as np
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
+from flwr.serverapp import Grid
 
 from pdpfl.fl.api import Contribution, Params, PrivacyBoundaryError, Scalars
 from pdpfl.ledger import PrivacySummary
@@ -113,7 +114,9 @@ class _Prefetch:
             np.array_equal(np.asarray(a), b) for a, b in zip(params, self.params, strict=True)
         )
 
-    def matches(self, selected: list[int], params: Params, round_index: int, config: Scalars):
+    def matches(
+        self, selected: list[int], params: Params, round_index: int, config: Scalars
+    ) -> bool:
         return (
             list(selected) == self.selected
             and int(round_index) == self.round
@@ -177,7 +180,7 @@ class FlowerTransport:
 
     def __init__(
         self,
-        grid: Any,
+        grid: Grid,
         silo_nodes: dict[int, int],
         *,
         run_key: str,
@@ -245,7 +248,7 @@ class FlowerTransport:
             pending.ids[mid] = silo
         return pending
 
-    def _collect(self, pending: _Pending, **event: Any) -> dict[int, RecordDict]:
+    def _collect(self, pending: _Pending, **event: object) -> dict[int, RecordDict]:
         """Wait (bounded by ``round_timeout_s`` from now) for the replies of ``pending``."""
         t_wait = time.perf_counter()
         deadline = time.monotonic() + self.round_timeout_s
@@ -560,14 +563,14 @@ class FlowerTransport:
         """Nothing: in a deployment each silo's privacy summary stays at the silo."""
         return {}
 
-    def client_states(self) -> dict[int, dict]:
+    def client_states(self) -> dict[int, dict[str, Any]]:
         """References only: each silo's state (its records' ledger) stays on the silo's disk."""
         return {
             s: {"location": "silo", "run_key": self.run_key, "lost": s in self.lost}
             for s in self.client_ids
         }
 
-    def load_client_states(self, states: dict[int, dict]) -> None:
+    def load_client_states(self, states: dict[int, dict[str, Any]]) -> None:
         """Nothing to send: on resume each silo reloads its own state file for ``run_key``."""
         for silo, state in states.items():
             if not (isinstance(state, dict) and state.get("location") == "silo"):

@@ -39,6 +39,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from pdpfl.runtime.flower.hooks import WARM_ENV
@@ -120,9 +121,9 @@ def _component(fab_content: bytes) -> str | None:
     from flwr.common.config import get_fab_config
 
     config = get_fab_config(fab_content)
-    return (
-        config.get("tool", {}).get("flwr", {}).get("app", {}).get("components", {}).get("clientapp")
-    )
+    app = config.get("tool", {}).get("flwr", {}).get("app", {})
+    component = app.get("components", {}).get("clientapp")
+    return None if component is None else str(component)
 
 
 class Worker:
@@ -356,7 +357,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(err))
     worker = Worker(links)
 
-    def on_signal(signum: int, frame: Any) -> None:
+    def on_signal(signum: int, frame: FrameType | None) -> None:
         worker._stop.set()
 
     signal.signal(signal.SIGTERM, on_signal)
