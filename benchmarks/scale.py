@@ -177,8 +177,16 @@ def run_case(
         "rss_above_data_mb": round(peak.peak - rss_data, 1),
         "rss_above_data_mb_per_1000_clients": round((peak.peak - rss_data) * 1000 / int(n), 1),
         "setup_s": round(total - cumulative[-1], 1),
+        # the engine's end-of-run catch-up of the silos' ledgers (part of setup_s)
+        "catch_up_s": _catch_up_s(out),
         "total_s": round(total, 1),
     }
+
+
+def _catch_up_s(out: Path) -> float | None:
+    """Seconds of the Simulation Engine's end-of-run catch-up (None in-process)."""
+    path = out / "flower" / "catch_up.json"
+    return round(float(json.loads(path.read_text())["seconds"]), 2) if path.exists() else None
 
 
 def _partial(work: Path, started: float) -> dict[str, Any]:

@@ -238,55 +238,148 @@ def test_the_virtual_supernode_gets_its_silos_node_config(
 
 
 def _engine_run(config, out: Path, plan: dict[int, list[int]], **kwargs):
-    """``run_flower_simulation`` with the fault plan ``{silo: [round indices]}``."""
+    """``run_flower_simulation`` with the fault plan ``{silo: [round indices]}`` (and the
+    ``diverge`` and ``interrupt`` plans of :func:`flower_engine_faults.write_plan`)."""
     from flower_engine_faults import PLAN_ENV, SPEC, write_plan
     from pdpfl.runtime.flower.simulation_engine import run_flower_simulation
 
+    faults = {k: kwargs.pop(k) for k in ("diverge", "interrupt") if k in kwargs}
     plan_file = out.parent / f"{out.name}-faults.json"
-    write_plan(plan_file, plan)
+    write_plan(plan_file, plan, **faults)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(PLAN_ENV, str(plan_file))
         return run_flower_simulation(config, out, hooks=SPEC, **kwargs)
 
 
+def _silo_ledgers(out: Path, n: int) -> dict[str, object]:
+    """Each silo's own ledger in its state folder (what an interrupted engine run leaves)."""
+    from pdpfl.ledger import load_ledger
+
+    key = (out / "flower" / "run_key").read_text().strip()
+    return {
+        f"client_{i}": load_ledger(
+            out / "flower" / f"silo-{i}" / f"run-{key}" / f"ledger-silo-{i}.npz", party=f"silo-{i}"
+        )
+        for i in range(n)
+    }
+
+
+def _trained_from(out: Path, first: int) -> set[int]:
+    """The silos that trained (and charged) round ``first`` or later, from their own timings
+    (a request announced before the run stopped may have been answered unseen)."""
+    return {
+        int(path.parent.parent.name.removeprefix("silo-"))
+        for path in (out / "flower").glob("silo-*/run-*/timings-silo-*.jsonl")
+        if any(t["action"].startswith("fit") and t["round"] >= first for t in _lines(path))
+    }
+
+
+FEDERATION = [*TINY, "data.num_clients=6", "training.client_rate=0.34"]
+
+
+def test_the_catch_up_reaches_the_published_rounds_and_the_summary_names_silos_behind(
+    tmp_path: Path,
+) -> None:
+    """The rounds an engine run reached are those it published (a diverged last round published
+    no model); a silo whose ledger could not be caught up is named in the summary."""
+    from pdpfl.runtime.flower.catch_up import CatchUpReport, note_behind, rounds_reached
+
+    assert rounds_reached(tmp_path) == 0
+    lines = [{"round": 0}, {"round": 1}, {"round": 2, "diverged": {"round": 2}}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in lines))
+    assert rounds_reached(tmp_path) == 2
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in lines[:2]))
+    assert rounds_reached(tmp_path) == 2
+    summary = {"warnings": ["w"], "eps_spent_max": 1.0}
+    assert note_behind(summary, CatchUpReport(2, caught_up={0: 1}), tmp_path) is summary
+    noted = note_behind(summary, CatchUpReport(2, behind={3: "IntegrityError: x"}), tmp_path)
+    assert noted["silos_behind"] == [{"index": 3, "rounds": 2, "reason": "IntegrityError: x"}]
+    assert noted["warnings"][0] == "w" and "silo(s) [3]" in noted["warnings"][1]
+    assert json.loads((tmp_path / "summary.json").read_text()) == noted
+
+
 @requires_ray
-def test_a_run_stopped_by_failing_silos_resumes_to_the_simulators_model(tmp_path: Path) -> None:
-    """digits, 3 virtual SuperNodes, 3 rounds, reproducible. Every silo's ClientApp raises in
-    round 3: the run stops (no silo left) with round 1 checkpointed (round 2's evaluation
-    travels with round 3's training request, which failed); resumed, it ends with the
-    in-process simulator's model, metrics and ε, and each silo's ledger."""
+def test_an_interrupted_run_is_caught_up_and_resumes_to_the_simulators_diverged_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """digits, 6 virtual SuperNodes, λ = 0.34, 5 rounds, reproducible (seed 42 samples
+    [5], [0, 4], [3, 5], [], [1, 2, 3, 4]). Run 1 is interrupted: silo 3's ClientApp sends SIGINT
+    to this process in round 3. The engine stops with the finished rounds checkpointed and, before
+    it returns, every silo's ledger is caught up to them: per silo ε ≥ the simulator's stopped
+    after as many rounds, and = for every silo not sent a later training request (before, the
+    silos not asked since their last message lacked their Type II catch-up charges). Resumed, the
+    run diverges in round 5 at silo 4 (charged, then a non-finite update, as the simulator's run
+    with the same fault): its ledgers (silos 0 and 5 caught up after the run), ε, metrics and
+    model are the simulator's."""
     import ray
 
-    from pdpfl.runtime.flower.transport import FlowerRunError
+    from pdpfl.errors import TrainingDiverged
+    from pdpfl.fl.messages import nonfinite_update_cause
+    from pdpfl.fl.template import NonFiniteError, Silo
+    from pdpfl.ledger.table import load_ledgers
+    from pdpfl.runtime.flower.launcher import rounds_saved
+    from pdpfl.runtime.flower.processes import FlowerInterrupted
     from pdpfl.runtime.simulation import run_simulation
 
-    config = load_config(DEMO, [*TINY, "rounds=3", "flower.simulation.client_resources.num_cpus=1"])
-    sim = run_simulation(config, tmp_path / "sim", progress=False)
+    config = load_config(DEMO, [*FEDERATION, "rounds=5"])
+    run_simulation(config, tmp_path / "full", progress=False)
+    selected = [m["selected"] for m in _lines(tmp_path / "full" / "metrics.jsonl")]
+    assert selected == [[5], [0, 4], [3, 5], [], [1, 2, 3, 4]]  # the schedule the test is about
     out = tmp_path / "engine"
-    with pytest.raises(FlowerRunError, match=r"(?s)only 0 silo\(s\) reachable.*injected failure"):
-        _engine_run(config, out, {0: [2], 1: [2], 2: [2]})
-    assert [m["round"] for m in _lines(out / "metrics.jsonl")] == [0]
-    assert not ray.is_initialized()  # the engine shut Ray down after the failure too
-    summary = _engine_run(config, out, {}, resume=True)
+    with pytest.raises(FlowerInterrupted):
+        _engine_run(config, out, {}, interrupt={3: [2]})
+    assert not ray.is_initialized()
+    done = rounds_saved(out)
+    assert 1 <= done <= 2
+    report = json.loads((out / "flower" / "catch_up.json").read_text())
+    assert report["rounds"] == done and report["caught_up"] and not report["behind"]
+    run_simulation(config, tmp_path / "stopped", progress=False, stop_after=done)
+    reference = load_ledgers(tmp_path / "stopped")
+    later = _trained_from(out, done)
+    for name, ledger in _silo_ledgers(out, 6).items():
+        eps, ref = ledger.spent_epsilon(), reference[name].spent_epsilon()
+        assert np.all(eps >= ref - 1e-12), name
+        if int(name.removeprefix("client_")) not in later:
+            np.testing.assert_allclose(eps, ref, rtol=0, atol=1e-12, err_msg=name)
+
+    # The simulator's run with the same divergence: silo 4's update in round 5, after its charge.
+    release = Silo.release
+
+    def diverging(self, contribution, params=None):
+        if self.client_id == 4 and self.next_round - 1 == 4:
+            raise NonFiniteError(nonfinite_update_cause(0), round_index=4, silo=4)
+        return release(self, contribution, params)
+
+    with monkeypatch.context() as mp:
+        mp.setattr(Silo, "release", diverging)
+        with pytest.raises(TrainingDiverged):
+            run_simulation(config, tmp_path / "sim", progress=False)
+    with pytest.raises(TrainingDiverged) as caught:
+        _engine_run(config, out, {}, diverge={4: [4]}, resume=True)
+    summary = caught.value.result
+    assert summary is not None and "silos_behind" not in summary
+    assert summary["privacy_view"].startswith("operator: collected")
+    sim_lines, eng_lines = _lines(tmp_path / "sim" / "metrics.jsonl"), _lines(out / "metrics.jsonl")
+    assert [m["selected"] for m in eng_lines] == [m["selected"] for m in sim_lines]
+    assert eng_lines[-1]["diverged"]["round"] == sim_lines[-1]["diverged"]["round"] == 4
+    sim_ledgers, eng_ledgers = load_ledgers(tmp_path / "sim"), load_ledgers(out)
+    assert set(eng_ledgers) == set(sim_ledgers) == {f"client_{i}" for i in range(6)}
+    for name, ledger in sim_ledgers.items():
+        np.testing.assert_array_equal(
+            eng_ledgers[name].counts["third-party"], ledger.counts["third-party"], err_msg=name
+        )
+        np.testing.assert_allclose(
+            eng_ledgers[name].spent_epsilon(), ledger.spent_epsilon(), rtol=0, atol=1e-12
+        )
     a, b = np.load(tmp_path / "sim" / "model.npz"), np.load(out / "model.npz")
     assert a.files == b.files
     for key in a.files:
         np.testing.assert_allclose(a[key], b[key], rtol=0, atol=1e-6)
-    sim_lines, eng_lines = _lines(tmp_path / "sim" / "metrics.jsonl"), _lines(out / "metrics.jsonl")
-    assert [m["selected"] for m in sim_lines] == [m["selected"] for m in eng_lines]
-    np.testing.assert_allclose(
-        [m["accuracy"] for m in eng_lines], [m["accuracy"] for m in sim_lines], atol=1e-6
-    )
-    assert summary["rounds_completed"] == sim["rounds_completed"] == 3
-    assert summary["privacy_view"].startswith("operator: collected")
-    assert summary["eps_spent_max"] == pytest.approx(sim["eps_spent_max"], abs=1e-9)
-    for path in (tmp_path / "sim" / "ledgers").glob("*.npz"):
-        assert (out / "ledgers" / path.name).exists()
     # Each silo's state is in its own folder (the node config's state-dir) and every message
     # rebuilt the silo from it: no actor kept a copy between messages.
-    timings = _lines(next((out / "flower").glob("silo-2/run-*/timings-silo-2.jsonl")))
+    timings = _lines(next((out / "flower").glob("silo-4/run-*/timings-silo-4.jsonl")))
     assert [t["warm"] for t in timings] == [False] * len(timings)
-    assert len(timings) >= 4 and all(t["build_s"] > 0 for t in timings)
+    assert len(timings) >= 3 and all(t["build_s"] > 0 for t in timings)
     assert not ray.is_initialized()
 
 
@@ -294,7 +387,9 @@ def test_a_run_stopped_by_failing_silos_resumes_to_the_simulators_model(tmp_path
 def test_a_failing_virtual_client_is_dropped_and_the_others_finish(tmp_path: Path) -> None:
     """Silo 1's ClientApp raises in round 2 of 3: it is lost for the rest of the run (never
     contacted again), the rounds complete with silos 0 and 2, and silo 1's ledger keeps the one
-    round it released -- nothing of the failed round, which released nothing."""
+    round it released and, caught up by the operator after the run, the third-party charge of
+    the round it was lost in (it released nothing then; it might have been sampled: counted,
+    conservatively) -- nothing after it."""
     from pdpfl.ledger.table import load_ledgers
 
     config = load_config(DEMO, [*TINY, "rounds=3"])
@@ -311,21 +406,88 @@ def test_a_failing_virtual_client_is_dropped_and_the_others_finish(tmp_path: Pat
         for name, ledger in load_ledgers(tmp_path / "run").items()
     }
     assert set(counts) == {"client_0", "client_1", "client_2"}
-    assert counts["client_1"].max() == 1
+    assert counts["client_1"].max() == 2
     assert counts["client_0"].max() == counts["client_2"].max() == 3
+    report = json.loads((tmp_path / "run" / "flower" / "catch_up.json").read_text())
+    assert report["caught_up"] == {"1": 1} and not report["behind"]
+
+
+def test_a_round_whose_evaluated_silos_hold_no_test_record_is_reported(tmp_path: Path) -> None:
+    """Only sampled silos evaluate on the engine: their test splits may all be empty (pooled
+    accuracy NaN); the round's status file says accuracy null instead of failing the run."""
+    from types import SimpleNamespace
+
+    from pdpfl.runtime.flower.apps import RoundReporter, Status
+
+    status = Status(tmp_path / "status.json")
+    reporter = RoundReporter(status, 3, SimpleNamespace(lost={}))  # type: ignore[arg-type]
+    reporter(0, {"selected": [4], "contributions": 1, "accuracy": float("nan")})
+    assert json.loads((tmp_path / "status.json").read_text())["accuracy"] is None
+    reporter(1, {"selected": [2], "contributions": 1, "accuracy": 0.5})
+    assert json.loads((tmp_path / "status.json").read_text())["accuracy"] == 0.5
 
 
 @requires_ray
-def test_ctrl_c_stops_the_engine_and_prints_the_resume_command(tmp_path: Path) -> None:
-    """SIGINT mid-run: exit 130 within seconds with the finished rounds checkpointed, and no
-    Ray process left (before, Flower's threads waited forever on actors Ray had shut down)."""
+def test_only_the_sampled_silos_are_asked_and_the_final_ledgers_are_the_simulators(
+    tmp_path: Path,
+) -> None:
+    """digits, 6 virtual SuperNodes, λ = 0.34, 3 rounds, reproducible: before the final round
+    each round's evaluation travels only to the next round's sample (a silo left out gets no
+    message), every silo evaluates the final round, and each silo's final ledger (its catch-up
+    charges for the rounds it sat out applied when next asked or at the end) is the in-process
+    simulator's, as is the final round's pooled accuracy."""
+    from pdpfl.ledger.table import load_ledgers
+    from pdpfl.runtime.flower.simulation_engine import run_flower_simulation
+    from pdpfl.runtime.simulation import run_simulation
+
+    config = load_config(DEMO, [*FEDERATION, "rounds=3"])
+    run_simulation(config, tmp_path / "sim", progress=False)
+    out = tmp_path / "engine"
+    run_flower_simulation(config, out)
+    sim_lines, eng_lines = _lines(tmp_path / "sim" / "metrics.jsonl"), _lines(out / "metrics.jsonl")
+    selected = [m["selected"] for m in sim_lines]
+    assert [m["selected"] for m in eng_lines] == selected
+    assert all(0 < len(s) < 6 for s in selected[1:])  # the seed leaves silos out of rounds 2, 3
+    events = _lines(out / "flower" / "transport.jsonl")
+    for t in (0, 1):  # round t's model is evaluated with round t + 1's training request only
+        sent = [e["sent"] for e in events if e["round"] == t + 1 and e["action"] == "fit+evaluate"]
+        assert sent == [selected[t + 1]]
+        assert eng_lines[t]["clients_evaluated"] == len(selected[t + 1])
+    evaluations = [(e["round"], sorted(e["sent"])) for e in events if e["action"] == "evaluate"]
+    assert evaluations == [(2, list(range(6)))]  # the final round: every silo, once
+    assert "clients_evaluated" not in eng_lines[2]
+    assert eng_lines[2]["accuracy"] == pytest.approx(sim_lines[2]["accuracy"], abs=1e-6)
+    # the final round caught every silo up: nothing left for the operator after the run
+    assert json.loads((out / "flower" / "catch_up.json").read_text())["caught_up"] == {}
+    sim_ledgers, eng_ledgers = load_ledgers(tmp_path / "sim"), load_ledgers(out)
+    assert set(eng_ledgers) == set(sim_ledgers) == {f"client_{i}" for i in range(6)}
+    for name, ledger in sim_ledgers.items():
+        np.testing.assert_array_equal(
+            eng_ledgers[name].counts["third-party"], ledger.counts["third-party"]
+        )
+        np.testing.assert_allclose(
+            eng_ledgers[name].spent_epsilon(), ledger.spent_epsilon(), rtol=0, atol=1e-12
+        )
+
+
+@requires_ray
+def test_sigterm_stops_the_engine_and_prints_the_resume_command(tmp_path: Path) -> None:
+    """SIGTERM mid-run (6 silos, λ = 0.34), as a scheduler stops a job: exit 143 within seconds
+    with the finished rounds checkpointed (before, Ray's own SIGTERM handler took the signal and
+    ended the process at once: no resume command, no catch-up), and no Ray process left (before
+    that, Flower's threads waited forever on actors Ray had shut down); every silo's ledger is
+    caught up to the rounds saved: ε ≥ the simulator's stopped there, = for each silo that
+    trained no later round. (SIGINT from a ClientApp: the interrupted-run test above.)"""
     import os
     import signal
     import subprocess
     import sys
     import time
 
+    from pdpfl.ledger.table import load_ledgers
+    from pdpfl.runtime.flower.launcher import rounds_saved
     from pdpfl.runtime.flower.processes import descendants
+    from pdpfl.runtime.simulation import run_simulation
 
     out = tmp_path / "run"
     cmd = [
@@ -337,7 +499,7 @@ def test_ctrl_c_stops_the_engine_and_prints_the_resume_command(tmp_path: Path) -
         "--quiet",
         "--out",
         str(out),
-        *[x for t in [*TINY, "rounds=200"] for x in ("--set", t)],
+        *[x for t in [*FEDERATION, "rounds=200"] for x in ("--set", t)],
     ]
     proc = subprocess.Popen(
         cmd,
@@ -358,7 +520,7 @@ def test_ctrl_c_stops_the_engine_and_prints_the_resume_command(tmp_path: Path) -
             time.sleep(0.2)
         ray_pids = descendants([proc.pid])
         assert ray_pids  # Ray's processes run under the command
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signal.SIGTERM)
         t0 = time.monotonic()
         output, _ = proc.communicate(timeout=60)
         assert time.monotonic() - t0 < 30
@@ -367,9 +529,19 @@ def test_ctrl_c_stops_the_engine_and_prints_the_resume_command(tmp_path: Path) -
             proc.kill()
             proc.wait()
     text = output.decode()
-    assert proc.returncode == 130, text
+    assert proc.returncode == 143, text
     assert "Resume with:" in text and "--resume" in text and "Traceback" not in text
     assert (out / "checkpoint.npz").exists()
+    done = rounds_saved(out)
+    assert json.loads((out / "flower" / "catch_up.json").read_text())["rounds"] == done
+    config = load_config(DEMO, [*FEDERATION, "rounds=200"])
+    run_simulation(config, tmp_path / "sim", progress=False, stop_after=done)
+    reference, later = load_ledgers(tmp_path / "sim"), _trained_from(out, done)
+    for name, ledger in _silo_ledgers(out, 6).items():
+        eps, ref = ledger.spent_epsilon(), reference[name].spent_epsilon()
+        assert np.all(eps >= ref - 1e-12), name
+        if int(name.removeprefix("client_")) not in later:
+            np.testing.assert_allclose(eps, ref, rtol=0, atol=1e-12, err_msg=name)
     time.sleep(1.0)
     assert not [
         p

@@ -17,7 +17,9 @@ runtime reaches its silos (a :class:`Transport`):
    (aggregate metrics only) and catches up its own ledger for the round; the round's metrics
    line and the privacy summary of this view follow (a transport of pooled silos,
    :mod:`pdpfl.fl.pool`, evaluates every client at once: the line carries the pooled metrics,
-   ``clients_evaluated`` and ``test_records``, not one entry per client);
+   ``clients_evaluated`` and ``test_records``, not one entry per client; a transport with
+   ``evaluation_clients`` -- Flower's Simulation Engine -- names the silos asked, the sampled
+   ones before the final round, and the line says ``clients_evaluated``);
 3. :func:`diverged_round` -- the same line for a round that diverged (nothing non-finite is
    published; the charges already made stay).
 """
@@ -128,7 +130,11 @@ def evaluate_round(
             test_records=int(np.sum(result.n)),
         )
         return line, privacy
-    evals = transport.evaluate(list(transport.client_ids), params, t, round_config)
+    # Every silo, unless the transport names the ones to ask (Flower's Simulation Engine: the
+    # sampled silos; the others catch up when next asked and in the final round).
+    choose = getattr(transport, "evaluation_clients", None)
+    ids = list(choose(t, selected)) if callable(choose) else list(transport.client_ids)
+    evals = transport.evaluate(ids, params, t, round_config)
     for c, e in evals.items():
         check_evaluation(e)
         if not np.isfinite(float(e.get("loss", 0.0))) and float(e.get("n", 0)) > 0:
@@ -138,7 +144,10 @@ def evaluate_round(
                 silo=int(c),
             )
     privacy = collect_privacy(transport.privacy_summaries(), server, unit)
-    return metrics_line(t, selected, contributions, evals, privacy), privacy
+    line = metrics_line(t, selected, contributions, evals, privacy)
+    if len(ids) < len(transport.client_ids):  # the pooled metrics are over these silos only
+        line["clients_evaluated"] = len(evals)
+    return line, privacy
 
 
 def diverged_round(

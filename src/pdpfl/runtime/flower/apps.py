@@ -43,6 +43,7 @@ ledger are on its disk before a reply leaves, and its privacy summary stays ther
 
 from __future__ import annotations
 
+import math
 import os
 import secrets
 import time
@@ -98,6 +99,15 @@ RUN_KEY_FILE = "run_key"
 EVENTS_FILE = "transport.jsonl"
 #: The ServerApp's progress (phase, silos connected, last round), rewritten atomically.
 STATUS_FILE = "status.json"
+#: Run-config key (set by ``--runtime flower-simulation`` only): evaluate only the sampled silos
+#: before the final round (:meth:`~pdpfl.runtime.flower.transport.FlowerTransport.
+#: evaluation_clients`). A deployment's silos are each asked every round: each hospital's own
+#: ledger stays current round by round, and a cross-silo federation is small.
+EVALUATE_SAMPLED = "pdpfl-evaluate-sampled"
+#: With :data:`EVALUATE_SAMPLED`: the server's public setup (exactly what every message carries),
+#: written once the server is built, for the operator's end-of-run catch-up of the silos that
+#: were not asked lately (:mod:`pdpfl.runtime.flower.catch_up`).
+PUBLIC_FILE = "public.json"
 
 server_app = ServerApp()
 client_app = ClientApp()
@@ -384,7 +394,9 @@ class RoundReporter:
 
     def __call__(self, t: int, line: dict[str, Any]) -> None:
         acc = line.get("accuracy")
-        acc_text = f"{acc:.4f}" if isinstance(acc, float) and acc == acc else "-"
+        if not (isinstance(acc, float) and math.isfinite(acc)):
+            acc = None  # no test records among the silos evaluated (the status file is JSON)
+        acc_text = "-" if acc is None else f"{acc:.4f}"
         lost = sorted(self.transport.lost)
         _log(
             f"round {t + 1}/{self.rounds}: sampled silos {line.get('selected')} "
@@ -401,6 +413,13 @@ class RoundReporter:
         )
 
 
+def _lost_rounds(transport: FlowerTransport | None) -> dict[str, int]:
+    """The (0-based) round in which each lost silo was lost (none before the rounds began)."""
+    if transport is None:
+        return {}
+    return {str(s): int(r) for s, r in sorted(transport.lost_round.items())}
+
+
 @server_app.main()
 def _main(grid: Grid, context: Context) -> None:
     run_config = context.run_config
@@ -410,6 +429,7 @@ def _main(grid: Grid, context: Context) -> None:
     status = Status(flower_dir / STATUS_FILE)
     t0 = time.perf_counter()
     diverged: TrainingDiverged | None = None
+    transport: FlowerTransport | None = None
     try:
         status.update(phase="starting", pid=os.getpid())
         hooks, config = _experiment(run_config)
@@ -424,6 +444,7 @@ def _main(grid: Grid, context: Context) -> None:
         startup_s = time.perf_counter() - t0
         _log(f"all {num_silos} silos ready after {startup_s:.1f} s")
         server, public = hooks.build_server(config, infos)
+        rounds = int(getattr(getattr(config, "training", None), "rounds", 0))
         transport = FlowerTransport(
             grid,
             silo_nodes,
@@ -433,8 +454,11 @@ def _main(grid: Grid, context: Context) -> None:
             min_silos=int(run_config.get("pdpfl-min-silos", 1)),
             log_path=flower_dir / EVENTS_FILE,
             prefetch=bool(run_config.get("pdpfl-prefetch", True)),
+            final_round=rounds - 1,
+            evaluate_sampled=bool(run_config.get(EVALUATE_SAMPLED, False)),
         )
-        rounds = int(getattr(getattr(config, "training", None), "rounds", 0))
+        if transport.evaluate_sampled:  # the operator catches the silos up after the run
+            write_text(flower_dir / PUBLIC_FILE, transport.public_json)
         reporter = RoundReporter(status, rounds, transport)
         try:
             result = hooks.run(config, server, transport, out_dir, resume, on_round=reporter)
@@ -459,6 +483,7 @@ def _main(grid: Grid, context: Context) -> None:
                 "run_key": run_key,
                 "silo_nodes": {str(s): str(n) for s, n in sorted(silo_nodes.items())},
                 "lost": {str(s): why for s, why in sorted(transport.lost.items())},
+                "lost_round": _lost_rounds(transport),
                 "startup_seconds": startup_s,
                 "seconds": time.perf_counter() - t0,
                 "completed": bool(result.get("completed", True)),
@@ -479,6 +504,7 @@ def _main(grid: Grid, context: Context) -> None:
                 "status": "error",
                 "error": f"{type(err).__name__}: {err}",
                 "traceback": traceback.format_exc(),
+                "lost_round": _lost_rounds(transport),
             },
         )
         status.update(phase="error", error=f"{type(err).__name__}: {err}")

@@ -249,6 +249,21 @@ class Silo:
     def has_state(self) -> bool:
         return self.state_path.exists()
 
+    def accounted_rounds(self) -> int:
+        """The rounds this silo's sealed state file has accounted (its ``next_round``; 0
+        without a state file), read without building the silo. The file is verified as
+        :meth:`ensure_client` does (IntegrityError otherwise); the high-water mark is checked
+        when the silo is built."""
+        if not self.state_path.exists():
+            return 0
+        payload, _ = self._unseal(self.state_path, "silo-state", None)
+        try:
+            return int(decode_state_dict(payload)["next_round"])
+        except (ValueError, KeyError, TypeError) as err:  # sealed but unreadable
+            raise IntegrityError(
+                f"silo {self.silo}: its state file {self.state_path} does not decode ({err})"
+            ) from None
+
     # ------------------------------------------------------------- sealed state files
 
     @property

@@ -19,6 +19,18 @@ the apps an empty run config. The launcher writes the run config and one node co
 :data:`server_app` and :data:`client_app` hand the apps a :class:`flwr.app.Context` completed
 from it (the virtual node's ``partition-id`` selects its node config).
 
+A round's messages grow with the sample, not the federation
+-----------------------------------------------------------
+The ServerApp evaluates each round's model only on the silos its messages reach anyway -- the
+next round's Poisson sample, whose training request carries the evaluation -- instead of every
+virtual SuperNode (``clients_evaluated`` in the metrics line; the pooled metrics are over them).
+A silo's Type II catch-up charge for the rounds it sat out is applied the next time it is asked,
+before its pre-check and charge, and for every silo in the final round, which all of them
+evaluate. A run that stops earlier (diverged, interrupted, too few silos left) has every silo's
+ledger caught up by the operator once the engine stopped, before its ledgers and summary are
+collected (:mod:`pdpfl.runtime.flower.catch_up`): however the run ends, its ledgers are the
+in-process simulator's for the rounds it reached.
+
 Where a silo lives between messages
 -----------------------------------
 Ray hands each message to whichever actor is free: a silo's next message may run in another
@@ -42,16 +54,17 @@ import threading
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from types import FrameType
 from typing import TYPE_CHECKING, Any, cast
 
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
+from pdpfl.errors import TrainingDiverged
 from pdpfl.io import write_json
 from pdpfl.runtime.flower import apps
 from pdpfl.runtime.flower.apps import RESULT_FILE, STATUS_FILE
+from pdpfl.runtime.flower.engine_signals import stop_on_signals
 from pdpfl.runtime.flower.hooks import DEFAULT_HOOKS, PARTITION_ID, load_hooks
 from pdpfl.runtime.flower.transport import FlowerRunError
 
@@ -275,41 +288,6 @@ def _flower_log(path: Path) -> Iterator[None]:
         handler.close()
 
 
-@contextlib.contextmanager
-def _stop_on_signals(interrupted: threading.Event, received: list[int]) -> Iterator[None]:
-    """Ctrl-C, SIGTERM or SIGHUP while the engine runs: stop the ServerApp at its next grid call
-    (its finished rounds are checkpointed) and let Flower stop its actors in order -- raising
-    KeyboardInterrupt in the engine's loop instead leaves Flower's threads waiting on actors Ray
-    already shut down. A second signal raises KeyboardInterrupt at once. The signals received
-    are appended to ``received``."""
-    import signal
-
-    from pdpfl.io import STOP_SIGNALS
-    from pdpfl.runtime.signals import Interrupted
-
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum: int, frame: FrameType | None) -> None:
-        received.append(signum)
-        if interrupted.is_set():
-            raise Interrupted(signum)
-        interrupted.set()
-        ENGINE_STOPPED.set()
-
-    previous = {
-        sig: signal.signal(sig, handler)
-        for sig in STOP_SIGNALS
-        if signal.getsignal(sig) is not signal.SIG_IGN
-    }
-    try:
-        yield
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
-
-
 def _ticker(tick: Callable[[], object], stop: threading.Event) -> threading.Thread:
     def loop() -> None:
         while not stop.wait(0.5):
@@ -407,6 +385,9 @@ def run_flower_simulation(
         min_silos=min_silos,
         prefetch=prefetch,
     )
+    # One operator, virtual silos: a round asks (evaluates, catches up) only the sampled silos;
+    # the others catch up when next asked and all of them in the final round.
+    run_config[apps.EVALUATE_SAMPLED] = True
     node_configs = silo_node_configs(
         flower_dir, num_silos, data_dirs=data_dirs, hooks=hooks, config=config
     )
@@ -421,6 +402,9 @@ def run_flower_simulation(
         "FLWR_TELEMETRY_ENABLED": "0",
         "RAY_DEDUP_LOGS": "0",
         "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0",
+        # Ray's C++ failure-signal handler would take SIGTERM from this process's handler and
+        # abort it (exit 134: no checkpoint message, no catch-up of the silos' ledgers)
+        "RAY_DISABLE_FAILURE_SIGNAL_HANDLER": "1",
     }
     failure: BaseException | None = None
     received: list[int] = []
@@ -428,7 +412,7 @@ def run_flower_simulation(
         with (
             _environment(env),
             _flower_log(flower_dir / LOG_FILE),
-            _stop_on_signals(interrupted, received),
+            stop_on_signals(interrupted, ENGINE_STOPPED, received),
         ):
             from flwr.simulation import run_simulation
 
@@ -456,6 +440,14 @@ def run_flower_simulation(
         received.append(int(getattr(err, "signum", 2)))
     finally:
         display.close()
+    # However the run ended (a second stop signal too): every silo's ledger caught up to the
+    # rounds it reached before its ledgers and summary are collected (catch_up's docstring).
+    from pdpfl.checkpoint import has_checkpoint
+    from pdpfl.runtime.flower.catch_up import catch_up_silos, note_behind
+
+    if (failure is not None or interrupted.is_set()) and has_checkpoint(out):
+        _wait_for(flower_dir / RESULT_FILE, 10.0)  # the stopped ServerApp writes who was lost
+    report = catch_up_silos(out, run_config, node_configs)
     if interrupted.is_set():
         from pdpfl.runtime.flower.launcher import rounds_saved
         from pdpfl.runtime.flower.processes import FlowerInterrupted
@@ -473,7 +465,13 @@ def run_flower_simulation(
                 f"Flower's Simulation Engine failed ({type(failure).__name__}: {failure}); the "
                 f"ServerApp: {result.get('error', 'no result')}; see {flower_dir / LOG_FILE}"
             )
-    return collect_result(config, out, num_silos, missing=f"see {flower_dir / LOG_FILE}")
+    try:
+        summary = collect_result(config, out, num_silos, missing=f"see {flower_dir / LOG_FILE}")
+    except TrainingDiverged as err:  # its outputs are written: say which ledgers lag, if any
+        if isinstance(err.result, dict):
+            err.result = note_behind(err.result, report, out)
+        raise
+    return note_behind(summary, report, out)
 
 
 def _wait_for(path: Path, timeout_s: float) -> None:

@@ -170,6 +170,12 @@ class FlowerTransport:
         Send each round's training request with the evaluation of the model it starts from, in
         one message per silo (:meth:`prefetch_fit`; default). False: two message exchanges
         (two polling waits) per round.
+    final_round
+        With ``evaluate_sampled``: the run's last round (0-based), in which every silo is asked.
+    evaluate_sampled
+        Evaluate only the silos a round's messages reach anyway (:meth:`evaluation_clients`;
+        Flower's Simulation Engine: one operator, virtual silos) instead of every silo every
+        round (default: a deployment, where each silo's own ledger is kept current).
     """
 
     def __init__(
@@ -183,6 +189,8 @@ class FlowerTransport:
         min_silos: int = 1,
         log_path: str | Path | None = None,
         prefetch: bool = True,
+        final_round: int | None = None,
+        evaluate_sampled: bool = False,
     ) -> None:
         if round_timeout_s <= 0:
             raise ValueError(f"round_timeout_s: must be > 0, got {round_timeout_s}")
@@ -199,6 +207,8 @@ class FlowerTransport:
         self.lost_round: dict[int, int] = {}
         self._message_log = os.environ.get(MESSAGE_LOG_ENV)
         self._prefetch: _Prefetch | None = None
+        self.final_round = None if final_round is None else int(final_round)
+        self.evaluate_sampled = bool(evaluate_sampled) and self.final_round is not None
         if not prefetch:  # the round loop then never announces rounds ahead
             self.prefetch_fit = None  # type: ignore[assignment,method-assign]
 
@@ -404,6 +414,30 @@ class FlowerTransport:
                 f"{sorted(EVALUATION_METRICS)}"
             )
         return metrics
+
+    def evaluation_clients(self, round_index: int, selected: list[int]) -> list[int]:
+        """The silos that evaluate round ``round_index``'s model (and catch up their ledgers).
+
+        Every silo, unless ``evaluate_sampled``; then, before the final round, only the silos
+        that get a message anyway: the next round's sample when its training request was
+        announced (:meth:`prefetch_fit`: the evaluation travels with it, one message per sampled
+        silo), else the round's own ``selected``. The others' catch-up charges for the rounds
+        they sat out are applied when they are next asked (:meth:`pdpfl.fl.template.Silo.
+        begin_round` catches up first, before its pre-check and charge) and, for all of them
+        at once, in the final round (every silo evaluates it), so a round costs messages in the
+        sample, not in the federation. A run that stops before its final round is caught up by
+        the operator after the engine stopped (:mod:`pdpfl.runtime.flower.catch_up`).
+        """
+        if not self.evaluate_sampled or (
+            self.final_round is not None and round_index >= self.final_round
+        ):
+            return list(self.client_ids)
+        prefetch = self._prefetch
+        if prefetch is not None and not prefetch.sent:
+            asked = set(prefetch.selected)
+        else:
+            asked = {int(s) for s in selected}
+        return [s for s in self.client_ids if s in asked]
 
     def evaluate(
         self, client_ids: list[int], params: Params, round_index: int, config: Scalars
