@@ -51,7 +51,7 @@ ADDER = {"dp/noise.py", "randomness.py", "discrete_noise.py"}
 ALLOWED = {
     ("budgets/scenarios.py", "normal"),
     # an ideal audit's simulated observations (the ceiling of a canary audit), not DP noise
-    ("audit/ceiling.py", "standard_normal"),
+    ("audit/ideal.py", "standard_normal"),
 }
 DRAWS = {
     "normal",
