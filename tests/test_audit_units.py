@@ -39,7 +39,7 @@ IDP_CLAIM = [
     "algorithm.clipping=fixed",
 ]
 #: ULDP at ε = 1 over 5 rounds (q = 1).
-#: (continuous noise shares here; the default discrete shares: tests/test_audit_discrete_users.py)
+#: (continuous noise shares here; the default discrete shares: tests/test_audit_discrete.py)
 ULDP = ["privacy.epsilon_max=1.0", "training.rounds=5", "privacy.noise_shares=continuous"]
 #: PriFedSync, every client at target ε = 1, 4 rounds of 20 steps on batches of 50.
 PRIFEDSYNC = [
@@ -95,7 +95,7 @@ def _caught(record: dict[str, Any], observer: str) -> None:
     [
         (["randomness=reproducible"], ("third-party",)),
         (
-            # continuous shares (discrete ones: tests/test_audit_discrete_users.py)
+            # continuous shares (discrete ones: tests/test_audit_discrete.py)
             [
                 "randomness=secure",
                 "algorithm.variant=distributed",

@@ -230,9 +230,9 @@ def _discrete_encoding(run: Assembly, encoding: ShareEncoding, canaries: int) ->
     same = (params.scale_log2, params.l2_sensitivity_sq, params.share, params.padded_dimension)
     if same != (old.scale_log2, old.l2_sensitivity_sq, old.share, old.padded_dimension):
         raise ValueError(
-            f"secure.bits: the audit's {canaries} canary users (contributors {users} -> "
-            f"{users + extra}) need the scale 2^{params.scale_log2} instead of the run's "
-            f"2^{old.scale_log2} at b = {old.bits}; raise secure.bits (at most 62), turn "
+            f"secure.bits: the audit's canary users ({canaries} planted so far; contributors "
+            f"{users} -> {users + extra}) need the scale 2^{params.scale_log2} instead of the "
+            f"run's 2^{old.scale_log2} at b = {old.bits}; raise secure.bits (at most 62), turn "
             "secure.rotation off or plant fewer --canaries"
         )
     return ShareEncoding(params, encoding.model_size, encoding.metrics, encoding.metric_factors)

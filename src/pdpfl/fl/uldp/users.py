@@ -22,7 +22,9 @@ Audit canaries (:mod:`pdpfl.audit.user_canaries`; None in every ordinary run): c
 with records here, :attr:`UserLevelSilo.extra_rows`, enter step 3 like the silo's users -- each
 sampled by its coin of the round (:attr:`~UserLevelSilo.extra_coins`: a stream of the server,
 the same in every silo that holds the user), its vector clipped to C and weighted by
-:attr:`~UserLevelSilo.extra_weight` (w_{s,u}), added to the weighted sum before the noise.
+:attr:`~UserLevelSilo.extra_weight` (w_{s,u}), added to the weighted sum before the noise;
+with discrete shares (:meth:`UserLevelSilo.discrete_step`) each is a unit of the integer vector,
+rounded on its own at its part bound (:meth:`UserLevelSilo.rounded_canaries`).
 
 With ``weights: private`` the private weighting protocol (Protocol 1,
 :mod:`pdpfl.fl.aggregation.private_weighting`) replaces steps 3-4 and the summation: the silo

@@ -1,15 +1,18 @@
-"""`pdpfl audit` of ULDP-AVG/SGD on exact discrete noise shares (the default
-``privacy.noise_shares: discrete``, issue #39).
+"""`pdpfl audit` of ULDP-AVG/SGD and IDP-FedAvg ``distributed`` on exact discrete noise shares
+(the default ``privacy.noise_shares: discrete``, issue #39).
 
 Canary users go through the silos' integer pipeline like users (clipped, weighted, rounded on
 their own at their part bound, + the one discrete noise share, modulo 2^b); the encoding's
 contributor count includes them, and their ledger charges the server's
 :class:`~pdpfl.privacy.uldp_discrete.DiscreteUserLevelPlan`. A correct run is consistent with
-the control at ε̂ = 0; a discrete sampler drawing less noise than charged is caught.
+the control at ε̂ = 0; a discrete sampler drawing less noise than charged is caught. Canary
+clients of IDP-FedAvg ride on host clients' integer vectors the same way (their ledger: the
+clients' discrete ``group_plan``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -18,6 +21,7 @@ import torch
 
 from pdpfl.audit import AuditSession, AuditSettings
 from pdpfl.audit.canaries import CONTROL_LABEL
+from pdpfl.audit.client_canaries import ClientCanaries
 from pdpfl.dp import noise as noise_module
 from pdpfl.fl.uldp.users import UserLevelSilo
 from pdpfl.privacy.uldp_discrete import DiscreteUserLevelPlan
@@ -139,6 +143,81 @@ def test_discrete_refuses_canaries_that_would_change_the_encoding() -> None:
     canaries would lower the scale the ledger's plan was built with, so the audit is refused
     naming ``secure.bits`` (the run itself is unchanged)."""
     overrides = [*ULDP, "secure.rotation=on", "secure.bits=24"]
-    with pytest.raises(ValueError, match=r"^secure\.bits: the audit's \d+ canary users"):
+    with pytest.raises(ValueError, match=r"^secure\.bits: the audit's canary users \(\d+ planted"):
         _session(overrides, 2000, ("third-party",))
     assert _session(overrides, 10, ("third-party",)).run.server.share_encoding is not None
+
+
+#: IDP-FedAvg distributed on 6 digits clients under secure summation, 5 rounds, discrete shares.
+IDP = [
+    "data.num_clients=6",
+    "training.rounds=5",
+    "algorithm.variant=distributed",
+    "aggregation=secure",
+    "randomness=reproducible",
+    "lifetime.allow_respend=true",
+]
+
+
+def _idp(extra: list[str], canaries: int) -> AuditSession:
+    return AuditSession.create(
+        toy_config("idp-fedavg", [*IDP, *extra]),
+        AuditSettings(canaries=canaries, seed=3, space="block"),
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("extra", "one_per_coordinate"),
+    [
+        (["algorithm.clipping=fixed", "secure.rotation=off"], True),
+        # adaptive clipping: every canary client is counted on the one count coordinate
+        (["secure.rotation=off", "secure.bits=40"], False),
+    ],
+    ids=["fixed", "adaptive"],
+)
+def test_discrete_canary_clients_are_consistent(extra: list[str], one_per_coordinate: bool) -> None:
+    """Without the rotation each canary client is rounded on its own coordinates (and the count
+    coordinate); K = clients + 1 when no coordinate holds two canaries, else + every canary.
+    The ledger charges the clients' discrete group plan."""
+    from pdpfl.fl.idp_fedavg.discrete import group_plan
+
+    session = _idp(extra, 100)
+    server: Any = session.run.server
+    params = server.share_encoding.params
+    planted = 1 if one_per_coordinate else int(session.plan.trained().sum())
+    assert params.contributors == int(server.setup.asked_per_round) + planted
+    assert not params.rotation
+    assert all(c.share_encoding is server.share_encoding for c in session.run.clients.values())
+    setup, host = server.setup, int(next(iter(session.run.clients)))
+    ledger = ClientCanaries().ledger(session.run, host, np.array([8.0]), np.array([0.5]), 1e-6)
+    expected = dataclasses.replace(group_plan(setup, setup.group_of(8.0)), delta=1e-6)
+    assert ledger.mechanism == expected  # the shares actually added, not the float Gaussian
+    record = session.execute().to_dict()
+    assert record["unit"] == "client" and record["verdict"] == "consistent"
+    for rows in record["observers"].values():
+        *groups, control = rows
+        assert control["epsilon_lower"] == 0.0
+        assert all(0.0 <= g["epsilon_lower"] <= g["spent_at_audit_delta"] for g in groups)
+    counts = [c.extra_rows.counts for c in session.run.clients.values() if c.extra_rows is not None]
+    assert sum(int(c.sum()) for c in counts) > 0
+
+
+@pytest.mark.slow
+def test_discrete_canary_clients_broken_noise_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the rotation (IDP-FedAvg's default) every canary client counts against wrapping
+    (K = clients + canaries) and is rotated like a client's vector; small budgets, fixed
+    clipping, 15 rounds: a sampler drawing a tenth of the noise is far off."""
+    session = _idp(
+        ["algorithm.group_budgets=[0.5,1.0]", "training.rounds=15", "algorithm.clipping=fixed"],
+        200,
+    )
+    params = session.run.server.share_encoding.params
+    planted = int(session.plan.trained().sum())
+    assert params.rotation and params.contributors == 6 + planted
+    _weaken_discrete(monkeypatch, 10)
+    record = session.execute().to_dict()
+    assert record["verdict"] == "violation"
+    rows = record["observers"]["third-party"]
+    assert any(g["epsilon_lower"] > g["spent_at_audit_delta"] for g in rows[:-1])
+    assert rows[-1]["epsilon_lower"] == 0.0
