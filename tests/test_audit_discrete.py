@@ -13,14 +13,17 @@ clients' discrete ``group_plan``).
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from pdpfl.audit import AuditSession, AuditSettings
-from pdpfl.audit.canaries import CONTROL_LABEL
+from pdpfl.audit.canaries import CONTROL_LABEL, stacked_rows
 from pdpfl.audit.client_canaries import ClientCanaries
 from pdpfl.dp import noise as noise_module
 from pdpfl.fl.uldp.users import UserLevelSilo
@@ -221,3 +224,19 @@ def test_discrete_canary_clients_broken_noise_is_caught(monkeypatch: pytest.Monk
     rows = record["observers"]["third-party"]
     assert any(g["epsilon_lower"] > g["spent_at_audit_delta"] for g in rows[:-1])
     assert rows[-1]["epsilon_lower"] == 0.0
+
+
+@given(
+    st.lists(
+        st.lists(st.lists(st.integers(0, 30), min_size=1, max_size=3, unique=True), max_size=6),
+        max_size=4,
+    )
+)
+def test_stacked_rows_is_the_most_rows_on_one_coordinate(hosts: list[list[list[int]]]) -> None:
+    """Against a plain count over every row of every host (rows of equal length per host)."""
+    coords = []
+    for rows in hosts:
+        width = min((len(r) for r in rows), default=1)
+        coords.append(np.array([r[:width] for r in rows], dtype=np.int64).reshape(-1, width))
+    counts = Counter(int(j) for c in coords for row in c for j in row)
+    assert stacked_rows(coords) == max(counts.values(), default=0)

@@ -45,7 +45,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from pdpfl.audit.canaries import EVERYWHERE
+from pdpfl.audit.canaries import EVERYWHERE, stacked_rows
 from pdpfl.audit.hooks import AuditUnsupported, CanaryHookBase, register_canary_hook
 from pdpfl.dp.extra_rows import ExtraRows
 from pdpfl.fl.algorithm import Assembly
@@ -177,12 +177,12 @@ def _recount(run: Assembly) -> None:
 
     setup = _setup(run)
     parties: list[Any] = [run.server, *run.clients.values()]
-    planted = [getattr(c, "extra_rows", None) for c in parties[1:]]
-    canaries = sum(int(r.num_rows) for r in planted if r is not None)
+    planted = [r.coords for c in parties[1:] if (r := getattr(c, "extra_rows", None)) is not None]
+    canaries = sum(len(c) for c in planted)
     enc: ShareEncoding = parties[1].share_encoding
     old = enc.params
-    # without the rotation nor a count coordinate each coordinate holds at most one canary
-    extra = canaries if old.rotation or count_factor(setup) is not None else min(1, canaries)
+    # without the rotation nor a count coordinate: the most canaries on one coordinate
+    extra = canaries if old.rotation or count_factor(setup) is not None else stacked_rows(planted)
     try:
         params = discrete_share_params(
             clip=old.clip,

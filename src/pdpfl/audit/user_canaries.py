@@ -23,8 +23,9 @@ deltas, + for ULDP-SGD's gradients):
   part bound N_p(w), summed with the users' integer vectors before the one discrete noise share,
   modulo 2^b. The encoding's contributor count K, which sizes the scale γ against wrapping, is
   re-derived with the canaries (:func:`_discrete_encoding`): without the rotation it bounds
-  each coordinate's signal by K·√N, and every canary has a coordinate of its own, so a
-  coordinate holds at most the |U| users and one canary (K = |U| + 1); with the rotation every
+  each coordinate's signal by K·√N, so K = |U| + the most canaries on one coordinate
+  (:func:`~pdpfl.audit.canaries.stacked_rows`; 1 for Dirac canaries on coordinates of their
+  own: K = |U| + 1); with the rotation every
   canary spreads over every coordinate (K = |U| + the canaries). A K that would change the
   encoding (its scale, N or shares: the ledger's event) is refused;
 * **its ledger**: the server's user-level plan -- :class:`~pdpfl.privacy.uldp.UserLevelPlan`,
@@ -49,7 +50,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from pdpfl.audit.canaries import EVERYWHERE
+from pdpfl.audit.canaries import EVERYWHERE, stacked_rows
 from pdpfl.audit.hooks import AuditUnsupported, CanaryHookBase, register_canary_hook
 from pdpfl.audit.observe import ReleaseLog
 from pdpfl.dp.extra_rows import ExtraRows
@@ -147,13 +148,13 @@ class UserCanaries(CanaryHookBase):
             silo.extra_weight = weight
             silo.extra_coins = coins
         if server.share_encoding is not None:  # discrete shares: K counts the canaries too
-            if host == EVERYWHERE:
-                planted = rows.num_rows
+            if host == EVERYWHERE:  # the same rows in every silo: one canary user each
+                coords = [rows.coords]
             else:  # one host silo per call: every silo's canaries so far
-                planted = sum(
-                    s.extra_rows.num_rows for s in silos.values() if s.extra_rows is not None
-                )
-            encoding = _discrete_encoding(run, server.share_encoding, planted)
+                coords = [s.extra_rows.coords for s in silos.values() if s.extra_rows is not None]
+            encoding = _discrete_encoding(
+                run, server.share_encoding, sum(len(c) for c in coords), stacked_rows(coords)
+            )
             server.share_encoding = encoding
             for s in silos.values():
                 s.share_encoding = encoding
@@ -206,16 +207,19 @@ def _plan(server: SamplingServer) -> UserLevelPlan | DiscreteUserLevelPlan:
     return plan
 
 
-def _discrete_encoding(run: Assembly, encoding: ShareEncoding, canaries: int) -> ShareEncoding:
+def _discrete_encoding(
+    run: Assembly, encoding: ShareEncoding, canaries: int, stacked: int
+) -> ShareEncoding:
     """The run's share encoding re-derived with its ``canaries`` canary users among the
-    contributors K (module docstring); ValueError naming ``secure.bits`` when they would change
-    the encoding (scale, N, shares), which the ledger's plan was built from."""
+    contributors K (module docstring; without the rotation only the ``stacked`` most that share
+    a coordinate); ValueError naming ``secure.bits`` when they would change the encoding (scale,
+    N, shares), which the ledger's plan was built from."""
     from pdpfl.fl.aggregation.discrete_shares import ShareEncoding
     from pdpfl.fl.uldp.discrete import share_params
 
     old = encoding.params
     users = int(_server(run).setup.num_users)
-    extra = int(canaries) if old.rotation else min(1, int(canaries))
+    extra = int(canaries) if old.rotation else int(stacked)
     try:
         params = share_params(
             run.config,
