@@ -39,7 +39,7 @@ IDP_CLAIM = [
     "algorithm.clipping=fixed",
 ]
 #: ULDP at ε = 1 over 5 rounds (q = 1).
-#: (canary users ride on continuous noise shares; discrete shares are refused by the audit)
+#: (continuous noise shares here; the default discrete shares: tests/test_audit_discrete.py)
 ULDP = ["privacy.epsilon_max=1.0", "training.rounds=5", "privacy.noise_shares=continuous"]
 #: PriFedSync, every client at target ε = 1, 4 rounds of 20 steps on batches of 50.
 PRIFEDSYNC = [
@@ -95,7 +95,7 @@ def _caught(record: dict[str, Any], observer: str) -> None:
     [
         (["randomness=reproducible"], ("third-party",)),
         (
-            # canary clients ride on float shares (discrete shares refuse an audit)
+            # continuous shares (discrete ones: tests/test_audit_discrete.py)
             [
                 "randomness=secure",
                 "algorithm.variant=distributed",
@@ -213,7 +213,7 @@ def test_uldp_half_the_noise_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
             "training.rounds=5",
             "randomness=reproducible",
             "lifetime.allow_respend=true",  # two audits of the same synthetic data
-            "privacy.noise_shares=continuous",  # canary users are planted into float shares
+            "privacy.noise_shares=continuous",  # the continuous path (discrete: its own file)
         ],
     )
     settings = AuditSettings(canaries=2000, seed=3, space="block", observers=("server",))

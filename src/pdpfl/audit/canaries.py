@@ -31,7 +31,14 @@ import numpy as np
 from pdpfl.dp.extra_rows import ExtraRows
 from pdpfl.randomness import Randomness
 
-__all__ = ["CONTROL_LABEL", "EVERYWHERE", "CanaryPlan", "GroupSpec", "plan_canaries"]
+__all__ = [
+    "CONTROL_LABEL",
+    "EVERYWHERE",
+    "CanaryPlan",
+    "GroupSpec",
+    "plan_canaries",
+    "stacked_rows",
+]
 
 #: Label of the never-trained control group.
 CONTROL_LABEL = "control"
@@ -152,3 +159,12 @@ def plan_canaries(
         value=float(value),
         rates=np.zeros(n, dtype=np.float64),
     )
+
+
+def stacked_rows(coords: list[np.ndarray]) -> int:
+    """The most canary rows any one coordinate holds among the planted rows' ``coords``
+    (each row's coordinates are distinct; 0 without rows): what a discrete share encoding's
+    per-coordinate wrap bound must count (:mod:`pdpfl.audit.user_canaries`)."""
+    parts = [np.asarray(c, dtype=np.int64).reshape(-1) for c in coords]
+    flat = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+    return int(np.bincount(flat).max()) if flat.size else 0

@@ -45,7 +45,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from pdpfl.audit.canaries import EVERYWHERE
+from pdpfl.audit.canaries import EVERYWHERE, stacked_rows
 from pdpfl.audit.hooks import AuditUnsupported, CanaryHookBase, register_canary_hook
 from pdpfl.dp.extra_rows import ExtraRows
 from pdpfl.fl.algorithm import Assembly
@@ -118,16 +118,40 @@ class ClientCanaries(CanaryHookBase):
         if not hasattr(target, "extra_rows"):
             raise AuditUnsupported(f"{type(target).__name__} does not take canary clients")
         target.extra_rows = clients
+        if getattr(target, "share_encoding", None) is not None:  # discrete shares: K counts them
+            _recount(run)
+
+    @staticmethod
+    def _discrete_plan(setup: IdpSetup, budgets: np.ndarray) -> Any:
+        """The clients' discrete plan (one for every group the canaries are in), or None."""
+        if setup.variant != "distributed" or setup.noise_shares != "discrete":
+            return None
+        from pdpfl.fl.idp_fedavg.discrete import group_plan
+
+        plans = [group_plan(setup, g) for g in sorted({setup.group_of(float(b)) for b in budgets})]
+        if any(p != plans[0] for p in plans):
+            raise AuditUnsupported(
+                "algorithm.method: the groups' discrete plans differ; audit one group at a time"
+            )
+        return plans[0] if plans else None
 
     def ledger(
         self, run: Assembly, host: int, budgets: np.ndarray, rates: np.ndarray, delta: float
     ) -> PrivacyLedger:
         """Each canary as one client of its group: SampledGaussianPlan(σ_p, δ, I) at q_p."""
         setup = _setup(run)
+        finite = np.array([b if math.isfinite(b) else _NO_BUDGET for b in budgets])
+        discrete = self._discrete_plan(setup, budgets)
+        if discrete is not None:  # the shares actually added (group_plan), at δ
+            return PrivacyLedger(
+                finite,
+                np.asarray(rates, dtype=np.float64),
+                dataclasses.replace(discrete, delta=float(delta)),
+                accountant=setup.accountant,
+            )
         sigmas = [setup.noise_multipliers[setup.group_of(float(b))] for b in budgets]
         described: Any = client_mechanism(setup)  # a frozen SampledGaussianPlan
         mechanism = dataclasses.replace(described, delta=float(delta))
-        finite = np.array([b if math.isfinite(b) else _NO_BUDGET for b in budgets])
         return PrivacyLedger(
             finite,
             np.asarray(rates, dtype=np.float64),
@@ -140,3 +164,50 @@ class ClientCanaries(CanaryHookBase):
 
 
 register_canary_hook(IdpFedAvgConfig, ClientCanaries())
+
+
+def _recount(run: Assembly) -> None:
+    """Discrete shares: re-derive the clients' encoding with the canary clients among its
+    contributors K (module docstring) and give it to every client and the server; ValueError
+    naming ``secure.bits`` when that would change the encoding (scale, N, shares: what the
+    clients' ledgers charge)."""
+    from pdpfl.dp.discrete_params import discrete_share_params
+    from pdpfl.fl.aggregation.discrete_shares import ShareEncoding
+    from pdpfl.fl.idp_fedavg.discrete import count_factor
+
+    setup = _setup(run)
+    parties: list[Any] = [run.server, *run.clients.values()]
+    planted = [r.coords for c in parties[1:] if (r := getattr(c, "extra_rows", None)) is not None]
+    canaries = sum(len(c) for c in planted)
+    enc: ShareEncoding = parties[1].share_encoding
+    old = enc.params
+    # without the rotation nor a count coordinate: the most canaries on one coordinate
+    extra = canaries if old.rotation or count_factor(setup) is not None else stacked_rows(planted)
+    try:
+        params = discrete_share_params(
+            clip=old.clip,
+            noise_multiplier=old.noise_multiplier,
+            silos=old.silos,
+            survivors=old.survivors,
+            dimension=old.dimension,
+            bits=old.bits,
+            rotation=old.rotation,
+            contributors=int(setup.asked_per_round) + extra,
+            parts=old.parts,
+            beta=old.beta,
+            max_wrap=float(setup.share_max_wrap),
+            max_inflation=float(setup.share_max_inflation),
+        )
+    except ValueError as err:
+        raise ValueError(f"{err} (with the audit's {canaries} canary clients)") from None
+    same = (params.scale_log2, params.l2_sensitivity_sq, params.share, params.padded_dimension)
+    if same != (old.scale_log2, old.l2_sensitivity_sq, old.share, old.padded_dimension):
+        raise ValueError(
+            f"secure.bits: the audit's canary clients ({canaries} planted so far; contributors "
+            f"{old.contributors} -> {params.contributors}) need the scale 2^{params.scale_log2} "
+            f"instead of the run's 2^{old.scale_log2} at b = {old.bits}; raise secure.bits (at "
+            "most 62) or plant fewer --canaries"
+        )
+    encoding = ShareEncoding(params, enc.model_size, enc.metrics, enc.metric_factors)
+    for party in parties:
+        party.share_encoding = encoding

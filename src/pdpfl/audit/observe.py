@@ -15,7 +15,8 @@ Two observers, as the ledgers account them (rPDP-FL §4: Type II third party, Ty
 The sign: a Dirac canary's gradient ``+C·e_j`` moves coordinate j *down* under gradient
 descent, so a larger score means "more likely included". The releases are recorded by a thin
 proxy around each silo (:class:`ReleaseTap`) that the in-process transport calls instead of the
-silo; it forwards everything and keeps only the released values at the canaries' coordinates.
+silo; it forwards everything and keeps only the released values at the canaries' coordinates
+(a discrete noise share decoded first: centred lift modulo 2^b, ÷γ, inverse rotation).
 """
 
 from __future__ import annotations
@@ -101,8 +102,23 @@ class ReleaseTap:
 
     def fit(self, global_params: Params, round_index: int, config: Scalars) -> Contribution:
         contribution: Contribution = self._silo.fit(global_params, round_index, config)
-        self._log.record(round_index, self._id, contribution)
+        self._log.record(
+            round_index, self._id, self._decoded(contribution, global_params, round_index)
+        )
         return contribution
+
+    def _decoded(
+        self, contribution: Contribution, params: Params, round_index: int
+    ) -> Contribution:
+        """A discrete share (``share_encoding``: d' integers modulo 2^b) as the float values
+        it encodes -- centred lift, ÷γ, inverse rotation, the model's shapes -- what the
+        server reads off it on its own; a float release as it is."""
+        encoding = getattr(self._silo, "share_encoding", None)
+        if encoding is None:
+            return contribution
+        share = encoding.check_share(contribution.update[0], f"silo {self._id}")
+        decoded = encoding.decode(share, params, round_index, weight=contribution.weight, count=1)
+        return Contribution(update=decoded.total, weight=contribution.weight)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._silo, name)

@@ -16,11 +16,28 @@ deltas, + for ULDP-SGD's gradients):
   certified F(ε) of :func:`~pdpfl.fl.uldp.mechanism.user_rates` with personal budgets, else the
   public user rate (1 without sub-sampling);
 * **through the mechanism**: in each silo's step 3 (``UserLevelSilo.step``), clipped and
-  weighted, added to the weighted sum before the silo's noise (also on the noise-only path);
-* **its ledger**: the server's user-level :class:`~pdpfl.privacy.uldp.UserLevelPlan`; third
-  parties are charged every round (subsampled Gaussian at q_u), the server every round as well
-  -- the plan's worst case (the exact charge is the rounds the coins sampled the canary, which
-  only lowers the server's ε).
+  weighted, added to the weighted sum before the silo's noise (also on the noise-only path).
+  With exact discrete shares (``privacy.noise_shares: discrete``, the default;
+  ``UserLevelSilo.discrete_step``) each sampled canary is a unit of the integer vector like a
+  user: clipped, weighted, rotated if the rotation is on, scaled and rounded on its own at its
+  part bound N_p(w), summed with the users' integer vectors before the one discrete noise share,
+  modulo 2^b. The encoding's contributor count K, which sizes the scale γ against wrapping, is
+  re-derived with the canaries (:func:`_discrete_encoding`): without the rotation it bounds
+  each coordinate's signal by K·√N, so K = |U| + the most canaries on one coordinate
+  (:func:`~pdpfl.audit.canaries.stacked_rows`; 1 for Dirac canaries on coordinates of their
+  own: K = |U| + 1); with the rotation every
+  canary spreads over every coordinate (K = |U| + the canaries). A K that would change the
+  encoding (its scale, N or shares: the ledger's event) is refused;
+* **its ledger**: the server's user-level plan -- :class:`~pdpfl.privacy.uldp.UserLevelPlan`,
+  or with discrete shares :class:`~pdpfl.privacy.uldp_discrete.DiscreteUserLevelPlan` (the
+  distributed discrete Gaussian that is released); third parties are charged every round
+  (sub-sampled at q_u), the server every round as well -- the plan's worst case (the exact
+  charge is the rounds the coins sampled the canary, which only lowers the server's ε).
+
+The score is the Gaussian one of every audit (the standardized per-round sums): the one-run
+bound is valid whatever the score (Steinke, Nasr & Jagielski 2023, Theorem 3.1 holds for any
+score of the output), so on discrete shares a Gaussian score can only cost power, never
+validity.
 
 Refused: ULDP-NAIVE/GROUP/DEFAULT (no per-user vectors) and ``weights: private`` (the canary
 users would have to join the encrypted weighting protocol).
@@ -33,10 +50,11 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from pdpfl.audit.canaries import EVERYWHERE
+from pdpfl.audit.canaries import EVERYWHERE, stacked_rows
 from pdpfl.audit.hooks import AuditUnsupported, CanaryHookBase, register_canary_hook
 from pdpfl.audit.observe import ReleaseLog
 from pdpfl.dp.extra_rows import ExtraRows
+from pdpfl.fl.aggregation.discrete_shares import ShareEncoding
 from pdpfl.fl.algorithm import Assembly
 from pdpfl.fl.uldp import UserLevelConfig
 from pdpfl.fl.uldp.mechanism import user_rates
@@ -44,6 +62,7 @@ from pdpfl.fl.uldp.server import SamplingServer
 from pdpfl.fl.uldp.users import UserLevelSilo
 from pdpfl.ledger import PrivacyLedger
 from pdpfl.privacy.uldp import ORDERS, UserLevelPlan
+from pdpfl.privacy.uldp_discrete import DiscreteUserLevelPlan
 from pdpfl.randomness import RandomStream
 
 __all__ = ["CANARY_VECTOR_NORM", "UserCanaries"]
@@ -97,14 +116,17 @@ class UserCanaries(CanaryHookBase):
     def rates(self, run: Assembly, host: int, budgets: np.ndarray) -> np.ndarray:
         server = _server(run)
         if server.personal:
+            plan: Any = _plan(server)  # user_rates takes either plan (as_training_plan)
             return user_rates(
-                np.asarray(budgets, dtype=np.float64), _plan(server), allow_exclusion=True
+                np.asarray(budgets, dtype=np.float64),
+                plan,
+                allow_exclusion=True,
+                accountant=server.ledger.accountant,
             )
         return np.full(len(budgets), float(np.max(server.rates)))
 
     def plant(self, run: Assembly, host: int, rows: ExtraRows) -> None:
         server = _server(run)
-        _plan(server)  # canary users ride on continuous noise shares
         silos = _silos(run)
         value = -server.sign * CANARY_VECTOR_NORM
         randomness = server.randomness
@@ -125,13 +147,33 @@ class UserCanaries(CanaryHookBase):
             )
             silo.extra_weight = weight
             silo.extra_coins = coins
+        if server.share_encoding is not None:  # discrete shares: K counts the canaries too
+            if host == EVERYWHERE:  # the same rows in every silo: one canary user each
+                coords = [rows.coords]
+            else:  # one host silo per call: every silo's canaries so far
+                coords = [s.extra_rows.coords for s in silos.values() if s.extra_rows is not None]
+            encoding = _discrete_encoding(
+                run, server.share_encoding, sum(len(c) for c in coords), stacked_rows(coords)
+            )
+            server.share_encoding = encoding
+            for s in silos.values():
+                s.share_encoding = encoding
 
     def ledger(
         self, run: Assembly, host: int, budgets: np.ndarray, rates: np.ndarray, delta: float
     ) -> PrivacyLedger:
         """The server's user-level ledger (UserLevelPlan, its orders) at δ."""
         server = _server(run)
-        mechanism: Any = dataclasses.replace(_plan(server), delta=float(delta))
+        plan = _plan(server)
+        mechanism: Any
+        if isinstance(plan, DiscreteUserLevelPlan):
+            mechanism = DiscreteUserLevelPlan(
+                dataclasses.replace(plan.released, delta=float(delta)),
+                dataclasses.replace(plan.server_view, delta=float(delta)),
+                plan.server_knows_sampling,
+            )
+        else:
+            mechanism = dataclasses.replace(plan, delta=float(delta))
         return PrivacyLedger(
             np.asarray(budgets, dtype=np.float64),
             np.asarray(rates, dtype=np.float64),
@@ -154,13 +196,47 @@ class UserCanaries(CanaryHookBase):
 register_canary_hook(UserLevelConfig, UserCanaries())
 
 
-def _plan(server: SamplingServer) -> UserLevelPlan:
-    """The server's continuous user-level plan; canary users are planted into float shares, so
-    a run with discrete noise shares is refused (ValueError naming the field)."""
+def _plan(server: SamplingServer) -> UserLevelPlan | DiscreteUserLevelPlan:
+    """The server's user-level plan: continuous or discrete shares (the event released)."""
     plan = server.plan
-    if not isinstance(plan, UserLevelPlan):
-        raise ValueError(
-            "privacy.noise_shares: a user-level audit plants its canary users into continuous "
-            "noise shares; set privacy.noise_shares: continuous"
+    if not isinstance(plan, UserLevelPlan | DiscreteUserLevelPlan):
+        raise AuditUnsupported(
+            f"privacy: the server's plan {type(plan).__name__} is not a user-level plan of "
+            "ULDP-AVG/SGD"
         )
     return plan
+
+
+def _discrete_encoding(
+    run: Assembly, encoding: ShareEncoding, canaries: int, stacked: int
+) -> ShareEncoding:
+    """The run's share encoding re-derived with its ``canaries`` canary users among the
+    contributors K (module docstring; without the rotation only the ``stacked`` most that share
+    a coordinate); ValueError naming ``secure.bits`` when they would change the encoding (scale,
+    N, shares), which the ledger's plan was built from."""
+    from pdpfl.fl.aggregation.discrete_shares import ShareEncoding
+    from pdpfl.fl.uldp.discrete import share_params
+
+    old = encoding.params
+    users = int(_server(run).setup.num_users)
+    extra = int(canaries) if old.rotation else int(stacked)
+    try:
+        params = share_params(
+            run.config,
+            sigma=old.noise_multiplier,
+            silos=old.silos,
+            survivors=old.survivors,
+            users=users + extra,
+            size=old.dimension,
+        )
+    except ValueError as err:
+        raise ValueError(f"{err} (with the audit's {canaries} canary users)") from None
+    same = (params.scale_log2, params.l2_sensitivity_sq, params.share, params.padded_dimension)
+    if same != (old.scale_log2, old.l2_sensitivity_sq, old.share, old.padded_dimension):
+        raise ValueError(
+            f"secure.bits: the audit's canary users ({canaries} planted so far; contributors "
+            f"{users} -> {users + extra}) need the scale 2^{params.scale_log2} instead of the "
+            f"run's 2^{old.scale_log2} at b = {old.bits}; raise secure.bits (at most 62), turn "
+            "secure.rotation off or plant fewer --canaries"
+        )
+    return ShareEncoding(params, encoding.model_size, encoding.metrics, encoding.metric_factors)

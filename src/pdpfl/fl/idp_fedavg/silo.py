@@ -432,11 +432,6 @@ class DistributedIdpSilo(IdpSilo):
                     f"noise: client {self.name} would add discrete shares its ledger does not "
                     "charge; nothing is released"
                 )
-        if self.extra_rows is not None:
-            raise ValueError(
-                "privacy.noise_shares: audit canary clients ride on continuous shares; set "
-                "privacy.noise_shares: continuous for a client-level audit"
-            )
         norm = float(vector_norms(vecs)[0])
         clipped, _ = clip_vectors(vecs, job.clip)
         flat = torch.cat([v[0].reshape(-1) for v in clipped]).numpy() / job.clip_norm
@@ -451,5 +446,54 @@ class DistributedIdpSilo(IdpSilo):
             rotation_seed(t),
             bound_sq=bound,
         )
+        if self.extra_rows is not None:  # audit canary clients: units of the integer vector
+            rounded = rounded + self.rounded_canaries(job)
         stream = self.randomness.stream("noise-share", t, self.client_id)
         return [add_noise_share(rounded, params, stream)]
+
+    def rounded_canaries(self, job: IdpJob) -> np.ndarray:
+        """Σ ũ_i over the audit's canary clients sampled this round (int64, d'): each its own
+        q_p coin (the host's stream, as on continuous shares), its vector
+        u = [Clip(v, C_t)/C_t, λ·(0 − ½)] (a canary's update is above C_t: counted as clipped)
+        rounded on its own at the host group's bound, like a client's (its own stream); without
+        the rotation only each row's own coordinates (zeros round to zeros exactly)."""
+        from pdpfl.dp.discrete_encoding import conditional_round_rows, round_units
+        from pdpfl.dp.steps import poisson_sample
+        from pdpfl.fl.aggregation.discrete_shares import rotation_seed
+        from pdpfl.fl.idp_fedavg.discrete import count_factor, group_norm
+
+        enc, rows, t = self.share_encoding, self.extra_rows, job.round_index
+        assert enc is not None and rows is not None
+        params = enc.params
+        total = np.zeros(params.padded_dimension, dtype=np.int64)
+        coins = self.randomness.stream("audit-canary-clients", t, self.client_id)
+        idx = poisson_sample(rows.rates, coins).numpy()
+        if idx.size == 0:
+            return total
+        np.add.at(rows.counts, idx, 1)
+        coords, values = rows.coords[idx], rows.values[idx]
+        norms = np.sqrt(np.sum(values * values, axis=1, keepdims=True))
+        factors = np.ones_like(norms)
+        np.divide(job.clip, norms, out=factors, where=norms > job.clip)
+        flat = values * factors / job.clip_norm  # Clip(v, C_t·f_g)/C_t
+        lam = count_factor(self.setup)
+        w = min(1.0, group_norm(self.setup, self.group) / params.clip)  # N_g = N_p(w)
+        stream = self.randomness.stream("audit-canary-rounding", t, self.client_id)
+        if not params.rotation:  # zeros round to zeros: round each row's own coordinates
+            last = np.full((len(idx), 0 if lam is None else 1), -0.5 * (lam or 0.0))
+            compact = np.concatenate([flat, last], axis=1) * params.scale
+            rounded = conditional_round_rows(compact, [params.part_bound_sq(w)] * len(idx), stream)
+            k = coords.shape[1]
+            np.add.at(total, coords.reshape(-1), rounded[:, :k].reshape(-1))
+            if lam is not None:
+                total[params.dimension - 1] += int(rounded[:, k].sum())
+            return total
+        per = max(1, (1 << 22) // params.padded_dimension)  # dense rows, in batches
+        for s in range(0, len(idx), per):
+            dense = np.zeros((min(per, len(idx) - s), params.dimension))
+            np.put_along_axis(dense, coords[s : s + per], flat[s : s + per], axis=1)
+            if lam is not None:
+                dense[:, -1] = -0.5 * lam
+            weights = np.full(dense.shape[0], w)
+            total += round_units(dense / w, weights, params, stream, rotation_seed(t))
+        return total

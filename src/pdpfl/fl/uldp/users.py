@@ -22,7 +22,9 @@ Audit canaries (:mod:`pdpfl.audit.user_canaries`; None in every ordinary run): c
 with records here, :attr:`UserLevelSilo.extra_rows`, enter step 3 like the silo's users -- each
 sampled by its coin of the round (:attr:`~UserLevelSilo.extra_coins`: a stream of the server,
 the same in every silo that holds the user), its vector clipped to C and weighted by
-:attr:`~UserLevelSilo.extra_weight` (w_{s,u}), added to the weighted sum before the noise.
+:attr:`~UserLevelSilo.extra_weight` (w_{s,u}), added to the weighted sum before the noise;
+with discrete shares (:meth:`UserLevelSilo.discrete_step`) each is a unit of the integer vector,
+rounded on its own at its part bound (:meth:`UserLevelSilo.rounded_canaries`).
 
 With ``weights: private`` the private weighting protocol (Protocol 1,
 :mod:`pdpfl.fl.aggregation.private_weighting`) replaces steps 3-4 and the summation: the silo
@@ -216,11 +218,6 @@ class UserLevelSilo(UldpSilo):
         check_charged(noise, float(self._charged or 0.0), what=f"silo {self.client_id}")
         announced = plan.config.get(SURVIVORS_KEY)
         noise.shares_for(None if announced is None else int(announced))  # never fewer than t
-        if self.extra_rows is not None:
-            raise ValueError(
-                "audit: canary users ride on continuous shares; set privacy.noise_shares: "
-                "continuous for a user-level audit"
-            )
         t = plan.round_index
         positions = self.selected_users(plan.config)
         d = params.dimension
@@ -237,10 +234,58 @@ class UserLevelSilo(UldpSilo):
             self.randomness.stream("rounding", t, self.client_id),
             rotation_seed(t),
         )
+        if self.extra_rows is not None and self.extra_coins is not None:  # audit canary users
+            rounded = rounded + self.rounded_canaries(t)
         share = add_noise_share(
             rounded, params, self.randomness.stream("noise-share", t, self.client_id)
         )
         return Contribution(update=[share])
+
+    def rounded_canaries(self, round_index: int) -> np.ndarray:
+        """Σ x̃_u over the audit's canary users sampled this round, each a unit like a user of
+        this silo (int64, d'): its coin from :attr:`extra_coins`, its vector clipped to C and
+        weighted by :attr:`extra_weight`, rotated when the rotation is on, scaled and rounded
+        on its own at its part bound N_p(w) (its own rounding stream). Without the rotation a
+        zero coordinate rounds to zero exactly, so only each row's own coordinates are rounded
+        (the same law as rounding the dense vector)."""
+        from pdpfl.dp.discrete_encoding import conditional_round_rows, round_units
+        from pdpfl.dp.steps import poisson_sample
+        from pdpfl.fl.aggregation.discrete_shares import rotation_seed
+
+        assert self.share_encoding is not None
+        assert self.extra_rows is not None and self.extra_coins is not None
+        params, rows = self.share_encoding.params, self.extra_rows
+        total = np.zeros(params.padded_dimension, dtype=np.int64)
+        idx = poisson_sample(rows.rates, self.extra_coins(round_index)).numpy()
+        if idx.size == 0:
+            return total
+        np.add.at(rows.counts, idx, 1)
+        coords, values = rows.coords[idx], rows.values[idx]
+        if int(coords.max()) >= params.dimension:
+            raise ValueError(
+                f"extra rows: coordinate {int(coords.max())} is outside the "
+                f"{params.dimension} coordinates of the share"
+            )
+        clip, w = float(params.clip), float(self.extra_weight)
+        norms = np.sqrt(np.sum(values * values, axis=1, keepdims=True))
+        factors = np.ones_like(norms)
+        np.divide(clip, norms, out=factors, where=norms > clip)
+        clipped = values * factors  # Clip(v, C); the weight w_{s,u} is applied below
+        stream = self.randomness.stream("audit-canary-rounding", round_index, self.client_id)
+        if not params.rotation:
+            bound = params.part_bound_sq(w)
+            rounded = conditional_round_rows(
+                clipped * (w * params.scale), [bound] * len(idx), stream
+            )
+            np.add.at(total, coords.reshape(-1), rounded.reshape(-1))
+            return total
+        per = max(1, (1 << 22) // params.padded_dimension)  # dense rows, in batches
+        for s in range(0, len(idx), per):
+            dense = np.zeros((min(per, len(idx) - s), params.dimension))
+            np.put_along_axis(dense, coords[s : s + per], clipped[s : s + per], axis=1)
+            weights = np.full(dense.shape[0], w)
+            total += round_units(dense, weights, params, stream, rotation_seed(round_index))
+        return total
 
     # -- ULDP-FL private weighting (Protocol 1): what the silo supplies, never sent itself ---
     def user_histogram(self) -> np.ndarray:
