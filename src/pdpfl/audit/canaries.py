@@ -28,10 +28,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pdpfl.dp.discrete_params import DiscreteShareParams
 from pdpfl.dp.extra_rows import ExtraRows
 from pdpfl.randomness import Randomness
 
 __all__ = [
+    "check_unchanged_encoding",
     "CONTROL_LABEL",
     "EVERYWHERE",
     "CanaryPlan",
@@ -159,6 +161,22 @@ def plan_canaries(
         value=float(value),
         rates=np.zeros(n, dtype=np.float64),
     )
+
+
+def check_unchanged_encoding(
+    old: DiscreteShareParams, new: DiscreteShareParams, who: str, hint: str
+) -> None:
+    """Refuse (ValueError naming ``secure.bits``) a share encoding re-derived with the audit's
+    canaries among the contributors when it would change what the ledger's plan was built from:
+    the scale, the sensitivity N, the share and the padded dimension. ``who`` names the
+    canaries ("12 canary users"), ``hint`` the ways out."""
+    same = (new.scale_log2, new.l2_sensitivity_sq, new.share, new.padded_dimension)
+    if same != (old.scale_log2, old.l2_sensitivity_sq, old.share, old.padded_dimension):
+        raise ValueError(
+            f"secure.bits: the audit's {who} (contributors {old.contributors} -> "
+            f"{new.contributors}) need the scale 2^{new.scale_log2} instead of the run's "
+            f"2^{old.scale_log2} at b = {old.bits}; {hint}"
+        )
 
 
 def stacked_rows(coords: list[np.ndarray]) -> int:

@@ -45,7 +45,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from pdpfl.audit.canaries import EVERYWHERE, stacked_rows
+from pdpfl.audit.canaries import EVERYWHERE, check_unchanged_encoding, stacked_rows
 from pdpfl.audit.hooks import AuditUnsupported, CanaryHookBase, register_canary_hook
 from pdpfl.dp.extra_rows import ExtraRows
 from pdpfl.fl.algorithm import Assembly
@@ -200,14 +200,12 @@ def _recount(run: Assembly) -> None:
         )
     except ValueError as err:
         raise ValueError(f"{err} (with the audit's {canaries} canary clients)") from None
-    same = (params.scale_log2, params.l2_sensitivity_sq, params.share, params.padded_dimension)
-    if same != (old.scale_log2, old.l2_sensitivity_sq, old.share, old.padded_dimension):
-        raise ValueError(
-            f"secure.bits: the audit's canary clients ({canaries} planted so far; contributors "
-            f"{old.contributors} -> {params.contributors}) need the scale 2^{params.scale_log2} "
-            f"instead of the run's 2^{old.scale_log2} at b = {old.bits}; raise secure.bits (at "
-            "most 62) or plant fewer --canaries"
-        )
+    check_unchanged_encoding(
+        old,
+        params,
+        f"canary clients ({canaries} planted so far)",
+        "raise secure.bits (at most 62) or plant fewer --canaries",
+    )
     encoding = ShareEncoding(params, enc.model_size, enc.metrics, enc.metric_factors)
     for party in parties:
         party.share_encoding = encoding

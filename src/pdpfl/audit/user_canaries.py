@@ -50,7 +50,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from pdpfl.audit.canaries import EVERYWHERE, stacked_rows
+from pdpfl.audit.canaries import EVERYWHERE, check_unchanged_encoding, stacked_rows
 from pdpfl.audit.hooks import AuditUnsupported, CanaryHookBase, register_canary_hook
 from pdpfl.audit.observe import ReleaseLog
 from pdpfl.dp.extra_rows import ExtraRows
@@ -231,12 +231,10 @@ def _discrete_encoding(
         )
     except ValueError as err:
         raise ValueError(f"{err} (with the audit's {canaries} canary users)") from None
-    same = (params.scale_log2, params.l2_sensitivity_sq, params.share, params.padded_dimension)
-    if same != (old.scale_log2, old.l2_sensitivity_sq, old.share, old.padded_dimension):
-        raise ValueError(
-            f"secure.bits: the audit's canary users ({canaries} planted so far; contributors "
-            f"{users} -> {users + extra}) need the scale 2^{params.scale_log2} instead of the "
-            f"run's 2^{old.scale_log2} at b = {old.bits}; raise secure.bits (at most 62), turn "
-            "secure.rotation off or plant fewer --canaries"
-        )
+    check_unchanged_encoding(
+        old,
+        params,
+        f"canary users ({canaries} planted so far)",
+        "raise secure.bits (at most 62), turn secure.rotation off or plant fewer --canaries",
+    )
     return ShareEncoding(params, encoding.model_size, encoding.metrics, encoding.metric_factors)

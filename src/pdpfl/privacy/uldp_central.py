@@ -120,17 +120,6 @@ class DiscreteGroupPlan(GroupPlan):
         step = PoissonSampled(rate, discrete_step_event(self.noise_multiplier))
         return GroupPrivacy(Composed(step, self.local_steps), self.group_size, self.conversion)
 
-    def with_noise(self, noise_multiplier: float) -> DiscreteGroupPlan:
-        return DiscreteGroupPlan(
-            float(noise_multiplier),
-            self.local_steps,
-            self.delta,
-            self.rounds,
-            self.group_size,
-            self.conversion,
-            self.observers_,
-        )
-
 
 def discrete_record_rdp(
     noise_multiplier: float, rate: float, steps: int

@@ -34,8 +34,8 @@ from __future__ import annotations
 
 import enum
 import math
-from dataclasses import dataclass
-from typing import ClassVar, Literal, Protocol, runtime_checkable
+from dataclasses import dataclass, replace
+from typing import ClassVar, Literal, Protocol, Self, runtime_checkable
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -485,13 +485,6 @@ class GroupPlan:
         k = self.rounds if rounds is None else int(rounds)
         return Composed(self.round_event(rates, observer), k)
 
-    def with_noise(self, noise_multiplier: float) -> GroupPlan:
-        return GroupPlan(
-            float(noise_multiplier),
-            self.local_steps,
-            self.delta,
-            self.rounds,
-            self.group_size,
-            self.conversion,
-            self.observers_,
-        )
+    def with_noise(self, noise_multiplier: float) -> Self:
+        """The same plan at another σ (a subclass keeps its own events)."""
+        return replace(self, noise_multiplier=float(noise_multiplier))
