@@ -91,7 +91,9 @@ class ScaleConfig(Algorithm):
             model = silo_model(
                 ModelSource.of(config.model, seed=config.seed, device=config.training.device), info
             )  # what the silos' steps add noise to
-            noise = setup.noise(sum(p.numel() for p in model.parameters() if p.requires_grad))
+            from pdpfl.models import num_parameters
+
+            noise = setup.noise(num_parameters(model))
             central = noise.summary() if isinstance(noise, CentralDiscreteGaussianNoise) else None
         return ScaleServer(
             initial_params(

@@ -95,7 +95,9 @@ class ScaleSilo(Silo):
                 "algorithm.groups, or set privacy.allow_exclusion: true to exclude them"
             )
         # the trainable coordinates (the grid of privacy.central_noise: discrete)
-        dimension = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        from pdpfl.models import num_parameters
+
+        dimension = num_parameters(model)
         #: C_i: each record's own clipping bound (stays on the silo).
         self.clips = setup.clip_norms(self.budgets, dimension)
         #: The one noise every step adds; record i is charged it at sensitivity C_i.

@@ -198,7 +198,9 @@ class PriFedSyncConfig(Algorithm):
 
             # the grid of the clients' steps (σ_j is each client's own; shown at σ = 1)
             model = silo_model(model_source, info)
-            d = sum(p.numel() for p in model.parameters() if p.requires_grad)
+            from pdpfl.models import num_parameters
+
+            d = num_parameters(model)
             grid = CentralDiscreteGaussianNoise(1.0, setup.max_grad_norm, d).summary()
             grid.pop("noise_multiplier")
             grid.pop("variance")

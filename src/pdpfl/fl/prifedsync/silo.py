@@ -137,9 +137,9 @@ class PriFedSyncSilo(Silo):
         )
         #: What each local step adds (σ_j after calibration, C): the description the ledger's
         #: mechanism is built from and every step draws from.
-        self.noise = setup.noise(
-            plan, sum(p.numel() for p in model.parameters() if p.requires_grad)
-        )
+        from pdpfl.models import num_parameters
+
+        self.noise = setup.noise(plan, num_parameters(model))
         #: The client's mechanism (σ_j, K_j after calibration) and its ratio γ = B/n.
         self.mechanism = plan.with_noise(self.noise.noise_multiplier)
         #: The client's target ε at δ (None: none; the records' budget is then the planned ε).

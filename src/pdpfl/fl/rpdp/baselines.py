@@ -327,7 +327,9 @@ class FilterSilo(Silo):
         #: What every step adds: N(0, σ²C²) per coordinate (or the exact discrete noise on the
         #: grid of the trainable coordinates); the filter's budgets (and every ε reported) are
         #: stated in its σ and C (C' = C + √d/γ for the discrete noise: accounting_clip).
-        self.noise = setup.noise(sum(p.numel() for p in model.parameters() if p.requires_grad))
+        from pdpfl.models import num_parameters
+
+        self.noise = setup.noise(num_parameters(model))
         self._charged = self.noise.noise_multiplier
         self.accounting_clip = accounting_clip(self.noise)
         scale = 2 * self.noise.noise_multiplier**2 * self.accounting_clip**2
@@ -510,7 +512,9 @@ class CentralizedFilterConfig(CentralizedConfig):
         server = super().server(config, info, setup, randomness)
         if isinstance(setup, FilterSetup) and setup.central_noise == "discrete":
             model = silo_model(model_source(config), info)  # what the steps add noise to
-            noise = setup.noise(sum(p.numel() for p in model.parameters() if p.requires_grad))
+            from pdpfl.models import num_parameters
+
+            noise = setup.noise(num_parameters(model))
             if isinstance(noise, CentralDiscreteGaussianNoise):
                 server.central_noise = noise.summary()
         return server

@@ -136,7 +136,9 @@ class DpFedAvgConfig(Algorithm):
         central = None
         if isinstance(setup, DpFedAvgSetup) and setup.private and setup.central_noise == "discrete":
             built = silo_model(model, info)  # what the silos' steps add noise to
-            d = sum(p.numel() for p in built.parameters() if p.requires_grad)
+            from pdpfl.models import num_parameters
+
+            d = num_parameters(built)
             noise = setup.noise(d)
             central = noise.summary() if hasattr(noise, "summary") else None
         return FedAvgServer(

@@ -132,7 +132,9 @@ class DpFedAvgSilo(Silo):
                 self._refuse_unreachable(client_id, allow_exclusion)
                 self.capped = self._capped(client_id, epsilon_cap, cap_at_epsilon_max)
             # the trainable coordinates (the grid of privacy.central_noise: discrete)
-            dimension = sum(p.numel() for p in model.parameters() if p.requires_grad)
+            from pdpfl.models import num_parameters
+
+            dimension = num_parameters(model)
             self.noise = setup.noise(dimension)
             ledger = PrivacyLedger(
                 self.budgets,
